@@ -1,0 +1,112 @@
+# kvserve build. `make` builds build/kvserve; `make test` sets up, builds and runs every test;
+# `make run` starts kvserve on the default model; `make test-asan` runs the tests under
+# AddressSanitizer + UBSan.
+
+CC      ?= gcc
+BUILD   ?= build
+MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+THREADS ?= 2
+PYTHON  ?= python3
+
+WARN    := -Wall -Wextra -Wshadow -Werror -Wno-psabi
+OPT     ?= -O2 -g
+# Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
+# run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
+CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
+LDLIBS  := -lm -lpthread -ljansson -lcrypto
+AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2
+AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+
+LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
+             $(filter-out server/main.c,$(wildcard server/*.c)))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_SRC := $(sort $(wildcard tests/unit/*_test.c))
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
+TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
+
+.PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench
+all: $(BUILD)/kvserve
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libkvserve.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kvserve: $(BUILD)/obj/server/main.o $(BUILD)/libkvserve.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_HELPER_OBJ) $(BUILD)/libkvserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------- set-up
+
+setup:
+	@bash scripts/setup.sh
+
+$(MODEL):
+	@bash scripts/fetch-model.sh $(MODEL)
+model: $(MODEL)
+
+# ---------------------------------------------------------------- run
+
+PROMPT ?= What is the capital of France?
+run: setup $(MODEL) $(BUILD)/kvserve
+	$(BUILD)/kvserve generate -m $(MODEL) -t $(THREADS) --chat -p "$(PROMPT)"
+
+bench: $(MODEL) $(BUILD)/kvserve
+	$(BUILD)/kvserve bench -m $(MODEL) -t $(THREADS)
+
+# ---------------------------------------------------------------- tests
+
+test: setup $(MODEL)
+	$(MAKE) --no-print-directory test-unit test-e2e
+
+test-unit: $(TEST_BIN) $(BUILD)/kvserve
+	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1; done
+
+test-e2e: $(BUILD)/kvserve
+	KVSERVE_BIN=$(BUILD)/kvserve KVSERVE_TEST_MODEL=$(MODEL) $(PYTHON) -m pytest -q tests/e2e
+
+# The same unit and end-to-end tests, built with AddressSanitizer and UBSan in build-asan/.
+ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+test-asan: setup $(MODEL)
+	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" \
+	    LDLIBS="$(LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
+
+# ---------------------------------------------------------------- fuzzing (clang + libFuzzer)
+
+FUZZ_SRC := $(wildcard tests/fuzz/*_fuzz.c)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/%)
+FUZZ_SECONDS ?= 30
+build-fuzz/%: tests/fuzz/%.c
+	@mkdir -p build-fuzz
+	clang -std=c11 -O1 -g -D_GNU_SOURCE -I. -fsanitize=fuzzer,address,undefined \
+	    $(AVX512_FLAGS) $< $(filter-out server/main.c,$(LIB_SRC)) -o $@ $(LDLIBS)
+fuzz: $(FUZZ_BIN)
+	@set -e; for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus-$$n; \
+	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 build-fuzz/corpus-$$n tests/fuzz/corpus/$$n; done
+
+# ---------------------------------------------------------------- style
+
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h')
+format:
+	clang-format -i $(FORMAT_SRC)
+format-check:
+	clang-format --dry-run --Werror $(FORMAT_SRC)
+
+clean:
+	rm -rf build build-asan build-fuzz

@@ -1,0 +1,119 @@
+/* The compute backend: the ops the forward pass is made of, behind one C interface.
+ * The CPU backend (kernels/cpu/) is the reference; a CUDA backend implements the same ops.
+ * Every op runs to completion before returning (the CPU backend parallelises inside an op over
+ * its thread pool). Inputs are trusted here: model/ validates shapes when it loads a file. */
+#ifndef KVSERVE_BACKEND_H
+#define KVSERVE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/quant.h"
+#include "util/util.h"
+
+typedef struct backend backend;
+
+/* A weight matrix W where it lies (the mmapped GGUF on the CPU): n_out rows of n_in elements of
+ * `type`, row i at data + i * row_bytes. */
+typedef struct weight {
+    tensor_type type;
+    int64_t n_in;
+    int64_t n_out;
+    size_t row_bytes;
+    const void *data;
+} weight;
+
+/* The paged KV pool's memory layout. The pool is n_blocks blocks; a block holds block_tokens
+ * token slots for every layer:
+ *   block: [n_layer][2 (K, V)][n_kv_head][block_tokens][head_dim] f16
+ * K is stored rotated (RoPE applied at the token's position). */
+typedef struct kv_layout {
+    int n_layer;
+    int n_kv_head;
+    int head_dim;
+    int block_tokens;
+    int64_t n_blocks;
+} kv_layout;
+
+/* Bytes of one block, and the offset of (layer, kv = 0 K / 1 V, head) inside a block. */
+size_t kv_layout_block_bytes(const kv_layout *l);
+size_t kv_layout_offset(const kv_layout *l, int layer, int kv, int head);
+
+/* RoPE frequencies: inv_freq[i] for the pair (2i, 2i+1) of the first n_rot dims of a head
+ * (GGML's "normal" rope, as GGUF llama models need). Scaling is folded into inv_freq. */
+typedef struct rope_table {
+    int n_rot;       /* rotated dims per head (<= head_dim, even) */
+    float *inv_freq; /* [n_rot / 2] */
+} rope_table;
+
+/* One sequence's part of an attention call. Query row r sits at KV slot q_slot[r] and attends
+ * to slots 0..q_slot[r] (causal by slot, not by position value, so positions may be
+ * discontinuous). Slots map to pool blocks by block_table[slot / block_tokens]. */
+typedef struct attn_seq {
+    const int32_t *block_table; /* [ceil(n_kv / block_tokens)] block ids */
+    int n_kv;                   /* slots of the sequence that hold KV (>= max q_slot + 1) */
+    int n_q;                    /* query rows */
+    const int32_t *q_slot;      /* [n_q] */
+    const float *q;             /* [n_q][n_head][head_dim] f32, rotated */
+    float *out;                 /* [n_q][n_head][head_dim] f32 */
+} attn_seq;
+
+/* ---------------------------------------------------------------- lifetime */
+
+backend *backend_cpu_create(int n_threads, kv_error *err);
+void backend_destroy(backend *b);
+const char *backend_name(const backend *b);
+int backend_n_threads(const backend *b);
+
+/* Memory for the KV pool, zero-filled (host memory on the CPU backend). */
+void *backend_kv_alloc(backend *b, const kv_layout *l);
+void backend_kv_free(backend *b, void *pool);
+
+/* ---------------------------------------------------------------- ops */
+
+/* y[t][o] = sum_i x[t][i] * W[o][i] for t < n_tok.  x: [n_tok][n_in] f32, y: [n_tok][n_out] f32. */
+void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y);
+
+/* n_w matmuls over the same x (Q/K/V, gate/up): x is converted once. All W share n_in and type's
+ * activation format. */
+void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
+                          float *const *y);
+
+/* y[t] = x[t] / rms(x[t]) * gamma, rms over dim with eps.  x, y: [n_tok][dim]; may alias. */
+void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
+                     float eps);
+
+/* Rotates, in place, the first n_rot dims of each head of x: [n_tok][n_head][head_dim] by
+ * angle pos[t] * inv_freq[i]. A negative or delta position rotates back or re-rotates. */
+void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                  const rope_table *rope);
+
+/* out[i] = silu(gate[i]) * up[i] for i < n. */
+void backend_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n);
+
+/* y[i] += x[i] for i < n. */
+void backend_add(backend *b, float *y, const float *x, int64_t n);
+
+/* Writes K and V rows (f32, [n_tok][n_kv_head][head_dim]) of one layer into the pool at the given
+ * slots of a sequence (converted to f16). */
+void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
+                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                      const float *v);
+
+/* Copies one whole block (every layer's K and V) inside the pool: copy on write. */
+void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src);
+
+/* Reads K or V rows back as f32 (for cache export, CacheBlend deviation, tests). */
+void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
+                     const int32_t *block_table, const int32_t *slots, int n_tok, float *out);
+
+/* Attention for several sequences at one layer: softmax(q k^T * scale) v per head, GQA mapping
+ * head h to kv head h / (n_head / n_kv_head). */
+void backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
+                       float scale, const attn_seq *seqs, int n_seqs);
+
+/* Index of the largest of x[0..n) (first on ties). */
+int backend_argmax(const float *x, int64_t n);
+
+#endif

@@ -1,0 +1,299 @@
+/* The CPU backend: lifetime and the dense ops (matmul, RMSNorm, RoPE, SwiGLU). Attention and
+ * the KV pool's copies are in attention.c. Every op splits its work over the thread pool; ops
+ * too small to pay for a hand-off (a decode step's norms) run on the calling thread. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu.h"
+
+/* Below this many elements an elementwise op runs on one thread. */
+#define SERIAL_ELEMS 32768
+
+/* ---------------------------------------------------------------- lifetime */
+
+backend *backend_cpu_create(int n_threads, kv_error *err) {
+    backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        kv_fail(err, "out of memory creating the CPU backend");
+        return NULL;
+    }
+    b->n_threads = n_threads;
+    b->tp = threadpool_create(n_threads, err);
+    if (!b->tp) goto fail;
+    b->attn_scratch = calloc((size_t)n_threads, sizeof *b->attn_scratch);
+    if (!b->attn_scratch) {
+        kv_fail(err, "out of memory creating the CPU backend");
+        goto fail;
+    }
+    log_debug("cpu backend: %d threads, SIMD %s", n_threads, simd_level_name(simd_level_get()));
+    return b;
+fail:
+    backend_destroy(b);
+    return NULL;
+}
+
+void backend_destroy(backend *b) {
+    if (!b) return;
+    threadpool_destroy(b->tp);
+    if (b->attn_scratch)
+        for (int i = 0; i < b->n_threads; i++) kv_aligned_free(b->attn_scratch[i]);
+    free(b->attn_scratch);
+    kv_aligned_free(b->act_buf);
+    free(b);
+}
+
+const char *backend_name(const backend *b) {
+    (void)b;
+    return "cpu";
+}
+
+int backend_n_threads(const backend *b) { return b->n_threads; }
+
+int cpu_act_reserve(backend *b, size_t n) {
+    if (n <= b->act_cap) return 0;
+    void *p = kv_aligned_alloc(n);
+    if (!p) return -1;
+    kv_aligned_free(b->act_buf);
+    b->act_buf = p;
+    b->act_cap = n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+typedef struct matmul_job {
+    int n_w;
+    const weight *const *w;
+    float *const *y;
+    const float *x;
+    int n_tok;
+    tensor_type act_type;
+    uint8_t *xq;      /* [n_tok][xq_stride] activations in act_type */
+    size_t xq_stride;
+    int chunk_rows;    /* weight rows per work item */
+    int64_t chunk_end[8]; /* cumulative work items per weight */
+    _Atomic int64_t next;
+} matmul_job;
+
+static void matmul_quantize_task(void *ctx, int ith, int nth) {
+    matmul_job *j = ctx;
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    int64_t n_in = j->w[0]->n_in;
+    for (int64_t t = lo; t < hi; t++)
+        quantize_row_act(j->act_type, j->x + t * n_in, j->xq + t * j->xq_stride, n_in);
+}
+
+/* Rows [r0, r1) of weight k against every token, in 4x4 tiles: the chunk's weight rows stay in
+ * L1 while the activations stream from L2. */
+static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1) {
+    const weight *w = j->w[k];
+    float *y = j->y[k];
+    const uint8_t *wd = w->data;
+    for (int t = 0; t < j->n_tok; t += DOT_TILE_MAX_X) {
+        int nx = j->n_tok - t < DOT_TILE_MAX_X ? j->n_tok - t : DOT_TILE_MAX_X;
+        for (int64_t r = r0; r < r1; r += DOT_TILE_MAX_W) {
+            int nw = r1 - r < DOT_TILE_MAX_W ? (int)(r1 - r) : DOT_TILE_MAX_W;
+            dot_tile(w->type, w->n_in, wd + r * w->row_bytes, w->row_bytes, nw,
+                     j->xq + (size_t)t * j->xq_stride, j->xq_stride, nx,
+                     y + (size_t)t * w->n_out + r, (size_t)w->n_out);
+        }
+    }
+}
+
+static void matmul_task(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    matmul_job *j = ctx;
+    int64_t total = j->chunk_end[j->n_w - 1];
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= total) return;
+        int k = 0;
+        while (c >= j->chunk_end[k]) k++;
+        int64_t first = k ? j->chunk_end[k - 1] : 0;
+        int64_t r0 = (c - first) * j->chunk_rows;
+        int64_t r1 = r0 + j->chunk_rows;
+        if (r1 > j->w[k]->n_out) r1 = j->w[k]->n_out;
+        matmul_chunk(j, k, r0, r1);
+    }
+}
+
+void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
+                          float *const *y) {
+    matmul_job j = {.n_w = n_w, .w = w, .y = y, .x = x, .n_tok = n_tok};
+    const tensor_type_traits *tr = tensor_type_get((int)w[0]->type);
+    j.act_type = tr->act_type;
+    j.xq_stride = tensor_row_size(j.act_type, w[0]->n_in);
+    /* The forward pass sizes this buffer at creation; growing here is a fallback for other
+     * callers (tests), and a failure leaves y untouched, which the caller's checks catch. */
+    if (cpu_act_reserve(b, j.xq_stride * (size_t)n_tok) != 0) {
+        log_error("matmul: out of memory for %d activation rows", n_tok);
+        return;
+    }
+    j.xq = b->act_buf;
+    if (n_tok * w[0]->n_in < SERIAL_ELEMS)
+        matmul_quantize_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, matmul_quantize_task, &j);
+
+    /* Work items: enough for dynamic balancing (a noisy machine slows one core), few enough that
+     * the atomic counter stays cheap; multiples of the tile height. */
+    int64_t rows = 0;
+    for (int k = 0; k < n_w; k++) rows += w[k]->n_out;
+    int64_t target = rows / ((int64_t)b->n_threads * 8);
+    int cr = (int)(target < 4 ? 4 : target > 64 ? 64 : target);
+    j.chunk_rows = (cr + DOT_TILE_MAX_W - 1) / DOT_TILE_MAX_W * DOT_TILE_MAX_W;
+    int64_t acc = 0;
+    for (int k = 0; k < n_w; k++) {
+        acc += (w[k]->n_out + j.chunk_rows - 1) / j.chunk_rows;
+        j.chunk_end[k] = acc;
+    }
+    atomic_store(&j.next, 0);
+    threadpool_run(b->tp, matmul_task, &j);
+}
+
+void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y) {
+    backend_matmul_multi(b, 1, &w, x, n_tok, &y);
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+CPU_INLINE void rmsnorm_row_body(const float *x, const float *g, float *y, int dim, float eps) {
+    v16f acc = v16f_splat(0.0f);
+    int i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        v16f v = v16f_load(x + i);
+        acc += v * v;
+    }
+    double ss = v16f_sum(acc);
+    for (; i < dim; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / dim + eps));
+    v16f s = v16f_splat(scale);
+    for (i = 0; i + 16 <= dim; i += 16) v16f_store(y + i, v16f_load(x + i) * s * v16f_load(g + i));
+    for (; i < dim; i++) y[i] = x[i] * scale * g[i];
+}
+CPU_MULTIVERSION(void, rmsnorm_row,
+                 (const float *x, const float *g, float *y, int dim, float eps),
+                 (x, g, y, dim, eps))
+
+typedef struct rows_job {
+    const float *x;
+    const float *g;
+    float *y;
+    int n_tok;
+    int dim;
+    float eps;
+} rows_job;
+
+static void rmsnorm_task(void *ctx, int ith, int nth) {
+    rows_job *j = ctx;
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        rmsnorm_row(j->x + t * j->dim, j->g, j->y + t * j->dim, j->dim, j->eps);
+}
+
+void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
+                     float eps) {
+    rows_job j = {x, gamma, y, n_tok, dim, eps};
+    if ((int64_t)n_tok * dim < SERIAL_ELEMS)
+        rmsnorm_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, rmsnorm_task, &j);
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+typedef struct rope_job {
+    float *x;
+    const int32_t *pos;
+    int n_tok;
+    int n_head;
+    int head_dim;
+    const rope_table *rope;
+} rope_job;
+
+/* GGML's "normal" rope (pairs of adjacent dims), which llama-arch GGUF files are converted for:
+ * (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) with angle pos * inv_freq[i]. */
+static void rope_task(void *ctx, int ith, int nth) {
+    rope_job *j = ctx;
+    int half = j->rope->n_rot / 2;
+    float cs[256], sn[256]; /* n_rot <= 512 is checked at model load */
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        for (int i = 0; i < half; i++) {
+            double theta = (double)j->pos[t] * j->rope->inv_freq[i];
+            cs[i] = (float)cos(theta);
+            sn[i] = (float)sin(theta);
+        }
+        for (int h = 0; h < j->n_head; h++) {
+            float *v = j->x + ((size_t)t * j->n_head + h) * j->head_dim;
+            for (int i = 0; i < half; i++) {
+                float x0 = v[2 * i], x1 = v[2 * i + 1];
+                v[2 * i] = x0 * cs[i] - x1 * sn[i];
+                v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                  const rope_table *rope) {
+    rope_job j = {x, pos, n_tok, n_head, head_dim, rope};
+    if (n_tok < 8)
+        rope_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, rope_task, &j);
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+CPU_INLINE void swiglu_range_body(const float *g, const float *u, float *o, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v16f gv = v16f_load(g + i);
+        v16f_store(o + i, gv / (v16f_splat(1.0f) + v16f_exp(-gv)) * v16f_load(u + i));
+    }
+    for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+CPU_MULTIVERSION(void, swiglu_range, (const float *g, const float *u, float *o, int64_t n),
+                 (g, u, o, n))
+
+typedef struct ew_job {
+    const float *a;
+    const float *b;
+    float *out;
+    int64_t n;
+} ew_job;
+
+static void swiglu_task(void *ctx, int ith, int nth) {
+    ew_job *j = ctx;
+    int64_t lo, hi;
+    split_range(j->n / 16, ith, nth, &lo, &hi);
+    lo *= 16;
+    hi = ith == nth - 1 ? j->n : hi * 16;
+    swiglu_range(j->a + lo, j->b + lo, j->out + lo, hi - lo);
+}
+
+void backend_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n) {
+    ew_job j = {gate, up, out, n};
+    if (n < SERIAL_ELEMS)
+        swiglu_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, swiglu_task, &j);
+}
+
+void backend_add(backend *b, float *y, const float *x, int64_t n) {
+    (void)b; /* memory-bound and short: one thread saturates it */
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+int backend_argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int)best;
+}

@@ -1,0 +1,93 @@
+/* Quantized tensor formats (GGML block layouts as GGUF stores them) and the CPU routines over
+ * them: per-type traits, dequantization, activation quantization and dot-product tiles.
+ * Part of the kernels/ contract (included by kernels/backend.h).
+ *
+ * Layout: a weight matrix W of GGUF shape [ne0 = n_in, ne1 = n_out] is n_out rows, each row
+ * n_in elements stored as n_in / block_size consecutive blocks of type_size bytes. */
+#ifndef KVSERVE_QUANT_H
+#define KVSERVE_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Values are GGML's type ids, as written in GGUF tensor infos. */
+typedef enum tensor_type {
+    TENSOR_TYPE_F32 = 0,
+    TENSOR_TYPE_F16 = 1,
+    TENSOR_TYPE_Q4_0 = 2,
+    TENSOR_TYPE_Q4_1 = 3,
+    TENSOR_TYPE_Q5_0 = 6,
+    TENSOR_TYPE_Q5_1 = 7,
+    TENSOR_TYPE_Q8_0 = 8,
+    TENSOR_TYPE_Q8_1 = 9, /* activations only */
+    TENSOR_TYPE_Q4_K = 12,
+    TENSOR_TYPE_Q5_K = 13,
+    TENSOR_TYPE_Q6_K = 14,
+    TENSOR_TYPE_Q8_K = 15, /* activations only */
+    TENSOR_TYPE_BF16 = 30,
+    TENSOR_TYPE_COUNT = 31,
+} tensor_type;
+
+typedef struct tensor_type_traits {
+    const char *name;       /* "Q4_1" */
+    int block_size;         /* elements per block */
+    size_t type_size;       /* bytes per block */
+    bool weight_supported;  /* usable as a weight type by matmul */
+    tensor_type act_type;   /* the format activations are converted to for dot products */
+} tensor_type_traits;
+
+/* NULL for ids GGUF may hold that kvserve does not support (unknown or e.g. Q2_K). */
+const tensor_type_traits *tensor_type_get(int type_id);
+
+/* Bytes of a row of n elements, or 0 when n is not a multiple of the block size. */
+size_t tensor_row_size(tensor_type t, int64_t n);
+
+/* ---------------------------------------------------------------- SIMD level */
+
+/* The instruction set the dispatching routines use. Chosen once from CPUID at first use; tests
+ * may force a lower level to check every variant against the scalar reference. */
+typedef enum simd_level {
+    SIMD_LEVEL_SCALAR = 0,
+    SIMD_LEVEL_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    SIMD_LEVEL_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI */
+} simd_level;
+
+simd_level simd_level_detect(void);   /* what the CPU supports */
+simd_level simd_level_get(void);      /* what is in use */
+/* Forces a level (clamped to what the CPU supports); returns the level now in use. Not thread
+ * safe: call before starting compute. */
+simd_level simd_level_set(simd_level level);
+const char *simd_level_name(simd_level level);
+
+/* ---------------------------------------------------------------- conversions */
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f); /* round to nearest even */
+float bf16_to_fp32(uint16_t h);
+void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n);
+void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
+
+/* ---------------------------------------------------------------- rows */
+
+/* dst[0..n) = dequantized src row; n a multiple of the block size. Any weight type. */
+void dequantize_row(tensor_type t, const void *src, float *dst, int64_t n);
+
+/* Converts an f32 activation row to act_type (Q8_0, Q8_1, Q8_K, or F32/F16 as the weight type's
+ * traits say); dst holds tensor_row_size(act_type, n) bytes. */
+void quantize_row_act(tensor_type act_type, const float *src, void *dst, int64_t n);
+
+/* ---------------------------------------------------------------- dot tiles */
+
+#define DOT_TILE_MAX_W 4
+#define DOT_TILE_MAX_X 4
+
+/* The inner kernel of matmul. For i < nw weight rows and j < nx activation rows:
+ *   out[j * out_stride + i] = dot(W row i, X row j)
+ * W rows are at w + i * w_stride in weight type wt; X rows at x + j * x_stride in
+ * tensor_type_get(wt)->act_type (already converted by quantize_row_act). n = elements per row.
+ * 1 <= nw <= DOT_TILE_MAX_W, 1 <= nx <= DOT_TILE_MAX_X. */
+void dot_tile(tensor_type wt, int64_t n, const void *w, size_t w_stride, int nw, const void *x,
+              size_t x_stride, int nx, float *out, size_t out_stride);
+
+#endif

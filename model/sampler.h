@@ -1,0 +1,61 @@
+/* Token sampling over logits, and stop-string matching for generated text. */
+#ifndef KVSERVE_SAMPLER_H
+#define KVSERVE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/util.h"
+
+typedef struct logit_bias {
+    int32_t token;
+    float bias; /* added to the logit; -INFINITY bans the token */
+} logit_bias;
+
+typedef struct sampler_params {
+    float temperature;       /* <= 0: greedy */
+    int top_k;               /* <= 0: off */
+    float top_p;             /* >= 1: off */
+    float min_p;             /* <= 0: off */
+    float repeat_penalty;    /* 1: off (llama.cpp semantics: divide positive, multiply negative) */
+    int repeat_last_n;       /* window for the three penalties; -1: whole history */
+    float frequency_penalty; /* 0: off (OpenAI semantics) */
+    float presence_penalty;  /* 0: off */
+    uint64_t seed;
+    const logit_bias *bias;
+    int n_bias;
+} sampler_params;
+
+void sampler_params_default(sampler_params *p);
+
+typedef struct sampler sampler;
+
+/* Validates params (ranges, bias token ids < n_vocab) and copies them. */
+sampler *sampler_create(const sampler_params *p, int32_t n_vocab, kv_error *err);
+void sampler_destroy(sampler *s);
+
+/* Picks the next token from logits[n_vocab] (modified in place). history holds the tokens the
+ * penalties look at (prompt + generated so far). Same seed + same inputs = same token. If
+ * logprob is non-NULL it receives log p(token) under the model's unmodified distribution. */
+int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_history,
+                       float *logprob);
+
+/* ---------------------------------------------------------------- stop strings */
+
+typedef struct stop_set {
+    char **strs;
+    size_t *lens;
+    int n;
+} stop_set;
+
+/* Copies the strings (empty ones are an error). */
+int stop_set_init(stop_set *s, const char *const *strs, int n, kv_error *err);
+void stop_set_free(stop_set *s);
+
+/* For generated text[0..len): if a stop string occurs, returns its first start offset (the text
+ * to emit ends there) and sets *matched. Otherwise returns how many bytes are safe to emit: all
+ * but a trailing part that could still grow into a stop string. */
+size_t stop_set_scan(const stop_set *s, const char *text, size_t len, bool *matched);
+
+#endif

@@ -1,0 +1,59 @@
+/* Tokenizer built from GGUF metadata (tokenizer.ggml.*): byte-level BPE ("gpt2" model, with the
+ * pre-tokenizers named by tokenizer.ggml.pre) and SentencePiece ("llama" model, byte fallback).
+ * Reference behaviour: llama.cpp's llama-vocab, which wrote these GGUF fields. */
+#ifndef KVSERVE_TOKENIZER_H
+#define KVSERVE_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/gguf.h"
+#include "util/util.h"
+
+typedef struct tokenizer tokenizer;
+
+tokenizer *tokenizer_create(const gguf_file *g, kv_error *err);
+void tokenizer_destroy(tokenizer *t);
+
+int32_t tokenizer_n_vocab(const tokenizer *t);
+int32_t tokenizer_bos(const tokenizer *t); /* -1 when the model has none */
+int32_t tokenizer_eos(const tokenizer *t);
+bool tokenizer_add_bos(const tokenizer *t); /* tokenizer.ggml.add_bos_token (or model default) */
+/* End of generation: EOS, EOT, <|im_end|>, <|eot_id|>, <|end_of_text|> and the like. */
+bool tokenizer_is_eog(const tokenizer *t, int32_t id);
+/* Token text as stored in the vocabulary (NUL-terminated), NULL when out of range. */
+const char *tokenizer_token_text(const tokenizer *t, int32_t id);
+/* Id of a vocabulary entry by exact text (e.g. "<|im_end|>"), -1 when absent. */
+int32_t tokenizer_find(const tokenizer *t, const char *text);
+
+/* Encodes len bytes of text (must be valid UTF-8; invalid sequences are an error). With
+ * parse_special, control/special token texts in the input ("<|im_start|>") become their ids;
+ * without, they are tokenized as plain text. add_bos prepends BOS when the model has one.
+ * Returns the token count and a malloc'd array in *out (caller frees), or -1 with err. */
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_bos,
+                     bool parse_special, int32_t **out, kv_error *err);
+
+/* The bytes a token decodes to (byte-level BPE un-mapped, SentencePiece "▁" to space, <0xXX> to
+ * the byte). Control tokens decode to "" unless render_special. Writes at most cap bytes and
+ * returns the full length (like snprintf, without a NUL), or -1 for an out-of-range id. */
+int tokenizer_token_bytes(const tokenizer *t, int32_t id, bool render_special, char *buf,
+                          size_t cap);
+
+/* Incremental detokenization: push tokens one by one; only complete UTF-8 sequences come out,
+ * so a multi-byte character split over tokens is never emitted in halves. A byte sequence that
+ * can never become valid UTF-8 is emitted as U+FFFD. */
+typedef struct detok_state {
+    uint8_t pending[8];
+    int n_pending;
+    bool at_start; /* SentencePiece: strip the leading space of the first token */
+} detok_state;
+
+void detok_init(detok_state *s);
+/* Appends the text that became complete to buf (at most cap bytes; returns bytes written or -1
+ * when cap is too small: 64 bytes plus the longest token always suffice). */
+int detok_push(const tokenizer *t, detok_state *s, int32_t id, char *buf, size_t cap);
+/* Flushes what is left (incomplete bytes become U+FFFD). */
+int detok_flush(detok_state *s, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what kvserve builds and tests with: Debian packages and the Python test dependencies.
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+python=${PYTHON:-python3}
+
+apt_pkgs=(build-essential pkg-config clang libclang-rt-14-dev libcriterion-dev libjansson-dev
+          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo=sudo
+    echo "setup: installing ${missing[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+py_pkgs=(pytest)
+if ! "$python" -c "import pytest" 2>/dev/null; then
+    echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
+    "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
+fi

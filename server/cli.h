@@ -1,0 +1,8 @@
+/* Command-line entry points of the kvserve binary (server/main.c dispatches to them). */
+#ifndef KVSERVE_CLI_H
+#define KVSERVE_CLI_H
+
+int cli_generate(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+#endif

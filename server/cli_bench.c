@@ -1,0 +1,131 @@
+/* `kvserve bench`: prefill and decode throughput in llama-bench's terms. ppN prefills N tokens
+ * into an empty context (in ENGINE_SLICE slices); tgN decodes N tokens one at a time from an
+ * empty context; tgN@D does so after D tokens of context. Tokens are pseudo-random ids: the
+ * speed of a dense model does not depend on which tokens run. One warm-up run, then the mean and
+ * standard deviation over the repetitions. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+#include "server/cli.h"
+#include "server/cli_common.h"
+
+typedef struct bench_test {
+    const char *name;
+    int n_prompt; /* prefill tokens timed */
+    int n_gen;    /* decode steps timed */
+    int depth;    /* context filled before timing */
+} bench_test;
+
+static const bench_test TESTS[] = {
+    {"pp512", 512, 0, 0},
+    {"pp2048", 2048, 0, 0},
+    {"tg128", 0, 128, 0},
+    {"tg64@4096", 0, 64, 4096},
+};
+
+static void fill_tokens(int32_t *ids, int n, int n_vocab, uint64_t *state) {
+    for (int i = 0; i < n; i++) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((*state >> 33) % (uint64_t)n_vocab);
+    }
+}
+
+/* Seconds for one run of the test, or a negative value on error. */
+static double bench_run(engine_single *e, const bench_test *t, int32_t *ids, kv_error *err) {
+    uint64_t rng = 42;
+    engine_single_reset(e);
+    int n_vocab = e->m->hp.n_vocab;
+    if (t->depth > 0) {
+        fill_tokens(ids, t->depth, n_vocab, &rng);
+        if (engine_single_prefill(e, ids, t->depth, err)) return -1;
+    }
+    fill_tokens(ids, t->n_prompt + t->n_gen, n_vocab, &rng);
+    uint64_t t0 = clock_now_ns();
+    if (t->n_prompt > 0 && engine_single_prefill(e, ids, t->n_prompt, err)) return -1;
+    for (int i = 0; i < t->n_gen; i++)
+        if (engine_single_decode(e, ids[t->n_prompt + i], err)) return -1;
+    return (clock_now_ns() - t0) / 1e9;
+}
+
+int cli_bench(int argc, char **argv) {
+    log_set_level(LOG_LEVEL_WARN);
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"repetitions", required_argument, 0, 'r'},
+                                             {"test", required_argument, 0, 'T'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *path = NULL, *only = NULL;
+    int threads = 2, reps = 3, c;
+    long long ll;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:t:r:T:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': path = optarg; break;
+        case 't': if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return 2; threads = (int)ll; break;
+        case 'r': if (cli_parse_int("--repetitions", optarg, 1, 100, &ll)) return 2; reps = (int)ll; break;
+        case 'T': only = optarg; break;
+        case 'h':
+            printf("usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST]\n"
+                   "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "kvserve bench: need -m MODEL\n");
+        return 2;
+    }
+    kv_error err = {{0}};
+    model *m = model_load(path, NULL, &err);
+    if (!m) {
+        fprintf(stderr, "kvserve: %s\n", err.msg);
+        return 1;
+    }
+    engine_single e;
+    int ctx = 4096 + 64;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
+    int rc = 1;
+    if (!ids || engine_single_init(&e, m, threads, ctx, &err)) {
+        fprintf(stderr, "kvserve: %s\n", ids ? err.msg : "out of memory");
+        free(ids);
+        model_free(m);
+        return 1;
+    }
+    int64_t n_params = 0;
+    for (int64_t i = 0; i < gguf_tensor_count(m->gguf); i++) {
+        const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        n_params += t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    }
+    printf("| model | size | params | backend | threads | SIMD | test | t/s |\n");
+    printf("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |\n");
+    for (size_t ti = 0; ti < sizeof TESTS / sizeof TESTS[0]; ti++) {
+        const bench_test *t = &TESTS[ti];
+        if (only && strcmp(only, t->name) != 0) continue;
+        if (bench_run(&e, t, ids, &err) < 0) goto done; /* warm-up */
+        double sum = 0, sum2 = 0;
+        for (int r = 0; r < reps; r++) {
+            double s = bench_run(&e, t, ids, &err);
+            if (s < 0) goto done;
+            double tps = (t->n_prompt + t->n_gen) / s;
+            sum += tps;
+            sum2 += tps * tps;
+        }
+        double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
+        printf("| %s | %.1f MiB | %.1f M | cpu | %d | %s | %s | %.2f ± %.2f |\n", m->name,
+               model_weight_bytes(m) / 1048576.0, n_params / 1e6, threads,
+               simd_level_name(simd_level_get()), t->name, mean, sd);
+        fflush(stdout);
+    }
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "kvserve: %s\n", err.msg);
+    engine_single_free(&e);
+    free(ids);
+    model_free(m);
+    return rc;
+}

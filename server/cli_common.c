@@ -1,0 +1,117 @@
+#include "server/cli_common.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "kvserve: %s: '%s' is not an integer in [%lld, %lld]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "kvserve: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+char *cli_read_file(const char *path, kv_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kv_fail(err, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0) break;
+        if (cap - len - 1 == 0) {
+            char *b2 = realloc(buf, cap * 2);
+            if (!b2) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b2;
+            cap *= 2;
+        }
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        kv_fail(err, "cannot read %s", path);
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
+int engine_single_init(engine_single *e, const model *m, int threads, int ctx, kv_error *err) {
+    memset(e, 0, sizeof *e);
+    e->m = m;
+    e->ctx = ctx;
+    kv_seq_init(&e->seq);
+    if (!(e->b = backend_cpu_create(threads, err))) goto fail;
+    /* Round the pool up to whole blocks so ctx slots always fit. */
+    if (!(e->pool = kv_pool_create(e->b, m, ((int64_t)ctx + 15) / 16 * 16, 16, err))) goto fail;
+    if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, ENGINE_SLICE, 1, err))) goto fail;
+    if (!(e->logits = malloc(sizeof(float) * (size_t)m->hp.n_vocab))) {
+        kv_fail(err, "out of memory");
+        goto fail;
+    }
+    return 0;
+fail:
+    engine_single_free(e);
+    return -1;
+}
+
+void engine_single_free(engine_single *e) {
+    if (e->pool) kv_seq_release(e->pool, &e->seq);
+    forward_ctx_destroy(e->fwd);
+    kv_pool_destroy(e->pool);
+    backend_destroy(e->b);
+    free(e->logits);
+    memset(e, 0, sizeof *e);
+}
+
+int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err) {
+    int32_t pos[ENGINE_SLICE];
+    if (e->seq.n_tokens + n > e->ctx)
+        return kv_fail(err, "%d tokens do not fit the context of %d (%d in use)", n, e->ctx,
+                       e->seq.n_tokens);
+    for (int done = 0; done < n;) {
+        int len = n - done < ENGINE_SLICE ? n - done : ENGINE_SLICE;
+        int start = e->seq.n_tokens;
+        if (kv_seq_reserve(e->pool, &e->seq, start + len, err)) return -1;
+        for (int i = 0; i < len; i++) pos[i] = start + i;
+        batch_seq bs = {.seq = &e->seq, .n_tok = len, .tokens = ids + done, .pos = pos,
+                        .kv_start = start};
+        if (model_forward(e->fwd, &bs, 1, NULL, e->logits, err) < 0) return -1;
+        done += len;
+    }
+    return 0;
+}
+
+int engine_single_decode(engine_single *e, int32_t id, kv_error *err) {
+    return engine_single_prefill(e, &id, 1, err);
+}
+
+void engine_single_reset(engine_single *e) { kv_seq_truncate(e->pool, &e->seq, 0); }

@@ -1,0 +1,35 @@
+/* Helpers shared by the command-line tools: strict argument parsing and a single-sequence
+ * engine (one backend, KV pool, sequence and forward context). */
+#ifndef KVSERVE_CLI_COMMON_H
+#define KVSERVE_CLI_COMMON_H
+
+#include "model/model.h"
+
+/* Parse the whole string as a number in [lo, hi]; on failure print a message naming opt. */
+int cli_parse_int(const char *opt, const char *s, long long lo, long long hi, long long *out);
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+/* Whole file as a NUL-terminated string, or NULL with err. */
+char *cli_read_file(const char *path, kv_error *err);
+
+/* Prompts are prefilled in slices of this many tokens (the forward context's batch size). */
+#define ENGINE_SLICE 512
+
+typedef struct engine_single {
+    const model *m;
+    backend *b;
+    kv_pool *pool;
+    forward_ctx *fwd;
+    kv_seq seq;
+    int ctx;
+    float *logits; /* [n_vocab] logits of the last token run */
+} engine_single;
+
+int engine_single_init(engine_single *e, const model *m, int threads, int ctx, kv_error *err);
+void engine_single_free(engine_single *e);
+/* Appends tokens to the sequence (positions continue from its length) in slices. */
+int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err);
+int engine_single_decode(engine_single *e, int32_t id, kv_error *err);
+/* Drops the sequence's KV. */
+void engine_single_reset(engine_single *e);
+
+#endif

@@ -1,0 +1,264 @@
+/* The forward pass on the real model: logits against llama.cpp's (tests/golden/logits, made by
+ * scripts/ref/make_logits_goldens.py), and the contract DESIGN.md fixes for the cache work:
+ * explicit positions, row subsets through the layer hooks, batches of sequences, the paged pool. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define GOLDEN "tests/golden/logits/smollm2.json"
+
+static model *g_m;
+static backend *g_b;
+static kv_pool *g_pool;
+static forward_ctx *g_f;
+static float *g_logits;
+
+static void setup(void) {
+    kv_error err = {{0}};
+    g_m = model_load(MODEL_PATH, NULL, &err);
+    cr_assert_not_null(g_m, "load: %s", err.msg);
+    g_b = backend_cpu_create(2, &err);
+    cr_assert_not_null(g_b, "%s", err.msg);
+    g_pool = kv_pool_create(g_b, g_m, 4096, 16, &err);
+    cr_assert_not_null(g_pool, "%s", err.msg);
+    g_f = forward_ctx_create(g_m, g_b, g_pool, 512, 4, &err);
+    cr_assert_not_null(g_f, "%s", err.msg);
+    g_logits = malloc(sizeof(float) * 512 * (size_t)g_m->hp.n_vocab);
+}
+
+static void teardown(void) {
+    free(g_logits);
+    forward_ctx_destroy(g_f);
+    kv_pool_destroy(g_pool);
+    backend_destroy(g_b);
+    model_free(g_m);
+}
+
+TestSuite(model, .init = setup, .fini = teardown, .timeout = 600);
+
+/* Runs tokens [0, n) as one prefill of a fresh sequence at positions 0..n-1. */
+static int run_prefill(kv_seq *s, const int32_t *ids, int n, bool all, float *logits) {
+    kv_error err = {{0}};
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    for (int i = 0; i < n; i++) pos[i] = s->n_tokens + i;
+    cr_assert_eq(kv_seq_reserve(g_pool, s, s->n_tokens + n, &err), 0, "%s", err.msg);
+    batch_seq bs = {.seq = s, .n_tok = n, .tokens = ids, .pos = pos, .kv_start = s->n_tokens,
+                    .all_logits = all};
+    int r = model_forward(g_f, &bs, 1, NULL, logits, &err);
+    cr_assert_geq(r, 0, "forward: %s", err.msg);
+    free(pos);
+    return r;
+}
+
+Test(model, hparams) {
+    const model_hparams *hp = &g_m->hp;
+    cr_expect_eq(hp->n_layer, 30);
+    cr_expect_eq(hp->dim, 576);
+    cr_expect_eq(hp->n_head, 9);
+    cr_expect_eq(hp->n_kv_head, 3);
+    cr_expect_eq(hp->head_dim, 64);
+    cr_expect_eq(hp->ffn_dim, 1536);
+    cr_expect_eq(hp->n_vocab, 49152);
+    cr_expect_eq(hp->n_ctx_train, 8192);
+    cr_expect(hp->tied_output);
+    cr_expect_float_eq(hp->rope_base, 100000.0f, 1e-3);
+    cr_expect_float_eq(hp->norm_eps, 1e-5f, 1e-9);
+    cr_expect_eq(g_m->chat.kind, CHAT_TEMPLATE_CHATML);
+}
+
+Test(model, logits_match_llama_cpp) {
+    json_error_t jerr;
+    json_t *root = json_load_file(GOLDEN, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", GOLDEN, jerr.text);
+    json_t *cases = json_object_get(root, "cases");
+    int n_pos = 0, top1 = 0, n_cases = (int)json_array_size(cases);
+    double max_delta = 0, sum_delta = 0;
+    int n_delta = 0;
+    for (int c = 0; c < n_cases; c++) {
+        json_t *jc = json_array_get(cases, (size_t)c);
+        json_t *jt = json_object_get(jc, "tokens");
+        int n = (int)json_array_size(jt);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(jt, (size_t)i));
+        kv_seq s;
+        kv_seq_init(&s);
+        cr_assert_eq(run_prefill(&s, ids, n, true, g_logits), n);
+        json_t *tid = json_object_get(jc, "top_ids"), *tlg = json_object_get(jc, "top_logits");
+        for (int p = 0; p < n; p++) {
+            const float *lg = g_logits + (size_t)p * g_m->hp.n_vocab;
+            json_t *ri = json_array_get(tid, (size_t)p), *rl = json_array_get(tlg, (size_t)p);
+            int ref_top = (int)json_integer_value(json_array_get(ri, 0));
+            if (backend_argmax(lg, g_m->hp.n_vocab) == ref_top) top1++;
+            n_pos++;
+            for (size_t k = 0; k < json_array_size(ri); k++) {
+                int id = (int)json_integer_value(json_array_get(ri, k));
+                double d = fabs(lg[id] - json_real_value(json_array_get(rl, k)));
+                max_delta = d > max_delta ? d : max_delta;
+                sum_delta += d;
+                n_delta++;
+            }
+        }
+        kv_seq_release(g_pool, &s);
+        free(ids);
+    }
+    json_decref(root);
+    double agree = (double)top1 / n_pos;
+    fprintf(stderr,
+            "logits vs llama.cpp: %d prompts, %d positions, top-1 agreement %.2f%% (%d/%d), "
+            "max |delta logit| %.4f, mean %.4f (over each position's reference top-32)\n",
+            n_cases, n_pos, 100 * agree, top1, n_pos, max_delta, sum_delta / n_delta);
+    cr_assert_geq(n_cases, 5);
+    cr_assert_geq(agree, 0.99, "top-1 agreement %.4f", agree);
+    cr_assert_lt(max_delta, 0.5, "max |delta logit| %.4f", max_delta);
+}
+
+/* A prefix computed once and continued must equal one prefill of the whole (exact reuse). */
+Test(model, continued_prefill_equals_full) {
+    int32_t ids[100];
+    for (int i = 0; i < 100; i++) ids[i] = (int32_t)((i * 7919 + 13) % 49152);
+    float *full = malloc(sizeof(float) * (size_t)g_m->hp.n_vocab);
+    kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    run_prefill(&a, ids, 100, false, full);
+    run_prefill(&b, ids, 37, false, g_logits);
+    run_prefill(&b, ids + 37, 63, false, g_logits);
+    double md = 0;
+    for (int i = 0; i < g_m->hp.n_vocab; i++) md = fmax(md, fabs(full[i] - g_logits[i]));
+    cr_expect_lt(md, 2e-3, "max delta %g", md);
+    kv_seq_release(g_pool, &a);
+    kv_seq_release(g_pool, &b);
+    free(full);
+}
+
+typedef struct keep_last {
+    int keep;
+    int calls;
+} keep_last;
+
+static int hook_keep_last(void *ud, forward_state *st, int layer) {
+    keep_last *k = ud;
+    k->calls++;
+    if (layer != 0) return 0;
+    int n = forward_state_n_rows(st), keep[16];
+    for (int i = 0; i < k->keep; i++) keep[i] = n - k->keep + i;
+    return forward_state_keep_rows(st, keep, k->keep);
+}
+
+/* Recomputing only a subset of rows after layer 0, attending over KV the pool already holds for
+ * the others, gives the same last-token logits as computing every row (the CacheBlend shape). */
+Test(model, row_subset_attends_all_kv) {
+    int32_t ids[80];
+    for (int i = 0; i < 80; i++) ids[i] = (int32_t)((i * 104729 + 7) % 49152);
+    float *full = malloc(sizeof(float) * (size_t)g_m->hp.n_vocab);
+    kv_seq s;
+    kv_seq_init(&s);
+    run_prefill(&s, ids, 80, false, full);
+    int32_t pos[80];
+    for (int i = 0; i < 80; i++) pos[i] = i;
+    keep_last k = {.keep = 5};
+    forward_hooks hooks = {.ud = &k, .after_layer = hook_keep_last};
+    batch_seq bs = {.seq = &s, .n_tok = 80, .tokens = ids, .pos = pos, .kv_start = 0};
+    kv_error err = {{0}};
+    int n_out = model_forward(g_f, &bs, 1, &hooks, g_logits, &err);
+    cr_assert_eq(n_out, 1, "%s", err.msg);
+    cr_expect_eq(k.calls, g_m->hp.n_layer);
+    double md = 0;
+    for (int i = 0; i < g_m->hp.n_vocab; i++) md = fmax(md, fabs(full[i] - g_logits[i]));
+    cr_expect_lt(md, 2e-3, "max delta %g", md);
+    kv_seq_release(g_pool, &s);
+    free(full);
+}
+
+/* Several sequences in one batch give what each gives alone. */
+Test(model, batch_equals_alone) {
+    enum { NS = 3 };
+    int lens[NS] = {17, 1, 40};
+    int32_t ids[NS][40], pos[NS][40];
+    float *alone = malloc(sizeof(float) * NS * (size_t)g_m->hp.n_vocab);
+    kv_seq seqs[NS];
+    batch_seq bs[NS];
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < lens[s]; i++) {
+            ids[s][i] = (int32_t)((s * 1000 + i * 31 + 5) % 49152);
+            pos[s][i] = i;
+        }
+        kv_seq tmp;
+        kv_seq_init(&tmp);
+        run_prefill(&tmp, ids[s], lens[s], false, alone + (size_t)s * g_m->hp.n_vocab);
+        kv_seq_release(g_pool, &tmp);
+        kv_seq_init(&seqs[s]);
+        kv_error err = {{0}};
+        cr_assert_eq(kv_seq_reserve(g_pool, &seqs[s], lens[s], &err), 0);
+        bs[s] = (batch_seq){.seq = &seqs[s], .n_tok = lens[s], .tokens = ids[s], .pos = pos[s]};
+    }
+    kv_error err = {{0}};
+    cr_assert_eq(model_forward(g_f, bs, NS, NULL, g_logits, &err), NS, "%s", err.msg);
+    for (int s = 0; s < NS; s++) {
+        double md = 0;
+        for (int i = 0; i < g_m->hp.n_vocab; i++)
+            md = fmax(md, fabs(alone[(size_t)s * g_m->hp.n_vocab + i] -
+                               g_logits[(size_t)s * g_m->hp.n_vocab + i]));
+        cr_expect_lt(md, 2e-3, "sequence %d: max delta %g", s, md);
+        kv_seq_release(g_pool, &seqs[s]);
+    }
+    free(alone);
+}
+
+/* Positions are explicit: the same tokens at shifted positions give different logits, and a
+ * sequence forked from a shared prefix continues exactly like the original. */
+Test(model, fork_shares_blocks_and_continues) {
+    int32_t ids[50];
+    for (int i = 0; i < 50; i++) ids[i] = (int32_t)((i * 211 + 3) % 49152);
+    float *ref = malloc(sizeof(float) * (size_t)g_m->hp.n_vocab);
+    kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    run_prefill(&a, ids, 50, false, ref);
+    kv_seq_truncate(g_pool, &a, 40); /* drop the tail: blocks 0..2 stay (40 slots) */
+    kv_error err = {{0}};
+    int64_t free_before = kv_pool_free_blocks(g_pool);
+    cr_assert_eq(kv_seq_fork(g_pool, &b, &a, 40, &err), 0, "%s", err.msg);
+    cr_expect_eq(kv_pool_free_blocks(g_pool), free_before, "fork copies nothing");
+    cr_expect_eq(kv_pool_block_refs(g_pool, a.blocks[0]), 2);
+    /* b writes slot 40, inside the shared third block: it gets its own copy */
+    run_prefill(&b, ids + 40, 10, false, g_logits);
+    cr_expect_neq(a.blocks[2], b.blocks[2]);
+    cr_expect_eq(a.blocks[1], b.blocks[1]);
+    double md = 0;
+    for (int i = 0; i < g_m->hp.n_vocab; i++) md = fmax(md, fabs(ref[i] - g_logits[i]));
+    cr_expect_lt(md, 2e-3, "max delta %g", md);
+    kv_seq_release(g_pool, &a);
+    kv_seq_release(g_pool, &b);
+    cr_expect_eq(kv_pool_free_blocks(g_pool), kv_pool_total_blocks(g_pool));
+    free(ref);
+}
+
+Test(model, pool_full_and_bad_input_are_errors) {
+    kv_seq s;
+    kv_seq_init(&s);
+    kv_error err = {{0}};
+    cr_expect_eq(kv_seq_reserve(g_pool, &s, 4096 + 16, &err), -1);
+    cr_expect(strstr(err.msg, "KV pool full") != NULL, "%s", err.msg);
+    cr_expect_eq(s.n_blocks, 0, "a failed reservation changes nothing");
+    int32_t bad = 49152, pos = 0;
+    cr_assert_eq(kv_seq_reserve(g_pool, &s, 1, &err), 0);
+    batch_seq bs = {.seq = &s, .n_tok = 1, .tokens = &bad, .pos = &pos};
+    cr_expect_eq(model_forward(g_f, &bs, 1, NULL, g_logits, &err), -1);
+    cr_expect(strstr(err.msg, "out of range") != NULL, "%s", err.msg);
+    kv_seq_release(g_pool, &s);
+}
+
+Test(model, missing_and_wrong_files_are_errors) {
+    kv_error err = {{0}};
+    cr_expect_null(model_load("models/does-not-exist.gguf", NULL, &err));
+    cr_expect(strlen(err.msg) > 0);
+    cr_expect_null(model_load("Makefile", NULL, &err));
+    cr_expect(strlen(err.msg) > 0, "%s", err.msg);
+}

@@ -1,0 +1,62 @@
+/* util: the bottom layer every other folder may use: errors as values, the logger, clocks,
+ * aligned allocation. No mutable state except the logger's level (set once at start-up). */
+#ifndef KVSERVE_UTIL_H
+#define KVSERVE_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- errors */
+
+/* Functions that can fail on input data return a status (0 ok, -1 error) or NULL and fill a
+ * kv_error the caller owns. The message names the problem (file, key, tensor, value). */
+typedef struct kv_error {
+    char msg[512];
+} kv_error;
+
+/* Formats the message into err (if non-NULL) and returns -1, so `return kv_fail(err, ...)`. */
+int kv_fail(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes an existing message: "context: old message". Returns -1. */
+int kv_fail_wrap(kv_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------- logging */
+
+typedef enum log_level {
+    LOG_LEVEL_ERROR = 0,
+    LOG_LEVEL_WARN = 1,
+    LOG_LEVEL_INFO = 2,
+    LOG_LEVEL_DEBUG = 3,
+} log_level;
+
+void log_set_level(log_level level);
+log_level log_get_level(void);
+/* Parses "error|warn|info|debug"; returns -1 on anything else. */
+int log_level_parse(const char *s, log_level *out);
+void log_msg(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define log_error(...) log_msg(LOG_LEVEL_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg(LOG_LEVEL_WARN, __VA_ARGS__)
+#define log_info(...) log_msg(LOG_LEVEL_INFO, __VA_ARGS__)
+#define log_debug(...) log_msg(LOG_LEVEL_DEBUG, __VA_ARGS__)
+
+/* ---------------------------------------------------------------- time and memory */
+
+/* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
+uint64_t clock_now_ns(void);
+
+/* 64-byte aligned allocation (cache line / AVX-512 width); free with kv_aligned_free.
+ * Returns NULL on overflow or out of memory. */
+void *kv_aligned_alloc(size_t size);
+void kv_aligned_free(void *p);
+
+/* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
+static inline int size_mul(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int size_add(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+#endif
