@@ -40,13 +40,13 @@ typedef struct gguf_array {
 } gguf_array;
 
 typedef struct gguf_tensor {
-    const char *name;  /* NUL-terminated copy */
-    int n_dims;        /* 1..4 */
-    int64_t ne[4];     /* ne[0] is the contiguous (row) dimension; unused dims are 1 */
+    const char *name; /* NUL-terminated copy */
+    int n_dims;       /* 1..4 */
+    int64_t ne[4];    /* ne[0] is the contiguous (row) dimension; unused dims are 1 */
     tensor_type type;
-    uint64_t offset;   /* from the start of the data section */
-    size_t size;       /* bytes */
-    const void *data;  /* in the mapping */
+    uint64_t offset;  /* from the start of the data section */
+    size_t size;      /* bytes */
+    const void *data; /* in the mapping */
 } gguf_tensor;
 
 typedef struct gguf_file gguf_file;
@@ -58,8 +58,8 @@ void gguf_close(gguf_file *g);
 
 uint32_t gguf_version(const gguf_file *g);
 size_t gguf_file_size(const gguf_file *g);
-const void *gguf_data_base(const gguf_file *g); /* start of the tensor data section */
-size_t gguf_alignment(const gguf_file *g);      /* general.alignment, default 32 */
+const void *gguf_data_base(const gguf_file *g);      /* start of the tensor data section */
+size_t gguf_alignment(const gguf_file *g);           /* general.alignment, default 32 */
 const char *gguf_value_type_name(gguf_value_type t); /* "UINT32"; "unknown" out of range */
 
 /* Metadata. Lookups return 0 on success, -1 (with err) when missing or of an incompatible
