@@ -80,6 +80,11 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     o->max_tokens = 256;
     o->threads = 2;
     sampler_params_default(&o->sp);
+    /* llama.cpp's command-line defaults, which CLI users expect (the API keeps OpenAI's). */
+    o->sp.temperature = 0.8f;
+    o->sp.top_k = 40;
+    o->sp.top_p = 0.95f;
+    o->sp.min_p = 0.05f;
     o->sp.bias = o->bias;
     int c;
     long long ll;
