@@ -20,6 +20,7 @@ int32_t tokenizer_n_vocab(const tokenizer *t);
 int32_t tokenizer_bos(const tokenizer *t); /* -1 when the model has none */
 int32_t tokenizer_eos(const tokenizer *t);
 bool tokenizer_add_bos(const tokenizer *t); /* tokenizer.ggml.add_bos_token (or model default) */
+bool tokenizer_add_eos(const tokenizer *t); /* tokenizer.ggml.add_eos_token (default false) */
 /* End of generation: EOS, EOT, <|im_end|>, <|eot_id|>, <|end_of_text|> and the like. */
 bool tokenizer_is_eog(const tokenizer *t, int32_t id);
 /* Token text as stored in the vocabulary (NUL-terminated), NULL when out of range. */
@@ -35,10 +36,21 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
                      bool parse_special, int32_t **out, kv_error *err);
 
 /* The bytes a token decodes to (byte-level BPE un-mapped, SentencePiece "▁" to space, <0xXX> to
- * the byte). Control tokens decode to "" unless render_special. Writes at most cap bytes and
- * returns the full length (like snprintf, without a NUL), or -1 for an out-of-range id. */
+ * the byte). Control tokens (and the unknown token) decode to "" unless render_special; unused
+ * tokens always do, as in llama_token_to_piece. Writes at most cap bytes and returns the full
+ * length (like snprintf, without a NUL), or -1 for an out-of-range id. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, bool render_special, char *buf,
                           size_t cap);
+/* The longest tokenizer_token_bytes of any token (render_special). */
+size_t tokenizer_max_token_len(const tokenizer *t);
+
+/* Decodes a whole sequence: the tokens' bytes concatenated (SentencePiece: without the leading
+ * space of the first non-empty piece, the one encoding added), with every invalid UTF-8
+ * sequence as U+FFFD, so the result is what detok_push over the ids plus detok_flush give when
+ * render_special is false. Returns a malloc'd NUL-terminated string and its length in *out_len,
+ * or NULL with err for an out-of-range id. */
+char *tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool render_special,
+                       size_t *out_len, kv_error *err);
 
 /* Incremental detokenization: push tokens one by one; only complete UTF-8 sequences come out,
  * so a multi-byte character split over tokens is never emitted in halves. A byte sequence that
@@ -51,7 +63,10 @@ typedef struct detok_state {
 
 void detok_init(detok_state *s);
 /* Appends the text that became complete to buf (at most cap bytes; returns bytes written or -1
- * when cap is too small: 64 bytes plus the longest token always suffice). */
+ * when cap is too small or id is out of range; the state is then unchanged). Control tokens
+ * emit nothing. Every invalid byte can become a 3-byte U+FFFD, so 16 + 3 times
+ * tokenizer_max_token_len(t) bytes always suffice; 64 plus the longest token is enough when
+ * the pieces are valid UTF-8 on their own, the usual case. */
 int detok_push(const tokenizer *t, detok_state *s, int32_t id, char *buf, size_t cap);
 /* Flushes what is left (incomplete bytes become U+FFFD). */
 int detok_flush(detok_state *s, char *buf, size_t cap);
