@@ -30,11 +30,11 @@ typedef enum tensor_type {
 } tensor_type;
 
 typedef struct tensor_type_traits {
-    const char *name;       /* "Q4_1" */
-    int block_size;         /* elements per block */
-    size_t type_size;       /* bytes per block */
-    bool weight_supported;  /* usable as a weight type by matmul */
-    tensor_type act_type;   /* the format activations are converted to for dot products */
+    const char *name;      /* "Q4_1" */
+    int block_size;        /* elements per block */
+    size_t type_size;      /* bytes per block */
+    bool weight_supported; /* usable as a weight type by matmul */
+    tensor_type act_type;  /* the format activations are converted to for dot products */
 } tensor_type_traits;
 
 /* NULL for ids GGUF may hold that kvserve does not support (unknown or e.g. Q2_K). */
@@ -53,8 +53,8 @@ typedef enum simd_level {
     SIMD_LEVEL_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI */
 } simd_level;
 
-simd_level simd_level_detect(void);   /* what the CPU supports */
-simd_level simd_level_get(void);      /* what is in use */
+simd_level simd_level_detect(void); /* what the CPU supports */
+simd_level simd_level_get(void);    /* what is in use */
 /* Forces a level (clamped to what the CPU supports); returns the level now in use. Not thread
  * safe: call before starting compute. */
 simd_level simd_level_set(simd_level level);
@@ -70,12 +70,20 @@ void fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
 
 /* ---------------------------------------------------------------- rows */
 
-/* dst[0..n) = dequantized src row; n a multiple of the block size. Any weight type. */
+/* dst[0..n) = dequantized src row; n a multiple of the block size. Any weight type; src 2-byte
+ * aligned (as GGUF tensor data is). Bit-identical to GGML's dequantize_row_* at every level. */
 void dequantize_row(tensor_type t, const void *src, float *dst, int64_t n);
 
 /* Converts an f32 activation row to act_type (Q8_0, Q8_1, Q8_K, or F32/F16 as the weight type's
- * traits say); dst holds tensor_row_size(act_type, n) bytes. */
+ * traits say); dst holds tensor_row_size(act_type, n) bytes. Q8_0 rows are GGML's block_q8_0.
+ * Q8_1 and Q8_K rows have GGML's sizes and precision (8-bit values, one scale per 32 / 256) but
+ * an interleaved byte order that the CPU dot tiles read directly (kernels/cpu/quant_impl.h):
+ * treat them as opaque, produced by this function and read by dot_tile / dequantize_row_act.
+ * The result is the same at every SIMD level. */
 void quantize_row_act(tensor_type act_type, const float *src, void *dst, int64_t n);
+
+/* dst[0..n) = the values a quantize_row_act row stands for (tests, checking other backends). */
+void dequantize_row_act(tensor_type act_type, const void *src, float *dst, int64_t n);
 
 /* ---------------------------------------------------------------- dot tiles */
 
@@ -86,7 +94,9 @@ void quantize_row_act(tensor_type act_type, const float *src, void *dst, int64_t
  *   out[j * out_stride + i] = dot(W row i, X row j)
  * W rows are at w + i * w_stride in weight type wt; X rows at x + j * x_stride in
  * tensor_type_get(wt)->act_type (already converted by quantize_row_act). n = elements per row.
- * 1 <= nw <= DOT_TILE_MAX_W, 1 <= nx <= DOT_TILE_MAX_X. */
+ * 1 <= nw <= DOT_TILE_MAX_W, 1 <= nx <= DOT_TILE_MAX_X. Rows may have any alignment and stride.
+ * Matmul use: for each tile of 4 weight rows, every tile of 4 activation rows (the weight tile is
+ * transposed into the kernel's lane order once per call, so the larger nx the better). */
 void dot_tile(tensor_type wt, int64_t n, const void *w, size_t w_stride, int nw, const void *x,
               size_t x_stride, int nx, float *out, size_t out_stride);
 

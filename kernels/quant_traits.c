@@ -3,20 +3,23 @@
 
 #define QK_K 256
 
+/* Every 32-element weight type takes Q8_1 activations (GGML pairs Q4_0/Q5_0/Q8_0 with Q8_0): the
+ * per-block sums Q8_1 carries let the CPU tiles multiply unsigned weight codes (q + 8, q + 16,
+ * q + 128) with vpdpbusd and subtract the offset once per block (kernels/cpu/quant_impl.h). */
 static const tensor_type_traits TRAITS[TENSOR_TYPE_COUNT] = {
     [TENSOR_TYPE_F32] = {"F32", 1, 4, true, TENSOR_TYPE_F32},
     [TENSOR_TYPE_F16] = {"F16", 1, 2, true, TENSOR_TYPE_F32},
     [TENSOR_TYPE_BF16] = {"BF16", 1, 2, true, TENSOR_TYPE_F32},
     /* half d; nibbles[16] */
-    [TENSOR_TYPE_Q4_0] = {"Q4_0", 32, 2 + 16, true, TENSOR_TYPE_Q8_0},
+    [TENSOR_TYPE_Q4_0] = {"Q4_0", 32, 2 + 16, true, TENSOR_TYPE_Q8_1},
     /* half d, m; nibbles[16] */
     [TENSOR_TYPE_Q4_1] = {"Q4_1", 32, 4 + 16, true, TENSOR_TYPE_Q8_1},
     /* half d; high bits u32; nibbles[16] */
-    [TENSOR_TYPE_Q5_0] = {"Q5_0", 32, 2 + 4 + 16, true, TENSOR_TYPE_Q8_0},
+    [TENSOR_TYPE_Q5_0] = {"Q5_0", 32, 2 + 4 + 16, true, TENSOR_TYPE_Q8_1},
     /* half d, m; high bits u32; nibbles[16] */
     [TENSOR_TYPE_Q5_1] = {"Q5_1", 32, 4 + 4 + 16, true, TENSOR_TYPE_Q8_1},
     /* half d; int8 qs[32] */
-    [TENSOR_TYPE_Q8_0] = {"Q8_0", 32, 2 + 32, true, TENSOR_TYPE_Q8_0},
+    [TENSOR_TYPE_Q8_0] = {"Q8_0", 32, 2 + 32, true, TENSOR_TYPE_Q8_1},
     /* half d, s (= d * sum qs); int8 qs[32] */
     [TENSOR_TYPE_Q8_1] = {"Q8_1", 32, 4 + 32, false, TENSOR_TYPE_Q8_1},
     /* half d, dmin; scales[12]; nibbles[128] */
