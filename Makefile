@@ -14,7 +14,7 @@ OPT     ?= -O2 -g
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
 LDLIBS  := -lm -lpthread -ljansson -lcrypto
-AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2
+AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
 LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
@@ -68,6 +68,12 @@ run: setup $(MODEL) $(BUILD)/kvserve
 
 bench: $(MODEL) $(BUILD)/kvserve
 	$(BUILD)/kvserve bench -m $(MODEL) -t $(THREADS)
+
+# The quantized dot-tile microbenchmark (scripts/bench/quant_bench.c): GMAC/s per type and tile.
+QUANT_BENCH_OBJ := $(addprefix $(BUILD)/obj/,kernels/cpu/quant.o kernels/cpu/quant_avx2.o \
+                     kernels/cpu/quant_avx512.o kernels/quant_traits.o util/util.o)
+$(BUILD)/quant_bench: $(BUILD)/obj/scripts/bench/quant_bench.o $(QUANT_BENCH_OBJ)
+	$(CC) $(CFLAGS) $^ -o $@ -lm
 
 # ---------------------------------------------------------------- tests
 

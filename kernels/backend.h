@@ -25,9 +25,12 @@ typedef struct weight {
 } weight;
 
 /* The paged KV pool's memory layout. The pool is n_blocks blocks; a block holds block_tokens
- * token slots for every layer:
- *   block: [n_layer][2 (K, V)][n_kv_head][block_tokens][head_dim] f16
- * K is stored rotated (RoPE applied at the token's position). */
+ * (a multiple of 16) token slots for every layer:
+ *   block: [n_layer][2 (K, V)][n_kv_head] regions of block_tokens * head_dim f16
+ *   K region: [head_dim][block_tokens] (transposed: one vector load gives a dim of 16 keys)
+ *   V region: [block_tokens][head_dim]
+ * K is stored rotated (RoPE applied at the token's position). Only the backend reads regions;
+ * everything else goes through backend_kv_store / backend_kv_load. */
 typedef struct kv_layout {
     int n_layer;
     int n_kv_head;

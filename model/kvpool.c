@@ -18,8 +18,8 @@ struct kv_pool {
 
 kv_pool *kv_pool_create(backend *b, const model *m, int64_t n_tokens, int block_tokens,
                         kv_error *err) {
-    if (block_tokens < 1 || block_tokens > 4096) {
-        kv_fail(err, "KV block size must be 1..4096 tokens, got %d", block_tokens);
+    if (block_tokens < 16 || block_tokens > 4096 || block_tokens % 16 != 0) {
+        kv_fail(err, "KV block size must be a multiple of 16 in 16..4096, got %d", block_tokens);
         return NULL;
     }
     if (n_tokens < block_tokens) {

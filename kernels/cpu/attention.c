@@ -10,7 +10,6 @@
 
 #include "kernels/cpu/cpu.h"
 
-#define ATTN_ROWS 16        /* query rows per work item (prefill) */
 #define ATTN_MIN_SPLIT 256  /* fewest keys worth a separate work item (decode) */
 
 size_t kv_layout_block_bytes(const kv_layout *l) {
@@ -35,37 +34,38 @@ void backend_kv_free(backend *b, void *pool) {
     kv_aligned_free(pool);
 }
 
-/* The f16 row of (layer, kv, head) at a sequence's slot. */
-static inline uint16_t *kv_row(const void *pool, const kv_layout *l, int layer, int kv, int head,
-                               const int32_t *block_table, int32_t slot) {
-    int32_t blk = block_table[slot / l->block_tokens];
-    int off = slot % l->block_tokens;
-    return (uint16_t *)((uint8_t *)pool + (size_t)blk * kv_layout_block_bytes(l) +
-                        kv_layout_offset(l, layer, kv, head)) +
-           (size_t)off * l->head_dim;
-}
-
 void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
                       const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
                       const float *v) {
     (void)b;
-    int hd = l->head_dim;
-    for (int t = 0; t < n_tok; t++)
+    int hd = l->head_dim, bt = l->block_tokens;
+    for (int t = 0; t < n_tok; t++) {
+        int off = slots[t] % bt;
         for (int h = 0; h < l->n_kv_head; h++) {
             size_t src = ((size_t)t * l->n_kv_head + h) * hd;
-            fp32_to_fp16_row(k + src, kv_row(pool, l, layer, 0, h, block_table, slots[t]), hd);
-            fp32_to_fp16_row(v + src, kv_row(pool, l, layer, 1, h, block_table, slots[t]), hd);
+            uint16_t *kr = kv_region(pool, l, layer, 0, h, block_table, slots[t]);
+            for (int d = 0; d < hd; d++) kr[(size_t)d * bt + off] = fp32_to_fp16(k[src + d]);
+            uint16_t *vr = kv_region(pool, l, layer, 1, h, block_table, slots[t]);
+            fp32_to_fp16_row(v + src, vr + (size_t)off * hd, hd);
         }
+    }
 }
 
 void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                      const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
     (void)b;
-    int hd = l->head_dim;
-    for (int t = 0; t < n_tok; t++)
-        for (int h = 0; h < l->n_kv_head; h++)
-            fp16_to_fp32_row(kv_row(pool, l, layer, kv, h, block_table, slots[t]),
-                             out + ((size_t)t * l->n_kv_head + h) * hd, hd);
+    int hd = l->head_dim, bt = l->block_tokens;
+    for (int t = 0; t < n_tok; t++) {
+        int off = slots[t] % bt;
+        for (int h = 0; h < l->n_kv_head; h++) {
+            const uint16_t *r = kv_region(pool, l, layer, kv, h, block_table, slots[t]);
+            float *o = out + ((size_t)t * l->n_kv_head + h) * hd;
+            if (kv == 0)
+                for (int d = 0; d < hd; d++) o[d] = fp16_to_fp32(r[(size_t)d * bt + off]);
+            else
+                fp16_to_fp32_row(r + (size_t)off * hd, o, hd);
+        }
+    }
 }
 
 void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src) {
@@ -76,120 +76,16 @@ void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t d
 
 /* ---------------------------------------------------------------- the kernel */
 
-typedef struct attn_item {
-    int seq;
-    int kv_head;
-    int r0, r1;    /* query rows */
-    int k0, k1;    /* key slots */
-    int split;     /* index of the key range, or -1 when the item covers all keys */
-} attn_item;
 
-typedef struct attn_job {
-    const void *pool;
-    const kv_layout *l;
-    int layer;
-    int n_head;
-    float scale;
-    const attn_seq *seqs;
-    attn_item *items;
-    int n_items;
-    _Atomic int next;
-    float **scratch;
-    /* decode splits: per (seq, row, head, split): max, sum, then head_dim weighted V */
-    float **partial;
-    int *n_splits;
-} attn_job;
-
-/* One work item: for every (row, head) of the group, scores over keys [k0, min(k1, slot + 1)),
- * softmax, weighted sum of V. hd is a multiple of 16 (checked at model load). */
-CPU_INLINE void attn_item_run_body(const attn_job *j, const attn_item *it, float *sc) {
-    const kv_layout *l = j->l;
-    const attn_seq *s = &j->seqs[it->seq];
-    const int hd = l->head_dim, gs = j->n_head / l->n_kv_head, nv = hd / 16;
-    const int nk = it->k1 - it->k0, nq = (it->r1 - it->r0) * gs;
-    /* scores: [nq][nk] */
-    for (int k = it->k0; k < it->k1; k++) {
-        const uint16_t *kr = kv_row(j->pool, l, j->layer, 0, it->kv_head, s->block_table, k);
-        v16f kv[8];
-        for (int c = 0; c < nv; c++) kv[c] = v16f_load_h(kr + 16 * c);
-        for (int r = it->r0; r < it->r1; r++) {
-            for (int g = 0; g < gs; g++) {
-                float *dst = sc + ((size_t)(r - it->r0) * gs + g) * nk + (k - it->k0);
-                if (k > s->q_slot[r]) {
-                    *dst = -INFINITY;
-                    continue;
-                }
-                const float *q = s->q + ((size_t)r * j->n_head + it->kv_head * gs + g) * hd;
-                v16f acc = v16f_load(q) * kv[0];
-                for (int c = 1; c < nv; c++) acc += v16f_load(q + 16 * c) * kv[c];
-                *dst = v16f_sum(acc) * j->scale;
-            }
-        }
-    }
-    /* softmax per query (unnormalised when this is one split of several) */
-    float mx[ATTN_ROWS * 8], sum[ATTN_ROWS * 8];
-    for (int q = 0; q < nq; q++) {
-        float *row = sc + (size_t)q * nk;
-        float m = -INFINITY;
-        for (int k = 0; k < nk; k++) m = row[k] > m ? row[k] : m;
-        double ssum = 0;
-        if (m > -INFINITY) {
-            int k = 0;
-            for (; k + 16 <= nk; k += 16) {
-                v16f e = v16f_exp(v16f_load(row + k) - v16f_splat(m));
-                /* exp(-inf - m) must be exactly 0: masked keys */
-                e = v16f_select(v16f_load(row + k) == v16f_splat(-INFINITY), v16f_splat(0.0f), e);
-                v16f_store(row + k, e);
-                ssum += v16f_sum(e);
-            }
-            for (; k < nk; k++) {
-                row[k] = row[k] == -INFINITY ? 0.0f : expf(row[k] - m);
-                ssum += row[k];
-            }
-        }
-        mx[q] = m;
-        sum[q] = (float)ssum;
-    }
-    /* weighted V: out[q] = sum_k p[q][k] v[k] */
-    v16f acc[ATTN_ROWS * 8][8];
-    for (int q = 0; q < nq; q++)
-        for (int c = 0; c < nv; c++) acc[q][c] = v16f_splat(0.0f);
-    for (int k = it->k0; k < it->k1; k++) {
-        const uint16_t *vr = kv_row(j->pool, l, j->layer, 1, it->kv_head, s->block_table, k);
-        v16f vv[8];
-        for (int c = 0; c < nv; c++) vv[c] = v16f_load_h(vr + 16 * c);
-        for (int q = 0; q < nq; q++) {
-            float p = sc[(size_t)q * nk + (k - it->k0)];
-            if (p == 0.0f) continue;
-            v16f pv = v16f_splat(p);
-            for (int c = 0; c < nv; c++) acc[q][c] += pv * vv[c];
-        }
-    }
-    for (int q = 0; q < nq; q++) {
-        int r = it->r0 + q / gs, h = it->kv_head * gs + q % gs;
-        if (it->split < 0) {
-            float *o = s->out + ((size_t)r * j->n_head + h) * hd;
-            v16f inv = v16f_splat(sum[q] > 0 ? 1.0f / sum[q] : 0.0f);
-            for (int c = 0; c < nv; c++) v16f_store(o + 16 * c, acc[q][c] * inv);
-        } else {
-            int ns = j->n_splits[it->seq];
-            float *p = j->partial[it->seq] + (((size_t)r * j->n_head + h) * ns + it->split) * (hd + 2);
-            p[0] = mx[q];
-            p[1] = sum[q];
-            for (int c = 0; c < nv; c++) v16f_store(p + 2 + 16 * c, acc[q][c]);
-        }
-    }
-}
-CPU_MULTIVERSION(void, attn_item_run, (const attn_job *j, const attn_item *it, float *sc),
-                 (j, it, sc))
 
 static void attn_task(void *ctx, int ith, int nth) {
     (void)nth;
     attn_job *j = ctx;
+    const cpu_float_ops *ops = cpu_float_ops_get();
     for (;;) {
         int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (i >= j->n_items) return;
-        attn_item_run(j, &j->items[i], j->scratch[ith]);
+        ops->attn_item(j, &j->items[i], j->scratch[ith]);
     }
 }
 
@@ -258,9 +154,11 @@ void backend_attention(backend *b, const void *pool, const kv_layout *l, int lay
                 for (int r = r0; r < r1; r++) kmax = sq->q_slot[r] + 1 > kmax ? sq->q_slot[r] + 1 : kmax;
                 for (int k = 0; k < ns; k++) {
                     attn_item *it = &j.items[j.n_items++];
-                    *it = (attn_item){s, g, r0, r1, (int)((int64_t)kmax * k / ns),
-                                      (int)((int64_t)kmax * (k + 1) / ns), ns > 1 ? k : -1};
-                    size_t need = (size_t)(r1 - r0) * gs * (it->k1 - it->k0);
+                    /* key ranges start on multiples of 16: the score loop's vector width */
+                    int ka = (int)((int64_t)kmax * k / ns) & ~15;
+                    int kz = k + 1 == ns ? kmax : (int)((int64_t)kmax * (k + 1) / ns) & ~15;
+                    *it = (attn_item){s, g, r0, r1, ka, kz, ns > 1 ? k : -1};
+                    size_t need = (size_t)(r1 - r0) * gs * (size_t)((kz - ka + 15) & ~15);
                     scratch_need = need > scratch_need ? need : scratch_need;
                 }
             }

@@ -160,23 +160,6 @@ void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, floa
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-CPU_INLINE void rmsnorm_row_body(const float *x, const float *g, float *y, int dim, float eps) {
-    v16f acc = v16f_splat(0.0f);
-    int i = 0;
-    for (; i + 16 <= dim; i += 16) {
-        v16f v = v16f_load(x + i);
-        acc += v * v;
-    }
-    double ss = v16f_sum(acc);
-    for (; i < dim; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / dim + eps));
-    v16f s = v16f_splat(scale);
-    for (i = 0; i + 16 <= dim; i += 16) v16f_store(y + i, v16f_load(x + i) * s * v16f_load(g + i));
-    for (; i < dim; i++) y[i] = x[i] * scale * g[i];
-}
-CPU_MULTIVERSION(void, rmsnorm_row,
-                 (const float *x, const float *g, float *y, int dim, float eps),
-                 (x, g, y, dim, eps))
 
 typedef struct rows_job {
     const float *x;
@@ -191,8 +174,9 @@ static void rmsnorm_task(void *ctx, int ith, int nth) {
     rows_job *j = ctx;
     int64_t lo, hi;
     split_range(j->n_tok, ith, nth, &lo, &hi);
+    const cpu_float_ops *ops = cpu_float_ops_get();
     for (int64_t t = lo; t < hi; t++)
-        rmsnorm_row(j->x + t * j->dim, j->g, j->y + t * j->dim, j->dim, j->eps);
+        ops->rmsnorm_row(j->x + t * j->dim, j->g, j->y + t * j->dim, j->dim, j->eps);
 }
 
 void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
@@ -251,16 +235,6 @@ void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_hea
 
 /* ---------------------------------------------------------------- elementwise */
 
-CPU_INLINE void swiglu_range_body(const float *g, const float *u, float *o, int64_t n) {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16f gv = v16f_load(g + i);
-        v16f_store(o + i, gv / (v16f_splat(1.0f) + v16f_exp(-gv)) * v16f_load(u + i));
-    }
-    for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
-CPU_MULTIVERSION(void, swiglu_range, (const float *g, const float *u, float *o, int64_t n),
-                 (g, u, o, n))
 
 typedef struct ew_job {
     const float *a;
@@ -275,7 +249,7 @@ static void swiglu_task(void *ctx, int ith, int nth) {
     split_range(j->n / 16, ith, nth, &lo, &hi);
     lo *= 16;
     hi = ith == nth - 1 ? j->n : hi * 16;
-    swiglu_range(j->a + lo, j->b + lo, j->out + lo, hi - lo);
+    cpu_float_ops_get()->swiglu_range(j->a + lo, j->b + lo, j->out + lo, hi - lo);
 }
 
 void backend_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n) {

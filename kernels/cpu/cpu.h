@@ -45,80 +45,62 @@ struct backend {
 /* Grows b->act_buf to at least n bytes; -1 when out of memory. */
 int cpu_act_reserve(backend *b, size_t n);
 
-/* ---------------------------------------------------------------- vectors */
+/* ---------------------------------------------------------------- attention work items */
 
-/* GCC vector extensions: one body per op, compiled for AVX-512, AVX2 and baseline x86-64 by the
- * CPU_MULTIVERSION wrappers and dispatched on simd_level_get(). The helpers are always_inline
- * and never cross an ABI boundary, so the -Wpsabi notes about vector arguments do not apply. */
-#pragma GCC diagnostic ignored "-Wpsabi"
+typedef struct attn_item {
+    int seq;
+    int kv_head;
+    int r0, r1; /* query rows */
+    int k0, k1; /* key slots; k0 a multiple of 16 */
+    int split;  /* index of the key range, or -1 when the item covers all keys */
+} attn_item;
 
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
-typedef int32_t v16i __attribute__((vector_size(64), aligned(4)));
-typedef _Float16 v16h __attribute__((vector_size(32), aligned(2)));
+typedef struct attn_job {
+    const void *pool;
+    const kv_layout *l;
+    int layer;
+    int n_head;
+    float scale;
+    const attn_seq *seqs;
+    attn_item *items;
+    int n_items;
+    _Atomic int next;
+    float **scratch;
+    /* decode splits: per (seq, row, head, split): max, sum, then head_dim weighted V */
+    float **partial;
+    int *n_splits;
+} attn_job;
 
-#define CPU_INLINE static inline __attribute__((always_inline))
-#define CPU_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-#define CPU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define ATTN_ROWS 16 /* query rows per work item (prefill) */
 
-CPU_INLINE v16f v16f_load(const float *p) { return *(const v16f *)p; }
-CPU_INLINE void v16f_store(float *p, v16f x) { *(v16f *)p = x; }
-CPU_INLINE v16f v16f_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-CPU_INLINE v16f v16f_load_h(const uint16_t *p) {
-    return __builtin_convertvector(*(const v16h *)(const void *)p, v16f);
-}
-CPU_INLINE void v16f_store_h(uint16_t *p, v16f x) {
-    *(v16h *)(void *)p = __builtin_convertvector(x, v16h);
-}
-CPU_INLINE float v16f_sum(v16f x) {
-    float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += x[i];
-    return s;
-}
-CPU_INLINE float v16f_max_lane(v16f x) {
-    float m = x[0];
-    for (int i = 1; i < 16; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-CPU_INLINE v16f v16f_select(v16i mask, v16f a, v16f b) { /* mask ? a : b */
-    return (v16f)(((v16i)a & mask) | ((v16i)b & ~mask));
-}
-CPU_INLINE v16f v16f_max(v16f a, v16f b) { return v16f_select(a > b, a, b); }
-
-/* e^x for x in float range: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-6
- * Taylor polynomial (relative error < 2e-7) scaled by 2^n built in the exponent bits. Inputs
- * are clamped to [-87.3, 88] so 2^n stays a normal float; below, e^x ~ 1e-38 instead of 0, which
- * no softmax or SiLU can tell apart. */
-CPU_INLINE v16f v16f_exp(v16f x) {
-    const v16f lo = v16f_splat(-87.3f), hi = v16f_splat(88.0f);
-    x = v16f_select(x < lo, lo, x);
-    x = v16f_select(x > hi, hi, x);
-    const v16f magic = v16f_splat(12582912.0f); /* 1.5 * 2^23: adding it rounds to integer */
-    v16f t = x * v16f_splat(1.44269504088896341f) + magic;
-    v16f n = t - magic;
-    v16f r = x - n * v16f_splat(0.693145751953125f) - n * v16f_splat(1.428606765330187e-06f);
-    v16f p = v16f_splat(1.0f / 720);
-    p = p * r + v16f_splat(1.0f / 120);
-    p = p * r + v16f_splat(1.0f / 24);
-    p = p * r + v16f_splat(1.0f / 6);
-    p = p * r + v16f_splat(0.5f);
-    p = p * r + v16f_splat(1.0f);
-    p = p * r + v16f_splat(1.0f);
-    v16i ni = __builtin_convertvector(n, v16i);
-    v16f scale = (v16f)((ni + 127) << 23);
-    return p * scale;
+/* The f16 region of (layer, kv, head) in the block holding a sequence's slot. */
+static inline uint16_t *kv_region(const void *pool, const kv_layout *l, int layer, int kv, int head,
+                                  const int32_t *block_table, int32_t slot) {
+    int32_t blk = block_table[slot / l->block_tokens];
+    return (uint16_t *)((uint8_t *)pool + (size_t)blk * kv_layout_block_bytes(l) +
+                        kv_layout_offset(l, layer, kv, head));
 }
 
-/* Defines `ret name(params)` that calls name##_body(args) compiled for the best SIMD level. */
-#define CPU_MULTIVERSION(ret, name, params, args)                                                \
-    CPU_TARGET_AVX512 static ret name##_avx512 params { return name##_body args; }              \
-    CPU_TARGET_AVX2 static ret name##_avx2 params { return name##_body args; }                  \
-    static ret name##_base params { return name##_body args; }                                   \
-    static ret name params {                                                                     \
-        switch (simd_level_get()) {                                                              \
-        case SIMD_LEVEL_AVX512: return name##_avx512 args;                                       \
-        case SIMD_LEVEL_AVX2: return name##_avx2 args;                                           \
-        default: return name##_base args;                                                        \
-        }                                                                                        \
+/* ---------------------------------------------------------------- float kernels */
+
+/* The float ops' inner kernels, compiled once per instruction set from one body
+ * (float_ops.inc in float_ops_{base,avx2,avx512}.c) and chosen on simd_level_get(). */
+typedef struct cpu_float_ops {
+    void (*rmsnorm_row)(const float *x, const float *g, float *y, int dim, float eps);
+    void (*swiglu_range)(const float *g, const float *u, float *o, int64_t n);
+    void (*attn_item)(const attn_job *j, const attn_item *it, float *scratch);
+} cpu_float_ops;
+
+extern const cpu_float_ops cpu_float_ops_base;
+extern const cpu_float_ops cpu_float_ops_avx2;
+extern const cpu_float_ops cpu_float_ops_avx512;
+
+static inline const cpu_float_ops *cpu_float_ops_get(void) {
+    switch (simd_level_get()) {
+    case SIMD_LEVEL_AVX512: return &cpu_float_ops_avx512;
+    case SIMD_LEVEL_AVX2: return &cpu_float_ops_avx2;
+    default: return &cpu_float_ops_base;
     }
+}
 
 #endif
