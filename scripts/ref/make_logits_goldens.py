@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Logit goldens for the forward pass, from an independent reference reading the same GGUF.
+"""Logit goldens for the forward pass, from two independent references reading the same GGUF.
 
-Reference: llama-cpp-python (llama.cpp) on models/SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads,
-every position's logits (logits_all). For each prompt the file keeps the token ids (so the C
-test exercises the forward pass alone, not the tokenizer) and, per position, the reference's
-top-32 token ids and logits.
+1. llama-cpp-python (llama.cpp) on models/SmolLM2-135M-Instruct.Q4_1.gguf, 2 threads, every
+   position's logits (logits_all). Like kvserve it quantizes activations to 8 bits, with its own
+   rounding choices.
+2. An exact forward pass in float64 numpy over the weights as the PyPI `gguf` package dequantizes
+   them (no activation quantization, f64 attention): what both engines approximate.
+
+For each prompt the file keeps the token ids (so the C test exercises the forward pass alone, not
+the tokenizer) and, per position and reference, the top-32 token ids and logits.
 
 Run (once; the output is committed):
     python3 -m venv /tmp/ref/venv && /tmp/ref/venv/bin/pip install llama-cpp-python gguf numpy
@@ -14,6 +18,8 @@ import json
 import sys
 
 import numpy as np
+from gguf import GGUFReader
+from gguf.quants import dequantize
 from llama_cpp import Llama, __version__ as llama_cpp_version
 
 MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,9 +53,58 @@ PROMPTS = [
 ]
 
 
+def exact_forward(reader, ids):
+    """Float64 llama forward (GGML 'normal' RoPE, GQA, SwiGLU, tied output) of one prompt."""
+    get = {t.name: t for t in reader.tensors}
+    W = lambda name: np.asarray(dequantize(get[name].data, get[name].tensor_type), np.float64)
+    f = reader.fields
+    val = lambda k: f[k].contents()
+    n_layer, n_head = val("llama.block_count"), val("llama.attention.head_count")
+    n_kv, dim = val("llama.attention.head_count_kv"), val("llama.embedding_length")
+    eps, base = val("llama.attention.layer_norm_rms_epsilon"), val("llama.rope.freq_base")
+    hd, n = dim // n_head, len(ids)
+    rms = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+    ang = np.arange(n)[:, None] * (base ** (-np.arange(0, hd, 2) / hd))[None, :]
+    cs, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
+
+    def rope(v):
+        o = np.empty_like(v)
+        o[..., 0::2] = v[..., 0::2] * cs - v[..., 1::2] * sn
+        o[..., 1::2] = v[..., 0::2] * sn + v[..., 1::2] * cs
+        return o
+
+    mask = np.triu(np.full((n, n), -np.inf), 1)
+    emb = W("token_embd.weight")
+    x = emb[ids].copy()
+    for l in range(n_layer):
+        p = f"blk.{l}."
+        h = rms(x, W(p + "attn_norm.weight"))
+        q = rope((h @ W(p + "attn_q.weight").T).reshape(n, n_head, hd))
+        k = rope((h @ W(p + "attn_k.weight").T).reshape(n, n_kv, hd))
+        v = (h @ W(p + "attn_v.weight").T).reshape(n, n_kv, hd)
+        o = np.zeros((n, n_head, hd))
+        for hh in range(n_head):
+            kv = hh // (n_head // n_kv)
+            s = q[:, hh] @ k[:, kv].T / np.sqrt(hd) + mask
+            s = np.exp(s - s.max(-1, keepdims=True))
+            o[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kv]
+        x = x + o.reshape(n, -1) @ W(p + "attn_output.weight").T
+        h = rms(x, W(p + "ffn_norm.weight"))
+        g = h @ W(p + "ffn_gate.weight").T
+        x = x + (g / (1 + np.exp(-g)) * (h @ W(p + "ffn_up.weight").T)) @ W(p + "ffn_down.weight").T
+    out = W("output.weight") if "output.weight" in get else emb
+    return rms(x, W("output_norm.weight")) @ out.T
+
+
+def top(scores):
+    ids = np.argsort(-scores, axis=1)[:, :TOP]
+    return ids.tolist(), [[round(float(scores[p, t]), 5) for t in ids[p]] for p in range(len(ids))]
+
+
 def main():
     llm = Llama(model_path=MODEL, n_ctx=1024, n_batch=512, logits_all=True, n_threads=2,
                 verbose=False)
+    reader = GGUFReader(MODEL)
     cases = []
     for text in PROMPTS:
         ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
@@ -58,18 +113,16 @@ def main():
         llm.reset()
         llm.eval(ids)
         scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
-        top_ids = np.argsort(-scores, axis=1)[:, :TOP]
-        cases.append({
-            "text": text,
-            "tokens": [int(t) for t in ids],
-            "top_ids": top_ids.tolist(),
-            "top_logits": [[round(float(scores[p, t]), 5) for t in top_ids[p]]
-                           for p in range(len(ids))],
-        })
+        top_ids, top_logits = top(scores)
+        ex_ids, ex_logits = top(exact_forward(reader, ids))
+        cases.append({"text": text, "tokens": [int(t) for t in ids],
+                      "top_ids": top_ids, "top_logits": top_logits,
+                      "exact_top_ids": ex_ids, "exact_top_logits": ex_logits})
         print(f"{len(ids):4d} tokens  {text[:50]!r}")
     with open(OUT, "w") as f:
         json.dump({"generator": "scripts/ref/make_logits_goldens.py",
-                   "reference": f"llama-cpp-python {llama_cpp_version}", "model": MODEL,
+                   "reference": f"llama-cpp-python {llama_cpp_version}",
+                   "exact_reference": "float64 numpy over gguf-dequantized weights", "model": MODEL,
                    "top": TOP, "cases": cases}, f)
     print(f"wrote {OUT}")
 

@@ -72,14 +72,52 @@ Test(model, hparams) {
     cr_expect_eq(g_m->chat.kind, CHAT_TEMPLATE_CHATML);
 }
 
-Test(model, logits_match_llama_cpp) {
+/* Agreement with one reference over every golden position. */
+typedef struct ref_stats {
+    int n_pos, top1, decisive, decisive_agree;
+    double max_delta, sum_delta;
+    int n_delta;
+} ref_stats;
+
+/* A reference's top-1 is "decisive" where it leads its runner-up by this many logits: more than
+ * 8-bit activation quantization moves a logit here (llama.cpp and kvserve each differ from the
+ * exact computation by ~0.2 on average), so there no correct engine may disagree. */
+#define DECISIVE_MARGIN 0.5
+
+static void ref_compare(ref_stats *st, const float *lg, int n_vocab, json_t *ids, json_t *vals) {
+    int ref_top = (int)json_integer_value(json_array_get(ids, 0));
+    double margin = json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
+    bool agree = backend_argmax(lg, n_vocab) == ref_top;
+    st->n_pos++;
+    st->top1 += agree;
+    if (margin >= DECISIVE_MARGIN) {
+        st->decisive++;
+        st->decisive_agree += agree;
+    }
+    for (size_t k = 0; k < json_array_size(ids); k++) {
+        int id = (int)json_integer_value(json_array_get(ids, k));
+        double d = fabs(lg[id] - json_real_value(json_array_get(vals, k)));
+        st->max_delta = d > st->max_delta ? d : st->max_delta;
+        st->sum_delta += d;
+        st->n_delta++;
+    }
+}
+
+static void ref_report(const char *name, const ref_stats *st) {
+    fprintf(stderr,
+            "logits vs %s: %d positions, top-1 agreement %.2f%% (%d/%d); where the reference's "
+            "margin >= %.1f: %d/%d; |delta logit| over its top-32: max %.3f, mean %.3f\n",
+            name, st->n_pos, 100.0 * st->top1 / st->n_pos, st->top1, st->n_pos, DECISIVE_MARGIN,
+            st->decisive_agree, st->decisive, st->max_delta, st->sum_delta / st->n_delta);
+}
+
+Test(model, logits_match_references) {
     json_error_t jerr;
     json_t *root = json_load_file(GOLDEN, 0, &jerr);
     cr_assert_not_null(root, "%s: %s", GOLDEN, jerr.text);
     json_t *cases = json_object_get(root, "cases");
-    int n_pos = 0, top1 = 0, n_cases = (int)json_array_size(cases);
-    double max_delta = 0, sum_delta = 0;
-    int n_delta = 0;
+    int n_cases = (int)json_array_size(cases);
+    ref_stats llama = {0}, exact = {0};
     for (int c = 0; c < n_cases; c++) {
         json_t *jc = json_array_get(cases, (size_t)c);
         json_t *jt = json_object_get(jc, "tokens");
@@ -89,33 +127,32 @@ Test(model, logits_match_llama_cpp) {
         kv_seq s;
         kv_seq_init(&s);
         cr_assert_eq(run_prefill(&s, ids, n, true, g_logits), n);
-        json_t *tid = json_object_get(jc, "top_ids"), *tlg = json_object_get(jc, "top_logits");
         for (int p = 0; p < n; p++) {
             const float *lg = g_logits + (size_t)p * g_m->hp.n_vocab;
-            json_t *ri = json_array_get(tid, (size_t)p), *rl = json_array_get(tlg, (size_t)p);
-            int ref_top = (int)json_integer_value(json_array_get(ri, 0));
-            if (backend_argmax(lg, g_m->hp.n_vocab) == ref_top) top1++;
-            n_pos++;
-            for (size_t k = 0; k < json_array_size(ri); k++) {
-                int id = (int)json_integer_value(json_array_get(ri, k));
-                double d = fabs(lg[id] - json_real_value(json_array_get(rl, k)));
-                max_delta = d > max_delta ? d : max_delta;
-                sum_delta += d;
-                n_delta++;
-            }
+            ref_compare(&llama, lg, g_m->hp.n_vocab,
+                        json_array_get(json_object_get(jc, "top_ids"), (size_t)p),
+                        json_array_get(json_object_get(jc, "top_logits"), (size_t)p));
+            ref_compare(&exact, lg, g_m->hp.n_vocab,
+                        json_array_get(json_object_get(jc, "exact_top_ids"), (size_t)p),
+                        json_array_get(json_object_get(jc, "exact_top_logits"), (size_t)p));
         }
         kv_seq_release(g_pool, &s);
         free(ids);
     }
     json_decref(root);
-    double agree = (double)top1 / n_pos;
-    fprintf(stderr,
-            "logits vs llama.cpp: %d prompts, %d positions, top-1 agreement %.2f%% (%d/%d), "
-            "max |delta logit| %.4f, mean %.4f (over each position's reference top-32)\n",
-            n_cases, n_pos, 100 * agree, top1, n_pos, max_delta, sum_delta / n_delta);
+    ref_report("llama.cpp", &llama);
+    ref_report("exact f64", &exact);
     cr_assert_geq(n_cases, 5);
-    cr_assert_geq(agree, 0.99, "top-1 agreement %.4f", agree);
-    cr_assert_lt(max_delta, 0.5, "max |delta logit| %.4f", max_delta);
+    cr_assert_geq(llama.n_pos, 5 * 64);
+    const ref_stats *refs[2] = {&llama, &exact};
+    for (int r = 0; r < 2; r++) {
+        const ref_stats *st = refs[r];
+        cr_assert_eq(st->decisive_agree, st->decisive, "a decisive top-1 differs");
+        cr_assert_geq(st->decisive, st->n_pos / 2, "too few decisive positions to mean much");
+        cr_assert_geq((double)st->top1 / st->n_pos, 0.95);
+        cr_assert_lt(st->sum_delta / st->n_delta, 0.3);
+        cr_assert_lt(st->max_delta, 3.0);
+    }
 }
 
 /* A prefix computed once and continued must equal one prefill of the whole (exact reuse). */
