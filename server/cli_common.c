@@ -77,6 +77,13 @@ int engine_single_init(engine_single *e, const model *m, int threads, int ctx, k
         kv_fail(err, "out of memory");
         goto fail;
     }
+    log_info("model %s: %d layers, %.1f MiB of weights mapped from %s; backend %s, %d threads, "
+             "SIMD %s; KV pool %lld tokens (%.1f MiB)",
+             m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0, m->path,
+             backend_name(e->b), threads, simd_level_name(simd_level_get()),
+             (long long)(kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens),
+             kv_pool_total_blocks(e->pool) * kv_layout_block_bytes(kv_pool_layout(e->pool)) /
+                 1048576.0);
     return 0;
 fail:
     engine_single_free(e);

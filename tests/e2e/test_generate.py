@@ -12,8 +12,12 @@ def chat(model_path, question, *extra, n=48):
     return r.stdout
 
 
+# SmolLM2-135M (Q4_1) answers some phrasings badly: "What is the capital of France?" gets
+# "L'Étoile, la Cité, ..." from llama.cpp as from kvserve (same greedy text). These phrasings
+# get sensible answers from both engines.
 @pytest.mark.parametrize("question,expected", [
-    ("What is the capital of France?", ["paris"]),
+    ("What is the capital of France? Answer in one sentence.", ["paris"]),
+    ("Tell me the capital of France.", ["paris"]),
     ("What is the capital of Japan?", ["tokyo"]),
     ("How many days are there in a week?", ["seven", "7"]),
     ("What color is the sky on a clear day?", ["blue"]),
