@@ -84,12 +84,13 @@ test-unit: $(TEST_BIN) $(BUILD)/kvserve
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1; done
 
 test-e2e: $(BUILD)/kvserve
-	KVSERVE_BIN=$(BUILD)/kvserve KVSERVE_TEST_MODEL=$(MODEL) $(PYTHON) -m pytest -q tests/e2e
+	KVSERVE_BIN=$(BUILD)/kvserve KVSERVE_TEST_MODEL=$(MODEL) KVSERVE_SANITIZED=$(SANITIZED) \
+	    $(PYTHON) -m pytest -q -rs tests/e2e
 
 # The same unit and end-to-end tests, built with AddressSanitizer and UBSan in build-asan/.
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 test-asan: setup $(MODEL)
-	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" \
+	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 \
 	    LDLIBS="$(LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
 
 # ---------------------------------------------------------------- fuzzing (clang + libFuzzer)
