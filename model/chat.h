@@ -10,9 +10,9 @@
 
 typedef enum chat_template_kind {
     CHAT_TEMPLATE_UNKNOWN = 0,
-    CHAT_TEMPLATE_CHATML,  /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen) */
-    CHAT_TEMPLATE_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    CHAT_TEMPLATE_LLAMA2,  /* <s>[INST] <<SYS>>...<</SYS>> user [/INST] answer </s> (and Mistral) */
+    CHAT_TEMPLATE_CHATML, /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen) */
+    CHAT_TEMPLATE_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    CHAT_TEMPLATE_LLAMA2, /* <s>[INST] <<SYS>>...<</SYS>> user [/INST] answer </s> (and Mistral) */
 } chat_template_kind;
 
 typedef struct chat_template {

@@ -139,8 +139,8 @@ static void matmul_group(backend *b, int n, const weight *const *w, const float 
     tensor_type act = tensor_type_get((int)w[0]->type)->act_type;
     bool same = true;
     for (int i = 1; i < n; i++)
-        same = same && tensor_type_get((int)w[i]->type)->act_type == act &&
-               w[i]->n_in == w[0]->n_in;
+        same =
+            same && tensor_type_get((int)w[i]->type)->act_type == act && w[i]->n_in == w[0]->n_in;
     if (same) {
         backend_matmul_multi(b, n, w, x, n_tok, y);
     } else {
@@ -167,8 +167,8 @@ static int validate_batch(const forward_ctx *f, const batch_seq *seqs, int n_seq
         if (end > (int64_t)bs->seq->n_blocks * l->block_tokens)
             return kv_fail(err, "sequence %d: slots up to %lld are not reserved", s,
                            (long long)end);
-        for (int b = bs->kv_start / l->block_tokens; b < (end + l->block_tokens - 1) / l->block_tokens;
-             b++)
+        for (int b = bs->kv_start / l->block_tokens;
+             b < (end + l->block_tokens - 1) / l->block_tokens; b++)
             if (kv_pool_block_refs(f->pool, bs->seq->blocks[b]) != 1)
                 return kv_fail(err, "sequence %d: KV block %d is shared and cannot be written", s,
                                b);
@@ -229,7 +229,8 @@ static void layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int
         backend_kv_store(b, pool, kl, il, seqs[s].seq->blocks, f->row_slot + lo, hi - lo,
                          f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd);
         int max_slot = 0;
-        for (int r = lo; r < hi; r++) max_slot = f->row_slot[r] > max_slot ? f->row_slot[r] : max_slot;
+        for (int r = lo; r < hi; r++)
+            max_slot = f->row_slot[r] > max_slot ? f->row_slot[r] : max_slot;
         f->aseq[n_attn++] = (attn_seq){.block_table = seqs[s].seq->blocks,
                                        .n_kv = max_slot + 1,
                                        .n_q = hi - lo,
@@ -271,7 +272,8 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
             f->tok_pos[t] = seqs[s].pos[i];
             st->rows[t] = t;
             const weight *e = &m->tok_embd;
-            dequantize_row(e->type, (const uint8_t *)e->data + (size_t)seqs[s].tokens[i] * e->row_bytes,
+            dequantize_row(e->type,
+                           (const uint8_t *)e->data + (size_t)seqs[s].tokens[i] * e->row_bytes,
                            st->x + (size_t)t * hp->dim, hp->dim);
         }
     st->n_rows = n_total;

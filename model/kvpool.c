@@ -10,8 +10,8 @@
 struct kv_pool {
     backend *b;
     kv_layout layout;
-    void *mem;        /* backend memory: [n_blocks] blocks, see kv_layout */
-    int32_t *refs;    /* [n_blocks] */
+    void *mem;         /* backend memory: [n_blocks] blocks, see kv_layout */
+    int32_t *refs;     /* [n_blocks] */
     int32_t *free_ids; /* stack of free block ids */
     int64_t n_free;
 };
@@ -35,8 +35,7 @@ kv_pool *kv_pool_create(backend *b, const model *m, int64_t n_tokens, int block_
     kv_pool *p = calloc(1, sizeof *p);
     if (!p) goto oom;
     p->b = b;
-    p->layout = (kv_layout){m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, block_tokens,
-                            n_blocks};
+    p->layout = (kv_layout){m->hp.n_layer, m->hp.n_kv_head, m->hp.head_dim, block_tokens, n_blocks};
     p->refs = calloc((size_t)n_blocks, sizeof *p->refs);
     p->free_ids = malloc(sizeof *p->free_ids * (size_t)n_blocks);
     if (!p->refs || !p->free_ids) goto oom;
@@ -102,8 +101,8 @@ int kv_seq_reserve(kv_pool *p, kv_seq *s, int n_tokens, kv_error *err) {
     int need = (n_tokens + bt - 1) / bt;
     /* The block holding the next slot to write may be shared (after a fork): it is copied. */
     int first_write = s->n_tokens / bt;
-    bool cow = first_write < s->n_blocks && s->n_tokens < n_tokens &&
-               p->refs[s->blocks[first_write]] > 1;
+    bool cow =
+        first_write < s->n_blocks && s->n_tokens < n_tokens && p->refs[s->blocks[first_write]] > 1;
     int64_t extra = (need > s->n_blocks ? need - s->n_blocks : 0) + (cow ? 1 : 0);
     if (extra > p->n_free)
         return kv_fail(err, "KV pool full: need %lld more blocks of %d tokens, %lld free",

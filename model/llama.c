@@ -43,8 +43,10 @@ static int load_hparams(const gguf_file *g, model_hparams *hp, kv_error *err) {
     size_t arch_len;
     if (gguf_get_str(g, "general.architecture", &arch, &arch_len, err) != 0) return -1;
     if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
-        return kv_fail(err, "unsupported architecture '%.*s' (kvserve runs 'llama': Llama 2/3, "
-                            "Mistral, SmolLM2)", (int)(arch_len > 64 ? 64 : arch_len), arch);
+        return kv_fail(err,
+                       "unsupported architecture '%.*s' (kvserve runs 'llama': Llama 2/3, "
+                       "Mistral, SmolLM2)",
+                       (int)(arch_len > 64 ? 64 : arch_len), arch);
     int experts = 0;
     if (get_int(g, "llama.expert_count", 0, 1 << 16, &experts, false, err)) return -1;
     if (experts > 0)
@@ -58,8 +60,7 @@ static int load_hparams(const gguf_file *g, model_hparams *hp, kv_error *err) {
         get_int(g, "llama.attention.head_count", 1, 1024, &hp->n_head, true, err))
         return -1;
     hp->n_kv_head = hp->n_head;
-    if (get_int(g, "llama.attention.head_count_kv", 1, 1024, &hp->n_kv_head, false, err))
-        return -1;
+    if (get_int(g, "llama.attention.head_count_kv", 1, 1024, &hp->n_kv_head, false, err)) return -1;
     if (hp->dim % hp->n_head != 0)
         return kv_fail(err, "embedding_length %d is not a multiple of head_count %d", hp->dim,
                        hp->n_head);
@@ -127,15 +128,15 @@ static const gguf_tensor *find_tensor(const gguf_file *g, const char *name, int6
     int64_t want1 = ne1 ? ne1 : 1;
     if (t->ne[0] != ne0 || t->ne[1] != want1 || t->ne[2] != 1 || t->ne[3] != 1) {
         kv_fail(err, "tensor %s has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]", name,
-                (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                (long long)t->ne[3], (long long)ne0, (long long)want1);
+                (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                (long long)ne0, (long long)want1);
         return NULL;
     }
     return t;
 }
 
-static int load_weight(const gguf_file *g, const char *name, int64_t n_in, int64_t n_out,
-                       weight *w, kv_error *err) {
+static int load_weight(const gguf_file *g, const char *name, int64_t n_in, int64_t n_out, weight *w,
+                       kv_error *err) {
     const gguf_tensor *t = find_tensor(g, name, n_in, n_out, true, err);
     if (!t) return -1;
     const tensor_type_traits *tr = tensor_type_get((int)t->type);
@@ -292,8 +293,8 @@ model *model_load(const char *path, const model_load_opts *opts, kv_error *err) 
         m->hp.rope_orig_ctx = 8192;
         if (get_float(m->gguf, "llama.rope.scaling.low_freq_factor", &m->hp.rope_low_freq_factor,
                       err) ||
-            get_float(m->gguf, "llama.rope.scaling.high_freq_factor",
-                      &m->hp.rope_high_freq_factor, err) ||
+            get_float(m->gguf, "llama.rope.scaling.high_freq_factor", &m->hp.rope_high_freq_factor,
+                      err) ||
             get_int(m->gguf, "llama.rope.scaling.original_context_length", 1, 1 << 24,
                     &m->hp.rope_orig_ctx, false, err))
             goto fail;

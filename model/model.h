@@ -39,7 +39,7 @@ typedef struct model_hparams {
     float norm_eps;
     float rope_base;
     rope_scaling rope_scaling_type;
-    float rope_factor; /* linear: positions divided by it; llama3: the factor */
+    float rope_factor;           /* linear: positions divided by it; llama3: the factor */
     float rope_low_freq_factor;  /* llama3 */
     float rope_high_freq_factor; /* llama3 */
     int rope_orig_ctx;           /* llama3: original_context_length */
@@ -63,10 +63,10 @@ typedef struct layer_weights {
 typedef struct model {
     gguf_file *gguf; /* the mapping every weight points into (weights are not copied) */
     model_hparams hp;
-    char *name;      /* general.name, or the file name */
+    char *name; /* general.name, or the file name */
     char *path;
-    uint8_t identity[32]; /* SHA-256 over arch, hyperparameters and tensor layout */
-    weight tok_embd;      /* [n_vocab][dim] */
+    uint8_t identity[32];     /* SHA-256 over arch, hyperparameters and tensor layout */
+    weight tok_embd;          /* [n_vocab][dim] */
     const float *output_norm; /* [dim] f32 */
     weight output;            /* [n_vocab][dim] (tok_embd when tied) */
     layer_weights *layers;    /* [n_layer] */
@@ -97,7 +97,7 @@ typedef struct kv_seq {
     int32_t *blocks; /* block table */
     int n_blocks;
     int cap_blocks;
-    int n_tokens;    /* slots holding KV */
+    int n_tokens; /* slots holding KV */
 } kv_seq;
 
 kv_pool *kv_pool_create(backend *b, const model *m, int64_t n_tokens, int block_tokens,
@@ -130,7 +130,7 @@ typedef struct batch_seq {
     const int32_t *tokens; /* [n_tok] */
     const int32_t *pos;    /* [n_tok] RoPE positions */
     int kv_start;
-    bool all_logits;       /* logits for every token (else only the last) */
+    bool all_logits; /* logits for every token (else only the last) */
 } batch_seq;
 
 typedef struct forward_state forward_state;

@@ -65,15 +65,26 @@ int cli_bench(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:r:T:h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': path = optarg; break;
-        case 't': if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return 2; threads = (int)ll; break;
-        case 'r': if (cli_parse_int("--repetitions", optarg, 1, 100, &ll)) return 2; reps = (int)ll; break;
-        case 'T': only = optarg; break;
+        case 'm':
+            path = optarg;
+            break;
+        case 't':
+            if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return 2;
+            threads = (int)ll;
+            break;
+        case 'r':
+            if (cli_parse_int("--repetitions", optarg, 1, 100, &ll)) return 2;
+            reps = (int)ll;
+            break;
+        case 'T':
+            only = optarg;
+            break;
         case 'h':
             printf("usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST]\n"
                    "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n");
             return 0;
-        default: return 2;
+        default:
+            return 2;
         }
     }
     if (!path) {
@@ -115,7 +126,8 @@ int cli_bench(int argc, char **argv) {
             sum += tps;
             sum2 += tps * tps;
         }
-        double mean = sum / reps, sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
+        double mean = sum / reps,
+               sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
         printf("| %s | %.1f MiB | %.1f M | cpu | %d | %s | %s | %.2f ± %.2f |\n", m->name,
                model_weight_bytes(m) / 1048576.0, n_params / 1e6, threads,
                simd_level_name(simd_level_get()), t->name, mean, sd);

@@ -79,8 +79,8 @@ int engine_single_init(engine_single *e, const model *m, int threads, int ctx, k
     }
     log_info("model %s: %d layers, %.1f MiB of weights mapped from %s; backend %s, %d threads, "
              "SIMD %s; KV pool %lld tokens (%.1f MiB)",
-             m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0, m->path,
-             backend_name(e->b), threads, simd_level_name(simd_level_get()),
+             m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0, m->path, backend_name(e->b),
+             threads, simd_level_name(simd_level_get()),
              (long long)(kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens),
              kv_pool_total_blocks(e->pool) * kv_layout_block_bytes(kv_pool_layout(e->pool)) /
                  1048576.0);
@@ -109,8 +109,8 @@ int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error 
         int start = e->seq.n_tokens;
         if (kv_seq_reserve(e->pool, &e->seq, start + len, err)) return -1;
         for (int i = 0; i < len; i++) pos[i] = start + i;
-        batch_seq bs = {.seq = &e->seq, .n_tok = len, .tokens = ids + done, .pos = pos,
-                        .kv_start = start};
+        batch_seq bs = {
+            .seq = &e->seq, .n_tok = len, .tokens = ids + done, .pos = pos, .kv_start = start};
         if (model_forward(e->fwd, &bs, 1, NULL, e->logits, err) < 0) return -1;
         done += len;
     }

@@ -59,23 +59,47 @@ typedef struct gen_opts {
 } gen_opts;
 
 static int parse_generate(int argc, char **argv, gen_opts *o) {
-    enum { O_CHAT = 1000, O_SYSTEM, O_TEMPLATE, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_REPN,
-           O_FREQ, O_PRES, O_BIAS, O_STOP, O_IGNORE_EOS, O_LOG };
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},       {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},        {"chat", no_argument, 0, O_CHAT},
-        {"system", required_argument, 0, O_SYSTEM}, {"chat-template", required_argument, 0, O_TEMPLATE},
-        {"max-tokens", required_argument, 0, 'n'},  {"ctx", required_argument, 0, 'c'},
-        {"threads", required_argument, 0, 't'},     {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP},    {"repeat-penalty", required_argument, 0, O_REP},
-        {"repeat-last-n", required_argument, 0, O_REPN},
-        {"frequency-penalty", required_argument, 0, O_FREQ},
-        {"presence-penalty", required_argument, 0, O_PRES},
-        {"logit-bias", required_argument, 0, O_BIAS}, {"seed", required_argument, 0, 's'},
-        {"stop", required_argument, 0, O_STOP},     {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    enum {
+        O_CHAT = 1000,
+        O_SYSTEM,
+        O_TEMPLATE,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_REP,
+        O_REPN,
+        O_FREQ,
+        O_PRES,
+        O_BIAS,
+        O_STOP,
+        O_IGNORE_EOS,
+        O_LOG
+    };
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"prompt", required_argument, 0, 'p'},
+                                             {"file", required_argument, 0, 'f'},
+                                             {"chat", no_argument, 0, O_CHAT},
+                                             {"system", required_argument, 0, O_SYSTEM},
+                                             {"chat-template", required_argument, 0, O_TEMPLATE},
+                                             {"max-tokens", required_argument, 0, 'n'},
+                                             {"ctx", required_argument, 0, 'c'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"temp", required_argument, 0, O_TEMP},
+                                             {"top-k", required_argument, 0, O_TOPK},
+                                             {"top-p", required_argument, 0, O_TOPP},
+                                             {"min-p", required_argument, 0, O_MINP},
+                                             {"repeat-penalty", required_argument, 0, O_REP},
+                                             {"repeat-last-n", required_argument, 0, O_REPN},
+                                             {"frequency-penalty", required_argument, 0, O_FREQ},
+                                             {"presence-penalty", required_argument, 0, O_PRES},
+                                             {"logit-bias", required_argument, 0, O_BIAS},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"stop", required_argument, 0, O_STOP},
+                                             {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+                                             {"log-level", required_argument, 0, O_LOG},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
     o->threads = 2;
@@ -92,24 +116,72 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:p:f:n:c:t:s:h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'f': o->file = optarg; break;
-        case O_CHAT: o->chat = true; break;
-        case O_SYSTEM: o->system = optarg; break;
-        case O_TEMPLATE: o->chat_template = optarg; break;
-        case 'n': if (cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &ll)) return -1; o->max_tokens = (int)ll; break;
-        case 'c': if (cli_parse_int("--ctx", optarg, 16, 1 << 24, &ll)) return -1; o->ctx = (int)ll; break;
-        case 't': if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return -1; o->threads = (int)ll; break;
-        case 's': if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &ll)) return -1; o->sp.seed = (uint64_t)ll; break;
-        case O_TEMP: if (cli_parse_float("--temp", optarg, 0, 100, &d)) return -1; o->sp.temperature = (float)d; break;
-        case O_TOPK: if (cli_parse_int("--top-k", optarg, 0, 1 << 24, &ll)) return -1; o->sp.top_k = (int)ll; break;
-        case O_TOPP: if (cli_parse_float("--top-p", optarg, 0, 1, &d)) return -1; o->sp.top_p = (float)d; break;
-        case O_MINP: if (cli_parse_float("--min-p", optarg, 0, 1, &d)) return -1; o->sp.min_p = (float)d; break;
-        case O_REP: if (cli_parse_float("--repeat-penalty", optarg, 0, 100, &d)) return -1; o->sp.repeat_penalty = (float)d; break;
-        case O_REPN: if (cli_parse_int("--repeat-last-n", optarg, -1, 1 << 24, &ll)) return -1; o->sp.repeat_last_n = (int)ll; break;
-        case O_FREQ: if (cli_parse_float("--frequency-penalty", optarg, -2, 2, &d)) return -1; o->sp.frequency_penalty = (float)d; break;
-        case O_PRES: if (cli_parse_float("--presence-penalty", optarg, -2, 2, &d)) return -1; o->sp.presence_penalty = (float)d; break;
+        case 'm':
+            o->model = optarg;
+            break;
+        case 'p':
+            o->prompt = optarg;
+            break;
+        case 'f':
+            o->file = optarg;
+            break;
+        case O_CHAT:
+            o->chat = true;
+            break;
+        case O_SYSTEM:
+            o->system = optarg;
+            break;
+        case O_TEMPLATE:
+            o->chat_template = optarg;
+            break;
+        case 'n':
+            if (cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &ll)) return -1;
+            o->max_tokens = (int)ll;
+            break;
+        case 'c':
+            if (cli_parse_int("--ctx", optarg, 16, 1 << 24, &ll)) return -1;
+            o->ctx = (int)ll;
+            break;
+        case 't':
+            if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return -1;
+            o->threads = (int)ll;
+            break;
+        case 's':
+            if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &ll)) return -1;
+            o->sp.seed = (uint64_t)ll;
+            break;
+        case O_TEMP:
+            if (cli_parse_float("--temp", optarg, 0, 100, &d)) return -1;
+            o->sp.temperature = (float)d;
+            break;
+        case O_TOPK:
+            if (cli_parse_int("--top-k", optarg, 0, 1 << 24, &ll)) return -1;
+            o->sp.top_k = (int)ll;
+            break;
+        case O_TOPP:
+            if (cli_parse_float("--top-p", optarg, 0, 1, &d)) return -1;
+            o->sp.top_p = (float)d;
+            break;
+        case O_MINP:
+            if (cli_parse_float("--min-p", optarg, 0, 1, &d)) return -1;
+            o->sp.min_p = (float)d;
+            break;
+        case O_REP:
+            if (cli_parse_float("--repeat-penalty", optarg, 0, 100, &d)) return -1;
+            o->sp.repeat_penalty = (float)d;
+            break;
+        case O_REPN:
+            if (cli_parse_int("--repeat-last-n", optarg, -1, 1 << 24, &ll)) return -1;
+            o->sp.repeat_last_n = (int)ll;
+            break;
+        case O_FREQ:
+            if (cli_parse_float("--frequency-penalty", optarg, -2, 2, &d)) return -1;
+            o->sp.frequency_penalty = (float)d;
+            break;
+        case O_PRES:
+            if (cli_parse_float("--presence-penalty", optarg, -2, 2, &d)) return -1;
+            o->sp.presence_penalty = (float)d;
+            break;
         case O_BIAS: {
             const char *eq = strchr(optarg, '=');
             if (!eq || o->sp.n_bias >= MAX_BIAS) {
@@ -140,18 +212,25 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
             }
             o->stops[o->n_stops++] = optarg;
             break;
-        case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case O_IGNORE_EOS:
+            o->ignore_eos = true;
+            break;
         case O_LOG: {
             log_level lv;
             if (log_level_parse(optarg, &lv)) {
-                fprintf(stderr, "kvserve: --log-level: '%s' is not error|warn|info|debug\n", optarg);
+                fprintf(stderr, "kvserve: --log-level: '%s' is not error|warn|info|debug\n",
+                        optarg);
                 return -1;
             }
             log_set_level(lv);
             break;
         }
-        case 'h': generate_usage(stdout); exit(0);
-        default: generate_usage(stderr); return -1;
+        case 'h':
+            generate_usage(stdout);
+            exit(0);
+        default:
+            generate_usage(stderr);
+            return -1;
         }
     }
     if (optind < argc) {

@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/cpu.h"
 
-#define ATTN_MIN_SPLIT 256  /* fewest keys worth a separate work item (decode) */
+#define ATTN_MIN_SPLIT 256 /* fewest keys worth a separate work item (decode) */
 
 size_t kv_layout_block_bytes(const kv_layout *l) {
     return (size_t)l->n_layer * 2 * l->n_kv_head * l->block_tokens * l->head_dim * 2;
@@ -76,8 +76,6 @@ void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t d
 
 /* ---------------------------------------------------------------- the kernel */
 
-
-
 static void attn_task(void *ctx, int ith, int nth) {
     (void)nth;
     attn_job *j = ctx;
@@ -115,8 +113,8 @@ static void attn_merge(const attn_job *j, int si) {
 
 void backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                        float scale, const attn_seq *seqs, int n_seqs) {
-    attn_job j = {.pool = pool, .l = l, .layer = layer, .n_head = n_head, .scale = scale,
-                  .seqs = seqs};
+    attn_job j = {
+        .pool = pool, .l = l, .layer = layer, .n_head = n_head, .scale = scale, .seqs = seqs};
     int gs = n_head / l->n_kv_head;
     int max_items = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -143,7 +141,8 @@ void backend_attention(backend *b, const void *pool, const kv_layout *l, int lay
         }
         j.n_splits[s] = ns;
         if (ns > 1) {
-            j.partial[s] = malloc(sizeof(float) * (size_t)sq->n_q * n_head * ns * (l->head_dim + 2));
+            j.partial[s] =
+                malloc(sizeof(float) * (size_t)sq->n_q * n_head * ns * (l->head_dim + 2));
             if (!j.partial[s]) goto oom;
         }
         int rows = ns > 1 ? sq->n_q : ATTN_ROWS;
@@ -151,7 +150,8 @@ void backend_attention(backend *b, const void *pool, const kv_layout *l, int lay
             for (int r0 = 0; r0 < sq->n_q; r0 += rows) {
                 int r1 = r0 + rows < sq->n_q ? r0 + rows : sq->n_q;
                 int kmax = 0; /* keys the rows can see */
-                for (int r = r0; r < r1; r++) kmax = sq->q_slot[r] + 1 > kmax ? sq->q_slot[r] + 1 : kmax;
+                for (int r = r0; r < r1; r++)
+                    kmax = sq->q_slot[r] + 1 > kmax ? sq->q_slot[r] + 1 : kmax;
                 for (int k = 0; k < ns; k++) {
                     attn_item *it = &j.items[j.n_items++];
                     /* key ranges start on multiples of 16: the score loop's vector width */

@@ -69,9 +69,9 @@ typedef struct matmul_job {
     const float *x;
     int n_tok;
     tensor_type act_type;
-    uint8_t *xq;      /* [n_tok][xq_stride] activations in act_type */
+    uint8_t *xq; /* [n_tok][xq_stride] activations in act_type */
     size_t xq_stride;
-    int chunk_rows;    /* weight rows per work item */
+    int chunk_rows;       /* weight rows per work item */
     int64_t chunk_end[8]; /* cumulative work items per weight */
     _Atomic int64_t next;
 } matmul_job;
@@ -160,7 +160,6 @@ void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, floa
 
 /* ---------------------------------------------------------------- RMSNorm */
 
-
 typedef struct rows_job {
     const float *x;
     const float *g;
@@ -234,7 +233,6 @@ void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_hea
 }
 
 /* ---------------------------------------------------------------- elementwise */
-
 
 typedef struct ew_job {
     const float *a;

@@ -97,9 +97,12 @@ extern const cpu_float_ops cpu_float_ops_avx512;
 
 static inline const cpu_float_ops *cpu_float_ops_get(void) {
     switch (simd_level_get()) {
-    case SIMD_LEVEL_AVX512: return &cpu_float_ops_avx512;
-    case SIMD_LEVEL_AVX2: return &cpu_float_ops_avx2;
-    default: return &cpu_float_ops_base;
+    case SIMD_LEVEL_AVX512:
+        return &cpu_float_ops_avx512;
+    case SIMD_LEVEL_AVX2:
+        return &cpu_float_ops_avx2;
+    default:
+        return &cpu_float_ops_base;
     }
 }
 

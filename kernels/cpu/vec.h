@@ -22,7 +22,9 @@ typedef uint16_t v16u16 __attribute__((vector_size(32), aligned(2)));
 
 VEC_INLINE v16f v16f_load(const float *p) { return *(const v16f *)p; }
 VEC_INLINE void v16f_store(float *p, v16f x) { *(v16f *)p = x; }
-VEC_INLINE v16f v16f_splat(float x) { return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+VEC_INLINE v16f v16f_splat(float x) {
+    return (v16f){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
 VEC_INLINE float v16f_sum(v16f x) {
     float s = 0.0f;
     for (int i = 0; i < 16; i++) s += x[i];

@@ -48,7 +48,11 @@ static int run_prefill(kv_seq *s, const int32_t *ids, int n, bool all, float *lo
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) pos[i] = s->n_tokens + i;
     cr_assert_eq(kv_seq_reserve(g_pool, s, s->n_tokens + n, &err), 0, "%s", err.msg);
-    batch_seq bs = {.seq = s, .n_tok = n, .tokens = ids, .pos = pos, .kv_start = s->n_tokens,
+    batch_seq bs = {.seq = s,
+                    .n_tok = n,
+                    .tokens = ids,
+                    .pos = pos,
+                    .kv_start = s->n_tokens,
                     .all_logits = all};
     int r = model_forward(g_f, &bs, 1, NULL, logits, &err);
     cr_assert_geq(r, 0, "forward: %s", err.msg);
@@ -86,7 +90,8 @@ typedef struct ref_stats {
 
 static void ref_compare(ref_stats *st, const float *lg, int n_vocab, json_t *ids, json_t *vals) {
     int ref_top = (int)json_integer_value(json_array_get(ids, 0));
-    double margin = json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
+    double margin =
+        json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
     bool agree = backend_argmax(lg, n_vocab) == ref_top;
     st->n_pos++;
     st->top1 += agree;
@@ -123,7 +128,8 @@ Test(model, logits_match_references) {
         json_t *jt = json_object_get(jc, "tokens");
         int n = (int)json_array_size(jt);
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
-        for (int i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(jt, (size_t)i));
+        for (int i = 0; i < n; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(jt, (size_t)i));
         kv_seq s;
         kv_seq_init(&s);
         cr_assert_eq(run_prefill(&s, ids, n, true, g_logits), n);
