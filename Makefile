@@ -62,7 +62,7 @@ model: $(MODEL)
 
 # ---------------------------------------------------------------- run
 
-PROMPT ?= What is the capital of France?
+PROMPT ?= What is the capital of France? Answer in one sentence.
 run: setup $(MODEL) $(BUILD)/kvserve
 	$(BUILD)/kvserve generate -m $(MODEL) -t $(THREADS) --chat -p "$(PROMPT)"
 

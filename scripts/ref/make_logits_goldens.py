@@ -19,8 +19,9 @@ import sys
 
 import numpy as np
 from gguf import GGUFReader
-from gguf.quants import dequantize
 from llama_cpp import Llama, __version__ as llama_cpp_version
+
+from exact_llama import exact_forward
 
 MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 OUT = "tests/golden/logits/smollm2.json"
@@ -51,49 +52,6 @@ PROMPTS = [
     "primary colors are red, blue and yellow.<|im_end|>\n<|im_start|>user\nAnd what do you get "
     "when you mix red and blue?<|im_end|>\n<|im_start|>assistant\nMixing red and blue gives",
 ]
-
-
-def exact_forward(reader, ids):
-    """Float64 llama forward (GGML 'normal' RoPE, GQA, SwiGLU, tied output) of one prompt."""
-    get = {t.name: t for t in reader.tensors}
-    W = lambda name: np.asarray(dequantize(get[name].data, get[name].tensor_type), np.float64)
-    f = reader.fields
-    val = lambda k: f[k].contents()
-    n_layer, n_head = val("llama.block_count"), val("llama.attention.head_count")
-    n_kv, dim = val("llama.attention.head_count_kv"), val("llama.embedding_length")
-    eps, base = val("llama.attention.layer_norm_rms_epsilon"), val("llama.rope.freq_base")
-    hd, n = dim // n_head, len(ids)
-    rms = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
-    ang = np.arange(n)[:, None] * (base ** (-np.arange(0, hd, 2) / hd))[None, :]
-    cs, sn = np.cos(ang)[:, None], np.sin(ang)[:, None]
-
-    def rope(v):
-        o = np.empty_like(v)
-        o[..., 0::2] = v[..., 0::2] * cs - v[..., 1::2] * sn
-        o[..., 1::2] = v[..., 0::2] * sn + v[..., 1::2] * cs
-        return o
-
-    mask = np.triu(np.full((n, n), -np.inf), 1)
-    emb = W("token_embd.weight")
-    x = emb[ids].copy()
-    for l in range(n_layer):
-        p = f"blk.{l}."
-        h = rms(x, W(p + "attn_norm.weight"))
-        q = rope((h @ W(p + "attn_q.weight").T).reshape(n, n_head, hd))
-        k = rope((h @ W(p + "attn_k.weight").T).reshape(n, n_kv, hd))
-        v = (h @ W(p + "attn_v.weight").T).reshape(n, n_kv, hd)
-        o = np.zeros((n, n_head, hd))
-        for hh in range(n_head):
-            kv = hh // (n_head // n_kv)
-            s = q[:, hh] @ k[:, kv].T / np.sqrt(hd) + mask
-            s = np.exp(s - s.max(-1, keepdims=True))
-            o[:, hh] = (s / s.sum(-1, keepdims=True)) @ v[:, kv]
-        x = x + o.reshape(n, -1) @ W(p + "attn_output.weight").T
-        h = rms(x, W(p + "ffn_norm.weight"))
-        g = h @ W(p + "ffn_gate.weight").T
-        x = x + (g / (1 + np.exp(-g)) * (h @ W(p + "ffn_up.weight").T)) @ W(p + "ffn_down.weight").T
-    out = W("output.weight") if "output.weight" in get else emb
-    return rms(x, W("output_norm.weight")) @ out.T
 
 
 def top(scores):
