@@ -69,6 +69,17 @@ void backend_destroy(backend *b);
 const char *backend_name(const backend *b);
 int backend_n_threads(const backend *b);
 
+/* How matmuls treat activations. Q8 (the default) converts them to 8-bit blocks of 32 as ggml's
+ * Q8_0/Q8_1/Q8_K formats do and multiplies in integers: fast, and about 0.2 logits from an exact
+ * computation on a small model, like llama.cpp. F32 dequantizes weight rows to f32 and keeps
+ * activations f32: 2-4x slower, float-accurate (for evaluation and for checking an engine). */
+typedef enum matmul_precision {
+    MATMUL_PRECISION_Q8 = 0,
+    MATMUL_PRECISION_F32 = 1,
+} matmul_precision;
+
+void backend_set_precision(backend *b, matmul_precision p);
+
 /* Memory for the KV pool, zero-filled (host memory on the CPU backend). */
 void *backend_kv_alloc(backend *b, const kv_layout *l);
 void backend_kv_free(backend *b, void *pool);

@@ -57,13 +57,15 @@ int cli_bench(int argc, char **argv) {
                                              {"threads", required_argument, 0, 't'},
                                              {"repetitions", required_argument, 0, 'r'},
                                              {"test", required_argument, 0, 'T'},
+                                             {"precise", no_argument, 0, 'P'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *path = NULL, *only = NULL;
     int threads = 2, reps = 3, c;
+    bool precise = false;
     long long ll;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:r:T:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:t:r:T:Ph", longopts, NULL)) != -1) {
         switch (c) {
         case 'm':
             path = optarg;
@@ -79,8 +81,12 @@ int cli_bench(int argc, char **argv) {
         case 'T':
             only = optarg;
             break;
+        case 'P':
+            precise = true;
+            break;
         case 'h':
-            printf("usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST]\n"
+            printf("usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
+                   "[--precise]\n"
                    "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n");
             return 0;
         default:
@@ -101,7 +107,7 @@ int cli_bench(int argc, char **argv) {
     int ctx = 4096 + 64;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
     int rc = 1;
-    if (!ids || engine_single_init(&e, m, threads, ctx, &err)) {
+    if (!ids || engine_single_init(&e, m, threads, ctx, precise, &err)) {
         fprintf(stderr, "kvserve: %s\n", ids ? err.msg : "out of memory");
         free(ids);
         model_free(m);

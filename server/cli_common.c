@@ -64,12 +64,14 @@ char *cli_read_file(const char *path, kv_error *err) {
     return buf;
 }
 
-int engine_single_init(engine_single *e, const model *m, int threads, int ctx, kv_error *err) {
+int engine_single_init(engine_single *e, const model *m, int threads, int ctx, bool precise,
+                       kv_error *err) {
     memset(e, 0, sizeof *e);
     e->m = m;
     e->ctx = ctx;
     kv_seq_init(&e->seq);
     if (!(e->b = backend_cpu_create(threads, err))) goto fail;
+    backend_set_precision(e->b, precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
     /* Round the pool up to whole blocks so ctx slots always fit. */
     if (!(e->pool = kv_pool_create(e->b, m, ((int64_t)ctx + 15) / 16 * 16, 16, err))) goto fail;
     if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, ENGINE_SLICE, 1, err))) goto fail;
@@ -78,9 +80,9 @@ int engine_single_init(engine_single *e, const model *m, int threads, int ctx, k
         goto fail;
     }
     log_info("model %s: %d layers, %.1f MiB of weights mapped from %s; backend %s, %d threads, "
-             "SIMD %s; KV pool %lld tokens (%.1f MiB)",
+             "SIMD %s, %s matmuls; KV pool %lld tokens (%.1f MiB)",
              m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0, m->path, backend_name(e->b),
-             threads, simd_level_name(simd_level_get()),
+             threads, simd_level_name(simd_level_get()), precise ? "f32" : "8-bit activation",
              (long long)(kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens),
              kv_pool_total_blocks(e->pool) * kv_layout_block_bytes(kv_pool_layout(e->pool)) /
                  1048576.0);

@@ -24,7 +24,8 @@ typedef struct engine_single {
     float *logits; /* [n_vocab] logits of the last token run */
 } engine_single;
 
-int engine_single_init(engine_single *e, const model *m, int threads, int ctx, kv_error *err);
+int engine_single_init(engine_single *e, const model *m, int threads, int ctx, bool precise,
+                       kv_error *err);
 void engine_single_free(engine_single *e);
 /* Appends tokens to the sequence (positions continue from its length) in slices. */
 int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err);

@@ -15,30 +15,33 @@
 #define MAX_BIAS 256
 
 static void generate_usage(FILE *out) {
-    fprintf(out,
-            "usage: kvserve generate -m MODEL -p PROMPT [options]\n\n"
-            "  -m, --model PATH          GGUF model file\n"
-            "  -p, --prompt TEXT         prompt text (special tokens like <|im_start|> allowed)\n"
-            "  -f, --file PATH           read the prompt from a file\n"
-            "      --chat                wrap the prompt as a user message in the chat template\n"
-            "      --system TEXT         system message (with --chat)\n"
-            "      --chat-template NAME  chatml | llama3 | llama2 | mistral (default: from GGUF)\n"
-            "  -n, --max-tokens N        tokens to generate (default 256)\n"
-            "  -c, --ctx N               context size in tokens (default min(model, 4096))\n"
-            "  -t, --threads N           compute threads (default 2)\n"
-            "      --temp X              temperature (default 0.8; 0 = greedy)\n"
-            "      --top-k N             (default 40; 0 = off)\n"
-            "      --top-p X             (default 0.95; 1 = off)\n"
-            "      --min-p X             (default 0.05; 0 = off)\n"
-            "      --repeat-penalty X    (default 1.0 = off)\n"
-            "      --repeat-last-n N     (default 64; -1 = whole context)\n"
-            "      --frequency-penalty X (default 0)\n"
-            "      --presence-penalty X  (default 0)\n"
-            "      --logit-bias ID=X     add X to token ID's logit (repeatable)\n"
-            "  -s, --seed N              sampling seed (default 0)\n"
-            "      --stop TEXT           stop string (repeatable)\n"
-            "      --ignore-eos          keep generating past end-of-generation tokens\n"
-            "      --log-level LEVEL     error | warn | info | debug (default warn)\n");
+    fprintf(
+        out,
+        "usage: kvserve generate -m MODEL -p PROMPT [options]\n\n"
+        "  -m, --model PATH          GGUF model file\n"
+        "  -p, --prompt TEXT         prompt text (special tokens like <|im_start|> allowed)\n"
+        "  -f, --file PATH           read the prompt from a file\n"
+        "      --chat                wrap the prompt as a user message in the chat template\n"
+        "      --system TEXT         system message (with --chat)\n"
+        "      --chat-template NAME  chatml | llama3 | llama2 | mistral (default: from GGUF)\n"
+        "  -n, --max-tokens N        tokens to generate (default 256)\n"
+        "  -c, --ctx N               context size in tokens (default min(model, 4096))\n"
+        "  -t, --threads N           compute threads (default 2)\n"
+        "      --temp X              temperature (default 0.8; 0 = greedy)\n"
+        "      --top-k N             (default 40; 0 = off)\n"
+        "      --top-p X             (default 0.95; 1 = off)\n"
+        "      --min-p X             (default 0.05; 0 = off)\n"
+        "      --repeat-penalty X    (default 1.0 = off)\n"
+        "      --repeat-last-n N     (default 64; -1 = whole context)\n"
+        "      --frequency-penalty X (default 0)\n"
+        "      --presence-penalty X  (default 0)\n"
+        "      --logit-bias ID=X     add X to token ID's logit (repeatable)\n"
+        "  -s, --seed N              sampling seed (default 0)\n"
+        "      --stop TEXT           stop string (repeatable)\n"
+        "      --ignore-eos          keep generating past end-of-generation tokens\n"
+        "      --precise             f32 activations and dequantized weights in matmuls\n"
+        "                            (float-accurate, 2-4x slower; default: 8-bit activations)\n"
+        "      --log-level LEVEL     error | warn | info | debug (default warn)\n");
 }
 
 typedef struct gen_opts {
@@ -49,6 +52,7 @@ typedef struct gen_opts {
     const char *chat_template;
     bool chat;
     bool ignore_eos;
+    bool precise;
     int max_tokens;
     int ctx;
     int threads;
@@ -74,7 +78,8 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
         O_BIAS,
         O_STOP,
         O_IGNORE_EOS,
-        O_LOG
+        O_LOG,
+        O_PRECISE
     };
     static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
                                              {"prompt", required_argument, 0, 'p'},
@@ -98,6 +103,7 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
                                              {"stop", required_argument, 0, O_STOP},
                                              {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
                                              {"log-level", required_argument, 0, O_LOG},
+                                             {"precise", no_argument, 0, O_PRECISE},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -212,6 +218,9 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
             }
             o->stops[o->n_stops++] = optarg;
             break;
+        case O_PRECISE:
+            o->precise = true;
+            break;
         case O_IGNORE_EOS:
             o->ignore_eos = true;
             break;
@@ -262,7 +271,7 @@ int cli_generate(int argc, char **argv) {
     model_load_opts lo = {.chat_template = o.chat_template};
     if (!(m = model_load(o.model, &lo, &err))) goto fail;
     int ctx = o.ctx ? o.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    if (engine_single_init(&e, m, o.threads, ctx, &err)) goto fail;
+    if (engine_single_init(&e, m, o.threads, ctx, o.precise, &err)) goto fail;
 
     bool add_bos = tokenizer_add_bos(m->tok);
     if (o.chat) {

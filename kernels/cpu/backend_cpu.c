@@ -22,7 +22,8 @@ backend *backend_cpu_create(int n_threads, kv_error *err) {
     b->tp = threadpool_create(n_threads, err);
     if (!b->tp) goto fail;
     b->attn_scratch = calloc((size_t)n_threads, sizeof *b->attn_scratch);
-    if (!b->attn_scratch) {
+    b->wdq = calloc((size_t)n_threads, sizeof *b->wdq);
+    if (!b->attn_scratch || !b->wdq) {
         kv_fail(err, "out of memory creating the CPU backend");
         goto fail;
     }
@@ -39,6 +40,9 @@ void backend_destroy(backend *b) {
     if (b->attn_scratch)
         for (int i = 0; i < b->n_threads; i++) kv_aligned_free(b->attn_scratch[i]);
     free(b->attn_scratch);
+    if (b->wdq)
+        for (int i = 0; i < b->n_threads; i++) kv_aligned_free(b->wdq[i]);
+    free(b->wdq);
     kv_aligned_free(b->act_buf);
     free(b);
 }
@@ -49,6 +53,8 @@ const char *backend_name(const backend *b) {
 }
 
 int backend_n_threads(const backend *b) { return b->n_threads; }
+
+void backend_set_precision(backend *b, matmul_precision p) { b->precision = p; }
 
 int cpu_act_reserve(backend *b, size_t n) {
     if (n <= b->act_cap) return 0;
@@ -71,6 +77,8 @@ typedef struct matmul_job {
     tensor_type act_type;
     uint8_t *xq; /* [n_tok][xq_stride] activations in act_type */
     size_t xq_stride;
+    bool f32;             /* MATMUL_PRECISION_F32: xq is x itself */
+    float **wdq;          /* per-thread [chunk_rows][n_in] dequantized weight rows */
     int chunk_rows;       /* weight rows per work item */
     int64_t chunk_end[8]; /* cumulative work items per weight */
     _Atomic int64_t next;
@@ -87,15 +95,28 @@ static void matmul_quantize_task(void *ctx, int ith, int nth) {
 
 /* Rows [r0, r1) of weight k against every token, in 4x4 tiles: the chunk's weight rows stay in
  * L1 while the activations stream from L2. */
-static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1) {
+static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1, int ith) {
     const weight *w = j->w[k];
     float *y = j->y[k];
     const uint8_t *wd = w->data;
+    tensor_type wt = w->type;
+    size_t w_stride = w->row_bytes;
+    int64_t row0 = 0; /* row of wd's first row */
+    if (j->f32 && tensor_type_get((int)wt)->block_size > 1) {
+        /* dequantize the item's rows once; every token's tiles reuse them */
+        float *dq = j->wdq[ith];
+        for (int64_t r = r0; r < r1; r++)
+            dequantize_row(wt, wd + r * w->row_bytes, dq + (r - r0) * w->n_in, w->n_in);
+        wd = (const uint8_t *)dq;
+        row0 = r0;
+        wt = TENSOR_TYPE_F32;
+        w_stride = (size_t)w->n_in * sizeof(float);
+    }
     for (int t = 0; t < j->n_tok; t += DOT_TILE_MAX_X) {
         int nx = j->n_tok - t < DOT_TILE_MAX_X ? j->n_tok - t : DOT_TILE_MAX_X;
         for (int64_t r = r0; r < r1; r += DOT_TILE_MAX_W) {
             int nw = r1 - r < DOT_TILE_MAX_W ? (int)(r1 - r) : DOT_TILE_MAX_W;
-            dot_tile(w->type, w->n_in, wd + r * w->row_bytes, w->row_bytes, nw,
+            dot_tile(wt, w->n_in, wd + (r - row0) * (int64_t)w_stride, w_stride, nw,
                      j->xq + (size_t)t * j->xq_stride, j->xq_stride, nx,
                      y + (size_t)t * w->n_out + r, (size_t)w->n_out);
         }
@@ -103,7 +124,6 @@ static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1) {
 }
 
 static void matmul_task(void *ctx, int ith, int nth) {
-    (void)ith;
     (void)nth;
     matmul_job *j = ctx;
     int64_t total = j->chunk_end[j->n_w - 1];
@@ -116,27 +136,33 @@ static void matmul_task(void *ctx, int ith, int nth) {
         int64_t r0 = (c - first) * j->chunk_rows;
         int64_t r1 = r0 + j->chunk_rows;
         if (r1 > j->w[k]->n_out) r1 = j->w[k]->n_out;
-        matmul_chunk(j, k, r0, r1);
+        matmul_chunk(j, k, r0, r1, ith);
     }
 }
 
 void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
                           float *const *y) {
     matmul_job j = {.n_w = n_w, .w = w, .y = y, .x = x, .n_tok = n_tok};
-    const tensor_type_traits *tr = tensor_type_get((int)w[0]->type);
-    j.act_type = tr->act_type;
-    j.xq_stride = tensor_row_size(j.act_type, w[0]->n_in);
-    /* The forward pass sizes this buffer at creation; growing here is a fallback for other
-     * callers (tests), and a failure leaves y untouched, which the caller's checks catch. */
-    if (cpu_act_reserve(b, j.xq_stride * (size_t)n_tok) != 0) {
-        log_error("matmul: out of memory for %d activation rows", n_tok);
-        return;
+    j.f32 = b->precision == MATMUL_PRECISION_F32;
+    if (j.f32) {
+        /* every weight type then takes f32 activations: x as it is */
+        j.act_type = TENSOR_TYPE_F32;
+        j.xq_stride = (size_t)w[0]->n_in * sizeof(float);
+        j.xq = (uint8_t *)(uintptr_t)x;
+    } else {
+        j.act_type = tensor_type_get((int)w[0]->type)->act_type;
+        j.xq_stride = tensor_row_size(j.act_type, w[0]->n_in);
+        /* The buffer grows to the largest batch seen once; a failure leaves y untouched. */
+        if (cpu_act_reserve(b, j.xq_stride * (size_t)n_tok) != 0) {
+            log_error("matmul: out of memory for %d activation rows", n_tok);
+            return;
+        }
+        j.xq = b->act_buf;
+        if (n_tok * w[0]->n_in < SERIAL_ELEMS)
+            matmul_quantize_task(&j, 0, 1);
+        else
+            threadpool_run(b->tp, matmul_quantize_task, &j);
     }
-    j.xq = b->act_buf;
-    if (n_tok * w[0]->n_in < SERIAL_ELEMS)
-        matmul_quantize_task(&j, 0, 1);
-    else
-        threadpool_run(b->tp, matmul_quantize_task, &j);
 
     /* Work items: enough for dynamic balancing (a noisy machine slows one core), few enough that
      * the atomic counter stays cheap; multiples of the tile height. */
@@ -149,6 +175,21 @@ void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const flo
     for (int k = 0; k < n_w; k++) {
         acc += (w[k]->n_out + j.chunk_rows - 1) / j.chunk_rows;
         j.chunk_end[k] = acc;
+    }
+    if (j.f32) {
+        size_t need = (size_t)j.chunk_rows * (size_t)w[0]->n_in;
+        if (need > b->wdq_floats) {
+            for (int t = 0; t < b->n_threads; t++) {
+                kv_aligned_free(b->wdq[t]);
+                if (!(b->wdq[t] = kv_aligned_alloc(need * sizeof(float)))) {
+                    b->wdq_floats = 0;
+                    log_error("matmul: out of memory for dequantized weight rows");
+                    return;
+                }
+            }
+            b->wdq_floats = need;
+        }
+        j.wdq = b->wdq;
     }
     atomic_store(&j.next, 0);
     threadpool_run(b->tp, matmul_task, &j);

@@ -37,6 +37,10 @@ struct backend {
     /* matmul: activations converted to the weight type's activation format */
     void *act_buf;
     size_t act_cap;
+    matmul_precision precision;
+    /* MATMUL_PRECISION_F32: per-thread f32 copies of the weight rows of one work item */
+    float **wdq;
+    size_t wdq_floats;
     /* attention: per-thread f32 scratch for K and V rows */
     float **attn_scratch;
     size_t attn_scratch_floats;

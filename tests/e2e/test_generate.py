@@ -82,3 +82,8 @@ def test_prompt_over_context_is_refused(model_path):
     r = run_kvserve("generate", "-m", model_path, "-c", "32", "-p", "word " * 100)
     assert r.returncode != 0
     assert "does not fit the context" in r.stderr
+
+
+def test_precise_mode_answers_and_differs_only_in_rounding(model_path):
+    out = chat(model_path, "Tell me the capital of France.", "--precise")
+    assert "paris" in out.lower(), out

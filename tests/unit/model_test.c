@@ -116,14 +116,14 @@ static void ref_report(const char *name, const ref_stats *st) {
             st->decisive_agree, st->decisive, st->max_delta, st->sum_delta / st->n_delta);
 }
 
-Test(model, logits_match_references) {
+/* Runs every golden prompt and compares the logits with both references. */
+static void compare_goldens(ref_stats *llama, ref_stats *exact, int *n_cases) {
     json_error_t jerr;
     json_t *root = json_load_file(GOLDEN, 0, &jerr);
     cr_assert_not_null(root, "%s: %s", GOLDEN, jerr.text);
     json_t *cases = json_object_get(root, "cases");
-    int n_cases = (int)json_array_size(cases);
-    ref_stats llama = {0}, exact = {0};
-    for (int c = 0; c < n_cases; c++) {
+    *n_cases = (int)json_array_size(cases);
+    for (int c = 0; c < *n_cases; c++) {
         json_t *jc = json_array_get(cases, (size_t)c);
         json_t *jt = json_object_get(jc, "tokens");
         int n = (int)json_array_size(jt);
@@ -135,10 +135,10 @@ Test(model, logits_match_references) {
         cr_assert_eq(run_prefill(&s, ids, n, true, g_logits), n);
         for (int p = 0; p < n; p++) {
             const float *lg = g_logits + (size_t)p * g_m->hp.n_vocab;
-            ref_compare(&llama, lg, g_m->hp.n_vocab,
+            ref_compare(llama, lg, g_m->hp.n_vocab,
                         json_array_get(json_object_get(jc, "top_ids"), (size_t)p),
                         json_array_get(json_object_get(jc, "top_logits"), (size_t)p));
-            ref_compare(&exact, lg, g_m->hp.n_vocab,
+            ref_compare(exact, lg, g_m->hp.n_vocab,
                         json_array_get(json_object_get(jc, "exact_top_ids"), (size_t)p),
                         json_array_get(json_object_get(jc, "exact_top_logits"), (size_t)p));
         }
@@ -146,6 +146,12 @@ Test(model, logits_match_references) {
         free(ids);
     }
     json_decref(root);
+}
+
+Test(model, logits_match_references) {
+    ref_stats llama = {0}, exact = {0};
+    int n_cases = 0;
+    compare_goldens(&llama, &exact, &n_cases);
     ref_report("llama.cpp", &llama);
     ref_report("exact f64", &exact);
     cr_assert_geq(n_cases, 5);
@@ -159,6 +165,22 @@ Test(model, logits_match_references) {
         cr_assert_lt(st->sum_delta / st->n_delta, 0.3);
         cr_assert_lt(st->max_delta, 3.0);
     }
+}
+
+/* With f32 matmuls the forward pass is the exact computation up to float rounding: top-1 agrees
+ * with the float64 reference wherever it is not a tie at float precision. */
+Test(model, precise_logits_match_exact) {
+    ref_stats llama = {0}, exact = {0};
+    int n_cases = 0;
+    backend_set_precision(g_b, MATMUL_PRECISION_F32);
+    compare_goldens(&llama, &exact, &n_cases);
+    backend_set_precision(g_b, MATMUL_PRECISION_Q8);
+    ref_report("exact f64 (f32 matmuls)", &exact);
+    ref_report("llama.cpp (f32 matmuls)", &llama);
+    cr_assert_geq(exact.n_pos, 5 * 64);
+    cr_assert_geq((double)exact.top1 / exact.n_pos, 0.99, "top-1 %d/%d", exact.top1, exact.n_pos);
+    cr_assert_lt(exact.sum_delta / exact.n_delta, 0.02);
+    cr_assert_lt(exact.max_delta, 0.1);
 }
 
 /* A prefix computed once and continued must equal one prefill of the whole (exact reuse). */
