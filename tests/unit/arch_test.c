@@ -12,54 +12,13 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "tests/unit/ref_logits.h"
 
 #define DIR "tests/golden/arch/"
 
-/* A reference's top-1 is "decisive" where it leads its runner-up by this many logits; there
- * every correct engine agrees with it (as in model_test.c). */
-#define DECISIVE_MARGIN 0.5
 /* Ignoring the scaling moves the logits by ~0.4-0.8 on average: at least this many times the
  * engine's distance from the scaled reference. */
 #define MIN_NOSCALE_RATIO 5.0
-
-typedef struct ref_stats {
-    int n_pos, top1, decisive, decisive_agree;
-    double max_delta, sum_delta;
-    int n_delta;
-} ref_stats;
-
-static void ref_compare(ref_stats *st, const float *lg, int n_vocab, json_t *ids, json_t *vals) {
-    int ref_top = (int)json_integer_value(json_array_get(ids, 0));
-    double margin =
-        json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
-    bool agree = backend_argmax(lg, n_vocab) == ref_top;
-    st->n_pos++;
-    st->top1 += agree;
-    if (margin >= DECISIVE_MARGIN) {
-        st->decisive++;
-        st->decisive_agree += agree;
-    }
-    for (size_t k = 0; k < json_array_size(ids); k++) {
-        int id = (int)json_integer_value(json_array_get(ids, k));
-        cr_assert(id >= 0 && id < n_vocab);
-        double d = fabs(lg[id] - json_real_value(json_array_get(vals, k)));
-        st->max_delta = d > st->max_delta ? d : st->max_delta;
-        st->sum_delta += d;
-        st->n_delta++;
-    }
-}
-
-static double ref_mean(const ref_stats *st) {
-    return st->n_delta ? st->sum_delta / st->n_delta : 0.0;
-}
-
-static void ref_report(const char *model_name, const char *ref, const ref_stats *st) {
-    fprintf(stderr,
-            "arch %-11s vs %-9s: %d positions, top-1 %d/%d, decisive (margin >= %.1f) %d/%d, "
-            "|delta logit| over its top-16: max %.3f, mean %.4f\n",
-            model_name, ref, st->n_pos, st->top1, st->n_pos, DECISIVE_MARGIN, st->decisive_agree,
-            st->decisive, st->max_delta, ref_mean(st));
-}
 
 /* What a variant's hyperparameters must say. */
 typedef struct arch_expect {
@@ -143,19 +102,19 @@ static void check_variant(const arch_expect *ex) {
 
     ref_report(ex->name, "exact f64", &exact);
     cr_expect_eq(exact.decisive_agree, exact.decisive, "%s: decisive top-1 vs exact", ex->name);
-    cr_expect_lt(ref_mean(&exact), ex->max_mean_delta, "%s: mean |delta| vs exact", ex->name);
+    cr_expect_lt(ref_mean_delta(&exact), ex->max_mean_delta, "%s: mean |delta| vs exact", ex->name);
     cr_expect_eq(llama.n_pos > 0, ex->has_llama, "%s: llama.cpp reference present", ex->name);
     if (llama.n_pos > 0) {
         ref_report(ex->name, "llama.cpp", &llama);
         cr_expect_eq(llama.decisive_agree, llama.decisive, "%s: decisive top-1 vs llama.cpp",
                      ex->name);
-        cr_expect_lt(ref_mean(&llama), ex->max_mean_delta, "%s: mean |delta| vs llama.cpp",
+        cr_expect_lt(ref_mean_delta(&llama), ex->max_mean_delta, "%s: mean |delta| vs llama.cpp",
                      ex->name);
     }
     cr_expect_eq(noscale.n_pos > 0, ex->scaling != ROPE_SCALING_NONE);
     if (noscale.n_pos > 0) {
         ref_report(ex->name, "unscaled", &noscale);
-        cr_expect_gt(ref_mean(&noscale), MIN_NOSCALE_RATIO * ref_mean(&exact),
+        cr_expect_gt(ref_mean_delta(&noscale), MIN_NOSCALE_RATIO * ref_mean_delta(&exact),
                      "%s: logits match the unscaled reference: RoPE scaling not applied", ex->name);
     }
     free(logits);

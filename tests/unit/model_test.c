@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "tests/unit/ref_logits.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define GOLDEN "tests/golden/logits/smollm2.json"
@@ -77,44 +78,6 @@ Test(model, hparams) {
 }
 
 /* Agreement with one reference over every golden position. */
-typedef struct ref_stats {
-    int n_pos, top1, decisive, decisive_agree;
-    double max_delta, sum_delta;
-    int n_delta;
-} ref_stats;
-
-/* A reference's top-1 is "decisive" where it leads its runner-up by this many logits: more than
- * 8-bit activation quantization moves a logit here (llama.cpp and kvserve each differ from the
- * exact computation by ~0.2 on average), so there no correct engine may disagree. */
-#define DECISIVE_MARGIN 0.5
-
-static void ref_compare(ref_stats *st, const float *lg, int n_vocab, json_t *ids, json_t *vals) {
-    int ref_top = (int)json_integer_value(json_array_get(ids, 0));
-    double margin =
-        json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
-    bool agree = backend_argmax(lg, n_vocab) == ref_top;
-    st->n_pos++;
-    st->top1 += agree;
-    if (margin >= DECISIVE_MARGIN) {
-        st->decisive++;
-        st->decisive_agree += agree;
-    }
-    for (size_t k = 0; k < json_array_size(ids); k++) {
-        int id = (int)json_integer_value(json_array_get(ids, k));
-        double d = fabs(lg[id] - json_real_value(json_array_get(vals, k)));
-        st->max_delta = d > st->max_delta ? d : st->max_delta;
-        st->sum_delta += d;
-        st->n_delta++;
-    }
-}
-
-static void ref_report(const char *name, const ref_stats *st) {
-    fprintf(stderr,
-            "logits vs %s: %d positions, top-1 agreement %.2f%% (%d/%d); where the reference's "
-            "margin >= %.1f: %d/%d; |delta logit| over its top-32: max %.3f, mean %.3f\n",
-            name, st->n_pos, 100.0 * st->top1 / st->n_pos, st->top1, st->n_pos, DECISIVE_MARGIN,
-            st->decisive_agree, st->decisive, st->max_delta, st->sum_delta / st->n_delta);
-}
 
 /* Runs every golden prompt and compares the logits with both references. */
 static void compare_goldens(ref_stats *llama, ref_stats *exact, int *n_cases) {
@@ -152,8 +115,8 @@ Test(model, logits_match_references) {
     ref_stats llama = {0}, exact = {0};
     int n_cases = 0;
     compare_goldens(&llama, &exact, &n_cases);
-    ref_report("llama.cpp", &llama);
-    ref_report("exact f64", &exact);
+    ref_report("logits", "llama.cpp", &llama);
+    ref_report("logits", "exact f64", &exact);
     cr_assert_geq(n_cases, 5);
     cr_assert_geq(llama.n_pos, 5 * 64);
     const ref_stats *refs[2] = {&llama, &exact};
@@ -162,7 +125,7 @@ Test(model, logits_match_references) {
         cr_assert_eq(st->decisive_agree, st->decisive, "a decisive top-1 differs");
         cr_assert_geq(st->decisive, st->n_pos / 2, "too few decisive positions to mean much");
         cr_assert_geq((double)st->top1 / st->n_pos, 0.95);
-        cr_assert_lt(st->sum_delta / st->n_delta, 0.3);
+        cr_assert_lt(ref_mean_delta(st), 0.3);
         cr_assert_lt(st->max_delta, 3.0);
     }
 }
@@ -175,11 +138,11 @@ Test(model, precise_logits_match_exact) {
     backend_set_precision(g_b, MATMUL_PRECISION_F32);
     compare_goldens(&llama, &exact, &n_cases);
     backend_set_precision(g_b, MATMUL_PRECISION_Q8);
-    ref_report("exact f64 (f32 matmuls)", &exact);
-    ref_report("llama.cpp (f32 matmuls)", &llama);
+    ref_report("logits (f32 matmuls)", "exact f64", &exact);
+    ref_report("logits (f32 matmuls)", "llama.cpp", &llama);
     cr_assert_geq(exact.n_pos, 5 * 64);
     cr_assert_geq((double)exact.top1 / exact.n_pos, 0.99, "top-1 %d/%d", exact.top1, exact.n_pos);
-    cr_assert_lt(exact.sum_delta / exact.n_delta, 0.02);
+    cr_assert_lt(ref_mean_delta(&exact), 0.02);
     cr_assert_lt(exact.max_delta, 0.1);
 }
 
