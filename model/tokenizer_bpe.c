@@ -174,38 +174,13 @@ typedef struct pair_heap {
     size_t n;
 } pair_heap;
 
-static void heap_push(pair_heap *h, bpe_pair p) {
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!pair_before(&p, &h->v[up])) break;
-        h->v[i] = h->v[up];
-        i = up;
-    }
-    h->v[i] = p;
-}
-
-static bpe_pair heap_pop(pair_heap *h) {
-    bpe_pair top = h->v[0];
-    bpe_pair last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && pair_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!pair_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
-}
+TOKENIZER_PAIR_HEAP(bpe_heap, bpe_pair, pair_before)
 
 static void try_pair(const tokenizer *t, const bpe_sym *sym, pair_heap *h, int32_t l, int32_t r) {
     if (l < 0 || r < 0 || sym[l].id < 0 || sym[r].id < 0) return;
     const merge_slot *m = mergemap_find(&t->merges, sym[l].id, sym[r].id);
     if (!m) return;
-    heap_push(h, (bpe_pair){m->rank, l, r, sym[l].id, sym[r].id, m->result});
+    bpe_heap_push(h->v, &h->n, (bpe_pair){m->rank, l, r, sym[l].id, sym[r].id, m->result});
 }
 
 void bpe_scratch_free(bpe_scratch *s) {
@@ -270,7 +245,7 @@ int tokenizer_bpe_encode_word(const tokenizer *t, const uint8_t *w, size_t n, bp
     for (size_t i = 1; i < n; i++) try_pair(t, sym, &h, (int32_t)i - 1, (int32_t)i);
 
     while (h.n > 0) {
-        bpe_pair p = heap_pop(&h);
+        bpe_pair p = bpe_heap_pop(h.v, &h.n);
         bpe_sym *l = &sym[p.left], *r = &sym[p.right];
         if (!l->alive || !r->alive || l->next != p.right || l->id != p.lid || r->id != p.rid) {
             continue; /* one side changed since the pair was queued */

@@ -177,4 +177,33 @@ size_t tokenizer_bpe_unmap(const tokenizer *t, const uint8_t *text, size_t len, 
 int tokenizer_spm_encode(const tokenizer *t, const uint8_t *s, size_t len, bool space_prefix,
                          tok_ids *out, kv_error *err);
 
+/* A binary heap over PAIR in caller-owned storage v[0..*n), ordered by BEFORE(a, b) ("a is merged
+ * first"): the priority queue of the BPE and SentencePiece merge loops. Defines PREFIX_push (v has
+ * room for one more) and PREFIX_pop (*n > 0). */
+#define TOKENIZER_PAIR_HEAP(PREFIX, PAIR, BEFORE)                                                  \
+    static void PREFIX##_push(PAIR *v, size_t *n, PAIR p) {                                        \
+        size_t i = (*n)++;                                                                         \
+        while (i > 0) {                                                                            \
+            size_t up = (i - 1) / 2;                                                               \
+            if (!BEFORE(&p, &v[up])) break;                                                        \
+            v[i] = v[up];                                                                          \
+            i = up;                                                                                \
+        }                                                                                          \
+        v[i] = p;                                                                                  \
+    }                                                                                              \
+    static PAIR PREFIX##_pop(PAIR *v, size_t *n) {                                                 \
+        PAIR top = v[0], last = v[--(*n)];                                                         \
+        size_t i = 0;                                                                              \
+        for (;;) {                                                                                 \
+            size_t c = 2 * i + 1;                                                                  \
+            if (c >= *n) break;                                                                    \
+            if (c + 1 < *n && BEFORE(&v[c + 1], &v[c])) c++;                                       \
+            if (!BEFORE(&v[c], &last)) break;                                                      \
+            v[i] = v[c];                                                                           \
+            i = c;                                                                                 \
+        }                                                                                          \
+        if (*n > 0) v[i] = last;                                                                   \
+        return top;                                                                                \
+    }
+
 #endif

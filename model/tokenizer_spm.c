@@ -36,6 +36,9 @@ typedef struct spm_heap {
     size_t n, cap;
 } spm_heap;
 
+TOKENIZER_PAIR_HEAP(spm_heap_sift, spm_pair, pair_before)
+
+/* Grows the storage, then pushes. */
 static int heap_push(spm_heap *h, spm_pair p) {
     if (h->n == h->cap) {
         size_t c = h->cap ? 2 * h->cap : 64;
@@ -44,31 +47,8 @@ static int heap_push(spm_heap *h, spm_pair p) {
         h->v = v;
         h->cap = c;
     }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t up = (i - 1) / 2;
-        if (!pair_before(&p, &h->v[up])) break;
-        h->v[i] = h->v[up];
-        i = up;
-    }
-    h->v[i] = p;
+    spm_heap_sift_push(h->v, &h->n, p);
     return 0;
-}
-
-static spm_pair heap_pop(spm_heap *h) {
-    spm_pair top = h->v[0];
-    spm_pair last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && pair_before(&h->v[c + 1], &h->v[c])) c++;
-        if (!pair_before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
 }
 
 static int try_pair(const tokenizer *t, const uint8_t *text, const spm_sym *sym, spm_heap *h,
@@ -143,7 +123,7 @@ int tokenizer_spm_encode(const tokenizer *t, const uint8_t *s, size_t len, bool 
     }
 
     while (h.n > 0) {
-        spm_pair p = heap_pop(&h);
+        spm_pair p = spm_heap_sift_pop(h.v, &h.n);
         spm_sym *l = &sym[p.left], *r = &sym[p.right];
         if (l->len == 0 || r->len == 0 || l->len + r->len != p.size) continue; /* stale */
         l->len += r->len;
