@@ -342,7 +342,9 @@ int cli_generate(int argc, char **argv) {
         memcpy(gen + gen_len, piece, (size_t)nb);
         gen_len += (size_t)nb;
         bool matched = false;
-        size_t safe = stop_set_scan(&stops, gen, gen_len, &matched);
+        /* Text before `emitted` cannot hold the start of a stop string (a possible start is
+         * held back), so each step scans only the new tail: linear in the output, not quadratic. */
+        size_t safe = emitted + stop_set_scan(&stops, gen + emitted, gen_len - emitted, &matched);
         if (safe > emitted) {
             fwrite(gen + emitted, 1, safe - emitted, stdout);
             fflush(stdout);
