@@ -1,5 +1,5 @@
 # kvserve build. `make` builds build/kvserve; `make test` sets up, builds and runs every test;
-# `make run` starts kvserve on the default model; `make test-asan` runs the tests under
+# `make run` starts the HTTP server on the default model (http://127.0.0.1:8080/v1); `make test-asan` runs the tests under
 # AddressSanitizer + UBSan.
 
 CC      ?= gcc
@@ -13,7 +13,7 @@ OPT     ?= -O2 -g
 # Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
-LDLIBS  := -lm -lpthread -ljansson -lcrypto
+LDLIBS  := -lm -lpthread -lmicrohttpd -ljansson -lcrypto
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
@@ -25,7 +25,8 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench
+.PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench \
+        bench-serve
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -62,12 +63,17 @@ model: $(MODEL)
 
 # ---------------------------------------------------------------- run
 
-PROMPT ?= What is the capital of France? Answer in one sentence.
+# Extra `kvserve serve` options: make run ARGS="--port 9000 --api-key secret"
+ARGS ?=
 run: setup $(MODEL) $(BUILD)/kvserve
-	$(BUILD)/kvserve generate -m $(MODEL) -t $(THREADS) --chat -p "$(PROMPT)"
+	$(BUILD)/kvserve serve -m $(MODEL) -t $(THREADS) $(ARGS)
 
 bench: $(MODEL) $(BUILD)/kvserve
 	$(BUILD)/kvserve bench -m $(MODEL) -t $(THREADS)
+
+# Aggregate decode throughput of the server at 1, 4 and 16 concurrent streams.
+bench-serve: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/serve.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
 # The quantized dot-tile microbenchmark (scripts/bench/quant_bench.c): GMAC/s per type and tile.
 QUANT_BENCH_OBJ := $(addprefix $(BUILD)/obj/,kernels/cpu/quant.o kernels/cpu/quant_avx2.o \
@@ -104,6 +110,7 @@ FUZZ_SECONDS ?= 30
 FUZZ_DEPS_COMMON := util/util.c kernels/quant_traits.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
+FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c model/unicode.c model/unicode_data.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

@@ -86,13 +86,15 @@ void backend_kv_free(backend *b, void *pool);
 
 /* ---------------------------------------------------------------- ops */
 
-/* y[t][o] = sum_i x[t][i] * W[o][i] for t < n_tok.  x: [n_tok][n_in] f32, y: [n_tok][n_out] f32. */
-void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y);
+/* y[t][o] = sum_i x[t][i] * W[o][i] for t < n_tok.  x: [n_tok][n_in] f32, y: [n_tok][n_out] f32.
+ * The ops that need scratch memory (matmul, attention) return 0, or -1 when it cannot be
+ * allocated (logged; y is then undefined and the caller must not use it). */
+int backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y);
 
 /* n_w matmuls over the same x (Q/K/V, gate/up): x is converted once. All W share n_in and type's
  * activation format. */
-void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
-                          float *const *y);
+int backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
+                         float *const *y);
 
 /* y[t] = x[t] / rms(x[t]) * gamma, rms over dim with eps.  x, y: [n_tok][dim]; may alias. */
 void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
@@ -124,8 +126,8 @@ void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer
 
 /* Attention for several sequences at one layer: softmax(q k^T * scale) v per head, GQA mapping
  * head h to kv head h / (n_head / n_kv_head). */
-void backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
-                       float scale, const attn_seq *seqs, int n_seqs);
+int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
+                      float scale, const attn_seq *seqs, int n_seqs);
 
 /* Index of the largest of x[0..n) (first on ties). */
 int backend_argmax(const float *x, int64_t n);

@@ -134,18 +134,17 @@ void forward_ctx_destroy(forward_ctx *f) {
 
 /* Matmuls over one input: together (one activation conversion) when the weights share an
  * activation format, else one by one. */
-static void matmul_group(backend *b, int n, const weight *const *w, const float *x, int n_tok,
-                         float *const *y) {
+static int matmul_group(backend *b, int n, const weight *const *w, const float *x, int n_tok,
+                        float *const *y) {
     tensor_type act = tensor_type_get((int)w[0]->type)->act_type;
     bool same = true;
     for (int i = 1; i < n; i++)
         same =
             same && tensor_type_get((int)w[i]->type)->act_type == act && w[i]->n_in == w[0]->n_in;
-    if (same) {
-        backend_matmul_multi(b, n, w, x, n_tok, y);
-    } else {
-        for (int i = 0; i < n; i++) backend_matmul(b, w[i], x, n_tok, y[i]);
-    }
+    if (same) return backend_matmul_multi(b, n, w, x, n_tok, y);
+    for (int i = 0; i < n; i++)
+        if (backend_matmul(b, w[i], x, n_tok, y[i])) return -1;
+    return 0;
 }
 
 static int validate_batch(const forward_ctx *f, const batch_seq *seqs, int n_seqs, int *total,
@@ -198,7 +197,8 @@ static void seq_rows(const forward_ctx *f, int s, int *lo, int *hi) {
 
 /* ---------------------------------------------------------------- one layer */
 
-static void layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il) {
+/* Returns -1 when the backend runs out of scratch memory. */
+static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il) {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
     const layer_weights *L = &m->layers[il];
@@ -218,7 +218,7 @@ static void layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int
     backend_rmsnorm(b, st->x, L->attn_norm, f->xn, n, hp->dim, hp->norm_eps);
     const weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
-    matmul_group(b, 3, qkv, f->xn, n, qkv_out);
+    if (matmul_group(b, 3, qkv, f->xn, n, qkv_out)) return -1;
     backend_rope(b, f->q, f->row_pos, n, hp->n_head, hp->head_dim, &m->rope);
     backend_rope(b, f->k, f->row_pos, n, hp->n_kv_head, hp->head_dim, &m->rope);
     int n_attn = 0;
@@ -238,19 +238,21 @@ static void layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int
                                        .q = f->q + (size_t)lo * qd,
                                        .out = f->att + (size_t)lo * qd};
     }
-    backend_attention(b, pool, kl, il, hp->n_head, 1.0f / sqrtf((float)hp->head_dim), f->aseq,
-                      n_attn);
-    backend_matmul(b, &L->wo, f->att, n, f->tmp);
+    if (backend_attention(b, pool, kl, il, hp->n_head, 1.0f / sqrtf((float)hp->head_dim), f->aseq,
+                          n_attn) ||
+        backend_matmul(b, &L->wo, f->att, n, f->tmp))
+        return -1;
     backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim);
 
     /* feed-forward block: down(silu(gate(x)) * up(x)) */
     backend_rmsnorm(b, st->x, L->ffn_norm, f->xn, n, hp->dim, hp->norm_eps);
     const weight *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
-    matmul_group(b, 2, gu, f->xn, n, gu_out);
+    if (matmul_group(b, 2, gu, f->xn, n, gu_out)) return -1;
     backend_swiglu(b, f->gate, f->up, f->gate, (int64_t)n * hp->ffn_dim);
-    backend_matmul(b, &L->w_down, f->gate, n, f->tmp);
+    if (backend_matmul(b, &L->w_down, f->gate, n, f->tmp)) return -1;
     backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -281,7 +283,10 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
     for (int il = 0; il < hp->n_layer; il++) {
         if (hooks && hooks->before_layer && hooks->before_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook before layer %d", il);
-        if (st->n_rows > 0) layer_forward(f, seqs, n_seqs, il);
+        /* A failed layer leaves this batch's KV slots undefined: the sequences' lengths are
+         * not advanced, so nothing reads them as valid. */
+        if (st->n_rows > 0 && layer_forward(f, seqs, n_seqs, il))
+            return kv_fail(err, "out of memory in layer %d of the forward pass", il);
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }
@@ -306,6 +311,7 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
     }
     if (n_out == 0 || !logits) return n_out;
     backend_rmsnorm(f->b, f->tmp, m->output_norm, f->xn, n_out, hp->dim, hp->norm_eps);
-    backend_matmul(f->b, &m->output, f->xn, n_out, logits);
+    if (backend_matmul(f->b, &m->output, f->xn, n_out, logits))
+        return kv_fail(err, "out of memory computing logits");
     return n_out;
 }

@@ -881,6 +881,22 @@ char *tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool re
     return (char *)o.p;
 }
 
+char *tokenizer_piece_utf8(const tokenizer *t, int32_t id, bool render_special, size_t *out_len) {
+    if (id < 0 || id >= t->n_vocab) return NULL;
+    const uint8_t *p;
+    size_t len;
+    piece_of(t, id, render_special, &p, &len);
+    utf8_out o = {NULL, 0, 0, true, false};
+    utf8_repair(p, len, NULL, 0, true, &o);
+    out_put(&o, "", 1);
+    if (o.overflow) {
+        free(o.p);
+        return NULL;
+    }
+    *out_len = o.n - 1;
+    return (char *)o.p;
+}
+
 void detok_init(detok_state *s) {
     memset(s, 0, sizeof *s);
     s->at_start = true;

@@ -52,6 +52,11 @@ size_t tokenizer_max_token_len(const tokenizer *t);
 char *tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, bool render_special,
                        size_t *out_len, kv_error *err);
 
+/* One token's bytes as valid UTF-8 (bytes that are not become U+FFFD), without any leading-space
+ * stripping: a token's text for display, e.g. in logprobs. malloc'd and NUL-terminated; NULL
+ * for an out-of-range id or when out of memory. */
+char *tokenizer_piece_utf8(const tokenizer *t, int32_t id, bool render_special, size_t *out_len);
+
 /* Incremental detokenization: push tokens one by one; only complete UTF-8 sequences come out,
  * so a multi-byte character split over tokens is never emitted in halves. A byte sequence that
  * can never become valid UTF-8 is emitted as U+FFFD. */

@@ -18,8 +18,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-py_pkgs=(pytest)
-if ! "$python" -c "import pytest" 2>/dev/null; then
+# pytest runs the end-to-end tests; openai is the official client they drive the server with;
+# requests sends the raw (malformed, oversized) bodies a client library would refuse to send.
+py_pkgs=(pytest openai requests)
+if ! "$python" -c "import pytest, openai, requests" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi

@@ -4,5 +4,6 @@
 
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

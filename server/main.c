@@ -8,6 +8,7 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: kvserve <command> [options]\n\n"
             "commands:\n"
+            "  serve      the OpenAI-compatible HTTP server\n"
             "  generate   run a prompt through a model and stream the answer\n"
             "  bench      measure prefill and decode speed (pp512, pp2048, tg128, tg64@4096)\n\n"
             "`kvserve <command> --help` lists a command's options.\n");
@@ -18,6 +19,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (strcmp(argv[1], "serve") == 0) return cli_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "generate") == 0) return cli_generate(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return cli_bench(argc - 1, argv + 1);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {

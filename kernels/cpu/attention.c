@@ -111,8 +111,8 @@ static void attn_merge(const attn_job *j, int si) {
         }
 }
 
-void backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
-                       float scale, const attn_seq *seqs, int n_seqs) {
+int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
+                      float scale, const attn_seq *seqs, int n_seqs) {
     attn_job j = {
         .pool = pool, .l = l, .layer = layer, .n_head = n_head, .scale = scale, .seqs = seqs};
     int gs = n_head / l->n_kv_head;
@@ -182,15 +182,16 @@ void backend_attention(backend *b, const void *pool, const kv_layout *l, int lay
         threadpool_run(b->tp, attn_task, &j);
     for (int s = 0; s < n_seqs; s++)
         if (j.n_splits[s] > 1) attn_merge(&j, s);
+    int rc = 0;
     goto done;
 oom:
     log_error("attention: out of memory (layer %d)", layer);
-    for (int s = 0; s < n_seqs; s++)
-        memset(seqs[s].out, 0, sizeof(float) * (size_t)seqs[s].n_q * n_head * l->head_dim);
+    rc = -1;
 done:
     if (j.partial)
         for (int s = 0; s < n_seqs; s++) free(j.partial[s]);
     free(j.partial);
     free(j.n_splits);
     free(j.items);
+    return rc;
 }

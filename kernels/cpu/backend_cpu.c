@@ -140,8 +140,8 @@ static void matmul_task(void *ctx, int ith, int nth) {
     }
 }
 
-void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
-                          float *const *y) {
+int backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
+                         float *const *y) {
     matmul_job j = {.n_w = n_w, .w = w, .y = y, .x = x, .n_tok = n_tok};
     j.f32 = b->precision == MATMUL_PRECISION_F32;
     if (j.f32) {
@@ -155,7 +155,7 @@ void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const flo
         /* The buffer grows to the largest batch seen once; a failure leaves y untouched. */
         if (cpu_act_reserve(b, j.xq_stride * (size_t)n_tok) != 0) {
             log_error("matmul: out of memory for %d activation rows", n_tok);
-            return;
+            return -1;
         }
         j.xq = b->act_buf;
         if (n_tok * w[0]->n_in < SERIAL_ELEMS)
@@ -184,7 +184,7 @@ void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const flo
                 if (!(b->wdq[t] = kv_aligned_alloc(need * sizeof(float)))) {
                     b->wdq_floats = 0;
                     log_error("matmul: out of memory for dequantized weight rows");
-                    return;
+                    return -1;
                 }
             }
             b->wdq_floats = need;
@@ -193,10 +193,11 @@ void backend_matmul_multi(backend *b, int n_w, const weight *const *w, const flo
     }
     atomic_store(&j.next, 0);
     threadpool_run(b->tp, matmul_task, &j);
+    return 0;
 }
 
-void backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y) {
-    backend_matmul_multi(b, 1, &w, x, n_tok, &y);
+int backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y) {
+    return backend_matmul_multi(b, 1, &w, x, n_tok, &y);
 }
 
 /* ---------------------------------------------------------------- RMSNorm */

@@ -1,5 +1,6 @@
 /* The CPU backend's thread pool: see cpu.h. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -27,7 +28,19 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
+/* Spin-waits yield the core every YIELD_EVERY iterations: when more threads are runnable than
+ * there are cores (other processes, HTTP threads), a waiter that only spins can hold the core
+ * the thread it waits for needs, and a step that takes microseconds takes a time slice. */
+#define YIELD_EVERY 1024
+
 static inline void cpu_relax(void) { __builtin_ia32_pause(); }
+
+static inline void spin_wait(int *spins) {
+    if ((++*spins & (YIELD_EVERY - 1)) == 0)
+        sched_yield();
+    else
+        cpu_relax();
+}
 
 static void *threadpool_worker(void *p) {
     worker_arg arg = *(worker_arg *)p;
@@ -37,8 +50,8 @@ static void *threadpool_worker(void *p) {
     for (;;) {
         int spins = 0;
         while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop)) {
-            if (++spins < THREADPOOL_SPIN) {
-                cpu_relax();
+            if (spins < THREADPOOL_SPIN) {
+                spin_wait(&spins);
                 continue;
             }
             /* seq_cst on n_sleeping and generation: either the producer sees us sleeping and
@@ -122,5 +135,6 @@ void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx) {
         pthread_mutex_unlock(&tp->mu);
     }
     fn(ctx, 0, tp->n_threads);
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) cpu_relax();
+    int spins = 0;
+    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) spin_wait(&spins);
 }

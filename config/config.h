@@ -1,0 +1,69 @@
+/* config/: the server's configuration as one plain struct. Every option is one row of a table
+ * (config.c) that names its JSON key, environment variable and command-line flag, so the layers
+ * defaults < JSON config file < KVSERVE_* environment < command-line flags are applied the same
+ * way for every option, and `kvserve serve --help` lists them all.
+ *
+ * Naming: the JSON key "ctx_size" is the flag --ctx-size and the variable KVSERVE_CTX_SIZE. */
+#ifndef KVSERVE_CONFIG_H
+#define KVSERVE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "util/util.h"
+
+typedef struct kv_config {
+    /* ---- model */
+    char *model;         /* GGUF path */
+    char *alias;         /* model id served by the API; NULL: the file name without .gguf */
+    char *chat_template; /* template name overriding detection, or NULL */
+    bool precise;        /* f32 matmuls over dequantized weights */
+    /* ---- HTTP */
+    char *host;
+    int port;
+    char **api_keys; /* Bearer keys accepted; none: no authentication */
+    int n_api_keys;
+    int64_t max_body_bytes;
+    int max_connections;
+    /* ---- engine */
+    int threads;
+    int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */
+    int64_t kv_pool_tokens; /* KV pool size in tokens; 0: 4 x ctx_size */
+    int max_seqs;           /* sequences decoding at once (each choice of n counts) */
+    int max_queue;          /* requests waiting for a slot before 429 */
+    int prefill_chunk;      /* prompt tokens prefilled per engine step, between decode steps */
+    int max_tokens_limit;   /* cap on a request's max_tokens; 0: the context size */
+    /* ---- logging */
+    char *log_level; /* error|warn|info|debug */
+} kv_config;
+
+/* Fills the defaults. */
+void config_defaults(kv_config *c);
+
+typedef enum config_status {
+    CONFIG_OK = 0,
+    CONFIG_HELP = 1,   /* --help was given: the usage was printed to `out`; exit 0 */
+    CONFIG_ERROR = -1, /* err names the key and the source ("--port", "KVSERVE_PORT",
+                          "file.json: key 'port'") */
+} config_status;
+
+/* Builds the configuration from defaults, then the JSON file named by --config or
+ * KVSERVE_CONFIG (if any), then KVSERVE_* variables from envp (NULL-terminated "K=V" strings),
+ * then argv[1..argc) flags. argv[0] is the command name used in the usage text. */
+config_status config_load(kv_config *c, int argc, char **argv, char **envp, FILE *out,
+                          kv_error *err);
+
+/* Frees the strings config_load allocated (safe on a defaulted struct, on one config_load left
+ * partly filled after an error, and twice). The defaults are the table's static strings, which
+ * config_free recognizes and leaves alone; any other string must come from malloc.
+ *
+ * Empty values: an error for numbers, booleans, log_level, model, host and the key lists
+ * (KVSERVE_API_KEYS="" is refused so an unset shell variable cannot turn authentication off);
+ * for alias and chat_template, "" (or JSON null) resets the option to NULL, i.e. automatic. */
+void config_free(kv_config *c);
+
+/* Writes the option list (flag, variable, default, help) to out. */
+void config_usage(FILE *out, const char *cmd);
+
+#endif

@@ -1,0 +1,718 @@
+/* The OpenAI API's request side: request bodies parsed with jansson and validated field by field
+ * into api_request, and OpenAI's error object.
+ *
+ * Ranges follow OpenAI's API reference where it gives one (temperature [0, 2], top_p [0, 1],
+ * penalties [-2, 2], logit_bias [-100, 100], up to 4 stop strings, top_logprobs 0..20, completions
+ * logprobs 0..5) and vLLM's sampling extensions otherwise (top_k -1 = off, min_p [0, 1],
+ * repetition_penalty (0, 100]). null stands for "not given" on every optional field, as the
+ * OpenAI Python client sends it. Integer fields accept a float with no fractional part (2.0),
+ * as pydantic's lax mode in vLLM does.
+ *
+ * Every string is checked for NUL (we hand out NUL-terminated C strings, so "a\u0000b" would be
+ * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
+#include "server/api.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/unicode.h"
+
+#define API_INVALID "invalid_request_error"
+#define API_BAD(err, param, ...) api_fail((err), 400, API_INVALID, NULL, (param), __VA_ARGS__)
+
+/* ---------------------------------------------------------------- errors */
+
+/* Replaces every byte that is not part of a valid UTF-8 sequence with '?', so a message that
+ * quotes client text cut by %.Ns (or by the buffer's size) can still go into a JSON string. */
+static void utf8_sanitize(char *s) {
+    size_t len = strlen(s), i = 0;
+    while (i < len) {
+        uint32_t cp;
+        size_t n;
+        if (utf8_decode((const uint8_t *)s + i, len - i, &cp, &n) == UTF8_OK) {
+            i += n;
+        } else {
+            for (size_t j = 0; j < n; j++) s[i + j] = '?';
+            i += n;
+        }
+    }
+}
+
+int api_fail(api_error *err, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) {
+    if (!err) return -1;
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    utf8_sanitize(err->param);
+    utf8_sanitize(err->message);
+    return -1;
+}
+
+char *api_error_json(const api_error *err) {
+    /* Copies, sanitized: err may have been filled by hand rather than through api_fail. */
+    char param[sizeof err->param], message[sizeof err->message];
+    snprintf(param, sizeof param, "%s", err->param);
+    snprintf(message, sizeof message, "%s", err->message);
+    utf8_sanitize(param);
+    utf8_sanitize(message);
+    json_t *root = json_pack("{s:{s:s,s:s,s:s?,s:s?}}", "error", "message", message, "type",
+                             err->type ? err->type : "server_error", "param",
+                             param[0] ? param : NULL, "code", err->code);
+    if (!root) return NULL;
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* ---------------------------------------------------------------- JSON helpers */
+
+static const char *json_type_desc(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
+    }
+    return "unknown";
+}
+
+static int type_error(api_error *err, const char *param, const char *want, const json_t *got) {
+    return API_BAD(err, param, "'%s' must be %s, got %s", param, want, json_type_desc(got));
+}
+
+/* A field of obj, or NULL when absent or null (an optional field's "not given"). */
+static json_t *field(const json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+/* An integer, or a float with no fractional part within +-2^53 (exact in a double). */
+static bool json_as_int64(const json_t *v, int64_t *out) {
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return true;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (isfinite(d) && fabs(d) <= 9007199254740992.0 && floor(d) == d) {
+            *out = (int64_t)d;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The optional fields of the request body. Each returns 1 when the field was given (and stores
+ * it), 0 when it was absent or null (out untouched), -1 with err on a wrong type or range. */
+
+static int opt_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
+    json_t *v = field(obj, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return type_error(err, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 1;
+}
+
+/* A number in [lo, hi], or (lo, hi] when lo_open. */
+static int opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
+                      float *out, api_error *err) {
+    json_t *v = field(obj, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return type_error(err, key, "a number", v);
+    double d = json_number_value(v);
+    if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
+        return API_BAD(err, key, "'%s' must be %s %g and %g, got %g", key,
+                       lo_open ? "greater than" : "between", lo, hi, d);
+    *out = (float)d;
+    return 1;
+}
+
+static int int_check(const json_t *v, const char *param, int64_t lo, int64_t hi, int64_t *out,
+                     api_error *err) {
+    if (!json_as_int64(v, out)) return type_error(err, param, "an integer", v);
+    if (*out >= lo && *out <= hi) return 0;
+    /* Limits that only guard the int conversion are left out of the message. */
+    if (hi >= INT32_MAX && *out < lo)
+        return API_BAD(err, param, "'%s' must be at least %lld, got %lld", param, (long long)lo,
+                       (long long)*out);
+    if (hi >= INT32_MAX)
+        return API_BAD(err, param, "'%s' must be at most %lld, got %lld", param, (long long)hi,
+                       (long long)*out);
+    return API_BAD(err, param, "'%s' must be between %lld and %lld, got %lld", param, (long long)lo,
+                   (long long)hi, (long long)*out);
+}
+
+static int opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                   api_error *err) {
+    json_t *v = field(obj, key);
+    if (!v) return 0;
+    return int_check(v, key, lo, hi, out, err) ? -1 : 1;
+}
+
+/* Copies a string value (non-NULL v) into *out; param names it in errors. */
+static int str_copy(const json_t *v, const char *param, char **out, api_error *err) {
+    if (!json_is_string(v)) return type_error(err, param, "a string", v);
+    const char *s = json_string_value(v);
+    size_t len = json_string_length(v);
+    if (memchr(s, '\0', len))
+        return API_BAD(err, param, "'%s' must not contain NUL characters (\\u0000)", param);
+    *out = malloc(len + 1);
+    if (!*out) return api_fail(err, 500, "server_error", NULL, param, "out of memory");
+    memcpy(*out, s, len + 1);
+    return 0;
+}
+
+static int opt_string(const json_t *obj, const char *key, char **out, api_error *err) {
+    json_t *v = field(obj, key);
+    if (!v) return 0;
+    return str_copy(v, key, out, err) ? -1 : 1;
+}
+
+static int oom(api_error *err) {
+    return api_fail(err, 500, "server_error", NULL, "", "out of memory");
+}
+
+/* Validates the body's encoding and parses it. Returns the root object or NULL with err. */
+static json_t *parse_body(const char *body, size_t len, api_error *err) {
+    if (!body || len == 0) { /* jansson would say "wrong arguments" for a NULL buffer */
+        API_BAD(err, "", "the request body is empty (expected a JSON object)");
+        return NULL;
+    }
+    /* Our own UTF-8 check first, so the message says what is wrong and where; jansson would
+     * refuse the body too, with "unable to decode byte". */
+    size_t bad = utf8_validate((const uint8_t *)body, len);
+    if (bad < len) {
+        API_BAD(err, "", "invalid UTF-8 in the request body at byte offset %zu (byte 0x%02x)", bad,
+                (unsigned)(uint8_t)body[bad]);
+        return NULL;
+    }
+    json_error_t jerr;
+    /* JSON_ALLOW_NUL: NUL in a string value is refused later by str_copy, which names the
+     * parameter; jansson itself still refuses it in object keys. */
+    json_t *root =
+        json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+    if (!root) {
+        enum json_error_code code = json_error_code(&jerr);
+        if (code == json_error_invalid_utf8)
+            API_BAD(err, "", "invalid UTF-8 in the request body at line %d, column %d: %s",
+                    jerr.line, jerr.column, jerr.text);
+        else if (code == json_error_null_byte_in_key || code == json_error_null_character)
+            API_BAD(err, "", "NUL characters (\\u0000) are not allowed, at line %d, column %d: %s",
+                    jerr.line, jerr.column, jerr.text);
+        else
+            API_BAD(err, "", "malformed JSON at line %d, column %d: %s", jerr.line, jerr.column,
+                    jerr.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        API_BAD(err, "", "the request body must be a JSON object, got %s", json_type_desc(root));
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+/* ---------------------------------------------------------------- messages */
+
+/* content: a string, or an array of {"type": "text", "text": ..} parts joined with nothing
+ * between them (as vLLM and llama.cpp join text parts). */
+static int parse_content(const json_t *v, int i, char **out, api_error *err) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    if (json_is_string(v)) return str_copy(v, param, out, err);
+    if (!json_is_array(v))
+        return type_error(err, param, "a string or an array of content parts", v);
+
+    size_t n = json_array_size(v), total = 0;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *part = json_array_get(v, j);
+        char pp[64];
+        snprintf(pp, sizeof pp, "messages[%d].content[%zu]", i, j);
+        if (!json_is_object(part)) return type_error(err, pp, "an object", part);
+        const json_t *type = json_object_get(part, "type");
+        snprintf(pp, sizeof pp, "messages[%d].content[%zu].type", i, j);
+        if (!type) return API_BAD(err, pp, "'%s' is required", pp);
+        if (!json_is_string(type)) return type_error(err, pp, "a string", type);
+        if (strcmp(json_string_value(type), "text") != 0 ||
+            json_string_length(type) != strlen("text"))
+            return API_BAD(err, pp, "content part type '%.40s' is not supported (only 'text')",
+                           json_string_value(type));
+        const json_t *text = json_object_get(part, "text");
+        snprintf(pp, sizeof pp, "messages[%d].content[%zu].text", i, j);
+        if (!text) return API_BAD(err, pp, "'%s' is required", pp);
+        if (!json_is_string(text)) return type_error(err, pp, "a string", text);
+        size_t len = json_string_length(text);
+        if (memchr(json_string_value(text), '\0', len))
+            return API_BAD(err, pp, "'%s' must not contain NUL characters (\\u0000)", pp);
+        if (size_add(total, len, &total)) return oom(err);
+    }
+    char *s = malloc(total + 1);
+    if (!s) return oom(err);
+    size_t off = 0;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *text = json_object_get(json_array_get(v, j), "text");
+        size_t len = json_string_length(text);
+        memcpy(s + off, json_string_value(text), len);
+        off += len;
+    }
+    s[off] = '\0';
+    *out = s;
+    return 0;
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
+static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api_error *err) {
+    if (!json_is_array(v)) return type_error(err, "messages", "an array", v);
+    size_t n = json_array_size(v);
+    if (n == 0) return API_BAD(err, "messages", "'messages' must not be empty");
+    if (n > INT_MAX / 2) return API_BAD(err, "messages", "too many messages (%zu)", n);
+    *msgs = calloc(n, sizeof **msgs);
+    if (!*msgs) return oom(err);
+    *n_msgs = (int)n;
+
+    for (int i = 0; i < (int)n; i++) {
+        const json_t *m = json_array_get(v, (size_t)i);
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!json_is_object(m)) return type_error(err, param, "an object", m);
+
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        const json_t *role = json_object_get(m, "role");
+        if (!role) return API_BAD(err, param, "'%s' is required", param);
+        if (!json_is_string(role)) return type_error(err, param, "a string", role);
+        const char *r = json_string_value(role);
+        if (strlen(r) != json_string_length(role))
+            return API_BAD(err, param, "'%s' must not contain NUL characters (\\u0000)", param);
+        const char *canon;
+        if (!strcmp(r, "system") || !strcmp(r, "developer")) {
+            canon = "system"; /* OpenAI's o-series name for the system role */
+        } else if (!strcmp(r, "user") || !strcmp(r, "assistant")) {
+            canon = r;
+        } else if (!strcmp(r, "tool") || !strcmp(r, "function")) {
+            return API_BAD(err, param, "role '%s' is not supported (no tool calling)", r);
+        } else {
+            return API_BAD(err, param,
+                           "unknown role '%.40s' (expected system, developer, user or assistant)",
+                           r);
+        }
+        bool assistant = !strcmp(canon, "assistant");
+
+        const json_t *calls = field(m, "tool_calls");
+        if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            return API_BAD(err, param, "tool calls are not supported");
+        }
+        if (field(m, "function_call")) {
+            snprintf(param, sizeof param, "messages[%d].function_call", i);
+            return API_BAD(err, param, "function calls are not supported");
+        }
+
+        (*msgs)[i].role = dup_str(canon);
+        if (!(*msgs)[i].role) return oom(err);
+        const json_t *content = field(m, "content");
+        char *text = NULL;
+        if (content) {
+            if (parse_content(content, i, &text, err)) return -1;
+        } else if (assistant) {
+            text = dup_str(""); /* an assistant turn that only called tools has no content */
+            if (!text) return oom(err);
+        } else {
+            snprintf(param, sizeof param, "messages[%d].content", i);
+            return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
+        }
+        (*msgs)[i].content = text;
+    }
+    return 0;
+}
+
+static void messages_free(chat_message *msgs, int n) {
+    for (int i = 0; i < n; i++) {
+        free((char *)msgs[i].role);
+        free((char *)msgs[i].content);
+    }
+    free(msgs);
+}
+
+/* ---------------------------------------------------------------- prompts and token lists */
+
+/* A JSON array of token ids into a malloc'd int32 array (NULL when empty); param names it. */
+static int parse_token_array(const json_t *v, const char *param, int32_t **out, int *n_out,
+                             api_error *err) {
+    size_t n = json_array_size(v);
+    if (n > API_MAX_TOKENS)
+        return API_BAD(err, param, "'%s' has %zu tokens, more than the limit of %d", param, n,
+                       API_MAX_TOKENS);
+    int32_t *t = NULL;
+    if (n > 0) {
+        t = malloc(n * sizeof *t);
+        if (!t) return oom(err);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char pp[64];
+        snprintf(pp, sizeof pp, "%s[%zu]", param, i);
+        int64_t id;
+        if (int_check(json_array_get(v, i), pp, 0, INT32_MAX, &id, err)) {
+            free(t);
+            return -1;
+        }
+        t[i] = (int32_t)id;
+    }
+    *out = t;
+    *n_out = (int)n;
+    return 0;
+}
+
+/* prompt: "text" | ["text", ..] | [id, ..] | [[id, ..], ..]. The first element decides which
+ * array shape it is; any element of another type is an error. */
+static int parse_prompts(const json_t *v, api_request *r, api_error *err) {
+    if (json_is_string(v)) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (!r->prompts) return oom(err);
+        r->n_prompts = 1;
+        return str_copy(v, "prompt", &r->prompts[0].text, err);
+    }
+    if (!json_is_array(v))
+        return type_error(err, "prompt", "a string, an array of strings or an array of token ids",
+                          v);
+    size_t n = json_array_size(v);
+    if (n == 0) return API_BAD(err, "prompt", "'prompt' must not be empty");
+    const json_t *first = json_array_get(v, 0);
+    int64_t dummy;
+    if (json_as_int64(first, &dummy)) { /* one prompt of token ids */
+        r->prompts = calloc(1, sizeof *r->prompts);
+        if (!r->prompts) return oom(err);
+        r->n_prompts = 1;
+        return parse_token_array(v, "prompt", &r->prompts[0].tokens, &r->prompts[0].n_tokens, err);
+    }
+    if (!json_is_string(first) && !json_is_array(first))
+        return type_error(err, "prompt[0]", "a string, an array of token ids or a token id", first);
+    if (n > API_MAX_PROMPTS)
+        return API_BAD(err, "prompt", "'prompt' has %zu prompts, more than the limit of %d", n,
+                       API_MAX_PROMPTS);
+    r->prompts = calloc(n, sizeof *r->prompts);
+    if (!r->prompts) return oom(err);
+    r->n_prompts = (int)n;
+    bool strings = json_is_string(first);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *p = json_array_get(v, i);
+        char pp[64];
+        snprintf(pp, sizeof pp, "prompt[%zu]", i);
+        if (strings) {
+            if (str_copy(p, pp, &r->prompts[i].text, err)) return -1;
+            continue;
+        }
+        if (!json_is_array(p))
+            return type_error(err, pp, "an array of token ids (as prompt[0])", p);
+        if (json_array_size(p) == 0) return API_BAD(err, pp, "'%s' must not be empty", pp);
+        if (parse_token_array(p, pp, &r->prompts[i].tokens, &r->prompts[i].n_tokens, err))
+            return -1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- sampling fields */
+
+static int parse_logit_bias(const json_t *obj, api_request *r, api_error *err) {
+    const json_t *v = field(obj, "logit_bias");
+    if (!v) return 0;
+    if (!json_is_object(v))
+        return type_error(err, "logit_bias", "an object of token id -> bias", v);
+    size_t n = json_object_size(v);
+    if (n == 0) return 0;
+    if (n > API_MAX_LOGIT_BIAS)
+        return API_BAD(err, "logit_bias", "'logit_bias' has %zu entries, more than the limit of %d",
+                       n, API_MAX_LOGIT_BIAS);
+    r->bias = calloc(n, sizeof *r->bias);
+    if (!r->bias) return oom(err);
+    const char *key;
+    const json_t *val;
+    int k = 0;
+    json_object_foreach((json_t *)v, key, val) {
+        /* Keys are decimal token ids ("50256"), as OpenAI's tokenizer ids are sent. */
+        size_t len = strlen(key);
+        int64_t id = 0;
+        bool ok = len > 0 && len <= 10;
+        for (size_t i = 0; ok && i < len; i++) {
+            if (key[i] < '0' || key[i] > '9')
+                ok = false;
+            else
+                id = id * 10 + (key[i] - '0');
+        }
+        if (!ok || id > INT32_MAX)
+            return API_BAD(err, "logit_bias",
+                           "'logit_bias' keys must be token ids (non-negative integers), got "
+                           "'%.40s'",
+                           key);
+        for (int j = 0; j < k; j++)
+            if (r->bias[j].token == (int32_t)id)
+                return API_BAD(err, "logit_bias", "'logit_bias' gives token %lld twice",
+                               (long long)id);
+        if (!json_is_number(val))
+            return API_BAD(err, "logit_bias",
+                           "'logit_bias' values must be numbers, got %s for '%.40s'",
+                           json_type_desc(val), key);
+        double b = json_number_value(val);
+        if (!(b >= -100.0 && b <= 100.0))
+            return API_BAD(err, "logit_bias",
+                           "'logit_bias' values must be between -100 and 100, got %g for '%.40s'",
+                           b, key);
+        r->bias[k].token = (int32_t)id;
+        r->bias[k].bias = (float)b;
+        k++;
+    }
+    r->sampling.bias = r->bias;
+    r->sampling.n_bias = k;
+    return 0;
+}
+
+static int parse_stop(const json_t *obj, api_request *r, api_error *err) {
+    const json_t *v = field(obj, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0)
+            return API_BAD(err, "stop", "'stop' must not be an empty string");
+        if (str_copy(v, "stop", &r->stops[0], err)) return -1;
+        r->n_stops = 1;
+        return 0;
+    }
+    if (!json_is_array(v)) return type_error(err, "stop", "a string or an array of strings", v);
+    size_t n = json_array_size(v);
+    if (n > API_MAX_STOPS)
+        return API_BAD(err, "stop", "'stop' has %zu strings, more than the limit of %d", n,
+                       API_MAX_STOPS);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = json_array_get(v, i);
+        char pp[64];
+        snprintf(pp, sizeof pp, "stop[%zu]", i);
+        if (json_is_string(s) && json_string_length(s) == 0)
+            return API_BAD(err, pp, "'%s' must not be an empty string", pp);
+        if (str_copy(s, pp, &r->stops[i], err)) return -1;
+        r->n_stops = (int)i + 1;
+    }
+    return 0;
+}
+
+static int parse_sampling(const json_t *obj, api_request *r, api_error *err) {
+    sampler_params *p = &r->sampling;
+    if (opt_number(obj, "temperature", 0, 2, false, &p->temperature, err) < 0) return -1;
+    if (opt_number(obj, "top_p", 0, 1, false, &p->top_p, err) < 0) return -1;
+    if (opt_number(obj, "min_p", 0, 1, false, &p->min_p, err) < 0) return -1;
+    if (opt_number(obj, "presence_penalty", -2, 2, false, &p->presence_penalty, err) < 0) return -1;
+    if (opt_number(obj, "frequency_penalty", -2, 2, false, &p->frequency_penalty, err) < 0)
+        return -1;
+    if (opt_number(obj, "repetition_penalty", 0, 100, true, &p->repeat_penalty, err) < 0) return -1;
+    int64_t v;
+    int got = opt_int(obj, "top_k", -1, INT32_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) p->top_k = v < 0 ? 0 : (int)v; /* vLLM's -1 and our 0 both mean off */
+    got = opt_int(obj, "seed", INT64_MIN, INT64_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) {
+        p->seed = (uint64_t)v;
+        r->seed_given = true;
+    }
+    if (parse_logit_bias(obj, r, err)) return -1;
+    return parse_stop(obj, r, err);
+}
+
+/* logprobs: chat takes a bool plus top_logprobs; completions takes one integer (the legacy
+ * API's "logprobs": 5 means five alternatives per token). */
+static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
+    int64_t v;
+    if (r->kind == API_COMPLETION) {
+        int got = opt_int(obj, "logprobs", 0, 5, &v, err);
+        if (got < 0) return -1;
+        if (got) {
+            r->logprobs = true;
+            r->top_logprobs = (int)v;
+        }
+        return 0;
+    }
+    if (opt_bool(obj, "logprobs", &r->logprobs, err) < 0) return -1;
+    int got = opt_int(obj, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &v, err);
+    if (got < 0) return -1;
+    if (got) {
+        if (!r->logprobs)
+            return API_BAD(err, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        r->top_logprobs = (int)v;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- requests */
+
+static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
+    const json_t *model = field(root, "model");
+    if (!model) return API_BAD(err, "model", "'model' is required");
+    if (str_copy(model, "model", &r->model, err)) return -1;
+
+    if (r->kind == API_CHAT) {
+        const json_t *msgs = field(root, "messages");
+        if (!msgs) return API_BAD(err, "messages", "'messages' is required");
+        if (parse_messages(msgs, &r->messages, &r->n_messages, err)) return -1;
+    } else {
+        const json_t *prompt = field(root, "prompt");
+        if (!prompt) return API_BAD(err, "prompt", "'prompt' is required");
+        if (parse_prompts(prompt, r, err)) return -1;
+        if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
+    }
+
+    int64_t v;
+    int got = opt_int(root, "max_tokens", 1, INT32_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) r->max_tokens = (int)v;
+    got = opt_int(root, "max_completion_tokens", 1, INT32_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) r->max_tokens = (int)v; /* OpenAI's newer name wins over the deprecated one */
+    got = opt_int(root, "n", 1, API_MAX_N, &v, err);
+    if (got < 0) return -1;
+    if (got) r->n = (int)v;
+
+    if (opt_bool(root, "stream", &r->stream, err) < 0) return -1;
+    const json_t *so = field(root, "stream_options");
+    if (so) {
+        if (!json_is_object(so)) return type_error(err, "stream_options", "an object", so);
+        const json_t *iu = field(so, "include_usage");
+        if (iu && !json_is_boolean(iu))
+            return type_error(err, "stream_options.include_usage", "a boolean", iu);
+        /* OpenAI refuses stream_options without stream; we ignore them, as vLLM does. */
+        r->include_usage = r->stream && iu && json_is_true(iu);
+    }
+
+    if (parse_logprobs(root, r, err)) return -1;
+    if (parse_sampling(root, r, err)) return -1;
+    if (opt_string(root, "user", &r->user, err) < 0) return -1;
+    if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
+    if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
+    if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
+    if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
+        return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
+                       API_MAX_CACHE_SALT);
+    return 0;
+}
+
+int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
+                      api_error *err) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->max_tokens = -1;
+    out->n = 1;
+    out->cache = true;
+    sampler_params_default(&out->sampling);
+    if (kind != API_CHAT && kind != API_COMPLETION)
+        return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
+
+    json_t *root = parse_body(body, len, err);
+    if (!root) return -1;
+    int rc = parse_request_fields(root, out, err);
+    json_decref(root);
+    if (rc) api_request_free(out);
+    return rc;
+}
+
+void api_request_free(api_request *r) {
+    if (!r) return;
+    free(r->model);
+    messages_free(r->messages, r->n_messages);
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].tokens);
+    }
+    free(r->prompts);
+    free(r->bias);
+    for (int i = 0; i < API_MAX_STOPS; i++) free(r->stops[i]);
+    free(r->user);
+    free(r->cache_salt);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- tokenize, detokenize */
+
+static int parse_tokenize_fields(const json_t *root, api_tokenize *t, api_error *err) {
+    const json_t *msgs = field(root, "messages");
+    const json_t *content = field(root, "content");
+    const char *key = "content";
+    if (!content) {
+        content = field(root, "prompt");
+        key = "prompt";
+    }
+    if (msgs && content)
+        return API_BAD(err, "messages", "give either '%s' or 'messages', not both", key);
+    if (msgs) {
+        t->add_special = false; /* the chat template spells its own special tokens */
+        if (parse_messages(msgs, &t->messages, &t->n_messages, err)) return -1;
+    } else if (content) {
+        t->add_special = true;
+        if (str_copy(content, key, &t->text, err)) return -1;
+    } else {
+        return API_BAD(err, "content", "'content' (or 'prompt', or 'messages') is required");
+    }
+    if (opt_bool(root, "add_special", &t->add_special, err) < 0) return -1;
+    if (opt_bool(root, "add_special_tokens", &t->add_special, err) < 0) return -1;
+    if (opt_bool(root, "with_pieces", &t->with_pieces, err) < 0) return -1;
+    return 0;
+}
+
+int api_parse_tokenize(const char *body, size_t len, api_tokenize *out, api_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *root = parse_body(body, len, err);
+    if (!root) return -1;
+    int rc = parse_tokenize_fields(root, out, err);
+    json_decref(root);
+    if (rc) api_tokenize_free(out);
+    return rc;
+}
+
+void api_tokenize_free(api_tokenize *t) {
+    if (!t) return;
+    free(t->text);
+    messages_free(t->messages, t->n_messages);
+    memset(t, 0, sizeof *t);
+}
+
+int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_tokens,
+                         api_error *err) {
+    *tokens = NULL;
+    *n_tokens = 0;
+    json_t *root = parse_body(body, len, err);
+    if (!root) return -1;
+    int rc = 0;
+    const json_t *v = field(root, "tokens");
+    if (!v)
+        rc = API_BAD(err, "tokens", "'tokens' is required");
+    else if (!json_is_array(v))
+        rc = type_error(err, "tokens", "an array of token ids", v);
+    else
+        rc = parse_token_array(v, "tokens", tokens, n_tokens, err);
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,111 @@
+/* The OpenAI API's request side: JSON bodies of /v1/chat/completions, /v1/completions,
+ * /tokenize and /detokenize validated into plain structs, and OpenAI's error JSON. Parsing needs
+ * no model: what depends on the model (the chat template, token counts, the vocabulary size) is
+ * checked by the caller. Every failure is an api_error with the HTTP status, the OpenAI error
+ * type, the offending parameter and a message that says what was wrong. */
+#ifndef KVSERVE_API_H
+#define KVSERVE_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/chat.h"
+#include "model/sampler.h"
+
+#define API_MAX_STOPS 4 /* as OpenAI */
+#define API_MAX_N 16    /* choices per request */
+#define API_MAX_TOP_LOGPROBS 20
+#define API_MAX_LOGIT_BIAS 1024
+#define API_MAX_PROMPTS 64       /* prompts in one /v1/completions request */
+#define API_MAX_TOKENS (1 << 20) /* ids in one token-id prompt or /detokenize body */
+#define API_MAX_CACHE_SALT 256   /* bytes */
+
+typedef struct api_error {
+    int status;       /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    const char *type; /* "invalid_request_error", "authentication_error", ... (static) */
+    const char *code; /* "model_not_found", "context_length_exceeded", ... or NULL (static) */
+    char param[64];   /* the offending parameter ("messages[2].content"), "" for none */
+    char message[512];
+} api_error;
+
+/* Fills err and returns -1. type/code are static strings (or NULL code). */
+int api_fail(api_error *err, int status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* {"error":{"message":..,"type":..,"param":..|null,"code":..|null}} as a malloc'd string. */
+char *api_error_json(const api_error *err);
+
+typedef enum api_kind {
+    API_CHAT = 0,   /* /v1/chat/completions */
+    API_COMPLETION, /* /v1/completions */
+} api_kind;
+
+/* One prompt of /v1/completions: text, or token ids. */
+typedef struct api_prompt {
+    char *text;      /* UTF-8, NUL-terminated; NULL when tokens are given */
+    int32_t *tokens; /* ids (range-checked against the vocabulary by the caller) */
+    int n_tokens;
+} api_prompt;
+
+typedef struct api_request {
+    api_kind kind;
+    char *model; /* required */
+    /* chat: messages with roles system/user/assistant (also "developer" mapped to system);
+     * content as a string or an array of {"type":"text","text":..} parts joined in order. */
+    chat_message *messages; /* role and content strings owned by the request */
+    int n_messages;
+    /* completions: a string, an array of strings, an array of ids, or an array of id arrays.
+     * Several prompts give n choices each, in prompt order, as OpenAI does. */
+    api_prompt *prompts;
+    int n_prompts;
+    bool echo; /* completions: prepend the prompt text to the choice's text */
+
+    int max_tokens; /* max_tokens or max_completion_tokens (the latter wins); -1: not given */
+    int n;          /* choices per prompt, 1..API_MAX_N */
+    bool stream;
+    bool include_usage; /* stream_options.include_usage (false unless stream) */
+    /* chat: logprobs (bool) + top_logprobs (0..20); completions: logprobs (int 0..5 -> top). */
+    bool logprobs;
+    int top_logprobs;
+    sampler_params sampling;    /* temperature, top_p, top_k, min_p, penalties, seed */
+    bool seed_given;            /* seed present in the request */
+    logit_bias *bias;           /* sampling.bias points here; ids not yet range-checked */
+    char *stops[API_MAX_STOPS]; /* stop: a string or an array of up to 4 strings */
+    int n_stops;
+    char *user;
+    /* kvserve extensions (optional; for the context cache) */
+    bool cache;       /* "cache": false opts out; default true */
+    char *cache_salt; /* "cache_salt": namespace salt, or NULL */
+    bool ignore_eos;  /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+} api_request;
+
+/* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err
+ * (status 400 unless stated): malformed JSON (param ""), a body that is not an object, a wrong
+ * type or out-of-range value (param names it), a missing model/messages/prompt, an empty message
+ * list or prompt list, invalid UTF-8 anywhere in a string, an unknown role. Unknown fields are
+ * ignored, as OpenAI-compatible servers do. On failure *out is left empty (zeroed), so
+ * api_request_free on it is a harmless no-op. */
+int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
+                      api_error *err);
+void api_request_free(api_request *r);
+
+/* /tokenize: {"content"|"prompt": string} or {"messages": [...]} (rendered with the chat
+ * template by the caller), "add_special" / "add_special_tokens" (bool), "with_pieces" (bool). */
+typedef struct api_tokenize {
+    char *text;             /* or NULL when messages are given */
+    chat_message *messages; /* role/content owned */
+    int n_messages;
+    bool add_special; /* default true for text, false for messages (the template adds them) */
+    bool with_pieces;
+} api_tokenize;
+
+int api_parse_tokenize(const char *body, size_t len, api_tokenize *out, api_error *err);
+void api_tokenize_free(api_tokenize *t);
+
+/* /detokenize: {"tokens": [ids]} (ids not yet range-checked). *tokens is malloc'd (NULL for an
+ * empty list, and on failure); the caller frees it. */
+int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_tokens,
+                         api_error *err);
+
+#endif

@@ -1,0 +1,128 @@
+/* `kvserve serve`: the HTTP server. It listens first (GET /health answers 503 "loading" while
+ * the model loads), then loads the model, starts the engine and serves until SIGINT or SIGTERM,
+ * when it stops taking requests, ends open streams with an error event, waits for every
+ * connection to finish and frees everything. */
+#include <openssl/sha.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/cli.h"
+#include "server/server.h"
+
+extern char **environ;
+
+/* The id clients name: the alias, or the file name without its directory and .gguf. */
+static char *model_id_from(const kv_config *c) {
+    if (c->alias && c->alias[0]) return strdup(c->alias);
+    const char *base = strrchr(c->model, '/');
+    base = base ? base + 1 : c->model;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
+    return strndup(base, n);
+}
+
+int cli_serve(int argc, char **argv) {
+    kv_config cfg;
+    kv_error err = {{0}};
+    config_defaults(&cfg);
+    argv[0] = "kvserve serve"; /* the command name the usage text shows */
+    config_status cs = config_load(&cfg, argc, argv, environ, stdout, &err);
+    if (cs == CONFIG_HELP) {
+        config_free(&cfg);
+        return 0;
+    }
+    if (cs != CONFIG_OK) {
+        fprintf(stderr, "kvserve serve: %s\n", err.msg);
+        config_free(&cfg);
+        return 2;
+    }
+    log_level lv = LOG_LEVEL_INFO;
+    log_level_parse(cfg.log_level, &lv);
+    log_set_level(lv);
+
+    /* Signals are taken by sigwait in this thread only: every thread started from here on
+     * inherits the blocked mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    model *m = NULL;
+    server s = {.cfg = &cfg, .started = (long)time(NULL)};
+    if (!(s.mx = metrics_create()) || !(s.model_id = model_id_from(&cfg))) {
+        kv_fail(&err, "out of memory");
+        goto done;
+    }
+    if (cfg.n_api_keys > 0) {
+        if (!(s.key_digests = calloc((size_t)cfg.n_api_keys, sizeof *s.key_digests))) {
+            kv_fail(&err, "out of memory");
+            goto done;
+        }
+        for (int i = 0; i < cfg.n_api_keys; i++)
+            SHA256((const unsigned char *)cfg.api_keys[i], strlen(cfg.api_keys[i]),
+                   s.key_digests[i]);
+        s.n_keys = cfg.n_api_keys;
+    }
+    if (server_start(&s, &err)) goto done;
+    log_info("listening on http://%s:%d (loading %s)", cfg.host, cfg.port, cfg.model);
+
+    model_load_opts lo = {.chat_template = cfg.chat_template};
+    if (!(m = model_load(cfg.model, &lo, &err))) goto done;
+    s.ctx = cfg.ctx_size ? cfg.ctx_size : m->hp.n_ctx_train;
+    if (s.ctx > m->hp.n_ctx_train)
+        log_warn("ctx_size %d is beyond the model's training context of %d tokens", s.ctx,
+                 m->hp.n_ctx_train);
+    s.max_tokens_limit = cfg.max_tokens_limit ? cfg.max_tokens_limit : s.ctx;
+    engine_opts eo = {
+        .threads = cfg.threads,
+        .precise = cfg.precise,
+        .ctx = s.ctx,
+        .kv_pool_tokens = cfg.kv_pool_tokens ? cfg.kv_pool_tokens : 4 * (int64_t)s.ctx,
+        .max_seqs = cfg.max_seqs,
+        .max_queue = cfg.max_queue,
+        .prefill_chunk = cfg.prefill_chunk,
+    };
+    if (eo.kv_pool_tokens < s.ctx) {
+        kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
+                (long long)eo.kv_pool_tokens, s.ctx);
+        goto done;
+    }
+    if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
+    s.m = m;
+    atomic_store(&s.ready, true);
+    int64_t pool = engine_kv_pool_tokens(s.eng);
+    log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
+             "(SIMD %s, %s matmuls), context %d, KV pool %lld tokens (%.1f MiB), up to %d "
+             "sequences; API keys %s; serving http://%s:%d/v1",
+             s.model_id, m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0,
+             engine_backend_name(s.eng), engine_threads(s.eng), simd_level_name(simd_level_get()),
+             cfg.precise ? "f32" : "8-bit activation", s.ctx, (long long)pool,
+             (double)pool * (double)model_kv_bytes_per_token(m) / 1048576.0, cfg.max_seqs,
+             s.n_keys ? "required" : "off", cfg.host, cfg.port);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    log_info("%s: shutting down (open streams end with an error event)",
+             sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+done:
+    if (rc) log_error("%s", err.msg);
+    atomic_store(&s.stopping, true);
+    if (s.eng) engine_stop(s.eng);
+    server_stop(&s);
+    engine_destroy(s.eng);
+    model_free(m);
+    metrics_destroy(s.mx);
+    free(s.key_digests);
+    free(s.model_id);
+    config_free(&cfg);
+    if (rc == 0) log_info("stopped");
+    return rc;
+}

@@ -1,0 +1,692 @@
+/* The engine thread: admission, continuous batching, sampling and output of every sequence.
+ *
+ * A sequence (one choice of a request) holds its whole token history, prompt and generated, and
+ * how much of it has KV in the pool (n_computed). Each step gives every sequence with one token
+ * pending (decode) that token, and shares prefill_chunk tokens among sequences with more pending
+ * (prefill), oldest first. A sequence whose pending tokens all ran samples its next token from
+ * the step's logits. The same rule covers preemption: when the pool is full, the youngest
+ * sequence's KV is dropped (n_computed = 0) and it re-prefills its history later, as vLLM's
+ * recompute preemption does, so its output is unchanged.
+ *
+ * The n choices of a request prefill the prompt once: the first choice computes it, the others
+ * fork its KV blocks (shared by reference count) when it samples its first token. */
+#include "server/engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- requests */
+
+gen_request *gen_request_create(int n_choices) {
+    if (n_choices < 1) return NULL;
+    gen_request *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    if (!(r->choices = calloc((size_t)n_choices, sizeof *r->choices))) {
+        free(r);
+        return NULL;
+    }
+    r->n_choices = n_choices;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&r->cancelled, false);
+    atomic_init(&r->refs, 1);
+    sampler_params_default(&r->sp);
+    return r;
+}
+
+void gen_request_unref(gen_request *r) {
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    for (int i = 0; i < r->n_choices; i++) {
+        free(r->choices[i].text);
+        free(r->choices[i].lps);
+    }
+    free(r->choices);
+    free(r->prompt);
+    free(r->bias);
+    stop_set_free(&r->stops);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
+void gen_request_wait(gen_request *r, int timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
+/* Appends to a choice (under r->mu). Returns -1 when out of memory. */
+static int choice_append_text(gen_choice *c, const char *s, size_t n) {
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return -1;
+        c->text = t;
+        c->cap = cap;
+    }
+    memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = '\0';
+    return 0;
+}
+
+static int choice_append_logprob(gen_choice *c, const gen_logprob *lp) {
+    if (c->n_lps == c->cap_lps) {
+        int cap = c->cap_lps ? c->cap_lps * 2 : 16;
+        gen_logprob *t = realloc(c->lps, sizeof *t * (size_t)cap);
+        if (!t) return -1;
+        c->lps = t;
+        c->cap_lps = cap;
+    }
+    c->lps[c->n_lps++] = *lp;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- sequences */
+
+typedef struct eseq {
+    gen_request *req; /* one reference held */
+    int choice;
+    kv_seq kv;
+    bool wait_fork; /* a sibling choice waiting for the first choice's prompt KV */
+    bool forked;    /* first choice: its siblings have been forked */
+    int32_t *hist;  /* prompt + generated tokens */
+    int n_hist, cap_hist;
+    int n_computed; /* leading tokens of hist whose KV is in the pool */
+    sampler *smp;
+    detok_state ds;
+    char *gen; /* everything detokenized so far (the stop-string scan reads it) */
+    size_t gen_len, gen_cap, emitted;
+    int n_gen;
+    uint64_t t_last_token;
+    uint64_t admit_order;
+    bool done;
+} eseq;
+
+struct engine {
+    const model *m;
+    engine_opts o;
+    metrics *mx;
+    backend *b;
+    kv_pool *pool;
+    forward_ctx *fwd;
+    float *logits; /* [max_seqs][n_vocab] one row per batch entry */
+    float *work;   /* [n_vocab] a sibling's copy of the logits */
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu; /* guards the queue and stopping */
+    pthread_cond_t cv;
+    gen_request **queue; /* FIFO ring of waiting requests */
+    int q_head, q_len, q_cap;
+    bool stopping;
+
+    /* engine thread only */
+    eseq **run; /* admitted sequences in admission order */
+    int n_run;
+    uint64_t admit_counter;
+    batch_seq *batch;   /* [max_seqs] */
+    eseq **batch_seqs;  /* [max_seqs] */
+    int32_t *batch_pos; /* [max_seqs + prefill_chunk] */
+};
+
+static void eseq_destroy(engine *e, eseq *s) {
+    if (!s) return;
+    kv_seq_release(e->pool, &s->kv);
+    sampler_destroy(s->smp);
+    free(s->hist);
+    free(s->gen);
+    gen_request_unref(s->req);
+    free(s);
+}
+
+static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
+    eseq *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    kv_seq_init(&s->kv);
+    s->req = r;
+    atomic_fetch_add(&r->refs, 1);
+    s->choice = choice;
+    s->wait_fork = choice > 0;
+    s->cap_hist = r->n_prompt + 64;
+    if (!(s->hist = malloc(sizeof(int32_t) * (size_t)s->cap_hist))) goto oom;
+    memcpy(s->hist, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    s->n_hist = r->n_prompt;
+    sampler_params sp = r->sp;
+    sp.seed += (uint64_t)choice; /* n choices from one seed differ, reproducibly */
+    if (!(s->smp = sampler_create(&sp, e->m->hp.n_vocab, err))) {
+        eseq_destroy(e, s);
+        return NULL;
+    }
+    detok_init(&s->ds);
+    s->admit_order = e->admit_counter++;
+    return s;
+oom:
+    kv_fail(err, "out of memory");
+    eseq_destroy(e, s);
+    return NULL;
+}
+
+/* Ends one choice: publishes the finish (and, for errors, the request's error) and wakes the
+ * reader. The sequence's KV is released at once. */
+static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const char *msg) {
+    gen_request *r = s->req;
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[s->choice];
+    if (c->finish == GEN_RUNNING) {
+        c->finish = fin;
+        r->n_finished++;
+        if (fin == GEN_FINISH_ERROR && !r->error_status) {
+            r->error_status = status;
+            snprintf(r->error, sizeof r->error, "%s", msg);
+        }
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (r->n_finished == r->n_choices)
+        metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
+    kv_seq_release(e->pool, &s->kv);
+    s->done = true;
+}
+
+/* Ends every choice of a request still waiting in the queue (no sequences exist yet). */
+static void request_fail(gen_request *r, int status, const char *msg) {
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_choices; i++)
+        if (r->choices[i].finish == GEN_RUNNING) {
+            r->choices[i].finish = GEN_FINISH_ERROR;
+            r->n_finished++;
+        }
+    r->error_status = status;
+    snprintf(r->error, sizeof r->error, "%s", msg);
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---------------------------------------------------------------- sampling and output */
+
+/* The k most likely tokens and their log-probabilities under softmax(logits). */
+static void top_logprobs(const float *logits, int n_vocab, int k, gen_logprob *out) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    int n = 0;
+    for (int i = 0; i < n_vocab && k > 0; i++) {
+        float v = logits[i];
+        if (n == k && v <= logits[out->top_ids[n - 1]]) continue;
+        int j = n < k ? n++ : n - 1;
+        while (j > 0 && logits[out->top_ids[j - 1]] < v) {
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_ids[j] = i;
+    }
+    out->n_top = n;
+    for (int i = 0; i < n; i++) out->top_lps[i] = (float)(logits[out->top_ids[i]] - lse);
+}
+
+static int gen_reserve(eseq *s, size_t extra) {
+    if (s->gen_len + extra + 1 <= s->gen_cap) return 0;
+    size_t cap = (s->gen_len + extra + 1) * 2;
+    char *g = realloc(s->gen, cap);
+    if (!g) return -1;
+    s->gen = g;
+    s->gen_cap = cap;
+    return 0;
+}
+
+/* Samples s's next token from logits (modified in place), appends it to the history and
+ * publishes the text that became safe to release. */
+static void eseq_sample(engine *e, eseq *s, float *logits) {
+    gen_request *r = s->req;
+    const tokenizer *tok = e->m->tok;
+    gen_logprob lp = {0};
+    if (r->logprobs && r->top_logprobs > 0)
+        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
+    int32_t t = sampler_sample(s->smp, logits, s->hist, s->n_hist, &lp.logprob);
+    lp.token = t;
+    if (s->n_hist == s->cap_hist) {
+        int cap = s->cap_hist * 2;
+        int32_t *h = realloc(s->hist, sizeof(int32_t) * (size_t)cap);
+        if (!h) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
+            return;
+        }
+        s->hist = h;
+        s->cap_hist = cap;
+    }
+    s->hist[s->n_hist++] = t;
+    s->n_gen++;
+
+    uint64_t now = clock_now_ns();
+    if (s->t_last_token) metrics_itl(e->mx, (double)(now - s->t_last_token) / 1e9);
+    s->t_last_token = now;
+
+    gen_finish fin = GEN_RUNNING;
+    bool eog = !r->ignore_eos && tokenizer_is_eog(tok, t);
+    size_t release_end = s->emitted;
+    if (eog) {
+        fin = GEN_FINISH_STOP;
+    } else {
+        /* A piece can be up to the longest token plus pending bytes; see detok_push. */
+        size_t need = 16 + 3 * tokenizer_max_token_len(tok);
+        if (gen_reserve(s, need)) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
+            return;
+        }
+        int nb = detok_push(tok, &s->ds, t, s->gen + s->gen_len, need);
+        if (nb > 0) s->gen_len += (size_t)nb;
+        bool matched = false;
+        /* Text before `emitted` cannot start a stop string (a possible start is held back), so
+         * only the new tail is scanned. */
+        release_end = s->emitted + stop_set_scan(&r->stops, s->gen + s->emitted,
+                                                 s->gen_len - s->emitted, &matched);
+        if (matched) fin = GEN_FINISH_STOP;
+    }
+    if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))
+        fin = GEN_FINISH_LENGTH;
+    if (fin != GEN_RUNNING && !(fin == GEN_FINISH_STOP && !eog)) {
+        /* Ended without a stop-string match: the held-back tail is part of the answer. */
+        if (gen_reserve(s, 16)) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
+            return;
+        }
+        int nb = detok_flush(&s->ds, s->gen + s->gen_len, 16);
+        if (nb > 0) s->gen_len += (size_t)nb;
+        release_end = s->gen_len;
+    }
+
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[s->choice];
+    int rc = choice_append_text(c, s->gen + s->emitted, release_end - s->emitted);
+    if (r->logprobs && rc == 0) rc = choice_append_logprob(c, &lp);
+    c->n_tokens = s->n_gen;
+    if (!r->t_first_token) {
+        r->t_first_token = now;
+        metrics_ttft(e->mx, (double)(now - r->t_arrival) / 1e9);
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    s->emitted = release_end;
+    metrics_tokens(e->mx, 0, 1);
+    if (rc) {
+        eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
+        return;
+    }
+    if (fin != GEN_RUNNING) eseq_finish(e, s, fin, 0, NULL);
+}
+
+/* The first choice computed the prompt: its waiting siblings share its KV and sample their
+ * first token from the same logits. */
+static void fork_siblings(engine *e, eseq *first, const float *logits) {
+    first->forked = true;
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        if (s->req != first->req || !s->wait_fork || s->done) continue;
+        kv_error err = {{0}};
+        if (kv_seq_fork(e->pool, &s->kv, &first->kv, first->n_computed, &err)) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, err.msg);
+            continue;
+        }
+        s->wait_fork = false;
+        s->n_computed = first->n_computed;
+        memcpy(e->work, logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
+        eseq_sample(e, s, e->work);
+    }
+}
+
+/* ---------------------------------------------------------------- scheduling */
+
+static int64_t blocks_for(const engine *e, int64_t n_tokens) {
+    int bt = kv_pool_layout(e->pool)->block_tokens;
+    return (n_tokens + bt - 1) / bt;
+}
+
+/* Drops the youngest sequence's KV (other than `keep`); it will re-prefill its history.
+ * Returns false when there is nothing to take. */
+static bool preempt_youngest(engine *e, const eseq *keep) {
+    eseq *victim = NULL;
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        if (s == keep || s->done || s->kv.n_blocks == 0) continue;
+        if (!victim || s->admit_order > victim->admit_order) victim = s;
+    }
+    if (!victim) return false;
+    log_info("KV pool full: preempting a sequence of %d tokens (it will be recomputed)",
+             victim->n_computed);
+    kv_seq_release(e->pool, &victim->kv);
+    victim->n_computed = 0;
+    /* A sibling that never forked computes the prompt itself now. */
+    victim->wait_fork = false;
+    metrics_preemption(e->mx);
+    return true;
+}
+
+/* Moves requests from the queue into the batch while there are sequence slots and KV blocks
+ * for their prompts (plus one block of growth per running sequence). FIFO: the head waits
+ * rather than being overtaken. Called with e->mu held. */
+static void admit(engine *e) {
+    while (e->q_len > 0) {
+        gen_request *r = e->queue[e->q_head];
+        bool cancelled = atomic_load(&r->cancelled);
+        if (!cancelled) {
+            if (e->n_run + r->n_choices > e->o.max_seqs) break;
+            int64_t need = blocks_for(e, r->n_prompt + 1) + e->n_run;
+            if (e->n_run > 0 && kv_pool_free_blocks(e->pool) < need) break;
+        }
+        e->q_head = (e->q_head + 1) % e->q_cap;
+        e->q_len--;
+        if (cancelled) {
+            gen_request_unref(r);
+            continue;
+        }
+        metrics_tokens(e->mx, r->n_prompt, 0);
+        for (int i = 0; i < r->n_choices; i++) {
+            kv_error err = {{0}};
+            eseq *s = eseq_create(e, r, i, &err);
+            if (!s) {
+                request_fail(r, 500, err.msg);
+                break;
+            }
+            e->run[e->n_run++] = s;
+        }
+        gen_request_unref(r); /* the queue's reference; the sequences hold their own */
+    }
+}
+
+/* Frees finished and cancelled sequences, keeping admission order. */
+static void reap(engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        if (!s->done && atomic_load(&s->req->cancelled)) s->done = true;
+        if (s->done)
+            eseq_destroy(e, s);
+        else
+            e->run[n++] = s;
+    }
+    e->n_run = n;
+}
+
+/* Adds s to the step's batch with n_tok pending tokens, reserving their KV slots (preempting
+ * younger sequences if the pool is full). Returns false when s cannot run this step. */
+static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
+    kv_error err = {{0}};
+    while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
+        if (!preempt_youngest(e, s)) {
+            if (s->n_computed == 0) return false; /* a prefill waits for room */
+            /* Alone and still no room: the pool is smaller than one context (configuration
+             * prevents this); end the sequence rather than spin. */
+            eseq_finish(e, s, GEN_FINISH_LENGTH, 0, NULL);
+            return false;
+        }
+        /* The victim may already be in this step's batch: take it out. */
+        for (int i = 0; i < *n_b; i++)
+            if (e->batch_seqs[i]->n_computed == 0 && e->batch_seqs[i]->kv.n_blocks == 0) {
+                *n_pos -= e->batch[i].n_tok;
+                memmove(&e->batch[i], &e->batch[i + 1], sizeof *e->batch * (size_t)(*n_b - i - 1));
+                memmove(&e->batch_seqs[i], &e->batch_seqs[i + 1],
+                        sizeof *e->batch_seqs * (size_t)(*n_b - i - 1));
+                (*n_b)--;
+                break;
+            }
+    }
+    e->batch_seqs[*n_b] = s;
+    e->batch[*n_b] = (batch_seq){.seq = &s->kv,
+                                 .n_tok = n_tok,
+                                 .tokens = s->hist + s->n_computed,
+                                 .pos = NULL,
+                                 .kv_start = s->n_computed};
+    (*n_b)++;
+    *n_pos += n_tok;
+    return true;
+}
+
+/* One continuous-batching step. */
+static void step(engine *e) {
+    int n_b = 0, n_pos = 0;
+    /* decode: every sequence with exactly one pending token */
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1) continue;
+        batch_add(e, s, 1, &n_b, &n_pos);
+    }
+    /* prefill: share the chunk among sequences with more pending, oldest first */
+    int budget = e->o.prefill_chunk;
+    for (int i = 0; i < e->n_run && budget > 0; i++) {
+        eseq *s = e->run[i];
+        int pending = s->n_hist - s->n_computed;
+        if (s->done || s->wait_fork || pending <= 1) continue;
+        int n = pending < budget ? pending : budget;
+        if (batch_add(e, s, n, &n_b, &n_pos)) budget -= n;
+    }
+    if (n_b == 0) return;
+
+    /* positions are the slots: every sequence's tokens sit at 0..n_hist-1 */
+    int off = 0;
+    for (int i = 0; i < n_b; i++) {
+        batch_seq *bs = &e->batch[i];
+        for (int j = 0; j < bs->n_tok; j++) e->batch_pos[off + j] = bs->kv_start + j;
+        bs->pos = e->batch_pos + off;
+        off += bs->n_tok;
+    }
+    kv_error err = {{0}};
+    int n_out = model_forward(e->fwd, e->batch, n_b, NULL, e->logits, &err);
+    if (n_out != n_b) {
+        log_error("forward pass failed: %s", err.msg);
+        for (int i = 0; i < n_b; i++)
+            eseq_finish(e, e->batch_seqs[i], GEN_FINISH_ERROR, 500, "inference failed");
+        return;
+    }
+    size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    for (int i = 0; i < n_b; i++) {
+        eseq *s = e->batch_seqs[i];
+        s->n_computed += e->batch[i].n_tok;
+        if (s->n_computed < s->n_hist) continue; /* more prompt to go */
+        float *row = e->logits + (size_t)i * n_vocab;
+        if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
+        eseq_sample(e, s, row);
+    }
+}
+
+static void publish_gauges(engine *e, int waiting) {
+    metrics_engine g = {
+        .waiting = waiting,
+        .running = e->n_run,
+        .kv_blocks_total = kv_pool_total_blocks(e->pool),
+        .kv_blocks_used = kv_pool_total_blocks(e->pool) - kv_pool_free_blocks(e->pool),
+        .kv_block_tokens = kv_pool_layout(e->pool)->block_tokens,
+    };
+    metrics_set_engine(e->mx, &g);
+}
+
+static void *engine_main(void *arg) {
+    engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && e->q_len == 0 && e->n_run == 0) pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stopping) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        admit(e);
+        int waiting = e->q_len;
+        pthread_mutex_unlock(&e->mu);
+        reap(e);
+        publish_gauges(e, waiting);
+        if (e->n_run == 0) {
+            /* The queue head is waiting for room that only finishing sequences free; with none
+             * running it was admitted above, so an empty batch means everything was cancelled. */
+            continue;
+        }
+        step(e);
+        reap(e);
+        publish_gauges(e, waiting);
+    }
+    /* Shutting down: end every stream with an error the client can see. */
+    for (int i = 0; i < e->n_run; i++)
+        if (!e->run[i]->done)
+            eseq_finish(e, e->run[i], GEN_FINISH_ERROR, 503, "the server is shutting down");
+    reap(e);
+    pthread_mutex_lock(&e->mu);
+    while (e->q_len > 0) {
+        gen_request *r = e->queue[e->q_head];
+        e->q_head = (e->q_head + 1) % e->q_cap;
+        e->q_len--;
+        request_fail(r, 503, "the server is shutting down");
+        gen_request_unref(r);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_error *err) {
+    if (o->ctx < 16 || o->max_seqs < 1 || o->prefill_chunk < 1 || o->max_queue < 1 ||
+        o->kv_pool_tokens < o->ctx) {
+        kv_fail(err,
+                "engine options out of range (ctx %d, max_seqs %d, prefill_chunk %d, "
+                "max_queue %d, kv_pool_tokens %lld: the pool must hold one context)",
+                o->ctx, o->max_seqs, o->prefill_chunk, o->max_queue, (long long)o->kv_pool_tokens);
+        return NULL;
+    }
+    engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    e->m = m;
+    e->o = *o;
+    e->mx = mx;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (!(e->b = backend_cpu_create(o->threads, err))) goto fail;
+    backend_set_precision(e->b, o->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
+    if (!(e->pool = kv_pool_create(e->b, m, (o->kv_pool_tokens + 15) / 16 * 16, 16, err)))
+        goto fail;
+    int max_tokens = o->max_seqs + o->prefill_chunk;
+    if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, max_tokens, o->max_seqs, err))) goto fail;
+    size_t n_vocab = (size_t)m->hp.n_vocab;
+    e->logits = kv_aligned_alloc(sizeof(float) * n_vocab * (size_t)o->max_seqs);
+    e->work = kv_aligned_alloc(sizeof(float) * n_vocab);
+    e->q_cap = o->max_queue;
+    e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
+    e->run = calloc((size_t)o->max_seqs, sizeof *e->run);
+    e->batch = calloc((size_t)o->max_seqs, sizeof *e->batch);
+    e->batch_seqs = calloc((size_t)o->max_seqs, sizeof *e->batch_seqs);
+    e->batch_pos = calloc((size_t)max_tokens, sizeof *e->batch_pos);
+    if (!e->logits || !e->work || !e->queue || !e->run || !e->batch || !e->batch_seqs ||
+        !e->batch_pos) {
+        kv_fail(err, "out of memory for the engine's buffers");
+        goto fail;
+    }
+    int rc = pthread_create(&e->thread, NULL, engine_main, e);
+    if (rc) {
+        kv_fail(err, "cannot start the engine thread: %s", strerror(rc));
+        goto fail;
+    }
+    e->thread_started = true;
+    return e;
+fail:
+    engine_destroy(e);
+    return NULL;
+}
+
+void engine_stop(engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started) {
+        pthread_join(e->thread, NULL);
+        e->thread_started = false;
+    }
+}
+
+void engine_destroy(engine *e) {
+    if (!e) return;
+    engine_stop(e);
+    free(e->queue);
+    free(e->run);
+    free(e->batch);
+    free(e->batch_seqs);
+    free(e->batch_pos);
+    kv_aligned_free(e->logits);
+    kv_aligned_free(e->work);
+    forward_ctx_destroy(e->fwd);
+    kv_pool_destroy(e->pool);
+    backend_destroy(e->b);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
+    int n_vocab = e->m->hp.n_vocab;
+    if (r->n_choices > e->o.max_seqs) {
+        kv_fail(err, "n = %d exceeds the server's %d concurrent sequences", r->n_choices,
+                e->o.max_seqs);
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->n_prompt < 1 || r->n_prompt >= e->o.ctx) {
+        kv_fail(err, "the prompt has %d tokens; it must have 1 to %d", r->n_prompt, e->o.ctx - 1);
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->max_tokens < 1) {
+        kv_fail(err, "max_tokens must be at least 1");
+        return ENGINE_SUBMIT_INVALID;
+    }
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= n_vocab) {
+            kv_fail(err, "token id %d at prompt position %d is outside the vocabulary [0, %d)",
+                    r->prompt[i], i, n_vocab);
+            return ENGINE_SUBMIT_INVALID;
+        }
+    r->sp.bias = r->bias;
+    sampler *probe = sampler_create(&r->sp, n_vocab, err); /* validates the parameters */
+    if (!probe) return ENGINE_SUBMIT_INVALID;
+    sampler_destroy(probe);
+
+    pthread_mutex_lock(&e->mu);
+    engine_submit_status st = ENGINE_SUBMIT_OK;
+    if (e->stopping) {
+        st = ENGINE_SUBMIT_SHUTTING_DOWN;
+        kv_fail(err, "the server is shutting down");
+    } else if (e->q_len == e->q_cap) {
+        st = ENGINE_SUBMIT_QUEUE_FULL;
+        kv_fail(err, "the server is busy: %d requests are waiting; retry later", e->q_len);
+    } else {
+        atomic_fetch_add(&r->refs, 1);
+        e->queue[(e->q_head + e->q_len) % e->q_cap] = r;
+        e->q_len++;
+        pthread_cond_signal(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+int engine_ctx(const engine *e) { return e->o.ctx; }
+int engine_max_seqs(const engine *e) { return e->o.max_seqs; }
+const char *engine_backend_name(const engine *e) { return backend_name(e->b); }
+int64_t engine_kv_pool_tokens(const engine *e) {
+    return kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens;
+}
+int engine_threads(const engine *e) { return backend_n_threads(e->b); }

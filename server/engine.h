@@ -1,0 +1,118 @@
+/* The engine: one thread that owns the backend, the KV pool and the running batch, and serves
+ * generation requests by continuous batching. Every step runs one forward pass over all running
+ * sequences (one decode token each) plus up to prefill_chunk prompt tokens of sequences still
+ * prefilling, so a long prompt is interleaved with decode instead of stalling the streams.
+ *
+ * HTTP threads build a gen_request, submit it, and read its choices as they grow (under the
+ * request's mutex; the condition variable is signalled at every change). A request is reference
+ * counted: the submitter holds one reference, the engine another until it is done with it. */
+#ifndef KVSERVE_ENGINE_H
+#define KVSERVE_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "server/metrics.h"
+
+#define GEN_MAX_TOP_LOGPROBS 20
+
+typedef enum gen_finish {
+    GEN_RUNNING = 0,
+    GEN_FINISH_STOP,   /* end-of-generation token or a stop string */
+    GEN_FINISH_LENGTH, /* max_tokens or the context's end */
+    GEN_FINISH_ERROR,  /* see gen_request.error */
+} gen_finish;
+
+/* A sampled token with its log-probability (under the model's unmodified distribution) and
+ * the most likely alternatives. */
+typedef struct gen_logprob {
+    int32_t token;
+    float logprob;
+    int n_top;
+    int32_t top_ids[GEN_MAX_TOP_LOGPROBS];
+    float top_lps[GEN_MAX_TOP_LOGPROBS];
+} gen_logprob;
+
+/* One choice's output so far. Written by the engine under the request's mutex. */
+typedef struct gen_choice {
+    char *text; /* text released so far (never a possible stop-string prefix), NUL-terminated */
+    size_t len, cap;
+    gen_logprob *lps; /* one per generated token, when the request asked for logprobs */
+    int n_lps, cap_lps;
+    int n_tokens; /* completion tokens (including an end-of-generation token) */
+    gen_finish finish;
+} gen_choice;
+
+typedef struct gen_request {
+    /* ---- input: set before engine_submit, read-only afterwards */
+    int32_t *prompt; /* [n_prompt] ids, owned */
+    int n_prompt;
+    int n_choices;
+    int max_tokens;     /* >= 1; the engine also stops at the context's end */
+    sampler_params sp;  /* sp.bias points at bias */
+    logit_bias *bias;   /* owned */
+    stop_set stops;     /* owned */
+    bool logprobs;      /* record gen_logprob for each token */
+    int top_logprobs;   /* 0..GEN_MAX_TOP_LOGPROBS */
+    bool ignore_eos;    /* keep going past end-of-generation tokens */
+    uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
+
+    /* ---- shared with the engine, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    gen_choice *choices; /* [n_choices] */
+    int n_finished;
+    int error_status; /* HTTP status for GEN_FINISH_ERROR (500, 503) */
+    char error[256];
+    uint64_t t_first_token;
+    atomic_bool cancelled; /* the client went away: the engine frees its sequences */
+    atomic_int refs;
+} gen_request;
+
+/* A request with n_choices empty choices and one reference; NULL when out of memory. The
+ * caller fills prompt, sampling and the rest, then submits. */
+gen_request *gen_request_create(int n_choices);
+void gen_request_unref(gen_request *r);
+/* Waits (up to timeout_ms) for a change to r; call with r->mu held. */
+void gen_request_wait(gen_request *r, int timeout_ms);
+
+typedef struct engine_opts {
+    int threads;
+    bool precise;
+    int ctx;                /* per-sequence context in tokens */
+    int64_t kv_pool_tokens; /* pool size; at least ctx */
+    int max_seqs;
+    int max_queue;
+    int prefill_chunk;
+} engine_opts;
+
+typedef struct engine engine;
+
+/* Creates the backend, pool and forward context and starts the engine thread. */
+engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_error *err);
+/* Stops the thread: running and queued requests end with a 503 error, later submissions are
+ * refused. Idempotent; the engine stays valid until engine_destroy. */
+void engine_stop(engine *e);
+/* Stops (if still running) and frees everything. */
+void engine_destroy(engine *e);
+
+typedef enum engine_submit_status {
+    ENGINE_SUBMIT_OK = 0,
+    ENGINE_SUBMIT_QUEUE_FULL,    /* 429: try again later */
+    ENGINE_SUBMIT_SHUTTING_DOWN, /* 503 */
+    ENGINE_SUBMIT_INVALID,       /* 400: err says why (n over max_seqs, context, token ids) */
+} engine_submit_status;
+
+/* Queues r (the engine takes its own reference). */
+engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
+
+int engine_ctx(const engine *e);
+int engine_max_seqs(const engine *e);
+const char *engine_backend_name(const engine *e);
+int64_t engine_kv_pool_tokens(const engine *e);
+int engine_threads(const engine *e);
+
+#endif

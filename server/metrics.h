@@ -1,0 +1,37 @@
+/* Server metrics in Prometheus' text exposition format (GET /metrics): request counts by
+ * endpoint and status, token counts, time-to-first-token, inter-token latency and end-to-end
+ * latency histograms, and the engine's gauges (queue depth, running sequences, KV pool use).
+ * Updated from HTTP threads and the engine thread; one mutex, held only to add a sample. */
+#ifndef KVSERVE_METRICS_H
+#define KVSERVE_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct metrics metrics;
+
+metrics *metrics_create(void);
+void metrics_destroy(metrics *m);
+
+/* One finished HTTP request (endpoint as routed, e.g. "/v1/chat/completions"). */
+void metrics_request(metrics *m, const char *endpoint, int status);
+void metrics_tokens(metrics *m, int64_t prompt_tokens, int64_t generated_tokens);
+void metrics_ttft(metrics *m, double seconds);
+void metrics_itl(metrics *m, double seconds);
+void metrics_e2e(metrics *m, double seconds);
+void metrics_preemption(metrics *m);
+
+typedef struct metrics_engine {
+    int waiting; /* requests queued, not yet admitted */
+    int running; /* sequences in the batch */
+    int64_t kv_blocks_used;
+    int64_t kv_blocks_total;
+    int kv_block_tokens;
+} metrics_engine;
+
+void metrics_set_engine(metrics *m, const metrics_engine *e);
+
+/* The exposition text, malloc'd (length in *len), or NULL when out of memory. */
+char *metrics_render(metrics *m, size_t *len);
+
+#endif

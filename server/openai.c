@@ -1,0 +1,465 @@
+/* The OpenAI endpoints over the engine: requests become token prompts (chat template, tokenizer,
+ * length checks with the counts in the message), one gen_request per prompt with n choices, and
+ * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (openai_stream.c). */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "server/openai_job.h"
+
+/* ---------------------------------------------------------------- prompts */
+
+static int fail_400(api_error *err, const char *param, const char *code, const char *msg) {
+    return api_fail(err, 400, "invalid_request_error", code, param, "%s", msg);
+}
+
+/* Renders messages with the model's chat template and tokenizes them. Templates that spell
+ * BOS out (Llama 3) must not get a second one from the tokenizer. */
+static int tokenize_messages(const model *m, const chat_message *msgs, int n, int32_t **ids,
+                             api_error *err) {
+    kv_error ke = {{0}};
+    int32_t bos = tokenizer_bos(m->tok);
+    const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
+    char *text = chat_render(&m->chat, msgs, n, true, bos_text, &ke);
+    if (!text) return fail_400(err, "messages", NULL, ke.msg);
+    bool add_bos = tokenizer_add_bos(m->tok);
+    if (bos_text && strncmp(text, bos_text, strlen(bos_text)) == 0) add_bos = false;
+    int n_ids = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
+    free(text);
+    if (n_ids < 0) return fail_400(err, "messages", NULL, ke.msg);
+    return n_ids;
+}
+
+static int tokenize_text(const model *m, const char *text, bool add_special, int32_t **ids,
+                         const char *param, api_error *err) {
+    kv_error ke = {{0}};
+    bool add_bos = add_special && tokenizer_add_bos(m->tok);
+    int n = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
+    if (n < 0) return fail_400(err, param, NULL, ke.msg);
+    return n;
+}
+
+static int check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->hp.n_vocab)
+            return api_fail(err, 400, "invalid_request_error", NULL, param,
+                            "token id %d at position %d is outside the vocabulary [0, %d)", ids[i],
+                            i, m->hp.n_vocab);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+void job_free(job *j) {
+    if (!j) return;
+    for (int i = 0; i < j->n_reqs; i++) {
+        gen_request *r = j->reqs[i];
+        if (r && r->n_finished < r->n_choices) atomic_store(&r->cancelled, true);
+        gen_request_unref(r);
+        if (j->echo) free(j->echo[i]);
+    }
+    free(j->reqs);
+    free(j->echo);
+    free(j->text_off);
+    free(j->lp_off);
+    free(j->finish_sent);
+    free(j->buf);
+    free(j);
+}
+
+static uint64_t random_u64(void) {
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = clock_now_ns() * 0x9E3779B97F4A7C15ull;
+    return v;
+}
+
+/* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
+static job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err) {
+    const model *m = s->m;
+    if (strcmp(rq->model, s->model_id) != 0) {
+        api_fail(err, 404, "invalid_request_error", "model_not_found", "model",
+                 "The model '%s' does not exist; this server serves '%s'", rq->model, s->model_id);
+        return NULL;
+    }
+    job *j = calloc(1, sizeof *j);
+    int n_prompts = rq->kind == API_CHAT ? 1 : rq->n_prompts;
+    if (!j || !(j->reqs = calloc((size_t)n_prompts, sizeof *j->reqs))) goto oom;
+    j->s = s;
+    j->kind = rq->kind;
+    j->n = rq->n;
+    j->fd = c->fd;
+    j->created = (long)time(NULL);
+    j->logprobs = rq->logprobs;
+    j->top_logprobs = rq->top_logprobs;
+    j->include_usage = rq->include_usage;
+    uint64_t idv = random_u64();
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)idv, (unsigned)(random_u64() & 0xffffffffu));
+    if (rq->echo && !(j->echo = calloc((size_t)n_prompts, sizeof *j->echo))) goto oom;
+    uint64_t seed = rq->seed_given ? rq->sampling.seed : random_u64();
+
+    for (int p = 0; p < n_prompts; p++) {
+        int32_t *ids = NULL;
+        int n_ids;
+        char param[32];
+        snprintf(param, sizeof param, n_prompts > 1 ? "prompt[%d]" : "prompt", p);
+        if (rq->kind == API_CHAT) {
+            n_ids = tokenize_messages(m, rq->messages, rq->n_messages, &ids, err);
+            snprintf(param, sizeof param, "messages");
+        } else if (rq->prompts[p].text) {
+            n_ids = tokenize_text(m, rq->prompts[p].text, true, &ids, param, err);
+        } else {
+            n_ids = rq->prompts[p].n_tokens;
+            if (check_ids(m, rq->prompts[p].tokens, n_ids, param, err)) goto fail;
+            if (!(ids = malloc(sizeof(int32_t) * (size_t)(n_ids ? n_ids : 1)))) goto oom;
+            memcpy(ids, rq->prompts[p].tokens, sizeof(int32_t) * (size_t)n_ids);
+        }
+        if (n_ids < 0) goto fail;
+        if (n_ids == 0) {
+            free(ids);
+            fail_400(err, param, NULL, "the prompt is empty (it has no tokens)");
+            goto fail;
+        }
+        /* Not given: chat runs to the context's end; completions stop at 16 tokens, OpenAI's
+         * (and vLLM's) default for the legacy endpoint. */
+        int max_tokens = rq->max_tokens;
+        if (max_tokens < 0 && rq->kind == API_COMPLETION) max_tokens = 16;
+        if (n_ids >= s->ctx || (max_tokens > 0 && n_ids + max_tokens > s->ctx)) {
+            free(ids);
+            if (max_tokens > 0)
+                api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                         "This model's maximum context length is %d tokens. However, you "
+                         "requested %d tokens (%d in the %s, %d in the completion). Please "
+                         "reduce the length of the %s or completion.",
+                         s->ctx, n_ids + max_tokens, n_ids,
+                         rq->kind == API_CHAT ? "messages" : "prompt", max_tokens,
+                         rq->kind == API_CHAT ? "messages" : "prompt");
+            else
+                api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                         "This model's maximum context length is %d tokens. However, your "
+                         "%s has %d tokens, leaving no room for a completion.",
+                         s->ctx, rq->kind == API_CHAT ? "messages" : "prompt", n_ids);
+            goto fail;
+        }
+        if (max_tokens > s->max_tokens_limit) {
+            free(ids);
+            api_fail(err, 400, "invalid_request_error", NULL, "max_tokens",
+                     "max_tokens is %d; this server allows at most %d", max_tokens,
+                     s->max_tokens_limit);
+            goto fail;
+        }
+        if (max_tokens < 0) {
+            max_tokens = s->ctx - n_ids;
+            if (max_tokens > s->max_tokens_limit) max_tokens = s->max_tokens_limit;
+        }
+        if (j->echo) {
+            kv_error ke = {{0}};
+            size_t len;
+            j->echo[p] = rq->prompts[p].text
+                             ? strdup(rq->prompts[p].text)
+                             : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
+            if (!j->echo[p]) {
+                free(ids);
+                goto oom;
+            }
+        }
+
+        gen_request *r = gen_request_create(rq->n);
+        if (!r) {
+            free(ids);
+            goto oom;
+        }
+        j->reqs[j->n_reqs++] = r;
+        r->prompt = ids;
+        r->n_prompt = n_ids;
+        r->max_tokens = max_tokens;
+        r->sp = rq->sampling;
+        r->sp.seed = seed;
+        r->sp.bias = NULL;
+        r->logprobs = rq->logprobs;
+        r->top_logprobs = rq->top_logprobs;
+        r->ignore_eos = rq->ignore_eos;
+        r->t_arrival = clock_now_ns();
+        if (rq->sampling.n_bias > 0) {
+            if (!(r->bias = malloc(sizeof *r->bias * (size_t)rq->sampling.n_bias))) goto oom;
+            memcpy(r->bias, rq->sampling.bias, sizeof *r->bias * (size_t)rq->sampling.n_bias);
+            r->sp.bias = r->bias;
+        }
+        kv_error ke = {{0}};
+        if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke)) {
+            fail_400(err, "stop", NULL, ke.msg);
+            goto fail;
+        }
+        j->prompt_tokens += n_ids;
+    }
+
+    int n_choices = j->n_reqs * j->n;
+    j->text_off = calloc((size_t)n_choices, sizeof *j->text_off);
+    j->lp_off = calloc((size_t)n_choices, sizeof *j->lp_off);
+    j->finish_sent = calloc((size_t)n_choices, sizeof *j->finish_sent);
+    if (!j->text_off || !j->lp_off || !j->finish_sent) goto oom;
+
+    for (int p = 0; p < j->n_reqs; p++) {
+        kv_error ke = {{0}};
+        engine_submit_status st = engine_submit(s->eng, j->reqs[p], &ke);
+        if (st == ENGINE_SUBMIT_OK) continue;
+        if (st == ENGINE_SUBMIT_QUEUE_FULL)
+            api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
+        else if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
+            api_fail(err, 503, "server_error", NULL, NULL, "%s", ke.msg);
+        else
+            api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke.msg);
+        goto fail; /* job_free cancels the prompts already queued */
+    }
+    return j;
+oom:
+    api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+fail:
+    job_free(j);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- JSON of the output */
+
+const char *job_finish_name(gen_finish f) {
+    return f == GEN_FINISH_LENGTH ? "length" : f == GEN_FINISH_STOP ? "stop" : NULL;
+}
+
+json_t *job_usage(const job *j) {
+    int completion = 0;
+    for (int p = 0; p < j->n_reqs; p++)
+        for (int i = 0; i < j->reqs[p]->n_choices; i++)
+            completion += j->reqs[p]->choices[i].n_tokens;
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", j->prompt_tokens,
+                     "completion_tokens", completion, "total_tokens", j->prompt_tokens + completion,
+                     "prompt_tokens_details", "cached_tokens", 0);
+}
+
+static json_t *token_json(const tokenizer *t, int32_t id, float lp, bool with_bytes) {
+    size_t len = 0;
+    char *text = tokenizer_piece_utf8(t, id, true, &len);
+    json_t *o = json_object();
+    json_object_set_new(o, "token", text ? json_stringn(text, len) : json_string(""));
+    json_object_set_new(o, "logprob", json_real(lp));
+    if (with_bytes) {
+        char raw[256];
+        int n = tokenizer_token_bytes(t, id, true, raw, sizeof raw);
+        json_t *bytes = json_array();
+        for (int i = 0; i < n && i < (int)sizeof raw; i++)
+            json_array_append_new(bytes, json_integer((uint8_t)raw[i]));
+        json_object_set_new(o, "bytes", bytes);
+    }
+    free(text);
+    return o;
+}
+
+json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t text_base) {
+    const tokenizer *t = j->s->m->tok;
+    if (j->kind == API_CHAT) {
+        json_t *content = json_array();
+        for (int i = 0; i < n; i++) {
+            json_t *o = token_json(t, lps[i].token, lps[i].logprob, true);
+            json_t *top = json_array();
+            for (int k = 0; k < lps[i].n_top; k++)
+                json_array_append_new(top,
+                                      token_json(t, lps[i].top_ids[k], lps[i].top_lps[k], true));
+            json_object_set_new(o, "top_logprobs", top);
+            json_array_append_new(content, o);
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    /* completions: parallel arrays, top alternatives as {token: logprob} objects */
+    json_t *tokens = json_array(), *lp = json_array(), *top = json_array(), *off = json_array();
+    size_t pos = text_base;
+    for (int i = 0; i < n; i++) {
+        json_t *o = token_json(t, lps[i].token, lps[i].logprob, false);
+        json_array_append(tokens, json_object_get(o, "token"));
+        json_array_append_new(lp, json_real(lps[i].logprob));
+        json_array_append_new(off, json_integer((json_int_t)pos));
+        pos += strlen(json_string_value(json_object_get(o, "token")));
+        json_decref(o);
+        json_t *alts = json_object();
+        for (int k = 0; k < lps[i].n_top; k++) {
+            size_t len;
+            char *txt = tokenizer_piece_utf8(t, lps[i].top_ids[k], true, &len);
+            if (txt) json_object_set_new(alts, txt, json_real(lps[i].top_lps[k]));
+            free(txt);
+        }
+        json_array_append_new(top, alts);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lp, "top_logprobs",
+                     top, "text_offset", off);
+}
+
+/* The whole response once every choice has finished. */
+static void job_reply(const job *j, http_reply *out) {
+    json_t *choices = json_array();
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        for (int i = 0; i < r->n_choices; i++) {
+            const gen_choice *c = &r->choices[i];
+            json_t *ch = json_object();
+            json_object_set_new(ch, "index", json_integer(p * j->n + i));
+            const char *text = c->text ? c->text : "";
+            if (j->kind == API_CHAT) {
+                json_object_set_new(
+                    ch, "message",
+                    json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len));
+            } else if (j->echo) {
+                size_t el = strlen(j->echo[p]);
+                char *both = malloc(el + c->len + 1);
+                if (both) {
+                    memcpy(both, j->echo[p], el);
+                    memcpy(both + el, text, c->len + 1);
+                    json_object_set_new(ch, "text", json_stringn(both, el + c->len));
+                }
+                free(both);
+            } else {
+                json_object_set_new(ch, "text", json_stringn(text, c->len));
+            }
+            json_object_set_new(ch, "logprobs",
+                                j->logprobs ? job_logprobs_json(j, c->lps, c->n_lps, 0)
+                                            : json_null());
+            json_object_set_new(ch, "finish_reason", json_string(job_finish_name(c->finish)));
+            json_array_append_new(choices, ch);
+        }
+    }
+    json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
+                          j->kind == API_CHAT ? "chat.completion" : "text_completion", "created",
+                          (json_int_t)j->created, "model", j->s->model_id, "choices", choices,
+                          "usage", job_usage(j));
+    http_reply_json(out, 200, v);
+}
+
+/* The first error among the choices, or 0. */
+int job_error(const job *j, api_error *err) {
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        if (r->error_status)
+            return api_fail(err, r->error_status, "server_error", NULL, NULL, "%s", r->error);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- endpoints */
+
+static int completion_endpoint(server *s, api_kind kind, const http_call *c, http_reply *out,
+                               http_stream *stream) {
+    api_request rq;
+    api_error err = {0};
+    if (api_parse_request(kind, c->body, c->len, &rq, &err)) {
+        api_request_free(&rq);
+        http_reply_error(out, &err);
+        return 0;
+    }
+    job *j = job_start(s, &rq, c, &err);
+    bool streaming = rq.stream;
+    api_request_free(&rq);
+    if (!j) {
+        http_reply_error(out, &err);
+        if (err.status == 429) out->retry_after = 1;
+        return 0;
+    }
+    if (streaming) {
+        job_stream(j, stream);
+        return 1;
+    }
+    /* Wait for every choice; a client that hangs up cancels the work at once. */
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        while (r->n_finished < r->n_choices) {
+            gen_request_wait(r, 100);
+            if (r->n_finished < r->n_choices && http_client_gone(c->fd)) {
+                pthread_mutex_unlock(&r->mu);
+                job_free(j);
+                api_fail(&err, 499, "invalid_request_error", NULL, NULL,
+                         "the client closed the connection");
+                http_reply_error(out, &err);
+                return 0;
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (job_error(j, &err))
+        http_reply_error(out, &err);
+    else
+        job_reply(j, out);
+    job_free(j);
+    return 0;
+}
+
+int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream) {
+    return completion_endpoint(s, API_CHAT, c, out, stream);
+}
+
+int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream) {
+    return completion_endpoint(s, API_COMPLETION, c, out, stream);
+}
+
+void openai_models(server *s, http_reply *out) {
+    json_t *entry =
+        json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->model_id, "object", "model", "created",
+                  (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
+    http_reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", entry));
+}
+
+void openai_tokenize(server *s, const http_call *c, http_reply *out) {
+    api_tokenize t;
+    api_error err = {0};
+    int32_t *ids = NULL;
+    int n = -1;
+    if (api_parse_tokenize(c->body, c->len, &t, &err) == 0) {
+        if (t.messages)
+            n = tokenize_messages(s->m, t.messages, t.n_messages, &ids, &err);
+        else
+            n = tokenize_text(s->m, t.text, t.add_special, &ids, "content", &err);
+    }
+    if (n < 0) {
+        api_tokenize_free(&t);
+        http_reply_error(out, &err);
+        return;
+    }
+    json_t *tokens = json_array();
+    for (int i = 0; i < n; i++) {
+        if (!t.with_pieces) {
+            json_array_append_new(tokens, json_integer(ids[i]));
+            continue;
+        }
+        size_t len;
+        char *piece = tokenizer_piece_utf8(s->m->tok, ids[i], true, &len);
+        json_array_append_new(tokens, json_pack("{s:i,s:s%}", "id", ids[i], "piece",
+                                                piece ? piece : "", piece ? len : 0));
+        free(piece);
+    }
+    free(ids);
+    api_tokenize_free(&t);
+    http_reply_json(
+        out, 200,
+        json_pack("{s:o,s:i,s:i}", "tokens", tokens, "count", n, "max_model_len", s->ctx));
+}
+
+void openai_detokenize(server *s, const http_call *c, http_reply *out) {
+    int32_t *ids = NULL;
+    int n = 0;
+    api_error err = {0};
+    if (api_parse_detokenize(c->body, c->len, &ids, &n, &err) ||
+        check_ids(s->m, ids, n, "tokens", &err)) {
+        free(ids);
+        http_reply_error(out, &err);
+        return;
+    }
+    kv_error ke = {{0}};
+    size_t len = 0;
+    char *text = tokenizer_decode(s->m->tok, ids, (size_t)n, false, &len, &ke);
+    free(ids);
+    if (!text) {
+        api_fail(&err, 400, "invalid_request_error", NULL, "tokens", "%s", ke.msg);
+        http_reply_error(out, &err);
+        return;
+    }
+    http_reply_json(out, 200, json_pack("{s:s%,s:s%}", "content", text, len, "prompt", text, len));
+    free(text);
+}

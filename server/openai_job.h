@@ -1,0 +1,42 @@
+/* One OpenAI completion request in flight (openai.c builds it, openai_stream.c streams it):
+ * a gen_request per prompt, n choices each, and the stream's cursors into their output. */
+#ifndef KVSERVE_OPENAI_JOB_H
+#define KVSERVE_OPENAI_JOB_H
+
+#include <jansson.h>
+
+#include "server/server.h"
+
+typedef struct job {
+    server *s;
+    api_kind kind;
+    char id[48];
+    long created;
+    gen_request **reqs; /* one per prompt; choice index = prompt * n + choice */
+    int n_reqs;
+    int n;
+    int prompt_tokens;
+    char **echo; /* completions with echo: each prompt's text */
+    bool logprobs;
+    int top_logprobs;
+    bool include_usage;
+    int fd; /* the client's socket */
+    /* streaming */
+    size_t *text_off; /* per choice: text already sent */
+    int *lp_off;      /* per choice: logprobs already sent */
+    bool *finish_sent;
+    bool started, ended;
+    char *buf; /* SSE bytes not yet handed to the connection */
+    size_t buf_len, buf_off, buf_cap;
+} job;
+
+void job_free(job *j);
+const char *job_finish_name(gen_finish f);
+json_t *job_usage(const job *j);
+/* Logprobs of n tokens in the endpoint's shape; text_base: the text offset of the first. */
+json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t text_base);
+int job_error(const job *j, api_error *err);
+/* Turns j into a stream (which owns it from then on). */
+void job_stream(job *j, http_stream *out);
+
+#endif

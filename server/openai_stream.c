@@ -1,0 +1,187 @@
+/* Streaming responses: OpenAI's server-sent events. Each event is `data: {chunk}\n\n`; a chat
+ * stream opens with the assistant role per choice, then content deltas, then a chunk with the
+ * finish reason; with stream_options.include_usage every chunk carries "usage": null and a last
+ * chunk with no choices carries the usage; `data: [DONE]` ends the stream. An error after the
+ * stream began is sent as `data: {"error": {...}}` before [DONE]. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai_job.h"
+
+static int buf_put(job *j, const char *s, size_t n) {
+    if (j->buf_len + n > j->buf_cap) {
+        size_t cap = (j->buf_len + n) * 2;
+        char *b = realloc(j->buf, cap);
+        if (!b) return -1;
+        j->buf = b;
+        j->buf_cap = cap;
+    }
+    memcpy(j->buf + j->buf_len, s, n);
+    j->buf_len += n;
+    return 0;
+}
+
+/* Queues `data: <json>\n\n` (takes the reference). */
+static int emit(job *j, json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (!s) return -1;
+    int rc = buf_put(j, "data: ", 6) || buf_put(j, s, strlen(s)) || buf_put(j, "\n\n", 2);
+    free(s);
+    return rc ? -1 : 0;
+}
+
+static json_t *chunk(const job *j, json_t *choices) {
+    json_t *v =
+        json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", j->id, "object",
+                  j->kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                  (json_int_t)j->created, "model", j->s->model_id, "choices", choices);
+    if (v && j->include_usage) json_object_set_new(v, "usage", json_null());
+    return v;
+}
+
+/* One choice's delta: text (may be empty), logprobs of the tokens it covers, finish reason. */
+static json_t *choice_delta(const job *j, int index, const char *text, size_t len, json_t *logprobs,
+                            const char *finish) {
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(index));
+    if (j->kind == API_CHAT) {
+        json_t *delta = json_object();
+        if (len > 0 || !finish) json_object_set_new(delta, "content", json_stringn(text, len));
+        json_object_set_new(c, "delta", delta);
+    } else {
+        json_object_set_new(c, "text", json_stringn(text, len));
+    }
+    json_object_set_new(c, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    return c;
+}
+
+/* The opening chunks: the assistant role (chat) or the echoed prompt (completions). */
+static int stream_open(job *j) {
+    j->started = true;
+    for (int p = 0; p < j->n_reqs; p++)
+        for (int i = 0; i < j->n; i++) {
+            int index = p * j->n + i;
+            json_t *c = NULL;
+            if (j->kind == API_CHAT) {
+                c = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", index, "delta", "role",
+                              "assistant", "content", "", "logprobs", "finish_reason");
+            } else if (j->echo) {
+                c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), NULL, NULL);
+            }
+            if (c && emit(j, chunk(j, json_pack("[o]", c)))) return -1;
+        }
+    return 0;
+}
+
+/* Queues a chunk for every choice with new output. Sets *progress when something was queued
+ * and *done when every choice has finished. */
+static int stream_collect(job *j, bool *progress, bool *done) {
+    *progress = false;
+    *done = true;
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        for (int i = 0; i < r->n_choices; i++) {
+            int index = p * j->n + i;
+            const gen_choice *c = &r->choices[i];
+            if (j->finish_sent[index]) continue;
+            size_t from = j->text_off[index];
+            int lp_from = j->lp_off[index];
+            bool news = c->len > from || c->n_lps > lp_from || c->finish != GEN_RUNNING;
+            if (!news) {
+                *done = false;
+                continue;
+            }
+            j->text_off[index] = c->len;
+            j->lp_off[index] = c->n_lps;
+            if (c->finish != GEN_RUNNING)
+                j->finish_sent[index] = true;
+            else
+                *done = false;
+            if (c->finish == GEN_FINISH_ERROR) continue; /* reported at the end */
+            json_t *lps = NULL;
+            if (j->logprobs && c->n_lps > lp_from)
+                lps = job_logprobs_json(j, c->lps + lp_from, c->n_lps - lp_from, from);
+            json_t *d = choice_delta(j, index, c->text ? c->text + from : "", c->len - from, lps,
+                                     job_finish_name(c->finish));
+            if (emit(j, chunk(j, json_pack("[o]", d)))) {
+                pthread_mutex_unlock(&r->mu);
+                return -1;
+            }
+            *progress = true;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    return 0;
+}
+
+static int stream_close_events(job *j) {
+    api_error err = {0};
+    if (job_error(j, &err)) {
+        char *e = api_error_json(&err);
+        int rc = !e || buf_put(j, "data: ", 6) || buf_put(j, e, strlen(e)) || buf_put(j, "\n\n", 2);
+        free(e);
+        if (rc) return -1;
+    } else if (j->include_usage) {
+        json_t *v = chunk(j, json_array());
+        json_object_set_new(v, "usage", job_usage(j));
+        if (emit(j, v)) return -1;
+    }
+    j->ended = true;
+    return buf_put(j, "data: [DONE]\n\n", 14);
+}
+
+/* Waits briefly for output from the first unfinished prompt, unless it already has some. */
+static void stream_wait(job *j) {
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        bool pending = false, news = false;
+        for (int i = 0; i < r->n_choices; i++) {
+            int index = p * j->n + i;
+            if (j->finish_sent[index]) continue;
+            pending = true;
+            const gen_choice *c = &r->choices[i];
+            news |= c->len > j->text_off[index] || c->n_lps > j->lp_off[index] ||
+                    c->finish != GEN_RUNNING;
+        }
+        if (pending && !news) gen_request_wait(r, j->n_reqs > 1 ? 20 : 100);
+        pthread_mutex_unlock(&r->mu);
+        if (pending) return;
+    }
+}
+
+static long stream_read(void *ud, char *buf, size_t max) {
+    job *j = ud;
+    for (;;) {
+        if (j->buf_off < j->buf_len) {
+            size_t n = j->buf_len - j->buf_off < max ? j->buf_len - j->buf_off : max;
+            memcpy(buf, j->buf + j->buf_off, n);
+            j->buf_off += n;
+            return (long)n;
+        }
+        j->buf_len = j->buf_off = 0;
+        if (j->ended) return 0;
+        if (!j->started) {
+            if (stream_open(j)) return -1;
+            continue;
+        }
+        bool progress, done;
+        if (stream_collect(j, &progress, &done)) return -1;
+        if (done) {
+            if (stream_close_events(j)) return -1;
+            continue;
+        }
+        if (progress) continue;
+        if (http_client_gone(j->fd)) return -1; /* job_free (at close) cancels the work */
+        stream_wait(j);
+    }
+}
+
+static void stream_close(void *ud) { job_free(ud); }
+
+void job_stream(job *j, http_stream *out) {
+    *out = (http_stream){.ud = j, .read = stream_read, .close = stream_close};
+}

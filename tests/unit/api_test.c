@@ -1,0 +1,675 @@
+/* OpenAI request parser tests: every field of a valid request read back, each prompt and content
+ * shape, the defaults, and every failure class (malformed JSON, wrong types, ranges, missing and
+ * unsupported fields, bad encodings) with its status, parameter and message. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static void parse_ok(api_kind kind, const char *body, api_request *r) {
+    api_error err = {0};
+    int rc = api_parse_request(kind, body, strlen(body), r, &err);
+    cr_assert_eq(rc, 0, "parse failed: %s (param '%s') for %s", err.message, err.param, body);
+}
+
+/* Parses body (len bytes, so it may hold NULs), expects a failure with this status, param and a
+ * message containing msg; checks the request was left freeable. */
+static void fail_n(api_kind kind, const char *body, size_t len, int status, const char *param,
+                   const char *msg) {
+    api_request r;
+    api_error err = {0};
+    int rc = api_parse_request(kind, body, len, &r, &err);
+    cr_assert_eq(rc, -1, "parse succeeded for %s", body);
+    cr_assert_eq(err.status, status, "status %d for %s (%s)", err.status, body, err.message);
+    cr_assert_str_eq(err.type, status == 400 ? "invalid_request_error" : "server_error");
+    cr_assert_str_eq(err.param, param, "param '%s' for %s (%s)", err.param, body, err.message);
+    cr_assert_not_null(strstr(err.message, msg), "message '%s' lacks '%s' for %s", err.message, msg,
+                       body);
+    api_request_free(&r); /* must be safe (and a no-op) after a failed parse */
+}
+
+static void fail(api_kind kind, const char *body, const char *param, const char *msg) {
+    fail_n(kind, body, strlen(body), 400, param, msg);
+}
+
+/* A chat body with one user message and extra fields spliced in (",\"x\":1" or ""). */
+static char *chat_with(const char *extra) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}", extra);
+    return buf;
+}
+
+static char *completion_with(const char *extra) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "{\"model\":\"m\",\"prompt\":\"hi\"%s}", extra);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- valid requests */
+
+Test(api, chat_every_field) {
+    const char *body =
+        "{\"model\":\"smol\",\"messages\":["
+        "{\"role\":\"system\",\"content\":\"be brief\"},"
+        "{\"role\":\"user\",\"content\":\"hi\",\"name\":\"bob\"},"
+        "{\"role\":\"assistant\",\"content\":\"hello\"},"
+        "{\"role\":\"developer\",\"content\":\"dev\"}],"
+        "\"max_tokens\":50,\"n\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+        "\"logprobs\":true,\"top_logprobs\":5,\"temperature\":0.7,\"top_p\":0.9,\"top_k\":40,"
+        "\"min_p\":0.05,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
+        "\"repetition_penalty\":1.1,\"seed\":-1,\"logit_bias\":{\"42\":-100,\"7\":2.5},"
+        "\"stop\":[\"\\n\\n\",\"END\"],\"user\":\"u-1\",\"cache\":false,\"cache_salt\":\"salt\","
+        "\"ignore_eos\":true,\"unknown_field\":{\"ignored\":[1,2]}}";
+    api_request r;
+    parse_ok(API_CHAT, body, &r);
+    cr_assert_eq(r.kind, API_CHAT);
+    cr_assert_str_eq(r.model, "smol");
+    cr_assert_eq(r.n_messages, 4);
+    const char *roles[] = {"system", "user", "assistant", "system"};
+    const char *contents[] = {"be brief", "hi", "hello", "dev"};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_str_eq(r.messages[i].role, roles[i]);
+        cr_assert_str_eq(r.messages[i].content, contents[i]);
+    }
+    cr_assert_null(r.prompts);
+    cr_assert_eq(r.max_tokens, 50);
+    cr_assert_eq(r.n, 3);
+    cr_assert(r.stream);
+    cr_assert(r.include_usage);
+    cr_assert(r.logprobs);
+    cr_assert_eq(r.top_logprobs, 5);
+    cr_assert_float_eq(r.sampling.temperature, 0.7f, 1e-6);
+    cr_assert_float_eq(r.sampling.top_p, 0.9f, 1e-6);
+    cr_assert_eq(r.sampling.top_k, 40);
+    cr_assert_float_eq(r.sampling.min_p, 0.05f, 1e-6);
+    cr_assert_float_eq(r.sampling.presence_penalty, 0.5f, 1e-6);
+    cr_assert_float_eq(r.sampling.frequency_penalty, -0.5f, 1e-6);
+    cr_assert_float_eq(r.sampling.repeat_penalty, 1.1f, 1e-6);
+    cr_assert(r.seed_given);
+    cr_assert_eq(r.sampling.seed, UINT64_MAX); /* -1 cast */
+    cr_assert_eq(r.sampling.n_bias, 2);
+    cr_assert_eq(r.sampling.bias, r.bias);
+    cr_assert_eq(r.bias[0].token, 42);
+    cr_assert_float_eq(r.bias[0].bias, -100.0f, 0);
+    cr_assert_eq(r.bias[1].token, 7);
+    cr_assert_float_eq(r.bias[1].bias, 2.5f, 0);
+    cr_assert_eq(r.n_stops, 2);
+    cr_assert_str_eq(r.stops[0], "\n\n");
+    cr_assert_str_eq(r.stops[1], "END");
+    cr_assert_str_eq(r.user, "u-1");
+    cr_assert_not(r.cache);
+    cr_assert_str_eq(r.cache_salt, "salt");
+    cr_assert(r.ignore_eos);
+    api_request_free(&r);
+    cr_assert_null(r.model);
+}
+
+Test(api, chat_defaults) {
+    api_request r;
+    parse_ok(API_CHAT, chat_with(""), &r);
+    sampler_params d;
+    sampler_params_default(&d);
+    cr_assert_eq(r.max_tokens, -1);
+    cr_assert_eq(r.n, 1);
+    cr_assert_not(r.stream);
+    cr_assert_not(r.include_usage);
+    cr_assert_not(r.logprobs);
+    cr_assert_eq(r.top_logprobs, 0);
+    cr_assert_float_eq(r.sampling.temperature, 1.0f, 0);
+    cr_assert_eq(memcmp(&r.sampling, &d, sizeof d), 0);
+    cr_assert_not(r.seed_given);
+    cr_assert_eq(r.sampling.seed, 0);
+    cr_assert_null(r.bias);
+    cr_assert_eq(r.n_stops, 0);
+    cr_assert_null(r.stops[0]);
+    cr_assert_null(r.user);
+    cr_assert(r.cache);
+    cr_assert_null(r.cache_salt);
+    cr_assert_not(r.ignore_eos);
+    cr_assert_not(r.echo);
+    api_request_free(&r);
+}
+
+Test(api, null_means_not_given) {
+    api_request r;
+    parse_ok(API_CHAT,
+             chat_with(",\"max_tokens\":null,\"temperature\":null,\"stop\":null,\"seed\":null,"
+                       "\"logit_bias\":null,\"n\":null,\"stream\":null,\"user\":null,"
+                       "\"stream_options\":null,\"top_logprobs\":null,\"logprobs\":null"),
+             &r);
+    cr_assert_eq(r.max_tokens, -1);
+    cr_assert_float_eq(r.sampling.temperature, 1.0f, 0);
+    cr_assert_eq(r.n_stops, 0);
+    cr_assert_not(r.seed_given);
+    cr_assert_eq(r.n, 1);
+    cr_assert_null(r.user);
+    api_request_free(&r);
+}
+
+Test(api, content_parts_joined) {
+    api_request r;
+    parse_ok(API_CHAT,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":["
+             "{\"type\":\"text\",\"text\":\"Hello, \"},{\"type\":\"text\",\"text\":\"\"},"
+             "{\"type\":\"text\",\"text\":\"w\\u00f6rld\"}]},"
+             "{\"role\":\"assistant\",\"content\":[]},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+             "{\"role\":\"assistant\"}]}",
+             &r);
+    cr_assert_eq(r.n_messages, 4);
+    cr_assert_str_eq(r.messages[0].content, "Hello, w\xc3\xb6rld");
+    for (int i = 1; i < 4; i++) {
+        cr_assert_str_eq(r.messages[i].role, "assistant");
+        cr_assert_str_eq(r.messages[i].content, "");
+    }
+    api_request_free(&r);
+}
+
+Test(api, completion_prompt_string) {
+    api_request r;
+    parse_ok(API_COMPLETION, completion_with(",\"echo\":true,\"logprobs\":3"), &r);
+    cr_assert_eq(r.kind, API_COMPLETION);
+    cr_assert_null(r.messages);
+    cr_assert_eq(r.n_prompts, 1);
+    cr_assert_str_eq(r.prompts[0].text, "hi");
+    cr_assert_null(r.prompts[0].tokens);
+    cr_assert(r.echo);
+    cr_assert(r.logprobs);
+    cr_assert_eq(r.top_logprobs, 3);
+    api_request_free(&r);
+}
+
+Test(api, completion_prompt_strings) {
+    api_request r;
+    parse_ok(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"\",\"c\"],\"logprobs\":0}", &r);
+    cr_assert_eq(r.n_prompts, 3);
+    cr_assert_str_eq(r.prompts[0].text, "a");
+    cr_assert_str_eq(r.prompts[1].text, ""); /* allowed, as OpenAI; the caller sees 0 tokens */
+    cr_assert_str_eq(r.prompts[2].text, "c");
+    cr_assert(r.logprobs);
+    cr_assert_eq(r.top_logprobs, 0);
+    cr_assert_not(r.echo);
+    api_request_free(&r);
+}
+
+Test(api, completion_prompt_tokens) {
+    api_request r;
+    parse_ok(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,0,2147483647,5.0]}", &r);
+    cr_assert_eq(r.n_prompts, 1);
+    cr_assert_null(r.prompts[0].text);
+    cr_assert_eq(r.prompts[0].n_tokens, 4);
+    int32_t want[] = {1, 0, INT32_MAX, 5};
+    for (int i = 0; i < 4; i++) cr_assert_eq(r.prompts[0].tokens[i], want[i]);
+    api_request_free(&r);
+}
+
+Test(api, completion_prompt_token_arrays) {
+    api_request r;
+    parse_ok(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[[1,2,3],[4]],\"n\":2}", &r);
+    cr_assert_eq(r.n_prompts, 2);
+    cr_assert_eq(r.n, 2);
+    cr_assert_eq(r.prompts[0].n_tokens, 3);
+    cr_assert_eq(r.prompts[0].tokens[2], 3);
+    cr_assert_eq(r.prompts[1].n_tokens, 1);
+    cr_assert_eq(r.prompts[1].tokens[0], 4);
+    api_request_free(&r);
+}
+
+Test(api, max_completion_tokens_wins) {
+    api_request r;
+    parse_ok(API_CHAT, chat_with(",\"max_completion_tokens\":7,\"max_tokens\":100"), &r);
+    cr_assert_eq(r.max_tokens, 7);
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(",\"max_tokens\":100,\"max_completion_tokens\":null"), &r);
+    cr_assert_eq(r.max_tokens, 100);
+    api_request_free(&r);
+}
+
+Test(api, top_k_minus_one_is_off) {
+    api_request r;
+    parse_ok(API_CHAT, chat_with(",\"top_k\":-1"), &r);
+    cr_assert_eq(r.sampling.top_k, 0);
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(",\"top_k\":0,\"temperature\":0,\"top_p\":0,\"n\":2.0"), &r);
+    cr_assert_eq(r.sampling.top_k, 0);
+    cr_assert_float_eq(r.sampling.temperature, 0.0f, 0);
+    cr_assert_float_eq(r.sampling.top_p, 0.0f, 0);
+    cr_assert_eq(r.n, 2); /* an integral float is an integer, as pydantic's lax mode */
+    api_request_free(&r);
+}
+
+Test(api, stop_string_and_stream_options_without_stream) {
+    api_request r;
+    parse_ok(API_CHAT, chat_with(",\"stop\":\"###\",\"stream_options\":{\"include_usage\":true}"),
+             &r);
+    cr_assert_eq(r.n_stops, 1);
+    cr_assert_str_eq(r.stops[0], "###");
+    cr_assert_not(r.stream);
+    cr_assert_not(r.include_usage); /* meaningless without stream: accepted and ignored */
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(",\"stop\":[],\"logit_bias\":{}"), &r);
+    cr_assert_eq(r.n_stops, 0);
+    cr_assert_null(r.bias);
+    cr_assert_eq(r.sampling.n_bias, 0);
+    api_request_free(&r);
+}
+
+Test(api, free_is_safe_on_zeroed_and_twice) {
+    api_request r;
+    memset(&r, 0, sizeof r);
+    api_request_free(&r);
+    api_request_free(NULL);
+    parse_ok(API_CHAT, chat_with(",\"stop\":[\"a\",\"b\"]"), &r);
+    api_request_free(&r);
+    api_request_free(&r);
+    api_tokenize t;
+    memset(&t, 0, sizeof t);
+    api_tokenize_free(&t);
+}
+
+/* ---------------------------------------------------------------- malformed bodies */
+
+Test(api, malformed_json) {
+    fail(API_CHAT, "{\"model\": \"m\",,}", "", "malformed JSON at line 1, column");
+    fail(API_CHAT, "{\"model\": nope}", "", "invalid token");
+    fail(API_CHAT, "", "", "the request body is empty");
+    fail_n(API_COMPLETION, NULL, 0, 400, "", "the request body is empty");
+    fail(API_CHAT, " \n", "", "malformed JSON at line 2");
+    fail(API_CHAT, "{} trailing", "", "end of file expected");
+    fail(API_CHAT, "{\"model\":\"a\",\"model\":\"b\"}", "", "duplicate object key");
+    fail(API_CHAT, "{\"seed\":99999999999999999999}", "", "too big integer");
+    fail(API_CHAT, "{\"x\":\"\\ud800\"}", "", "invalid Unicode");
+}
+
+Test(api, truncated_json) {
+    const char *body = chat_with("");
+    fail_n(API_CHAT, body, strlen(body) - 1, 400, "", "expected near end of file");
+    fail(API_CHAT, "{\"model\":\"m", "", "premature end of input");
+    fail_n(API_CHAT, "{", 1, 400, "", "malformed JSON");
+}
+
+Test(api, not_an_object) {
+    fail(API_CHAT, "[1,2]", "", "must be a JSON object, got an array");
+    fail(API_CHAT, "\"hi\"", "", "must be a JSON object, got a string");
+    fail(API_COMPLETION, "null", "", "got null");
+    fail(API_COMPLETION, "42", "", "got an integer");
+}
+
+Test(api, invalid_utf8) {
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\xff\"}]}", "",
+         "invalid UTF-8");
+    fail(API_CHAT, "{\"model\":\"\xc3\"}", "", "invalid UTF-8");            /* truncated sequence */
+    fail(API_CHAT, "{\"model\":\"\xed\xa0\x80\"}", "", "invalid UTF-8");    /* encoded surrogate */
+    fail(API_COMPLETION, "{\"model\":\"\xc0\xaf\"}", "", "byte offset 10"); /* overlong '/' */
+}
+
+Test(api, nul_characters) {
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}",
+         "messages[0].content", "NUL");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+         "\"text\":\"\\u0000\"}]}]}",
+         "messages[0].content[0].text", "NUL");
+    fail(API_CHAT, "{\"model\":\"m\\u0000\"}", "model", "NUL");
+    fail(API_CHAT, "{\"a\\u0000\":1}", "", "NUL");
+    fail(API_COMPLETION, completion_with(",\"stop\":[\"x\",\"\\u0000\"]"), "stop[1]", "NUL");
+    /* a raw NUL byte is not valid JSON at all */
+    fail_n(API_CHAT, "{\"model\":\"a\0b\"}", 15, 400, "", "malformed JSON");
+}
+
+/* ---------------------------------------------------------------- types */
+
+Test(api, wrong_types_scalars) {
+    fail(API_CHAT, chat_with(",\"temperature\":\"hot\""), "temperature",
+         "'temperature' must be a number, got a string");
+    fail(API_CHAT, chat_with(",\"top_p\":true"), "top_p", "must be a number, got a boolean");
+    fail(API_CHAT, chat_with(",\"n\":\"2\""), "n", "'n' must be an integer, got a string");
+    fail(API_CHAT, chat_with(",\"n\":1.5"), "n", "must be an integer, got a number");
+    fail(API_CHAT, chat_with(",\"max_tokens\":[]"), "max_tokens", "must be an integer");
+    fail(API_CHAT, chat_with(",\"seed\":0.5"), "seed", "must be an integer");
+    fail(API_CHAT, chat_with(",\"top_k\":{}"), "top_k", "got an object");
+    fail(API_CHAT, chat_with(",\"stream\":1"), "stream", "'stream' must be a boolean");
+    fail(API_CHAT, chat_with(",\"logprobs\":5"), "logprobs", "must be a boolean");
+    fail(API_COMPLETION, completion_with(",\"logprobs\":true"), "logprobs", "must be an integer");
+    fail(API_COMPLETION, completion_with(",\"echo\":\"yes\""), "echo", "must be a boolean");
+    fail(API_CHAT, chat_with(",\"user\":5"), "user", "'user' must be a string, got an integer");
+    fail(API_CHAT, chat_with(",\"cache\":\"no\""), "cache", "must be a boolean");
+    fail(API_CHAT, chat_with(",\"cache_salt\":1"), "cache_salt", "must be a string");
+    fail(API_CHAT, chat_with(",\"ignore_eos\":\"yes\""), "ignore_eos", "must be a boolean");
+    fail(API_CHAT, "{\"model\":3,\"messages\":[]}", "model", "'model' must be a string");
+}
+
+Test(api, wrong_types_structures) {
+    fail(API_CHAT, chat_with(",\"stop\":5"), "stop", "must be a string or an array of strings");
+    fail(API_CHAT, chat_with(",\"stop\":[\"a\",\"b\",3]"), "stop[2]",
+         "'stop[2]' must be a string, got an integer");
+    fail(API_CHAT, chat_with(",\"logit_bias\":[1]"), "logit_bias", "must be an object");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"5\":\"x\"}"), "logit_bias",
+         "must be numbers, got a string");
+    fail(API_CHAT, chat_with(",\"stream\":true,\"stream_options\":true"), "stream_options",
+         "must be an object");
+    fail(API_CHAT, chat_with(",\"stream\":true,\"stream_options\":{\"include_usage\":1}"),
+         "stream_options.include_usage", "must be a boolean");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":\"hi\"}", "messages",
+         "'messages' must be an array, got a string");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[\"hi\"]}", "messages[0]", "must be an object");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"user\",\"content\":5}]}",
+         "messages[1].content", "'messages[1].content' must be a string or an array");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":1,\"content\":\"a\"}]}",
+         "messages[0].role", "must be a string");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[\"a\"]}]}",
+         "messages[0].content[0]", "must be an object");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+         "\"text\":7}]}]}",
+         "messages[0].content[0].text", "must be a string");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":{}}", "prompt", "got an object");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[true]}", "prompt[0]", "got a boolean");
+}
+
+Test(api, mixed_prompt_arrays) {
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",1]}", "prompt[1]",
+         "must be a string, got an integer");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt[1]",
+         "must be an integer, got a string");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[[1],2]}", "prompt[1]",
+         "must be an array of token ids");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[[1],[2,\"x\"]]}", "prompt[1][1]",
+         "must be an integer");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2.5]}", "prompt[1]",
+         "must be an integer, got a number");
+}
+
+/* ---------------------------------------------------------------- missing and empty */
+
+Test(api, missing_required) {
+    fail(API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]}", "model",
+         "'model' is required");
+    fail(API_CHAT, "{\"model\":null,\"messages\":[]}", "model", "'model' is required");
+    fail(API_CHAT, "{\"model\":\"m\"}", "messages", "'messages' is required");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"messages\":[]}", "prompt", "'prompt' is required");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"content\":\"a\"}]}", "messages[0].role",
+         "is required");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\"}]}", "messages[0].content",
+         "is required for role 'user'");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":null}]}",
+         "messages[0].content", "is required");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"a\"}]}]}",
+         "messages[0].content[0].type", "is required");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
+         "messages[0].content[0].text", "is required");
+}
+
+Test(api, empty_lists) {
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[]}", "messages", "must not be empty");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", "prompt", "must not be empty");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[[1],[]]}", "prompt[1]", "must not be empty");
+}
+
+/* ---------------------------------------------------------------- roles and content */
+
+Test(api, unknown_role) {
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"wizard\",\"content\":\"a\"}]}",
+         "messages[0].role", "unknown role 'wizard'");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+         "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"1\"}]}",
+         "messages[1].role", "role 'tool' is not supported");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"a\"}]}",
+         "messages[0].role", "role 'function' is not supported");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,"
+         "\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\"}]}]}",
+         "messages[0].tool_calls", "tool calls are not supported");
+}
+
+Test(api, image_part) {
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+         "\"text\":\"see\"},{\"type\":\"image_url\",\"image_url\":{\"url\":\"http://x\"}}]}]}",
+         "messages[0].content[1].type", "content part type 'image_url' is not supported");
+}
+
+/* ---------------------------------------------------------------- ranges */
+
+Test(api, out_of_range) {
+    fail(API_CHAT, chat_with(",\"temperature\":2.5"), "temperature",
+         "'temperature' must be between 0 and 2, got 2.5");
+    fail(API_CHAT, chat_with(",\"temperature\":-0.1"), "temperature", "between 0 and 2");
+    fail(API_CHAT, chat_with(",\"top_p\":1.01"), "top_p", "between 0 and 1");
+    fail(API_CHAT, chat_with(",\"min_p\":-1"), "min_p", "between 0 and 1");
+    fail(API_CHAT, chat_with(",\"top_k\":-2"), "top_k", "must be at least -1, got -2");
+    fail(API_CHAT, chat_with(",\"top_k\":4294967296"), "top_k", "at most 2147483647");
+    fail(API_CHAT, chat_with(",\"presence_penalty\":2.5"), "presence_penalty", "between -2 and 2");
+    fail(API_CHAT, chat_with(",\"frequency_penalty\":-3"), "frequency_penalty", "between -2 and 2");
+    fail(API_CHAT, chat_with(",\"repetition_penalty\":0"), "repetition_penalty",
+         "greater than 0 and 100");
+    fail(API_CHAT, chat_with(",\"repetition_penalty\":101"), "repetition_penalty",
+         "greater than 0 and 100");
+    fail(API_CHAT, chat_with(",\"n\":0"), "n", "between 1 and 16, got 0");
+    fail(API_CHAT, chat_with(",\"n\":17"), "n", "between 1 and 16");
+    fail(API_CHAT, chat_with(",\"max_tokens\":0"), "max_tokens", "must be at least 1");
+    fail(API_CHAT, chat_with(",\"max_completion_tokens\":-5"), "max_completion_tokens",
+         "must be at least 1");
+    fail(API_CHAT, chat_with(",\"logprobs\":true,\"top_logprobs\":21"), "top_logprobs",
+         "between 0 and 20");
+    fail(API_COMPLETION, completion_with(",\"logprobs\":6"), "logprobs", "between 0 and 5");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"1\":100.5}"), "logit_bias",
+         "between -100 and 100");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,-1]}", "prompt[1]", "at least 0");
+    fail(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[[2147483648]]}", "prompt[0][0]",
+         "at most 2147483647");
+    char salt[300 + 64];
+    char s[258];
+    memset(s, 'a', 257);
+    s[257] = '\0';
+    snprintf(salt, sizeof salt, ",\"cache_salt\":\"%s\"", s);
+    fail(API_CHAT, chat_with(salt), "cache_salt", "longer than 256 bytes");
+}
+
+Test(api, too_many_prompts) {
+    char body[1024] = "{\"model\":\"m\",\"prompt\":[";
+    for (int i = 0; i < API_MAX_PROMPTS + 1; i++) strcat(body, i ? ",\"a\"" : "\"a\"");
+    strcat(body, "]}");
+    fail(API_COMPLETION, body, "prompt", "more than the limit of 64");
+}
+
+Test(api, stops) {
+    fail(API_CHAT, chat_with(",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]"), "stop",
+         "'stop' has 5 strings, more than the limit of 4");
+    fail(API_CHAT, chat_with(",\"stop\":\"\""), "stop", "must not be an empty string");
+    fail(API_CHAT, chat_with(",\"stop\":[\"a\",\"\"]"), "stop[1]", "must not be an empty string");
+}
+
+Test(api, logit_bias_keys) {
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"abc\":1}"), "logit_bias",
+         "keys must be token ids (non-negative integers), got 'abc'");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"-1\":1}"), "logit_bias", "got '-1'");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"1.5\":1}"), "logit_bias", "got '1.5'");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"\":1}"), "logit_bias", "got ''");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"2147483648\":1}"), "logit_bias", "token ids");
+    fail(API_CHAT, chat_with(",\"logit_bias\":{\"7\":1,\"007\":2}"), "logit_bias",
+         "gives token 7 twice");
+    char body[API_MAX_LOGIT_BIAS * 12 + 64];
+    size_t off = (size_t)snprintf(body, sizeof body, ",\"logit_bias\":{");
+    for (int i = 0; i <= API_MAX_LOGIT_BIAS; i++)
+        off += (size_t)snprintf(body + off, sizeof body - off, "%s\"%d\":1", i ? "," : "", i);
+    snprintf(body + off, sizeof body - off, "}");
+    char *full = malloc(strlen(body) + 128);
+    cr_assert_not_null(full);
+    sprintf(full, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]%s}",
+            body);
+    fail(API_CHAT, full, "logit_bias", "more than the limit of 1024");
+    free(full);
+}
+
+Test(api, top_logprobs_without_logprobs) {
+    fail(API_CHAT, chat_with(",\"top_logprobs\":2"), "top_logprobs",
+         "'top_logprobs' requires 'logprobs' to be true");
+    fail(API_CHAT, chat_with(",\"logprobs\":false,\"top_logprobs\":0"), "top_logprobs",
+         "requires 'logprobs'");
+}
+
+/* ---------------------------------------------------------------- error JSON */
+
+Test(api, error_json_round_trip) {
+    api_error err;
+    api_fail(&err, 400, "invalid_request_error", NULL, "messages[1].content", "bad \"%s\"\n",
+             "quote");
+    char *s = api_error_json(&err);
+    cr_assert_not_null(s);
+    json_error_t jerr;
+    json_t *root = json_loads(s, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", s, jerr.text);
+    json_t *e = json_object_get(root, "error");
+    cr_assert(json_is_object(e));
+    cr_assert_str_eq(json_string_value(json_object_get(e, "message")), "bad \"quote\"\n");
+    cr_assert_str_eq(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    cr_assert_str_eq(json_string_value(json_object_get(e, "param")), "messages[1].content");
+    cr_assert(json_is_null(json_object_get(e, "code")));
+    json_decref(root);
+    free(s);
+
+    api_fail(&err, 404, "invalid_request_error", "model_not_found", "", "no model '%s'", "x");
+    s = api_error_json(&err);
+    root = json_loads(s, 0, &jerr);
+    cr_assert_not_null(root);
+    e = json_object_get(root, "error");
+    cr_assert(json_is_null(json_object_get(e, "param")));
+    cr_assert_str_eq(json_string_value(json_object_get(e, "code")), "model_not_found");
+    json_decref(root);
+    free(s);
+}
+
+Test(api, error_json_from_parse_and_bad_utf8) {
+    /* A message quoting client text cut mid-character must still give valid JSON. */
+    api_error err;
+    api_fail(&err, 400, "invalid_request_error", NULL, "x", "cut: %.4s", "ab\xc3\xb6\xc3\xb6");
+    char *s = api_error_json(&err);
+    cr_assert_not_null(s);
+    json_t *root = json_loads(s, 0, NULL);
+    cr_assert_not_null(root, "%s", s);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "error"), "message")),
+                     "cut: ab\xc3\xb6");
+    json_decref(root);
+    free(s);
+
+    api_request r;
+    cr_assert_eq(api_parse_request(API_CHAT, "{\"model\":\"\xff\"}", 13, &r, &err), -1);
+    s = api_error_json(&err);
+    root = json_loads(s, 0, NULL);
+    cr_assert_not_null(root, "%s", s);
+    cr_assert_not_null(
+        strstr(json_string_value(json_object_get(json_object_get(root, "error"), "message")),
+               "invalid UTF-8"));
+    json_decref(root);
+    free(s);
+}
+
+/* ---------------------------------------------------------------- tokenize, detokenize */
+
+static void tok_fail(const char *body, const char *param, const char *msg) {
+    api_tokenize t;
+    api_error err = {0};
+    cr_assert_eq(api_parse_tokenize(body, strlen(body), &t, &err), -1, "accepted %s", body);
+    cr_assert_eq(err.status, 400);
+    cr_assert_str_eq(err.param, param, "param '%s' for %s", err.param, body);
+    cr_assert_not_null(strstr(err.message, msg), "'%s' lacks '%s'", err.message, msg);
+    api_tokenize_free(&t);
+}
+
+Test(api, tokenize_shapes) {
+    api_tokenize t;
+    api_error err;
+    const char *b1 = "{\"model\":\"m\",\"content\":\"hello\"}";
+    cr_assert_eq(api_parse_tokenize(b1, strlen(b1), &t, &err), 0, "%s", err.message);
+    cr_assert_str_eq(t.text, "hello");
+    cr_assert_null(t.messages);
+    cr_assert(t.add_special);
+    cr_assert_not(t.with_pieces);
+    api_tokenize_free(&t);
+
+    const char *b2 = "{\"prompt\":\"\",\"add_special_tokens\":false,\"with_pieces\":true}";
+    cr_assert_eq(api_parse_tokenize(b2, strlen(b2), &t, &err), 0, "%s", err.message);
+    cr_assert_str_eq(t.text, "");
+    cr_assert_not(t.add_special);
+    cr_assert(t.with_pieces);
+    api_tokenize_free(&t);
+
+    const char *b3 = "{\"messages\":[{\"role\":\"developer\",\"content\":\"s\"},"
+                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"u\"}]}]}";
+    cr_assert_eq(api_parse_tokenize(b3, strlen(b3), &t, &err), 0, "%s", err.message);
+    cr_assert_null(t.text);
+    cr_assert_eq(t.n_messages, 2);
+    cr_assert_str_eq(t.messages[0].role, "system");
+    cr_assert_str_eq(t.messages[1].content, "u");
+    cr_assert_not(t.add_special);
+    api_tokenize_free(&t);
+
+    const char *b4 = "{\"messages\":[{\"role\":\"user\",\"content\":\"u\"}],\"add_special\":true}";
+    cr_assert_eq(api_parse_tokenize(b4, strlen(b4), &t, &err), 0, "%s", err.message);
+    cr_assert(t.add_special);
+    api_tokenize_free(&t);
+}
+
+Test(api, tokenize_errors) {
+    tok_fail("{}", "content", "is required");
+    tok_fail("{\"content\":5}", "content", "'content' must be a string, got an integer");
+    tok_fail("{\"prompt\":[1]}", "prompt", "must be a string");
+    tok_fail("{\"content\":\"a\",\"messages\":[]}", "messages", "not both");
+    tok_fail("{\"messages\":[]}", "messages", "must not be empty");
+    tok_fail("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role",
+             "not supported");
+    tok_fail("{\"content\":\"a\",\"with_pieces\":\"yes\"}", "with_pieces", "must be a boolean");
+    tok_fail("[", "", "malformed JSON");
+    tok_fail("[]", "", "must be a JSON object");
+    tok_fail("{\"content\":\"\xfe\"}", "", "invalid UTF-8");
+}
+
+static void detok_fail(const char *body, const char *param, const char *msg) {
+    int32_t *toks = (int32_t *)1;
+    int n = 99;
+    api_error err = {0};
+    cr_assert_eq(api_parse_detokenize(body, strlen(body), &toks, &n, &err), -1, "accepted %s",
+                 body);
+    cr_assert_null(toks);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(err.status, 400);
+    cr_assert_str_eq(err.param, param, "param '%s' for %s", err.param, body);
+    cr_assert_not_null(strstr(err.message, msg), "'%s' lacks '%s'", err.message, msg);
+}
+
+Test(api, detokenize) {
+    int32_t *toks;
+    int n;
+    api_error err;
+    const char *b = "{\"model\":\"m\",\"tokens\":[3,0,2147483647]}";
+    cr_assert_eq(api_parse_detokenize(b, strlen(b), &toks, &n, &err), 0, "%s", err.message);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(toks[0], 3);
+    cr_assert_eq(toks[1], 0);
+    cr_assert_eq(toks[2], INT32_MAX);
+    free(toks);
+    b = "{\"tokens\":[]}";
+    cr_assert_eq(api_parse_detokenize(b, strlen(b), &toks, &n, &err), 0, "%s", err.message);
+    cr_assert_eq(n, 0);
+    free(toks);
+
+    detok_fail("{}", "tokens", "'tokens' is required");
+    detok_fail("{\"tokens\":\"1 2\"}", "tokens", "must be an array of token ids, got a string");
+    detok_fail("{\"tokens\":[1,-2]}", "tokens[1]", "must be at least 0, got -2");
+    detok_fail("{\"tokens\":[1,2147483648]}", "tokens[1]", "at most 2147483647");
+    detok_fail("{\"tokens\":[1,\"2\"]}", "tokens[1]", "must be an integer, got a string");
+    detok_fail("{\"tokens\":[1.5]}", "tokens[0]", "must be an integer, got a number");
+    detok_fail("{\"tokens\":[1]", "", "malformed JSON");
+}
