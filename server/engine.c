@@ -113,7 +113,8 @@ typedef struct eseq {
     size_t gen_len, gen_cap, emitted;
     int n_gen;
     uint64_t t_last_token;
-    uint64_t admit_order;
+    uint64_t admit_order; /* older sequences have priority for KV */
+    bool preempted;       /* its KV was dropped; it has not yet recomputed its history */
     bool done;
 } eseq;
 
@@ -187,9 +188,10 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     gen_request *r = s->req;
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->choice];
+    bool last = false;
     if (c->finish == GEN_RUNNING) {
         c->finish = fin;
-        r->n_finished++;
+        last = ++r->n_finished == r->n_choices;
         if (fin == GEN_FINISH_ERROR && !r->error_status) {
             r->error_status = status;
             snprintf(r->error, sizeof r->error, "%s", msg);
@@ -197,8 +199,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (r->n_finished == r->n_choices)
-        metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
+    if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
     kv_seq_release(e->pool, &s->kv);
     s->done = true;
 }
@@ -260,7 +261,9 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     gen_logprob lp = {0};
     if (r->logprobs && r->top_logprobs > 0)
         top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
-    int32_t t = sampler_sample(s->smp, logits, s->hist, s->n_hist, &lp.logprob);
+    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
+    int32_t t =
+        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
     lp.token = t;
     if (s->n_hist == s->cap_hist) {
         int cap = s->cap_hist * 2;
@@ -359,34 +362,49 @@ static int64_t blocks_for(const engine *e, int64_t n_tokens) {
     return (n_tokens + bt - 1) / bt;
 }
 
-/* Drops the youngest sequence's KV (other than `keep`); it will re-prefill its history.
- * Returns false when there is nothing to take. */
-static bool preempt_youngest(engine *e, const eseq *keep) {
-    eseq *victim = NULL;
-    for (int i = 0; i < e->n_run; i++) {
-        eseq *s = e->run[i];
-        if (s == keep || s->done || s->kv.n_blocks == 0) continue;
-        if (!victim || s->admit_order > victim->admit_order) victim = s;
-    }
-    if (!victim) return false;
+/* Drops a sequence's KV; it re-prefills its whole history (prompt and generated tokens) when
+ * the pool has room again, so its output is the same. */
+static void preempt(engine *e, eseq *v) {
     log_info("KV pool full: preempting a sequence of %d tokens (it will be recomputed)",
-             victim->n_computed);
-    kv_seq_release(e->pool, &victim->kv);
-    victim->n_computed = 0;
+             v->n_computed);
+    kv_seq_release(e->pool, &v->kv);
+    v->n_computed = 0;
+    v->preempted = true;
     /* A sibling that never forked computes the prompt itself now. */
-    victim->wait_fork = false;
+    v->wait_fork = false;
     metrics_preemption(e->mx);
-    return true;
+}
+
+/* The youngest sequence holding KV that is younger than s, or NULL. Only younger sequences
+ * give way, so the oldest always makes progress (the pool holds at least one context) and two
+ * sequences cannot take turns preempting each other. */
+static eseq *youngest_holder_after(const engine *e, const eseq *s) {
+    eseq *v = NULL;
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *t = e->run[i];
+        if (t == s || t->done || t->kv.n_blocks == 0 || t->admit_order < s->admit_order) continue;
+        if (!v || t->admit_order > v->admit_order) v = t;
+    }
+    return v;
+}
+
+static bool any_preempted(const engine *e) {
+    for (int i = 0; i < e->n_run; i++)
+        if (e->run[i]->preempted && !e->run[i]->done) return true;
+    return false;
 }
 
 /* Moves requests from the queue into the batch while there are sequence slots and KV blocks
  * for their prompts (plus one block of growth per running sequence). FIFO: the head waits
  * rather than being overtaken. Called with e->mu held. */
 static void admit(engine *e) {
+    /* Preempted sequences come back before anything new is admitted. */
+    bool blocked = any_preempted(e);
     while (e->q_len > 0) {
         gen_request *r = e->queue[e->q_head];
         bool cancelled = atomic_load(&r->cancelled);
         if (!cancelled) {
+            if (blocked) break;
             if (e->n_run + r->n_choices > e->o.max_seqs) break;
             int64_t need = blocks_for(e, r->n_prompt + 1) + e->n_run;
             if (e->n_run > 0 && kv_pool_free_blocks(e->pool) < need) break;
@@ -411,7 +429,8 @@ static void admit(engine *e) {
     }
 }
 
-/* Frees finished and cancelled sequences, keeping admission order. */
+/* Frees finished and cancelled sequences, keeping admission order. A choice waiting to fork
+ * from a first choice that ended early (an error) computes its prompt itself. */
 static void reap(engine *e) {
     int n = 0;
     for (int i = 0; i < e->n_run; i++) {
@@ -423,23 +442,40 @@ static void reap(engine *e) {
             e->run[n++] = s;
     }
     e->n_run = n;
+    for (int i = 0; i < n; i++) {
+        eseq *s = e->run[i];
+        if (!s->wait_fork) continue;
+        bool first_alive = false;
+        for (int k = 0; k < n && !first_alive; k++)
+            first_alive = e->run[k]->req == s->req && e->run[k]->choice == 0;
+        if (!first_alive) s->wait_fork = false;
+    }
 }
 
-/* Adds s to the step's batch with n_tok pending tokens, reserving their KV slots (preempting
- * younger sequences if the pool is full). Returns false when s cannot run this step. */
+/* Adds s to the step's batch with n_tok pending tokens, reserving their KV slots. When the pool
+ * is full, younger sequences give way; if there are none, s steps back itself (or, being new,
+ * waits). Returns false when s does not run this step. */
 static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     kv_error err = {{0}};
     while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
-        if (!preempt_youngest(e, s)) {
-            if (s->n_computed == 0) return false; /* a prefill waits for room */
-            /* Alone and still no room: the pool is smaller than one context (configuration
-             * prevents this); end the sequence rather than spin. */
-            eseq_finish(e, s, GEN_FINISH_LENGTH, 0, NULL);
+        eseq *v = youngest_holder_after(e, s);
+        if (!v) {
+            bool others = false;
+            for (int i = 0; i < e->n_run && !others; i++)
+                others = e->run[i] != s && !e->run[i]->done && e->run[i]->kv.n_blocks > 0;
+            if (!others) {
+                /* Alone and still no room: the pool is smaller than one context (the
+                 * configuration prevents this); end the sequence rather than spin. */
+                eseq_finish(e, s, GEN_FINISH_LENGTH, 0, NULL);
+            } else if (s->kv.n_blocks > 0) {
+                preempt(e, s);
+            }
             return false;
         }
+        preempt(e, v);
         /* The victim may already be in this step's batch: take it out. */
         for (int i = 0; i < *n_b; i++)
-            if (e->batch_seqs[i]->n_computed == 0 && e->batch_seqs[i]->kv.n_blocks == 0) {
+            if (e->batch_seqs[i] == v) {
                 *n_pos -= e->batch[i].n_tok;
                 memmove(&e->batch[i], &e->batch[i + 1], sizeof *e->batch * (size_t)(*n_b - i - 1));
                 memmove(&e->batch_seqs[i], &e->batch_seqs[i + 1],
@@ -474,6 +510,11 @@ static void step(engine *e) {
         eseq *s = e->run[i];
         int pending = s->n_hist - s->n_computed;
         if (s->done || s->wait_fork || pending <= 1) continue;
+        /* A preempted sequence restarts only when its whole history fits, so it does not
+         * step back again halfway. */
+        if (s->preempted && s->n_computed == 0 &&
+            kv_pool_free_blocks(e->pool) < blocks_for(e, s->n_hist + 1))
+            continue;
         int n = pending < budget ? pending : budget;
         if (batch_add(e, s, n, &n_b, &n_pos)) budget -= n;
     }
@@ -488,7 +529,10 @@ static void step(engine *e) {
         off += bs->n_tok;
     }
     kv_error err = {{0}};
+    uint64_t t0 = clock_now_ns();
     int n_out = model_forward(e->fwd, e->batch, n_b, NULL, e->logits, &err);
+    log_debug("step: %d sequences, %d tokens, forward %.2f ms", n_b, n_pos,
+              (double)(clock_now_ns() - t0) / 1e6);
     if (n_out != n_b) {
         log_error("forward pass failed: %s", err.msg);
         for (int i = 0; i < n_b; i++)
@@ -500,6 +544,7 @@ static void step(engine *e) {
         eseq *s = e->batch_seqs[i];
         s->n_computed += e->batch[i].n_tok;
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
+        s->preempted = false;
         float *row = e->logits + (size_t)i * n_vocab;
         if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
         eseq_sample(e, s, row);

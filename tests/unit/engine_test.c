@@ -1,0 +1,279 @@
+/* The engine on the real model: continuous batching gives every request the output it gets
+ * alone (greedy), also when the KV pool is too small for all of them and sequences are preempted
+ * and recomputed; n choices fork one prompt; cancellation frees KV at once; the queue limit,
+ * invalid requests and shutdown answer as engine.h says. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/engine.h"
+
+#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static model *g_m;
+
+static void setup(void) {
+    kv_error err = {{0}};
+    g_m = model_load(MODEL_PATH, NULL, &err);
+    cr_assert_not_null(g_m, "load: %s", err.msg);
+}
+
+static void teardown(void) { model_free(g_m); }
+
+TestSuite(engine, .init = setup, .fini = teardown, .timeout = 900);
+
+/* ---------------------------------------------------------------- helpers */
+
+static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics **mx) {
+    kv_error err = {{0}};
+    *mx = metrics_create();
+    cr_assert_not_null(*mx);
+    engine_opts o = {.threads = 2,
+                     .ctx = ctx,
+                     .kv_pool_tokens = pool,
+                     .max_seqs = max_seqs,
+                     .max_queue = max_queue,
+                     .prefill_chunk = 64};
+    engine *e = engine_create(g_m, &o, *mx, &err);
+    cr_assert_not_null(e, "engine_create: %s", err.msg);
+    return e;
+}
+
+/* A greedy (temp 0) or sampled request over text, generating exactly max_tokens tokens. */
+static gen_request *request(const char *text, int n, int max_tokens, float temp, uint64_t seed) {
+    gen_request *r = gen_request_create(n);
+    cr_assert_not_null(r);
+    kv_error err = {{0}};
+    r->n_prompt = tokenizer_encode(g_m->tok, text, strlen(text), true, false, &r->prompt, &err);
+    cr_assert_gt(r->n_prompt, 0, "%s", err.msg);
+    r->max_tokens = max_tokens;
+    r->ignore_eos = true;
+    r->sp.temperature = temp;
+    r->sp.seed = seed;
+    r->t_arrival = clock_now_ns();
+    return r;
+}
+
+static void submit_ok(engine *e, gen_request *r) {
+    kv_error err = {{0}};
+    cr_assert_eq(engine_submit(e, r, &err), ENGINE_SUBMIT_OK, "submit: %s", err.msg);
+}
+
+static void wait_done(gen_request *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->n_finished < r->n_choices) gen_request_wait(r, 100);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void wait_first_token(gen_request *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->choices[0].n_tokens == 0 && r->n_finished < r->n_choices) gen_request_wait(r, 100);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The value of an unlabelled metric in the exposition text. */
+static double metric(metrics *mx, const char *name) {
+    size_t len;
+    char *text = metrics_render(mx, &len);
+    cr_assert_not_null(text);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s ", name);
+    const char *p = strstr(text, key);
+    cr_assert_not_null(p, "metric %s missing", name);
+    double v = strtod(p + strlen(key), NULL);
+    free(text);
+    return v;
+}
+
+/* Waits until the engine has no running sequence and no KV block in use. */
+static void wait_idle(metrics *mx) {
+    for (int i = 0; i < 200; i++) {
+        if (metric(mx, "kvserve_running_sequences") == 0 &&
+            metric(mx, "kvserve_kv_pool_blocks_used") == 0)
+            return;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_fail("the engine did not go idle: %g sequences, %g blocks",
+                   metric(mx, "kvserve_running_sequences"),
+                   metric(mx, "kvserve_kv_pool_blocks_used"));
+}
+
+static const char *const PROMPTS[] = {
+    "The old lighthouse keeper looked at the sea and",
+    "Here is a recipe for a simple tomato soup:",
+    "The three most important rules of chess are",
+    "Once upon a time, in a small village in the mountains,",
+};
+#define N_PROMPTS 4
+
+/* ---------------------------------------------------------------- batching */
+
+Test(engine, batched_and_preempted_outputs_equal_alone) {
+    metrics *mx;
+    /* 4 sequences of ~12 + 120 tokens need ~530 slots: a 256-token pool forces preemption. */
+    engine *e = start(256, 256, 4, 8, &mx);
+    gen_request *together[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        together[i] = request(PROMPTS[i], 1, 120, 0, 0);
+        submit_ok(e, together[i]);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) wait_done(together[i]);
+    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    for (int i = 0; i < N_PROMPTS; i++) {
+        gen_request *alone = request(PROMPTS[i], 1, 120, 0, 0);
+        submit_ok(e, alone);
+        wait_done(alone);
+        const gen_choice *a = &alone->choices[0], *t = &together[i]->choices[0];
+        cr_assert_eq(t->finish, GEN_FINISH_LENGTH);
+        cr_assert_eq(t->n_tokens, 120);
+        cr_assert_str_eq(t->text, a->text, "prompt %d: batched/preempted output differs", i);
+        gen_request_unref(alone);
+        gen_request_unref(together[i]);
+    }
+    wait_idle(mx);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
+
+Test(engine, n_choices_fork_one_prompt) {
+    metrics *mx;
+    engine *e = start(512, 2048, 8, 8, &mx);
+    gen_request *one = request(PROMPTS[0], 1, 24, 0, 0);
+    gen_request *three = request(PROMPTS[0], 3, 24, 0, 0);
+    submit_ok(e, one);
+    submit_ok(e, three);
+    wait_done(one);
+    wait_done(three);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(three->choices[i].n_tokens, 24);
+        cr_assert_str_eq(three->choices[i].text, one->choices[0].text, "greedy choice %d", i);
+    }
+    /* sampled: the choices differ from each other, and the same seed repeats them */
+    gen_request *s1 = request(PROMPTS[1], 3, 24, 1.0f, 42);
+    gen_request *s2 = request(PROMPTS[1], 3, 24, 1.0f, 42);
+    submit_ok(e, s1);
+    wait_done(s1);
+    submit_ok(e, s2);
+    wait_done(s2);
+    for (int i = 0; i < 3; i++) cr_assert_str_eq(s1->choices[i].text, s2->choices[i].text);
+    cr_assert(strcmp(s1->choices[0].text, s1->choices[1].text) != 0 ||
+                  strcmp(s1->choices[0].text, s1->choices[2].text) != 0,
+              "three sampled choices are identical");
+    gen_request_unref(one);
+    gen_request_unref(three);
+    gen_request_unref(s1);
+    gen_request_unref(s2);
+    wait_idle(mx);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
+
+Test(engine, logprobs_are_recorded_per_token) {
+    metrics *mx;
+    engine *e = start(512, 512, 2, 4, &mx);
+    gen_request *r = request(PROMPTS[2], 1, 8, 0, 0);
+    r->logprobs = true;
+    r->top_logprobs = 5;
+    submit_ok(e, r);
+    wait_done(r);
+    const gen_choice *c = &r->choices[0];
+    cr_assert_eq(c->n_lps, 8);
+    for (int i = 0; i < c->n_lps; i++) {
+        const gen_logprob *lp = &c->lps[i];
+        cr_assert_leq(lp->logprob, 0.0f);
+        cr_assert_eq(lp->n_top, 5);
+        /* greedy: the chosen token is the most likely one */
+        cr_assert_eq(lp->top_ids[0], lp->token);
+        cr_assert_float_eq(lp->top_lps[0], lp->logprob, 1e-4);
+        for (int k = 1; k < lp->n_top; k++) cr_assert_leq(lp->top_lps[k], lp->top_lps[k - 1]);
+    }
+    gen_request_unref(r);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+Test(engine, cancel_frees_the_sequence) {
+    metrics *mx;
+    engine *e = start(4096, 4096, 2, 4, &mx);
+    gen_request *r = request(PROMPTS[3], 1, 4000, 0, 0);
+    submit_ok(e, r);
+    wait_first_token(r);
+    cr_assert_gt(metric(mx, "kvserve_kv_pool_blocks_used"), 0);
+    atomic_store(&r->cancelled, true);
+    wait_idle(mx);
+    cr_assert_lt(r->choices[0].n_tokens, 4000);
+    gen_request_unref(r);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
+
+Test(engine, queue_limit_and_invalid_requests) {
+    metrics *mx;
+    engine *e = start(256, 256, 1, 1, &mx);
+    kv_error err = {{0}};
+    gen_request *a = request(PROMPTS[0], 1, 200, 0, 0);
+    submit_ok(e, a);
+    wait_first_token(a); /* a runs: the one sequence slot is taken */
+    gen_request *b = request(PROMPTS[1], 1, 8, 0, 0);
+    submit_ok(e, b); /* waits in the queue */
+    gen_request *c = request(PROMPTS[2], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit(e, c, &err), ENGINE_SUBMIT_QUEUE_FULL);
+    cr_assert(strstr(err.msg, "busy"), "%s", err.msg);
+
+    gen_request *two = request(PROMPTS[2], 2, 8, 0, 0);
+    cr_assert_eq(engine_submit(e, two, &err), ENGINE_SUBMIT_INVALID);
+    cr_assert(strstr(err.msg, "n = 2"), "%s", err.msg);
+    gen_request *bad_id = request(PROMPTS[2], 1, 8, 0, 0);
+    bad_id->prompt[1] = g_m->hp.n_vocab;
+    cr_assert_eq(engine_submit(e, bad_id, &err), ENGINE_SUBMIT_INVALID);
+    cr_assert(strstr(err.msg, "outside the vocabulary"), "%s", err.msg);
+    gen_request *bad_p = request(PROMPTS[2], 1, 8, 0, 0);
+    bad_p->sp.top_p = 2.0f;
+    cr_assert_eq(engine_submit(e, bad_p, &err), ENGINE_SUBMIT_INVALID);
+    gen_request *long_p = gen_request_create(1);
+    long_p->n_prompt = 256;
+    long_p->prompt = calloc(256, sizeof(int32_t));
+    long_p->max_tokens = 1;
+    cr_assert_eq(engine_submit(e, long_p, &err), ENGINE_SUBMIT_INVALID);
+    cr_assert(strstr(err.msg, "256 tokens"), "%s", err.msg);
+
+    atomic_store(&a->cancelled, true);
+    wait_done(b); /* the queued request runs once a's slot is free */
+    cr_assert_eq(b->choices[0].finish, GEN_FINISH_LENGTH);
+    wait_idle(mx);
+    gen_request *reqs[] = {a, b, c, two, bad_id, bad_p, long_p};
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) gen_request_unref(reqs[i]);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
+
+Test(engine, stop_ends_streams_with_an_error) {
+    metrics *mx;
+    engine *e = start(4096, 4096, 1, 4, &mx);
+    gen_request *run = request(PROMPTS[0], 1, 4000, 0, 0);
+    gen_request *queued = request(PROMPTS[1], 1, 8, 0, 0);
+    submit_ok(e, run);
+    wait_first_token(run);
+    submit_ok(e, queued);
+    engine_stop(e);
+    for (int i = 0; i < 2; i++) {
+        gen_request *r = i ? queued : run;
+        wait_done(r);
+        cr_assert_eq(r->choices[0].finish, GEN_FINISH_ERROR);
+        cr_assert_eq(r->error_status, 503);
+        cr_assert(strstr(r->error, "shutting down"), "%s", r->error);
+    }
+    kv_error err = {{0}};
+    gen_request *late = request(PROMPTS[2], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit(e, late, &err), ENGINE_SUBMIT_SHUTTING_DOWN);
+    gen_request_unref(run);
+    gen_request_unref(queued);
+    gen_request_unref(late);
+    engine_destroy(e);
+    metrics_destroy(mx);
+}
