@@ -319,7 +319,9 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->choice];
     int rc = choice_append_text(c, s->gen + s->emitted, release_end - s->emitted);
-    if (r->logprobs && rc == 0) rc = choice_append_logprob(c, &lp);
+    /* An end-of-generation token has no text, so it has no logprobs entry either (OpenAI and
+     * vLLM leave it out); it still counts as a completion token. */
+    if (r->logprobs && !eog && rc == 0) rc = choice_append_logprob(c, &lp);
     c->n_tokens = s->n_gen;
     if (!r->t_first_token) {
         r->t_first_token = now;

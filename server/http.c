@@ -371,11 +371,11 @@ int server_start(server *s, kv_error *err) {
     /* ITC lets MHD_quiesce_daemon stop the listener while connections finish. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
-    s->daemon = MHD_start_daemon(
-        flags, (uint16_t)s->cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
+    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg->port, NULL, NULL, on_request, s,
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+                                 &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
     if (!s->daemon)
         return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", s->cfg->host,
                        s->cfg->port);

@@ -223,6 +223,8 @@ fail:
 
 /* ---------------------------------------------------------------- JSON of the output */
 
+size_t job_echo_len(const job *j, int prompt) { return j->echo ? strlen(j->echo[prompt]) : 0; }
+
 const char *job_finish_name(gen_finish f) {
     return f == GEN_FINISH_LENGTH ? "length" : f == GEN_FINISH_STOP ? "stop" : NULL;
 }
@@ -320,8 +322,9 @@ static void job_reply(const job *j, http_reply *out) {
                 json_object_set_new(ch, "text", json_stringn(text, c->len));
             }
             json_object_set_new(ch, "logprobs",
-                                j->logprobs ? job_logprobs_json(j, c->lps, c->n_lps, 0)
-                                            : json_null());
+                                j->logprobs
+                                    ? job_logprobs_json(j, c->lps, c->n_lps, job_echo_len(j, p))
+                                    : json_null());
             json_object_set_new(ch, "finish_reason", json_string(job_finish_name(c->finish)));
             json_array_append_new(choices, ch);
         }

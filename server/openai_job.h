@@ -36,6 +36,8 @@ json_t *job_usage(const job *j);
 /* Logprobs of n tokens in the endpoint's shape; text_base: the text offset of the first. */
 json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t text_base);
 int job_error(const job *j, api_error *err);
+/* Bytes of echoed prompt text before a choice's completion (0 without echo). */
+size_t job_echo_len(const job *j, int prompt);
 /* Turns j into a stream (which owns it from then on). */
 void job_stream(job *j, http_stream *out);
 

@@ -103,7 +103,8 @@ static int stream_collect(job *j, bool *progress, bool *done) {
             if (c->finish == GEN_FINISH_ERROR) continue; /* reported at the end */
             json_t *lps = NULL;
             if (j->logprobs && c->n_lps > lp_from)
-                lps = job_logprobs_json(j, c->lps + lp_from, c->n_lps - lp_from, from);
+                lps = job_logprobs_json(j, c->lps + lp_from, c->n_lps - lp_from,
+                                        job_echo_len(j, p) + from);
             json_t *d = choice_delta(j, index, c->text ? c->text + from : "", c->len - from, lps,
                                      job_finish_name(c->finish));
             if (emit(j, chunk(j, json_pack("[o]", d)))) {

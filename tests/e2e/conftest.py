@@ -1,5 +1,12 @@
+import json
 import os
+import signal
+import socket
 import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -19,3 +26,167 @@ def run_kvserve(*args, timeout=300):
 def model_path():
     assert os.path.exists(MODEL), f"{MODEL} missing: run `make model`"
     return MODEL
+
+
+# ---------------------------------------------------------------- `kvserve serve` fixtures
+
+SANITIZED = os.environ.get("KVSERVE_SANITIZED") == "1"
+# Timeouts scale with this under AddressSanitizer (3-5x slower).
+SLOW = 5 if SANITIZED else 1
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "runtime error:", "LeakSanitizer")
+# The default server's context: room for the ~1500-token prompt of the concurrency tests.
+DEFAULT_CTX = 2048
+
+
+def server_env(extra=None):
+    """The environment for kvserve: this one without the KVSERVE_* option variables (a
+    developer's KVSERVE_API_KEY must not leak into the tests), plus `extra`."""
+    keep = ("KVSERVE_BIN", "KVSERVE_TEST_MODEL", "KVSERVE_SANITIZED")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_") or k in keep}
+    env.update(extra or {})
+    return env
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=5):
+    """(status, body text) of a GET; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class KvServer:
+    """One `kvserve serve` process on a free port of 127.0.0.1. `url` is its base URL
+    (http://127.0.0.1:PORT, no trailing slash); `model_id` the id it serves."""
+
+    def __init__(self, args=(), env=None, model_id=None):
+        self.args = list(args)
+        self.env = env
+        self.model_id = model_id or os.path.basename(MODEL)[:-len(".gguf")]
+        self.proc = None
+        self.url = None
+        self._stderr = None
+        self.saw_loading = False
+
+    def start(self, timeout=60 * SLOW):
+        for attempt in range(3):  # the free port may be taken before kvserve binds it
+            port = free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            self._stderr = tempfile.TemporaryFile(mode="w+")
+            env = server_env(self.env)
+            self.proc = subprocess.Popen(
+                [BIN, "serve", "-m", MODEL, "--host", "127.0.0.1", "--port", str(port),
+                 *self.args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=self._stderr)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    status, body = http_get(self.url + "/health", timeout=2)
+                except OSError:  # not listening yet
+                    status = None
+                if status == 200:
+                    assert json.loads(body) == {"status": "ok"}, body
+                    return self
+                if status is not None:  # listening while the model loads
+                    assert status == 503 and json.loads(body) == {"status": "loading"}, \
+                        (status, body)
+                    self.saw_loading = True
+                time.sleep(0.05)
+            else:
+                self.proc.kill()
+                self.proc.wait()
+                self._close_stderr()
+                raise AssertionError(f"kvserve not healthy within {timeout} s:\n{self.stderr()}")
+            self._close_stderr()
+            err = self.stderr()
+            if "in use" in err.lower() and attempt < 2:
+                continue
+            raise AssertionError(f"kvserve exited with {self.proc.returncode} at start:\n{err}")
+        raise AssertionError("no free port")
+
+    def stderr(self):
+        if self._stderr.closed:
+            return self._stderr_text
+        self._stderr.flush()
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    def _close_stderr(self):
+        self._stderr_text = self.stderr()
+        self._stderr.close()
+
+    def check_stderr(self):
+        err = self.stderr()
+        for marker in SANITIZER_MARKERS:
+            assert marker not in err, f"sanitizer report in kvserve's stderr:\n{err}"
+
+    def terminate(self, timeout=20):
+        """SIGTERM; asserts a clean exit (code 0 within `timeout` s, no sanitizer report).
+        Returns the seconds the exit took."""
+        if self.proc.poll() is None:
+            t0 = time.monotonic()
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout=timeout * max(1, SLOW // 2))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"kvserve did not exit within {timeout} s of SIGTERM:\n"
+                                     f"{self.stderr()}")
+            took = time.monotonic() - t0
+        else:
+            rc, took = self.proc.returncode, 0.0
+        self._close_stderr()
+        self.check_stderr()
+        assert rc == 0, f"kvserve exited with {rc}:\n{self.stderr()}"
+        return took
+
+    def metrics(self):
+        """The /metrics samples as {'name{labels}': value}."""
+        status, text = http_get(self.url + "/metrics")
+        assert status == 200, text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def client(self, api_key="x", **kw):
+        import openai
+        kw.setdefault("timeout", 120 * SLOW)
+        kw.setdefault("max_retries", 0)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, **kw)
+
+
+@pytest.fixture(scope="session")
+def server(model_path):
+    """The default server, shared by the tests (context 2048, 16 sequences)."""
+    s = KvServer(["-c", str(DEFAULT_CTX)]).start()
+    yield s
+    s.terminate()
+
+
+@pytest.fixture
+def start_server(model_path):
+    """Factory for short-lived servers with their own options: start_server(*args, env=...).
+    Each is shut down (and checked for a clean exit) when the test ends."""
+    started = []
+
+    def start(*args, env=None, model_id=None):
+        s = KvServer(args, env=env, model_id=model_id).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.terminate()
