@@ -107,10 +107,10 @@ FUZZ_SECONDS ?= 30
 # Each target links only the sources it exercises (FUZZ_DEPS_<target>): the parsers are plain C,
 # while the SIMD kernels use _Float16, which clang 14 does not support on x86. UBSan findings
 # abort (no-recover), so libFuzzer counts them as crashes and saves the input.
-FUZZ_DEPS_COMMON := util/util.c kernels/quant_traits.c
+FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
-FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c model/unicode.c model/unicode_data.c
+FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

@@ -16,6 +16,7 @@
  * error rather than "no keys", so an unset shell variable cannot silently turn authentication
  * off. */
 #include "config/config.h"
+#include "util/json.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -468,27 +469,6 @@ void config_free(kv_config *c) {
 }
 
 /* ---------------------------------------------------------------- JSON file layer */
-
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "an unknown value";
-}
 
 /* Applies one key's JSON value; messages name neither the file nor the key (caller adds). */
 static int apply_json(kv_config *c, const opt_row *r, const json_t *v, kv_error *err) {

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/utf8.h"
+
 /* ---------------------------------------------------------------- categories */
 
 /* Low 3 bits of a flags byte: the major general category. */
@@ -47,26 +49,6 @@ static inline bool unicode_flags_punct(uint8_t f) {
 }
 static inline bool unicode_flags_space(uint8_t f) { return (f & UNICODE_FLAG_WHITESPACE) != 0; }
 
-/* ---------------------------------------------------------------- UTF-8 */
-
-typedef enum utf8_status {
-    UTF8_OK = 0,        /* a valid sequence of *n bytes */
-    UTF8_INVALID = 1,   /* a maximal subpart of *n bytes that can never become valid */
-    UTF8_TRUNCATED = 2, /* all *n bytes left are a valid prefix that needs more bytes */
-} utf8_status;
-
-/* Decodes the sequence at s[0..len) (len >= 1): stores the code point (UTF8_OK only) and the
- * number of bytes the status covers (1..4). Overlong forms, surrogates and values above
- * U+10FFFF are invalid. */
-utf8_status utf8_decode(const uint8_t *s, size_t len, uint32_t *cp, size_t *n);
-
-/* Offset of the first byte that is not part of a complete valid sequence, len if all valid. */
-size_t utf8_validate(const uint8_t *s, size_t len);
-
-/* Encodes cp (<= U+10FFFF) into out; returns the length 1..4. */
-int utf8_encode(uint32_t cp, uint8_t out[4]);
-
-/* U+FFFD REPLACEMENT CHARACTER in UTF-8. */
-#define UTF8_REPLACEMENT "\xEF\xBF\xBD"
+/* UTF-8 decoding lives in util/utf8.h (the server validates request text with it too). */
 
 #endif

@@ -11,6 +11,8 @@
  * Every string is checked for NUL (we hand out NUL-terminated C strings, so "a\u0000b" would be
  * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
 #include "server/api.h"
+#include "util/json.h"
+#include "util/utf8.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -19,8 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "model/unicode.h"
 
 #define API_INVALID "invalid_request_error"
 #define API_BAD(err, param, ...) api_fail((err), 400, API_INVALID, NULL, (param), __VA_ARGS__)
@@ -77,29 +77,8 @@ char *api_error_json(const api_error *err) {
 
 /* ---------------------------------------------------------------- JSON helpers */
 
-static const char *json_type_desc(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        return "an object";
-    case JSON_ARRAY:
-        return "an array";
-    case JSON_STRING:
-        return "a string";
-    case JSON_INTEGER:
-        return "an integer";
-    case JSON_REAL:
-        return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-        return "a boolean";
-    case JSON_NULL:
-        return "null";
-    }
-    return "unknown";
-}
-
 static int type_error(api_error *err, const char *param, const char *want, const json_t *got) {
-    return API_BAD(err, param, "'%s' must be %s, got %s", param, want, json_type_desc(got));
+    return API_BAD(err, param, "'%s' must be %s, got %s", param, want, json_type_name(got));
 }
 
 /* A field of obj, or NULL when absent or null (an optional field's "not given"). */
@@ -227,7 +206,7 @@ static json_t *parse_body(const char *body, size_t len, api_error *err) {
         return NULL;
     }
     if (!json_is_object(root)) {
-        API_BAD(err, "", "the request body must be a JSON object, got %s", json_type_desc(root));
+        API_BAD(err, "", "the request body must be a JSON object, got %s", json_type_name(root));
         json_decref(root);
         return NULL;
     }
@@ -479,7 +458,7 @@ static int parse_logit_bias(const json_t *obj, api_request *r, api_error *err) {
         if (!json_is_number(val))
             return API_BAD(err, "logit_bias",
                            "'logit_bias' values must be numbers, got %s for '%.40s'",
-                           json_type_desc(val), key);
+                           json_type_name(val), key);
         double b = json_number_value(val);
         if (!(b >= -100.0 && b <= 100.0))
             return API_BAD(err, "logit_bias",

@@ -61,6 +61,8 @@ typedef struct conn_req {
     bool too_big;
     const char *route; /* the endpoint name for metrics */
     int status;        /* what was answered, for metrics */
+    char method[8];
+    uint64_t t_start;
 } conn_req;
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
@@ -286,6 +288,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->limit = s->cfg->max_body_bytes;
         const route *rt = route_find(url);
         cr->route = rt ? rt->path : "other";
+        cr->t_start = clock_now_ns();
+        snprintf(cr->method, sizeof cr->method, "%s", method);
         if (!rt)
             return send_error(conn, cr, 404, "invalid_request_error", "not_found",
                               "no endpoint %s %s", method, url);
@@ -343,11 +347,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     (void)conn;
-    (void)toe;
     server *s = cls;
     conn_req *cr = *con_cls;
     if (!cr) return;
     if (cr->status) metrics_request(s->mx, cr->route, cr->status);
+    /* The access log: one line per request, at info (health checks and scrapes at debug). */
+    bool quiet = strcmp(cr->route, "/health") == 0 || strcmp(cr->route, "/metrics") == 0;
+    log_msg(quiet ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, "%s %s %d %.1f ms%s", cr->method, cr->route,
+            cr->status, (double)(clock_now_ns() - cr->t_start) / 1e6,
+            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
     free(cr->body);
     free(cr);
     *con_cls = NULL;

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- errors */
 
@@ -104,3 +106,22 @@ void *kv_aligned_alloc(size_t size) {
 }
 
 void kv_aligned_free(void *p) { free(p); }
+
+/* The mapping's length sits in the page before the pointer, so kv_zeroed_free needs no size. */
+void *kv_zeroed_alloc(size_t size) {
+    long page = sysconf(_SC_PAGESIZE);
+    size_t total;
+    if (page <= 0 || size_add(size, (size_t)page, &total)) return NULL;
+    void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+    memcpy(base, &total, sizeof total);
+    return (uint8_t *)base + page;
+}
+
+void kv_zeroed_free(void *p) {
+    if (!p) return;
+    uint8_t *base = (uint8_t *)p - sysconf(_SC_PAGESIZE);
+    size_t total;
+    memcpy(&total, base, sizeof total);
+    munmap(base, total);
+}

@@ -51,6 +51,12 @@ uint64_t clock_now_ns(void);
 void *kv_aligned_alloc(size_t size);
 void kv_aligned_free(void *p);
 
+/* Page-aligned, zero-filled memory for large buffers (the KV pool): pages are committed when
+ * first touched, so an unused pool costs neither start-up time nor resident memory. Free with
+ * kv_zeroed_free. NULL on overflow or when the mapping fails. */
+void *kv_zeroed_alloc(size_t size);
+void kv_zeroed_free(void *p);
+
 /* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
 static inline int size_mul(size_t a, size_t b, size_t *out) {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;

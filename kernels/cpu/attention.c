@@ -24,14 +24,14 @@ void *backend_kv_alloc(backend *b, const kv_layout *l) {
     (void)b;
     size_t bytes;
     if (size_mul(kv_layout_block_bytes(l), (size_t)l->n_blocks, &bytes)) return NULL;
-    void *p = kv_aligned_alloc(bytes);
-    if (p) memset(p, 0, bytes);
-    return p;
+    /* Zeroed (the score loops read whole 16-slot groups, so unwritten slots must hold finite
+     * values), and committed page by page as sequences first reach them. */
+    return kv_zeroed_alloc(bytes);
 }
 
 void backend_kv_free(backend *b, void *pool) {
     (void)b;
-    kv_aligned_free(pool);
+    kv_zeroed_free(pool);
 }
 
 void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,

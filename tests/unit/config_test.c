@@ -349,7 +349,7 @@ Test(config, json_wrong_types) {
     } cases[] = {
         {"{\"max_seqs\": \"8\"}",
          "conf.json: key 'max_seqs': expected an integer in [1, 256], got a string"},
-        {"{\"port\": 80.5}", "key 'port': expected an integer in [1, 65535], got a real number"},
+        {"{\"port\": 80.5}", "key 'port': expected an integer in [1, 65535], got a number"},
         {"{\"port\": null}", "key 'port': expected an integer in [1, 65535], got null"},
         {"{\"precise\": \"true\"}", "key 'precise': expected a boolean, got a string"},
         {"{\"precise\": 1}", "key 'precise': expected a boolean, got an integer"},

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Synthesizes a Llama-architecture GGUF of a production shape with random weights, for
+benchmarks only (its text is noise): by default ~1.1B parameters shaped like Llama 3.2 1B / TinyLlama
+(dim 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192), Q4_1 matrices, Q8_0 tied embeddings, and
+SmolLM2's tokenizer (copied from the default model, so prompts tokenize normally).
+
+Quantized blocks are written directly (random 4-bit codes, fixed small scales): quantizing 1B
+random floats with numpy would take minutes and the values do not matter for speed.
+
+    python3 scripts/bench/make_bench_model.py [--out models/bench-1b.Q4_1.gguf] [--layers 16]
+
+Needs the `gguf` and `numpy` packages (pip install gguf numpy).
+"""
+import argparse
+import os
+
+import sys
+
+import numpy as np
+from gguf import GGUFReader, GGUFWriter
+from gguf.constants import GGMLQuantizationType as T
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "ref"))
+from make_tiny_models import copy_tokenizer  # noqa: E402  (the tokenizer.ggml.* keys)
+TOKENIZER_FROM = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def q4_1(rng, n_out, n_in):
+    """Q4_1 blocks of 32: fp16 d, fp16 m, 16 bytes of codes (20 bytes)."""
+    nb = n_out * n_in // 32
+    blk = np.empty((nb, 20), dtype=np.uint8)
+    blk[:, 0:2] = np.frombuffer(np.float16(0.004).tobytes(), dtype=np.uint8)
+    blk[:, 2:4] = np.frombuffer(np.float16(-0.03).tobytes(), dtype=np.uint8)
+    blk[:, 4:] = rng.integers(0, 256, size=(nb, 16), dtype=np.uint8)
+    return blk.reshape(n_out, n_in // 32 * 20)
+
+
+def q8_0(rng, n_out, n_in):
+    """Q8_0 blocks of 32: fp16 d, 32 signed codes (34 bytes)."""
+    nb = n_out * n_in // 32
+    blk = np.empty((nb, 34), dtype=np.uint8)
+    blk[:, 0:2] = np.frombuffer(np.float16(0.0005).tobytes(), dtype=np.uint8)
+    blk[:, 2:] = rng.integers(0, 256, size=(nb, 32), dtype=np.uint8)
+    return blk.reshape(n_out, n_in // 32 * 34)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "models", "bench-1b.Q4_1.gguf"))
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--ffn", type=int, default=8192)
+    args = ap.parse_args()
+    rng = np.random.default_rng(1)
+    dim, hd = args.dim, args.dim // args.heads
+    kvd = args.kv_heads * hd
+
+    w = GGUFWriter(args.out, "llama")
+    w.add_name(f"kvserve-bench-{args.layers}x{dim}")
+    w.add_block_count(args.layers)
+    w.add_context_length(8192)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(args.ffn)
+    w.add_head_count(args.heads)
+    w.add_head_count_kv(args.kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(500000.0)
+    w.add_rope_dimension_count(hd)
+    n_vocab = copy_tokenizer(w, GGUFReader(TOKENIZER_FROM))
+
+    w.add_tensor("token_embd.weight", q8_0(rng, n_vocab, dim), raw_dtype=T.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    for i in range(args.layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(dim, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(dim, dtype=np.float32))
+        for name, n_out, n_in in [("attn_q", dim, dim), ("attn_k", kvd, dim),
+                                  ("attn_v", kvd, dim), ("attn_output", dim, dim),
+                                  ("ffn_gate", args.ffn, dim), ("ffn_up", args.ffn, dim),
+                                  ("ffn_down", dim, args.ffn)]:
+            w.add_tensor(p + name + ".weight", q4_1(rng, n_out, n_in), raw_dtype=T.Q4_1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {args.out} ({os.path.getsize(args.out) / 2**20:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
