@@ -13,6 +13,10 @@
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static model *g_m;
+/* The test's engine, also stopped by teardown: a failed assertion leaves the test early, and the
+ * engine thread must not outlive the model it computes with. */
+static engine *g_e;
+static metrics *g_mx;
 
 static void setup(void) {
     kv_error err = {{0}};
@@ -20,7 +24,17 @@ static void setup(void) {
     cr_assert_not_null(g_m, "load: %s", err.msg);
 }
 
-static void teardown(void) { model_free(g_m); }
+static void stop_engine(void) {
+    engine_destroy(g_e);
+    metrics_destroy(g_mx);
+    g_e = NULL;
+    g_mx = NULL;
+}
+
+static void teardown(void) {
+    stop_engine();
+    model_free(g_m);
+}
 
 TestSuite(engine, .init = setup, .fini = teardown, .timeout = 900);
 
@@ -38,6 +52,8 @@ static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics
                      .prefill_chunk = 64};
     engine *e = engine_create(g_m, &o, *mx, &err);
     cr_assert_not_null(e, "engine_create: %s", err.msg);
+    g_e = e;
+    g_mx = *mx;
     return e;
 }
 
@@ -84,6 +100,17 @@ static double metric(metrics *mx, const char *name) {
     cr_assert_not_null(p, "metric %s missing", name);
     double v = strtod(p + strlen(key), NULL);
     free(text);
+    return v;
+}
+
+/* Waits (up to 2 s) until a gauge is positive: the engine publishes them after each step, so a
+ * reader that saw a token may still see the previous step's values for a moment. */
+static double wait_metric_positive(metrics *mx, const char *name) {
+    double v = 0;
+    for (int i = 0; i < 200 && (v = metric(mx, name)) <= 0; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     return v;
 }
 
@@ -134,8 +161,7 @@ Test(engine, batched_and_preempted_outputs_equal_alone) {
         gen_request_unref(together[i]);
     }
     wait_idle(mx);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
 
 Test(engine, n_choices_fork_one_prompt) {
@@ -167,8 +193,7 @@ Test(engine, n_choices_fork_one_prompt) {
     gen_request_unref(s1);
     gen_request_unref(s2);
     wait_idle(mx);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
 
 Test(engine, logprobs_are_recorded_per_token) {
@@ -191,8 +216,7 @@ Test(engine, logprobs_are_recorded_per_token) {
         for (int k = 1; k < lp->n_top; k++) cr_assert_leq(lp->top_lps[k], lp->top_lps[k - 1]);
     }
     gen_request_unref(r);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -203,13 +227,12 @@ Test(engine, cancel_frees_the_sequence) {
     gen_request *r = request(PROMPTS[3], 1, 4000, 0, 0);
     submit_ok(e, r);
     wait_first_token(r);
-    cr_assert_gt(metric(mx, "kvserve_kv_pool_blocks_used"), 0);
+    cr_assert_gt(wait_metric_positive(mx, "kvserve_kv_pool_blocks_used"), 0);
     atomic_store(&r->cancelled, true);
     wait_idle(mx);
     cr_assert_lt(r->choices[0].n_tokens, 4000);
     gen_request_unref(r);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
 
 Test(engine, queue_limit_and_invalid_requests) {
@@ -248,8 +271,7 @@ Test(engine, queue_limit_and_invalid_requests) {
     wait_idle(mx);
     gen_request *reqs[] = {a, b, c, two, bad_id, bad_p, long_p};
     for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) gen_request_unref(reqs[i]);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
 
 Test(engine, stop_ends_streams_with_an_error) {
@@ -274,6 +296,5 @@ Test(engine, stop_ends_streams_with_an_error) {
     gen_request_unref(run);
     gen_request_unref(queued);
     gen_request_unref(late);
-    engine_destroy(e);
-    metrics_destroy(mx);
+    stop_engine();
 }
