@@ -565,11 +565,14 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
         if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
     }
 
+    /* max_tokens 0 is meaningful only with echo: the prompt back (with its logprobs), the way
+     * evaluation harnesses score text. */
+    const int64_t min_tokens = r->kind == API_COMPLETION && r->echo ? 0 : 1;
     int64_t v;
-    int got = opt_int(root, "max_tokens", 1, INT32_MAX, &v, err);
+    int got = opt_int(root, "max_tokens", min_tokens, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) r->max_tokens = (int)v;
-    got = opt_int(root, "max_completion_tokens", 1, INT32_MAX, &v, err);
+    got = opt_int(root, "max_completion_tokens", min_tokens, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) r->max_tokens = (int)v; /* OpenAI's newer name wins over the deprecated one */
     got = opt_int(root, "n", 1, API_MAX_N, &v, err);

@@ -49,6 +49,7 @@ void gen_request_unref(gen_request *r) {
         free(r->choices[i].lps);
     }
     free(r->choices);
+    free(r->prompt_lps);
     free(r->prompt);
     free(r->bias);
     stop_set_free(&r->stops);
@@ -220,8 +221,9 @@ static void request_fail(gen_request *r, int status, const char *msg) {
 
 /* ---------------------------------------------------------------- sampling and output */
 
-/* The k most likely tokens and their log-probabilities under softmax(logits). */
-static void top_logprobs(const float *logits, int n_vocab, int k, gen_logprob *out) {
+/* The k most likely tokens and their log-probabilities under softmax(logits); returns the
+ * log-sum-exp, so a given token's logprob is logits[t] - lse. */
+static double top_logprobs(const float *logits, int n_vocab, int k, gen_logprob *out) {
     float mx = -INFINITY;
     for (int i = 0; i < n_vocab; i++)
         if (logits[i] > mx) mx = logits[i];
@@ -241,6 +243,31 @@ static void top_logprobs(const float *logits, int n_vocab, int k, gen_logprob *o
     }
     out->n_top = n;
     for (int i = 0; i < n; i++) out->top_lps[i] = (float)(logits[out->top_ids[i]] - lse);
+    return lse;
+}
+
+/* Prompt scoring: rows [0, n) are the logits after prompt tokens kv_start.. kv_start + n - 1,
+ * so row k gives the logprob of the prompt token that follows it. Published (under the
+ * request's mutex) once the whole prompt has been scored. */
+static void score_prompt_rows(engine *e, eseq *s, int kv_start, int n, const float *rows) {
+    gen_request *r = s->req;
+    size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    for (int k = 0; k < n; k++) {
+        int t = kv_start + k + 1;
+        if (t >= r->n_prompt) break;
+        const float *row = rows + (size_t)k * n_vocab;
+        gen_logprob *lp = &r->prompt_lps[t];
+        memset(lp, 0, sizeof *lp);
+        double lse = top_logprobs(row, (int)n_vocab, r->top_logprobs, lp);
+        lp->token = r->prompt[t];
+        lp->logprob = (float)(row[lp->token] - lse);
+    }
+    if (kv_start + n >= r->n_prompt) {
+        pthread_mutex_lock(&r->mu);
+        r->prompt_lps_ready = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+    }
 }
 
 static int gen_reserve(eseq *s, size_t extra) {
@@ -487,11 +514,16 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
             }
     }
     e->batch_seqs[*n_b] = s;
+    /* The first choice of a prompt-scoring request takes logits for every prompt row. */
+    const gen_request *r = s->req;
+    bool score =
+        r->prompt_logprobs && !r->prompt_lps_ready && s->choice == 0 && s->n_computed < r->n_prompt;
     e->batch[*n_b] = (batch_seq){.seq = &s->kv,
                                  .n_tok = n_tok,
                                  .tokens = s->hist + s->n_computed,
                                  .pos = NULL,
-                                 .kv_start = s->n_computed};
+                                 .kv_start = s->n_computed,
+                                 .all_logits = score};
     (*n_b)++;
     *n_pos += n_tok;
     return true;
@@ -535,19 +567,33 @@ static void step(engine *e) {
     int n_out = model_forward(e->fwd, e->batch, n_b, NULL, e->logits, &err);
     log_debug("step: %d sequences, %d tokens, forward %.2f ms", n_b, n_pos,
               (double)(clock_now_ns() - t0) / 1e6);
-    if (n_out != n_b) {
+    int n_rows = 0; /* one logits row per entry, every row for prompt scoring */
+    for (int i = 0; i < n_b; i++) n_rows += e->batch[i].all_logits ? e->batch[i].n_tok : 1;
+    if (n_out != n_rows) {
         log_error("forward pass failed: %s", err.msg);
         for (int i = 0; i < n_b; i++)
             eseq_finish(e, e->batch_seqs[i], GEN_FINISH_ERROR, 500, "inference failed");
         return;
     }
     size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    float *rows = e->logits;
     for (int i = 0; i < n_b; i++) {
         eseq *s = e->batch_seqs[i];
-        s->n_computed += e->batch[i].n_tok;
+        const batch_seq *bs = &e->batch[i];
+        int n_rows_i = bs->all_logits ? bs->n_tok : 1;
+        if (bs->all_logits) score_prompt_rows(e, s, bs->kv_start, bs->n_tok, rows);
+        float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
+        rows += (size_t)n_rows_i * n_vocab;
+        s->n_computed += bs->n_tok;
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
         s->preempted = false;
-        float *row = e->logits + (size_t)i * n_vocab;
+        if (s->req->max_tokens == 0) {
+            /* Prompt only (echo, scoring): every choice ends without a token. */
+            for (int k = 0; k < e->n_run; k++)
+                if (e->run[k]->req == s->req && !e->run[k]->done)
+                    eseq_finish(e, e->run[k], GEN_FINISH_LENGTH, 0, NULL);
+            continue;
+        }
         if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
         eseq_sample(e, s, row);
     }
@@ -632,7 +678,9 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     int max_tokens = o->max_seqs + o->prefill_chunk;
     if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, max_tokens, o->max_seqs, err))) goto fail;
     size_t n_vocab = (size_t)m->hp.n_vocab;
-    e->logits = kv_aligned_alloc(sizeof(float) * n_vocab * (size_t)o->max_seqs);
+    /* One row per sequence, or every prompt row of a scoring request: pages are touched only
+     * by the rows a step uses. */
+    e->logits = kv_aligned_alloc(sizeof(float) * n_vocab * (size_t)max_tokens);
     e->work = kv_aligned_alloc(sizeof(float) * n_vocab);
     e->q_cap = o->max_queue;
     e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
@@ -697,8 +745,13 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
         kv_fail(err, "the prompt has %d tokens; it must have 1 to %d", r->n_prompt, e->o.ctx - 1);
         return ENGINE_SUBMIT_INVALID;
     }
-    if (r->max_tokens < 1) {
-        kv_fail(err, "max_tokens must be at least 1");
+    if (r->max_tokens < 0) {
+        kv_fail(err, "max_tokens must not be negative");
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->prompt_logprobs && !r->prompt_lps &&
+        !(r->prompt_lps = calloc((size_t)r->n_prompt, sizeof *r->prompt_lps))) {
+        kv_fail(err, "out of memory for the prompt's logprobs");
         return ENGINE_SUBMIT_INVALID;
     }
     for (int i = 0; i < r->n_prompt; i++)

@@ -51,13 +51,16 @@ typedef struct gen_request {
     int32_t *prompt; /* [n_prompt] ids, owned */
     int n_prompt;
     int n_choices;
-    int max_tokens;     /* >= 1; the engine also stops at the context's end */
-    sampler_params sp;  /* sp.bias points at bias */
-    logit_bias *bias;   /* owned */
-    stop_set stops;     /* owned */
-    bool logprobs;      /* record gen_logprob for each token */
-    int top_logprobs;   /* 0..GEN_MAX_TOP_LOGPROBS */
-    bool ignore_eos;    /* keep going past end-of-generation tokens */
+    int max_tokens;    /* >= 0 (0: score the prompt only); also stops at the context's end */
+    sampler_params sp; /* sp.bias points at bias */
+    logit_bias *bias;  /* owned */
+    stop_set stops;    /* owned */
+    bool logprobs;     /* record gen_logprob for each token */
+    int top_logprobs;  /* 0..GEN_MAX_TOP_LOGPROBS */
+    bool ignore_eos;   /* keep going past end-of-generation tokens */
+    /* Score the prompt: prompt_lps[i] (i >= 1) is token i's logprob given the tokens before it,
+     * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
+    bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
 
     /* ---- shared with the engine, under mu */
@@ -68,6 +71,8 @@ typedef struct gen_request {
     int error_status; /* HTTP status for GEN_FINISH_ERROR (500, 503) */
     char error[256];
     uint64_t t_first_token;
+    gen_logprob *prompt_lps; /* [n_prompt] when prompt_logprobs; entry 0 is unused */
+    bool prompt_lps_ready;
     atomic_bool cancelled; /* the client went away: the engine frees its sequences */
     atomic_int refs;
 } gen_request;

@@ -181,6 +181,7 @@ static job *job_start(server *s, const api_request *rq, const http_call *c, api_
         r->logprobs = rq->logprobs;
         r->top_logprobs = rq->top_logprobs;
         r->ignore_eos = rq->ignore_eos;
+        r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
         r->t_arrival = clock_now_ns();
         if (rq->sampling.n_bias > 0) {
             if (!(r->bias = malloc(sizeof *r->bias * (size_t)rq->sampling.n_bias))) goto oom;
@@ -295,6 +296,49 @@ json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t te
                      top, "text_offset", off);
 }
 
+json_t *job_prompt_logprobs_json(const job *j, int prompt) {
+    const gen_request *r = j->reqs[prompt];
+    const tokenizer *t = j->s->m->tok;
+    json_t *tokens = json_array(), *lp = json_array(), *top = json_array(), *off = json_array();
+    size_t pos = 0;
+    for (int i = 0; i < r->n_prompt; i++) {
+        size_t len = 0;
+        char *txt = tokenizer_piece_utf8(t, r->prompt[i], true, &len);
+        json_array_append_new(tokens, txt ? json_stringn(txt, len) : json_string(""));
+        json_array_append_new(off, json_integer((json_int_t)pos));
+        pos += len;
+        free(txt);
+        /* the first token has no context to be scored in: null, as OpenAI gives it */
+        const gen_logprob *g = i > 0 ? &r->prompt_lps[i] : NULL;
+        json_array_append_new(lp, g ? json_real(g->logprob) : json_null());
+        if (!g) {
+            json_array_append_new(top, json_null());
+            continue;
+        }
+        json_t *alts = json_object();
+        for (int k = 0; k < g->n_top; k++) {
+            char *a = tokenizer_piece_utf8(t, g->top_ids[k], true, &len);
+            if (a) json_object_set_new(alts, a, json_real(g->top_lps[k]));
+            free(a);
+        }
+        json_array_append_new(top, alts);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lp, "top_logprobs",
+                     top, "text_offset", off);
+}
+
+json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lps, int n) {
+    json_t *v = job_logprobs_json(j, lps, n, job_echo_len(j, prompt));
+    if (!j->reqs[prompt]->prompt_logprobs) return v;
+    /* echo: the prompt's tokens come first */
+    json_t *all = job_prompt_logprobs_json(j, prompt);
+    const char *keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int k = 0; k < 4; k++)
+        json_array_extend(json_object_get(all, keys[k]), json_object_get(v, keys[k]));
+    json_decref(v);
+    return all;
+}
+
 /* The whole response once every choice has finished. */
 static void job_reply(const job *j, http_reply *out) {
     json_t *choices = json_array();
@@ -322,9 +366,8 @@ static void job_reply(const job *j, http_reply *out) {
                 json_object_set_new(ch, "text", json_stringn(text, c->len));
             }
             json_object_set_new(ch, "logprobs",
-                                j->logprobs
-                                    ? job_logprobs_json(j, c->lps, c->n_lps, job_echo_len(j, p))
-                                    : json_null());
+                                j->logprobs ? job_choice_logprobs_json(j, p, c->lps, c->n_lps)
+                                            : json_null());
             json_object_set_new(ch, "finish_reason", json_string(job_finish_name(c->finish)));
             json_array_append_new(choices, ch);
         }

@@ -38,6 +38,11 @@ json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t te
 int job_error(const job *j, api_error *err);
 /* Bytes of echoed prompt text before a choice's completion (0 without echo). */
 size_t job_echo_len(const job *j, int prompt);
+/* A whole choice's logprobs: for completions with echo, the prompt's tokens (scored by the
+ * engine) come first. */
+json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lps, int n);
+/* The prompt's tokens as completions logprobs arrays (first token null). */
+json_t *job_prompt_logprobs_json(const job *j, int prompt);
 /* Turns j into a stream (which owns it from then on). */
 void job_stream(job *j, http_stream *out);
 

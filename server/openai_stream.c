@@ -57,8 +57,26 @@ static json_t *choice_delta(const job *j, int index, const char *text, size_t le
     return c;
 }
 
-/* The opening chunks: the assistant role (chat) or the echoed prompt (completions). */
+/* True when every prompt's scoring (echo with logprobs) is done, or none is needed; else waits
+ * briefly for the first that is not. */
+static bool prompts_scored(job *j) {
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        if (!r->prompt_logprobs) continue;
+        pthread_mutex_lock(&r->mu);
+        bool ready = r->prompt_lps_ready || r->n_finished == r->n_choices;
+        if (!ready) gen_request_wait(r, 100);
+        pthread_mutex_unlock(&r->mu);
+        if (!ready) return false;
+    }
+    return true;
+}
+
+/* The opening chunks: the assistant role (chat) or the echoed prompt (completions, with the
+ * prompt's logprobs when asked: those wait for the engine to score it). Returns 1 when sent,
+ * 0 when the prompt's scores are not ready yet, -1 when out of memory. */
 static int stream_open(job *j) {
+    if (j->echo && j->logprobs && !prompts_scored(j)) return 0;
     j->started = true;
     for (int p = 0; p < j->n_reqs; p++)
         for (int i = 0; i < j->n; i++) {
@@ -68,11 +86,15 @@ static int stream_open(job *j) {
                 c = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", index, "delta", "role",
                               "assistant", "content", "", "logprobs", "finish_reason");
             } else if (j->echo) {
-                c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), NULL, NULL);
+                /* an error before scoring ended leaves prompt_lps unwritten: no logprobs then */
+                json_t *lps = j->reqs[p]->prompt_logprobs && j->reqs[p]->prompt_lps_ready
+                                  ? job_prompt_logprobs_json(j, p)
+                                  : NULL;
+                c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), lps, NULL);
             }
             if (c && emit(j, chunk(j, json_pack("[o]", c)))) return -1;
         }
-    return 0;
+    return 1;
 }
 
 /* Queues a chunk for every choice with new output. Sets *progress when something was queued
@@ -166,7 +188,8 @@ static long stream_read(void *ud, char *buf, size_t max) {
         j->buf_len = j->buf_off = 0;
         if (j->ended) return 0;
         if (!j->started) {
-            if (stream_open(j)) return -1;
+            int rc = stream_open(j);
+            if (rc < 0 || (rc == 0 && http_client_gone(j->fd))) return -1;
             continue;
         }
         bool progress, done;

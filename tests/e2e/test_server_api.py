@@ -351,6 +351,44 @@ def test_completion_echo_logprobs_offsets(client, model):
     assert "".join(lp.tokens).endswith(c.text[len(prompt):])
 
 
+def test_echo_scores_the_prompt_like_generation(client, model):
+    # echo + logprobs + max_tokens 0 scores a text (what evaluation harnesses send): each
+    # prompt token's logprob given the tokens before it, the first null. Appending greedy output
+    # to its prompt and scoring it gives the generated tokens' own logprobs back.
+    prompt = "The capital of France is"
+    g = complete(client, model, prompt, max_tokens=2, logprobs=1)
+    gen = g.choices[0].logprobs
+    s = complete(client, model, prompt + g.choices[0].text, max_tokens=0, echo=True, logprobs=2)
+    c = s.choices[0]
+    assert c.text == prompt + g.choices[0].text
+    assert c.finish_reason == "length"
+    assert s.usage.completion_tokens == 0
+    lp = c.logprobs
+    n = s.usage.prompt_tokens
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(t) == 2 for t in lp.top_logprobs[1:])
+    assert "".join(lp.tokens) == c.text
+    assert lp.tokens[-2:] == gen.tokens
+    for a, b in zip(lp.token_logprobs[-2:], gen.token_logprobs):
+        assert abs(a - b) < 1e-4, (lp.token_logprobs, gen.token_logprobs)
+    # streamed: the echo chunk carries the same prompt logprobs
+    chunks = list(client.completions.create(model=model, prompt=prompt + g.choices[0].text,
+                                            max_tokens=0, echo=True, logprobs=2,
+                                            stream=True))
+    first = chunks[0].choices[0]
+    assert first.text == c.text
+    assert first.logprobs.token_logprobs == lp.token_logprobs
+
+
+def test_max_tokens_zero_needs_echo(server, model):
+    r = requests.post(server.url + "/v1/completions",
+                      json={"model": model, "prompt": "Hello", "max_tokens": 0})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "max_tokens"
+
+
 # ---------------------------------------------------------------- models
 
 def test_models(client, model):

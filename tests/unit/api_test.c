@@ -231,6 +231,17 @@ Test(api, max_completion_tokens_wins) {
     api_request_free(&r);
 }
 
+Test(api, max_tokens_zero_only_with_echo) {
+    api_request r;
+    parse_ok(API_COMPLETION, completion_with(",\"echo\":true,\"max_tokens\":0"), &r);
+    cr_assert_eq(r.max_tokens, 0);
+    cr_assert(r.echo);
+    api_request_free(&r);
+    fail(API_COMPLETION, completion_with(",\"max_tokens\":0"), "max_tokens", "at least 1");
+    fail(API_COMPLETION, completion_with(",\"echo\":true,\"max_tokens\":-1"), "max_tokens",
+         "at least 0");
+}
+
 Test(api, top_k_minus_one_is_off) {
     api_request r;
     parse_ok(API_CHAT, chat_with(",\"top_k\":-1"), &r);
