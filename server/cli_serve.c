@@ -12,6 +12,7 @@
 
 #include "server/cli.h"
 #include "server/server.h"
+#include "util/utf8.h"
 
 extern char **environ;
 
@@ -69,6 +70,11 @@ int cli_serve(int argc, char **argv) {
             SHA256((const unsigned char *)cfg.api_keys[i], strlen(cfg.api_keys[i]),
                    s.key_digests[i]);
         s.n_keys = cfg.n_api_keys;
+    }
+    /* Every response names the model, and JSON strings must be UTF-8. */
+    if (utf8_validate((const uint8_t *)s.model_id, strlen(s.model_id)) != strlen(s.model_id)) {
+        kv_fail(&err, "the model id '%s' is not valid UTF-8: set --alias", s.model_id);
+        goto done;
     }
     if (server_start(&s, &err)) goto done;
     log_info("listening on http://%s:%d (loading %s)", cfg.host, cfg.port, cfg.model);

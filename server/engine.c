@@ -449,7 +449,11 @@ static void admit(engine *e) {
             kv_error err = {{0}};
             eseq *s = eseq_create(e, r, i, &err);
             if (!s) {
+                /* The choices already admitted end with the rest: nothing may write to a
+                 * request its reader considers finished. */
                 request_fail(r, 500, err.msg);
+                for (int k = 0; k < e->n_run; k++)
+                    if (e->run[k]->req == r) e->run[k]->done = true;
                 break;
             }
             e->run[e->n_run++] = s;
@@ -743,6 +747,10 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
     }
     if (r->n_prompt < 1 || r->n_prompt >= e->o.ctx) {
         kv_fail(err, "the prompt has %d tokens; it must have 1 to %d", r->n_prompt, e->o.ctx - 1);
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->logprobs && (r->top_logprobs < 0 || r->top_logprobs > GEN_MAX_TOP_LOGPROBS)) {
+        kv_fail(err, "top_logprobs must be in [0, %d]", GEN_MAX_TOP_LOGPROBS);
         return ENGINE_SUBMIT_INVALID;
     }
     if (r->max_tokens < 0) {

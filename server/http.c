@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/server.h"
 
@@ -63,6 +64,9 @@ typedef struct conn_req {
     int status;        /* what was answered, for metrics */
     char method[8];
     uint64_t t_start;
+    /* An error found from the headers alone (404, 405, 401): answered once the body has been
+     * read and dropped, so the client reads the reply rather than a reset connection. */
+    api_error early;
 } conn_req;
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
@@ -290,35 +294,41 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->route = rt ? rt->path : "other";
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
-        if (!rt)
-            return send_error(conn, cr, 404, "invalid_request_error", "not_found",
-                              "no endpoint %s %s", method, url);
         bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
         bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
-        if ((rt->post && !post) || (!rt->post && !get))
-            return send_error(conn, cr, 405, "invalid_request_error", "method_not_allowed",
-                              "%s takes %s, not %s", rt->path, rt->post ? "POST" : "GET", method);
-        if (!rt->public_ && !key_ok(s, bearer_token(conn)))
-            return send_error(conn, cr, 401, "invalid_request_error", "invalid_api_key",
-                              "Incorrect API key provided. Pass it as 'Authorization: Bearer "
-                              "KEY'.");
+        if (!rt)
+            api_fail(&cr->early, 404, "invalid_request_error", "not_found", NULL,
+                     "no endpoint %s %s", method, url);
+        else if ((rt->post && !post) || (!rt->post && !get))
+            api_fail(&cr->early, 405, "invalid_request_error", "method_not_allowed", NULL,
+                     "%s takes %s, not %s", rt->path, rt->post ? "POST" : "GET", method);
+        else if (!rt->public_ && !key_ok(s, bearer_token(conn)))
+            api_fail(&cr->early, 401, "invalid_request_error", "invalid_api_key", NULL,
+                     "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.");
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoll(cl, NULL, 10) > DISCARD_CEILING)
-            return send_error(conn, cr, 413, "invalid_request_error", "request_too_large",
-                              "the body of %s bytes exceeds the limit of %lld bytes", cl,
-                              (long long)cr->limit);
+        long long declared = cl ? strtoll(cl, NULL, 10) : 0;
+        if (declared > DISCARD_CEILING && (cr->early.status || declared > cr->limit)) {
+            /* too large even to drop: answer now (the connection closes after it) */
+            if (!cr->early.status)
+                api_fail(&cr->early, 413, "invalid_request_error", "request_too_large", NULL,
+                         "the body of %lld bytes exceeds the limit of %lld bytes", declared,
+                         (long long)cr->limit);
+            http_reply r = {0};
+            http_reply_error(&r, &cr->early);
+            return send_reply(conn, cr, &r);
+        }
         return MHD_YES;
     }
     if (cr->status) {
-        /* Already answered (an early error): drop whatever body follows. */
+        /* Already answered: drop whatever body follows. */
         *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size > 0) {
         size_t n = *upload_size;
         *upload_size = 0;
-        if (cr->too_big || (int64_t)(cr->len + n) > cr->limit) {
+        if (cr->early.status || cr->too_big || (int64_t)(cr->len + n) > cr->limit) {
             cr->too_big = true;
             cr->len += n; /* counted, not kept */
             if ((int64_t)cr->len > DISCARD_CEILING) return MHD_NO;
@@ -336,6 +346,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->len += n;
         cr->body[cr->len] = '\0';
         return MHD_YES;
+    }
+    if (cr->early.status) {
+        http_reply r = {0};
+        http_reply_error(&r, &cr->early);
+        return send_reply(conn, cr, &r);
     }
     if (cr->too_big)
         return send_error(conn, cr, 413, "invalid_request_error", "request_too_large",
@@ -392,7 +407,10 @@ int server_start(server *s, kv_error *err) {
 
 void server_stop(server *s) {
     if (!s->daemon) return;
-    MHD_quiesce_daemon(s->daemon);
+    /* The listening socket quiesce hands back is ours to close: new clients are refused at once
+     * instead of waiting in the backlog while open connections finish. */
+    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
     MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
 }

@@ -56,7 +56,8 @@ void job_free(job *j) {
     if (!j) return;
     for (int i = 0; i < j->n_reqs; i++) {
         gen_request *r = j->reqs[i];
-        if (r && r->n_finished < r->n_choices) atomic_store(&r->cancelled, true);
+        /* harmless for a finished request: the engine no longer looks at it */
+        if (r) atomic_store(&r->cancelled, true);
         gen_request_unref(r);
         if (j->echo) free(j->echo[i]);
     }
@@ -126,14 +127,14 @@ static job *job_start(server *s, const api_request *rq, const http_call *c, api_
          * (and vLLM's) default for the legacy endpoint. */
         int max_tokens = rq->max_tokens;
         if (max_tokens < 0 && rq->kind == API_COMPLETION) max_tokens = 16;
-        if (n_ids >= s->ctx || (max_tokens > 0 && n_ids + max_tokens > s->ctx)) {
+        if (n_ids >= s->ctx || (max_tokens > 0 && max_tokens > s->ctx - n_ids)) {
             free(ids);
             if (max_tokens > 0)
                 api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
                          "This model's maximum context length is %d tokens. However, you "
-                         "requested %d tokens (%d in the %s, %d in the completion). Please "
+                         "requested %lld tokens (%d in the %s, %d in the completion). Please "
                          "reduce the length of the %s or completion.",
-                         s->ctx, n_ids + max_tokens, n_ids,
+                         s->ctx, (long long)n_ids + max_tokens, n_ids,
                          rq->kind == API_CHAT ? "messages" : "prompt", max_tokens,
                          rq->kind == API_CHAT ? "messages" : "prompt");
             else
@@ -169,6 +170,10 @@ static job *job_start(server *s, const api_request *rq, const http_call *c, api_
         gen_request *r = gen_request_create(rq->n);
         if (!r) {
             free(ids);
+            if (j->echo) {
+                free(j->echo[p]);
+                j->echo[p] = NULL;
+            }
             goto oom;
         }
         j->reqs[j->n_reqs++] = r;
@@ -278,10 +283,11 @@ json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t te
     size_t pos = text_base;
     for (int i = 0; i < n; i++) {
         json_t *o = token_json(t, lps[i].token, lps[i].logprob, false);
+        const char *piece = json_string_value(json_object_get(o, "token"));
         json_array_append(tokens, json_object_get(o, "token"));
         json_array_append_new(lp, json_real(lps[i].logprob));
         json_array_append_new(off, json_integer((json_int_t)pos));
-        pos += strlen(json_string_value(json_object_get(o, "token")));
+        pos += piece ? strlen(piece) : 0;
         json_decref(o);
         json_t *alts = json_object();
         for (int k = 0; k < lps[i].n_top; k++) {

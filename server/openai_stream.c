@@ -87,13 +87,62 @@ static int stream_open(job *j) {
                               "assistant", "content", "", "logprobs", "finish_reason");
             } else if (j->echo) {
                 /* an error before scoring ended leaves prompt_lps unwritten: no logprobs then */
-                json_t *lps = j->reqs[p]->prompt_logprobs && j->reqs[p]->prompt_lps_ready
-                                  ? job_prompt_logprobs_json(j, p)
-                                  : NULL;
+                gen_request *r = j->reqs[p];
+                pthread_mutex_lock(&r->mu);
+                bool scored = r->prompt_logprobs && r->prompt_lps_ready;
+                pthread_mutex_unlock(&r->mu);
+                json_t *lps = scored ? job_prompt_logprobs_json(j, p) : NULL;
                 c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), lps, NULL);
             }
             if (c && emit(j, chunk(j, json_pack("[o]", c)))) return -1;
         }
+    return 1;
+}
+
+/* Queues a chunk for every choice with new output. Sets *progress when something was queued
+ * and *done when every choice has finished. */
+/* One choice's news, copied out under the request's lock so the JSON is built without it
+ * (the engine takes that lock for every token it publishes). */
+typedef struct choice_news {
+    char *text;
+    size_t len, text_base;
+    gen_logprob *lps;
+    int n_lps;
+    gen_finish finish;
+} choice_news;
+
+static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
+    gen_request *r = j->reqs[p];
+    int index = p * j->n + i;
+    const gen_choice *c = &r->choices[i];
+    memset(out, 0, sizeof *out);
+    out->finish = GEN_RUNNING;
+    if (j->finish_sent[index]) return 0;
+    size_t from = j->text_off[index];
+    int lp_from = j->lp_off[index];
+    if (c->len == from && c->n_lps == lp_from && c->finish == GEN_RUNNING) {
+        *done = false;
+        return 0;
+    }
+    out->text_base = from;
+    out->len = c->len - from;
+    out->n_lps = j->logprobs ? c->n_lps - lp_from : 0;
+    out->text = malloc(out->len + 1);
+    out->lps = out->n_lps > 0 ? malloc(sizeof *out->lps * (size_t)out->n_lps) : NULL;
+    if (!out->text || (out->n_lps > 0 && !out->lps)) {
+        free(out->text);
+        free(out->lps);
+        return -1;
+    }
+    if (out->len) memcpy(out->text, c->text + from, out->len);
+    if (out->n_lps > 0) memcpy(out->lps, c->lps + lp_from, sizeof *out->lps * (size_t)out->n_lps);
+    out->finish = c->finish;
+    j->text_off[index] = c->len;
+    j->lp_off[index] = c->n_lps;
+    if (c->finish != GEN_RUNNING)
+        j->finish_sent[index] = true;
+    else
+        *done = false;
     return 1;
 }
 
@@ -104,38 +153,27 @@ static int stream_collect(job *j, bool *progress, bool *done) {
     *done = true;
     for (int p = 0; p < j->n_reqs; p++) {
         gen_request *r = j->reqs[p];
-        pthread_mutex_lock(&r->mu);
         for (int i = 0; i < r->n_choices; i++) {
-            int index = p * j->n + i;
-            const gen_choice *c = &r->choices[i];
-            if (j->finish_sent[index]) continue;
-            size_t from = j->text_off[index];
-            int lp_from = j->lp_off[index];
-            bool news = c->len > from || c->n_lps > lp_from || c->finish != GEN_RUNNING;
-            if (!news) {
-                *done = false;
-                continue;
+            choice_news nw;
+            pthread_mutex_lock(&r->mu);
+            int got = take_news(j, p, i, &nw, done);
+            pthread_mutex_unlock(&r->mu);
+            if (got < 0) return -1;
+            if (got == 0) continue;
+            int rc = 0;
+            if (nw.finish != GEN_FINISH_ERROR) { /* errors are reported at the end */
+                json_t *lps = nw.n_lps > 0 ? job_logprobs_json(j, nw.lps, nw.n_lps,
+                                                               job_echo_len(j, p) + nw.text_base)
+                                           : NULL;
+                json_t *d =
+                    choice_delta(j, p * j->n + i, nw.text, nw.len, lps, job_finish_name(nw.finish));
+                rc = emit(j, chunk(j, json_pack("[o]", d)));
+                *progress = true;
             }
-            j->text_off[index] = c->len;
-            j->lp_off[index] = c->n_lps;
-            if (c->finish != GEN_RUNNING)
-                j->finish_sent[index] = true;
-            else
-                *done = false;
-            if (c->finish == GEN_FINISH_ERROR) continue; /* reported at the end */
-            json_t *lps = NULL;
-            if (j->logprobs && c->n_lps > lp_from)
-                lps = job_logprobs_json(j, c->lps + lp_from, c->n_lps - lp_from,
-                                        job_echo_len(j, p) + from);
-            json_t *d = choice_delta(j, index, c->text ? c->text + from : "", c->len - from, lps,
-                                     job_finish_name(c->finish));
-            if (emit(j, chunk(j, json_pack("[o]", d)))) {
-                pthread_mutex_unlock(&r->mu);
-                return -1;
-            }
-            *progress = true;
+            free(nw.text);
+            free(nw.lps);
+            if (rc) return -1;
         }
-        pthread_mutex_unlock(&r->mu);
     }
     return 0;
 }
