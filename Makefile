@@ -111,6 +111,7 @@ FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
 FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c
+FUZZ_DEPS_rans_fuzz := cache/rans.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz
