@@ -61,6 +61,7 @@ typedef struct conn_req {
     int64_t limit;
     bool too_big;
     const char *route; /* the endpoint name for metrics */
+    const char *allow; /* the method the route takes (405's Allow header) */
     int status;        /* what was answered, for metrics */
     char method[8];
     uint64_t t_start;
@@ -83,13 +84,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, htt
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, v);
     }
     if (r->status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (r->status == 405)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
-                                strncmp(cr->route, "/v1/models", 10) == 0 ||
-                                        strcmp(cr->route, "/health") == 0 ||
-                                        strcmp(cr->route, "/metrics") == 0
-                                    ? "GET"
-                                    : "POST");
+    if (r->status == 405 && cr->allow)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, cr->allow);
     cr->status = r->status;
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
@@ -248,18 +244,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         return send_error(conn, cr, 503, "server_error", NULL, "the server is shutting down");
     switch (rt->kind) {
     case ROUTE_MODELS:
-        if (strncmp(url, "/v1/models/", 11) == 0 && strcmp(url + 11, s->model_id) != 0)
-            return send_error(conn, cr, 404, "invalid_request_error", "model_not_found",
-                              "The model '%s' does not exist", url + 11);
-        openai_models(s, &r);
-        if (strncmp(url, "/v1/models/", 11) == 0) {
-            /* one model object rather than the list */
-            json_t *list = json_loadb(r.body, r.len, 0, NULL);
-            free(r.body);
-            json_t *one = json_incref(json_array_get(json_object_get(list, "data"), 0));
-            json_decref(list);
-            http_reply_json(&r, 200, one);
-        }
+        openai_models(s, strncmp(url, "/v1/models/", 11) == 0 ? url + 11 : NULL, &r);
         return send_reply(conn, cr, &r);
     case ROUTE_CHAT:
         if (openai_chat(s, &call, &r, &st) == 1) return send_stream(conn, cr, &st);
@@ -292,6 +277,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->limit = s->cfg->max_body_bytes;
         const route *rt = route_find(url);
         cr->route = rt ? rt->path : "other";
+        cr->allow = rt ? (rt->post ? "POST" : "GET") : NULL;
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
         bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;

@@ -451,11 +451,21 @@ int openai_completions(server *s, const http_call *c, http_reply *out, http_stre
     return completion_endpoint(s, API_COMPLETION, c, out, stream);
 }
 
-void openai_models(server *s, http_reply *out) {
+void openai_models(server *s, const char *id, http_reply *out) {
+    if (id && strcmp(id, s->model_id) != 0) {
+        api_error err;
+        api_fail(&err, 404, "invalid_request_error", "model_not_found", NULL,
+                 "The model '%s' does not exist", id);
+        http_reply_error(out, &err);
+        return;
+    }
     json_t *entry =
         json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->model_id, "object", "model", "created",
                   (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
-    http_reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", entry));
+    if (id)
+        http_reply_json(out, 200, entry);
+    else
+        http_reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", entry));
 }
 
 void openai_tokenize(server *s, const http_call *c, http_reply *out) {

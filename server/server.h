@@ -79,7 +79,8 @@ void http_reply_json(http_reply *out, int status, json_t *v);
 /* The endpoints (openai.c). Each fills *out, or (streaming) *stream and returns 1. */
 int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream);
 int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream);
-void openai_models(server *s, http_reply *out);
+/* The model list, or (id non-NULL: /v1/models/{id}) that one model or a 404. */
+void openai_models(server *s, const char *id, http_reply *out);
 void openai_tokenize(server *s, const http_call *c, http_reply *out);
 void openai_detokenize(server *s, const http_call *c, http_reply *out);
 
