@@ -120,6 +120,13 @@ void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
 /* Copies one whole block (every layer's K and V) inside the pool: copy on write. */
 void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src);
 
+/* Copies whole blocks between the pool and host memory, bit for bit (cache records): host
+ * holds n blocks back to back, kv_layout_block_bytes each, in the pool's own layout. */
+void backend_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const int32_t *blocks,
+                            int n, void *host);
+void backend_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks,
+                             int n, const void *host);
+
 /* Reads K or V rows back as f32 (for cache export, CacheBlend deviation, tests). */
 void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                      const int32_t *block_table, const int32_t *slots, int n_tok, float *out);

@@ -150,3 +150,43 @@ void kv_seq_release(kv_pool *p, kv_seq *s) {
     free(s->blocks);
     kv_seq_init(s);
 }
+
+void kv_pool_block_ref(kv_pool *p, int32_t block) { p->refs[block]++; }
+void kv_pool_block_unref(kv_pool *p, int32_t block) { pool_unref(p, block); }
+
+static int seq_check_whole(const kv_pool *p, const kv_seq *s, kv_error *err) {
+    int bt = p->layout.block_tokens;
+    if (s->n_tokens % bt != 0 || s->n_blocks != s->n_tokens / bt)
+        return kv_fail(err, "appending blocks to a sequence that holds %d tokens in %d blocks",
+                       s->n_tokens, s->n_blocks);
+    return 0;
+}
+
+int kv_seq_append_blocks(kv_pool *p, kv_seq *s, const int32_t *blocks, int n, kv_error *err) {
+    if (seq_check_whole(p, s, err)) return -1;
+    if (seq_grow_table(s, s->n_blocks + n) != 0)
+        return kv_fail(err, "out of memory for a block table");
+    for (int i = 0; i < n; i++) {
+        p->refs[blocks[i]]++;
+        s->blocks[s->n_blocks++] = blocks[i];
+    }
+    s->n_tokens += n * p->layout.block_tokens;
+    return 0;
+}
+
+int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_error *err) {
+    if (seq_check_whole(p, s, err)) return -1;
+    if (n > p->n_free)
+        return kv_fail(err, "KV pool full: need %d blocks, %lld free", n, (long long)p->n_free);
+    if (seq_grow_table(s, s->n_blocks + n) != 0)
+        return kv_fail(err, "out of memory for a block table");
+    int first = s->n_blocks;
+    for (int i = 0; i < n; i++) s->blocks[s->n_blocks++] = pool_take(p);
+    backend_kv_write_blocks(p->b, p->mem, &p->layout, s->blocks + first, n, host);
+    s->n_tokens += n * p->layout.block_tokens;
+    return 0;
+}
+
+void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host) {
+    backend_kv_read_blocks(p->b, p->mem, &p->layout, s->blocks + first, n, host);
+}

@@ -120,6 +120,20 @@ void kv_seq_truncate(kv_pool *p, kv_seq *s, int n_tokens);
 void kv_seq_release(kv_pool *p, kv_seq *s);
 int kv_pool_block_refs(const kv_pool *p, int32_t block);
 
+/* References held outside any sequence: the engine's prefix cache keeps the blocks of cached
+ * chunks alive this way (a block returns to the free list when its last reference goes). */
+void kv_pool_block_ref(kv_pool *p, int32_t block);
+void kv_pool_block_unref(kv_pool *p, int32_t block);
+/* Appends n existing blocks to s by reference: s must hold whole blocks only (n_tokens a
+ * multiple of block_tokens, no reserved slots beyond); its n_tokens grows by n blocks. */
+int kv_seq_append_blocks(kv_pool *p, kv_seq *s, const int32_t *blocks, int n, kv_error *err);
+/* Appends n fresh blocks to s (as kv_seq_append_blocks requires) and fills them, bit for bit,
+ * from host ([n] blocks of kv_layout_block_bytes, the pool's layout: a cache record's payload).
+ * -1 with err when the pool is full; nothing changes then. */
+int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_error *err);
+/* Copies s's blocks [first, first + n) to host, bit for bit. */
+void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host);
+
 /* ---------------------------------------------------------------- forward pass */
 
 /* One sequence's part of a batch: n_tok new tokens at explicit positions, written to KV slots

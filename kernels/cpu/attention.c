@@ -74,6 +74,24 @@ void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t d
     memcpy((uint8_t *)pool + (size_t)dst * bb, (const uint8_t *)pool + (size_t)src * bb, bb);
 }
 
+void backend_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const int32_t *blocks,
+                            int n, void *host) {
+    (void)b;
+    size_t bb = kv_layout_block_bytes(l);
+    for (int i = 0; i < n; i++)
+        memcpy((uint8_t *)host + (size_t)i * bb, (const uint8_t *)pool + (size_t)blocks[i] * bb,
+               bb);
+}
+
+void backend_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks,
+                             int n, const void *host) {
+    (void)b;
+    size_t bb = kv_layout_block_bytes(l);
+    for (int i = 0; i < n; i++)
+        memcpy((uint8_t *)pool + (size_t)blocks[i] * bb, (const uint8_t *)host + (size_t)i * bb,
+               bb);
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 static void attn_task(void *ctx, int ith, int nth) {
