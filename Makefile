@@ -13,7 +13,7 @@ OPT     ?= -O2 -g
 # Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
-LDLIBS  := -lm -lpthread -lmicrohttpd -ljansson -lcrypto
+LDLIBS  := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
@@ -26,7 +26,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench \
-        bench-serve
+        bench-serve bench-ttft
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -75,6 +75,10 @@ bench: $(MODEL) $(BUILD)/kvserve
 bench-serve: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/serve.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
+# Time to first token: cold vs pool, RAM and disk hits of the context cache at 1K/4K/8K tokens.
+bench-ttft: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/ttft.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
 # The quantized dot-tile microbenchmark (scripts/bench/quant_bench.c): GMAC/s per type and tile.
 QUANT_BENCH_OBJ := $(addprefix $(BUILD)/obj/,kernels/cpu/quant.o kernels/cpu/quant_avx2.o \
                      kernels/cpu/quant_avx512.o kernels/quant_traits.o util/util.o)
@@ -112,6 +116,7 @@ FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
 FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c
 FUZZ_DEPS_rans_fuzz := cache/rans.c
+FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

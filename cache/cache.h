@@ -1,0 +1,149 @@
+/* cache/: the public contract of the context cache. Chunk keys (DESIGN.md "Chunk keys"), chunk
+ * records and the chunk store with its RAM and disk tiers (DESIGN.md "Store tiers"). The device
+ * pool tier lives with the pool's owner (the engine); it uses the keys defined here.
+ *
+ * A chunk is chunk_tokens consecutive tokens of one sequence. Its record holds every layer's K
+ * and V for those tokens as raw f16, laid out exactly as chunk_tokens / block_tokens blocks of
+ * the KV pool (kernels/backend.h kv_layout), so a hit is one copy per block and a miss never
+ * converts anything. K is stored rotated at positions pos0 .. pos0 + chunk_tokens - 1. */
+#ifndef KVSERVE_CACHE_H
+#define KVSERVE_CACHE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/util.h"
+
+/* ---------------------------------------------------------------- keys */
+
+#define CACHE_KEY_BYTES 32
+
+typedef struct cache_key {
+    uint8_t b[CACHE_KEY_BYTES]; /* SHA-256 */
+} cache_key;
+
+/* The namespace a request's chunks live in: SHA-256 over a domain tag, the tenant (the digest
+ * of the API key used, or nothing on a server without keys) and the request's cache_salt
+ * (NULL: none). Tenants never share a namespace, so they never share or probe each other's KV. */
+void cache_namespace(const uint8_t *tenant, size_t tenant_len, const char *salt, cache_key *ns);
+
+/* Prefix keys chain: key_i = SHA-256(tag, model identity, namespace, key_{i-1}, tokens of chunk
+ * i as little-endian int32), key_{-1} = 32 zero bytes. Two prompts share key_i only when they
+ * share every token up to the end of chunk i, so reuse by prefix key is exact. */
+void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
+                      const int32_t *tokens, int n_tokens, cache_key *out);
+/* The keys of the leading full chunks of tokens[0..n_tokens): returns their count
+ * (n_tokens / chunk_tokens, at most max_keys). */
+int cache_prefix_keys(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
+                      int n_tokens, int chunk_tokens, cache_key *out, int max_keys);
+/* Content keys do not chain: SHA-256(tag, model identity, namespace, tokens). They find a
+ * document's KV whatever precedes it (reuse through blend, not exact). */
+void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
+                       int n_tokens, cache_key *out);
+
+/* Lower-case hex of a key (65 bytes with the NUL). */
+void cache_key_hex(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 1]);
+
+/* ---------------------------------------------------------------- chunk records */
+
+/* What a store holds: one model's KV in one pool layout. Records of another model identity or
+ * layout are never served. */
+typedef struct cache_layout {
+    uint8_t model_id[32];
+    int n_layer;
+    int n_kv_head;
+    int head_dim;
+    int block_tokens; /* KV pool block size the payload is laid out in (multiple of 16) */
+    int chunk_tokens; /* tokens per chunk (multiple of block_tokens) */
+} cache_layout;
+
+/* Checks the fields' ranges; -1 with err when one is out of range. */
+int cache_layout_check(const cache_layout *l, kv_error *err);
+/* Bytes of one chunk's payload: (chunk_tokens / block_tokens) pool blocks. */
+size_t cache_chunk_bytes(const cache_layout *l);
+/* Bytes of one pool block: n_layer * 2 * n_kv_head * block_tokens * head_dim f16. */
+size_t cache_block_bytes(const cache_layout *l);
+
+#define CACHE_ALIGN 4096 /* payload alignment (O_DIRECT) */
+
+/* An immutable chunk record in memory, shared by reference count between the tiers and the
+ * requests that loaded it. data is written once, by its creator, before it is shared. */
+typedef struct cache_chunk {
+    cache_key key;
+    cache_key ns;  /* the namespace it was stored under (for clear) */
+    int32_t pos0;  /* position of its first token */
+    size_t bytes;  /* payload bytes (cache_chunk_bytes) */
+    uint8_t *data; /* [bytes rounded up to CACHE_ALIGN], CACHE_ALIGN-aligned, host */
+    atomic_int refs;
+} cache_chunk;
+
+/* A chunk with one reference and an uninitialised payload; NULL when out of memory. */
+cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *key, const cache_key *ns,
+                                int32_t pos0);
+void cache_chunk_ref(cache_chunk *c);
+void cache_chunk_unref(cache_chunk *c);
+
+/* ---------------------------------------------------------------- statistics */
+
+typedef struct cache_tier_stats {
+    int64_t entries;
+    int64_t bytes;    /* payload bytes held */
+    int64_t capacity; /* byte cap */
+    int64_t pinned;   /* entries kept from eviction */
+    int64_t hits, misses;
+    int64_t bytes_in;  /* written into the tier */
+    int64_t bytes_out; /* read from the tier */
+    int64_t evictions;
+    int64_t corrupt;      /* records dropped as torn or corrupt (disk) */
+    int64_t write_errors; /* failed writes, e.g. a full disk (disk) */
+    int64_t dropped;      /* write-backs skipped because the queue was full (disk) */
+} cache_tier_stats;
+
+typedef struct cache_stats {
+    cache_tier_stats ram;
+    cache_tier_stats disk;
+    bool disk_enabled;
+} cache_stats;
+
+/* ---------------------------------------------------------------- the store */
+
+typedef struct cache_store_opts {
+    int64_t ram_bytes;  /* RAM tier cap (0: no RAM tier) */
+    const char *dir;    /* disk tier directory, or NULL for none */
+    int64_t disk_bytes; /* disk tier cap */
+    int write_queue;    /* pending disk writes at most (beyond: dropped, counted) */
+} cache_store_opts;
+
+typedef struct cache_store cache_store;
+
+/* Opens the store; the disk tier rebuilds its index from the directory (records of other
+ * models are left alone; torn or corrupt ones are deleted and counted). */
+cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err);
+/* Finishes queued writes and frees everything. */
+void cache_store_close(cache_store *s);
+const cache_layout *cache_store_layout(const cache_store *s);
+
+/* Loads chunks for keys[i] where want[i] (RAM first, then disk; disk hits are read in parallel
+ * and promoted to RAM), in order, until one is missing. out[i] gets a reference for every
+ * wanted chunk found and NULL for the others. Returns the number of leading keys that are
+ * either not wanted or found. Blocks on disk reads; thread-safe. */
+int cache_store_fetch(cache_store *s, const cache_key *keys, const bool *want, int n_keys,
+                      cache_chunk **out);
+/* True when the RAM or disk tier holds key (no I/O). */
+bool cache_store_contains(cache_store *s, const cache_key *key);
+/* Stores c (the store takes its own reference): into RAM now, onto disk in the background.
+ * Never blocks on I/O; a write that cannot be queued is dropped and counted. */
+void cache_store_put(cache_store *s, cache_chunk *c);
+/* Pins or unpins keys (RAM and disk keep pinned chunks). Returns how many keys were held. */
+int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
+/* Drops every chunk of namespace ns (NULL: all), pinned or not, from the RAM tier (when ram)
+ * and the disk tier (when disk); the counts dropped go to *n_ram and *n_disk. */
+void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
+                       int64_t *n_disk);
+void cache_store_stats(cache_store *s, cache_stats *out);
+/* Waits until every queued disk write has finished (tests, shutdown). */
+void cache_store_flush(cache_store *s);
+
+#endif

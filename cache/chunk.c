@@ -1,0 +1,166 @@
+/* Chunk keys (DESIGN.md "Chunk keys") and chunk records in memory. Keys are SHA-256 through
+ * OpenSSL's EVP interface, deterministic across processes and machines: every integer is
+ * hashed little-endian and every field is fixed-length or tagged. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "cache/cache.h"
+
+/* Domain tags keep the three kinds of hash apart even over the same bytes. */
+static const char TAG_NAMESPACE[] = "kvserve.namespace.v1";
+static const char TAG_PREFIX[] = "kvserve.prefix.v1";
+static const char TAG_CONTENT[] = "kvserve.content.v1";
+
+/* Hashes tokens as little-endian int32 (the wire order on every supported host). */
+static void digest_tokens(EVP_MD_CTX *md, const int32_t *tokens, int n_tokens) {
+    uint8_t buf[1024];
+    size_t fill = 0;
+    for (int i = 0; i < n_tokens; i++) {
+        uint32_t v = (uint32_t)tokens[i];
+        buf[fill++] = (uint8_t)v;
+        buf[fill++] = (uint8_t)(v >> 8);
+        buf[fill++] = (uint8_t)(v >> 16);
+        buf[fill++] = (uint8_t)(v >> 24);
+        if (fill == sizeof buf) {
+            EVP_DigestUpdate(md, buf, fill);
+            fill = 0;
+        }
+    }
+    if (fill) EVP_DigestUpdate(md, buf, fill);
+}
+
+static void digest_u32(EVP_MD_CTX *md, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    EVP_DigestUpdate(md, b, 4);
+}
+
+/* The EVP context is created per call: a few hundred nanoseconds against a chunk's microseconds
+ * of hashing, and no state shared between threads. Allocation failure (the only way these
+ * calls fail) aborts: a key that silently differed would be worse than no server. */
+static EVP_MD_CTX *digest_begin(const char *tag) {
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+        log_error("cache: SHA-256 is unavailable (out of memory)");
+        abort();
+    }
+    EVP_DigestUpdate(md, tag, strlen(tag) + 1);
+    return md;
+}
+
+static void digest_end(EVP_MD_CTX *md, cache_key *out) {
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(md, out->b, &len);
+    EVP_MD_CTX_free(md);
+}
+
+void cache_namespace(const uint8_t *tenant, size_t tenant_len, const char *salt, cache_key *ns) {
+    EVP_MD_CTX *md = digest_begin(TAG_NAMESPACE);
+    /* Lengths first, so (tenant, salt) pairs cannot collide by shifting bytes between them. */
+    size_t salt_len = salt ? strlen(salt) : 0;
+    digest_u32(md, (uint32_t)tenant_len);
+    digest_u32(md, salt ? (uint32_t)salt_len : UINT32_MAX);
+    if (tenant_len) EVP_DigestUpdate(md, tenant, tenant_len);
+    if (salt_len) EVP_DigestUpdate(md, salt, salt_len);
+    digest_end(md, ns);
+}
+
+void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
+                      const int32_t *tokens, int n_tokens, cache_key *out) {
+    static const cache_key zero;
+    EVP_MD_CTX *md = digest_begin(TAG_PREFIX);
+    EVP_DigestUpdate(md, model_id, 32);
+    EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
+    EVP_DigestUpdate(md, (prev ? prev : &zero)->b, CACHE_KEY_BYTES);
+    digest_u32(md, (uint32_t)n_tokens);
+    digest_tokens(md, tokens, n_tokens);
+    digest_end(md, out);
+}
+
+int cache_prefix_keys(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
+                      int n_tokens, int chunk_tokens, cache_key *out, int max_keys) {
+    if (chunk_tokens <= 0 || n_tokens <= 0) return 0;
+    int n = n_tokens / chunk_tokens;
+    if (n > max_keys) n = max_keys;
+    for (int i = 0; i < n; i++)
+        cache_prefix_key(model_id, ns, i ? &out[i - 1] : NULL, tokens + (size_t)i * chunk_tokens,
+                         chunk_tokens, &out[i]);
+    return n;
+}
+
+void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
+                       int n_tokens, cache_key *out) {
+    EVP_MD_CTX *md = digest_begin(TAG_CONTENT);
+    EVP_DigestUpdate(md, model_id, 32);
+    EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
+    digest_u32(md, (uint32_t)n_tokens);
+    digest_tokens(md, tokens, n_tokens);
+    digest_end(md, out);
+}
+
+void cache_key_hex(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 1]) {
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 0; i < CACHE_KEY_BYTES; i++) {
+        out[2 * i] = hex[k->b[i] >> 4];
+        out[2 * i + 1] = hex[k->b[i] & 15];
+    }
+    out[2 * CACHE_KEY_BYTES] = '\0';
+}
+
+/* ---------------------------------------------------------------- layout and records */
+
+int cache_layout_check(const cache_layout *l, kv_error *err) {
+    if (l->n_layer < 1 || l->n_layer > 1024 || l->n_kv_head < 1 || l->n_kv_head > 1024 ||
+        l->head_dim < 1 || l->head_dim > 1024)
+        return kv_fail(err, "cache layout out of range: %d layers, %d KV heads, head dim %d",
+                       l->n_layer, l->n_kv_head, l->head_dim);
+    if (l->block_tokens < 16 || l->block_tokens > 4096 || l->block_tokens % 16)
+        return kv_fail(err, "cache block size must be a multiple of 16 in 16..4096, got %d",
+                       l->block_tokens);
+    if (l->chunk_tokens < l->block_tokens || l->chunk_tokens > 65536 ||
+        l->chunk_tokens % l->block_tokens)
+        return kv_fail(err,
+                       "chunk size %d must be a multiple of the KV block size %d (at most 65536)",
+                       l->chunk_tokens, l->block_tokens);
+    return 0;
+}
+
+size_t cache_block_bytes(const cache_layout *l) {
+    return (size_t)l->n_layer * 2 * (size_t)l->n_kv_head * (size_t)l->block_tokens *
+           (size_t)l->head_dim * 2;
+}
+
+size_t cache_chunk_bytes(const cache_layout *l) {
+    return cache_block_bytes(l) * (size_t)(l->chunk_tokens / l->block_tokens);
+}
+
+cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *key, const cache_key *ns,
+                                int32_t pos0) {
+    cache_chunk *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->key = *key;
+    c->ns = *ns;
+    c->pos0 = pos0;
+    c->bytes = cache_chunk_bytes(l);
+    size_t cap = (c->bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+    void *p = NULL;
+    if (posix_memalign(&p, CACHE_ALIGN, cap) != 0) {
+        free(c);
+        return NULL;
+    }
+    c->data = p;
+    /* The padding after the payload is written to disk with it (O_DIRECT writes whole
+     * blocks): zero it so no stale heap bytes leave the process. */
+    memset(c->data + c->bytes, 0, cap - c->bytes);
+    atomic_init(&c->refs, 1);
+    return c;
+}
+
+void cache_chunk_ref(cache_chunk *c) { atomic_fetch_add(&c->refs, 1); }
+
+void cache_chunk_unref(cache_chunk *c) {
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
+    free(c->data);
+    free(c);
+}

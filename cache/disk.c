@@ -1,0 +1,1048 @@
+/* The disk tier of the chunk store (cache/disk.h): one record file per chunk, an in-memory
+ * index, and one I/O thread that performs every file operation after open.
+ *
+ * Ownership of files. Only the I/O thread creates, renames or deletes record files once the tier
+ * is open: writes, evictions, deletions of corrupt records and cache_disk_clear's deletions are
+ * all its jobs. A key's file therefore cannot be deleted by one party while another recreates
+ * it, without any lock held across a system call: the index mutex guards memory only.
+ *
+ * Jobs. Callers that wait (reads, clears) queue a job on their own stack and sleep on a condition
+ * variable; these jobs go before queued writes, so a read never waits behind the write-back
+ * queue. Writes are a ring of chunk references bounded by write_queue.
+ *
+ * Durability. A write goes to tmp-<key>-<pid>-<n>.part and is renamed to <key>.kvc once every
+ * byte is written, so after a crash or kill -9 the directory holds whole records or none. There
+ * is no fdatasync: the cache promises nothing across a power loss, and a record torn by one
+ * fails its checksums when read (or its size check at open) and is dropped like any corrupt
+ * record. A sync per write would cost more than the recomputation it saves. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache/disk.h"
+#include "cache/record.h"
+
+#define DISK_RING_DEPTH 64     /* io_uring entries, and the most operations in flight */
+#define DISK_READ_GROUP 32     /* records read per batch: 2 operations each (header, payload) */
+#define DISK_MAX_OP (1u << 30) /* bytes per submitted operation (prep_* take an unsigned) */
+#define DISK_WARN_NS 10000000000ull /* at most one I/O warning per 10 s */
+#define DISK_MAX_WRITE_QUEUE (1 << 20)
+#define DISK_TMP_NAME 128
+
+/* ---------------------------------------------------------------- types */
+
+/* One record in the index. A record is "writing" from cache_disk_put until its file is renamed
+ * into place (not readable, not counted in entries/bytes, not in the LRU list), then published.
+ * A writing record cleared by cache_disk_clear is doomed: its write deletes it on completion. */
+typedef struct disk_entry {
+    cache_key key;
+    cache_key ns;
+    uint64_t gen;  /* distinguishes this entry from a later one with the same key */
+    int64_t bytes; /* payload bytes */
+    bool pinned, writing, doomed;
+    struct disk_entry *hnext;       /* hash chain */
+    struct disk_entry *prev, *next; /* LRU list, published entries only: prev is older */
+} disk_entry;
+
+typedef enum disk_job_kind { DISK_JOB_READ, DISK_JOB_UNLINK } disk_job_kind;
+
+/* A job whose caller waits for it (the struct lives on the caller's stack). */
+typedef struct disk_job {
+    disk_job_kind kind;
+    const cache_key *keys; /* [n]: keys to read, or records to delete */
+    int n;
+    cache_chunk **out; /* [n], reads */
+    bool done;
+    struct disk_job *next;
+} disk_job;
+
+/* One read or write of buf[0..len) at file offset off. */
+typedef struct disk_op {
+    int fd;
+    uint8_t *buf;
+    size_t len;
+    off_t off;
+    size_t done;
+    int err; /* errno; ENODATA: end of file before len (a torn record) */
+    int retries;
+} disk_op;
+
+struct cache_disk {
+    cache_layout layout;
+    size_t payload_bytes; /* cache_chunk_bytes(layout) */
+    size_t padded_bytes;  /* payload_bytes rounded up to CACHE_ALIGN */
+    int64_t cap;
+    int write_queue;
+    char *path; /* dir/<model>, for messages */
+    int dir_fd;
+    uint64_t hash_seed;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* to the I/O thread: a job, a write or stop */
+    pthread_cond_t done; /* to waiters: a job finished or a write completed */
+
+    /* Guarded by mu. */
+    disk_entry **buckets; /* [n_buckets], chained */
+    size_t n_buckets, n_table;
+    disk_entry *lru_old, *lru_new;
+    uint64_t next_gen;
+    cache_chunk **wq; /* ring [max(write_queue, 1)] of queued writes, each holding a ref */
+    int wq_head, wq_len;
+    int n_writes; /* queued + in flight */
+    disk_job *jobs, *jobs_tail;
+    bool stop;
+    cache_tier_stats st; /* capacity is filled in by cache_disk_stats */
+
+    /* The I/O thread's own (and open's, before the thread starts). */
+    pthread_t thread;
+    bool thread_started;
+    struct io_uring ring;
+    bool have_ring;
+    uint8_t *hdr; /* [CACHE_RECORD_HEADER], CACHE_ALIGN-aligned, host: the header being written */
+    uint64_t tmp_counter;
+    uint64_t warn_last_ns;
+    int64_t warn_suppressed;
+    bool warned_once;
+    cache_key *victims; /* records to delete once mu is released */
+    size_t n_victims, cap_victims;
+};
+
+/* ---------------------------------------------------------------- names and warnings */
+
+static void record_name(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 5]) {
+    cache_key_hex(k, out);
+    memcpy(out + 2 * CACHE_KEY_BYTES, ".kvc", 5);
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* True when name is exactly <64 lower-case hex>.kvc; the key goes to k. */
+static bool record_name_parse(const char *name, cache_key *k) {
+    if (strlen(name) != 2 * CACHE_KEY_BYTES + 4 || strcmp(name + 2 * CACHE_KEY_BYTES, ".kvc"))
+        return false;
+    for (int i = 0; i < CACHE_KEY_BYTES; i++) {
+        int hi = hex_digit(name[2 * i]), lo = hex_digit(name[2 * i + 1]);
+        if (hi < 0 || lo < 0) return false;
+        k->b[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/* I/O errors can come by the thousand (a full or failing disk): one warning per DISK_WARN_NS,
+ * with the count of those held back. I/O thread only. */
+static void __attribute__((format(printf, 2, 3))) disk_warn(cache_disk *d, const char *fmt, ...) {
+    uint64_t now = clock_now_ns();
+    if (d->warned_once && now - d->warn_last_ns < DISK_WARN_NS) {
+        d->warn_suppressed++;
+        return;
+    }
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (d->warn_suppressed)
+        log_warn("cache: disk %s: %s (%lld similar warnings suppressed)", d->path, msg,
+                 (long long)d->warn_suppressed);
+    else
+        log_warn("cache: disk %s: %s", d->path, msg);
+    d->warned_once = true;
+    d->warn_last_ns = now;
+    d->warn_suppressed = 0;
+}
+
+/* ---------------------------------------------------------------- index (caller holds mu) */
+
+/* splitmix64's finaliser over the key's first 8 bytes and a per-open random seed: keys are
+ * SHA-256 outputs, but a tenant who knows the model identity could grind prompts whose keys
+ * share low bits, so bucket positions must not be predictable. */
+static size_t entry_hash(const cache_disk *d, const cache_key *k) {
+    uint64_t x;
+    memcpy(&x, k->b, sizeof x);
+    x ^= d->hash_seed;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (size_t)x & (d->n_buckets - 1);
+}
+
+static disk_entry *table_find(const cache_disk *d, const cache_key *k) {
+    for (disk_entry *e = d->buckets[entry_hash(d, k)]; e; e = e->hnext)
+        if (memcmp(e->key.b, k->b, CACHE_KEY_BYTES) == 0) return e;
+    return NULL;
+}
+
+/* Doubles the bucket array at load factor 1; -1 when out of memory (nothing changed). */
+static int table_grow(cache_disk *d) {
+    size_t old_n = d->n_buckets;
+    disk_entry **old = d->buckets;
+    disk_entry **nb = calloc(old_n * 2, sizeof *nb);
+    if (!nb) return -1;
+    d->buckets = nb;
+    d->n_buckets = old_n * 2;
+    for (size_t i = 0; i < old_n; i++) {
+        for (disk_entry *e = old[i], *next; e; e = next) {
+            next = e->hnext;
+            size_t h = entry_hash(d, &e->key);
+            e->hnext = nb[h];
+            nb[h] = e;
+        }
+    }
+    free(old);
+    return 0;
+}
+
+/* A new entry for key (not yet in the table): writing, or published by entry_publish. NULL when
+ * out of memory. */
+static disk_entry *table_add(cache_disk *d, const cache_key *key, const cache_key *ns,
+                             int64_t bytes) {
+    if (d->n_table >= d->n_buckets && table_grow(d) != 0) return NULL;
+    disk_entry *e = calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->key = *key;
+    e->ns = *ns;
+    e->bytes = bytes;
+    e->gen = ++d->next_gen;
+    e->writing = true;
+    size_t h = entry_hash(d, key);
+    e->hnext = d->buckets[h];
+    d->buckets[h] = e;
+    d->n_table++;
+    return e;
+}
+
+static void lru_unlink(cache_disk *d, disk_entry *e) {
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        d->lru_old = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        d->lru_new = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_append(cache_disk *d, disk_entry *e) {
+    e->prev = d->lru_new;
+    e->next = NULL;
+    if (d->lru_new)
+        d->lru_new->next = e;
+    else
+        d->lru_old = e;
+    d->lru_new = e;
+}
+
+/* Writing -> published: readable, counted, most recently used. */
+static void entry_publish(cache_disk *d, disk_entry *e) {
+    e->writing = false;
+    lru_append(d, e);
+    d->st.entries++;
+    d->st.bytes += e->bytes;
+    if (e->pinned) d->st.pinned++;
+}
+
+/* Removes e from the index and frees it (its file, if any, is the caller's to delete). */
+static void entry_drop(cache_disk *d, disk_entry *e) {
+    if (!e->writing) {
+        lru_unlink(d, e);
+        d->st.entries--;
+        d->st.bytes -= e->bytes;
+        if (e->pinned) d->st.pinned--;
+    }
+    disk_entry **pp = &d->buckets[entry_hash(d, &e->key)];
+    while (*pp != e) pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    d->n_table--;
+    free(e);
+}
+
+/* Remembers a record file to delete after mu is released (I/O thread, or open). False when out
+ * of memory: the caller keeps the entry instead, so no file is ever left outside the index. */
+static bool victim_push(cache_disk *d, const cache_key *k) {
+    if (d->n_victims == d->cap_victims) {
+        size_t cap = d->cap_victims ? 2 * d->cap_victims : 16;
+        cache_key *v = realloc(d->victims, cap * sizeof *v);
+        if (!v) return false;
+        d->victims = v;
+        d->cap_victims = cap;
+    }
+    d->victims[d->n_victims++] = *k;
+    return true;
+}
+
+/* Drops least recently used unpinned records until bytes <= cap. Pins are honoured even when
+ * pinned records alone exceed the cap; an unpin takes effect at the next write. */
+static void evict_locked(cache_disk *d) {
+    disk_entry *e = d->lru_old;
+    while (e && d->st.bytes > d->cap) {
+        disk_entry *next = e->next;
+        if (!e->pinned) {
+            if (!victim_push(d, &e->key)) break;
+            entry_drop(d, e);
+            d->st.evictions++;
+        }
+        e = next;
+    }
+}
+
+/* Deletes the files of d->victims (without mu). */
+static void unlink_victims(cache_disk *d) {
+    char name[2 * CACHE_KEY_BYTES + 5];
+    for (size_t i = 0; i < d->n_victims; i++) {
+        record_name(&d->victims[i], name);
+        if (unlinkat(d->dir_fd, name, 0) != 0 && errno != ENOENT)
+            disk_warn(d, "cannot delete %s: %s", name, strerror(errno));
+    }
+    d->n_victims = 0;
+}
+
+/* ---------------------------------------------------------------- I/O */
+
+/* O_DIRECT keeps the page cache for the model and the RAM tier; filesystems without it (tmpfs
+ * before Linux 6.6, some FUSE) refuse it with EINVAL, and then buffered I/O is used. An
+ * O_CREAT open that fails that way may already have created the file: remove it first. */
+static int open_direct(int dir_fd, const char *name, int flags) {
+    int fd = openat(dir_fd, name, flags | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EINVAL) return fd;
+    if (flags & O_CREAT) unlinkat(dir_fd, name, 0);
+    return openat(dir_fd, name, flags | O_CLOEXEC, 0644);
+}
+
+static bool op_pending(const disk_op *o) { return !o->err && o->done < o->len; }
+
+/* Accounts one completed transfer of res bytes (or -errno). */
+static void op_complete(disk_op *o, int64_t res, bool write) {
+    if (res > 0) {
+        o->done += (size_t)res; /* short: the rest is resubmitted */
+    } else if (res == 0) {
+        o->err = write ? EIO : ENODATA;
+    } else if ((res == -EINTR || res == -EAGAIN) && ++o->retries < 8) {
+        /* transient: resubmitted */
+    } else {
+        o->err = (int)-res;
+    }
+}
+
+/* The fallback when io_uring is unavailable (seccomp, old kernel): one operation at a time on
+ * the I/O thread. Also finishes whatever a broken ring left pending. */
+static void io_sync(disk_op *ops, int n, bool write) {
+    for (int i = 0; i < n; i++) {
+        disk_op *o = &ops[i];
+        while (op_pending(o)) {
+            size_t len = o->len - o->done;
+            off_t off = o->off + (off_t)o->done;
+            ssize_t r = write ? pwrite(o->fd, o->buf + o->done, len, off)
+                              : pread(o->fd, o->buf + o->done, len, off);
+            op_complete(o, r < 0 ? -(int64_t)errno : (int64_t)r, write);
+        }
+    }
+}
+
+/* Submits ops in batches of up to DISK_RING_DEPTH and reaps every completion of a batch before
+ * the next, resubmitting short transfers, until each op is done or failed. On a submission
+ * failure the ring is given up and io_sync finishes the rest. */
+static void io_ring(cache_disk *d, disk_op *ops, int n, bool write) {
+    struct io_uring *ring = &d->ring;
+    bool any = true;
+    while (any && d->have_ring) {
+        any = false;
+        for (int i = 0; i < n && d->have_ring;) {
+            int batch = 0;
+            for (; i < n && batch < DISK_RING_DEPTH; i++) {
+                disk_op *o = &ops[i];
+                if (!op_pending(o)) continue;
+                struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+                if (!sqe) break; /* cannot happen: every batch is reaped before the next */
+                size_t len = o->len - o->done;
+                unsigned nb = len > DISK_MAX_OP ? DISK_MAX_OP : (unsigned)len;
+                uint64_t off = (uint64_t)o->off + o->done;
+                if (write)
+                    io_uring_prep_write(sqe, o->fd, o->buf + o->done, nb, off);
+                else
+                    io_uring_prep_read(sqe, o->fd, o->buf + o->done, nb, off);
+                io_uring_sqe_set_data(sqe, o);
+                batch++;
+            }
+            int submitted = 0;
+            while (submitted < batch) {
+                int r = io_uring_submit(ring);
+                if (r > 0) {
+                    submitted += r;
+                } else if (r == 0 || (r != -EINTR && r != -EAGAIN && r != -EBUSY)) {
+                    /* SQEs not taken by the kernel stay in the ring, which is not entered
+                     * again: io_sync does those operations. */
+                    log_warn("cache: disk %s: io_uring submit failed (%s); using pread/pwrite",
+                             d->path, strerror(r < 0 ? -r : EIO));
+                    d->have_ring = false;
+                    break;
+                }
+            }
+            for (int k = 0; k < submitted; k++) {
+                struct io_uring_cqe *cqe = NULL;
+                int r;
+                while ((r = io_uring_wait_cqe(ring, &cqe)) == -EINTR || r == -EAGAIN) continue;
+                if (r != 0) {
+                    /* Buffers may still be in the kernel's hands: continuing could corrupt the
+                     * heap. The ring is private to this thread, so this is a broken invariant. */
+                    log_error("cache: disk %s: io_uring wait failed (%s)", d->path, strerror(-r));
+                    abort();
+                }
+                op_complete(io_uring_cqe_get_data(cqe), cqe->res, write);
+                io_uring_cqe_seen(ring, cqe);
+            }
+            if (submitted < batch) {
+                /* The ops never taken are still pending; the io_sync below does them. */
+                break;
+            }
+        }
+        for (int i = 0; i < n; i++) any |= op_pending(&ops[i]);
+    }
+}
+
+/* Performs ops (each op's own fd, buffer and offset), concurrently where the ring allows. */
+static void disk_io(cache_disk *d, disk_op *ops, int n, bool write) {
+    if (d->have_ring) io_ring(d, ops, n, write);
+    io_sync(ops, n, write);
+}
+
+/* ---------------------------------------------------------------- the I/O thread's jobs */
+
+/* Writes c to a temporary file, renames it into place, publishes it and evicts down to the cap;
+ * any failure leaves no file and counts a write error. Drops the queue's reference to c. */
+static void disk_write(cache_disk *d, cache_chunk *c) {
+    char hex[2 * CACHE_KEY_BYTES + 1], name[2 * CACHE_KEY_BYTES + 5], tmp[DISK_TMP_NAME];
+    cache_key_hex(&c->key, hex);
+    record_name(&c->key, name);
+    snprintf(tmp, sizeof tmp, "tmp-%s-%ld-%llu.part", hex, (long)getpid(),
+             (unsigned long long)++d->tmp_counter);
+    cache_record_encode_header(&d->layout, c, d->hdr);
+
+    int err = 0;
+    const char *what = "create";
+    int fd = open_direct(d->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL);
+    if (fd < 0) {
+        err = errno;
+    } else {
+        /* The payload's padding is zeroed by cache_chunk_create: whole CACHE_ALIGN blocks. */
+        disk_op ops[2] = {
+            {.fd = fd, .buf = d->hdr, .len = CACHE_RECORD_HEADER, .off = 0},
+            {.fd = fd, .buf = c->data, .len = d->padded_bytes, .off = CACHE_RECORD_HEADER},
+        };
+        disk_io(d, ops, 2, true);
+        err = ops[0].err ? ops[0].err : ops[1].err;
+        what = "write";
+        if (close(fd) != 0 && !err) err = errno;
+        if (!err && renameat(d->dir_fd, tmp, d->dir_fd, name) != 0) {
+            err = errno;
+            what = "rename";
+        }
+        if (err) unlinkat(d->dir_fd, tmp, 0);
+    }
+
+    pthread_mutex_lock(&d->mu);
+    disk_entry *e = table_find(d, &c->key); /* the writing entry cache_disk_put made */
+    if (!e || !e->writing) {
+        log_error("cache: disk index lost a record being written");
+        abort();
+    }
+    if (err) {
+        d->st.write_errors++;
+        entry_drop(d, e);
+    } else if (e->doomed) {
+        if (victim_push(d, &e->key))
+            entry_drop(d, e);
+        else
+            entry_publish(d, e); /* out of memory: keep it indexed rather than orphaned */
+    } else {
+        entry_publish(d, e);
+        d->st.bytes_in += e->bytes;
+        evict_locked(d);
+    }
+    pthread_mutex_unlock(&d->mu);
+    unlink_victims(d);
+    if (err) disk_warn(d, "cannot %s record %s: %s", what, name, strerror(err));
+    cache_chunk_unref(c);
+}
+
+typedef enum read_result {
+    READ_OK,
+    READ_SKIPPED,  /* transient (out of memory, out of descriptors): a miss, record kept */
+    READ_VANISHED, /* the file is gone: a miss, dropped from the index */
+    READ_CORRUPT,  /* torn, unreadable or failing a check: deleted and counted */
+} read_result;
+
+typedef struct read_slot {
+    int idx; /* into the job's keys and out */
+    uint64_t gen;
+    int fd;
+    cache_chunk *c;
+    read_result result;
+} read_slot;
+
+/* Checks a record read into hdr and c->data: the header, the key it names against c's, the
+ * payload checksum. Then fills c's namespace and position from the header. */
+static int read_verify(cache_disk *d, const uint8_t *hdr, cache_chunk *c, kv_error *err) {
+    cache_record_info info;
+    if (cache_record_decode_header(hdr, CACHE_RECORD_HEADER, &d->layout, &info, err) != 0)
+        return -1;
+    if (memcmp(info.key.b, c->key.b, CACHE_KEY_BYTES) != 0)
+        return kv_fail(err, "header names another key");
+    if (cache_record_check_payload(&info, c->data, err) != 0) return -1;
+    c->ns = info.ns;
+    c->pos0 = info.pos0;
+    return 0;
+}
+
+/* Reads and verifies the records of slots[0..n) (n <= DISK_READ_GROUP) as one batch. */
+static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n, uint8_t *hdrs) {
+    static const cache_key zero_ns;
+    disk_op ops[2 * DISK_READ_GROUP];
+    int op_of[DISK_READ_GROUP];
+    int n_ops = 0;
+    char name[2 * CACHE_KEY_BYTES + 5];
+    for (int s = 0; s < n; s++) {
+        read_slot *sl = &slots[s];
+        sl->fd = -1;
+        sl->c = NULL;
+        op_of[s] = -1;
+        record_name(&j->keys[sl->idx], name);
+        sl->fd = open_direct(d->dir_fd, name, O_RDONLY);
+        if (sl->fd < 0) {
+            sl->result = errno == ENOENT ? READ_VANISHED : READ_SKIPPED;
+            continue;
+        }
+        /* ns and pos0 come from the header, once it has been checked. */
+        sl->c = cache_chunk_create(&d->layout, &j->keys[sl->idx], &zero_ns, 0);
+        if (!sl->c) {
+            sl->result = READ_SKIPPED;
+            continue;
+        }
+        op_of[s] = n_ops;
+        ops[n_ops++] = (disk_op){.fd = sl->fd,
+                                 .buf = hdrs + (size_t)s * CACHE_RECORD_HEADER,
+                                 .len = CACHE_RECORD_HEADER,
+                                 .off = 0};
+        ops[n_ops++] = (disk_op){
+            .fd = sl->fd, .buf = sl->c->data, .len = d->padded_bytes, .off = CACHE_RECORD_HEADER};
+    }
+    disk_io(d, ops, n_ops, false);
+
+    for (int s = 0; s < n; s++) {
+        read_slot *sl = &slots[s];
+        if (sl->fd >= 0) close(sl->fd);
+        if (op_of[s] < 0) continue;
+        record_name(&j->keys[sl->idx], name);
+        int e = ops[op_of[s]].err ? ops[op_of[s]].err : ops[op_of[s] + 1].err;
+        kv_error err = {{0}};
+        if (e) {
+            /* Short (torn) or unreadable records are dropped; other errors may pass. */
+            sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
+            disk_warn(d, "cannot read %s: %s", name,
+                      e == ENODATA ? "file shorter than its record" : strerror(e));
+        } else if (read_verify(d, hdrs + (size_t)s * CACHE_RECORD_HEADER, sl->c, &err) != 0) {
+            sl->result = READ_CORRUPT;
+            disk_warn(d, "dropping %s: %s", name, err.msg);
+        } else {
+            sl->result = READ_OK;
+        }
+        if (sl->result != READ_OK) {
+            cache_chunk_unref(sl->c);
+            sl->c = NULL;
+        }
+    }
+}
+
+/* A read job: every published key's record, in groups of DISK_READ_GROUP. */
+static void disk_read_job(cache_disk *d, disk_job *j) {
+    read_slot *slots = calloc((size_t)j->n, sizeof *slots);
+    void *hdrs = NULL;
+    if (!slots ||
+        posix_memalign(&hdrs, CACHE_ALIGN, (size_t)DISK_READ_GROUP * CACHE_RECORD_HEADER) != 0) {
+        free(slots);
+        pthread_mutex_lock(&d->mu);
+        d->st.misses += j->n;
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
+    int m = 0;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < j->n; i++) {
+        disk_entry *e = table_find(d, &j->keys[i]);
+        if (e && !e->writing) slots[m++] = (read_slot){.idx = i, .gen = e->gen};
+    }
+    pthread_mutex_unlock(&d->mu);
+
+    for (int s = 0; s < m; s += DISK_READ_GROUP)
+        disk_read_group(d, j, slots + s, m - s < DISK_READ_GROUP ? m - s : DISK_READ_GROUP, hdrs);
+
+    pthread_mutex_lock(&d->mu);
+    d->st.misses += j->n - m; /* not indexed */
+    for (int s = 0; s < m; s++) {
+        read_slot *sl = &slots[s];
+        disk_entry *e = table_find(d, &j->keys[sl->idx]);
+        bool same = e && e->gen == sl->gen && !e->writing;
+        if (sl->result == READ_OK) {
+            j->out[sl->idx] = sl->c;
+            d->st.hits++;
+            d->st.bytes_out += (int64_t)sl->c->bytes;
+            if (same) {
+                lru_unlink(d, e);
+                lru_append(d, e);
+            }
+            continue;
+        }
+        d->st.misses++;
+        /* Only the entry that was read is dropped: a clear and a new write of the same key
+         * since then made a new entry (another gen) whose file is sound. */
+        if (!same) continue;
+        if (sl->result == READ_VANISHED) {
+            entry_drop(d, e);
+        } else if (sl->result == READ_CORRUPT) {
+            d->st.corrupt++;
+            if (victim_push(d, &e->key)) entry_drop(d, e);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    unlink_victims(d);
+    free(hdrs);
+    free(slots);
+}
+
+static void disk_unlink_job(cache_disk *d, disk_job *j) {
+    char name[2 * CACHE_KEY_BYTES + 5];
+    for (int i = 0; i < j->n; i++) {
+        record_name(&j->keys[i], name);
+        if (unlinkat(d->dir_fd, name, 0) != 0 && errno != ENOENT)
+            disk_warn(d, "cannot delete %s: %s", name, strerror(errno));
+    }
+}
+
+/* Waiting callers' jobs first, then queued writes; exits once stopped and drained. */
+static void *disk_thread(void *arg) {
+    cache_disk *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        if (d->jobs) {
+            disk_job *j = d->jobs;
+            d->jobs = j->next;
+            if (!d->jobs) d->jobs_tail = NULL;
+            pthread_mutex_unlock(&d->mu);
+            if (j->kind == DISK_JOB_READ)
+                disk_read_job(d, j);
+            else
+                disk_unlink_job(d, j);
+            pthread_mutex_lock(&d->mu);
+            j->done = true;
+            pthread_cond_broadcast(&d->done);
+        } else if (d->wq_len) {
+            cache_chunk *c = d->wq[d->wq_head];
+            d->wq_head = (d->wq_head + 1) % (d->write_queue > 0 ? d->write_queue : 1);
+            d->wq_len--;
+            pthread_mutex_unlock(&d->mu);
+            disk_write(d, c);
+            pthread_mutex_lock(&d->mu);
+            /* After the write's deletions too, so a flush sees the directory settled. */
+            d->n_writes--;
+            pthread_cond_broadcast(&d->done);
+        } else if (d->stop) {
+            break;
+        } else {
+            pthread_cond_wait(&d->work, &d->mu);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Queues j and waits until the I/O thread has run it (caller holds mu). */
+static void job_run_locked(cache_disk *d, disk_job *j) {
+    j->done = false;
+    j->next = NULL;
+    if (d->jobs_tail)
+        d->jobs_tail->next = j;
+    else
+        d->jobs = j;
+    d->jobs_tail = j;
+    pthread_cond_signal(&d->work);
+    while (!j->done) pthread_cond_wait(&d->done, &d->mu);
+}
+
+/* ---------------------------------------------------------------- open */
+
+/* mkdir -p: every missing component of path, 0755. */
+static int mkdir_p(const char *path, kv_error *err) {
+    char *p = strdup(path);
+    if (!p) return kv_fail(err, "out of memory");
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            kv_fail(err, "cannot create directory %s: %s", p, strerror(errno));
+            free(p);
+            return -1;
+        }
+        *s = c;
+        if (!c) break;
+    }
+    free(p);
+    return 0;
+}
+
+static ssize_t read_full(int fd, uint8_t *buf, size_t len) {
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, buf + got, len - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+typedef struct scan_item {
+    disk_entry *e;
+    struct timespec mtime;
+} scan_item;
+
+static int scan_item_cmp(const void *a, const void *b) {
+    const struct timespec *x = &((const scan_item *)a)->mtime, *y = &((const scan_item *)b)->mtime;
+    if (x->tv_sec != y->tv_sec) return x->tv_sec < y->tv_sec ? -1 : 1;
+    return (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
+}
+
+/* Checks one record file at open: header, key against the name, size. 0 and info when valid;
+ * -1 with err (the caller deletes it); 1 when it cannot be opened (left alone). */
+static int scan_check(cache_disk *d, const char *name, const cache_key *key, off_t size,
+                      uint8_t *hdr, cache_record_info *info, kv_error *err) {
+    int fd = openat(d->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    ssize_t got = read_full(fd, hdr, CACHE_RECORD_HEADER);
+    int saved = errno;
+    close(fd);
+    if (got < 0) return kv_fail(err, "%s", strerror(saved));
+    if (cache_record_decode_header(hdr, (size_t)got, &d->layout, info, err) != 0) return -1;
+    if (memcmp(info->key.b, key->b, CACHE_KEY_BYTES) != 0)
+        return kv_fail(err, "header names another key");
+    size_t want = cache_record_file_bytes((size_t)info->payload_bytes);
+    if ((uint64_t)size != (uint64_t)want)
+        return kv_fail(err, "file has %lld bytes, its record %zu", (long long)size, want);
+    return 0;
+}
+
+/* Indexes the directory's valid records, oldest modification first in the LRU list; deletes
+ * temporary files and invalid records (counted as corrupt). */
+static int disk_scan(cache_disk *d, kv_error *err) {
+    int fd = dup(d->dir_fd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir) {
+        if (fd >= 0) close(fd);
+        return kv_fail(err, "cannot list %s: %s", d->path, strerror(errno));
+    }
+    uint8_t *hdr = malloc(CACHE_RECORD_HEADER);
+    scan_item *items = NULL;
+    size_t n_items = 0, cap_items = 0;
+    int rc = 0;
+    if (!hdr) {
+        rc = kv_fail(err, "out of memory");
+        goto done;
+    }
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        const char *name = de->d_name;
+        cache_key key;
+        /* A temporary file is a write that never finished (a crash or kill -9; the directory
+         * has one writer, this process once open): a torn record. */
+        if (ends_with(name, ".part")) {
+            if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
+            continue;
+        }
+        if (!record_name_parse(name, &key)) continue; /* not ours: left alone */
+        struct stat sb;
+        if (fstatat(d->dir_fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        cache_record_info info;
+        kv_error why = {{0}};
+        int r = scan_check(d, name, &key, sb.st_size, hdr, &info, &why);
+        if (r > 0) continue;
+        if (r < 0) {
+            log_warn("cache: disk %s: deleting %s: %s", d->path, name, why.msg);
+            if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
+            continue;
+        }
+        if (n_items == cap_items) {
+            size_t cap = cap_items ? 2 * cap_items : 64;
+            scan_item *v = realloc(items, cap * sizeof *v);
+            if (!v) {
+                rc = kv_fail(err, "out of memory");
+                goto done;
+            }
+            items = v;
+            cap_items = cap;
+        }
+        disk_entry *e = table_add(d, &key, &info.ns, (int64_t)info.payload_bytes);
+        if (!e) {
+            rc = kv_fail(err, "out of memory");
+            goto done;
+        }
+        items[n_items++] = (scan_item){e, sb.st_mtim};
+    }
+    if (n_items) qsort(items, n_items, sizeof *items, scan_item_cmp);
+    for (size_t i = 0; i < n_items; i++) entry_publish(d, items[i].e);
+    evict_locked(d);
+    unlink_victims(d);
+done:
+    /* On failure the entries already added are freed with the table by disk_free. */
+    closedir(dir);
+    free(items);
+    free(hdr);
+    return rc;
+}
+
+static void disk_free(cache_disk *d) {
+    if (d->buckets) {
+        for (size_t i = 0; i < d->n_buckets; i++) {
+            for (disk_entry *e = d->buckets[i], *next; e; e = next) {
+                next = e->hnext;
+                free(e);
+            }
+        }
+    }
+    if (d->have_ring) io_uring_queue_exit(&d->ring);
+    if (d->dir_fd >= 0) close(d->dir_fd);
+    pthread_cond_destroy(&d->done);
+    pthread_cond_destroy(&d->work);
+    pthread_mutex_destroy(&d->mu);
+    free(d->buckets);
+    free(d->wq);
+    free(d->hdr);
+    free(d->victims);
+    free(d->path);
+    free(d);
+}
+
+cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_bytes,
+                            int write_queue, kv_error *err) {
+    if (cache_layout_check(l, err) != 0) {
+        kv_fail_wrap(err, "cache disk");
+        return NULL;
+    }
+    if (!dir || !*dir) {
+        kv_fail(err, "cache disk: no directory given");
+        return NULL;
+    }
+    if (cap_bytes < 0 || write_queue < 0 || write_queue > DISK_MAX_WRITE_QUEUE) {
+        kv_fail(err, "cache disk: cap %lld bytes or write queue %d out of range",
+                (long long)cap_bytes, write_queue);
+        return NULL;
+    }
+    cache_disk *d = calloc(1, sizeof *d);
+    if (!d) {
+        kv_fail(err, "cache disk: out of memory");
+        return NULL;
+    }
+    d->dir_fd = -1;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->work, NULL);
+    pthread_cond_init(&d->done, NULL);
+    d->layout = *l;
+    d->payload_bytes = cache_chunk_bytes(l);
+    d->padded_bytes = (d->payload_bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+    d->cap = cap_bytes;
+    d->write_queue = write_queue;
+    if (getrandom(&d->hash_seed, sizeof d->hash_seed, GRND_NONBLOCK) != sizeof d->hash_seed)
+        d->hash_seed = clock_now_ns() ^ (uint64_t)(uintptr_t)d;
+
+    char model_hex[2 * CACHE_KEY_BYTES + 1];
+    cache_key model;
+    memcpy(model.b, l->model_id, CACHE_KEY_BYTES);
+    cache_key_hex(&model, model_hex);
+    size_t n = strlen(dir) + 18;
+    d->path = malloc(n);
+    d->n_buckets = 64;
+    d->buckets = calloc(d->n_buckets, sizeof *d->buckets);
+    d->wq = calloc(write_queue > 0 ? (size_t)write_queue : 1, sizeof *d->wq);
+    void *hdr = NULL;
+    if (posix_memalign(&hdr, CACHE_ALIGN, CACHE_RECORD_HEADER) != 0) hdr = NULL;
+    d->hdr = hdr;
+    if (!d->path || !d->buckets || !d->wq || !d->hdr) {
+        kv_fail(err, "cache disk: out of memory");
+        goto fail;
+    }
+    snprintf(d->path, n, "%s/%.16s", dir, model_hex);
+    if (mkdir_p(d->path, err) != 0) goto fail;
+    d->dir_fd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d->dir_fd < 0 || faccessat(d->dir_fd, ".", W_OK | X_OK, AT_EACCESS) != 0) {
+        kv_fail(err, "cannot use cache directory %s: %s", d->path, strerror(errno));
+        goto fail;
+    }
+    if (disk_scan(d, err) != 0) {
+        kv_fail_wrap(err, "cache disk %s", d->path);
+        goto fail;
+    }
+
+    int r = io_uring_queue_init(DISK_RING_DEPTH, &d->ring, 0);
+    d->have_ring = r == 0;
+    if (r != 0)
+        log_warn("cache: disk %s: io_uring unavailable (%s); using pread/pwrite", d->path,
+                 strerror(-r));
+    if (pthread_create(&d->thread, NULL, disk_thread, d) != 0) {
+        kv_fail(err, "cache disk: cannot start the I/O thread");
+        goto fail;
+    }
+    d->thread_started = true;
+    log_info("cache: disk %s: %lld records, %lld bytes (cap %lld); %lld invalid files deleted",
+             d->path, (long long)d->st.entries, (long long)d->st.bytes, (long long)d->cap,
+             (long long)d->st.corrupt);
+    return d;
+fail:
+    disk_free(d);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the public calls */
+
+void cache_disk_close(cache_disk *d) {
+    if (!d) return;
+    /* The thread drains the jobs and writes still queued before it sees stop. */
+    pthread_mutex_lock(&d->mu);
+    d->stop = true;
+    pthread_cond_signal(&d->work);
+    pthread_mutex_unlock(&d->mu);
+    if (d->thread_started) pthread_join(d->thread, NULL);
+    disk_free(d);
+}
+
+bool cache_disk_contains(cache_disk *d, const cache_key *key) {
+    pthread_mutex_lock(&d->mu);
+    disk_entry *e = table_find(d, key);
+    bool found = e && !e->writing;
+    pthread_mutex_unlock(&d->mu);
+    return found;
+}
+
+bool cache_disk_put(cache_disk *d, cache_chunk *c) {
+    if (c->bytes != d->payload_bytes) return false; /* another layout's chunk */
+    pthread_mutex_lock(&d->mu);
+    bool queued = false;
+    if (table_find(d, &c->key)) {
+        /* on disk or being written */
+    } else if (d->n_writes >= d->write_queue) {
+        d->st.dropped++;
+    } else if (table_add(d, &c->key, &c->ns, (int64_t)c->bytes)) {
+        cache_chunk_ref(c);
+        d->wq[(d->wq_head + d->wq_len) % d->write_queue] = c;
+        d->wq_len++;
+        d->n_writes++;
+        pthread_cond_signal(&d->work);
+        queued = true;
+    } else {
+        d->st.dropped++; /* out of memory for the index entry */
+    }
+    pthread_mutex_unlock(&d->mu);
+    return queued;
+}
+
+void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out) {
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n <= 0) return;
+    pthread_mutex_lock(&d->mu);
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) {
+        disk_entry *e = table_find(d, &keys[i]);
+        any = e && !e->writing;
+    }
+    if (!any) {
+        d->st.misses += n; /* nothing to read: no trip through the I/O thread */
+    } else {
+        disk_job j = {.kind = DISK_JOB_READ, .keys = keys, .n = n, .out = out};
+        job_run_locked(d, &j);
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
+    int held = 0;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < n; i++) {
+        disk_entry *e = table_find(d, &keys[i]);
+        /* A record being written counts as held: the pin applies once it is published. */
+        if (!e || e->doomed) continue;
+        held++;
+        if (e->pinned == pin) continue;
+        e->pinned = pin;
+        if (!e->writing) d->st.pinned += pin ? 1 : -1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return held;
+}
+
+int64_t cache_disk_clear(cache_disk *d, const cache_key *ns) {
+    pthread_mutex_lock(&d->mu);
+    size_t n = 0;
+    for (size_t b = 0; b < d->n_buckets; b++)
+        for (disk_entry *e = d->buckets[b]; e; e = e->hnext)
+            n += !e->writing && (!ns || memcmp(e->ns.b, ns->b, CACHE_KEY_BYTES) == 0);
+    cache_key *keys = n ? malloc(n * sizeof *keys) : NULL;
+    if (n && !keys) {
+        pthread_mutex_unlock(&d->mu);
+        log_error("cache: disk %s: out of memory clearing the cache", d->path);
+        return 0;
+    }
+    int64_t m = 0;
+    for (size_t b = 0; b < d->n_buckets; b++) {
+        for (disk_entry *e = d->buckets[b], *next; e; e = next) {
+            next = e->hnext;
+            if (ns && memcmp(e->ns.b, ns->b, CACHE_KEY_BYTES) != 0) continue;
+            /* Writes in flight are not counted: they delete themselves when they complete. */
+            if (e->writing) {
+                e->doomed = true;
+                continue;
+            }
+            keys[m++] = e->key;
+            entry_drop(d, e);
+        }
+    }
+    /* The I/O thread deletes the files (it owns every file operation); until then the keys are
+     * out of the index, so nothing reads them, and a new write of one queues behind this. */
+    if (m) {
+        disk_job j = {.kind = DISK_JOB_UNLINK, .keys = keys, .n = (int)m};
+        job_run_locked(d, &j);
+    }
+    pthread_mutex_unlock(&d->mu);
+    free(keys);
+    return m;
+}
+
+void cache_disk_stats(cache_disk *d, cache_tier_stats *out) {
+    pthread_mutex_lock(&d->mu);
+    *out = d->st;
+    out->capacity = d->cap;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void cache_disk_flush(cache_disk *d) {
+    pthread_mutex_lock(&d->mu);
+    while (d->n_writes > 0) pthread_cond_wait(&d->done, &d->mu);
+    pthread_mutex_unlock(&d->mu);
+}

@@ -1,0 +1,50 @@
+/* The disk tier of the chunk store (internal to cache/; cache/store.c is its only user).
+ *
+ * One directory per model identity under the configured cache directory holds one file per
+ * chunk: a record (cache/record.h: header with magic, version, model identity, layout, key,
+ * namespace, positions, payload checksum; then the payload). Writes go to a temporary file that
+ * is renamed into place when complete, so a reader (or a restart after kill -9) sees whole
+ * records or none. An I/O thread owns an io_uring and performs every read and write, with
+ * O_DIRECT where the filesystem allows it. The index (key -> file size, LRU order, pins) lives in
+ * memory and is rebuilt from the files' headers at open; the byte cap is kept by deleting the
+ * least recently used unpinned records. All functions are thread-safe. */
+#ifndef KVSERVE_CACHE_DISK_H
+#define KVSERVE_CACHE_DISK_H
+
+#include "cache/cache.h"
+
+typedef struct cache_disk cache_disk;
+
+/* Opens (creating) dir/<first 16 hex digits of the model identity>/, deletes leftover
+ * temporary files, reads every record's header and indexes the valid ones (torn, corrupt or
+ * foreign-layout records are deleted; they and the temporary files are counted as corrupt),
+ * evicts down to cap_bytes (least recent modification time first) and starts the I/O thread.
+ * NULL with err when the directory cannot be created or used, or an argument is out of range
+ * (cap_bytes < 0, write_queue outside 0..2^20). */
+cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_bytes,
+                            int write_queue, kv_error *err);
+/* Finishes queued writes, stops the I/O thread, frees the index. */
+void cache_disk_close(cache_disk *d);
+
+/* True when key's record is on disk (a record still being written is not). */
+bool cache_disk_contains(cache_disk *d, const cache_key *key);
+/* Queues c to be written (taking a reference). False, without queuing, when the key is already
+ * on disk or being written, when c's payload size is not the layout's, or when write_queue
+ * writes are pending (counted as dropped). A write that fails (ENOSPC, EIO) is counted as a
+ * write error and leaves no file behind. */
+bool cache_disk_put(cache_disk *d, cache_chunk *c);
+/* Reads the records of keys[0..n) concurrently (one batch of io_uring reads) and verifies
+ * them. out[i] gets a new chunk (one reference) or NULL: not indexed, unreadable, or failing
+ * its header or payload checksum (then deleted and counted as corrupt). Counts hits/misses. */
+void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out);
+/* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
+ * it is on disk); returns how many were held. */
+int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin);
+/* Deletes every record of namespace ns (NULL: all), pinned or not; returns how many were on
+ * disk. Records still being written are not counted: they are deleted when their write ends. */
+int64_t cache_disk_clear(cache_disk *d, const cache_key *ns);
+void cache_disk_stats(cache_disk *d, cache_tier_stats *out);
+/* Waits until no write is queued or in flight. */
+void cache_disk_flush(cache_disk *d);
+
+#endif

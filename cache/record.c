@@ -1,0 +1,151 @@
+/* The chunk record format (cache/record.h): a 4096-byte header block, then the payload padded to
+ * CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 through
+ * OpenSSL's EVP interface (as cache/chunk.c hashes keys). The parser reads a field only after
+ * checking that len covers it, and names the first field that is wrong. */
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "cache/record.h"
+
+static const uint8_t RECORD_MAGIC[8] = {'K', 'V', 'S', 'C', 'H', 'U', 'N', 'K'};
+
+/* Field offsets (record.h's table). */
+enum {
+    OFF_MAGIC = 0,
+    OFF_VERSION = 8,
+    OFF_HEADER_BYTES = 12,
+    OFF_MODEL = 16,
+    OFF_KEY = 48,
+    OFF_NS = 80,
+    OFF_LAYOUT = 112, /* 5 x u32: n_layer, n_kv_head, head_dim, block_tokens, chunk_tokens */
+    OFF_POS0 = 132,
+    OFF_LEVEL = 136,
+    OFF_RESERVED = 140,
+    OFF_PAYLOAD_BYTES = 144,
+    OFF_PAYLOAD_SHA = 152,
+    OFF_HEADER_SHA = 184,
+    OFF_END = 216, /* zero from here to CACHE_RECORD_HEADER */
+};
+
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const uint8_t *p) {
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+/* SHA-256 of data[0..len); -1 only when OpenSSL cannot allocate its context. */
+static int sha256(const uint8_t *data, size_t len, uint8_t out[32]) {
+    unsigned int n = 0;
+    return EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
+}
+
+size_t cache_record_file_bytes(size_t payload_bytes) {
+    /* Saturates instead of wrapping: a size no file can have never equals a real file's size. */
+    if (payload_bytes > SIZE_MAX - CACHE_RECORD_HEADER - CACHE_ALIGN) return SIZE_MAX;
+    return CACHE_RECORD_HEADER + (payload_bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+}
+
+void cache_record_encode_header(const cache_layout *l, const cache_chunk *c,
+                                uint8_t hdr[CACHE_RECORD_HEADER]) {
+    memset(hdr, 0, CACHE_RECORD_HEADER);
+    memcpy(hdr + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC);
+    put_u32(hdr + OFF_VERSION, CACHE_RECORD_VERSION);
+    put_u32(hdr + OFF_HEADER_BYTES, CACHE_RECORD_HEADER);
+    memcpy(hdr + OFF_MODEL, l->model_id, 32);
+    memcpy(hdr + OFF_KEY, c->key.b, CACHE_KEY_BYTES);
+    memcpy(hdr + OFF_NS, c->ns.b, CACHE_KEY_BYTES);
+    const int dims[5] = {l->n_layer, l->n_kv_head, l->head_dim, l->block_tokens, l->chunk_tokens};
+    for (int i = 0; i < 5; i++) put_u32(hdr + OFF_LAYOUT + 4 * i, (uint32_t)dims[i]);
+    put_u32(hdr + OFF_POS0, (uint32_t)c->pos0);
+    put_u32(hdr + OFF_LEVEL, CACHE_RECORD_LEVEL_RAW);
+    put_u64(hdr + OFF_PAYLOAD_BYTES, c->bytes);
+    /* A checksum that cannot be computed (OpenSSL out of memory) leaves zeros: the record then
+     * fails its check when read and is dropped, which costs a miss and nothing else. */
+    if (sha256(c->data, c->bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
+        sha256(hdr, OFF_HEADER_SHA, hdr + OFF_HEADER_SHA) != 0) {
+        log_error("cache: SHA-256 failed while encoding a record header (out of memory)");
+        memset(hdr + OFF_PAYLOAD_SHA, 0, 64);
+    }
+}
+
+/* Fails unless buf holds end bytes: every field is read only after this check. */
+static int need(size_t len, size_t end, const char *field, kv_error *err) {
+    if (len >= end) return 0;
+    return kv_fail(err, "cache record truncated: %zu bytes, %s needs %zu", len, field, end);
+}
+
+int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layout *l,
+                               cache_record_info *out, kv_error *err) {
+    if (need(len, OFF_MAGIC + 8, "magic", err)) return -1;
+    if (memcmp(buf + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC) != 0)
+        return kv_fail(err, "not a cache record (bad magic)");
+    if (need(len, OFF_VERSION + 4, "version", err)) return -1;
+    uint32_t version = get_u32(buf + OFF_VERSION);
+    if (version != CACHE_RECORD_VERSION)
+        return kv_fail(err, "cache record version %u, expected %d", version, CACHE_RECORD_VERSION);
+    if (need(len, OFF_HEADER_BYTES + 4, "header size", err)) return -1;
+    uint32_t header_bytes = get_u32(buf + OFF_HEADER_BYTES);
+    if (header_bytes != CACHE_RECORD_HEADER)
+        return kv_fail(err, "cache record header size %u, expected %d", header_bytes,
+                       CACHE_RECORD_HEADER);
+    /* The whole header block, so the zero tail can be checked too: it is not covered by the
+     * header checksum, and a version-1 reader must not accept bytes it does not understand. */
+    if (need(len, CACHE_RECORD_HEADER, "the header block", err)) return -1;
+    uint8_t sha[32];
+    if (sha256(buf, OFF_HEADER_SHA, sha) != 0)
+        return kv_fail(err, "cache record: SHA-256 failed (out of memory)");
+    if (memcmp(sha, buf + OFF_HEADER_SHA, 32) != 0)
+        return kv_fail(err, "cache record header checksum mismatch");
+    if (memcmp(buf + OFF_MODEL, l->model_id, 32) != 0)
+        return kv_fail(err, "cache record belongs to another model identity");
+    static const char *const dim_names[5] = {"n_layer", "n_kv_head", "head_dim", "block_tokens",
+                                             "chunk_tokens"};
+    const int dims[5] = {l->n_layer, l->n_kv_head, l->head_dim, l->block_tokens, l->chunk_tokens};
+    for (int i = 0; i < 5; i++) {
+        uint32_t v = get_u32(buf + OFF_LAYOUT + 4 * i);
+        if (v != (uint32_t)dims[i])
+            return kv_fail(err, "cache record layout differs: %s %u, expected %d", dim_names[i], v,
+                           dims[i]);
+    }
+    uint32_t level = get_u32(buf + OFF_LEVEL);
+    if (level != CACHE_RECORD_LEVEL_RAW)
+        return kv_fail(err, "cache record level %u is not supported", level);
+    if (get_u32(buf + OFF_RESERVED) != 0) return kv_fail(err, "cache record reserved field not 0");
+    uint64_t payload = get_u64(buf + OFF_PAYLOAD_BYTES);
+    if (payload != (uint64_t)cache_chunk_bytes(l))
+        return kv_fail(err, "cache record payload size %llu, expected %zu",
+                       (unsigned long long)payload, cache_chunk_bytes(l));
+    int32_t pos0 = (int32_t)get_u32(buf + OFF_POS0);
+    if (pos0 < 0) return kv_fail(err, "cache record position %d is negative", (int)pos0);
+    for (size_t i = OFF_END; i < CACHE_RECORD_HEADER; i++)
+        if (buf[i]) return kv_fail(err, "cache record header byte %zu not 0", i);
+
+    memcpy(out->key.b, buf + OFF_KEY, CACHE_KEY_BYTES);
+    memcpy(out->ns.b, buf + OFF_NS, CACHE_KEY_BYTES);
+    out->pos0 = pos0;
+    out->level = level;
+    out->payload_bytes = payload;
+    memcpy(out->payload_sha, buf + OFF_PAYLOAD_SHA, 32);
+    return 0;
+}
+
+int cache_record_check_payload(const cache_record_info *info, const uint8_t *payload,
+                               kv_error *err) {
+    uint8_t sha[32];
+    if (sha256(payload, (size_t)info->payload_bytes, sha) != 0)
+        return kv_fail(err, "cache record: SHA-256 failed (out of memory)");
+    if (memcmp(sha, info->payload_sha, 32) != 0)
+        return kv_fail(err, "cache record payload checksum mismatch");
+    return 0;
+}

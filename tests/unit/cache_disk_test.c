@@ -1,0 +1,958 @@
+/* The chunk record format and the disk tier: record round trips, every header field corrupted
+ * (with and without a valid header checksum), truncation at every length and payload bit flips;
+ * then the tier: write and read back, restart, corrupt / torn / vanished / foreign files, stray
+ * temporary files, LRU eviction under a cap with pins (also the order rebuilt from mtimes at
+ * open), clear by namespace (also of writes in flight), a full write queue, a full disk (a 64 KiB
+ * tmpfs, when mounting is allowed), the pread/pwrite fallback (io_uring_setup blocked by seccomp)
+ * and concurrent puts, reads and clears. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <liburing.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "cache/disk.h"
+#include "cache/record.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* 2 layers, 1 KV head, head_dim 8, blocks of 16, chunks of 32: 2048 payload bytes, 8192-byte
+ * files. */
+static cache_layout small_layout(void) {
+    cache_layout l = {
+        .n_layer = 2, .n_kv_head = 1, .head_dim = 8, .block_tokens = 16, .chunk_tokens = 32};
+    for (int i = 0; i < 32; i++) l.model_id[i] = (uint8_t)(0xA0 + i);
+    return l;
+}
+
+#define PAYLOAD 2048
+#define FILE_BYTES 8192
+
+static cache_key make_ns(const char *salt) {
+    cache_key ns;
+    cache_namespace((const uint8_t *)"tenant", 6, salt, &ns);
+    return ns;
+}
+
+/* Chunk i of namespace ns: a key from tokens i*1000.., a payload from a seed of (i, ns). */
+static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int i) {
+    int32_t tokens[128];
+    cr_assert_leq(l->chunk_tokens, 128);
+    for (int t = 0; t < l->chunk_tokens; t++) tokens[t] = i * 1000 + t;
+    cache_key key;
+    cache_prefix_key(l->model_id, ns, NULL, tokens, l->chunk_tokens, &key);
+    cache_chunk *c = cache_chunk_create(l, &key, ns, i * l->chunk_tokens);
+    cr_assert_not_null(c);
+    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) ^ ns->b[0];
+    for (size_t b = 0; b < c->bytes; b++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        c->data[b] = (uint8_t)(s >> 32);
+    }
+    return c;
+}
+
+static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
+    cr_assert_not_null(got);
+    cr_assert_eq(memcmp(got->key.b, want->key.b, CACHE_KEY_BYTES), 0);
+    cr_assert_eq(memcmp(got->ns.b, want->ns.b, CACHE_KEY_BYTES), 0);
+    cr_assert_eq(got->pos0, want->pos0);
+    cr_assert_eq(got->bytes, want->bytes);
+    cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
+}
+
+static char *make_tmpdir(void) {
+    char *dir = strdup("/tmp/kvserve-disk-test-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    return dir;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void remove_tree(char *dir) {
+    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    free(dir);
+}
+
+/* dir/<16 hex of the model>[/name] */
+static void model_path(const char *dir, const cache_layout *l, const char *name, char *out,
+                       size_t n) {
+    cache_key m;
+    memcpy(m.b, l->model_id, 32);
+    char hex[65];
+    cache_key_hex(&m, hex);
+    snprintf(out, n, "%s/%.16s%s%s", dir, hex, name ? "/" : "", name ? name : "");
+}
+
+static void record_path(const char *dir, const cache_layout *l, const cache_key *k, char *out,
+                        size_t n) {
+    char hex[65], name[80];
+    cache_key_hex(k, hex);
+    snprintf(name, sizeof name, "%s.kvc", hex);
+    model_path(dir, l, name, out, n);
+}
+
+static bool file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Files in the model directory whose names end with suffix. */
+static int count_files(const char *dir, const cache_layout *l, const char *suffix) {
+    char path[512];
+    model_path(dir, l, NULL, path, sizeof path);
+    DIR *dp = opendir(path);
+    cr_assert_not_null(dp, "cannot list %s", path);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t a = strlen(de->d_name), b = strlen(suffix);
+        n += a >= b && strcmp(de->d_name + a - b, suffix) == 0;
+    }
+    closedir(dp);
+    return n;
+}
+
+static cache_disk *open_disk(const char *dir, const cache_layout *l, int64_t cap, int wq) {
+    kv_error err = {{0}};
+    cache_disk *d = cache_disk_open(dir, l, cap, wq, &err);
+    cr_assert_not_null(d, "cache_disk_open: %s", err.msg);
+    return d;
+}
+
+static cache_tier_stats stats(cache_disk *d) {
+    cache_tier_stats st;
+    cache_disk_stats(d, &st);
+    return st;
+}
+
+static void put_ok(cache_disk *d, cache_chunk *c) {
+    cr_assert(cache_disk_put(d, c), "put refused");
+}
+
+/* Reads one key; the chunk (or NULL). */
+static cache_chunk *read_one(cache_disk *d, const cache_key *k) {
+    cache_chunk *out = NULL;
+    cache_disk_read(d, k, 1, &out);
+    return out;
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot create %s", path);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void flip_byte(const char *path, off_t off) {
+    int fd = open(path, O_RDWR);
+    cr_assert_geq(fd, 0, "cannot open %s", path);
+    uint8_t b;
+    cr_assert_eq(pread(fd, &b, 1, off), 1);
+    b ^= 0x10;
+    cr_assert_eq(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* ---------------------------------------------------------------- record format */
+
+/* Recomputes the header checksum (bytes 0..183 into 184..215), so a corrupted field reaches
+ * the check that names it. */
+static void reseal(uint8_t *hdr) {
+    unsigned int n = 0;
+    cr_assert_eq(EVP_Digest(hdr, 184, hdr + 184, &n, EVP_sha256(), NULL), 1);
+}
+
+static void encode(const cache_layout *l, const cache_chunk *c, uint8_t *hdr) {
+    cache_record_encode_header(l, c, hdr);
+}
+
+Test(record, round_trip) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("salt");
+    cache_chunk *c = make_chunk(&l, &ns, 7);
+    static uint8_t hdr[CACHE_RECORD_HEADER];
+    encode(&l, c, hdr);
+    cr_assert_eq(memcmp(hdr, "KVSCHUNK", 8), 0);
+    cr_assert_eq(hdr[8], CACHE_RECORD_VERSION);
+    cr_assert_eq(hdr[12] | hdr[13] << 8, CACHE_RECORD_HEADER, "header size little-endian");
+    cache_record_info info;
+    kv_error err = {{0}};
+    cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &l, &info, &err), 0, "%s", err.msg);
+    cr_assert_eq(memcmp(info.key.b, c->key.b, 32), 0);
+    cr_assert_eq(memcmp(info.ns.b, ns.b, 32), 0);
+    cr_assert_eq(info.pos0, 7 * 32);
+    cr_assert_eq(info.level, CACHE_RECORD_LEVEL_RAW);
+    cr_assert_eq(info.payload_bytes, PAYLOAD);
+    cr_assert_eq(cache_record_check_payload(&info, c->data, &err), 0, "%s", err.msg);
+    /* Encoding is deterministic. */
+    static uint8_t again[CACHE_RECORD_HEADER];
+    encode(&l, c, again);
+    cr_assert_eq(memcmp(hdr, again, sizeof hdr), 0);
+
+    cr_assert_eq(cache_record_file_bytes(0), 4096);
+    cr_assert_eq(cache_record_file_bytes(1), 8192);
+    cr_assert_eq(cache_record_file_bytes(PAYLOAD), FILE_BYTES);
+    cr_assert_eq(cache_record_file_bytes(4096), 8192);
+    cr_assert_eq(cache_record_file_bytes(4097), 12288);
+    cr_assert_eq(cache_record_file_bytes(SIZE_MAX), SIZE_MAX, "saturates, never wraps");
+    cache_chunk_unref(c);
+}
+
+typedef struct field_case {
+    const char *name;
+    size_t off;
+    uint8_t xor_byte;
+    const char *msg_unsealed; /* expected in the message without a new header checksum */
+    const char *msg_sealed;   /* with one; NULL: the header is then accepted */
+} field_case;
+
+Test(record, every_header_field_is_checked) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    cache_chunk *c = make_chunk(&l, &ns, 1);
+    static const field_case cases[] = {
+        {"magic", 0, 0x01, "magic", "magic"},
+        {"magic end", 7, 0x20, "magic", "magic"},
+        {"version", 8, 0x03, "version", "version"},
+        {"version high byte", 11, 0x80, "version", "version"},
+        {"header size", 12, 0x01, "header size", "header size"},
+        {"model identity", 16, 0x01, "checksum", "model"},
+        {"model identity end", 47, 0x01, "checksum", "model"},
+        {"key", 48, 0x01, "checksum", NULL},
+        {"namespace", 80, 0x01, "checksum", NULL},
+        {"n_layer", 112, 0x01, "checksum", "n_layer"},
+        {"n_kv_head", 116, 0x04, "checksum", "n_kv_head"},
+        {"head_dim", 120, 0x01, "checksum", "head_dim"},
+        {"block_tokens", 124, 0x10, "checksum", "block_tokens"},
+        {"chunk_tokens", 128, 0x40, "checksum", "chunk_tokens"},
+        {"chunk_tokens high", 131, 0x01, "checksum", "chunk_tokens"},
+        {"pos0 sign", 135, 0x80, "checksum", "negative"},
+        {"level", 136, 0x01, "checksum", "level"},
+        {"reserved", 140, 0x01, "checksum", "reserved"},
+        {"payload bytes", 144, 0x01, "checksum", "payload size"},
+        {"payload bytes high", 151, 0x01, "checksum", "payload size"},
+        {"payload checksum", 152, 0x01, "checksum", NULL},
+        {"header checksum", 184, 0x01, "checksum", "checksum"},
+        {"header checksum end", 215, 0x01, "checksum", "checksum"},
+        {"zero tail", 216, 0x01, "not 0", "not 0"},
+        {"zero tail end", 4095, 0x01, "not 0", "not 0"},
+    };
+    static uint8_t good[CACHE_RECORD_HEADER], bad[CACHE_RECORD_HEADER];
+    encode(&l, c, good);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const field_case *fc = &cases[i];
+        cache_record_info info;
+        kv_error err = {{0}};
+        memcpy(bad, good, sizeof bad);
+        bad[fc->off] ^= fc->xor_byte;
+        cr_assert_eq(cache_record_decode_header(bad, sizeof bad, &l, &info, &err), -1,
+                     "%s corrupted, checksum stale: accepted", fc->name);
+        cr_assert_not_null(strstr(err.msg, fc->msg_unsealed), "%s: got \"%s\"", fc->name, err.msg);
+        if (fc->off >= 184) continue; /* resealing would undo the corruption */
+        reseal(bad);
+        memset(&err, 0, sizeof err);
+        int r = cache_record_decode_header(bad, sizeof bad, &l, &info, &err);
+        if (fc->msg_sealed) {
+            cr_assert_eq(r, -1, "%s corrupted, checksum resealed: accepted", fc->name);
+            cr_assert_not_null(strstr(err.msg, fc->msg_sealed), "%s: got \"%s\"", fc->name,
+                               err.msg);
+        } else {
+            /* Data fields: the header parses, and what it says is what was corrupted. */
+            cr_assert_eq(r, 0, "%s: %s", fc->name, err.msg);
+            if (fc->off == 152)
+                cr_assert_eq(cache_record_check_payload(&info, c->data, &err), -1,
+                             "a wrong payload checksum must fail the payload check");
+            else
+                cr_assert(memcmp(info.key.b, c->key.b, 32) || memcmp(info.ns.b, ns.b, 32));
+        }
+    }
+    cache_chunk_unref(c);
+}
+
+Test(record, other_layout_or_model_is_refused) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    cache_chunk *c = make_chunk(&l, &ns, 2);
+    static uint8_t hdr[CACHE_RECORD_HEADER];
+    encode(&l, c, hdr);
+    cache_record_info info;
+    kv_error err = {{0}};
+    cache_layout other = l;
+    other.head_dim = 16;
+    cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &other, &info, &err), -1);
+    cr_assert_not_null(strstr(err.msg, "head_dim"), "%s", err.msg);
+    other = l;
+    other.model_id[31] ^= 1;
+    cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &other, &info, &err), -1);
+    cr_assert_not_null(strstr(err.msg, "model"), "%s", err.msg);
+    cache_chunk_unref(c);
+}
+
+Test(record, truncated_header_is_refused_at_every_length) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    cache_chunk *c = make_chunk(&l, &ns, 3);
+    static uint8_t hdr[CACHE_RECORD_HEADER];
+    encode(&l, c, hdr);
+    for (size_t len = 0; len < CACHE_RECORD_HEADER; len++) {
+        /* A copy of exactly len bytes, so ASan sees any read past it. */
+        uint8_t *cut = malloc(len ? len : 1);
+        memcpy(cut, hdr, len);
+        cache_record_info info;
+        kv_error err = {{0}};
+        cr_assert_eq(cache_record_decode_header(cut, len, &l, &info, &err), -1,
+                     "%zu bytes accepted", len);
+        cr_assert_not_null(strstr(err.msg, "truncated"), "%zu bytes: %s", len, err.msg);
+        free(cut);
+    }
+    cache_chunk_unref(c);
+}
+
+Test(record, payload_bit_flips_fail_the_check) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    cache_chunk *c = make_chunk(&l, &ns, 4);
+    static uint8_t hdr[CACHE_RECORD_HEADER];
+    encode(&l, c, hdr);
+    cache_record_info info;
+    kv_error err = {{0}};
+    cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &l, &info, &err), 0);
+    for (size_t bit = 0; bit < 8 * (size_t)PAYLOAD; bit += 61) {
+        c->data[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        cr_assert_eq(cache_record_check_payload(&info, c->data, &err), -1, "bit %zu", bit);
+        cr_assert_not_null(strstr(err.msg, "payload checksum"), "%s", err.msg);
+        c->data[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+    }
+    cr_assert_eq(cache_record_check_payload(&info, c->data, &err), 0);
+    cache_chunk_unref(c);
+}
+
+/* ---------------------------------------------------------------- disk tier */
+
+Test(disk, put_flush_read_returns_identical_bytes) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+    }
+    cr_assert_not(cache_disk_put(d, c[0]), "a key being written or written is refused");
+    cache_disk_flush(d);
+    cr_assert_not(cache_disk_put(d, c[1]), "a key on disk is refused");
+    for (int i = 0; i < 3; i++) cr_assert_eq(atomic_load(&c[i]->refs), 1, "queue ref dropped");
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 3);
+    cr_assert_eq(st.bytes, 3 * PAYLOAD);
+    cr_assert_eq(st.bytes_in, 3 * PAYLOAD);
+    cr_assert_eq(st.capacity, 1 << 20);
+    cr_assert_eq(st.write_errors + st.dropped + st.corrupt, 0);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 3);
+    cr_assert_eq(count_files(dir, &l, ".part"), 0);
+    char path[512];
+    record_path(dir, &l, &c[1]->key, path, sizeof path);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0, "%s missing", path);
+    cr_assert_eq(sb.st_size, FILE_BYTES);
+
+    cache_chunk *absent = make_chunk(&l, &ns, 99);
+    cache_key keys[4] = {c[2]->key, absent->key, c[0]->key, c[1]->key};
+    cache_chunk *out[4];
+    for (int i = 0; i < 3; i++) cr_assert(cache_disk_contains(d, &c[i]->key));
+    cr_assert_not(cache_disk_contains(d, &absent->key));
+    cache_disk_read(d, keys, 4, out);
+    assert_same_chunk(out[0], c[2]);
+    cr_assert_null(out[1]);
+    assert_same_chunk(out[2], c[0]);
+    assert_same_chunk(out[3], c[1]);
+    st = stats(d);
+    cr_assert_eq(st.hits, 3);
+    cr_assert_eq(st.misses, 1);
+    cr_assert_eq(st.bytes_out, 3 * PAYLOAD);
+    for (int i = 0; i < 4; i++) cache_chunk_unref(out[i]);
+    /* All misses: answered without I/O, still counted. */
+    cr_assert_null(read_one(d, &absent->key));
+    cr_assert_eq(stats(d).misses, 2);
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
+    cache_chunk_unref(absent);
+    cache_disk_close(d);
+    remove_tree(dir);
+}
+
+Test(disk, reopen_rebuilds_the_index) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[5];
+    for (int i = 0; i < 5; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+    }
+    cache_disk_close(d); /* finishes the queued writes */
+    d = open_disk(dir, &l, 1 << 20, 16);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 5);
+    cr_assert_eq(st.bytes, 5 * PAYLOAD);
+    cr_assert_eq(st.corrupt, 0);
+    cr_assert_eq(st.evictions, 0);
+    for (int i = 0; i < 5; i++) {
+        cr_assert(cache_disk_contains(d, &c[i]->key));
+        cache_chunk *got = read_one(d, &c[i]->key);
+        assert_same_chunk(got, c[i]);
+        cache_chunk_unref(got);
+        cr_assert_not(cache_disk_put(d, c[i]), "an indexed key is refused after restart");
+    }
+    cache_disk_close(d);
+    for (int i = 0; i < 5; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, corrupt_record_is_deleted_and_counted) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *a = make_chunk(&l, &ns, 1), *b = make_chunk(&l, &ns, 2);
+    put_ok(d, a);
+    put_ok(d, b);
+    cache_disk_flush(d);
+    char pa[512], pb[512];
+    record_path(dir, &l, &a->key, pa, sizeof pa);
+    record_path(dir, &l, &b->key, pb, sizeof pb);
+    flip_byte(pa, CACHE_RECORD_HEADER + 100); /* payload */
+    flip_byte(pb, 132);                       /* header: pos0 */
+
+    cr_assert_null(read_one(d, &a->key), "a flipped payload byte must not be served");
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.corrupt, 1);
+    cr_assert_eq(st.misses, 1);
+    cr_assert_eq(st.entries, 1);
+    cr_assert_eq(st.bytes, PAYLOAD);
+    cr_assert_not(file_exists(pa), "corrupt file left behind");
+    cr_assert_not(cache_disk_contains(d, &a->key));
+    cr_assert_null(read_one(d, &a->key));
+    st = stats(d);
+    cr_assert_eq(st.corrupt, 1, "the second read is a plain miss");
+    cr_assert_eq(st.misses, 2);
+
+    cr_assert_null(read_one(d, &b->key), "a flipped header byte must not be served");
+    cr_assert_eq(stats(d).corrupt, 2);
+    cr_assert_not(file_exists(pb));
+    cr_assert_eq(stats(d).entries, 0);
+    /* The key can be written again. */
+    put_ok(d, a);
+    cache_disk_flush(d);
+    cache_chunk *got = read_one(d, &a->key);
+    assert_same_chunk(got, a);
+    cache_chunk_unref(got);
+    cache_disk_close(d);
+    cache_chunk_unref(a);
+    cache_chunk_unref(b);
+    remove_tree(dir);
+}
+
+Test(disk, vanished_file_is_a_miss_not_corrupt) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *a = make_chunk(&l, &ns, 1);
+    put_ok(d, a);
+    cache_disk_flush(d);
+    char pa[512];
+    record_path(dir, &l, &a->key, pa, sizeof pa);
+    cr_assert_eq(unlink(pa), 0);
+    cr_assert_null(read_one(d, &a->key));
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.corrupt, 0);
+    cr_assert_eq(st.misses, 1);
+    cr_assert_eq(st.entries, 0);
+    cr_assert_eq(st.bytes, 0);
+    cr_assert_not(cache_disk_contains(d, &a->key));
+    cache_disk_close(d);
+    cache_chunk_unref(a);
+    remove_tree(dir);
+}
+
+Test(disk, torn_and_stray_files_are_removed_at_open) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[4];
+    for (int i = 0; i < 4; i++) c[i] = make_chunk(&l, &ns, i);
+    for (int i = 0; i < 3; i++) put_ok(d, c[i]);
+    cache_disk_close(d);
+
+    char p[512];
+    record_path(dir, &l, &c[0]->key, p, sizeof p);
+    cr_assert_eq(truncate(p, 5000), 0); /* torn payload */
+    record_path(dir, &l, &c[1]->key, p, sizeof p);
+    cr_assert_eq(truncate(p, 100), 0); /* torn header */
+    /* c[2]'s record under c[3]'s name: a header naming another key. */
+    char p2[512], p3[512];
+    record_path(dir, &l, &c[2]->key, p2, sizeof p2);
+    record_path(dir, &l, &c[3]->key, p3, sizeof p3);
+    cr_assert_eq(link(p2, p3), 0);
+    model_path(dir, &l, "tmp-0123-1-1.part", p, sizeof p);
+    write_file(p, "partial", 7);
+    model_path(dir, &l, "whatever.part", p, sizeof p);
+    write_file(p, "partial", 7);
+    char keep[512];
+    model_path(dir, &l, "notes.txt", keep, sizeof keep);
+    write_file(keep, "not ours", 8);
+
+    d = open_disk(dir, &l, 1 << 20, 16);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.corrupt, 5, "2 torn, 1 misnamed, 2 temporary; got %lld", (long long)st.corrupt);
+    cr_assert_eq(st.entries, 1);
+    cr_assert_eq(count_files(dir, &l, ".part"), 0);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 1);
+    cr_assert(file_exists(keep), "files that are not records are left alone");
+    cr_assert_not(cache_disk_contains(d, &c[0]->key));
+    cr_assert_not(cache_disk_contains(d, &c[3]->key));
+    cache_chunk *got = read_one(d, &c[2]->key);
+    assert_same_chunk(got, c[2]);
+    cache_chunk_unref(got);
+    cache_disk_close(d);
+
+    /* The same directory under another layout of the same model: its records are foreign. */
+    cache_layout other = l;
+    other.chunk_tokens = 64;
+    d = open_disk(dir, &other, 1 << 20, 16);
+    cr_assert_eq(stats(d).corrupt, 1);
+    cr_assert_eq(stats(d).entries, 0);
+    cache_disk_close(d);
+    for (int i = 0; i < 4; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, cap_evicts_least_recently_used_and_keeps_pins) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 3 * PAYLOAD, 16);
+    cache_chunk *c[6];
+    for (int i = 0; i < 6; i++) c[i] = make_chunk(&l, &ns, i);
+    /* Flushing between puts fixes the write order: A, B, C. */
+    for (int i = 0; i < 3; i++) {
+        put_ok(d, c[i]);
+        cache_disk_flush(d);
+    }
+    cache_chunk *got = read_one(d, &c[0]->key); /* LRU now B, C, A */
+    cache_chunk_unref(got);
+    put_ok(d, c[3]);
+    cache_disk_flush(d);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.evictions, 1);
+    cr_assert_leq(st.bytes, 3 * PAYLOAD);
+    cr_assert_not(cache_disk_contains(d, &c[1]->key), "B was least recently used");
+    char p[512];
+    record_path(dir, &l, &c[1]->key, p, sizeof p);
+    cr_assert_not(file_exists(p), "evicted file left behind");
+    for (int i = 0; i < 4; i++)
+        if (i != 1) cr_assert(cache_disk_contains(d, &c[i]->key), "chunk %d evicted", i);
+
+    /* LRU C, A, D; pin C: E evicts A, F evicts D. */
+    cr_assert_eq(cache_disk_pin(d, &c[2]->key, 1, true), 1);
+    cr_assert_eq(cache_disk_pin(d, &c[1]->key, 1, true), 0, "an evicted key is not held");
+    cr_assert_eq(stats(d).pinned, 1);
+    put_ok(d, c[4]);
+    cache_disk_flush(d);
+    cr_assert_not(cache_disk_contains(d, &c[0]->key));
+    put_ok(d, c[5]);
+    cache_disk_flush(d);
+    cr_assert_not(cache_disk_contains(d, &c[3]->key));
+    st = stats(d);
+    cr_assert_eq(st.evictions, 3);
+    cr_assert_eq(st.entries, 3);
+    cr_assert_leq(st.bytes, 3 * PAYLOAD);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 3);
+    got = read_one(d, &c[2]->key);
+    assert_same_chunk(got, c[2]);
+    cache_chunk_unref(got);
+
+    /* Everything pinned: a new record cannot stay, the pinned ones do. */
+    cache_key pin_keys[2] = {c[4]->key, c[5]->key};
+    cr_assert_eq(cache_disk_pin(d, pin_keys, 2, true), 2);
+    put_ok(d, c[0]);
+    cache_disk_flush(d);
+    cr_assert_not(cache_disk_contains(d, &c[0]->key));
+    for (int i = 2; i < 6; i++)
+        if (i != 3) cr_assert(cache_disk_contains(d, &c[i]->key), "pinned %d evicted", i);
+    cr_assert_eq(stats(d).pinned, 3);
+    cache_disk_close(d);
+    for (int i = 0; i < 6; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, lru_order_at_open_follows_mtime) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+    }
+    cache_disk_close(d);
+    /* Ages: c[1] oldest, then c[2], then c[0]. */
+    const time_t age[3] = {1000, 3000, 2000};
+    for (int i = 0; i < 3; i++) {
+        char p[512];
+        record_path(dir, &l, &c[i]->key, p, sizeof p);
+        struct timespec ts[2] = {{.tv_sec = 1700000000 - age[i]}, {.tv_sec = 1700000000 - age[i]}};
+        cr_assert_eq(utimensat(AT_FDCWD, p, ts, 0), 0);
+    }
+    d = open_disk(dir, &l, 2 * PAYLOAD, 16);
+    cr_assert_eq(stats(d).evictions, 1);
+    cr_assert_not(cache_disk_contains(d, &c[1]->key), "the oldest mtime goes first");
+    cache_disk_close(d);
+    d = open_disk(dir, &l, PAYLOAD, 16);
+    cr_assert_not(cache_disk_contains(d, &c[2]->key));
+    cr_assert(cache_disk_contains(d, &c[0]->key));
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 1);
+    cache_disk_close(d);
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, clear_by_namespace) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns1 = make_ns("one"), ns2 = make_ns("two");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[4] = {make_chunk(&l, &ns1, 0), make_chunk(&l, &ns1, 1), make_chunk(&l, &ns2, 0),
+                         make_chunk(&l, &ns2, 1)};
+    for (int i = 0; i < 4; i++) put_ok(d, c[i]);
+    cache_disk_flush(d);
+    cr_assert_eq(cache_disk_pin(d, &c[0]->key, 1, true), 1);
+    cr_assert_eq(cache_disk_clear(d, &ns1), 2, "pinned or not, ns1's two records");
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 2);
+    cr_assert_eq(st.bytes, 2 * PAYLOAD);
+    cr_assert_eq(st.pinned, 0);
+    for (int i = 0; i < 2; i++) {
+        char p[512];
+        record_path(dir, &l, &c[i]->key, p, sizeof p);
+        cr_assert_not(file_exists(p), "cleared file left behind");
+        cr_assert_not(cache_disk_contains(d, &c[i]->key));
+        cr_assert_null(read_one(d, &c[i]->key));
+    }
+    for (int i = 2; i < 4; i++) {
+        cache_chunk *got = read_one(d, &c[i]->key);
+        assert_same_chunk(got, c[i]);
+        cache_chunk_unref(got);
+    }
+    cr_assert_eq(cache_disk_clear(d, &ns1), 0);
+    cr_assert_eq(cache_disk_clear(d, NULL), 2);
+    cr_assert_eq(stats(d).entries, 0);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 0);
+    /* A cleared key can be stored again. */
+    put_ok(d, c[0]);
+    cache_disk_flush(d);
+    cr_assert(cache_disk_contains(d, &c[0]->key));
+    cache_disk_close(d);
+    for (int i = 0; i < 4; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, clear_during_writes_leaves_nothing) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 64);
+    cache_chunk *c[32];
+    for (int i = 0; i < 32; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+    }
+    /* Some of these are on disk, the rest queued or in flight: all must go. */
+    int64_t n = cache_disk_clear(d, &ns);
+    cr_assert_leq(n, 32);
+    cache_disk_flush(d);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 0, "%lld records survived a clear", (long long)st.entries);
+    cr_assert_eq(st.bytes, 0);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 0);
+    cr_assert_eq(count_files(dir, &l, ".part"), 0);
+    for (int i = 0; i < 32; i++) cr_assert_eq(atomic_load(&c[i]->refs), 1);
+    cache_disk_close(d);
+    for (int i = 0; i < 32; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, full_write_queue_drops) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 0);
+    cache_chunk *c = make_chunk(&l, &ns, 0);
+    cr_assert_not(cache_disk_put(d, c), "a queue of 0 takes nothing");
+    cr_assert_eq(stats(d).dropped, 1);
+    cr_assert_eq(atomic_load(&c->refs), 1, "a dropped put keeps no reference");
+    cache_disk_close(d);
+    cache_chunk_unref(c);
+
+    d = open_disk(dir, &l, 1 << 20, 1);
+    int queued = 0;
+    cache_chunk *cs[50];
+    for (int i = 0; i < 50; i++) {
+        cs[i] = make_chunk(&l, &ns, i);
+        queued += cache_disk_put(d, cs[i]);
+    }
+    cache_disk_flush(d);
+    cache_tier_stats st = stats(d);
+    cr_assert_gt(st.dropped, 0, "50 puts into a queue of 1 without any drop");
+    cr_assert_eq(st.dropped + queued, 50);
+    cr_assert_eq(st.entries, queued);
+    cr_assert_eq(st.write_errors, 0);
+    cache_disk_close(d);
+    for (int i = 0; i < 50; i++) cache_chunk_unref(cs[i]);
+    remove_tree(dir);
+}
+
+Test(disk, bad_arguments_are_refused) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    kv_error err = {{0}};
+    cr_assert_null(cache_disk_open(dir, &l, -1, 4, &err));
+    cr_assert_null(cache_disk_open(dir, &l, 1 << 20, -1, &err));
+    cache_layout bad = l;
+    bad.block_tokens = 17;
+    cr_assert_null(cache_disk_open(dir, &bad, 1 << 20, 4, &err));
+    cr_assert_not_null(strstr(err.msg, "block"), "%s", err.msg);
+    /* A path through a regular file cannot be a directory. */
+    char file[512];
+    snprintf(file, sizeof file, "%s/plain", dir);
+    write_file(file, "x", 1);
+    cr_assert_null(cache_disk_open(file, &l, 1 << 20, 4, &err));
+    cr_assert_neq(err.msg[0], '\0');
+    /* mkdir -p of a nested path. */
+    char nested[512];
+    snprintf(nested, sizeof nested, "%s/a/b//c/", dir);
+    cache_disk *d = open_disk(nested, &l, 1 << 20, 4);
+    cache_disk_close(d);
+    remove_tree(dir);
+}
+
+/* A 64 KiB tmpfs holds one 45056-byte record: the second and third writes fail with ENOSPC. */
+Test(disk, full_disk_counts_write_errors) {
+    if (geteuid() != 0) cr_skip_test("needs root to mount a small tmpfs");
+    /* A private mount namespace for this test's process (Criterion runs each test in its own):
+     * the tmpfs disappears with the process even when an assertion ends the test early. */
+    if (unshare(CLONE_NEWNS) == 0) mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+    char *dir = make_tmpdir();
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=64k") != 0) {
+        int e = errno;
+        remove_tree(dir);
+        cr_skip_test("cannot mount a tmpfs (%s)", strerror(e));
+    }
+    cache_layout l = small_layout();
+    l.head_dim = 64;
+    l.chunk_tokens = 80; /* 5 blocks of 8192 bytes: 40960-byte payload */
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    cache_chunk *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+        cache_disk_flush(d);
+    }
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.write_errors, 2, "write errors %lld", (long long)st.write_errors);
+    cr_assert_eq(st.entries, 1);
+    cr_assert_eq(count_files(dir, &l, ".part"), 0, "a failed write left its temporary file");
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 1);
+    cache_chunk *got = read_one(d, &c[0]->key);
+    assert_same_chunk(got, c[0]);
+    cache_chunk_unref(got);
+    cr_assert_null(read_one(d, &c[1]->key));
+    cache_disk_close(d);
+    cr_assert_eq(umount(dir), 0, "umount: %s", strerror(errno));
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+/* io_uring_setup refused by seccomp (as container runtimes do): the tier must work on its
+ * pread/pwrite fallback. Criterion runs each test in its own process, so the filter stays here. */
+Test(disk, pread_fallback_without_io_uring) {
+    struct sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof filter / sizeof filter[0], .filter = filter};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+        cr_skip_test("cannot install a seccomp filter (%s)", strerror(errno));
+    struct io_uring ring;
+    cr_assert_eq(io_uring_queue_init(8, &ring, 0), -ENOSYS, "the filter did not take");
+
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 64);
+    cache_chunk *c[40];
+    for (int i = 0; i < 40; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        put_ok(d, c[i]);
+    }
+    cache_disk_close(d);
+    d = open_disk(dir, &l, 1 << 20, 16);
+    cr_assert_eq(stats(d).entries, 40);
+    char p[512];
+    record_path(dir, &l, &c[5]->key, p, sizeof p);
+    flip_byte(p, CACHE_RECORD_HEADER + PAYLOAD - 1);
+    cache_key keys[40];
+    cache_chunk *out[40];
+    for (int i = 0; i < 40; i++) keys[i] = c[i]->key;
+    cache_disk_read(d, keys, 40, out); /* more than one read group */
+    for (int i = 0; i < 40; i++) {
+        if (i == 5) {
+            cr_assert_null(out[i]);
+            continue;
+        }
+        assert_same_chunk(out[i], c[i]);
+        cache_chunk_unref(out[i]);
+    }
+    cr_assert_eq(stats(d).corrupt, 1);
+    cr_assert_eq(stats(d).hits, 39);
+    cache_disk_close(d);
+    for (int i = 0; i < 40; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}
+
+Test(disk, large_batch_reads_through_io_uring) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 128);
+    enum { N = 100 };
+    cache_chunk *c[N];
+    cache_key keys[N];
+    cache_chunk *out[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        keys[i] = c[i]->key;
+        put_ok(d, c[i]);
+    }
+    cache_disk_flush(d);
+    cache_disk_read(d, keys, N, out);
+    for (int i = 0; i < N; i++) {
+        assert_same_chunk(out[i], c[i]);
+        cache_chunk_unref(out[i]);
+        cache_chunk_unref(c[i]);
+    }
+    cr_assert_eq(stats(d).hits, N);
+    cache_disk_close(d);
+    remove_tree(dir);
+}
+
+/* ---------------------------------------------------------------- concurrency */
+
+#define CONC_KEYS 40
+#define CONC_THREADS 4
+
+typedef struct conc_arg {
+    cache_disk *d;
+    const cache_layout *l;
+    cache_chunk **c; /* [CONC_KEYS] */
+    uint64_t seed;
+    int bad; /* chunks read back wrong */
+} conc_arg;
+
+static void *conc_worker(void *p) {
+    conc_arg *a = p;
+    uint64_t s = a->seed;
+    for (int it = 0; it < 300; it++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        /* 3/8 puts, 1/2 reads, 1/8 flushes (they let the I/O thread catch up), 1/128 clears. */
+        int op = (int)(s % 128);
+        if (op < 48) {
+            cache_disk_put(a->d, a->c[(s >> 8) % CONC_KEYS]);
+        } else if (op < 112) {
+            cache_key keys[4];
+            int idx[4];
+            cache_chunk *out[4];
+            for (int k = 0; k < 4; k++) {
+                idx[k] = (int)((s >> (8 + 6 * k)) % CONC_KEYS);
+                keys[k] = a->c[idx[k]]->key;
+            }
+            cache_disk_read(a->d, keys, 4, out);
+            for (int k = 0; k < 4; k++) {
+                if (!out[k]) continue;
+                const cache_chunk *want = a->c[idx[k]];
+                a->bad += out[k]->pos0 != want->pos0 ||
+                          memcmp(out[k]->data, want->data, want->bytes) != 0;
+                cache_chunk_unref(out[k]);
+            }
+        } else if (op < 127) {
+            cache_disk_flush(a->d);
+        } else {
+            cache_disk_clear(a->d, (s >> 8) & 1 ? NULL : &a->c[0]->ns);
+        }
+    }
+    return NULL;
+}
+
+Test(disk, concurrent_puts_reads_and_clears) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 4 * PAYLOAD, 8);
+    cache_chunk *c[CONC_KEYS];
+    for (int i = 0; i < CONC_KEYS; i++) c[i] = make_chunk(&l, &ns, i);
+    pthread_t th[CONC_THREADS];
+    conc_arg args[CONC_THREADS];
+    for (int t = 0; t < CONC_THREADS; t++) {
+        args[t] = (conc_arg){.d = d, .l = &l, .c = c, .seed = 0x1234567ull * (uint64_t)(t + 1)};
+        cr_assert_eq(pthread_create(&th[t], NULL, conc_worker, &args[t]), 0);
+    }
+    for (int t = 0; t < CONC_THREADS; t++) pthread_join(th[t], NULL);
+    cache_disk_flush(d);
+    for (int t = 0; t < CONC_THREADS; t++) cr_assert_eq(args[t].bad, 0, "wrong bytes served");
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.bytes, st.entries * PAYLOAD);
+    cr_assert_leq(st.bytes, 4 * PAYLOAD);
+    cr_assert_eq(st.corrupt + st.write_errors, 0);
+    cr_assert_gt(st.hits, 0);
+    cr_assert_gt(st.evictions, 0);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), st.entries, "files and index disagree");
+    cr_assert_eq(count_files(dir, &l, ".part"), 0);
+    for (int i = 0; i < CONC_KEYS; i++) cr_assert_eq(atomic_load(&c[i]->refs), 1);
+    cache_disk_close(d);
+    /* What survived is exactly what a restart finds. */
+    d = open_disk(dir, &l, 4 * PAYLOAD, 8);
+    cr_assert_eq(stats(d).entries, st.entries);
+    cr_assert_eq(stats(d).corrupt, 0);
+    cache_disk_close(d);
+    for (int i = 0; i < CONC_KEYS; i++) cache_chunk_unref(c[i]);
+    remove_tree(dir);
+}

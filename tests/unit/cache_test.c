@@ -1,0 +1,216 @@
+/* cache/: chunk keys against goldens from an independent implementation
+ * (scripts/ref/make_cache_key_golden.py, Python hashlib), the chaining and namespace
+ * properties, and the RAM tier (LRU, byte cap, pins, namespaces, references). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cache/cache.h"
+#include "cache/ram.h"
+
+static void golden(const char *name, char out[65]) {
+    FILE *f = fopen("tests/golden/cache/keys.txt", "r");
+    cr_assert_not_null(f, "tests/golden/cache/keys.txt missing");
+    char n[64], hex[80];
+    while (fscanf(f, "%63s %79s", n, hex) == 2)
+        if (strcmp(n, name) == 0) {
+            fclose(f);
+            cr_assert_eq(strlen(hex), 64);
+            memcpy(out, hex, 65);
+            return;
+        }
+    fclose(f);
+    cr_assert_fail("golden key %s missing", name);
+}
+
+static void check_key(const cache_key *k, const char *name) {
+    char want[65], got[65];
+    golden(name, want);
+    cache_key_hex(k, got);
+    cr_assert_str_eq(got, want, "%s", name);
+}
+
+static uint8_t MODEL_ID[32];
+static int32_t TOKENS[48];
+
+static void setup_inputs(void) {
+    for (int i = 0; i < 32; i++) MODEL_ID[i] = (uint8_t)i;
+    for (int i = 0; i < 48; i++) TOKENS[i] = (i * 7919 + 13) % 49152 - 5;
+}
+
+TestSuite(cache_keys, .init = setup_inputs);
+
+Test(cache_keys, match_the_independent_reference) {
+    cache_key ns_none, ns_alice, ns_salt, keys[3], content;
+    cache_namespace(NULL, 0, NULL, &ns_none);
+    cache_namespace((const uint8_t *)"alice", 5, NULL, &ns_alice);
+    cache_namespace((const uint8_t *)"alice", 5, "s1", &ns_salt);
+    check_key(&ns_none, "ns_none");
+    check_key(&ns_alice, "ns_alice");
+    check_key(&ns_salt, "ns_alice_s1");
+    cr_assert_eq(cache_prefix_keys(MODEL_ID, &ns_alice, TOKENS, 48, 16, keys, 3), 3);
+    check_key(&keys[0], "prefix0");
+    check_key(&keys[1], "prefix1");
+    check_key(&keys[2], "prefix2");
+    cache_content_key(MODEL_ID, &ns_alice, TOKENS + 16, 16, &content);
+    check_key(&content, "content");
+}
+
+Test(cache_keys, chain_over_the_whole_prefix) {
+    cache_key ns, a[3], b[3];
+    cache_namespace(NULL, 0, NULL, &ns);
+    cache_prefix_keys(MODEL_ID, &ns, TOKENS, 48, 16, a, 3);
+    int32_t t[48];
+    memcpy(t, TOKENS, sizeof t);
+    t[3]++; /* one token of the first chunk differs: every later key differs */
+    cache_prefix_keys(MODEL_ID, &ns, t, 48, 16, b, 3);
+    for (int i = 0; i < 3; i++) cr_assert_neq(memcmp(a[i].b, b[i].b, 32), 0, "key %d", i);
+    /* only full chunks get keys; max_keys bounds the count */
+    cr_assert_eq(cache_prefix_keys(MODEL_ID, &ns, TOKENS, 47, 16, b, 3), 2);
+    cr_assert_eq(cache_prefix_keys(MODEL_ID, &ns, TOKENS, 48, 16, b, 1), 1);
+    cr_assert_eq(memcmp(a[0].b, b[0].b, 32), 0);
+    cr_assert_eq(cache_prefix_keys(MODEL_ID, &ns, TOKENS, 10, 16, b, 3), 0);
+}
+
+Test(cache_keys, namespaces_and_models_separate_keys) {
+    cache_key n1, n2, n3, n4, k1, k2;
+    cache_namespace((const uint8_t *)"ab", 2, "c", &n1);
+    cache_namespace((const uint8_t *)"a", 1, "bc", &n2); /* same bytes, split differently */
+    cache_namespace((const uint8_t *)"ab", 2, "", &n3);  /* empty salt is not no salt */
+    cache_namespace((const uint8_t *)"ab", 2, NULL, &n4);
+    cr_assert_neq(memcmp(n1.b, n2.b, 32), 0);
+    cr_assert_neq(memcmp(n3.b, n4.b, 32), 0);
+    cache_prefix_key(MODEL_ID, &n1, NULL, TOKENS, 16, &k1);
+    cache_prefix_key(MODEL_ID, &n2, NULL, TOKENS, 16, &k2);
+    cr_assert_neq(memcmp(k1.b, k2.b, 32), 0);
+    uint8_t other[32];
+    memcpy(other, MODEL_ID, 32);
+    other[31] ^= 1;
+    cache_prefix_key(other, &n1, NULL, TOKENS, 16, &k2);
+    cr_assert_neq(memcmp(k1.b, k2.b, 32), 0);
+    /* the prefix key differs from the content key of the same tokens */
+    cache_content_key(MODEL_ID, &n1, TOKENS, 16, &k2);
+    cr_assert_neq(memcmp(k1.b, k2.b, 32), 0);
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static const cache_layout SMALL = {
+    .n_layer = 2, .n_kv_head = 1, .head_dim = 8, .block_tokens = 16, .chunk_tokens = 32};
+
+Test(cache_layout, sizes_and_checks) {
+    cr_assert_eq(cache_block_bytes(&SMALL), 2u * 2 * 1 * 16 * 8 * 2);
+    cr_assert_eq(cache_chunk_bytes(&SMALL), 2 * cache_block_bytes(&SMALL));
+    cr_assert_eq(cache_layout_check(&SMALL, NULL), 0);
+    cache_layout l = SMALL;
+    l.chunk_tokens = 40;
+    kv_error err = {{0}};
+    cr_assert_eq(cache_layout_check(&l, &err), -1);
+    cr_assert(strstr(err.msg, "multiple"), "%s", err.msg);
+    l = SMALL;
+    l.n_layer = 0;
+    cr_assert_eq(cache_layout_check(&l, NULL), -1);
+}
+
+/* ---------------------------------------------------------------- RAM tier */
+
+static cache_chunk *chunk_n(int n, const cache_key *ns) {
+    cache_key k = {{0}};
+    k.b[0] = (uint8_t)n;
+    k.b[9] = (uint8_t)(n >> 8);
+    cache_chunk *c = cache_chunk_create(&SMALL, &k, ns, n * 32);
+    cr_assert_not_null(c);
+    memset(c->data, n, c->bytes);
+    return c;
+}
+
+static cache_key key_n(int n) {
+    cache_key k = {{0}};
+    k.b[0] = (uint8_t)n;
+    k.b[9] = (uint8_t)(n >> 8);
+    return k;
+}
+
+Test(cache_ram, lru_eviction_keeps_the_byte_cap) {
+    size_t cb = cache_chunk_bytes(&SMALL);
+    cache_ram *r = cache_ram_create((int64_t)(3 * cb));
+    cache_key ns = {{0}};
+    for (int i = 0; i < 3; i++) {
+        cache_chunk *c = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, c));
+        cr_assert_not(cache_ram_put(r, c), "a key is stored once");
+        cache_chunk_unref(c);
+    }
+    cache_key k0 = key_n(0);
+    cache_chunk_unref(cache_ram_get(r, &k0)); /* 0 is now the most recently used */
+    cache_chunk *c3 = chunk_n(3, &ns);
+    cr_assert(cache_ram_put(r, c3));
+    cache_chunk_unref(c3);
+    cache_tier_stats st;
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.entries, 3);
+    cr_assert_leq(st.bytes, st.capacity);
+    cr_assert_eq(st.evictions, 1);
+    cache_key k1 = key_n(1), k2 = key_n(2);
+    cr_assert_not(cache_ram_contains(r, &k1), "the least recently used chunk went");
+    cr_assert(cache_ram_contains(r, &k0));
+    cr_assert(cache_ram_contains(r, &k2));
+    cache_chunk *g = cache_ram_get(r, &k2);
+    cr_assert_not_null(g);
+    cr_assert_eq(g->data[5], 2);
+    cache_chunk_unref(g);
+    cr_assert_null(cache_ram_get(r, &k1));
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.hits, 2);
+    cr_assert_eq(st.misses, 1);
+    cache_ram_destroy(r);
+}
+
+Test(cache_ram, pinned_chunks_stay_and_held_chunks_outlive_eviction) {
+    size_t cb = cache_chunk_bytes(&SMALL);
+    cache_ram *r = cache_ram_create((int64_t)(2 * cb));
+    cache_key ns = {{0}};
+    cache_chunk *c0 = chunk_n(0, &ns), *c1 = chunk_n(1, &ns);
+    cache_ram_put(r, c0);
+    cache_ram_put(r, c1);
+    cache_key k0 = key_n(0);
+    cr_assert_eq(cache_ram_pin(r, &k0, 1, true), 1);
+    for (int i = 2; i < 6; i++) {
+        cache_chunk *c = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, c));
+        cache_chunk_unref(c);
+    }
+    cr_assert(cache_ram_contains(r, &k0), "pinned");
+    /* c1 was evicted, but the reference held here keeps its payload valid */
+    cr_assert_eq(c1->data[0], 1);
+    cache_chunk_unref(c1);
+    /* with every byte pinned, nothing new fits */
+    cache_key k5 = key_n(5);
+    cr_assert_eq(cache_ram_pin(r, &k5, 1, true), 1);
+    cache_chunk *c9 = chunk_n(9, &ns);
+    cr_assert_not(cache_ram_put(r, c9));
+    cache_chunk_unref(c9);
+    cr_assert_eq(cache_ram_pin(r, &k0, 1, false), 1);
+    cache_chunk_unref(c0);
+    cache_ram_destroy(r);
+}
+
+Test(cache_ram, clear_by_namespace) {
+    cache_ram *r = cache_ram_create(1 << 20);
+    cache_key a = {{1}}, b = {{2}};
+    for (int i = 0; i < 6; i++) {
+        cache_chunk *c = chunk_n(i, i % 2 ? &a : &b);
+        cache_ram_put(r, c);
+        cache_chunk_unref(c);
+    }
+    cr_assert_eq(cache_ram_clear(r, &a), 3);
+    cache_key k1 = key_n(1), k2 = key_n(2);
+    cr_assert_not(cache_ram_contains(r, &k1));
+    cr_assert(cache_ram_contains(r, &k2));
+    cr_assert_eq(cache_ram_clear(r, NULL), 3);
+    cache_tier_stats st;
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.entries, 0);
+    cr_assert_eq(st.bytes, 0);
+    cache_ram_destroy(r);
+}
