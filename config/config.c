@@ -42,11 +42,13 @@ typedef enum opt_group {
     GROUP_MODEL,
     GROUP_HTTP,
     GROUP_ENGINE,
+    GROUP_CACHE,
     GROUP_LOGGING,
     GROUP_COUNT,
 } opt_group;
 
-static const char *const GROUP_NAMES[GROUP_COUNT] = {"Model", "HTTP server", "Engine", "Logging"};
+static const char *const GROUP_NAMES[GROUP_COUNT] = {"Model", "HTTP server", "Engine",
+                                                     "Context cache", "Logging"};
 
 typedef struct opt_row {
     const char *key;  /* JSON key, snake_case; the flag and variable names derive from it */
@@ -69,6 +71,7 @@ typedef struct opt_row {
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 
 #define KIB (INT64_C(1) << 10)
+#define MIB (INT64_C(1) << 20)
 #define GIB (INT64_C(1) << 30)
 
 /* One macro per kind keeps each row to a line or two. */
@@ -126,6 +129,17 @@ static const opt_row OPTIONS[] = {
         "prompt tokens prefilled per engine step, between decode steps"),
     NUM(max_tokens_limit, 0, OPT_INT, 0, INT64_C(1) << 24, false, false, "0", "N",
         "cap on a request's max_tokens (0: the context size)"),
+#undef GROUP
+#define GROUP GROUP_CACHE
+    BOOL(cache, "true", "reuse cached prompt prefixes and store new chunks"),
+    NUM(cache_chunk_tokens, 0, OPT_INT, 16, 4096, false, false, "256", "N",
+        "tokens per cached chunk (a multiple of 16)"),
+    NUM(cache_ram_bytes, 0, OPT_INT64, 0, INT64_C(1) << 40, true, true, "2G", "BYTES",
+        "RAM tier capacity (0: no RAM tier)"),
+    STR(cache_dir, 0, "auto", false, "DIR",
+        "disk tier directory (auto: ~/.cache/kvserve or $XDG_CACHE_HOME; off)"),
+    NUM(cache_disk_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 44, false, true, "4G", "BYTES",
+        "disk tier capacity"),
 #undef GROUP
 #define GROUP GROUP_LOGGING
     {.key = "log_level", .type = OPT_ENUM, .group = GROUP,

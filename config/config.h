@@ -34,6 +34,13 @@ typedef struct kv_config {
     int max_queue;          /* requests waiting for a slot before 429 */
     int prefill_chunk;      /* prompt tokens prefilled per engine step, between decode steps */
     int max_tokens_limit;   /* cap on a request's max_tokens; 0: the context size */
+    /* ---- context cache */
+    bool cache;               /* reuse cached prefixes and store new chunks */
+    int cache_chunk_tokens;   /* tokens per chunk (multiple of 16) */
+    int64_t cache_ram_bytes;  /* RAM tier cap; 0: no RAM tier */
+    char *cache_dir;          /* disk tier directory; "auto": $XDG_CACHE_HOME or ~/.cache, /kvserve;
+                                 "off": no disk tier */
+    int64_t cache_disk_bytes; /* disk tier cap */
     /* ---- logging */
     char *log_level; /* error|warn|info|debug */
 } kv_config;

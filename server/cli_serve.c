@@ -26,6 +26,54 @@ static char *model_id_from(const kv_config *c) {
     return strndup(base, n);
 }
 
+/* The disk tier's directory: the configured one, "auto" ($XDG_CACHE_HOME/kvserve, else
+ * ~/.cache/kvserve) or none ("off", or "auto" without a home). malloc'd, or NULL. */
+static char *cache_dir_from(const kv_config *c) {
+    if (strcmp(c->cache_dir, "off") == 0) return NULL;
+    if (strcmp(c->cache_dir, "auto") != 0) return strdup(c->cache_dir);
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char *dir = NULL;
+    if (xdg && xdg[0] == '/') {
+        if (asprintf(&dir, "%s/kvserve", xdg) < 0) dir = NULL;
+    } else if (home && home[0] == '/') {
+        if (asprintf(&dir, "%s/.cache/kvserve", home) < 0) dir = NULL;
+    }
+    return dir;
+}
+
+/* The RAM and disk tiers. An automatic directory that cannot be used costs only the disk tier
+ * (a warning); a directory the operator named must work. */
+static cache_store *open_store(const kv_config *c, const model *m, kv_error *err) {
+    cache_layout l = {.n_layer = m->hp.n_layer,
+                      .n_kv_head = m->hp.n_kv_head,
+                      .head_dim = m->hp.head_dim,
+                      .block_tokens = 16,
+                      .chunk_tokens = c->cache_chunk_tokens};
+    memcpy(l.model_id, m->identity, sizeof l.model_id);
+    if (c->cache_chunk_tokens % 16 != 0) {
+        kv_fail(err, "--cache-chunk-tokens must be a multiple of 16, got %d",
+                c->cache_chunk_tokens);
+        return NULL;
+    }
+    char *dir = cache_dir_from(c);
+    cache_store_opts o = {.ram_bytes = c->cache_ram_bytes,
+                          .dir = dir,
+                          .disk_bytes = c->cache_disk_bytes,
+                          .write_queue = 64};
+    cache_store *st = cache_store_open(&l, &o, err);
+    if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
+        log_warn("cache: no disk tier: %s", err->msg);
+        o.dir = NULL;
+        st = cache_store_open(&l, &o, err);
+    }
+    if (st)
+        log_info("cache: chunks of %d tokens (%.1f MiB each); RAM tier %.0f MiB; disk tier %s",
+                 l.chunk_tokens, (double)cache_chunk_bytes(&l) / 1048576.0,
+                 (double)c->cache_ram_bytes / 1048576.0, o.dir ? o.dir : "off");
+    free(dir);
+    return st;
+}
+
 int cli_serve(int argc, char **argv) {
     kv_config cfg;
     kv_error err = {{0}};
@@ -94,12 +142,16 @@ int cli_serve(int argc, char **argv) {
         .max_seqs = cfg.max_seqs,
         .max_queue = cfg.max_queue,
         .prefill_chunk = cfg.prefill_chunk,
+        .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
+        .pool_cache = true,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
                 (long long)eo.kv_pool_tokens, s.ctx);
         goto done;
     }
+    if (cfg.cache && !(s.store = open_store(&cfg, m, &err))) goto done;
+    eo.store = s.store;
     if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
     s.m = m;
     atomic_store(&s.ready, true);
@@ -124,6 +176,7 @@ done:
     if (s.eng) engine_stop(s.eng);
     server_stop(&s);
     engine_destroy(s.eng);
+    cache_store_close(s.store);
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);

@@ -11,6 +11,7 @@
  * The n choices of a request prefill the prompt once: the first choice computes it, the others
  * fork its KV blocks (shared by reference count) when it samples its first token. */
 #include "server/engine.h"
+#include "server/pool_cache.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,6 +21,14 @@
 #include <time.h>
 
 /* ---------------------------------------------------------------- requests */
+
+/* Drops the chunks fetched for r (after admission used them, or with r). */
+static void gen_request_drop_loaded(gen_request *r) {
+    if (!r->loaded) return;
+    for (int i = 0; i < r->n_keys; i++) cache_chunk_unref(r->loaded[i]);
+    free(r->loaded);
+    r->loaded = NULL;
+}
 
 gen_request *gen_request_create(int n_choices) {
     if (n_choices < 1) return NULL;
@@ -51,6 +60,8 @@ void gen_request_unref(gen_request *r) {
     free(r->choices);
     free(r->prompt_lps);
     free(r->prompt);
+    free(r->keys);
+    gen_request_drop_loaded(r);
     free(r->bias);
     stop_set_free(&r->stops);
     pthread_mutex_destroy(&r->mu);
@@ -117,6 +128,12 @@ typedef struct eseq {
     uint64_t admit_order; /* older sequences have priority for KV */
     bool preempted;       /* its KV was dropped; it has not yet recomputed its history */
     bool done;
+    /* context cache: prefix keys of hist's full chunks computed so far, and how many leading
+     * chunks are known to be stored (pool, RAM or disk) */
+    cache_key *keys;
+    int n_keys, cap_keys;
+    int n_stored;
+    bool reuse_tried; /* looked up since it last held no KV */
 } eseq;
 
 struct engine {
@@ -141,15 +158,18 @@ struct engine {
     eseq **run; /* admitted sequences in admission order */
     int n_run;
     uint64_t admit_counter;
-    batch_seq *batch;   /* [max_seqs] */
-    eseq **batch_seqs;  /* [max_seqs] */
-    int32_t *batch_pos; /* [max_seqs + prefill_chunk] */
+    pool_cache *pc;             /* device-pool tier, or NULL */
+    atomic_llong reused_tokens; /* prompt tokens served from the cache */
+    batch_seq *batch;           /* [max_seqs] */
+    eseq **batch_seqs;          /* [max_seqs] */
+    int32_t *batch_pos;         /* [max_seqs + prefill_chunk] */
 };
 
 static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
     sampler_destroy(s->smp);
+    free(s->keys);
     free(s->hist);
     free(s->gen);
     gen_request_unref(s->req);
@@ -168,6 +188,11 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     if (!(s->hist = malloc(sizeof(int32_t) * (size_t)s->cap_hist))) goto oom;
     memcpy(s->hist, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     s->n_hist = r->n_prompt;
+    if (r->n_keys > 0) {
+        if (!(s->keys = malloc(sizeof *s->keys * (size_t)r->n_keys))) goto oom;
+        memcpy(s->keys, r->keys, sizeof *s->keys * (size_t)r->n_keys);
+        s->n_keys = s->cap_keys = r->n_keys;
+    }
     sampler_params sp = r->sp;
     sp.seed += (uint64_t)choice; /* n choices from one seed differ, reproducibly */
     if (!(s->smp = sampler_create(&sp, e->m->hp.n_vocab, err))) {
@@ -399,6 +424,7 @@ static void preempt(engine *e, eseq *v) {
     kv_seq_release(e->pool, &v->kv);
     v->n_computed = 0;
     v->preempted = true;
+    v->reuse_tried = false;
     /* A sibling that never forked computes the prompt itself now. */
     v->wait_fork = false;
     metrics_preemption(e->mx);
@@ -415,6 +441,12 @@ static eseq *youngest_holder_after(const engine *e, const eseq *s) {
         if (!v || t->admit_order > v->admit_order) v = t;
     }
     return v;
+}
+
+/* Free blocks after evicting idle cached chunks, as far as needed to reach need. */
+static int64_t room(engine *e, int64_t need) {
+    if (e->pc && kv_pool_free_blocks(e->pool) < need) return pool_cache_make_room(e->pc, need);
+    return kv_pool_free_blocks(e->pool);
 }
 
 static bool any_preempted(const engine *e) {
@@ -435,8 +467,14 @@ static void admit(engine *e) {
         if (!cancelled) {
             if (blocked) break;
             if (e->n_run + r->n_choices > e->o.max_seqs) break;
-            int64_t need = blocks_for(e, r->n_prompt + 1) + e->n_run;
-            if (e->n_run > 0 && kv_pool_free_blocks(e->pool) < need) break;
+            /* Leading chunks already in the pool are shared, not allocated; they become the
+             * most recently used, so making room does not evict them. */
+            int64_t shared = 0;
+            if (e->pc && r->cache && !r->prompt_logprobs)
+                for (int i = 0; i < r->n_keys && pool_cache_touch(e->pc, &r->keys[i]); i++)
+                    shared += e->o.chunk_tokens / kv_pool_layout(e->pool)->block_tokens;
+            int64_t need = blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
+            if (e->n_run > 0 && room(e, need) < need) break;
         }
         e->q_head = (e->q_head + 1) % e->q_cap;
         e->q_len--;
@@ -491,6 +529,9 @@ static void reap(engine *e) {
 static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     kv_error err = {{0}};
     while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
+        /* Idle cached chunks give way before any sequence does. */
+        int64_t free0 = kv_pool_free_blocks(e->pool);
+        if (e->pc && pool_cache_make_room(e->pc, free0 + 1) > free0) continue;
         eseq *v = youngest_holder_after(e, s);
         if (!v) {
             bool others = false;
@@ -533,9 +574,104 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     return true;
 }
 
+/* ---------------------------------------------------------------- context cache */
+
+static bool cache_on(const engine *e, const eseq *s) {
+    return e->o.chunk_tokens > 0 && s->req->cache;
+}
+
+/* Gives s (holding no KV) its longest cached prefix: chunks in the pool are appended by
+ * reference, chunks the submitting thread fetched from RAM or disk are copied into fresh blocks
+ * (and kept in the pool tier). At least the last token is left to compute, so its logits are
+ * fresh. Prompt scoring needs every prompt row's logits and reuses nothing. */
+static void reuse_prefix(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    int chunk = e->o.chunk_tokens;
+    int cb = chunk / kv_pool_layout(e->pool)->block_tokens;
+    int reused = 0;
+    bool first = s->choice == 0 && r->loaded; /* the fetched chunks are used once */
+    s->reuse_tried = true;
+    if (!r->prompt_logprobs) {
+        for (int i = 0; i < s->n_keys && (i + 1) * chunk <= s->n_hist; i++) {
+            kv_error err = {{0}};
+            const int32_t *blocks = e->pc ? pool_cache_get(e->pc, &s->keys[i]) : NULL;
+            if (blocks) {
+                if (kv_seq_append_blocks(e->pool, &s->kv, blocks, cb, &err)) break;
+            } else {
+                cache_chunk *c = first && i < r->n_keys ? r->loaded[i] : NULL;
+                if (!c) break;
+                if (kv_pool_free_blocks(e->pool) < cb && e->pc) pool_cache_make_room(e->pc, cb);
+                if (kv_seq_import_blocks(e->pool, &s->kv, cb, c->data, &err)) break;
+                if (e->pc) pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks + i * cb);
+            }
+            reused = (i + 1) * chunk;
+        }
+    }
+    if (first) gen_request_drop_loaded(r);
+    if (reused >= s->n_hist) reused = s->n_hist - 1;
+    kv_seq_truncate(e->pool, &s->kv, reused);
+    s->n_computed = reused;
+    /* write_back revisits the reused chunks: one that came from the pool but has left RAM and
+     * disk is stored again. */
+    s->n_stored = 0;
+    if (reused > 0) {
+        log_debug("cache: %d of %d tokens reused", reused, s->n_hist);
+        atomic_fetch_add(&e->reused_tokens, reused);
+    }
+    if (s->choice == 0 && !s->preempted) {
+        pthread_mutex_lock(&r->mu);
+        r->cached_tokens = reused < r->n_prompt ? reused : r->n_prompt - 1;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* Stores the full chunks s has computed since the last call: their blocks stay in the pool
+ * tier, and a copy goes to the store (RAM now, disk in the background). The copy is one memcpy
+ * of the chunk's blocks, a small fraction of the step that computed them. */
+static void write_back(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    int chunk = e->o.chunk_tokens;
+    int cb = chunk / kv_pool_layout(e->pool)->block_tokens;
+    const cache_layout *cl = e->o.store ? cache_store_layout(e->o.store) : NULL;
+    while ((s->n_stored + 1) * chunk <= s->n_computed) {
+        int i = s->n_stored;
+        if (i >= s->n_keys) {
+            if (s->n_keys == s->cap_keys) {
+                int cap = s->cap_keys ? s->cap_keys * 2 : 8;
+                cache_key *k = realloc(s->keys, sizeof *k * (size_t)cap);
+                if (!k) return; /* not stored: only a later miss */
+                s->keys = k;
+                s->cap_keys = cap;
+            }
+            cache_prefix_key(e->m->identity, &r->ns, i ? &s->keys[i - 1] : NULL,
+                             s->hist + (size_t)i * chunk, chunk, &s->keys[i]);
+            s->n_keys++;
+        }
+        const cache_key *key = &s->keys[i];
+        if (e->pc && !pool_cache_has(e->pc, key))
+            pool_cache_put(e->pc, key, &r->ns, s->kv.blocks + i * cb);
+        if (cl && !cache_store_contains(e->o.store, key)) {
+            cache_chunk *c = cache_chunk_create(cl, key, &r->ns, i * chunk);
+            if (c) {
+                kv_seq_export_blocks(e->pool, &s->kv, i * cb, cb, c->data);
+                cache_store_put(e->o.store, c);
+                cache_chunk_unref(c);
+            }
+        }
+        s->n_stored++;
+    }
+}
+
 /* One continuous-batching step. */
 static void step(engine *e) {
     int n_b = 0, n_pos = 0;
+    /* sequences starting (or restarting after preemption) take their cached prefix first */
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        if (!s->done && !s->wait_fork && !s->reuse_tried && s->n_computed == 0 &&
+            s->kv.n_blocks == 0 && cache_on(e, s))
+            reuse_prefix(e, s);
+    }
     /* decode: every sequence with exactly one pending token */
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
@@ -551,7 +687,7 @@ static void step(engine *e) {
         /* A preempted sequence restarts only when its whole history fits, so it does not
          * step back again halfway. */
         if (s->preempted && s->n_computed == 0 &&
-            kv_pool_free_blocks(e->pool) < blocks_for(e, s->n_hist + 1))
+            room(e, blocks_for(e, s->n_hist + 1)) < blocks_for(e, s->n_hist + 1))
             continue;
         int n = pending < budget ? pending : budget;
         if (batch_add(e, s, n, &n_b, &n_pos)) budget -= n;
@@ -589,6 +725,7 @@ static void step(engine *e) {
         float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
         rows += (size_t)n_rows_i * n_vocab;
         s->n_computed += bs->n_tok;
+        if (cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
         s->preempted = false;
         if (s->req->max_tokens == 0) {
@@ -604,11 +741,15 @@ static void step(engine *e) {
 }
 
 static void publish_gauges(engine *e, int waiting) {
+    pool_cache_stats ps = {0};
+    if (e->pc) pool_cache_stats_get(e->pc, &ps);
     metrics_engine g = {
         .waiting = waiting,
         .running = e->n_run,
         .kv_blocks_total = kv_pool_total_blocks(e->pool),
-        .kv_blocks_used = kv_pool_total_blocks(e->pool) - kv_pool_free_blocks(e->pool),
+        .kv_blocks_used = kv_pool_total_blocks(e->pool) - kv_pool_free_blocks(e->pool) -
+                          (e->pc ? pool_cache_idle_blocks(e->pc) : 0),
+        .kv_blocks_cached = ps.blocks,
         .kv_block_tokens = kv_pool_layout(e->pool)->block_tokens,
     };
     metrics_set_engine(e->mx, &g);
@@ -623,6 +764,7 @@ static void *engine_main(void *arg) {
             pthread_mutex_unlock(&e->mu);
             break;
         }
+        if (e->pc) pool_cache_reclaim(e->pc);
         admit(e);
         int waiting = e->q_len;
         pthread_mutex_unlock(&e->mu);
@@ -681,6 +823,19 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
         goto fail;
     int max_tokens = o->max_seqs + o->prefill_chunk;
     if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, max_tokens, o->max_seqs, err))) goto fail;
+    atomic_init(&e->reused_tokens, 0);
+    if (o->chunk_tokens > 0) {
+        int bt = kv_pool_layout(e->pool)->block_tokens;
+        if (o->chunk_tokens % bt != 0) {
+            kv_fail(err, "cache chunk size %d is not a multiple of the KV block size %d",
+                    o->chunk_tokens, bt);
+            goto fail;
+        }
+        if (o->pool_cache && !(e->pc = pool_cache_create(e->pool, o->chunk_tokens / bt))) {
+            kv_fail(err, "out of memory");
+            goto fail;
+        }
+    }
     size_t n_vocab = (size_t)m->hp.n_vocab;
     /* One row per sequence, or every prompt row of a scoring request: pages are touched only
      * by the rows a step uses. */
@@ -731,6 +886,7 @@ void engine_destroy(engine *e) {
     kv_aligned_free(e->logits);
     kv_aligned_free(e->work);
     forward_ctx_destroy(e->fwd);
+    pool_cache_destroy(e->pc);
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
     pthread_mutex_destroy(&e->mu);
@@ -798,3 +954,48 @@ int64_t engine_kv_pool_tokens(const engine *e) {
     return kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens;
 }
 int engine_threads(const engine *e) { return backend_n_threads(e->b); }
+
+/* ---------------------------------------------------------------- context cache interface */
+
+int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns) {
+    int chunk = e->o.chunk_tokens;
+    r->cache = chunk > 0;
+    if (!r->cache) return 0;
+    r->ns = *ns;
+    int n = r->n_prompt / chunk;
+    if (n == 0) return 0;
+    bool *want = malloc(sizeof *want * (size_t)n);
+    r->keys = malloc(sizeof *r->keys * (size_t)n);
+    r->loaded = calloc((size_t)n, sizeof *r->loaded);
+    if (!want || !r->keys || !r->loaded) {
+        free(want);
+        return -1;
+    }
+    r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, chunk, r->keys, n);
+    /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
+    if (e->o.store && !r->prompt_logprobs) {
+        for (int i = 0; i < n; i++) want[i] = !(e->pc && pool_cache_has(e->pc, &r->keys[i]));
+        cache_store_fetch(e->o.store, r->keys, want, n, r->loaded);
+    }
+    free(want);
+    return 0;
+}
+
+int64_t engine_cache_clear(engine *e, const cache_key *ns) {
+    return e->pc ? pool_cache_clear(e->pc, ns) : 0;
+}
+
+void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->enabled = e->o.chunk_tokens > 0;
+    out->chunk_tokens = e->o.chunk_tokens;
+    out->reused_tokens = atomic_load(&e->reused_tokens);
+    if (!e->pc) return;
+    pool_cache_stats ps;
+    pool_cache_stats_get(e->pc, &ps);
+    out->pool_entries = ps.entries;
+    out->pool_blocks = ps.blocks;
+    out->pool_hits = ps.hits;
+    out->pool_misses = ps.misses;
+    out->pool_evictions = ps.evictions;
+}

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cache/cache.h"
 #include "model/model.h"
 #include "server/metrics.h"
 
@@ -62,6 +63,14 @@ typedef struct gen_request {
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
+    /* Context cache (engine_prepare_cache fills these): reuse cached prefix chunks, store new
+     * ones under namespace ns. */
+    bool cache;
+    cache_key ns;
+    cache_key *keys; /* [n_keys] prefix keys of the prompt's full chunks, owned */
+    int n_keys;
+    cache_chunk **loaded; /* [n_keys] chunks fetched from RAM or disk (NULL: in the pool, or
+                             missing), one reference each; the engine drops them at admission */
 
     /* ---- shared with the engine, under mu */
     pthread_mutex_t mu;
@@ -73,6 +82,7 @@ typedef struct gen_request {
     uint64_t t_first_token;
     gen_logprob *prompt_lps; /* [n_prompt] when prompt_logprobs; entry 0 is unused */
     bool prompt_lps_ready;
+    int cached_tokens;     /* prompt tokens whose KV came from the cache */
     atomic_bool cancelled; /* the client went away: the engine frees its sequences */
     atomic_int refs;
 } gen_request;
@@ -92,6 +102,10 @@ typedef struct engine_opts {
     int max_seqs;
     int max_queue;
     int prefill_chunk;
+    /* context cache */
+    cache_store *store; /* RAM/disk tiers, or NULL */
+    int chunk_tokens;   /* 0: no context cache */
+    bool pool_cache;    /* keep cached chunks' blocks in the pool */
 } engine_opts;
 
 typedef struct engine engine;
@@ -113,6 +127,21 @@ typedef enum engine_submit_status {
 
 /* Queues r (the engine takes its own reference). */
 engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
+
+/* Context cache. On the submitting thread, before engine_submit: computes r's prefix keys in
+ * namespace ns and fetches the chunks the pool does not hold from the store (RAM, or disk in
+ * parallel reads: this blocks on I/O here, not on the engine thread). No-op when the engine has
+ * no context cache. -1 when out of memory. */
+int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns);
+/* Drops the pool tier's chunks of namespace ns (NULL: all); returns how many. */
+int64_t engine_cache_clear(engine *e, const cache_key *ns);
+typedef struct engine_cache_stats {
+    bool enabled;
+    int chunk_tokens;
+    int64_t pool_entries, pool_blocks, pool_hits, pool_misses, pool_evictions;
+    int64_t reused_tokens;
+} engine_cache_stats;
+void engine_cache_stats_get(engine *e, engine_cache_stats *out);
 
 int engine_ctx(const engine *e);
 int engine_max_seqs(const engine *e);

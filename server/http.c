@@ -178,6 +178,10 @@ typedef enum route_kind {
     ROUTE_COMPLETIONS,
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
+    ROUTE_CACHE_STATS,
+    ROUTE_CACHE_CLEAR,
+    ROUTE_CACHE_PIN,
+    ROUTE_CACHE_UNPIN,
 } route_kind;
 
 typedef struct route {
@@ -195,6 +199,10 @@ static const route ROUTES[] = {
     {"/v1/completions", ROUTE_COMPLETIONS, true, false},
     {"/tokenize", ROUTE_TOKENIZE, true, false},
     {"/detokenize", ROUTE_DETOKENIZE, true, false},
+    {"/v1/cache/stats", ROUTE_CACHE_STATS, false, false},
+    {"/v1/cache/clear", ROUTE_CACHE_CLEAR, true, false},
+    {"/v1/cache/pin", ROUTE_CACHE_PIN, true, false},
+    {"/v1/cache/unpin", ROUTE_CACHE_UNPIN, true, false},
 };
 
 static const route *route_find(const char *url) {
@@ -227,6 +235,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_METRICS: {
         size_t len = 0;
         char *text = metrics_render(s->mx, &len);
+        if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
         if (!text) return send_error(conn, cr, 500, "server_error", NULL, "out of memory");
         r = (http_reply){.status = 200,
                          .body = text,
@@ -257,6 +266,16 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         return send_reply(conn, cr, &r);
     case ROUTE_DETOKENIZE:
         openai_detokenize(s, &call, &r);
+        return send_reply(conn, cr, &r);
+    case ROUTE_CACHE_STATS:
+        cache_api_stats(s, &r);
+        return send_reply(conn, cr, &r);
+    case ROUTE_CACHE_CLEAR:
+        cache_api_clear(s, &call, &r);
+        return send_reply(conn, cr, &r);
+    case ROUTE_CACHE_PIN:
+    case ROUTE_CACHE_UNPIN:
+        cache_api_pin(s, &call, &r, rt->kind == ROUTE_CACHE_PIN);
         return send_reply(conn, cr, &r);
     default:
         return send_error(conn, cr, 500, "server_error", NULL, "unrouted request");

@@ -207,6 +207,9 @@ char *metrics_render(metrics *m, size_t *len) {
     render_gauge(&b, "kvserve_running_sequences", "Sequences in the running batch.", e->running);
     render_gauge(&b, "kvserve_kv_pool_blocks_used", "KV pool blocks in use.",
                  (double)e->kv_blocks_used);
+    render_gauge(&b, "kvserve_kv_pool_blocks_cached",
+                 "KV pool blocks holding cached chunks (evictable unless also in use).",
+                 (double)e->kv_blocks_cached);
     render_gauge(&b, "kvserve_kv_pool_blocks_total", "KV pool blocks in all.",
                  (double)e->kv_blocks_total);
     render_gauge(&b, "kvserve_kv_pool_usage_ratio", "Share of the KV pool in use (0..1).",

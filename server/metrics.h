@@ -22,9 +22,10 @@ void metrics_e2e(metrics *m, double seconds);
 void metrics_preemption(metrics *m);
 
 typedef struct metrics_engine {
-    int waiting; /* requests queued, not yet admitted */
-    int running; /* sequences in the batch */
-    int64_t kv_blocks_used;
+    int waiting;              /* requests queued, not yet admitted */
+    int running;              /* sequences in the batch */
+    int64_t kv_blocks_used;   /* held by sequences (cached blocks no sequence uses: free) */
+    int64_t kv_blocks_cached; /* held by the context cache's pool tier (some also in use) */
     int64_t kv_blocks_total;
     int kv_block_tokens;
 } metrics_engine;

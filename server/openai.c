@@ -77,7 +77,7 @@ static uint64_t random_u64(void) {
 }
 
 /* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
-static job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err) {
+job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err) {
     const model *m = s->m;
     if (strcmp(rq->model, s->model_id) != 0) {
         api_fail(err, 404, "invalid_request_error", "model_not_found", "model",
@@ -201,6 +201,15 @@ static job *job_start(server *s, const api_request *rq, const http_call *c, api_
         j->prompt_tokens += n_ids;
     }
 
+    /* The context cache: keys and chunk fetches (disk reads block this thread, not the
+     * engine). Every prompt of the request shares its namespace. */
+    if (rq->cache && s->cfg->cache) {
+        cache_key ns;
+        server_cache_namespace(s, c, rq->cache_salt, &ns);
+        for (int p = 0; p < j->n_reqs; p++)
+            if (engine_prepare_cache(s->eng, j->reqs[p], &ns)) goto oom;
+    }
+
     int n_choices = j->n_reqs * j->n;
     j->text_off = calloc((size_t)n_choices, sizeof *j->text_off);
     j->lp_off = calloc((size_t)n_choices, sizeof *j->lp_off);
@@ -240,9 +249,15 @@ json_t *job_usage(const job *j) {
     for (int p = 0; p < j->n_reqs; p++)
         for (int i = 0; i < j->reqs[p]->n_choices; i++)
             completion += j->reqs[p]->choices[i].n_tokens;
+    int cached = 0;
+    for (int p = 0; p < j->n_reqs; p++) {
+        pthread_mutex_lock(&j->reqs[p]->mu);
+        cached += j->reqs[p]->cached_tokens;
+        pthread_mutex_unlock(&j->reqs[p]->mu);
+    }
     return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", j->prompt_tokens,
                      "completion_tokens", completion, "total_tokens", j->prompt_tokens + completion,
-                     "prompt_tokens_details", "cached_tokens", 0);
+                     "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static json_t *token_json(const tokenizer *t, int32_t id, float lp, bool with_bytes) {
@@ -397,6 +412,24 @@ int job_error(const job *j, api_error *err) {
 
 /* ---------------------------------------------------------------- endpoints */
 
+int job_wait(job *j, api_error *err) {
+    /* A client that hangs up cancels the work at once (job_free). */
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        while (r->n_finished < r->n_choices) {
+            gen_request_wait(r, 100);
+            if (r->n_finished < r->n_choices && http_client_gone(j->fd)) {
+                pthread_mutex_unlock(&r->mu);
+                return api_fail(err, 499, "invalid_request_error", NULL, NULL,
+                                "the client closed the connection");
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    return 0;
+}
+
 static int completion_endpoint(server *s, api_kind kind, const http_call *c, http_reply *out,
                                http_stream *stream) {
     api_request rq;
@@ -418,22 +451,10 @@ static int completion_endpoint(server *s, api_kind kind, const http_call *c, htt
         job_stream(j, stream);
         return 1;
     }
-    /* Wait for every choice; a client that hangs up cancels the work at once. */
-    for (int p = 0; p < j->n_reqs; p++) {
-        gen_request *r = j->reqs[p];
-        pthread_mutex_lock(&r->mu);
-        while (r->n_finished < r->n_choices) {
-            gen_request_wait(r, 100);
-            if (r->n_finished < r->n_choices && http_client_gone(c->fd)) {
-                pthread_mutex_unlock(&r->mu);
-                job_free(j);
-                api_fail(&err, 499, "invalid_request_error", NULL, NULL,
-                         "the client closed the connection");
-                http_reply_error(out, &err);
-                return 0;
-            }
-        }
-        pthread_mutex_unlock(&r->mu);
+    if (job_wait(j, &err)) {
+        job_free(j);
+        http_reply_error(out, &err);
+        return 0;
     }
     if (job_error(j, &err))
         http_reply_error(out, &err);

@@ -30,6 +30,10 @@ typedef struct job {
     size_t buf_len, buf_off, buf_cap;
 } job;
 
+/* Validates, tokenizes and submits rq (openai.c); NULL with err on any problem. */
+job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err);
+/* Waits until every choice has finished; -1 (499) when the client went away meanwhile. */
+int job_wait(job *j, api_error *err);
 void job_free(job *j);
 const char *job_finish_name(gen_finish f);
 json_t *job_usage(const job *j);

@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "cache/cache.h"
 #include "config/config.h"
 #include "model/model.h"
 #include "server/api.h"
@@ -27,6 +28,7 @@ struct server {
     char *model_id;             /* the id /v1/models lists and requests must name */
     int ctx;                    /* per-sequence context */
     int max_tokens_limit;       /* cap on max_tokens */
+    cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
     long started;      /* start time (Unix seconds) */
@@ -83,5 +85,16 @@ int openai_completions(server *s, const http_call *c, http_reply *out, http_stre
 void openai_models(server *s, const char *id, http_reply *out);
 void openai_tokenize(server *s, const http_call *c, http_reply *out);
 void openai_detokenize(server *s, const http_call *c, http_reply *out);
+
+/* The context cache's namespace for a request: the API key presented (when the server requires
+ * keys) and the request's cache_salt. */
+void server_cache_namespace(const server *s, const http_call *c, const char *salt, cache_key *ns);
+/* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */
+void cache_api_stats(server *s, http_reply *out);
+void cache_api_clear(server *s, const http_call *c, http_reply *out);
+void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin);
+/* Appends the cache's Prometheus metrics to text (malloc'd, len bytes; freed here). Returns the
+ * new text, or NULL when out of memory. */
+char *cache_api_metrics(server *s, char *text, size_t *len);
 
 #endif

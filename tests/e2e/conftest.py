@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -68,6 +69,12 @@ class KvServer:
 
     def __init__(self, args=(), env=None, model_id=None):
         self.args = list(args)
+        # The disk tier goes to a private directory unless the test names one: tests must not
+        # share (or leave behind) a cache in the user's home.
+        self._own_cache_dir = None
+        if not any(a == "--cache-dir" or a.startswith("--cache-dir=") for a in self.args):
+            self._own_cache_dir = tempfile.mkdtemp(prefix="kvserve-test-cache-")
+            self.args += ["--cache-dir", self._own_cache_dir]
         self.env = env
         self.model_id = model_id or os.path.basename(MODEL)[:-len(".gguf")]
         self.proc = None
@@ -132,6 +139,8 @@ class KvServer:
     def terminate(self, timeout=20):
         """SIGTERM; asserts a clean exit (code 0 within `timeout` s, no sanitizer report).
         Returns the seconds the exit took."""
+        if getattr(self, "killed", False):
+            return 0.0
         if self.proc.poll() is None:
             t0 = time.monotonic()
             self.proc.send_signal(signal.SIGTERM)
@@ -146,9 +155,38 @@ class KvServer:
         else:
             rc, took = self.proc.returncode, 0.0
         self._close_stderr()
+        if self._own_cache_dir:
+            shutil.rmtree(self._own_cache_dir, ignore_errors=True)
         self.check_stderr()
         assert rc == 0, f"kvserve exited with {rc}:\n{self.stderr()}"
         return took
+
+    def kill9(self):
+        """SIGKILL, as a crash would: no shutdown, no flush."""
+        self.proc.kill()
+        self.proc.wait()
+        self.killed = True
+        self._close_stderr()
+        self.check_stderr()
+
+    def get_json(self, path, api_key=None):
+        req = urllib.request.Request(self.url + path)
+        if api_key:
+            req.add_header("Authorization", f"Bearer {api_key}")
+        with urllib.request.urlopen(req, timeout=30 * SLOW) as r:
+            return json.loads(r.read())
+
+    def post_json(self, path, body, api_key=None, timeout=300):
+        """(status, parsed JSON) of a POST; HTTP errors are returned, not raised."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        if api_key:
+            req.add_header("Authorization", f"Bearer {api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout * SLOW) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
 
     def metrics(self):
         """The /metrics samples as {'name{labels}': value}."""

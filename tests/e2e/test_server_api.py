@@ -475,10 +475,12 @@ def test_metrics(server, client, model):
     deadline = time.monotonic() + 5 * SLOW
     while True:  # the counters may be bumped just after the response is sent
         after = server.metrics()
+        # (and the gauges are published after the engine frees the finished sequences)
         if (after.get(key, 0) - before.get(key, 0) >= n and
                 counter(after, "kvserve_generation_tokens_total")
                 - counter(before, "kvserve_generation_tokens_total")
-                >= n * r.usage.completion_tokens) or time.monotonic() > deadline:
+                >= n * r.usage.completion_tokens and
+                after.get("kvserve_running_sequences", 1) == 0) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
     assert after[key] - before.get(key, 0) == n

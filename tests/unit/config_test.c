@@ -582,6 +582,12 @@ Test(config, unknown_env_warns_once_per_name) {
 
 /* Every option's flag and variable, written out here so a renamed option fails the test. */
 static const char *const ALL_FLAGS[] = {
+    "--cache",
+    "--no-cache",
+    "--cache-chunk-tokens",
+    "--cache-ram-bytes",
+    "--cache-dir",
+    "--cache-disk-bytes",
     "--model",
     "-m",
     "--alias",
@@ -608,6 +614,11 @@ static const char *const ALL_FLAGS[] = {
     "-h",
 };
 static const char *const ALL_ENV[] = {
+    "KVSERVE_CACHE",
+    "KVSERVE_CACHE_CHUNK_TOKENS",
+    "KVSERVE_CACHE_RAM_BYTES",
+    "KVSERVE_CACHE_DIR",
+    "KVSERVE_CACHE_DISK_BYTES",
     "KVSERVE_MODEL",
     "KVSERVE_ALIAS",
     "KVSERVE_CHAT_TEMPLATE",
@@ -690,4 +701,38 @@ Test(config, help_wins_over_other_errors) {
     cr_assert_eq(st, CONFIG_HELP);
     cr_assert_not_null(strstr(text, "--max-body-bytes"));
     free(text);
+}
+
+Test(config, cache_options) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert(c.cache);
+    cr_assert_eq(c.cache_chunk_tokens, 256);
+    cr_assert_str_eq(c.cache_dir, "auto");
+    cr_assert_eq(c.cache_ram_bytes, INT64_C(2) << 30);
+    cr_assert_eq(c.cache_disk_bytes, INT64_C(4) << 30);
+    kv_error err = {{0}};
+    char *argv[] = {"kvserve",
+                    "--no-cache",
+                    "--cache-ram-bytes",
+                    "0",
+                    "--cache-dir",
+                    "/tmp/x",
+                    "--cache-disk-bytes",
+                    "64M",
+                    "--cache-chunk-tokens",
+                    "512",
+                    NULL};
+    cr_assert_eq(config_load(&c, 10, argv, NULL, NULL, &err), CONFIG_OK, "%s", err.msg);
+    cr_assert_not(c.cache);
+    cr_assert_eq(c.cache_ram_bytes, 0);
+    cr_assert_str_eq(c.cache_dir, "/tmp/x");
+    cr_assert_eq(c.cache_disk_bytes, INT64_C(64) << 20);
+    cr_assert_eq(c.cache_chunk_tokens, 512);
+    config_free(&c);
+    config_defaults(&c);
+    char *bad[] = {"kvserve", "--cache-disk-bytes", "1K", NULL};
+    cr_assert_eq(config_load(&c, 3, bad, NULL, NULL, &err), CONFIG_ERROR);
+    cr_assert(strstr(err.msg, "--cache-disk-bytes"), "%s", err.msg);
+    config_free(&c);
 }

@@ -1,0 +1,265 @@
+/* The context cache's HTTP surface: GET /v1/cache/stats, POST /v1/cache/clear, POST
+ * /v1/cache/pin and /unpin, the cache's Prometheus metrics, and the namespace rule.
+ *
+ * Namespaces: with API keys configured, every key is its own tenant; cache_salt splits a
+ * tenant further (as vLLM's cache_salt does). Clear works within the caller's namespace unless
+ * "all" is given. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/openai_job.h"
+#include "server/server.h"
+
+void server_cache_namespace(const server *s, const http_call *c, const char *salt, cache_key *ns) {
+    const char *key = s->n_keys > 0 && c->api_key ? c->api_key : NULL;
+    cache_namespace((const uint8_t *)key, key ? strlen(key) : 0, salt, ns);
+}
+
+static json_t *tier_json(const cache_tier_stats *t, bool disk) {
+    json_t *v =
+        json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "entries", (json_int_t)t->entries,
+                  "bytes", (json_int_t)t->bytes, "capacity_bytes", (json_int_t)t->capacity,
+                  "pinned", (json_int_t)t->pinned, "hits", (json_int_t)t->hits, "misses",
+                  (json_int_t)t->misses, "bytes_in", (json_int_t)t->bytes_in, "bytes_out",
+                  (json_int_t)t->bytes_out, "evictions", (json_int_t)t->evictions);
+    if (v && disk) {
+        json_object_set_new(v, "corrupt", json_integer(t->corrupt));
+        json_object_set_new(v, "write_errors", json_integer(t->write_errors));
+        json_object_set_new(v, "dropped_writes", json_integer(t->dropped));
+    }
+    return v;
+}
+
+void cache_api_stats(server *s, http_reply *out) {
+    engine_cache_stats es;
+    engine_cache_stats_get(s->eng, &es);
+    cache_stats cs = {0};
+    if (s->store) cache_store_stats(s->store, &cs);
+    json_t *tiers = json_object();
+    json_object_set_new(tiers, "pool",
+                        json_pack("{s:b,s:I,s:I,s:I,s:I,s:I}", "enabled", s->cfg->cache, "entries",
+                                  (json_int_t)es.pool_entries, "blocks", (json_int_t)es.pool_blocks,
+                                  "hits", (json_int_t)es.pool_hits, "misses",
+                                  (json_int_t)es.pool_misses, "evictions",
+                                  (json_int_t)es.pool_evictions));
+    json_t *ram = tier_json(&cs.ram, false);
+    json_object_set_new(ram, "enabled", json_boolean(s->store && cs.ram.capacity > 0));
+    json_object_set_new(tiers, "ram", ram);
+    json_t *disk = tier_json(&cs.disk, true);
+    json_object_set_new(disk, "enabled", json_boolean(cs.disk_enabled));
+    json_object_set_new(tiers, "disk", disk);
+    http_reply_json(out, 200,
+                    json_pack("{s:s,s:b,s:i,s:I,s:o}", "object", "cache.stats", "enabled",
+                              es.enabled, "chunk_tokens", es.chunk_tokens, "reused_tokens",
+                              (json_int_t)es.reused_tokens, "tiers", tiers));
+}
+
+static int fail_400(api_error *err, const char *param, const char *fmt, const char *detail) {
+    return api_fail(err, 400, "invalid_request_error", NULL, param, fmt, detail);
+}
+
+/* {"cache_salt": "...", "all": false, "tiers": ["pool", "ram", "disk"]}, every field optional.
+ * An empty body is an empty object. */
+void cache_api_clear(server *s, const http_call *c, http_reply *out) {
+    api_error err = {0};
+    json_error_t je;
+    json_t *root =
+        c->len ? json_loadb(c->body, c->len, JSON_REJECT_DUPLICATES, &je) : json_object();
+    bool tier[3] = {true, true, true}; /* pool, ram, disk */
+    static const char *const TIERS[3] = {"pool", "ram", "disk"};
+    const char *salt = NULL;
+    bool all = false;
+    if (!root) {
+        fail_400(&err, NULL, "We could not parse the JSON body of your request: %s", je.text);
+        goto fail;
+    }
+    if (!json_is_object(root)) {
+        fail_400(&err, NULL, "%s", "the request body must be a JSON object");
+        goto fail;
+    }
+    json_t *v = json_object_get(root, "cache_salt");
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v) || json_string_length(v) > API_MAX_CACHE_SALT) {
+            fail_400(&err, "cache_salt", "%s",
+                     "'cache_salt' must be a string of at most 256 bytes");
+            goto fail;
+        }
+        salt = json_string_value(v);
+    }
+    if ((v = json_object_get(root, "all")) && !json_is_null(v)) {
+        if (!json_is_boolean(v)) {
+            fail_400(&err, "all", "%s", "'all' must be a boolean");
+            goto fail;
+        }
+        all = json_is_true(v);
+    }
+    if ((v = json_object_get(root, "tiers")) && !json_is_null(v)) {
+        if (!json_is_array(v)) {
+            fail_400(&err, "tiers", "%s",
+                     "'tiers' must be an array of \"pool\", \"ram\", \"disk\"");
+            goto fail;
+        }
+        tier[0] = tier[1] = tier[2] = false;
+        size_t i;
+        json_t *t;
+        json_array_foreach(v, i, t) {
+            int k = 0;
+            while (k < 3 && !(json_is_string(t) && strcmp(json_string_value(t), TIERS[k]) == 0))
+                k++;
+            if (k == 3) {
+                fail_400(&err, "tiers", "%s",
+                         "'tiers' must be an array of \"pool\", \"ram\", \"disk\"");
+                goto fail;
+            }
+            tier[k] = true;
+        }
+    }
+    cache_key ns;
+    server_cache_namespace(s, c, salt, &ns);
+    const cache_key *scope = all ? NULL : &ns;
+    int64_t n_pool = tier[0] ? engine_cache_clear(s->eng, scope) : 0, n_ram = 0, n_disk = 0;
+    if (s->store) cache_store_clear(s->store, scope, tier[1], tier[2], &n_ram, &n_disk);
+    log_info("cache: cleared %s: %lld pool, %lld RAM, %lld disk chunks",
+             all ? "every namespace" : "one namespace", (long long)n_pool, (long long)n_ram,
+             (long long)n_disk);
+    json_decref(root);
+    http_reply_json(out, 200,
+                    json_pack("{s:s,s:{s:I,s:I,s:I}}", "object", "cache.clear", "cleared", "pool",
+                              (json_int_t)n_pool, "ram", (json_int_t)n_ram, "disk",
+                              (json_int_t)n_disk));
+    return;
+fail:
+    json_decref(root);
+    http_reply_error(out, &err);
+}
+
+/* The body is what the client would send to /v1/chat/completions ("messages") or
+ * /v1/completions ("prompt"), so a pinned prompt has exactly the keys its requests will have.
+ * Pin computes whatever of the prompt is not cached yet (a prompt-only run through the engine),
+ * waits for its chunks to reach the store, and pins them; unpin only computes the keys. */
+void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
+    api_error err = {0};
+    api_request rq;
+    if (!s->store || !s->cfg->cache) {
+        api_fail(&err, 400, "invalid_request_error", "cache_disabled", NULL,
+                 "the context cache is off on this server (--no-cache), or has no RAM or disk "
+                 "tier");
+        http_reply_error(out, &err);
+        return;
+    }
+    json_error_t je;
+    json_t *probe = json_loadb(c->body, c->len, 0, &je);
+    api_kind kind = probe && json_object_get(probe, "messages") ? API_CHAT : API_COMPLETION;
+    json_decref(probe);
+    if (api_parse_request(kind, c->body, c->len, &rq, &err)) {
+        api_request_free(&rq);
+        http_reply_error(out, &err);
+        return;
+    }
+    if (kind == API_COMPLETION && rq.n_prompts != 1) {
+        api_request_free(&rq);
+        fail_400(&err, "prompt", "%s", "pin takes one prompt");
+        http_reply_error(out, &err);
+        return;
+    }
+    /* A prompt-only run: no token is generated, the prompt's chunks are stored. */
+    rq.max_tokens = 0;
+    rq.n = 1;
+    rq.stream = false;
+    rq.echo = false;
+    rq.logprobs = false;
+    rq.cache = true;
+    job *j = job_start(s, &rq, c, &err);
+    api_request_free(&rq);
+    if (!j) {
+        http_reply_error(out, &err);
+        if (err.status == 429) out->retry_after = 1;
+        return;
+    }
+    gen_request *r = j->reqs[0];
+    if (pin && (job_wait(j, &err) || job_error(j, &err))) {
+        job_free(j);
+        http_reply_error(out, &err);
+        return;
+    }
+    if (!pin) atomic_store(&r->cancelled, true); /* unpin computes nothing */
+    if (pin) cache_store_flush(s->store);
+    int held = cache_store_pin(s->store, r->keys, r->n_keys, pin);
+    json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
+                          "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,
+                          "chunks", r->n_keys, pin ? "pinned_chunks" : "unpinned_chunks", held);
+    job_free(j);
+    http_reply_json(out, 200, v);
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static void metric(FILE *f, const char *name, const char *type, const char *help) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+char *cache_api_metrics(server *s, char *text, size_t *len) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) {
+        free(text);
+        return NULL;
+    }
+    fwrite(text, 1, *len, f);
+    free(text);
+    engine_cache_stats es;
+    engine_cache_stats_get(s->eng, &es);
+    cache_stats cs = {0};
+    if (s->store) cache_store_stats(s->store, &cs);
+    const cache_tier_stats *t[2] = {&cs.ram, &cs.disk};
+    const char *names[2] = {"ram", "disk"};
+    metric(f, "kvserve_cache_reused_tokens_total", "counter",
+           "Prompt tokens whose KV came from the context cache.");
+    fprintf(f, "kvserve_cache_reused_tokens_total %lld\n", (long long)es.reused_tokens);
+    metric(f, "kvserve_cache_hits_total", "counter", "Chunk lookups found, by tier.");
+    fprintf(f, "kvserve_cache_hits_total{tier=\"pool\"} %lld\n", (long long)es.pool_hits);
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_hits_total{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->hits);
+    metric(f, "kvserve_cache_misses_total", "counter", "Chunk lookups not found, by tier.");
+    fprintf(f, "kvserve_cache_misses_total{tier=\"pool\"} %lld\n", (long long)es.pool_misses);
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_misses_total{tier=\"%s\"} %lld\n", names[i],
+                (long long)t[i]->misses);
+    metric(f, "kvserve_cache_evictions_total", "counter", "Chunks evicted for room, by tier.");
+    fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n", (long long)es.pool_evictions);
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", names[i],
+                (long long)t[i]->evictions);
+    metric(f, "kvserve_cache_bytes_in_total", "counter", "Bytes stored into a tier.");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_bytes_in_total{tier=\"%s\"} %lld\n", names[i],
+                (long long)t[i]->bytes_in);
+    metric(f, "kvserve_cache_bytes_out_total", "counter", "Bytes loaded from a tier.");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_bytes_out_total{tier=\"%s\"} %lld\n", names[i],
+                (long long)t[i]->bytes_out);
+    metric(f, "kvserve_cache_corrupt_total", "counter",
+           "Records dropped as torn or corrupt (failed header or checksum).");
+    fprintf(f, "kvserve_cache_corrupt_total{tier=\"disk\"} %lld\n", (long long)cs.disk.corrupt);
+    metric(f, "kvserve_cache_write_errors_total", "counter",
+           "Failed or dropped write-backs (a full disk, a full queue).");
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",
+            (long long)cs.disk.write_errors);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"queue_full\"} %lld\n",
+            (long long)cs.disk.dropped);
+    metric(f, "kvserve_cache_entries", "gauge", "Chunks held, by tier.");
+    fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es.pool_entries);
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->entries);
+    metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
+    for (int i = 0; i < 2; i++)
+        fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
