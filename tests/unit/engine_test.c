@@ -40,7 +40,9 @@ TestSuite(engine, .init = setup, .fini = teardown, .timeout = 900);
 
 /* ---------------------------------------------------------------- helpers */
 
-static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics **mx) {
+/* chunk > 0: with the context cache's pool tier (no RAM or disk store). */
+static engine *start_cached(int ctx, int64_t pool, int max_seqs, int max_queue, int chunk,
+                            metrics **mx) {
     kv_error err = {{0}};
     *mx = metrics_create();
     cr_assert_not_null(*mx);
@@ -49,12 +51,18 @@ static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics
                      .kv_pool_tokens = pool,
                      .max_seqs = max_seqs,
                      .max_queue = max_queue,
-                     .prefill_chunk = 64};
+                     .prefill_chunk = 64,
+                     .chunk_tokens = chunk,
+                     .pool_cache = chunk > 0};
     engine *e = engine_create(g_m, &o, *mx, &err);
     cr_assert_not_null(e, "engine_create: %s", err.msg);
     g_e = e;
     g_mx = *mx;
     return e;
+}
+
+static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics **mx) {
+    return start_cached(ctx, pool, max_seqs, max_queue, 0, mx);
 }
 
 /* A greedy (temp 0) or sampled request over text, generating exactly max_tokens tokens. */
@@ -160,6 +168,72 @@ Test(engine, batched_and_preempted_outputs_equal_alone) {
         gen_request_unref(alone);
         gen_request_unref(together[i]);
     }
+    wait_idle(mx);
+    stop_engine();
+}
+
+/* The same under preemption with the pool tier on: cached chunks give way before sequences,
+ * restarted sequences take their prefix back from the pool, and nothing changes the output. */
+Test(engine, preempted_outputs_equal_alone_with_the_pool_tier) {
+    metrics *mx;
+    engine *e = start_cached(256, 256, 4, 8, 32, &mx);
+    cache_key ns;
+    cache_namespace(NULL, 0, NULL, &ns);
+    gen_request *together[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        together[i] = request(PROMPTS[i], 1, 120, 0, 0);
+        cr_assert_eq(engine_prepare_cache(e, together[i], &ns), 0);
+        submit_ok(e, together[i]);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) wait_done(together[i]);
+    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    for (int i = 0; i < N_PROMPTS; i++) {
+        gen_request *alone = request(PROMPTS[i], 1, 120, 0, 0); /* no cache */
+        submit_ok(e, alone);
+        wait_done(alone);
+        cr_assert_str_eq(together[i]->choices[0].text, alone->choices[0].text, "prompt %d", i);
+        gen_request_unref(alone);
+        gen_request_unref(together[i]);
+    }
+    wait_idle(mx);
+    stop_engine();
+}
+
+/* Chunks of generated text are stored too: a follow-up prompt made of the prompt and the
+ * generated tokens reuses them, and its output equals the uncached computation. */
+Test(engine, generated_chunks_are_reused) {
+    metrics *mx;
+    engine *e = start_cached(1024, 2048, 4, 8, 32, &mx);
+    cache_key ns;
+    cache_namespace(NULL, 0, NULL, &ns);
+    gen_request *first = request(PROMPTS[1], 1, 100, 0, 0);
+    first->logprobs = true; /* for the generated token ids */
+    cr_assert_eq(engine_prepare_cache(e, first, &ns), 0);
+    submit_ok(e, first);
+    wait_done(first);
+    cr_assert_eq(first->choices[0].n_lps, 100);
+    int n = first->n_prompt + 100;
+    gen_request *next[2];
+    for (int k = 0; k < 2; k++) {
+        next[k] = request(PROMPTS[1], 1, 24, 0, 0);
+        int32_t *ids = realloc(next[k]->prompt, sizeof(int32_t) * (size_t)n);
+        cr_assert_not_null(ids);
+        for (int i = 0; i < 100; i++) ids[first->n_prompt + i] = first->choices[0].lps[i].token;
+        next[k]->prompt = ids;
+        next[k]->n_prompt = n;
+        if (k == 0) cr_assert_eq(engine_prepare_cache(e, next[k], &ns), 0);
+        submit_ok(e, next[k]);
+        wait_done(next[k]);
+    }
+    cr_assert_eq(next[0]->cached_tokens, (n - 1) / 32 * 32, "cached %d of %d",
+                 next[0]->cached_tokens, n);
+    cr_assert_eq(next[1]->cached_tokens, 0);
+    cr_assert_str_eq(next[0]->choices[0].text, next[1]->choices[0].text);
+    engine_cache_stats st;
+    engine_cache_stats_get(e, &st);
+    cr_assert_geq(st.pool_hits, (n - 1) / 32);
+    for (int k = 0; k < 2; k++) gen_request_unref(next[k]);
+    gen_request_unref(first);
     wait_idle(mx);
     stop_engine();
 }
