@@ -136,7 +136,8 @@ bool cache_store_contains(cache_store *s, const cache_key *key);
 /* Stores c (the store takes its own reference): into RAM now, onto disk in the background.
  * Never blocks on I/O; a write that cannot be queued is dropped and counted. */
 void cache_store_put(cache_store *s, cache_chunk *c);
-/* Pins or unpins keys (RAM and disk keep pinned chunks). Returns how many keys were held. */
+/* Pins or unpins keys (RAM and disk keep pinned chunks; pins may fill at most half of each
+ * tier). Returns how many keys the RAM tier (without one: the disk tier) held and pinned. */
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
 /* Drops every chunk of namespace ns (NULL: all), pinned or not, from the RAM tier (when ram)
  * and the disk tier (when disk); the counts dropped go to *n_ram and *n_disk. */

@@ -100,7 +100,8 @@ struct cache_disk {
     int n_writes; /* queued + in flight */
     disk_job *jobs, *jobs_tail;
     bool stop;
-    cache_tier_stats st; /* capacity is filled in by cache_disk_stats */
+    cache_tier_stats st;  /* capacity is filled in by cache_disk_stats */
+    int64_t pinned_bytes; /* payload bytes of pinned entries (published or being written) */
 
     /* The I/O thread's own (and open's, before the thread starts). */
     pthread_t thread;
@@ -262,6 +263,7 @@ static void entry_publish(cache_disk *d, disk_entry *e) {
 
 /* Removes e from the index and frees it (its file, if any, is the caller's to delete). */
 static void entry_drop(cache_disk *d, disk_entry *e) {
+    if (e->pinned) d->pinned_bytes -= e->bytes;
     if (!e->writing) {
         lru_unlink(d, e);
         d->st.entries--;
@@ -988,9 +990,12 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */
         if (!e || e->doomed) continue;
+        /* Pins may take at most half the tier, so unpinned traffic always has room. */
+        if (pin && !e->pinned && d->pinned_bytes + e->bytes > d->cap / 2) continue;
         held++;
         if (e->pinned == pin) continue;
         e->pinned = pin;
+        d->pinned_bytes += pin ? e->bytes : -e->bytes;
         if (!e->writing) d->st.pinned += pin ? 1 : -1;
     }
     pthread_mutex_unlock(&d->mu);

@@ -38,7 +38,8 @@ bool cache_disk_put(cache_disk *d, cache_chunk *c);
  * its header or payload checksum (then deleted and counted as corrupt). Counts hits/misses. */
 void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out);
 /* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
- * it is on disk); returns how many were held. */
+ * it is on disk); returns how many were held. Pinned records may fill at most half the
+ * capacity: a pin beyond that is refused (the key does not count as held). */
 int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin);
 /* Deletes every record of namespace ns (NULL: all), pinned or not; returns how many were on
  * disk. Records still being written are not counted: they are deleted when their write ends. */

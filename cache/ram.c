@@ -19,6 +19,7 @@ struct cache_ram {
     ram_entry **buckets;
     size_t n_buckets;               /* power of two */
     ram_entry *lru_head, *lru_tail; /* head: least recently used */
+    int64_t pinned_bytes;
     cache_tier_stats st;
 };
 
@@ -76,7 +77,10 @@ static void remove_at(cache_ram *r, ram_entry **slot) {
     lru_unlink(r, e);
     r->st.entries--;
     r->st.bytes -= (int64_t)e->c->bytes;
-    if (e->pinned) r->st.pinned--;
+    if (e->pinned) {
+        r->st.pinned--;
+        r->pinned_bytes -= (int64_t)e->c->bytes;
+    }
     cache_chunk_unref(e->c);
     free(e);
 }
@@ -134,7 +138,8 @@ bool cache_ram_contains(cache_ram *r, const cache_key *key) {
 bool cache_ram_put(cache_ram *r, cache_chunk *c) {
     pthread_mutex_lock(&r->mu);
     bool ok = false;
-    if ((int64_t)c->bytes > r->st.capacity || *find_slot(r, &c->key)) goto out;
+    /* Nothing is evicted for a chunk that could not fit beside the pinned ones. */
+    if (r->pinned_bytes + (int64_t)c->bytes > r->st.capacity || *find_slot(r, &c->key)) goto out;
     /* Make room first: least recently used unpinned chunks go. */
     ram_entry *v = r->lru_head;
     while (v && r->st.bytes + (int64_t)c->bytes > r->st.capacity) {
@@ -145,7 +150,7 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
         }
         v = next;
     }
-    if (r->st.bytes + (int64_t)c->bytes > r->st.capacity) goto out; /* all pinned */
+    if (r->st.bytes + (int64_t)c->bytes > r->st.capacity) goto out; /* held by pins */
     ram_entry *e = calloc(1, sizeof *e);
     if (!e) goto out;
     if ((size_t)r->st.entries >= r->n_buckets) grow(r);
@@ -170,8 +175,13 @@ int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin) {
     for (int i = 0; i < n; i++) {
         ram_entry *e = *find_slot(r, &keys[i]);
         if (!e) continue;
+        int64_t b = (int64_t)e->c->bytes;
+        if (pin && !e->pinned && r->pinned_bytes + b > r->st.capacity / 2) continue;
         held++;
-        if (e->pinned != pin) r->st.pinned += pin ? 1 : -1;
+        if (e->pinned != pin) {
+            r->st.pinned += pin ? 1 : -1;
+            r->pinned_bytes += pin ? b : -b;
+        }
         e->pinned = pin;
     }
     pthread_mutex_unlock(&r->mu);

@@ -15,6 +15,8 @@ bool cache_ram_contains(cache_ram *r, const cache_key *key);
 /* Inserts c (taking a reference) unless key is present or c alone exceeds the cap; evicts
  * least recently used unpinned chunks down to the cap. False when not inserted. */
 bool cache_ram_put(cache_ram *r, cache_chunk *c);
+/* Pins (pin) or unpins keys; returns how many were held and (pinning) pinned. Pinned chunks
+ * may fill at most half the capacity, so unpinned traffic always has room. */
 int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin);
 int64_t cache_ram_clear(cache_ram *r, const cache_key *ns);
 void cache_ram_stats(cache_ram *r, cache_tier_stats *out);

@@ -71,8 +71,17 @@ int cache_store_fetch(cache_store *s, const cache_key *keys, const bool *want, i
             cache_disk_read(s->disk, dk, n_disk, dc);
         }
         for (int i = 0; i < n_disk; i++) {
-            out[from_disk[i]] = dc ? dc[i] : NULL;
-            if (dc && dc[i] && s->ram) cache_ram_put(s->ram, dc[i]);
+            cache_chunk *c = dc ? dc[i] : NULL;
+            /* Promoted to RAM; when a concurrent fetch promoted it first, that copy is shared
+             * instead, so concurrent requests for one prefix hold one copy. */
+            if (c && s->ram && !cache_ram_put(s->ram, c)) {
+                cache_chunk *shared = cache_ram_get(s->ram, &c->key);
+                if (shared) {
+                    cache_chunk_unref(c);
+                    c = shared;
+                }
+            }
+            out[from_disk[i]] = c;
         }
         /* The prefix ends at the first chunk that could not be read. */
         for (int i = 0; i < n_disk; i++)
@@ -104,7 +113,7 @@ void cache_store_put(cache_store *s, cache_chunk *c) {
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin) {
     int ram = s->ram ? cache_ram_pin(s->ram, keys, n_keys, pin) : 0;
     int disk = s->disk ? cache_disk_pin(s->disk, keys, n_keys, pin) : 0;
-    return ram > disk ? ram : disk;
+    return s->ram ? ram : disk; /* resident means in RAM, when there is a RAM tier */
 }
 
 void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,

@@ -247,17 +247,24 @@ static int build_rope(model *m, kv_error *err) {
 
 /* ---------------------------------------------------------------- identity */
 
+/* Bytes sampled from each tensor's data for the identity: its first and last page and one page
+ * per MiB between. */
+#define IDENTITY_PAGE 4096
+#define IDENTITY_STRIDE (1u << 20)
+
 /* SHA-256 over what fixes the meaning of KV: architecture, hyperparameters, every tensor's name,
- * type, shape and data offset, and the KV dtype (f16). Two files with the same layout and
- * different weights share an identity only if their tensor data also sits at the same offsets;
- * the chunk store adds the file size and a sample of the data where it needs more. */
+ * type, shape and data offset, samples of every tensor's data, and the KV dtype (f16). The
+ * context cache keys chunks by it, so a different model, including a fine-tune with the same
+ * layout, never reads this one's KV from a shared cache directory. The samples (about 1/256 of
+ * the data, and both ends of every tensor) catch any real change of weights at a cost of a few
+ * milliseconds per GiB; hashing every byte would add seconds to the start of large models. */
 static int compute_identity(model *m, kv_error *err) {
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
         EVP_MD_CTX_free(ctx);
         return kv_fail(err, "SHA-256 unavailable");
     }
-    const char tag[] = "kvserve-model-v1 llama kv=f16";
+    const char tag[] = "kvserve-model-v2 llama kv=f16";
     EVP_DigestUpdate(ctx, tag, sizeof tag);
     EVP_DigestUpdate(ctx, &m->hp, sizeof m->hp);
     for (int64_t i = 0; i < gguf_tensor_count(m->gguf); i++) {
@@ -267,6 +274,13 @@ static int compute_identity(model *m, kv_error *err) {
         EVP_DigestUpdate(ctx, &type, sizeof type);
         EVP_DigestUpdate(ctx, t->ne, sizeof t->ne);
         EVP_DigestUpdate(ctx, &t->offset, sizeof t->offset);
+        const uint8_t *d = t->data;
+        for (size_t off = 0; off < t->size; off += IDENTITY_STRIDE) {
+            size_t n = t->size - off < IDENTITY_PAGE ? t->size - off : IDENTITY_PAGE;
+            EVP_DigestUpdate(ctx, d + off, n);
+        }
+        if (t->size > IDENTITY_PAGE)
+            EVP_DigestUpdate(ctx, d + t->size - IDENTITY_PAGE, IDENTITY_PAGE);
     }
     unsigned int len = 0;
     EVP_DigestFinal_ex(ctx, m->identity, &len);

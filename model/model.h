@@ -65,7 +65,7 @@ typedef struct model {
     model_hparams hp;
     char *name; /* general.name, or the file name */
     char *path;
-    uint8_t identity[32];     /* SHA-256 over arch, hyperparameters and tensor layout */
+    uint8_t identity[32];     /* SHA-256 over arch, hyperparameters, layout, data samples */
     weight tok_embd;          /* [n_vocab][dim] */
     const float *output_norm; /* [dim] f32 */
     weight output;            /* [n_vocab][dim] (tok_embd when tied) */

@@ -115,6 +115,12 @@ void cache_api_clear(server *s, const http_call *c, http_reply *out) {
             tier[k] = true;
         }
     }
+    if (all && s->n_keys > 0) {
+        /* With API keys every key is a tenant: one may not drop the others' chunks. */
+        api_fail(&err, 403, "permission_error", NULL, "all",
+                 "'all' clears every tenant's chunks: refused on a server with API keys");
+        goto fail;
+    }
     cache_key ns;
     server_cache_namespace(s, c, salt, &ns);
     const cache_key *scope = all ? NULL : &ns;
@@ -136,8 +142,9 @@ fail:
 
 /* The body is what the client would send to /v1/chat/completions ("messages") or
  * /v1/completions ("prompt"), so a pinned prompt has exactly the keys its requests will have.
- * Pin computes whatever of the prompt is not cached yet (a prompt-only run through the engine),
- * waits for its chunks to reach the store, and pins them; unpin only computes the keys. */
+ * Pin computes whatever of the prompt is not cached yet (a prompt-only run through the engine)
+ * and pins its chunks; unpin only computes the keys. Pins may fill at most half of each tier:
+ * pinned_chunks < chunks says some did not fit. */
 void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
     api_error err = {0};
     api_request rq;
@@ -170,7 +177,7 @@ void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
     rq.echo = false;
     rq.logprobs = false;
     rq.cache = true;
-    job *j = job_start(s, &rq, c, &err);
+    job *j = job_start(s, &rq, c, pin, &err);
     api_request_free(&rq);
     if (!j) {
         http_reply_error(out, &err);
@@ -183,8 +190,7 @@ void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
         http_reply_error(out, &err);
         return;
     }
-    if (!pin) atomic_store(&r->cancelled, true); /* unpin computes nothing */
-    if (pin) cache_store_flush(s->store);
+    /* A record still being written is pinned once it is on disk: no need to wait for it. */
     int held = cache_store_pin(s->store, r->keys, r->n_keys, pin);
     json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
                           "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,

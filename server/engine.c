@@ -443,11 +443,15 @@ static eseq *youngest_holder_after(const engine *e, const eseq *s) {
     return v;
 }
 
-/* Free blocks after evicting idle cached chunks, as far as needed to reach need. */
-static int64_t room(engine *e, int64_t need) {
-    if (e->pc && kv_pool_free_blocks(e->pool) < need) return pool_cache_make_room(e->pc, need);
+/* Free blocks after evicting idle cached chunks used before stamp keep_from, as far as needed
+ * to reach need (and only if that reaches it). */
+static int64_t room_keep(engine *e, int64_t need, uint64_t keep_from) {
+    if (e->pc && kv_pool_free_blocks(e->pool) < need)
+        return pool_cache_make_room(e->pc, need, keep_from);
     return kv_pool_free_blocks(e->pool);
 }
+
+static int64_t room(engine *e, int64_t need) { return room_keep(e, need, UINT64_MAX); }
 
 static bool any_preempted(const engine *e) {
     for (int i = 0; i < e->n_run; i++)
@@ -470,11 +474,12 @@ static void admit(engine *e) {
             /* Leading chunks already in the pool are shared, not allocated; they become the
              * most recently used, so making room does not evict them. */
             int64_t shared = 0;
+            uint64_t keep_from = e->pc ? pool_cache_clock(e->pc) : UINT64_MAX;
             if (e->pc && r->cache && !r->prompt_logprobs)
                 for (int i = 0; i < r->n_keys && pool_cache_touch(e->pc, &r->keys[i]); i++)
                     shared += e->o.chunk_tokens / kv_pool_layout(e->pool)->block_tokens;
             int64_t need = blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
-            if (e->n_run > 0 && room(e, need) < need) break;
+            if (e->n_run > 0 && room_keep(e, need, keep_from) < need) break;
         }
         e->q_head = (e->q_head + 1) % e->q_cap;
         e->q_len--;
@@ -531,7 +536,7 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
         /* Idle cached chunks give way before any sequence does. */
         int64_t free0 = kv_pool_free_blocks(e->pool);
-        if (e->pc && pool_cache_make_room(e->pc, free0 + 1) > free0) continue;
+        if (e->pc && pool_cache_make_room(e->pc, free0 + 1, UINT64_MAX) > free0) continue;
         eseq *v = youngest_holder_after(e, s);
         if (!v) {
             bool others = false;
@@ -600,7 +605,8 @@ static void reuse_prefix(engine *e, eseq *s) {
             } else {
                 cache_chunk *c = first && i < r->n_keys ? r->loaded[i] : NULL;
                 if (!c) break;
-                if (kv_pool_free_blocks(e->pool) < cb && e->pc) pool_cache_make_room(e->pc, cb);
+                if (kv_pool_free_blocks(e->pool) < cb && e->pc)
+                    pool_cache_make_room(e->pc, cb, UINT64_MAX);
                 if (kv_seq_import_blocks(e->pool, &s->kv, cb, c->data, &err)) break;
                 if (e->pc) pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks + i * cb);
             }
@@ -668,9 +674,14 @@ static void step(engine *e) {
     /* sequences starting (or restarting after preemption) take their cached prefix first */
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
-        if (!s->done && !s->wait_fork && !s->reuse_tried && s->n_computed == 0 &&
-            s->kv.n_blocks == 0 && cache_on(e, s))
-            reuse_prefix(e, s);
+        if (s->done || s->wait_fork || s->reuse_tried || s->n_computed > 0 || s->kv.n_blocks > 0 ||
+            !cache_on(e, s))
+            continue;
+        /* A preempted sequence restarts only when its whole history fits (below): taking its
+         * prefix back before that would only make it step back again. */
+        int64_t whole = blocks_for(e, s->n_hist + 1);
+        if (s->preempted && room(e, whole) < whole) continue;
+        reuse_prefix(e, s);
     }
     /* decode: every sequence with exactly one pending token */
     for (int i = 0; i < e->n_run; i++) {
@@ -725,7 +736,7 @@ static void step(engine *e) {
         float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
         rows += (size_t)n_rows_i * n_vocab;
         s->n_computed += bs->n_tok;
-        if (cache_on(e, s)) write_back(e, s);
+        if (!s->done && cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
         s->preempted = false;
         if (s->req->max_tokens == 0) {
@@ -957,7 +968,7 @@ int engine_threads(const engine *e) { return backend_n_threads(e->b); }
 
 /* ---------------------------------------------------------------- context cache interface */
 
-int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns) {
+int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
     int chunk = e->o.chunk_tokens;
     r->cache = chunk > 0;
     if (!r->cache) return 0;
@@ -973,7 +984,7 @@ int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns) {
     }
     r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, chunk, r->keys, n);
     /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
-    if (e->o.store && !r->prompt_logprobs) {
+    if (fetch && e->o.store && !r->prompt_logprobs) {
         for (int i = 0; i < n; i++) want[i] = !(e->pc && pool_cache_has(e->pc, &r->keys[i]));
         cache_store_fetch(e->o.store, r->keys, want, n, r->loaded);
     }

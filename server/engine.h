@@ -129,10 +129,10 @@ typedef enum engine_submit_status {
 engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
 
 /* Context cache. On the submitting thread, before engine_submit: computes r's prefix keys in
- * namespace ns and fetches the chunks the pool does not hold from the store (RAM, or disk in
- * parallel reads: this blocks on I/O here, not on the engine thread). No-op when the engine has
- * no context cache. -1 when out of memory. */
-int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns);
+ * namespace ns and (fetch) fetches the chunks the pool does not hold from the store (RAM, or
+ * disk in parallel reads: this blocks on I/O here, not on the engine thread). No-op when the
+ * engine has no context cache. -1 when out of memory. */
+int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch);
 /* Drops the pool tier's chunks of namespace ns (NULL: all); returns how many. */
 int64_t engine_cache_clear(engine *e, const cache_key *ns);
 typedef struct engine_cache_stats {

@@ -77,7 +77,7 @@ static uint64_t random_u64(void) {
 }
 
 /* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
-job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err) {
+job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err) {
     const model *m = s->m;
     if (strcmp(rq->model, s->model_id) != 0) {
         api_fail(err, 404, "invalid_request_error", "model_not_found", "model",
@@ -207,8 +207,9 @@ job *job_start(server *s, const api_request *rq, const http_call *c, api_error *
         cache_key ns;
         server_cache_namespace(s, c, rq->cache_salt, &ns);
         for (int p = 0; p < j->n_reqs; p++)
-            if (engine_prepare_cache(s->eng, j->reqs[p], &ns)) goto oom;
+            if (engine_prepare_cache(s->eng, j->reqs[p], &ns, submit)) goto oom;
     }
+    if (!submit) return j;
 
     int n_choices = j->n_reqs * j->n;
     j->text_off = calloc((size_t)n_choices, sizeof *j->text_off);
@@ -439,7 +440,7 @@ static int completion_endpoint(server *s, api_kind kind, const http_call *c, htt
         http_reply_error(out, &err);
         return 0;
     }
-    job *j = job_start(s, &rq, c, &err);
+    job *j = job_start(s, &rq, c, true, &err);
     bool streaming = rq.stream;
     api_request_free(&rq);
     if (!j) {

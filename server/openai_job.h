@@ -30,8 +30,9 @@ typedef struct job {
     size_t buf_len, buf_off, buf_cap;
 } job;
 
-/* Validates, tokenizes and submits rq (openai.c); NULL with err on any problem. */
-job *job_start(server *s, const api_request *rq, const http_call *c, api_error *err);
+/* Validates, tokenizes and (submit) submits rq (openai.c); without submit, only computes the
+ * prompts' cache keys. NULL with err on any problem. */
+job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err);
 /* Waits until every choice has finished; -1 (499) when the client went away meanwhile. */
 int job_wait(job *j, api_error *err);
 void job_free(job *j);

@@ -9,7 +9,8 @@
 typedef struct pc_entry {
     cache_key key;
     cache_key ns;
-    bool dead; /* cleared by another thread; blocks not yet released */
+    bool dead;     /* cleared by another thread; blocks not yet released */
+    uint64_t used; /* use stamp */
     struct pc_entry *next_hash;
     struct pc_entry *lru_prev, *lru_next; /* prev: less recently used */
     int32_t blocks[];                     /* [chunk_blocks] */
@@ -23,6 +24,7 @@ struct pool_cache {
     size_t n_buckets; /* power of two */
     pc_entry *lru_head, *lru_tail;
     int64_t n_dead;
+    uint64_t clock;
     pool_cache_stats st;
 };
 
@@ -62,6 +64,7 @@ static void lru_unlink(pool_cache *pc, pc_entry *e) {
 }
 
 static void lru_push_tail(pool_cache *pc, pc_entry *e) {
+    e->used = pc->clock++;
     e->lru_prev = pc->lru_tail;
     e->lru_next = NULL;
     if (pc->lru_tail)
@@ -182,12 +185,28 @@ static bool entry_idle(const pool_cache *pc, const pc_entry *e) {
     return true;
 }
 
-int64_t pool_cache_make_room(pool_cache *pc, int64_t need_free) {
+uint64_t pool_cache_clock(pool_cache *pc) {
     pthread_mutex_lock(&pc->mu);
-    pc_entry *e = pc->lru_head;
+    uint64_t c = pc->clock;
+    pthread_mutex_unlock(&pc->mu);
+    return c;
+}
+
+static bool evictable(const pool_cache *pc, const pc_entry *e, uint64_t keep_from) {
+    return e->dead || (e->used < keep_from && entry_idle(pc, e));
+}
+
+int64_t pool_cache_make_room(pool_cache *pc, int64_t need_free, uint64_t keep_from) {
+    pthread_mutex_lock(&pc->mu);
+    /* Evicting is only worth it when it reaches need_free: otherwise the entries would go and
+     * the caller would wait all the same. */
+    int64_t could = kv_pool_free_blocks(pc->pool);
+    for (pc_entry *e = pc->lru_head; e && could < need_free; e = e->lru_next)
+        if (evictable(pc, e, keep_from)) could += pc->chunk_blocks;
+    pc_entry *e = could >= need_free ? pc->lru_head : NULL;
     while (e && kv_pool_free_blocks(pc->pool) < need_free) {
         pc_entry *next = e->lru_next;
-        if (e->dead || entry_idle(pc, e)) {
+        if (evictable(pc, e, keep_from)) {
             if (!e->dead) pc->st.evictions++;
             entry_free(pc, e);
         }

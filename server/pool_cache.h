@@ -42,9 +42,12 @@ bool pool_cache_touch(pool_cache *pc, const cache_key *key);
 /* Registers blocks as key's chunk (taking a reference on each). No-op when present. */
 void pool_cache_put(pool_cache *pc, const cache_key *key, const cache_key *ns,
                     const int32_t *blocks);
-/* Evicts least recently used entries that no sequence shares until the pool has need_free
- * free blocks or none is left to evict. Returns the pool's free blocks afterwards. */
-int64_t pool_cache_make_room(pool_cache *pc, int64_t need_free);
+/* A use stamp: entries touched (get, touch, put) from now on have stamps >= it. */
+uint64_t pool_cache_clock(pool_cache *pc);
+/* Evicts least recently used entries that no sequence shares, and that were last used before
+ * stamp `keep_from` (UINT64_MAX: any), until the pool has need_free free blocks. Evicts nothing
+ * when even all of them would not be enough. Returns the pool's free blocks afterwards. */
+int64_t pool_cache_make_room(pool_cache *pc, int64_t need_free, uint64_t keep_from);
 /* Blocks held only by entries (freed if they were evicted). */
 int64_t pool_cache_idle_blocks(pool_cache *pc);
 /* Releases the blocks of entries dropped by pool_cache_clear. */

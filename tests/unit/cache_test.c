@@ -168,30 +168,40 @@ Test(cache_ram, lru_eviction_keeps_the_byte_cap) {
 
 Test(cache_ram, pinned_chunks_stay_and_held_chunks_outlive_eviction) {
     size_t cb = cache_chunk_bytes(&SMALL);
-    cache_ram *r = cache_ram_create((int64_t)(2 * cb));
+    cache_ram *r = cache_ram_create((int64_t)(4 * cb));
     cache_key ns = {{0}};
-    cache_chunk *c0 = chunk_n(0, &ns), *c1 = chunk_n(1, &ns);
-    cache_ram_put(r, c0);
-    cache_ram_put(r, c1);
-    cache_key k0 = key_n(0);
-    cr_assert_eq(cache_ram_pin(r, &k0, 1, true), 1);
-    for (int i = 2; i < 6; i++) {
-        cache_chunk *c = chunk_n(i, &ns);
-        cr_assert(cache_ram_put(r, c));
-        cache_chunk_unref(c);
+    cache_chunk *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, c[i]));
     }
-    cr_assert(cache_ram_contains(r, &k0), "pinned");
-    /* c1 was evicted, but the reference held here keeps its payload valid */
-    cr_assert_eq(c1->data[0], 1);
-    cache_chunk_unref(c1);
-    /* with every byte pinned, nothing new fits */
-    cache_key k5 = key_n(5);
-    cr_assert_eq(cache_ram_pin(r, &k5, 1, true), 1);
-    cache_chunk *c9 = chunk_n(9, &ns);
-    cr_assert_not(cache_ram_put(r, c9));
-    cache_chunk_unref(c9);
-    cr_assert_eq(cache_ram_pin(r, &k0, 1, false), 1);
-    cache_chunk_unref(c0);
+    cache_key k[3] = {key_n(0), key_n(1), key_n(2)};
+    /* pins may take half the tier: two chunks of four, not three */
+    cr_assert_eq(cache_ram_pin(r, k, 3, true), 2);
+    cache_tier_stats st;
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.pinned, 2);
+    for (int i = 3; i < 9; i++) {
+        cache_chunk *x = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, x), "unpinned traffic always has room");
+        cache_chunk_unref(x);
+    }
+    cr_assert(cache_ram_contains(r, &k[0]), "pinned");
+    cr_assert(cache_ram_contains(r, &k[1]), "pinned");
+    cr_assert_not(cache_ram_contains(r, &k[2]), "not pinned: evicted");
+    /* c[2] was evicted, but the reference held here keeps its payload valid */
+    cr_assert_eq(c[2]->data[0], 2);
+    cache_ram_stats(r, &st);
+    cr_assert_leq(st.bytes, st.capacity);
+    /* unpinned, they go like the rest */
+    cr_assert_eq(cache_ram_pin(r, k, 2, false), 2);
+    for (int i = 10; i < 14; i++) {
+        cache_chunk *x = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, x));
+        cache_chunk_unref(x);
+    }
+    cr_assert_not(cache_ram_contains(r, &k[0]));
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
     cache_ram_destroy(r);
 }
 

@@ -182,7 +182,7 @@ Test(engine, preempted_outputs_equal_alone_with_the_pool_tier) {
     gen_request *together[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
         together[i] = request(PROMPTS[i], 1, 120, 0, 0);
-        cr_assert_eq(engine_prepare_cache(e, together[i], &ns), 0);
+        cr_assert_eq(engine_prepare_cache(e, together[i], &ns, true), 0);
         submit_ok(e, together[i]);
     }
     for (int i = 0; i < N_PROMPTS; i++) wait_done(together[i]);
@@ -208,7 +208,7 @@ Test(engine, generated_chunks_are_reused) {
     cache_namespace(NULL, 0, NULL, &ns);
     gen_request *first = request(PROMPTS[1], 1, 100, 0, 0);
     first->logprobs = true; /* for the generated token ids */
-    cr_assert_eq(engine_prepare_cache(e, first, &ns), 0);
+    cr_assert_eq(engine_prepare_cache(e, first, &ns, true), 0);
     submit_ok(e, first);
     wait_done(first);
     cr_assert_eq(first->choices[0].n_lps, 100);
@@ -221,7 +221,7 @@ Test(engine, generated_chunks_are_reused) {
         for (int i = 0; i < 100; i++) ids[first->n_prompt + i] = first->choices[0].lps[i].token;
         next[k]->prompt = ids;
         next[k]->n_prompt = n;
-        if (k == 0) cr_assert_eq(engine_prepare_cache(e, next[k], &ns), 0);
+        if (k == 0) cr_assert_eq(engine_prepare_cache(e, next[k], &ns, true), 0);
         submit_ok(e, next[k]);
         wait_done(next[k]);
     }
