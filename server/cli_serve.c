@@ -144,6 +144,7 @@ int cli_serve(int argc, char **argv) {
         .prefill_chunk = cfg.prefill_chunk,
         .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
         .pool_cache = true,
+        .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",

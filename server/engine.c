@@ -28,6 +28,8 @@ static void gen_request_drop_loaded(gen_request *r) {
     for (int i = 0; i < r->n_keys; i++) cache_chunk_unref(r->loaded[i]);
     free(r->loaded);
     r->loaded = NULL;
+    if (r->loaded_budget) atomic_fetch_sub(r->loaded_budget, r->loaded_bytes);
+    r->loaded_bytes = 0;
 }
 
 gen_request *gen_request_create(int n_choices) {
@@ -160,6 +162,7 @@ struct engine {
     uint64_t admit_counter;
     pool_cache *pc;             /* device-pool tier, or NULL */
     atomic_llong reused_tokens; /* prompt tokens served from the cache */
+    atomic_llong prefetched;    /* bytes of chunks fetched for requests not yet admitted */
     batch_seq *batch;           /* [max_seqs] */
     eseq **batch_seqs;          /* [max_seqs] */
     int32_t *batch_pos;         /* [max_seqs + prefill_chunk] */
@@ -835,6 +838,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     int max_tokens = o->max_seqs + o->prefill_chunk;
     if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, max_tokens, o->max_seqs, err))) goto fail;
     atomic_init(&e->reused_tokens, 0);
+    atomic_init(&e->prefetched, 0);
     if (o->chunk_tokens > 0) {
         int bt = kv_pool_layout(e->pool)->block_tokens;
         if (o->chunk_tokens % bt != 0) {
@@ -983,10 +987,32 @@ int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fe
         return -1;
     }
     r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, chunk, r->keys, n);
+    pthread_mutex_lock(&e->mu);
+    bool queue_full = e->q_len >= e->q_cap;
+    pthread_mutex_unlock(&e->mu);
     /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
-    if (fetch && e->o.store && !r->prompt_logprobs) {
-        for (int i = 0; i < n; i++) want[i] = !(e->pc && pool_cache_has(e->pc, &r->keys[i]));
-        cache_store_fetch(e->o.store, r->keys, want, n, r->loaded);
+    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) {
+        /* Reserve the budget for the chunks this request may fetch: the prefix fetched stops
+         * where the budget does. */
+        int64_t cb = (int64_t)cache_chunk_bytes(cache_store_layout(e->o.store));
+        int64_t limit = e->o.prefetch_bytes > 0 ? e->o.prefetch_bytes : INT64_C(1) << 30;
+        int n_want = 0, n_fetch = 0;
+        for (; n_fetch < n; n_fetch++) {
+            want[n_fetch] = !(e->pc && pool_cache_has(e->pc, &r->keys[n_fetch]));
+            if (!want[n_fetch]) continue;
+            if (atomic_fetch_add(&e->prefetched, cb) + cb > limit) {
+                atomic_fetch_sub(&e->prefetched, cb);
+                break;
+            }
+            n_want++;
+        }
+        r->loaded_budget = &e->prefetched;
+        r->loaded_bytes = n_want * cb; /* reserved; trimmed to what was found */
+        cache_store_fetch(e->o.store, r->keys, want, n_fetch, r->loaded);
+        int64_t found = 0;
+        for (int i = 0; i < n_fetch; i++) found += r->loaded[i] ? cb : 0;
+        atomic_fetch_sub(&e->prefetched, r->loaded_bytes - found);
+        r->loaded_bytes = found;
     }
     free(want);
     return 0;

@@ -69,8 +69,11 @@ typedef struct gen_request {
     cache_key ns;
     cache_key *keys; /* [n_keys] prefix keys of the prompt's full chunks, owned */
     int n_keys;
-    cache_chunk **loaded; /* [n_keys] chunks fetched from RAM or disk (NULL: in the pool, or
-                             missing), one reference each; the engine drops them at admission */
+    cache_chunk **loaded;        /* [n_keys] chunks fetched from RAM or disk (NULL: in the pool, or
+                                    missing), one reference each; the engine drops them at admission */
+    int64_t loaded_bytes;        /* their payload bytes, charged to *loaded_budget */
+    atomic_llong *loaded_budget; /* the engine's count of fetched bytes not yet admitted (the
+                                    engine must outlive the request) */
 
     /* ---- shared with the engine, under mu */
     pthread_mutex_t mu;
@@ -106,6 +109,9 @@ typedef struct engine_opts {
     cache_store *store; /* RAM/disk tiers, or NULL */
     int chunk_tokens;   /* 0: no context cache */
     bool pool_cache;    /* keep cached chunks' blocks in the pool */
+    /* Chunks fetched for queued requests are held outside the store's caps until admission:
+     * at most this many bytes (0: 1 GiB). Beyond it a request recomputes instead. */
+    int64_t prefetch_bytes;
 } engine_opts;
 
 typedef struct engine engine;
@@ -130,8 +136,9 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
 
 /* Context cache. On the submitting thread, before engine_submit: computes r's prefix keys in
  * namespace ns and (fetch) fetches the chunks the pool does not hold from the store (RAM, or
- * disk in parallel reads: this blocks on I/O here, not on the engine thread). No-op when the
- * engine has no context cache. -1 when out of memory. */
+ * disk in parallel reads: this blocks on I/O here, not on the engine thread), within the
+ * prefetch budget and not when the queue is full (the submission would be refused). No-op when
+ * the engine has no context cache. -1 when out of memory. */
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch);
 /* Drops the pool tier's chunks of namespace ns (NULL: all); returns how many. */
 int64_t engine_cache_clear(engine *e, const cache_key *ns);

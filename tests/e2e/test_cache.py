@@ -159,6 +159,20 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server):
     assert text == ref
 
 
+def test_chunks_fetched_for_waiting_requests_are_bounded(start_server):
+    """Chunks read from disk for a request wait with it until admission, outside the tiers'
+    caps: at most --cache-ram-bytes of them. Beyond that the prompt is recomputed, exactly."""
+    cache_dir = tempfile.mkdtemp(prefix="kvserve-budget-")
+    args = [*CTX, "--cache-dir", cache_dir, "--cache-ram-bytes", str(CHUNK_BYTES * 5 // 2)]
+    srv = start_server(*args)
+    prompt = document_tokens(srv, 4 * CHUNK + 10, seed=5)
+    ref, _, _ = complete(srv, prompt)
+    srv.terminate()
+    srv = start_server(*args)
+    text, cached, _ = complete(srv, prompt)
+    assert (text, cached) == (ref, 2 * CHUNK)
+
+
 def test_kill9_during_write_back_never_serves_a_corrupt_chunk(start_server):
     cache_dir = tempfile.mkdtemp(prefix="kvserve-kill-")
     srv = start_server(*CTX, "--cache-dir", cache_dir)
