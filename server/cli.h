@@ -5,5 +5,7 @@
 int cli_generate(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_serve(int argc, char **argv);
+int cli_calibrate(int argc, char **argv);
+int cli_codec_eval(int argc, char **argv);
 
 #endif

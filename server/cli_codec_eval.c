@@ -1,0 +1,348 @@
+/* `kvserve codec-eval`: size, speed and quality of the CacheGen codec's levels and of the
+ * baselines (fp16, 8-bit and 4-bit per-token uniform quantization) on a model's real KV.
+ *
+ * The text's first --ctx tokens are the context: their KV is computed once, cut into chunks, and
+ * for each method every chunk is encoded and decoded (timed; decode on --threads threads). The
+ * decoded KV then replaces the context's KV in the pool and two quality measures run over it:
+ *   perplexity  of the --heldout tokens that follow the context in the text, each predicted from
+ *               the decoded context plus the true tokens before it;
+ *   agreement   over 64 tokens the model generates greedily from the exact context: the share of
+ *               positions where the argmax over the decoded context (fed the same 64 tokens,
+ *               teacher-forced) picks the same token. Free-running generation is all or nothing
+ *               (one early difference changes every later token), so it is reported only as the
+ *               length of the common prefix.
+ * Relative figures compare with the exact KV in the same run. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/codec.h"
+#include "model/model.h"
+#include "server/cli.h"
+#include "server/cli_common.h"
+
+#define EVAL_GEN 64
+#define EVAL_SLICE 128
+
+typedef struct eval_ctx {
+    engine_single e;
+    const model *m;
+    int n_ctx, n_held, chunk, nl, nc;
+    int32_t *ids; /* text tokens: context then held-out */
+    int32_t gen[EVAL_GEN];
+    float *logits; /* [EVAL_SLICE][n_vocab] */
+} eval_ctx;
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: kvserve codec-eval -m MODEL --text FILE [options]\n\n"
+                 "  -m, --model PATH     GGUF model (required)\n"
+                 "      --text FILE      text: the context, then the held-out continuation\n"
+                 "      --table PATH     codec table (default: MODEL.kvcodec, from calibrate)\n"
+                 "      --ctx N          context tokens (default 1024; whole chunks)\n"
+                 "      --heldout N      held-out tokens for perplexity (default 256)\n"
+                 "      --chunk N        tokens per chunk (default 256)\n"
+                 "  -t, --threads N      threads (default 2)\n");
+}
+
+/* Runs tokens [from, to) of seq (KV before `from` already in the pool) and adds the negative
+ * log-likelihood of each next token in ids (up to `score_to`) to *nll; *argmax_ok counts
+ * positions whose argmax equals the next token in `want` (NULL: not counted). */
+static int run_scored(eval_ctx *c, const int32_t *seq, int from, int to, const int32_t *next,
+                      double *nll, int *n_scored, int *argmax_ok, kv_error *err) {
+    int32_t pos[EVAL_SLICE];
+    int n_vocab = c->m->hp.n_vocab;
+    for (int s = from; s < to; s += EVAL_SLICE) {
+        int len = to - s < EVAL_SLICE ? to - s : EVAL_SLICE;
+        if (kv_seq_reserve(c->e.pool, &c->e.seq, s + len, err)) return -1;
+        for (int i = 0; i < len; i++) pos[i] = s + i;
+        batch_seq bs = {.seq = &c->e.seq,
+                        .n_tok = len,
+                        .tokens = seq + s,
+                        .pos = pos,
+                        .kv_start = s,
+                        .all_logits = true};
+        if (model_forward(c->e.fwd, &bs, 1, NULL, c->logits, err) != len) return -1;
+        for (int i = 0; i < len; i++) {
+            const float *row = c->logits + (size_t)i * (size_t)n_vocab;
+            int32_t want = next[s + i - from];
+            if (want < 0) continue;
+            float mx = -INFINITY;
+            int am = 0;
+            for (int v = 0; v < n_vocab; v++)
+                if (row[v] > mx) mx = row[v], am = v;
+            double sum = 0;
+            for (int v = 0; v < n_vocab; v++) sum += exp((double)row[v] - mx);
+            *nll += mx + log(sum) - row[want];
+            (*n_scored)++;
+            if (argmax_ok && am == want) (*argmax_ok)++;
+        }
+    }
+    return 0;
+}
+
+/* Puts kv (f32 [chunk][layer][kv][token][channel] for the first n_ctx - 1 tokens' chunks) into
+ * the pool as the sequence's KV for slots 0..n_ctx-2; the last context token is recomputed by
+ * the scored run, so its logits come from the decoded KV. */
+static int load_kv(eval_ctx *c, const float *kv, kv_error *err) {
+    kv_seq_truncate(c->e.pool, &c->e.seq, 0);
+    int n = c->n_ctx - 1;
+    if (kv_seq_reserve(c->e.pool, &c->e.seq, n, err)) return -1;
+    size_t ce = (size_t)c->nl * 2 * (size_t)c->chunk * (size_t)c->nc;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c->chunk);
+    if (!slots) return kv_fail(err, "out of memory");
+    for (int k = 0; k * c->chunk < n; k++) {
+        int len = n - k * c->chunk < c->chunk ? n - k * c->chunk : c->chunk;
+        for (int t = 0; t < len; t++) slots[t] = k * c->chunk + t;
+        for (int l = 0; l < c->nl; l++) {
+            const float *base = kv + (size_t)k * ce + (size_t)l * 2 * c->chunk * (size_t)c->nc;
+            backend_kv_store(c->e.b, kv_pool_memory(c->e.pool), kv_pool_layout(c->e.pool), l,
+                             c->e.seq.blocks, slots, len, base,
+                             base + (size_t)c->chunk * (size_t)c->nc);
+        }
+    }
+    free(slots);
+    c->e.seq.n_tokens = n;
+    return 0;
+}
+
+typedef struct eval_result {
+    double ppl, agree;
+    int prefix;
+} eval_result;
+
+/* Quality of the context KV now in the pool (slots 0..n_ctx-2). */
+static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
+    /* perplexity of the held-out tokens */
+    double nll = 0;
+    int n = 0;
+    const int32_t *held_next = c->ids + c->n_ctx; /* token after position n_ctx - 1 + i */
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)c->n_held);
+    if (!next) return kv_fail(err, "out of memory");
+    for (int i = 0; i < c->n_held; i++) next[i] = i < c->n_held - 1 ? held_next[i] : -1;
+    int rc =
+        run_scored(c, c->ids, c->n_ctx - 1, c->n_ctx - 1 + c->n_held, next, &nll, &n, NULL, err);
+    free(next);
+    if (rc) return -1;
+    out->ppl = exp(nll / n);
+    /* teacher-forced agreement with the exact context's greedy tokens */
+    kv_seq_truncate(c->e.pool, &c->e.seq, c->n_ctx - 1);
+    int32_t seq[EVAL_GEN + 1], want[EVAL_GEN + 1];
+    seq[0] = c->ids[c->n_ctx - 1];
+    for (int i = 0; i < EVAL_GEN; i++) seq[i + 1] = c->gen[i];
+    for (int i = 0; i < EVAL_GEN; i++) want[i] = c->gen[i];
+    want[EVAL_GEN] = -1;
+    int ok = 0;
+    n = 0;
+    nll = 0;
+    int32_t *full = malloc(sizeof(int32_t) * (size_t)(c->n_ctx + EVAL_GEN));
+    if (!full) return kv_fail(err, "out of memory");
+    memcpy(full, c->ids, sizeof(int32_t) * (size_t)(c->n_ctx - 1));
+    memcpy(full + c->n_ctx - 1, seq, sizeof seq);
+    rc = run_scored(c, full, c->n_ctx - 1, c->n_ctx + EVAL_GEN - 1, want, &nll, &n, &ok, err);
+    free(full);
+    if (rc) return -1;
+    out->agree = (double)ok / EVAL_GEN;
+    /* free-running common prefix */
+    kv_seq_truncate(c->e.pool, &c->e.seq, c->n_ctx - 1);
+    int32_t t = c->ids[c->n_ctx - 1];
+    out->prefix = 0;
+    for (int i = 0; i < EVAL_GEN; i++) {
+        if (engine_single_decode(&c->e, t, err)) return -1;
+        t = (int32_t)backend_argmax(c->e.logits, c->m->hp.n_vocab);
+        if (t != c->gen[i]) break;
+        out->prefix++;
+    }
+    return 0;
+}
+
+int cli_codec_eval(int argc, char **argv) {
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"text", required_argument, 0, 'T'},
+                                             {"table", required_argument, 0, 'B'},
+                                             {"ctx", required_argument, 0, 'c'},
+                                             {"heldout", required_argument, 0, 'H'},
+                                             {"chunk", required_argument, 0, 'C'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *model_path = NULL, *text_path = NULL, *table_path = NULL;
+    long long n_ctx = 1024, n_held = 256, chunk = 256, threads = 2;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "m:t:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'm':
+            model_path = optarg;
+            break;
+        case 'T':
+            text_path = optarg;
+            break;
+        case 'B':
+            table_path = optarg;
+            break;
+        case 'c':
+            if (cli_parse_int("--ctx", optarg, 16, 1 << 20, &n_ctx)) return 2;
+            break;
+        case 'H':
+            if (cli_parse_int("--heldout", optarg, 2, 1 << 20, &n_held)) return 2;
+            break;
+        case 'C':
+            if (cli_parse_int("--chunk", optarg, 16, 65536, &chunk)) return 2;
+            break;
+        case 't':
+            if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_path || !text_path || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    log_set_level(LOG_LEVEL_WARN);
+    kv_error err = {{0}};
+    eval_ctx c = {0};
+    model *m = NULL;
+    char *text = NULL, *auto_table = NULL;
+    codec_table table = {0};
+    float *ref = NULL, *dec = NULL;
+    uint8_t *buf = NULL;
+    int rc = 1;
+    n_ctx = n_ctx / chunk * chunk;
+    if (n_ctx < chunk) {
+        kv_fail(&err, "--ctx must hold at least one chunk of %lld tokens", chunk);
+        goto done;
+    }
+    if (!(m = model_load(model_path, NULL, &err))) goto done;
+    c.m = m;
+    c.n_ctx = (int)n_ctx;
+    c.n_held = (int)n_held;
+    c.chunk = (int)chunk;
+    c.nl = m->hp.n_layer;
+    c.nc = m->hp.n_kv_head * m->hp.head_dim;
+    if (!table_path) {
+        if (asprintf(&auto_table, "%s.kvcodec", model_path) < 0) goto oom;
+        table_path = auto_table;
+    }
+    if (codec_table_load(&table, table_path, m->identity, &err)) {
+        kv_fail_wrap(&err, "%s (run `kvserve calibrate -m %s` first)", table_path, model_path);
+        goto done;
+    }
+    if (!(text = cli_read_file(text_path, &err))) goto done;
+    int n_text = tokenizer_encode(m->tok, text, strlen(text), tokenizer_add_bos(m->tok), false,
+                                  &c.ids, &err);
+    if (n_text < 0) goto done;
+    if (n_text < c.n_ctx + c.n_held) {
+        kv_fail(&err, "%s has %d tokens: --ctx %d + --heldout %d are needed", text_path, n_text,
+                c.n_ctx, c.n_held);
+        goto done;
+    }
+    if (engine_single_init(&c.e, m, (int)threads, c.n_ctx + c.n_held + EVAL_GEN + 16, false, &err))
+        goto done;
+    if (!(c.logits = malloc(sizeof(float) * EVAL_SLICE * (size_t)m->hp.n_vocab))) goto oom;
+
+    /* the exact context: its KV, and 64 greedy tokens from it */
+    if (engine_single_prefill(&c.e, c.ids, c.n_ctx, &err)) goto done;
+    for (int i = 0; i < EVAL_GEN; i++) {
+        c.gen[i] = (int32_t)backend_argmax(c.e.logits, m->hp.n_vocab);
+        if (engine_single_decode(&c.e, c.gen[i], &err)) goto done;
+    }
+    int n_chunks = c.n_ctx / c.chunk;
+    size_t ce = (size_t)c.nl * 2 * (size_t)c.chunk * (size_t)c.nc;
+    if (!(ref = malloc(sizeof(float) * ce * (size_t)n_chunks)) ||
+        !(dec = malloc(sizeof(float) * ce * (size_t)n_chunks)))
+        goto oom;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c.chunk);
+    if (!slots) goto oom;
+    for (int k = 0; k < n_chunks; k++) {
+        for (int t = 0; t < c.chunk; t++) slots[t] = k * c.chunk + t;
+        for (int l = 0; l < c.nl; l++)
+            for (int h = 0; h < 2; h++)
+                backend_kv_load(c.e.b, kv_pool_memory(c.e.pool), kv_pool_layout(c.e.pool), l, h,
+                                c.e.seq.blocks, slots, c.chunk,
+                                ref + (size_t)k * ce + ((size_t)l * 2 + h) * c.chunk * c.nc);
+    }
+    free(slots);
+    size_t cap = codec_encode_bound(&table, c.chunk);
+    size_t ucap = codec_uniform_bytes(&(codec_shape){c.nl, c.chunk, c.nc}, 16);
+    if (ucap > cap) cap = ucap;
+    if (!(buf = malloc(cap))) goto oom;
+
+    eval_result exact;
+    if (load_kv(&c, ref, &err) || measure(&c, &exact, &err)) goto done;
+    double fp16_bpt = (double)ucap / c.chunk;
+    double q8_bpt = (double)codec_uniform_bytes(&(codec_shape){c.nl, c.chunk, c.nc}, 8) / c.chunk;
+    printf("codec-eval: %s, context %d tokens (%d chunks of %d), held-out %d, %d generated; "
+           "table %s\n",
+           m->name, c.n_ctx, n_chunks, c.chunk, c.n_held, EVAL_GEN, table_path);
+    printf("exact KV: perplexity %.4f\n\n", exact.ppl);
+    printf("| method | bytes/token | vs fp16 | vs 8-bit | encode MB/s | decode MB/s | perplexity "
+           "| ppl vs exact | agreement | free-run prefix |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    /* methods: fp16, 8-bit, 4-bit baselines, then the table's levels */
+    for (int meth = 0; meth < 3 + table.n_levels; meth++) {
+        static const int BITS[3] = {16, 8, 4};
+        codec_shape sh = {c.nl, c.chunk, c.nc};
+        size_t bytes = 0;
+        uint64_t t_enc = 0, t_dec = 0;
+        for (int k = 0; k < n_chunks; k++) {
+            const float *x = ref + (size_t)k * ce;
+            float *y = dec + (size_t)k * ce;
+            uint64_t t0 = clock_now_ns();
+            int64_t len;
+            if (meth < 3)
+                len = codec_uniform_encode(x, &sh, BITS[meth], buf, &err)
+                          ? -1
+                          : (int64_t)codec_uniform_bytes(&sh, BITS[meth]);
+            else
+                len = codec_encode_chunk(&table, meth - 3, x, c.chunk, k * c.chunk, buf, cap, &err);
+            uint64_t t1 = clock_now_ns();
+            if (len < 0) goto done;
+            int drc = meth < 3
+                          ? codec_uniform_decode(buf, (size_t)len, &sh, BITS[meth], y, &err)
+                          : codec_decode_chunk(&table, buf, (size_t)len, y, (int)threads, &err);
+            uint64_t t2 = clock_now_ns();
+            if (drc) goto done;
+            bytes += (size_t)len;
+            t_enc += t1 - t0;
+            t_dec += t2 - t1;
+        }
+        eval_result r;
+        if (load_kv(&c, dec, &err) || measure(&c, &r, &err)) goto done;
+        double bpt = (double)bytes / c.n_ctx, mb = (double)ce * 2 * n_chunks / 1e6; /* as f16 */
+        char name[32];
+        if (meth < 3)
+            snprintf(name, sizeof name, meth == 0 ? "fp16" : "%d-bit per token", BITS[meth]);
+        else
+            snprintf(name, sizeof name, "level %d", meth - 3);
+        printf("| %s | %.0f | %.2fx | %.2fx | %.0f | %.0f | %.4f | %+.2f%% | %.1f%% | %d/%d |\n",
+               name, bpt, fp16_bpt / bpt, q8_bpt / bpt, mb / (t_enc / 1e9), mb / (t_dec / 1e9),
+               r.ppl, 100 * (r.ppl / exact.ppl - 1), 100 * r.agree, r.prefix, EVAL_GEN);
+    }
+    printf("\nMB/s count the KV as f16 (%.2f MB per chunk); decode on %lld threads.\n",
+           (double)ce * 2 / 1e6, threads);
+    rc = 0;
+    goto done;
+oom:
+    kv_fail(&err, "out of memory");
+done:
+    if (rc) fprintf(stderr, "kvserve codec-eval: %s\n", err.msg);
+    codec_table_free(&table);
+    free(ref);
+    free(dec);
+    free(buf);
+    free(c.logits);
+    free(c.ids);
+    free(text);
+    free(auto_table);
+    engine_single_free(&c.e);
+    model_free(m);
+    return rc;
+}
