@@ -6,12 +6,14 @@
  * decoded KV then replaces the context's KV in the pool and two quality measures run over it:
  *   perplexity  of the --heldout tokens that follow the context in the text, each predicted from
  *               the decoded context plus the true tokens before it;
- *   agreement   over 64 tokens the model generates greedily from the exact context: the share of
- *               positions where the argmax over the decoded context (fed the same 64 tokens,
- *               teacher-forced) picks the same token. Free-running generation is all or nothing
- *               (one early difference changes every later token), so it is reported only as the
- *               length of the common prefix.
- * Relative figures compare with the exact KV in the same run. */
+ *   agreement   over 64 tokens the model generates greedily from the exact context: fed those
+ *               tokens (teacher-forced), the share of positions where the argmax over the
+ *               decoded context equals the argmax over the exact context. Free-running
+ *               generation is all or nothing (one early difference changes every later token),
+ *               so it is reported only as the length of the common prefix.
+ * With --windows W the text is cut into W consecutive (context, held-out) windows and every
+ * figure sums over them: a single window's perplexity moves by a percent or two between settings
+ * that should rank the other way. Relative figures compare with the exact KV in the same run. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +34,12 @@ typedef struct eval_ctx {
     int n_ctx, n_held, chunk, nl, nc;
     int32_t *ids; /* text tokens: context then held-out */
     int32_t gen[EVAL_GEN];
+    /* The argmax at each of the 64 teacher-forced positions over the exact KV: agreement is
+     * measured against these, computed the same way, so exact KV agrees 100% by construction
+     * (the free-running tokens came from one-token decode steps, whose float summation order
+     * differs from a batched pass). */
+    int32_t ref_am[EVAL_GEN];
+    bool have_ref;
     float *logits; /* [EVAL_SLICE][n_vocab] */
 } eval_ctx;
 
@@ -43,14 +51,15 @@ static void usage(FILE *out) {
                  "      --ctx N          context tokens (default 1024; whole chunks)\n"
                  "      --heldout N      held-out tokens for perplexity (default 256)\n"
                  "      --chunk N        tokens per chunk (default 256)\n"
+                 "      --windows N      consecutive windows of the text to sum over (default 1)\n"
                  "  -t, --threads N      threads (default 2)\n");
 }
 
 /* Runs tokens [from, to) of seq (KV before `from` already in the pool) and adds the negative
- * log-likelihood of each next token in ids (up to `score_to`) to *nll; *argmax_ok counts
- * positions whose argmax equals the next token in `want` (NULL: not counted). */
+ * log-likelihood of each next token next[i] (i = row - from; -1: not scored) to *nll; am_out
+ * (NULL: not wanted) receives each row's argmax. */
 static int run_scored(eval_ctx *c, const int32_t *seq, int from, int to, const int32_t *next,
-                      double *nll, int *n_scored, int *argmax_ok, kv_error *err) {
+                      double *nll, int *n_scored, int32_t *am_out, kv_error *err) {
     int32_t pos[EVAL_SLICE];
     int n_vocab = c->m->hp.n_vocab;
     for (int s = from; s < to; s += EVAL_SLICE) {
@@ -76,7 +85,7 @@ static int run_scored(eval_ctx *c, const int32_t *seq, int from, int to, const i
             for (int v = 0; v < n_vocab; v++) sum += exp((double)row[v] - mx);
             *nll += mx + log(sum) - row[want];
             (*n_scored)++;
-            if (argmax_ok && am == want) (*argmax_ok)++;
+            if (am_out) am_out[s + i - from] = am;
         }
     }
     return 0;
@@ -107,9 +116,15 @@ static int load_kv(eval_ctx *c, const float *kv, kv_error *err) {
     return 0;
 }
 
+/* Sums over windows. */
 typedef struct eval_result {
-    double ppl, agree;
-    int prefix;
+    double nll;   /* held-out negative log-likelihood */
+    int n_scored; /* held-out tokens scored */
+    int agree;    /* teacher-forced argmax matches */
+    int n_agree;  /* positions compared */
+    int prefix;   /* free-running common prefix tokens */
+    size_t bytes;
+    uint64_t t_enc, t_dec;
 } eval_result;
 
 /* Quality of the context KV now in the pool (slots 0..n_ctx-2). */
@@ -125,7 +140,8 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
         run_scored(c, c->ids, c->n_ctx - 1, c->n_ctx - 1 + c->n_held, next, &nll, &n, NULL, err);
     free(next);
     if (rc) return -1;
-    out->ppl = exp(nll / n);
+    out->nll += nll;
+    out->n_scored += n;
     /* teacher-forced agreement with the exact context's greedy tokens */
     kv_seq_truncate(c->e.pool, &c->e.seq, c->n_ctx - 1);
     int32_t seq[EVAL_GEN + 1], want[EVAL_GEN + 1];
@@ -133,21 +149,27 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
     for (int i = 0; i < EVAL_GEN; i++) seq[i + 1] = c->gen[i];
     for (int i = 0; i < EVAL_GEN; i++) want[i] = c->gen[i];
     want[EVAL_GEN] = -1;
-    int ok = 0;
+    int32_t am[EVAL_GEN + 1];
     n = 0;
     nll = 0;
     int32_t *full = malloc(sizeof(int32_t) * (size_t)(c->n_ctx + EVAL_GEN));
     if (!full) return kv_fail(err, "out of memory");
     memcpy(full, c->ids, sizeof(int32_t) * (size_t)(c->n_ctx - 1));
     memcpy(full + c->n_ctx - 1, seq, sizeof seq);
-    rc = run_scored(c, full, c->n_ctx - 1, c->n_ctx + EVAL_GEN - 1, want, &nll, &n, &ok, err);
+    rc = run_scored(c, full, c->n_ctx - 1, c->n_ctx + EVAL_GEN - 1, want, &nll, &n, am, err);
     free(full);
     if (rc) return -1;
-    out->agree = (double)ok / EVAL_GEN;
+    if (!c->have_ref) {
+        memcpy(c->ref_am, am, sizeof c->ref_am);
+        c->have_ref = true;
+    }
+    int ok = 0;
+    for (int i = 0; i < EVAL_GEN; i++) ok += am[i] == c->ref_am[i];
+    out->agree += ok;
+    out->n_agree += EVAL_GEN;
     /* free-running common prefix */
     kv_seq_truncate(c->e.pool, &c->e.seq, c->n_ctx - 1);
     int32_t t = c->ids[c->n_ctx - 1];
-    out->prefix = 0;
     for (int i = 0; i < EVAL_GEN; i++) {
         if (engine_single_decode(&c->e, t, err)) return -1;
         t = (int32_t)backend_argmax(c->e.logits, c->m->hp.n_vocab);
@@ -158,17 +180,14 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
 }
 
 int cli_codec_eval(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"text", required_argument, 0, 'T'},
-                                             {"table", required_argument, 0, 'B'},
-                                             {"ctx", required_argument, 0, 'c'},
-                                             {"heldout", required_argument, 0, 'H'},
-                                             {"chunk", required_argument, 0, 'C'},
-                                             {"threads", required_argument, 0, 't'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},   {"text", required_argument, 0, 'T'},
+        {"table", required_argument, 0, 'B'},   {"ctx", required_argument, 0, 'c'},
+        {"heldout", required_argument, 0, 'H'}, {"chunk", required_argument, 0, 'C'},
+        {"threads", required_argument, 0, 't'}, {"windows", required_argument, 0, 'W'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     const char *model_path = NULL, *text_path = NULL, *table_path = NULL;
-    long long n_ctx = 1024, n_held = 256, chunk = 256, threads = 2;
+    long long n_ctx = 1024, n_held = 256, chunk = 256, threads = 2, n_win = 1;
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "m:t:h", longopts, NULL)) != -1) {
@@ -193,6 +212,9 @@ int cli_codec_eval(int argc, char **argv) {
             break;
         case 't':
             if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
+            break;
+        case 'W':
+            if (cli_parse_int("--windows", optarg, 1, 1000, &n_win)) return 2;
             break;
         case 'h':
             usage(stdout);
@@ -239,92 +261,112 @@ int cli_codec_eval(int argc, char **argv) {
     int n_text = tokenizer_encode(m->tok, text, strlen(text), tokenizer_add_bos(m->tok), false,
                                   &c.ids, &err);
     if (n_text < 0) goto done;
-    if (n_text < c.n_ctx + c.n_held) {
-        kv_fail(&err, "%s has %d tokens: --ctx %d + --heldout %d are needed", text_path, n_text,
-                c.n_ctx, c.n_held);
+    int win = c.n_ctx + c.n_held;
+    if (n_text < win * n_win) {
+        kv_fail(&err, "%s has %d tokens: %lld windows of --ctx %d + --heldout %d are needed",
+                text_path, n_text, n_win, c.n_ctx, c.n_held);
         goto done;
     }
-    if (engine_single_init(&c.e, m, (int)threads, c.n_ctx + c.n_held + EVAL_GEN + 16, false, &err))
-        goto done;
+    if (engine_single_init(&c.e, m, (int)threads, win + EVAL_GEN + 16, false, &err)) goto done;
     if (!(c.logits = malloc(sizeof(float) * EVAL_SLICE * (size_t)m->hp.n_vocab))) goto oom;
-
-    /* the exact context: its KV, and 64 greedy tokens from it */
-    if (engine_single_prefill(&c.e, c.ids, c.n_ctx, &err)) goto done;
-    for (int i = 0; i < EVAL_GEN; i++) {
-        c.gen[i] = (int32_t)backend_argmax(c.e.logits, m->hp.n_vocab);
-        if (engine_single_decode(&c.e, c.gen[i], &err)) goto done;
-    }
     int n_chunks = c.n_ctx / c.chunk;
     size_t ce = (size_t)c.nl * 2 * (size_t)c.chunk * (size_t)c.nc;
-    if (!(ref = malloc(sizeof(float) * ce * (size_t)n_chunks)) ||
-        !(dec = malloc(sizeof(float) * ce * (size_t)n_chunks)))
-        goto oom;
-    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c.chunk);
-    if (!slots) goto oom;
-    for (int k = 0; k < n_chunks; k++) {
-        for (int t = 0; t < c.chunk; t++) slots[t] = k * c.chunk + t;
-        for (int l = 0; l < c.nl; l++)
-            for (int h = 0; h < 2; h++)
-                backend_kv_load(c.e.b, kv_pool_memory(c.e.pool), kv_pool_layout(c.e.pool), l, h,
-                                c.e.seq.blocks, slots, c.chunk,
-                                ref + (size_t)k * ce + ((size_t)l * 2 + h) * c.chunk * c.nc);
-    }
-    free(slots);
+    codec_shape sh = {c.nl, c.chunk, c.nc};
     size_t cap = codec_encode_bound(&table, c.chunk);
-    size_t ucap = codec_uniform_bytes(&(codec_shape){c.nl, c.chunk, c.nc}, 16);
+    size_t ucap = codec_uniform_bytes(&sh, 16);
     if (ucap > cap) cap = ucap;
-    if (!(buf = malloc(cap))) goto oom;
+    int n_meth = 3 + table.n_levels;
+    eval_result exact = {0}, res[3 + CODEC_MAX_LEVELS] = {{0}};
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c.chunk);
+    if (!slots || !(buf = malloc(cap)) || !(ref = malloc(sizeof(float) * ce * (size_t)n_chunks)) ||
+        !(dec = malloc(sizeof(float) * ce * (size_t)n_chunks))) {
+        free(slots);
+        goto oom;
+    }
+    int32_t *all_ids = c.ids;
+    static const int BITS[3] = {16, 8, 4};
+    for (int w = 0; w < n_win; w++) {
+        c.ids = all_ids + (size_t)w * (size_t)win;
+        /* the exact context: its KV, and 64 greedy tokens from it */
+        engine_single_reset(&c.e);
+        if (engine_single_prefill(&c.e, c.ids, c.n_ctx, &err)) break;
+        int i = 0;
+        for (; i < EVAL_GEN; i++) {
+            c.gen[i] = (int32_t)backend_argmax(c.e.logits, m->hp.n_vocab);
+            if (engine_single_decode(&c.e, c.gen[i], &err)) break;
+        }
+        if (i < EVAL_GEN) break;
+        for (int k = 0; k < n_chunks; k++) {
+            for (int t = 0; t < c.chunk; t++) slots[t] = k * c.chunk + t;
+            for (int l = 0; l < c.nl; l++)
+                for (int h = 0; h < 2; h++)
+                    backend_kv_load(c.e.b, kv_pool_memory(c.e.pool), kv_pool_layout(c.e.pool), l, h,
+                                    c.e.seq.blocks, slots, c.chunk,
+                                    ref + (size_t)k * ce + ((size_t)l * 2 + h) * c.chunk * c.nc);
+        }
+        c.have_ref = false;
+        if (load_kv(&c, ref, &err) || measure(&c, &exact, &err)) break;
+        /* methods: fp16, 8-bit, 4-bit baselines, then the table's levels */
+        int meth = 0;
+        for (; meth < n_meth; meth++) {
+            eval_result *r = &res[meth];
+            int k = 0;
+            for (; k < n_chunks; k++) {
+                const float *x = ref + (size_t)k * ce;
+                float *y = dec + (size_t)k * ce;
+                uint64_t t0 = clock_now_ns();
+                int64_t len;
+                if (meth < 3)
+                    len = codec_uniform_encode(x, &sh, BITS[meth], buf, &err)
+                              ? -1
+                              : (int64_t)codec_uniform_bytes(&sh, BITS[meth]);
+                else
+                    len = codec_encode_chunk(&table, meth - 3, x, c.chunk, k * c.chunk, buf, cap,
+                                             &err);
+                uint64_t t1 = clock_now_ns();
+                if (len < 0) break;
+                int drc = meth < 3
+                              ? codec_uniform_decode(buf, (size_t)len, &sh, BITS[meth], y, &err)
+                              : codec_decode_chunk(&table, buf, (size_t)len, y, (int)threads, &err);
+                uint64_t t2 = clock_now_ns();
+                if (drc) break;
+                r->bytes += (size_t)len;
+                r->t_enc += t1 - t0;
+                r->t_dec += t2 - t1;
+            }
+            if (k < n_chunks || load_kv(&c, dec, &err) || measure(&c, r, &err)) break;
+        }
+        if (meth < n_meth) break;
+        if (n_win > 1) fprintf(stderr, "window %d/%lld done\n", w + 1, n_win);
+    }
+    c.ids = all_ids;
+    free(slots);
+    if (err.msg[0]) goto done;
 
-    eval_result exact;
-    if (load_kv(&c, ref, &err) || measure(&c, &exact, &err)) goto done;
     double fp16_bpt = (double)ucap / c.chunk;
-    double q8_bpt = (double)codec_uniform_bytes(&(codec_shape){c.nl, c.chunk, c.nc}, 8) / c.chunk;
-    printf("codec-eval: %s, context %d tokens (%d chunks of %d), held-out %d, %d generated; "
-           "table %s\n",
-           m->name, c.n_ctx, n_chunks, c.chunk, c.n_held, EVAL_GEN, table_path);
-    printf("exact KV: perplexity %.4f\n\n", exact.ppl);
+    double q8_bpt = (double)codec_uniform_bytes(&sh, 8) / c.chunk;
+    double exact_ppl = exp(exact.nll / exact.n_scored);
+    printf("codec-eval: %s; %lld window(s) of %d context tokens (%d chunks of %d), %d held-out "
+           "and %d generated tokens; table %s\n",
+           m->name, n_win, c.n_ctx, n_chunks, c.chunk, c.n_held, EVAL_GEN, table_path);
+    printf("exact KV: perplexity %.4f\n\n", exact_ppl);
     printf("| method | bytes/token | vs fp16 | vs 8-bit | encode MB/s | decode MB/s | perplexity "
            "| ppl vs exact | agreement | free-run prefix |\n");
     printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    /* methods: fp16, 8-bit, 4-bit baselines, then the table's levels */
-    for (int meth = 0; meth < 3 + table.n_levels; meth++) {
-        static const int BITS[3] = {16, 8, 4};
-        codec_shape sh = {c.nl, c.chunk, c.nc};
-        size_t bytes = 0;
-        uint64_t t_enc = 0, t_dec = 0;
-        for (int k = 0; k < n_chunks; k++) {
-            const float *x = ref + (size_t)k * ce;
-            float *y = dec + (size_t)k * ce;
-            uint64_t t0 = clock_now_ns();
-            int64_t len;
-            if (meth < 3)
-                len = codec_uniform_encode(x, &sh, BITS[meth], buf, &err)
-                          ? -1
-                          : (int64_t)codec_uniform_bytes(&sh, BITS[meth]);
-            else
-                len = codec_encode_chunk(&table, meth - 3, x, c.chunk, k * c.chunk, buf, cap, &err);
-            uint64_t t1 = clock_now_ns();
-            if (len < 0) goto done;
-            int drc = meth < 3
-                          ? codec_uniform_decode(buf, (size_t)len, &sh, BITS[meth], y, &err)
-                          : codec_decode_chunk(&table, buf, (size_t)len, y, (int)threads, &err);
-            uint64_t t2 = clock_now_ns();
-            if (drc) goto done;
-            bytes += (size_t)len;
-            t_enc += t1 - t0;
-            t_dec += t2 - t1;
-        }
-        eval_result r;
-        if (load_kv(&c, dec, &err) || measure(&c, &r, &err)) goto done;
-        double bpt = (double)bytes / c.n_ctx, mb = (double)ce * 2 * n_chunks / 1e6; /* as f16 */
+    for (int meth = 0; meth < n_meth; meth++) {
+        const eval_result *r = &res[meth];
+        double bpt = (double)r->bytes / ((double)c.n_ctx * (double)n_win);
+        double mb = (double)ce * 2 * n_chunks * (double)n_win / 1e6; /* as f16 */
+        double ppl = exp(r->nll / r->n_scored);
         char name[32];
         if (meth < 3)
             snprintf(name, sizeof name, meth == 0 ? "fp16" : "%d-bit per token", BITS[meth]);
         else
             snprintf(name, sizeof name, "level %d", meth - 3);
-        printf("| %s | %.0f | %.2fx | %.2fx | %.0f | %.0f | %.4f | %+.2f%% | %.1f%% | %d/%d |\n",
-               name, bpt, fp16_bpt / bpt, q8_bpt / bpt, mb / (t_enc / 1e9), mb / (t_dec / 1e9),
-               r.ppl, 100 * (r.ppl / exact.ppl - 1), 100 * r.agree, r.prefix, EVAL_GEN);
+        printf("| %s | %.0f | %.2fx | %.2fx | %.0f | %.0f | %.4f | %+.2f%% | %.1f%% | %.1f/%d |\n",
+               name, bpt, fp16_bpt / bpt, q8_bpt / bpt, mb / ((double)r->t_enc / 1e9),
+               mb / ((double)r->t_dec / 1e9), ppl, 100 * (ppl / exact_ppl - 1),
+               100.0 * r->agree / r->n_agree, (double)r->prefix / (double)n_win, EVAL_GEN);
     }
     printf("\nMB/s count the KV as f16 (%.2f MB per chunk); decode on %lld threads.\n",
            (double)ce * 2 / 1e6, threads);

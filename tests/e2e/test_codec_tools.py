@@ -29,12 +29,13 @@ def test_calibrate_and_codec_eval(model_path):
             in r.stdout, r.stdout
         r = run_kvserve("codec-eval", "-m", model_path, "--table", table, "--text",
                         os.path.join(ROOT, "README.md"), "--ctx", "256", "--heldout", "64",
-                        *SMALL)
+                        "--windows", "2", *SMALL)
         assert r.returncode == 0, r.stderr
+        assert "2 window(s) of 256 context tokens" in r.stdout, r.stdout
         rows = {}
         for line in r.stdout.splitlines():
             m = re.match(r"\| (fp16|8-bit per token|4-bit per token|level \d) \| (\d+) \|"
-                         r".*\| ([+-]\d+\.\d+)% \| (\d+\.\d)% \| (\d+)/64 \|$", line)
+                         r".*\| ([+-]\d+\.\d+)% \| (\d+\.\d)% \| (\d+\.\d)/64 \|$", line)
             if m:
                 rows[m.group(1)] = (int(m.group(2)), float(m.group(3)), float(m.group(4)))
         assert set(rows) == {"fp16", "8-bit per token", "4-bit per token", "level 0", "level 1",
@@ -44,6 +45,10 @@ def test_calibrate_and_codec_eval(model_path):
         assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4, r.stdout
         assert rows["level 3"][0] < rows["8-bit per token"][0], r.stdout
 
+        # a text too short for the windows asked for
+        r = run_kvserve("codec-eval", "-m", model_path, "--table", table, "--text",
+                        os.path.join(ROOT, "README.md"), "--windows", "1000", *SMALL)
+        assert r.returncode != 0 and "windows" in r.stderr, r.stderr
         # a corrupt table is refused, naming the file
         with open(table, "r+b") as f:
             f.seek(100)
