@@ -190,18 +190,7 @@ int cli_calibrate(int argc, char **argv) {
     int nc = m->hp.n_kv_head * m->hp.head_dim;
     size_t chunk_elems = (size_t)nl * 2 * (size_t)chunk * (size_t)nc;
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
-    int32_t *slots = malloc(sizeof(int32_t) * (size_t)chunk);
-    if (!slots) goto oom;
-    for (int k = 0; k < n_chunks; k++) {
-        for (int t = 0; t < chunk; t++) slots[t] = k * (int)chunk + t;
-        for (int l = 0; l < nl; l++)
-            for (int h = 0; h < 2; h++)
-                backend_kv_load(e.b, kv_pool_memory(e.pool), kv_pool_layout(e.pool), l, h,
-                                e.seq.blocks, slots, (int)chunk,
-                                kv + (size_t)k * chunk_elems +
-                                    ((size_t)l * 2 + h) * (size_t)chunk * (size_t)nc);
-    }
-    free(slots);
+    if (engine_single_read_kv(&e, n_chunks, (int)chunk, kv, &err)) goto done;
 
     codec_level levels[CODEC_MAX_LEVELS];
     int n_levels;

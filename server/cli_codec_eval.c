@@ -277,12 +277,9 @@ int cli_codec_eval(int argc, char **argv) {
     if (ucap > cap) cap = ucap;
     int n_meth = 3 + table.n_levels;
     eval_result exact = {0}, res[3 + CODEC_MAX_LEVELS] = {{0}};
-    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c.chunk);
-    if (!slots || !(buf = malloc(cap)) || !(ref = malloc(sizeof(float) * ce * (size_t)n_chunks)) ||
-        !(dec = malloc(sizeof(float) * ce * (size_t)n_chunks))) {
-        free(slots);
+    if (!(buf = malloc(cap)) || !(ref = malloc(sizeof(float) * ce * (size_t)n_chunks)) ||
+        !(dec = malloc(sizeof(float) * ce * (size_t)n_chunks)))
         goto oom;
-    }
     int32_t *all_ids = c.ids;
     static const int BITS[3] = {16, 8, 4};
     for (int w = 0; w < n_win; w++) {
@@ -296,14 +293,7 @@ int cli_codec_eval(int argc, char **argv) {
             if (engine_single_decode(&c.e, c.gen[i], &err)) break;
         }
         if (i < EVAL_GEN) break;
-        for (int k = 0; k < n_chunks; k++) {
-            for (int t = 0; t < c.chunk; t++) slots[t] = k * c.chunk + t;
-            for (int l = 0; l < c.nl; l++)
-                for (int h = 0; h < 2; h++)
-                    backend_kv_load(c.e.b, kv_pool_memory(c.e.pool), kv_pool_layout(c.e.pool), l, h,
-                                    c.e.seq.blocks, slots, c.chunk,
-                                    ref + (size_t)k * ce + ((size_t)l * 2 + h) * c.chunk * c.nc);
-        }
+        if (engine_single_read_kv(&c.e, n_chunks, c.chunk, ref, &err)) break;
         c.have_ref = false;
         if (load_kv(&c, ref, &err) || measure(&c, &exact, &err)) break;
         /* methods: fp16, 8-bit, 4-bit baselines, then the table's levels */
@@ -340,7 +330,6 @@ int cli_codec_eval(int argc, char **argv) {
         if (n_win > 1) fprintf(stderr, "window %d/%lld done\n", w + 1, n_win);
     }
     c.ids = all_ids;
-    free(slots);
     if (err.msg[0]) goto done;
 
     double fp16_bpt = (double)ucap / c.chunk;

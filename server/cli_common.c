@@ -124,3 +124,22 @@ int engine_single_decode(engine_single *e, int32_t id, kv_error *err) {
 }
 
 void engine_single_reset(engine_single *e) { kv_seq_truncate(e->pool, &e->seq, 0); }
+
+int engine_single_read_kv(engine_single *e, int n_chunks, int chunk, float *out, kv_error *err) {
+    const kv_layout *l = kv_pool_layout(e->pool);
+    size_t row = (size_t)chunk * (size_t)l->n_kv_head * (size_t)l->head_dim;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)chunk);
+    if (!slots) return kv_fail(err, "out of memory");
+    for (int k = 0; k < n_chunks; k++) {
+        for (int t = 0; t < chunk; t++) slots[t] = k * chunk + t;
+        for (int layer = 0; layer < l->n_layer; layer++)
+            for (int kv = 0; kv < 2; kv++) {
+                float *dst =
+                    out + (((size_t)k * (size_t)l->n_layer + (size_t)layer) * 2 + kv) * row;
+                backend_kv_load(e->b, kv_pool_memory(e->pool), l, layer, kv, e->seq.blocks, slots,
+                                chunk, dst);
+            }
+    }
+    free(slots);
+    return 0;
+}

@@ -30,6 +30,10 @@ void engine_single_free(engine_single *e);
 /* Appends tokens to the sequence (positions continue from its length) in slices. */
 int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err);
 int engine_single_decode(engine_single *e, int32_t id, kv_error *err);
+/* The sequence's KV of tokens [0, n_chunks * chunk) as f32, chunk by chunk: out is
+ * [chunk][layer][kv][token][channel] (channel = kv head * head_dim + d), the codec's order.
+ * -1 with err when out of memory. */
+int engine_single_read_kv(engine_single *e, int n_chunks, int chunk, float *out, kv_error *err);
 /* Drops the sequence's KV. */
 void engine_single_reset(engine_single *e);
 

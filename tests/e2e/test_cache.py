@@ -79,6 +79,11 @@ def test_reuse_is_exact_pool_ram_partial_and_whole_prompt(start_server):
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, 2 * CHUNK)
     assert stats(srv)["tiers"]["pool"]["hits"] >= 2
+    # the official client sees it too
+    r = srv.client().completions.create(model=srv.model_id, prompt=prompt,
+                                        max_tokens=MAX_TOKENS, temperature=0)
+    assert r.choices[0].text == ref
+    assert r.usage.prompt_tokens_details.cached_tokens == 2 * CHUNK
     # with the pool tier cleared, the chunks come from RAM (copied into fresh blocks)
     assert clear(srv, tiers=["pool"])["pool"] == 2
     ram_hits = stats(srv)["tiers"]["ram"]["hits"]
