@@ -21,7 +21,7 @@
 
 #include <openssl/evp.h>
 
-#define TABLE_VERSION 1
+#define TABLE_VERSION 2
 #define TABLE_HEADER 52 /* magic, version, reserved, model_id, n_layer, n_chan, n_levels */
 #define SHA_BYTES 32
 /* Bitstream header fields (codec.h). */
@@ -64,6 +64,12 @@ static float get_f32(const uint8_t *p) {
 
 /* ---------------------------------------------------------------- shared helpers */
 
+/* Tokens of a chunk at pos0 that are kept exact: the one at position 0, the attention sink that
+ * most heads of most layers attend to (on SmolLM2 it takes 65-85% of the attention of layers
+ * 12 and deeper), so its error weighs on every query. Keeping it exact costs one token's f16 in
+ * the first chunk of a sequence. */
+static int sink_tokens(int32_t pos0) { return pos0 == 0 ? 1 : 0; }
+
 /* The one-layer view of level lv at layer l that codec_quantize / codec_dequantize take with a
  * one-layer shape: only group and bins [0][kv] are read (check_inputs and the coders look at
  * layers < n_layer = 1), so the rest of the 4 KiB struct is left alone. */
@@ -96,8 +102,8 @@ static uint32_t *build_ctx(int n_tok, int n_chan, int group) {
 static int check_levels(const codec_level *levels, int n_levels, int n_layer, kv_error *err) {
     for (int i = 0; i < n_levels; i++) {
         const codec_level *lv = &levels[i];
-        if (lv->group < 1 || lv->group > CODEC_MAX_TOKENS)
-            return kv_fail(err, "codec: level %d: token group %d outside 1..%d", i, lv->group,
+        if (lv->group < 0 || lv->group > CODEC_MAX_TOKENS)
+            return kv_fail(err, "codec: level %d: token group %d outside 0..%d", i, lv->group,
                            CODEC_MAX_TOKENS);
         for (int l = 0; l < n_layer; l++)
             for (int kv = 0; kv < 2; kv++) {
@@ -113,9 +119,9 @@ static int check_levels(const codec_level *levels, int n_levels, int n_layer, kv
 }
 
 static int table_ready(const codec_table *t, kv_error *err) {
-    if (!t || !t->scale || !t->models || t->n_layer < 1 || t->n_layer > CODEC_MAX_LAYERS ||
-        t->n_chan < 1 || t->n_chan > CODEC_MAX_CHANNELS || t->n_levels < 1 ||
-        t->n_levels > CODEC_MAX_LEVELS)
+    if (!t || !t->scale || !t->center || !t->models || t->n_layer < 1 ||
+        t->n_layer > CODEC_MAX_LAYERS || t->n_chan < 1 || t->n_chan > CODEC_MAX_CHANNELS ||
+        t->n_levels < 1 || t->n_levels > CODEC_MAX_LEVELS)
         return kv_fail(err, "codec: table is not initialised");
     return 0;
 }
@@ -158,7 +164,8 @@ static size_t table_file_size(int n_layer, int n_chan, int n_levels) {
     size_t level_bytes = 4 + 16 * nl;
     size_t models_per_level =
         nl * 2 * (model_bytes(CODEC_ANCHOR_SYMBOLS) + nc * model_bytes(CODEC_DELTA_SYMBOLS));
-    return TABLE_HEADER + nv * level_bytes + 4 * nl * 2 * nc + nv * models_per_level + SHA_BYTES;
+    return TABLE_HEADER + nv * level_bytes + 2 * 4 * nl * 2 * nc + nv * models_per_level +
+           SHA_BYTES;
 }
 
 static int write_model(table_writer *w, const rans_model *m, int n_symbols, kv_error *err) {
@@ -206,6 +213,7 @@ static int table_emit(const codec_table *t, uint8_t *out, uint8_t id[SHA_BYTES],
     }
     size_t n_scale = (size_t)nl * 2 * (size_t)nc;
     for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->scale[i]));
+    for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->center[i]));
     for (int v = 0; v < t->n_levels; v++) {
         for (int l = 0; l < nl; l++)
             for (int kv = 0; kv < 2; kv++)
@@ -240,8 +248,9 @@ static int table_alloc(codec_table *t, const uint8_t model_id[32], int n_layer, 
     size_t n_scale = (size_t)n_layer * 2 * (size_t)n_chan;
     size_t n_models = (size_t)n_levels * (size_t)n_layer * CODEC_LAYER_MODELS(n_chan);
     t->scale = malloc(n_scale * sizeof *t->scale);
+    t->center = malloc(n_scale * sizeof *t->center);
     t->models = malloc(n_models * sizeof *t->models);
-    if (!t->scale || !t->models) {
+    if (!t->scale || !t->center || !t->models) {
         codec_table_free(t);
         return kv_fail(err, "codec: out of memory for a table of %zu models", n_models);
     }
@@ -272,7 +281,10 @@ int codec_table_init(codec_table *t, const uint8_t model_id[32], int n_layer, in
     if (check_levels(levels, n_levels, n_layer, err)) return -1;
     if (table_alloc(t, model_id, n_layer, n_chan, levels, n_levels, err)) return -1;
     size_t n_scale = (size_t)n_layer * 2 * (size_t)n_chan;
-    for (size_t i = 0; i < n_scale; i++) t->scale[i] = 1.0f;
+    for (size_t i = 0; i < n_scale; i++) {
+        t->scale[i] = 1.0f;
+        t->center[i] = 0.0f;
+    }
     static const uint64_t zeros[RANS_MAX_SYMBOLS];
     rans_model ua, ud;
     if (rans_model_build(&ua, zeros, CODEC_ANCHOR_SYMBOLS, err) ||
@@ -294,6 +306,7 @@ fail:
 void codec_table_free(codec_table *t) {
     if (!t) return;
     free(t->scale);
+    free(t->center);
     free(t->models);
     memset(t, 0, sizeof *t);
 }
@@ -381,6 +394,14 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
             goto fail;
         }
         t->scale[i] = s;
+    }
+    for (size_t i = 0; i < n_scale; i++, p += 4) {
+        float c = get_f32(p);
+        if (!isfinite(c)) {
+            kv_fail(err, "codec: table centre %zu is %g; centres must be finite", i, c);
+            goto fail;
+        }
+        t->center[i] = c;
     }
     for (uint32_t v = 0; v < nv; v++) {
         for (uint32_t l = 0; l < nl; l++)
@@ -494,21 +515,23 @@ done:
 
 /* ---------------------------------------------------------------- calibration */
 
-/* Each channel's standard deviation over every chunk and token, floored at 1e-6 (1 + mean
- * |x|) so a constant channel still gets a usable step. Sums are taken around the channel's first
- * value (in double) to avoid cancellation. */
+/* Each channel's mean (its centre) and step unit (codec.h, codec_table_calibrate) over every
+ * chunk and token. Sums are taken around the channel's first value (in double) to avoid
+ * cancellation; the standard deviation is floored at 1e-6 (1 + mean |x|) so a constant channel
+ * still gets a usable step. */
 static int calibrate_scales(codec_table *t, const float *x, int n_chunks, int n_tok,
-                            kv_error *err) {
+                            const float *weight, kv_error *err) {
     const int nl = t->n_layer, nc = t->n_chan;
     const size_t layer_elems = (size_t)2 * (size_t)n_tok * (size_t)nc;
     const size_t chunk_elems = (size_t)nl * layer_elems;
-    double *acc = malloc((size_t)nc * 3 * sizeof *acc);
+    double *acc = malloc((size_t)nc * 4 * sizeof *acc);
     if (!acc) return kv_fail(err, "codec: out of memory");
-    double *sum = acc, *sq = acc + nc, *abs_sum = acc + 2 * (size_t)nc;
+    double *sum = acc, *sq = acc + nc, *abs_sum = acc + 2 * (size_t)nc, *sd = acc + 3 * (size_t)nc;
     const double n = (double)n_chunks * (double)n_tok;
     for (int l = 0; l < nl; l++)
         for (int kv = 0; kv < 2; kv++) {
             const size_t off = (size_t)l * layer_elems + (size_t)kv * (size_t)n_tok * nc;
+            const size_t at = ((size_t)l * 2 + kv) * nc;
             const float *ref = x + off; /* chunk 0, token 0 */
             memset(acc, 0, (size_t)nc * 3 * sizeof *acc);
             for (int k = 0; k < n_chunks; k++)
@@ -521,26 +544,44 @@ static int calibrate_scales(codec_table *t, const float *x, int n_chunks, int n_
                         abs_sum[c] += fabs((double)row[c]);
                     }
                 }
-            float *sc = t->scale + ((size_t)l * 2 + kv) * nc;
+            double log_g = 0;
             for (int c = 0; c < nc; c++) {
                 double mean = sum[c] / n, var = sq[c] / n - mean * mean;
-                double sd = sqrt(var > 0 ? var : 0), floor = 1e-6 * (1 + abs_sum[c] / n);
-                float s = (float)(sd > floor ? sd : floor);
-                if (!(s > 0) || !isfinite(s)) {
+                double floor = 1e-6 * (1 + abs_sum[c] / n);
+                sd[c] = sqrt(var > 0 ? var : 0);
+                if (sd[c] < floor) sd[c] = floor;
+                t->center[at + c] = (float)((double)ref[c] + mean);
+                if (weight) {
+                    double w = weight[at + c];
+                    if (!(w > 0) || !isfinite(w)) {
+                        free(acc);
+                        return kv_fail(err,
+                                       "codec: calibration: layer %d %c channel %d has weight %g",
+                                       l, kv ? 'V' : 'K', c, w);
+                    }
+                    log_g += log(sd[c] * sqrt(w));
+                }
+            }
+            double g = exp(log_g / nc);
+            for (int c = 0; c < nc; c++) {
+                double u = weight ? g / sqrt((double)weight[at + c]) : sd[c];
+                float s = (float)u;
+                if (!(s > 0) || !isfinite(s) || !isfinite(t->center[at + c])) {
                     free(acc);
                     return kv_fail(err,
                                    "codec: calibration: layer %d %c channel %d has non-finite "
                                    "values",
                                    l, kv ? 'V' : 'K', c);
                 }
-                sc[c] = s;
+                t->scale[at + c] = s;
             }
         }
     free(acc);
     return 0;
 }
 
-int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_tok, kv_error *err) {
+int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_tok,
+                          const float *weight, kv_error *err) {
     if (table_ready(t, err)) return -1;
     if (!x || n_chunks < 1 || n_tok < 1 || n_tok > CODEC_MAX_TOKENS)
         return kv_fail(err, "codec: calibration needs chunks (%d) of 1..%d tokens (%d)", n_chunks,
@@ -550,7 +591,7 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     size_t total;
     if (size_mul(layer_elems * (size_t)nl, (size_t)n_chunks, &total))
         return kv_fail(err, "codec: calibration set too large");
-    if (calibrate_scales(t, x, n_chunks, n_tok, err)) return -1;
+    if (calibrate_scales(t, x, n_chunks, n_tok, weight, err)) return -1;
 
     const size_t n_delta_counts = (size_t)2 * (size_t)nc * CODEC_DELTA_SYMBOLS;
     uint64_t *counts = malloc((2 * CODEC_ANCHOR_SYMBOLS + n_delta_counts) * sizeof *counts);
@@ -570,8 +611,9 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
             memset(counts, 0, (2 * CODEC_ANCHOR_SYMBOLS + n_delta_counts) * sizeof *counts);
             for (int k = 0; k < n_chunks; k++) {
                 const float *xl = x + ((size_t)k * (size_t)nl + (size_t)l) * layer_elems;
-                if (codec_quantize(xl, &sh, t->scale + (size_t)l * 2 * nc, &one, sym, esc,
-                                   layer_elems, err) < 0)
+                if (codec_quantize(xl, &sh, t->scale + (size_t)l * 2 * nc,
+                                   t->center + (size_t)l * 2 * nc, &one,
+                                   sink_tokens((int32_t)k * n_tok), sym, esc, layer_elems, err) < 0)
                     goto done;
                 const uint8_t *s = sym;
                 for (int kv = 0; kv < 2; kv++)
@@ -658,8 +700,9 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     for (int l = 0; l < nl; l++) {
         codec_level one;
         layer_level(lv, l, &one);
-        int64_t n_esc = codec_quantize(x + (size_t)l * e, &sh, t->scale + (size_t)l * 2 * nc, &one,
-                                       sym, esc, e, err);
+        int64_t n_esc = codec_quantize(x + (size_t)l * e, &sh, t->scale + (size_t)l * 2 * nc,
+                                       t->center + (size_t)l * 2 * nc, &one, sink_tokens(pos0), sym,
+                                       esc, e, err);
         if (n_esc < 0) {
             kv_fail_wrap(err, "codec: encode layer %d", l);
             goto done;
@@ -811,8 +854,9 @@ static int decode_layer(decode_job *j, int l, uint8_t *sym, uint16_t *esc, kv_er
     codec_level one;
     layer_level(&t->levels[v->level], l, &one);
     const codec_shape sh = {.n_layer = 1, .n_tok = v->n_tok, .n_chan = nc};
-    return codec_dequantize(sym, esc, v->n_esc[l], &sh, t->scale + (size_t)l * 2 * nc, &one,
-                            j->x + (size_t)l * v->layer_elems, err);
+    return codec_dequantize(sym, esc, v->n_esc[l], &sh, t->scale + (size_t)l * 2 * nc,
+                            t->center + (size_t)l * 2 * nc, &one, j->x + (size_t)l * v->layer_elems,
+                            err);
 }
 
 static void *decode_worker_run(void *arg) {

@@ -13,7 +13,7 @@
  * decodes layer by layer on several threads, and a loader can hand layer l to the model while
  * layer l + 1 is still decoding.
  *
- * ---------------------------------------------------------------- bitstream (version 1)
+ * ---------------------------------------------------------------- bitstream (version 2)
  * All integers little-endian.
  *
  *   offset  size          field
@@ -47,7 +47,7 @@
 #include "cache/rans.h"
 #include "util/util.h"
 
-#define CODEC_STREAM_VERSION 1
+#define CODEC_STREAM_VERSION 2
 #define CODEC_STREAM_HEADER 88
 #define CODEC_MAX_LEVELS 8
 /* Limits on what a table or bitstream may declare, so a corrupt header cannot ask for huge
@@ -67,7 +67,8 @@ typedef struct codec_table {
     int n_chan;
     int n_levels;
     codec_level levels[CODEC_MAX_LEVELS]; /* from near-lossless (0) to aggressive */
-    float *scale;                         /* [n_layer][2][n_chan] channel scales, each > 0 */
+    float *scale;                         /* [n_layer][2][n_chan] channel step units, each > 0 */
+    float *center; /* [n_layer][2][n_chan] channel means: what deltas start from (codec_quant.h) */
     /* [n_levels][n_layer][CODEC_LAYER_MODELS(n_chan)]: per level and layer the anchor models
      * [2] (K, V), then the delta models [2][n_chan], in one array so that a layer's stream
      * decodes with one rans_decode call (ctx: kv for anchors, 2 + kv * n_chan + c for deltas) */
@@ -88,11 +89,18 @@ int codec_table_init(codec_table *t, const uint8_t model_id[32], int n_layer, in
 void codec_table_free(codec_table *t);
 
 /* Calibration from the model's own KV: x holds n_chunks chunks of shape (n_layer, n_tok,
- * n_chan) back to back, f32 [chunk][layer][kv][token][channel]. Sets each channel's scale to its
- * standard deviation (a floor keeps it > 0), then quantizes every chunk at every level and builds
- * each model from the symbol counts (rans_model_build: unseen symbols stay codable), and
- * recomputes t->id. */
-int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_tok, kv_error *err);
+ * n_chan) back to back, f32 [chunk][layer][kv][token][channel], the first chunk at position 0.
+ * Sets each channel's centre to its mean and its step unit (scale) from its standard deviation
+ * sd: sd itself when weight is NULL; else, with weight[layer][kv][chan] > 0 the channel's
+ * importance (how much a unit of error in it costs downstream: for K the energy of the queries
+ * that read it, for V the norm of the output projection's columns that read it), the unit is
+ * G / sqrt(weight), G the geometric mean over the (layer, kv)'s channels of sd * sqrt(weight).
+ * That spends bits where errors cost (each channel's weighted error is equal: reverse
+ * water-filling) at about the bits of equal relative steps. A floor keeps every unit > 0. Then
+ * quantizes every chunk at every level and builds each model from the symbol counts
+ * (rans_model_build: unseen symbols stay codable), and recomputes t->id. */
+int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_tok,
+                          const float *weight, kv_error *err);
 
 /* The file beside the model (MODEL.kvcodec): magic "KVCT", version, model identity, shape,
  * levels, scales and model frequencies, SHA-256 of the contents. load checks all of it, and the
@@ -101,9 +109,9 @@ int codec_table_save(const codec_table *t, const char *path, kv_error *err);
 int codec_table_load(codec_table *t, const char *path, const uint8_t model_id[32], kv_error *err);
 /* The same from and to memory (serialize: malloc'd buffer in *out, *len bytes). parse
  * overwrites t (zeroed on failure). The file (all integers and floats little-endian):
- *   magic "KVCT", u16 version 1, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels;
+ *   magic "KVCT", u16 version 2, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels;
  *   per level: u32 group, f32 anchor_bin[n_layer][2], f32 delta_bin[n_layer][2];
- *   f32 scale[n_layer][2][n_chan];
+ *   f32 scale[n_layer][2][n_chan]; f32 center[n_layer][2][n_chan];
  *   per level: anchor models [n_layer][2], then delta models [n_layer][2][n_chan], each as
  *     u16 n_symbols (CODEC_ANCHOR_SYMBOLS or CODEC_DELTA_SYMBOLS) and u16 freq[n_symbols];
  *   SHA-256 of every preceding byte (the table's id). Nothing may follow. */

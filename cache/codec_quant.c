@@ -24,8 +24,8 @@ static int check_inputs(const codec_shape *sh, const float *scale, const codec_l
     if (codec_shape_elems(sh) < 0)
         return kv_fail(err, "codec: bad chunk shape (%d layers, %d tokens, %d channels)",
                        sh->n_layer, sh->n_tok, sh->n_chan);
-    if (lv->group < 1 || lv->group > sh->n_tok + 1000000)
-        return kv_fail(err, "codec: token group size %d must be at least 1", lv->group);
+    if (lv->group < 0)
+        return kv_fail(err, "codec: token group size %d must not be negative", lv->group);
     for (int l = 0; l < sh->n_layer; l++)
         for (int kv = 0; kv < 2; kv++) {
             float a = lv->anchor_bin[l][kv], d = lv->delta_bin[l][kv];
@@ -48,9 +48,18 @@ static int check_inputs(const codec_shape *sh, const float *scale, const codec_l
  * encoder took its deltas from. */
 static inline float step_of(float bin, float scale) { return bin * scale; }
 
+/* What deltas are taken from until the first anchor: the channels' centres (or 0). */
+static void init_prediction(float *pred, const float *center, int l, int kv, int nc) {
+    if (!center) {
+        memset(pred, 0, sizeof(float) * (size_t)nc);
+        return;
+    }
+    memcpy(pred, center + ((size_t)l * 2 + kv) * nc, sizeof(float) * (size_t)nc);
+}
+
 int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale,
-                       const codec_level *lv, uint8_t *sym, uint16_t *esc, size_t esc_cap,
-                       kv_error *err) {
+                       const float *center, const codec_level *lv, int n_exact, uint8_t *sym,
+                       uint16_t *esc, size_t esc_cap, kv_error *err) {
     if (check_inputs(sh, scale, lv, err)) return -1;
     const int nc = sh->n_chan;
     size_t n_esc = 0;
@@ -61,6 +70,7 @@ int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale
         for (int kv = 0; kv < 2; kv++) {
             const float *sc = scale + ((size_t)l * 2 + kv) * nc;
             const float ab = lv->anchor_bin[l][kv], db = lv->delta_bin[l][kv];
+            init_prediction(anchor, center, l, kv, nc);
             for (int t = 0; t < sh->n_tok; t++) {
                 size_t row = (((size_t)l * 2 + kv) * sh->n_tok + t) * nc;
                 const float *xr = x + row;
@@ -68,7 +78,9 @@ int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale
                 bool is_anchor = codec_is_anchor(t, lv->group);
                 for (int c = 0; c < nc; c++) {
                     float v = xr[c];
-                    if (is_anchor) {
+                    if (t < n_exact) {
+                        sr[c] = is_anchor ? CODEC_ANCHOR_ESCAPE : CODEC_DELTA_ESCAPE;
+                    } else if (is_anchor) {
                         float st = step_of(ab, sc[c]);
                         float q = rintf(v / st);
                         if (isfinite(q) && fabsf(q) <= CODEC_ANCHOR_RADIUS) {
@@ -97,7 +109,8 @@ int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale
 }
 
 int codec_dequantize(const uint8_t *sym, const uint16_t *esc, size_t n_esc, const codec_shape *sh,
-                     const float *scale, const codec_level *lv, float *x, kv_error *err) {
+                     const float *scale, const float *center, const codec_level *lv, float *x,
+                     kv_error *err) {
     if (check_inputs(sh, scale, lv, err)) return -1;
     const int nc = sh->n_chan;
     float anchor[4096];
@@ -108,6 +121,7 @@ int codec_dequantize(const uint8_t *sym, const uint16_t *esc, size_t n_esc, cons
         for (int kv = 0; kv < 2; kv++) {
             const float *sc = scale + ((size_t)l * 2 + kv) * nc;
             const float ab = lv->anchor_bin[l][kv], db = lv->delta_bin[l][kv];
+            init_prediction(anchor, center, l, kv, nc);
             for (int t = 0; t < sh->n_tok; t++) {
                 size_t row = (((size_t)l * 2 + kv) * sh->n_tok + t) * nc;
                 const uint8_t *sr = sym + row;

@@ -20,7 +20,7 @@
 #define CODEC_MAX_LAYERS 256
 
 /* Delta symbols: q in [-CODEC_DELTA_RADIUS, CODEC_DELTA_RADIUS] as q + radius, and an escape. */
-#define CODEC_DELTA_RADIUS 15
+#define CODEC_DELTA_RADIUS 31
 #define CODEC_DELTA_SYMBOLS (2 * CODEC_DELTA_RADIUS + 2)
 #define CODEC_DELTA_ESCAPE (2 * CODEC_DELTA_RADIUS + 1)
 /* Anchor symbols: q in [-127, 127] as q + 127, and an escape. */
@@ -36,7 +36,8 @@ typedef struct codec_shape {
 } codec_shape;
 
 typedef struct codec_level {
-    int group;                             /* tokens per group: an anchor and group-1 deltas */
+    int group; /* tokens per group: an anchor and group-1 deltas; 0: no anchors, every token is
+                  a delta to its channel's calibration centre */
     float anchor_bin[CODEC_MAX_LAYERS][2]; /* per layer, K and V, in channel-scale units */
     float delta_bin[CODEC_MAX_LAYERS][2];
 } codec_level;
@@ -44,21 +45,26 @@ typedef struct codec_level {
 /* Elements of a chunk (n_layer * 2 * n_tok * n_chan), or -1 on overflow or a bad shape. */
 int64_t codec_shape_elems(const codec_shape *sh);
 
-/* Whether token t is its group's anchor. */
-static inline int codec_is_anchor(int t, int group) { return t % group == 0; }
+/* Whether token t is its group's anchor (never, for group 0). */
+static inline int codec_is_anchor(int t, int group) { return group > 0 && t % group == 0; }
 
 /* Quantizes x into one symbol per element, in x's order. Escaped elements append their f16
  * bits to esc (which holds up to esc_cap, at most one per element). scale: [n_layer][2][n_chan],
- * every entry > 0. Returns the escape count, or -1 with err (bad shape, level or scale). */
+ * every entry > 0; center: the same shape, the prediction of deltas before any anchor (all of
+ * them with group 0), or NULL for zeros. The first n_exact tokens are escaped whole (kept
+ * exact: the attention sink at position 0 takes a large share of every query's attention, and
+ * its error costs more than its bits). Returns the escape count, or -1 with err (bad shape,
+ * level or scale). */
 int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale,
-                       const codec_level *lv, uint8_t *sym, uint16_t *esc, size_t esc_cap,
-                       kv_error *err);
+                       const float *center, const codec_level *lv, int n_exact, uint8_t *sym,
+                       uint16_t *esc, size_t esc_cap, kv_error *err);
 
 /* The inverse: x from symbols and escapes. Never trusts its input: a symbol outside its
  * alphabet, more escape symbols than n_esc escapes (or fewer used than given), a bad shape or
  * level is an error. */
 int codec_dequantize(const uint8_t *sym, const uint16_t *esc, size_t n_esc, const codec_shape *sh,
-                     const float *scale, const codec_level *lv, float *x, kv_error *err);
+                     const float *scale, const float *center, const codec_level *lv, float *x,
+                     kv_error *err);
 
 /* The bound codec_dequantize(codec_quantize(x)) keeps for element (layer, kv, token, channel). */
 float codec_error_bound(const codec_shape *sh, const float *scale, const codec_level *lv, int layer,

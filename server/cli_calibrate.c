@@ -8,6 +8,7 @@
  * repository and follows the model's distribution; the table is deterministic for a model and
  * seed. The KV of the text (one sequence, positions 0..n-1) is cut into chunks of --chunk
  * tokens. */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +39,11 @@ static void usage(FILE *out) {
             "  -n, --tokens N       calibration tokens (default %d; at most the context)\n"
             "      --chunk N        tokens per chunk (default %d)\n"
             "      --seed N         seed of the self-written text (default 1)\n"
+            "      --bins LIST      bins per level, comma-separated, in step units\n"
+            "                       (default 0.25,0.4,0.75,1)\n"
+            "      --group N        tokens per anchor group; 0: no anchors (default 0)\n"
+            "      --units U        step units: importance (default) or sd (each channel's\n"
+            "                       standard deviation, no weighting)\n"
             "  -t, --threads N      compute threads (default 2)\n"
             "  -h, --help           this text\n",
             CALIB_DEFAULT_TOKENS, CALIB_DEFAULT_CHUNK);
@@ -83,38 +89,153 @@ done:
     return rc;
 }
 
-/* Four levels from near-lossless to aggressive. Bins are in units of each channel's scale and
- * grow by half from the first layer to the last (deeper layers tolerate coarser KV: CacheGen
- * section 5.1, layer-wise sensitivity); groups of 10 tokens, an anchor and 9 deltas. */
-static void default_levels(int n_layer, codec_level *lv, int *n_levels) {
-    static const float ANCHOR[4] = {0.05f, 0.05f, 0.05f, 0.1f};
-    static const float DELTA[4] = {0.1f, 0.2f, 0.5f, 0.8f};
-    *n_levels = 4;
-    for (int k = 0; k < 4; k++) {
-        memset(&lv[k], 0, sizeof lv[k]);
-        lv[k].group = 10;
-        for (int l = 0; l < n_layer; l++) {
-            float depth = n_layer > 1 ? 1.0f + 0.5f * (float)l / (float)(n_layer - 1) : 1.0f;
-            for (int kv = 0; kv < 2; kv++) {
-                lv[k].anchor_bin[l][kv] = ANCHOR[k] * depth;
-                lv[k].delta_bin[l][kv] = DELTA[k] * depth;
+/* ---------------------------------------------------------------- channel importance */
+
+/* How much a unit of error in each KV channel costs (codec_table_calibrate's weight), from the
+ * model itself. K: an error e in key channel c moves the attention logit of query q by q_c e,
+ * so its cost is the mean energy of the queries that read c (the query heads of its group),
+ * measured on the calibration text; RoPE pairs channels (2i, 2i+1) and rotates their energy
+ * between them with position, so both get the pair's mean. V: an error e in value channel c
+ * reaches the residual stream through the output projection's column of c in each query head
+ * of its group, so its cost is those columns' squared norm. */
+typedef struct importance {
+    const model *m;
+    backend *b;
+    double *q_energy; /* [n_layer][n_head * head_dim] sum of q^2 over the rows seen */
+    double rows;      /* per layer */
+    float *xn, *q;    /* scratch [ENGINE_SLICE][dim], [ENGINE_SLICE][n_head * head_dim] */
+} importance;
+
+static int importance_before_layer(void *ud, forward_state *st, int layer) {
+    importance *im = ud;
+    const model_hparams *hp = &im->m->hp;
+    const layer_weights *L = &im->m->layers[layer];
+    int n = forward_state_n_rows(st), qd = hp->n_head * hp->head_dim;
+    if (n < 1) return 0;
+    backend_rmsnorm(im->b, forward_state_hidden(st, 0), L->attn_norm, im->xn, n, hp->dim,
+                    hp->norm_eps);
+    if (backend_matmul(im->b, &L->wq, im->xn, n, im->q)) return -1;
+    double *acc = im->q_energy + (size_t)layer * qd;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < qd; i++) {
+            double v = im->q[(size_t)r * qd + i];
+            acc[i] += v * v;
+        }
+    if (layer == 0) im->rows += n;
+    return 0;
+}
+
+/* weight[layer][kv][kv_head * head_dim + d] from the query energies and the output projection
+ * (its columns read as W_o times one-hot rows, which any weight format computes exactly). */
+static int importance_weights(importance *im, float *out, kv_error *err) {
+    const model_hparams *hp = &im->m->hp;
+    const int hd = hp->head_dim, nkv = hp->n_kv_head, group = hp->n_head / hp->n_kv_head;
+    const int qd = hp->n_head * hd, nc = nkv * hd;
+    if (im->rows < 1) return kv_fail(err, "calibrate: no query rows were seen");
+    float *onehot = calloc((size_t)ENGINE_SLICE * qd, sizeof *onehot);
+    float *cols = malloc(sizeof(float) * (size_t)ENGINE_SLICE * hp->dim);
+    double *col_sq = malloc(sizeof(double) * (size_t)qd);
+    if (!onehot || !cols || !col_sq) {
+        free(onehot);
+        free(cols);
+        free(col_sq);
+        return kv_fail(err, "out of memory");
+    }
+    int rc = 0;
+    for (int l = 0; l < hp->n_layer && !rc; l++) {
+        for (int c0 = 0; c0 < qd && !rc; c0 += ENGINE_SLICE) {
+            int n = qd - c0 < ENGINE_SLICE ? qd - c0 : ENGINE_SLICE;
+            memset(onehot, 0, sizeof(float) * (size_t)n * qd);
+            for (int r = 0; r < n; r++) onehot[(size_t)r * qd + c0 + r] = 1.0f;
+            if (backend_matmul(im->b, &im->m->layers[l].wo, onehot, n, cols)) {
+                rc = kv_fail(err, "calibrate: output projection of layer %d failed", l);
+                break;
+            }
+            for (int r = 0; r < n; r++) {
+                double s = 0;
+                for (int i = 0; i < hp->dim; i++) {
+                    double v = cols[(size_t)r * hp->dim + i];
+                    s += v * v;
+                }
+                col_sq[c0 + r] = s;
             }
         }
+        const double *qe = im->q_energy + (size_t)l * qd;
+        float *wk = out + (size_t)l * 2 * nc, *wv = wk + nc;
+        for (int h = 0; h < nkv; h++)
+            for (int d = 0; d < hd; d++) {
+                double k = 0, v = 0;
+                for (int g = 0; g < group; g++) {
+                    const int qh = (h * group + g) * hd;
+                    int pair = d & ~1;
+                    k += d < hp->n_rot ? (qe[qh + pair] + qe[qh + pair + 1]) / 2 : qe[qh + d];
+                    v += col_sq[qh + d];
+                }
+                wk[h * hd + d] = (float)(k / im->rows);
+                wv[h * hd + d] = (float)v;
+            }
+        /* A channel nothing reads still needs a finite step: floor at 1e-6 of the mean. */
+        for (int kv = 0; kv < 2; kv++) {
+            float *w = wk + (size_t)kv * nc;
+            double mean = 0;
+            for (int c = 0; c < nc; c++) mean += w[c];
+            mean /= nc;
+            for (int c = 0; c < nc; c++)
+                if (!(w[c] > 1e-6 * mean)) w[c] = (float)(1e-6 * mean > 0 ? 1e-6 * mean : 1e-30);
+        }
     }
+    free(onehot);
+    free(cols);
+    free(col_sq);
+    return rc;
+}
+
+/* The levels from --bins: one level per bin, from near-lossless to aggressive, in units of each
+ * channel's step unit (importance-weighted: codec_table_calibrate), the same for every layer and
+ * for K and V (the units already carry the weighting; on SmolLM2 a ramp with depth lost more
+ * quality than it saved bits). Group 0 by default: every token is coded against its channel's
+ * centre with the channel's own model. On SmolLM2, deltas to an anchor cost more bits than that
+ * at the same error (+14% at group 10: nearby tokens' KV is not close enough to beat the
+ * channel's distribution); --group takes CacheGen's anchors and deltas, anchors at the same bin.
+ * Fills layer 0's bins (the caller copies them to every layer). */
+static int parse_bins(const char *arg, int group, codec_level *lv, int *n_levels, kv_error *err) {
+    int n = 0;
+    const char *p = arg;
+    while (*p) {
+        char *end;
+        errno = 0;
+        double b = strtod(p, &end);
+        if (end == p || errno || !(b > 0) || !isfinite(b) || b > 1e4 || (*end && *end != ','))
+            return kv_fail(err, "--bins: '%s' is not a comma-separated list of positive bins", arg);
+        if (n == CODEC_MAX_LEVELS)
+            return kv_fail(err, "--bins: at most %d levels", CODEC_MAX_LEVELS);
+        if (n > 0 && b <= lv[n - 1].delta_bin[0][0])
+            return kv_fail(err, "--bins: levels go from fine to coarse (%s)", arg);
+        memset(&lv[n], 0, sizeof lv[n]);
+        lv[n].group = group;
+        lv[n].anchor_bin[0][0] = lv[n].anchor_bin[0][1] = (float)b;
+        lv[n].delta_bin[0][0] = lv[n].delta_bin[0][1] = (float)b;
+        n++;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) return kv_fail(err, "--bins: no levels given");
+    *n_levels = n;
+    return 0;
 }
 
 int cli_calibrate(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"out", required_argument, 0, 'o'},
-                                             {"text", required_argument, 0, 'T'},
-                                             {"tokens", required_argument, 0, 'n'},
-                                             {"chunk", required_argument, 0, 'C'},
-                                             {"seed", required_argument, 0, 'S'},
-                                             {"threads", required_argument, 0, 't'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'}, {"out", required_argument, 0, 'o'},
+        {"text", required_argument, 0, 'T'},  {"tokens", required_argument, 0, 'n'},
+        {"chunk", required_argument, 0, 'C'}, {"seed", required_argument, 0, 'S'},
+        {"bins", required_argument, 0, 'B'},  {"group", required_argument, 0, 'G'},
+        {"units", required_argument, 0, 'U'}, {"threads", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
     const char *model_path = NULL, *out_path = NULL, *text_path = NULL;
     long long n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, seed = 1, threads = 2;
+    long long group = 0;
+    const char *bins_arg = "0.25,0.4,0.75,1";
+    bool sd_units = false;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:o:n:t:h", longopts, NULL)) != -1) {
@@ -137,6 +258,20 @@ int cli_calibrate(int argc, char **argv) {
         case 'S':
             if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2;
             break;
+        case 'B':
+            bins_arg = optarg;
+            break;
+        case 'G':
+            if (cli_parse_int("--group", optarg, 0, CODEC_MAX_TOKENS, &group)) return 2;
+            break;
+        case 'U':
+            if (strcmp(optarg, "importance") && strcmp(optarg, "sd")) {
+                fprintf(stderr, "kvserve calibrate: --units is importance or sd, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            sd_units = !strcmp(optarg, "sd");
+            break;
         case 't':
             if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
             break;
@@ -157,12 +292,24 @@ int cli_calibrate(int argc, char **argv) {
     engine_single e = {0};
     char *text = NULL, *auto_out = NULL;
     int32_t *ids = NULL;
-    float *kv = NULL;
+    float *kv = NULL, *imp = NULL;
     codec_table table = {0};
-    int rc = 1;
+    importance im = {0};
+    codec_level levels[CODEC_MAX_LEVELS];
+    int n_levels = 0, rc = 1;
+    if (parse_bins(bins_arg, (int)group, levels, &n_levels, &err)) goto done;
     if (!(m = model_load(model_path, NULL, &err))) goto done;
     if (n_tokens > m->hp.n_ctx_train) n_tokens = m->hp.n_ctx_train;
     if (engine_single_init(&e, m, (int)threads, (int)n_tokens, false, &err)) goto done;
+    const model_hparams *hp = &m->hp;
+    const forward_hooks hooks = {.ud = &im, .before_layer = importance_before_layer};
+    im.m = m;
+    im.b = e.b;
+    im.q_energy = calloc((size_t)hp->n_layer * hp->n_head * hp->head_dim, sizeof(double));
+    im.xn = malloc(sizeof(float) * ENGINE_SLICE * (size_t)hp->dim);
+    im.q = malloc(sizeof(float) * ENGINE_SLICE * (size_t)hp->n_head * hp->head_dim);
+    if (!im.q_energy || !im.xn || !im.q) goto oom;
+    if (!sd_units) e.hooks = &hooks;
     int n = (int)n_tokens;
     if (text_path) {
         int32_t *tok = NULL;
@@ -192,11 +339,16 @@ int cli_calibrate(int argc, char **argv) {
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
     if (engine_single_read_kv(&e, n_chunks, (int)chunk, kv, &err)) goto done;
 
-    codec_level levels[CODEC_MAX_LEVELS];
-    int n_levels;
-    default_levels(nl, levels, &n_levels);
+    if (!sd_units) {
+        if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
+        if (importance_weights(&im, imp, &err)) goto done;
+    }
+    for (int v = 0; v < n_levels; v++) /* parse_bins filled layer 0 */
+        for (int l = 1; l < nl; l++)
+            for (int k = 0; k < 2; k++)
+                levels[v].anchor_bin[l][k] = levels[v].delta_bin[l][k] = levels[v].delta_bin[0][0];
     if (codec_table_init(&table, m->identity, nl, nc, levels, n_levels, &err) ||
-        codec_table_calibrate(&table, kv, n_chunks, (int)chunk, &err))
+        codec_table_calibrate(&table, kv, n_chunks, (int)chunk, imp, &err))
         goto done;
     if (!out_path) {
         if (asprintf(&auto_out, "%s.kvcodec", model_path) < 0) goto oom;
@@ -212,6 +364,10 @@ oom:
 done:
     if (rc) fprintf(stderr, "kvserve calibrate: %s\n", err.msg);
     codec_table_free(&table);
+    free(imp);
+    free(im.q_energy);
+    free(im.xn);
+    free(im.q);
     free(kv);
     free(ids);
     free(text);

@@ -113,7 +113,7 @@ int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error 
         for (int i = 0; i < len; i++) pos[i] = start + i;
         batch_seq bs = {
             .seq = &e->seq, .n_tok = len, .tokens = ids + done, .pos = pos, .kv_start = start};
-        if (model_forward(e->fwd, &bs, 1, NULL, e->logits, err) < 0) return -1;
+        if (model_forward(e->fwd, &bs, 1, e->hooks, e->logits, err) < 0) return -1;
         done += len;
     }
     return 0;

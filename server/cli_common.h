@@ -21,7 +21,8 @@ typedef struct engine_single {
     forward_ctx *fwd;
     kv_seq seq;
     int ctx;
-    float *logits; /* [n_vocab] logits of the last token run */
+    float *logits;              /* [n_vocab] logits of the last token run */
+    const forward_hooks *hooks; /* passed to every forward pass (NULL: none) */
 } engine_single;
 
 int engine_single_init(engine_single *e, const model *m, int threads, int ctx, bool precise,

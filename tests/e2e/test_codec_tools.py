@@ -44,6 +44,18 @@ def test_calibrate_and_codec_eval(model_path):
         sizes = [rows[f"level {k}"][0] for k in range(4)]
         assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) == 4, r.stdout
         assert rows["level 3"][0] < rows["8-bit per token"][0], r.stdout
+        # the level options: sd units, bins of one's own, CacheGen's anchor groups
+        sd_table = os.path.join(d, "sd.kvcodec")
+        r = run_kvserve("calibrate", "-m", model_path, "-o", sd_table, "--text",
+                        os.path.join(ROOT, "README.md"), "-n", "512", "--units", "sd",
+                        "--bins", "0.5,1,1.5", "--group", "10", *SMALL)
+        assert r.returncode == 0 and "3 levels" in r.stdout, r.stderr
+
+        # bad level options are refused before the model is read
+        for args, msg in ((["--bins", "1,0.5"], "fine to coarse"), (["--bins", "0"], "bins"),
+                          (["--units", "bits"], "units"), (["--group", "-1"], "group")):
+            r = run_kvserve("calibrate", "-m", model_path, "-o", sd_table, *args)
+            assert r.returncode != 0 and msg in r.stderr, (args, r.stderr)
 
         # a text too short for the windows asked for
         r = run_kvserve("codec-eval", "-m", model_path, "--table", table, "--text",

@@ -90,7 +90,7 @@ static fuzz_state *fuzz_setup(void) {
     float *x = malloc(sizeof(float) * 3 * FUZZ_LAYERS * 2 * 16 * FUZZ_CHAN);
     if (!x || codec_table_init(&st.table, st.model_id, FUZZ_LAYERS, FUZZ_CHAN, lv, 2, &err) ||
         (fill_kv(x, 3, FUZZ_LAYERS, 16, FUZZ_CHAN), 0) ||
-        codec_table_calibrate(&st.table, x, 3, 16, &err))
+        codec_table_calibrate(&st.table, x, 3, 16, NULL, &err))
         abort();
     size_t cap = codec_encode_bound(&st.table, 12);
     st.stream = malloc(cap);
@@ -100,7 +100,7 @@ static fuzz_state *fuzz_setup(void) {
 
     codec_table tiny;
     if (codec_table_init(&tiny, st.model_id, 1, 1, lv, 1, &err) ||
-        codec_table_calibrate(&tiny, x, 1, 16, &err) ||
+        codec_table_calibrate(&tiny, x, 1, 16, NULL, &err) ||
         codec_table_serialize(&tiny, &st.tiny, &st.tiny_len, &err))
         abort();
     codec_table_free(&tiny);

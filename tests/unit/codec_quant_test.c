@@ -66,9 +66,9 @@ static round_trip check_round_trip(const codec_shape *sh, const float *x, const 
     uint16_t *esc = malloc(n * sizeof *esc);
     float *y = malloc(n * sizeof *y);
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, sh, scale, lv, sym, esc, n, &err);
+    int64_t n_esc = codec_quantize(x, sh, scale, NULL, lv, 0, sym, esc, n, &err);
     cr_assert_geq(n_esc, 0, "%s", err.msg);
-    cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, sh, scale, lv, y, &err), 0, "%s",
+    cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, sh, scale, NULL, lv, y, &err), 0, "%s",
                  err.msg);
     size_t deltas = 0, centered = 0;
     for (int l = 0; l < sh->n_layer; l++)
@@ -99,13 +99,71 @@ Test(codec_quant, round_trip_within_bounds_at_every_level) {
     float *x = make_chunk(&sh, scale, 0.05);
     const float bins[][2] = {{0.01f, 0.02f}, {0.02f, 0.1f}, {0.05f, 0.3f}, {0.1f, 0.8f}};
     for (int k = 0; k < 4; k++)
-        for (int group = 1; group <= 16; group += 5) {
+        for (int group = 0; group <= 16; group += 5) {
             codec_level lv;
             level_fill(&lv, group, bins[k][0], bins[k][1], 1.0f, sh.n_layer);
             check_round_trip(&sh, x, scale, &lv);
         }
     free(x);
     free(scale);
+}
+
+Test(codec_quant, group_zero_codes_against_centres_and_n_exact_tokens_are_exact) {
+    codec_shape sh = {.n_layer = 2, .n_tok = 30, .n_chan = 16};
+    float scale[2 * 2 * 16], center[2 * 2 * 16];
+    float *x = make_chunk(&sh, scale, 0.3);
+    for (int i = 0; i < 2 * 2 * 16; i++) center[i] = (float)(i % 7) - 3.0f;
+    for (int l = 0; l < 2; l++) /* move every channel to its centre */
+        for (int kv = 0; kv < 2; kv++)
+            for (int t = 0; t < 30; t++)
+                for (int c = 0; c < 16; c++) {
+                    float *v = &x[(((size_t)l * 2 + kv) * 30 + t) * 16 + c];
+                    *v = fp16_to_fp32(fp32_to_fp16(*v + center[(l * 2 + kv) * 16 + c]));
+                }
+    codec_level lv;
+    level_fill(&lv, 0, 0.5f, 0.5f, 0, 2);
+    size_t n = (size_t)codec_shape_elems(&sh);
+    uint8_t *sym = malloc(n), *sym0 = malloc(n);
+    uint16_t *esc = malloc(n * sizeof *esc);
+    float *y = malloc(n * sizeof *y);
+    kv_error err = {{0}};
+    int64_t n_esc = codec_quantize(x, &sh, scale, center, &lv, 2, sym, esc, n, &err);
+    cr_assert_geq(n_esc, 2 * 2 * 2 * 16, "%s", err.msg); /* two tokens of every (layer, kv) */
+    cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, &sh, scale, center, &lv, y, &err), 0,
+                 "%s", err.msg);
+    size_t near = 0, coded = 0;
+    for (int l = 0; l < 2; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int t = 0; t < 30; t++)
+                for (int c = 0; c < 16; c++) {
+                    size_t i = (((size_t)l * 2 + kv) * 30 + t) * 16 + c;
+                    if (t < 2) {
+                        cr_assert_eq(y[i], x[i], "token %d not exact", t);
+                        cr_assert_eq(sym[i], CODEC_DELTA_ESCAPE);
+                        continue;
+                    }
+                    cr_assert_leq(fabsf(y[i] - x[i]),
+                                  0.25f * scale[(l * 2 + kv) * 16 + c] * 1.0001f);
+                    coded++;
+                    near += abs((int)sym[i] - CODEC_DELTA_RADIUS) <= 3;
+                }
+    /* symbols count steps from the centre: without the centres the same data lands farther
+     * from the middle of the alphabet (the channels sit up to 3 away from 0) */
+    int64_t n0 = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym0, esc, n, &err);
+    cr_assert_geq(n0, 0);
+    long with = 0, without = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (sym[i] != CODEC_DELTA_ESCAPE) with += abs((int)sym[i] - CODEC_DELTA_RADIUS);
+        if (sym0[i] != CODEC_DELTA_ESCAPE) without += abs((int)sym0[i] - CODEC_DELTA_RADIUS);
+    }
+    cr_assert_lt(with * 3, without * 2, "distance from the middle: %ld with centres, %ld without",
+                 with, without);
+    cr_assert_gt(near, 0);
+    free(sym);
+    free(sym0);
+    free(esc);
+    free(y);
+    free(x);
 }
 
 Test(codec_quant, locality_makes_deltas_small) {
@@ -138,16 +196,16 @@ Test(codec_quant, outliers_escape_exactly) {
     uint16_t esc[320];
     float y[320];
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, &sh, scale, &lv, sym, esc, n, &err);
+    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, n, &err);
     cr_assert_geq(n_esc, 3, "%s", err.msg);
     cr_assert_eq(sym[3], CODEC_ANCHOR_ESCAPE);
     cr_assert_eq(sym[5 * 8 + 2], CODEC_DELTA_ESCAPE);
-    cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, &sh, scale, &lv, y, &err), 0);
+    cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, &sh, scale, NULL, &lv, y, &err), 0);
     cr_assert_eq(y[3], 60000.0f);
     cr_assert_eq(y[5 * 8 + 2], -30000.0f);
     cr_assert(isnan(y[20 * 8 + 1]));
     /* a too-small escape buffer is an error, not an overflow */
-    cr_assert_eq(codec_quantize(x, &sh, scale, &lv, sym, esc, 1, &err), -1);
+    cr_assert_eq(codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, 1, &err), -1);
     free(x);
 }
 
@@ -161,23 +219,23 @@ Test(codec_quant, corrupt_input_is_refused) {
     uint16_t esc[96];
     float y[96];
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, &sh, scale, &lv, sym, esc, 96, &err);
+    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, 96, &err);
     cr_assert_eq(n_esc, 0, "%s", err.msg);
     uint8_t bad[96];
     memcpy(bad, sym, sizeof bad);
     bad[5] = CODEC_DELTA_ESCAPE + 1; /* token 1 is a delta: out of its alphabet */
-    cr_assert_eq(codec_dequantize(bad, esc, 0, &sh, scale, &lv, y, &err), -1);
+    cr_assert_eq(codec_dequantize(bad, esc, 0, &sh, scale, NULL, &lv, y, &err), -1);
     cr_assert(strstr(err.msg, "out of range"), "%s", err.msg);
     memcpy(bad, sym, sizeof bad);
     bad[5] = CODEC_DELTA_ESCAPE; /* an escape with none stored */
-    cr_assert_eq(codec_dequantize(bad, esc, 0, &sh, scale, &lv, y, &err), -1);
+    cr_assert_eq(codec_dequantize(bad, esc, 0, &sh, scale, NULL, &lv, y, &err), -1);
     cr_assert(strstr(err.msg, "more escapes"), "%s", err.msg);
-    cr_assert_eq(codec_dequantize(sym, esc, 2, &sh, scale, &lv, y, &err), -1); /* unused */
+    cr_assert_eq(codec_dequantize(sym, esc, 2, &sh, scale, NULL, &lv, y, &err), -1); /* unused */
     codec_level zero = lv;
     zero.delta_bin[0][1] = 0;
-    cr_assert_eq(codec_dequantize(sym, esc, 0, &sh, scale, &zero, y, &err), -1);
+    cr_assert_eq(codec_dequantize(sym, esc, 0, &sh, scale, NULL, &zero, y, &err), -1);
     scale[3] = -1;
-    cr_assert_eq(codec_dequantize(sym, esc, 0, &sh, scale, &lv, y, &err), -1);
+    cr_assert_eq(codec_dequantize(sym, esc, 0, &sh, scale, NULL, &lv, y, &err), -1);
     codec_shape big = {.n_layer = CODEC_MAX_LAYERS + 1, .n_tok = 1, .n_chan = 1};
     cr_assert_eq(codec_shape_elems(&big), -1);
     free(x);

@@ -89,7 +89,7 @@ static void make_table(codec_table *t, int n_layer, int n_chan, int n_tok, int g
     kv_error err = {{0}};
     cr_assert_eq(codec_table_init(t, mid, n_layer, n_chan, lv, 4, &err), 0, "%s", err.msg);
     float *x = make_kv(n_layer, n_chan, n_tok, 4, seed);
-    cr_assert_eq(codec_table_calibrate(t, x, 4, n_tok, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_calibrate(t, x, 4, n_tok, NULL, &err), 0, "%s", err.msg);
     free(x);
 }
 
@@ -171,10 +171,12 @@ Test(codec, round_trip_within_bounds_at_every_level) {
 }
 
 Test(codec, round_trip_property_over_shapes_and_seeds) {
-    /* n_tok not a multiple of the group, a single token, groups of 1 and beyond the chunk */
+    /* n_tok not a multiple of the group, a single token, groups of 1 and beyond the chunk, no
+     * anchors (group 0) */
     const struct {
         int n_layer, n_chan, n_tok, group;
-    } shapes[] = {{3, 16, 37, 10}, {2, 5, 1, 10}, {1, 3, 23, 1}, {4, 7, 11, 64}, {2, 9, 19, 4}};
+    } shapes[] = {{3, 16, 37, 10}, {2, 5, 1, 10}, {1, 3, 23, 1},
+                  {4, 7, 11, 64},  {2, 9, 19, 4}, {3, 6, 29, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (uint64_t seed = 1; seed <= 3; seed++) {
             codec_table t;
@@ -465,7 +467,9 @@ Test(codec, table_init_refuses_bad_shapes_and_levels) {
     cr_assert_eq(codec_table_init(&t, mid, 2, CODEC_MAX_CHANNELS + 1, lv, 4, &err), -1);
     cr_assert_eq(codec_table_init(&t, mid, 2, 4, lv, 0, &err), -1);
     cr_assert_eq(codec_table_init(&t, mid, 2, 4, lv, CODEC_MAX_LEVELS + 1, &err), -1);
-    lv[1].group = 0;
+    lv[1].group = -1;
+    cr_assert_eq(codec_table_init(&t, mid, 2, 4, lv, 4, &err), -1);
+    lv[1].group = CODEC_MAX_TOKENS + 1;
     cr_assert_eq(codec_table_init(&t, mid, 2, 4, lv, 4, &err), -1);
     lv[1].group = 10;
     lv[2].delta_bin[1][1] = NAN;
@@ -476,8 +480,8 @@ Test(codec, table_init_refuses_bad_shapes_and_levels) {
     float nan_kv[2 * 3 * 4];
     for (int i = 0; i < 2 * 3 * 4; i++) nan_kv[i] = (float)i;
     nan_kv[5] = INFINITY;
-    cr_assert_eq(codec_table_calibrate(&t, nan_kv, 1, 3, &err), -1);
-    cr_assert_eq(codec_table_calibrate(&t, nan_kv, 0, 3, &err), -1);
+    cr_assert_eq(codec_table_calibrate(&t, nan_kv, 1, 3, NULL, &err), -1);
+    cr_assert_eq(codec_table_calibrate(&t, nan_kv, 0, 3, NULL, &err), -1);
     codec_table_free(&t);
     codec_table_free(&t); /* safe twice */
 }
@@ -537,7 +541,7 @@ Test(codec, table_parse_refuses_corruption) {
     kv_error err = {{0}};
     cr_assert_eq(codec_table_init(&t, mid, 1, 2, &lv, 1, &err), 0, "%s", err.msg);
     float *x = make_kv(1, 2, 10, 2, 3);
-    cr_assert_eq(codec_table_calibrate(&t, x, 2, 10, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_calibrate(&t, x, 2, 10, NULL, &err), 0, "%s", err.msg);
     uint8_t *file;
     size_t n;
     cr_assert_eq(codec_table_serialize(&t, &file, &n, &err), 0);
@@ -565,14 +569,14 @@ Test(codec, table_parse_refuses_corruption) {
         uint8_t val;
         const char *msg;
     } edits[] = {
-        {4, 2, "version"},       /* version 2 */
+        {4, 3, "version"},       /* version 3 */
         {6, 1, "version"},       /* reserved */
         {40, 2, "bytes"},        /* n_layer 2: size no longer matches */
-        {52, 0, "group"},        /* group 3 -> 0 */
+        {55, 0x80, "group"},     /* group 3 -> 2^31 + 3 */
         {59, 0xff, "bins"},      /* anchor bin K negative (f32 bytes 56..59) */
-        {72 + 3, 0x80, "scale"}, /* first scale negative (scales at 72) */
-        {88, 3, "symbols"},      /* anchor model K: n_symbols 256 -> 259 */
-        {90, 0, "frequenc"},     /* its first freq: 0, or the sum off */
+        {72 + 3, 0x80, "scale"}, /* first scale negative (scales at 72, centres at 88) */
+        {104, 3, "symbols"},     /* anchor model K: n_symbols 256 -> 259 */
+        {106, 0, "frequenc"},    /* its first freq: 0, or the sum off */
     };
     for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
         memcpy(bad, file, n);
@@ -581,10 +585,91 @@ Test(codec, table_parse_refuses_corruption) {
         cr_assert_eq(codec_table_parse(&u, bad, n, mid, &err), -1, "edit %zu accepted", e);
         cr_assert(strstr(err.msg, edits[e].msg), "edit %zu: %s", e, err.msg);
     }
+    memcpy(bad, file, n);
+    memcpy(bad + 88, (const uint8_t[]){0x00, 0x00, 0xc0, 0x7f}, 4); /* first centre NaN */
+    reseal(bad, n);
+    cr_assert_eq(codec_table_parse(&u, bad, n, mid, &err), -1);
+    cr_assert(strstr(err.msg, "centre"), "%s", err.msg);
     free(bad);
     free(file);
     free(x);
     codec_table_free(&t);
+}
+
+Test(codec, token_at_position_zero_decodes_exact) {
+    /* The attention sink (position 0) is kept exact; a chunk that starts elsewhere is not. */
+    codec_table t;
+    make_table(&t, 2, 8, 20, 0, 6);
+    float *x = make_kv(2, 8, 20, 1, 77);
+    for (int32_t pos0 = 0; pos0 <= 20; pos0 += 20) {
+        size_t len;
+        uint8_t *buf = encode(&t, 3, x, 20, pos0, &len);
+        float *y = decode(&t, buf, len, 3, 20, pos0, 1);
+        int exact = 0;
+        for (int lk = 0; lk < 2 * 2; lk++)
+            for (int c = 0; c < 8; c++)
+                exact += y[(size_t)lk * 20 * 8 + c] == x[(size_t)lk * 20 * 8 + c];
+        if (pos0 == 0)
+            cr_assert_eq(exact, 2 * 2 * 8, "only %d of token 0's values exact", exact);
+        else
+            cr_assert_lt(exact, 2 * 2 * 8 / 2, "%d of token 0's values exact at pos0 20", exact);
+        check_bounds(&t, 3, x, 20, 0, y, 20);
+        free(y);
+        free(buf);
+    }
+    free(x);
+    codec_table_free(&t);
+}
+
+Test(codec, calibration_weights_set_units_and_centres) {
+    /* units: G / sqrt(weight), G the geometric mean of sd * sqrt(weight) over the channels of a
+     * (layer, kv); centres: channel means */
+    codec_level lv[4];
+    levels_fill(lv, 2, 0);
+    uint8_t mid[32];
+    model_id_fill(mid, 1);
+    codec_table t, u;
+    kv_error err = {{0}};
+    const int nl = 2, nc = 4, n_tok = 64;
+    cr_assert_eq(codec_table_init(&t, mid, nl, nc, lv, 4, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_init(&u, mid, nl, nc, lv, 4, &err), 0, "%s", err.msg);
+    float *x = make_kv(nl, nc, n_tok, 2, 21);
+    float w[2 * 2 * 4];
+    for (int i = 0; i < 2 * 2 * 4; i++) w[i] = (float)(1 + i % 4 * 3);
+    cr_assert_eq(codec_table_calibrate(&t, x, 2, n_tok, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_calibrate(&u, x, 2, n_tok, w, &err), 0, "%s", err.msg);
+    for (int lk = 0; lk < nl * 2; lk++) {
+        double log_g = 0;
+        for (int c = 0; c < nc; c++) log_g += log(t.scale[lk * nc + c] * sqrt(w[lk * nc + c]));
+        double g = exp(log_g / nc);
+        for (int c = 0; c < nc; c++) {
+            int i = lk * nc + c;
+            cr_assert_float_eq(u.scale[i], g / sqrt(w[i]), 1e-4 * g, "unit %d: %g", i, u.scale[i]);
+            double mean = 0; /* t's sd units: plain sd; centres the same either way */
+            int l = lk / 2, kv = lk % 2;
+            for (int k = 0; k < 2; k++)
+                for (int tok = 0; tok < n_tok; tok++)
+                    mean += x[((((size_t)k * nl + l) * 2 + kv) * n_tok + tok) * nc + c];
+            mean /= 2 * n_tok;
+            cr_assert_float_eq(u.center[i], mean, 1e-4 * (1 + fabs(mean)), "centre %d", i);
+            cr_assert_eq(u.center[i], t.center[i]);
+        }
+    }
+    /* the weighted table still round-trips within its (now uneven) bounds */
+    float *y0 = make_kv(nl, nc, n_tok, 1, 22);
+    size_t len;
+    uint8_t *buf = encode(&u, 2, y0, n_tok, 64, &len);
+    float *y = decode(&u, buf, len, 2, n_tok, 64, 2);
+    check_bounds(&u, 2, y0, n_tok, 0, y, n_tok);
+    w[5] = 0;
+    cr_assert_eq(codec_table_calibrate(&u, x, 2, n_tok, w, &err), -1);
+    cr_assert(strstr(err.msg, "weight"), "%s", err.msg);
+    free(y);
+    free(buf);
+    free(y0);
+    free(x);
+    codec_table_free(&t);
+    codec_table_free(&u);
 }
 
 Test(codec, table_save_and_load) {
