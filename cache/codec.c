@@ -22,7 +22,9 @@
 #include <openssl/evp.h>
 
 #define TABLE_VERSION 2
-#define TABLE_HEADER 52 /* magic, version, reserved, model_id, n_layer, n_chan, n_levels */
+#define TABLE_HEADER                                                                               \
+    64 /* magic, version, reserved, model_id, n_layer, n_chan, n_levels,                           \
+          n_head, head_dim, n_rot */
 #define SHA_BYTES 32
 /* Bitstream header fields (codec.h). */
 #define STREAM_CHECKSUM_AT 56
@@ -63,12 +65,6 @@ static float get_f32(const uint8_t *p) {
 }
 
 /* ---------------------------------------------------------------- shared helpers */
-
-/* Tokens of a chunk at pos0 that are kept exact: the one at position 0, the attention sink that
- * most heads of most layers attend to (on SmolLM2 it takes 65-85% of the attention of layers
- * 12 and deeper), so its error weighs on every query. Keeping it exact costs one token's f16 in
- * the first chunk of a sequence. */
-static int sink_tokens(int32_t pos0) { return pos0 == 0 ? 1 : 0; }
 
 /* The one-layer view of level lv at layer l that codec_quantize / codec_dequantize take with a
  * one-layer shape: only group and bins [0][kv] are read (check_inputs and the coders look at
@@ -118,6 +114,40 @@ static int check_levels(const codec_level *levels, int n_levels, int n_layer, kv
     return 0;
 }
 
+/* The attention shape a table may declare: none (all 0), or heads of head_dim channels with
+ * n_kv_head = n_chan / head_dim KV heads each read by n_head / n_kv_head query heads, and the
+ * first n_rot (even) channels of a head rotated. */
+static int check_attention_shape(int n_chan, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
+                                 kv_error *err) {
+    if (!n_head && !head_dim && !n_rot) return 0;
+    if (n_head < 1 || head_dim < 1 || head_dim > (uint32_t)n_chan || n_chan % head_dim ||
+        n_head % ((uint32_t)n_chan / head_dim) || n_head > 64 * ((uint32_t)n_chan / head_dim) ||
+        n_rot % 2 || n_rot > head_dim)
+        return kv_fail(err,
+                       "codec: attention shape of %u heads x %u dims (%u rotated) does not fit "
+                       "%d KV channels",
+                       n_head, head_dim, n_rot, n_chan);
+    return 0;
+}
+
+static int attention_alloc(codec_table *t, int n_head, int head_dim, int n_rot, kv_error *err) {
+    free(t->inv_freq);
+    free(t->qdir);
+    t->inv_freq = malloc(sizeof(float) * (size_t)(n_rot / 2 + 1));
+    t->qdir = malloc(sizeof(float) * (size_t)t->n_layer * (size_t)n_head * (size_t)head_dim);
+    if (!t->inv_freq || !t->qdir) {
+        free(t->inv_freq);
+        free(t->qdir);
+        t->inv_freq = t->qdir = NULL;
+        t->n_head = t->head_dim = t->n_rot = 0;
+        return kv_fail(err, "codec: out of memory");
+    }
+    t->n_head = n_head;
+    t->head_dim = head_dim;
+    t->n_rot = n_rot;
+    return 0;
+}
+
 static int table_ready(const codec_table *t, kv_error *err) {
     if (!t || !t->scale || !t->center || !t->models || t->n_layer < 1 ||
         t->n_layer > CODEC_MAX_LAYERS || t->n_chan < 1 || t->n_chan > CODEC_MAX_CHANNELS ||
@@ -159,13 +189,16 @@ static uint8_t *writer_take(table_writer *w, size_t n) {
 static size_t model_bytes(int n_symbols) { return 2 + 2 * (size_t)n_symbols; }
 
 /* Size of a table file for a shape within the limits (which keep it far below SIZE_MAX). */
-static size_t table_file_size(int n_layer, int n_chan, int n_levels) {
+static size_t table_file_size(int n_layer, int n_chan, int n_levels, int n_head, int head_dim,
+                              int n_rot) {
     size_t nl = (size_t)n_layer, nc = (size_t)n_chan, nv = (size_t)n_levels;
+    size_t attention =
+        n_head ? 4 + 4 * (size_t)(n_rot / 2) + 4 * nl * (size_t)n_head * (size_t)head_dim : 0;
     size_t level_bytes = 4 + 16 * nl;
     size_t models_per_level =
         nl * 2 * (model_bytes(CODEC_ANCHOR_SYMBOLS) + nc * model_bytes(CODEC_DELTA_SYMBOLS));
-    return TABLE_HEADER + nv * level_bytes + 2 * 4 * nl * 2 * nc + nv * models_per_level +
-           SHA_BYTES;
+    return TABLE_HEADER + nv * level_bytes + 2 * 4 * nl * 2 * nc + attention +
+           nv * models_per_level + SHA_BYTES;
 }
 
 static int write_model(table_writer *w, const rans_model *m, int n_symbols, kv_error *err) {
@@ -201,6 +234,9 @@ static int table_emit(const codec_table *t, uint8_t *out, uint8_t id[SHA_BYTES],
     put_u32(p + 40, (uint32_t)nl);
     put_u32(p + 44, (uint32_t)nc);
     put_u32(p + 48, (uint32_t)t->n_levels);
+    put_u32(p + 52, (uint32_t)t->n_head);
+    put_u32(p + 56, (uint32_t)t->head_dim);
+    put_u32(p + 60, (uint32_t)t->n_rot);
     for (int v = 0; v < t->n_levels; v++) {
         const codec_level *lv = &t->levels[v];
         put_u32(writer_take(w, 4), (uint32_t)lv->group);
@@ -214,6 +250,12 @@ static int table_emit(const codec_table *t, uint8_t *out, uint8_t id[SHA_BYTES],
     size_t n_scale = (size_t)nl * 2 * (size_t)nc;
     for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->scale[i]));
     for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->center[i]));
+    if (t->n_head) {
+        put_u32(writer_take(w, 4), f32_bits(t->margin));
+        for (int i = 0; i < t->n_rot / 2; i++) put_u32(writer_take(w, 4), f32_bits(t->inv_freq[i]));
+        size_t n_dir = (size_t)nl * (size_t)t->n_head * (size_t)t->head_dim;
+        for (size_t i = 0; i < n_dir; i++) put_u32(writer_take(w, 4), f32_bits(t->qdir[i]));
+    }
     for (int v = 0; v < t->n_levels; v++) {
         for (int l = 0; l < nl; l++)
             for (int kv = 0; kv < 2; kv++)
@@ -307,6 +349,8 @@ void codec_table_free(codec_table *t) {
     if (!t) return;
     free(t->scale);
     free(t->center);
+    free(t->inv_freq);
+    free(t->qdir);
     free(t->models);
     memset(t, 0, sizeof *t);
 }
@@ -315,7 +359,8 @@ int codec_table_serialize(const codec_table *t, uint8_t **out, size_t *len, kv_e
     *out = NULL;
     *len = 0;
     if (table_ready(t, err)) return -1;
-    size_t n = table_file_size(t->n_layer, t->n_chan, t->n_levels);
+    size_t n =
+        table_file_size(t->n_layer, t->n_chan, t->n_levels, t->n_head, t->head_dim, t->n_rot);
     uint8_t *buf = malloc(n);
     if (!buf) return kv_fail(err, "codec: out of memory for a %zu-byte table", n);
     uint8_t id[SHA_BYTES];
@@ -352,12 +397,14 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
         return kv_fail(err, "codec: table version %u.%u not supported (want %d.0)",
                        get_u16(buf + 4), get_u16(buf + 6), TABLE_VERSION);
     uint32_t nl = get_u32(buf + 40), nc = get_u32(buf + 44), nv = get_u32(buf + 48);
+    uint32_t nh = get_u32(buf + 52), hd = get_u32(buf + 56), nr = get_u32(buf + 60);
     if (nl < 1 || nl > CODEC_MAX_LAYERS || nc < 1 || nc > CODEC_MAX_CHANNELS || nv < 1 ||
         nv > CODEC_MAX_LEVELS)
         return kv_fail(err, "codec: table shape %u layers x %u channels x %u levels out of range",
                        nl, nc, nv);
-    /* Within the limits the size cannot overflow (about 1.1 GB at most). */
-    size_t want = table_file_size((int)nl, (int)nc, (int)nv);
+    if (check_attention_shape((int)nc, nh, hd, nr, err)) return -1;
+    /* Within the limits the size cannot overflow (about 1.2 GB at most). */
+    size_t want = table_file_size((int)nl, (int)nc, (int)nv, (int)nh, (int)hd, (int)nr);
     if (len != want)
         return kv_fail(err, "codec: table has %zu bytes, its shape needs %zu (%s)", len, want,
                        len < want ? "truncated" : "trailing bytes");
@@ -402,6 +449,30 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
             goto fail;
         }
         t->center[i] = c;
+    }
+    if (nh) {
+        if (attention_alloc(t, (int)nh, (int)hd, (int)nr, err)) goto fail;
+        t->margin = get_f32(p);
+        p += 4;
+        if (!(t->margin > 0) || !isfinite(t->margin)) {
+            kv_fail(err, "codec: table margin %g must be finite and positive", t->margin);
+            goto fail;
+        }
+        for (uint32_t i = 0; i < nr / 2; i++, p += 4) {
+            t->inv_freq[i] = get_f32(p);
+            if (!(t->inv_freq[i] >= 0) || !isfinite(t->inv_freq[i])) {
+                kv_fail(err, "codec: table RoPE frequency %u is %g", i, t->inv_freq[i]);
+                goto fail;
+            }
+        }
+        size_t n_dir = (size_t)nl * nh * hd;
+        for (size_t i = 0; i < n_dir; i++, p += 4) {
+            t->qdir[i] = get_f32(p);
+            if (!isfinite(t->qdir[i])) {
+                kv_fail(err, "codec: table query direction %zu is not finite", i);
+                goto fail;
+            }
+        }
     }
     for (uint32_t v = 0; v < nv; v++) {
         for (uint32_t l = 0; l < nl; l++)
@@ -481,7 +552,10 @@ int codec_table_load(codec_table *t, const char *path, const uint8_t model_id[32
     struct stat st;
     uint8_t *buf = NULL;
     int rc = -1;
-    size_t max = table_file_size(CODEC_MAX_LAYERS, CODEC_MAX_CHANNELS, CODEC_MAX_LEVELS);
+    /* the largest shape: every limit at once, 64 query heads per KV head */
+    size_t max = table_file_size(CODEC_MAX_LAYERS, CODEC_MAX_CHANNELS, CODEC_MAX_LEVELS,
+                                 64 * CODEC_MAX_CHANNELS, 1, 0) +
+                 4 * CODEC_MAX_CHANNELS / 2;
     if (fstat(fd, &st) != 0) {
         kv_fail(err, "codec: cannot stat %s: %s", path, strerror(errno));
         goto done;
@@ -511,6 +585,141 @@ done:
     free(buf);
     close(fd);
     return rc;
+}
+
+/* ---------------------------------------------------------------- protected tokens
+
+ * A few tokens take a large share of every later query's attention: the one at position 0 (the
+ * attention sink: on SmolLM2 65-85% of the attention of layers 12 and deeper) and, in some
+ * layers, "heavy hitters" (on SmolLM2 layers 2-10 give each of a handful of tokens 7-10%). Their
+ * error weighs on every query, so they are kept exact (escaped). The sink is known by position;
+ * heavy hitters by the attention logit that the model's mean query (codec_table.qdir, averaged
+ * over the relative rotations of queries 1..CODEC_QUERY_REACH tokens later) gives each token's
+ * key: a token is protected in a layer when its best logit over the heads exceeds the chunk's
+ * median by more than the table's margin (a token e^margin times as attended as a typical one).
+ * Choosing needs only the keys and the table, so encoder and calibration choose alike, and the
+ * decoder needs no list: the escapes say it all. */
+
+typedef struct protect_ctx {
+    const codec_table *t;
+    int n_tok;
+    int32_t pos0;
+    float *cs;     /* [n_tok][n_rot / 2][2]: cos and sin of (pos0 + t) * inv_freq */
+    float *score;  /* [n_tok] */
+    float *sorted; /* [n_tok] */
+} protect_ctx;
+
+static void protect_free(protect_ctx *pc) {
+    free(pc->cs);
+    free(pc->score);
+    free(pc->sorted);
+    memset(pc, 0, sizeof *pc);
+}
+
+static int protect_init(protect_ctx *pc, const codec_table *t, int n_tok, int32_t pos0,
+                        kv_error *err) {
+    memset(pc, 0, sizeof *pc);
+    pc->t = t;
+    pc->n_tok = n_tok;
+    pc->pos0 = pos0;
+    if (!t->n_head) return 0;
+    const int half = t->n_rot / 2;
+    pc->cs = malloc(sizeof(float) * 2 * (size_t)n_tok * (size_t)(half + 1));
+    pc->score = malloc(sizeof(float) * (size_t)n_tok);
+    pc->sorted = malloc(sizeof(float) * (size_t)n_tok);
+    if (!pc->cs || !pc->score || !pc->sorted) {
+        protect_free(pc);
+        return kv_fail(err, "codec: out of memory");
+    }
+    for (int j = 0; j < n_tok; j++)
+        for (int i = 0; i < half; i++) {
+            double ang = ((double)pos0 + j) * (double)t->inv_freq[i];
+            pc->cs[((size_t)j * half + i) * 2] = (float)cos(ang);
+            pc->cs[((size_t)j * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    return 0;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* mask[0..n_tok) for layer l, whose K rows are k [n_tok][n_chan] (rotated at pos0 + t). */
+static void protect_layer(protect_ctx *pc, int l, const float *k, uint8_t *mask) {
+    const codec_table *t = pc->t;
+    const int n_tok = pc->n_tok;
+    memset(mask, 0, (size_t)n_tok);
+    if (pc->pos0 == 0) mask[0] = 1;
+    if (!t->n_head) return;
+    const int hd = t->head_dim, group = t->n_head / (t->n_chan / hd), half = t->n_rot / 2;
+    const float *dir = t->qdir + (size_t)l * (size_t)t->n_head * (size_t)hd;
+    int n_finite = 0;
+    for (int j = 0; j < n_tok; j++) {
+        const float *cs = pc->cs + (size_t)j * half * 2;
+        float best = -INFINITY;
+        for (int h = 0; h < t->n_head; h++) {
+            const float *a = dir + (size_t)h * hd;
+            const float *kr = k + (size_t)j * t->n_chan + (size_t)(h / group) * hd;
+            float sum = 0;
+            /* the direction rotated to the key's position: (R(phi) a) . k_rotated */
+            for (int i = 0; i < half; i++) {
+                float c = cs[2 * i], sn = cs[2 * i + 1];
+                float a0 = a[2 * i] * c - a[2 * i + 1] * sn, a1 = a[2 * i] * sn + a[2 * i + 1] * c;
+                sum += a0 * kr[2 * i] + a1 * kr[2 * i + 1];
+            }
+            for (int d = 2 * half; d < hd; d++) sum += a[d] * kr[d];
+            if (sum > best) best = sum;
+        }
+        pc->score[j] = best;
+        if (isfinite(best)) pc->sorted[n_finite++] = best;
+    }
+    if (!n_finite) return;
+    qsort(pc->sorted, (size_t)n_finite, sizeof(float), cmp_float);
+    const float limit = pc->sorted[n_finite / 2] + t->margin;
+    for (int j = 0; j < n_tok; j++)
+        if (pc->score[j] > limit) mask[j] = 1;
+}
+
+int codec_table_set_attention(codec_table *t, int n_head, int head_dim, int n_rot,
+                              const float *inv_freq, const float *qmean, float margin,
+                              kv_error *err) {
+    if (table_ready(t, err)) return -1;
+    if (n_head < 1 || head_dim < 1 || n_rot < 0 ||
+        check_attention_shape(t->n_chan, (uint32_t)n_head, (uint32_t)head_dim, (uint32_t)n_rot,
+                              err))
+        return kv_fail(err, "codec: attention shape %d x %d (%d rotated) does not fit %d channels",
+                       n_head, head_dim, n_rot, t->n_chan);
+    if (!(margin > 0) || !isfinite(margin))
+        return kv_fail(err, "codec: margin %g must be finite and positive", margin);
+    const int half = n_rot / 2;
+    for (int i = 0; i < half; i++)
+        if (!(inv_freq[i] >= 0) || !isfinite(inv_freq[i]))
+            return kv_fail(err, "codec: RoPE frequency %d is %g", i, inv_freq[i]);
+    size_t n_dir = (size_t)t->n_layer * (size_t)n_head * (size_t)head_dim;
+    for (size_t i = 0; i < n_dir; i++)
+        if (!isfinite(qmean[i])) return kv_fail(err, "codec: mean query %zu is not finite", i);
+    if (attention_alloc(t, n_head, head_dim, n_rot, err)) return -1;
+    t->margin = margin;
+    memcpy(t->inv_freq, inv_freq, sizeof(float) * (size_t)half);
+    const double inv_sqrt = 1.0 / sqrt((double)head_dim);
+    for (size_t h = 0; h < (size_t)t->n_layer * (size_t)n_head; h++) {
+        const float *q = qmean + h * (size_t)head_dim;
+        float *a = t->qdir + h * (size_t)head_dim;
+        for (int i = 0; i < half; i++) { /* E[R(delta * theta_i)] over delta = 1..reach */
+            double c = 0, sn = 0;
+            for (int d = 1; d <= CODEC_QUERY_REACH; d++) {
+                c += cos((double)d * inv_freq[i]);
+                sn += sin((double)d * inv_freq[i]);
+            }
+            c /= CODEC_QUERY_REACH;
+            sn /= CODEC_QUERY_REACH;
+            a[2 * i] = (float)((c * q[2 * i] - sn * q[2 * i + 1]) * inv_sqrt);
+            a[2 * i + 1] = (float)((sn * q[2 * i] + c * q[2 * i + 1]) * inv_sqrt);
+        }
+        for (int d = 2 * half; d < head_dim; d++) a[d] = (float)(q[d] * inv_sqrt);
+    }
+    return table_emit(t, NULL, t->id, err);
 }
 
 /* ---------------------------------------------------------------- calibration */
@@ -597,10 +806,22 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     uint64_t *counts = malloc((2 * CODEC_ANCHOR_SYMBOLS + n_delta_counts) * sizeof *counts);
     uint8_t *sym = malloc(layer_elems);
     uint16_t *esc = malloc(layer_elems * sizeof *esc);
+    /* the tokens the encoder would keep exact, per chunk and layer (the same at every level) */
+    uint8_t *masks = malloc((size_t)n_chunks * (size_t)nl * (size_t)n_tok);
     int rc = -1;
-    if (!counts || !sym || !esc) {
+    if (!counts || !sym || !esc || !masks) {
         kv_fail(err, "codec: out of memory calibrating");
         goto done;
+    }
+    for (int k = 0; k < n_chunks; k++) {
+        protect_ctx pc;
+        if (protect_init(&pc, t, n_tok,
+                         (int32_t)((int64_t)k * n_tok > INT32_MAX ? INT32_MAX : k * n_tok), err))
+            goto done;
+        for (int l = 0; l < nl; l++)
+            protect_layer(&pc, l, x + ((size_t)k * (size_t)nl + (size_t)l) * layer_elems,
+                          masks + ((size_t)k * nl + l) * n_tok);
+        protect_free(&pc);
     }
     uint64_t *anchor_counts = counts, *delta_counts = counts + 2 * CODEC_ANCHOR_SYMBOLS;
     const codec_shape sh = {.n_layer = 1, .n_tok = n_tok, .n_chan = nc};
@@ -611,9 +832,9 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
             memset(counts, 0, (2 * CODEC_ANCHOR_SYMBOLS + n_delta_counts) * sizeof *counts);
             for (int k = 0; k < n_chunks; k++) {
                 const float *xl = x + ((size_t)k * (size_t)nl + (size_t)l) * layer_elems;
-                if (codec_quantize(xl, &sh, t->scale + (size_t)l * 2 * nc,
-                                   t->center + (size_t)l * 2 * nc, &one,
-                                   sink_tokens((int32_t)k * n_tok), sym, esc, layer_elems, err) < 0)
+                if (codec_quantize(
+                        xl, &sh, t->scale + (size_t)l * 2 * nc, t->center + (size_t)l * 2 * nc,
+                        &one, masks + ((size_t)k * nl + l) * n_tok, sym, esc, layer_elems, err) < 0)
                     goto done;
                 const uint8_t *s = sym;
                 for (int kv = 0; kv < 2; kv++)
@@ -640,6 +861,7 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
         }
     rc = table_emit(t, NULL, t->id, err);
 done:
+    free(masks);
     free(counts);
     free(sym);
     free(esc);
@@ -688,21 +910,24 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     if (cap < pos) return kv_fail(err, "codec: output capacity %zu below the header's", cap);
     if (cap > (size_t)INT64_MAX) cap = (size_t)INT64_MAX;
 
-    uint8_t *sym = malloc(e);
+    uint8_t *sym = malloc(e), *mask = malloc((size_t)n_tok);
     uint16_t *esc = malloc(e * sizeof *esc);
     uint32_t *ctx = build_ctx(n_tok, nc, lv->group);
+    protect_ctx pc = {0};
     int64_t rc = -1;
-    if (!sym || !esc || !ctx) {
+    if (!sym || !mask || !esc || !ctx) {
         kv_fail(err, "codec: out of memory encoding");
         goto done;
     }
+    if (protect_init(&pc, t, n_tok, pos0, err)) goto done;
     const codec_shape sh = {.n_layer = 1, .n_tok = n_tok, .n_chan = nc};
     for (int l = 0; l < nl; l++) {
         codec_level one;
         layer_level(lv, l, &one);
-        int64_t n_esc = codec_quantize(x + (size_t)l * e, &sh, t->scale + (size_t)l * 2 * nc,
-                                       t->center + (size_t)l * 2 * nc, &one, sink_tokens(pos0), sym,
-                                       esc, e, err);
+        protect_layer(&pc, l, x + (size_t)l * e, mask);
+        int64_t n_esc =
+            codec_quantize(x + (size_t)l * e, &sh, t->scale + (size_t)l * 2 * nc,
+                           t->center + (size_t)l * 2 * nc, &one, mask, sym, esc, e, err);
         if (n_esc < 0) {
             kv_fail_wrap(err, "codec: encode layer %d", l);
             goto done;
@@ -736,7 +961,9 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     if (stream_digest(out, pos, out + STREAM_CHECKSUM_AT, err)) goto done;
     rc = (int64_t)pos;
 done:
+    protect_free(&pc);
     free(sym);
+    free(mask);
     free(esc);
     free(ctx);
     return rc;

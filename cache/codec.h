@@ -1,10 +1,13 @@
 /* The CacheGen codec (Liu et al., SIGCOMM'24): a chunk's KV to a compact bitstream at a quality
  * level, and back (internal to cache/; see DESIGN.md "KV bitstream").
  *
- * Stages: codec_quant.h turns the chunk into symbols (anchor + delta token groups, bins per
- * layer and K/V in units of each channel's calibration scale); rans.h entropy-codes them with
- * static models profiled once per model: one model per (layer, K/V) for anchor symbols and one
- * per (layer, K/V, channel) for delta symbols. The models, scales and levels form a codec_table,
+ * Stages: codec_quant.h turns the chunk into symbols (anchor + delta token groups, or with group
+ * 0 every token against its channel's centre; bins per layer and K/V in units of each channel's
+ * step unit, which calibration weights by how much an error in the channel costs); a few tokens
+ * that take much of every query's attention are kept exact (codec.c, protected tokens); rans.h
+ * entropy-codes the symbols with static models profiled once per model: one model per (layer,
+ * K/V) for anchor symbols and one per (layer, K/V, channel) for delta symbols. The models,
+ * units, centres, protection data and levels form a codec_table,
  * built by codec_table_calibrate from the model's own KV and kept in a versioned file beside the
  * model (codec_table_save / codec_table_load). Encoder and decoder must use the same table: the
  * bitstream names the table's identity, and the decoder refuses any other.
@@ -55,6 +58,8 @@
  * largest token group a level may use). */
 #define CODEC_MAX_CHANNELS 4096
 #define CODEC_MAX_TOKENS 65536
+/* Protected tokens (codec.c) are chosen for queries 1..CODEC_QUERY_REACH tokens after them. */
+#define CODEC_QUERY_REACH 1024
 /* Models per (level, layer) in codec_table.models: anchor K and V, then delta [2][n_chan]. */
 #define CODEC_LAYER_MODELS(n_chan) (2 + 2 * (size_t)(n_chan))
 
@@ -69,6 +74,13 @@ typedef struct codec_table {
     codec_level levels[CODEC_MAX_LEVELS]; /* from near-lossless (0) to aggressive */
     float *scale;                         /* [n_layer][2][n_chan] channel step units, each > 0 */
     float *center; /* [n_layer][2][n_chan] channel means: what deltas start from (codec_quant.h) */
+    /* How to find the tokens kept exact besides the one at position 0 (codec.c, protected
+     * tokens); n_head 0: none. */
+    int n_head, head_dim, n_rot; /* query heads, dims per head, RoPE-rotated dims per head */
+    float margin;                /* logits above the chunk's median that make a token protected */
+    float *inv_freq;             /* [n_rot / 2] RoPE frequencies */
+    float *qdir; /* [n_layer][n_head][head_dim] mean query, pre-rotation, averaged over the
+                    rotations of the queries that will read a key, over sqrt(head_dim) */
     /* [n_levels][n_layer][CODEC_LAYER_MODELS(n_chan)]: per level and layer the anchor models
      * [2] (K, V), then the delta models [2][n_chan], in one array so that a layer's stream
      * decodes with one rans_decode call (ctx: kv for anchors, 2 + kv * n_chan + c for deltas) */
@@ -102,6 +114,15 @@ void codec_table_free(codec_table *t);
 int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_tok,
                           const float *weight, kv_error *err);
 
+/* Gives the table what it needs to protect heavy hitters (codec.c): the attention shape (n_head
+ * query heads of head_dim dims, n_rot of them rotated, reading n_chan / head_dim KV heads), RoPE's
+ * inv_freq[n_rot / 2], each layer's and head's mean query before rotation qmean[n_layer][n_head]
+ * [head_dim] and the margin in logits (> 0). Call before codec_table_calibrate, which counts the
+ * escapes the protection makes. Recomputes t->id. */
+int codec_table_set_attention(codec_table *t, int n_head, int head_dim, int n_rot,
+                              const float *inv_freq, const float *qmean, float margin,
+                              kv_error *err);
+
 /* The file beside the model (MODEL.kvcodec): magic "KVCT", version, model identity, shape,
  * levels, scales and model frequencies, SHA-256 of the contents. load checks all of it, and the
  * model identity against model_id, before trusting anything. */
@@ -109,9 +130,11 @@ int codec_table_save(const codec_table *t, const char *path, kv_error *err);
 int codec_table_load(codec_table *t, const char *path, const uint8_t model_id[32], kv_error *err);
 /* The same from and to memory (serialize: malloc'd buffer in *out, *len bytes). parse
  * overwrites t (zeroed on failure). The file (all integers and floats little-endian):
- *   magic "KVCT", u16 version 2, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels;
+ *   magic "KVCT", u16 version 2, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels,
+ *   u32 n_head, u32 head_dim, u32 n_rot (all 0: no protection data);
  *   per level: u32 group, f32 anchor_bin[n_layer][2], f32 delta_bin[n_layer][2];
  *   f32 scale[n_layer][2][n_chan]; f32 center[n_layer][2][n_chan];
+ *   if n_head: f32 margin, f32 inv_freq[n_rot / 2], f32 qdir[n_layer][n_head][head_dim];
  *   per level: anchor models [n_layer][2], then delta models [n_layer][2][n_chan], each as
  *     u16 n_symbols (CODEC_ANCHOR_SYMBOLS or CODEC_DELTA_SYMBOLS) and u16 freq[n_symbols];
  *   SHA-256 of every preceding byte (the table's id). Nothing may follow. */

@@ -58,8 +58,8 @@ static void init_prediction(float *pred, const float *center, int l, int kv, int
 }
 
 int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale,
-                       const float *center, const codec_level *lv, int n_exact, uint8_t *sym,
-                       uint16_t *esc, size_t esc_cap, kv_error *err) {
+                       const float *center, const codec_level *lv, const uint8_t *exact,
+                       uint8_t *sym, uint16_t *esc, size_t esc_cap, kv_error *err) {
     if (check_inputs(sh, scale, lv, err)) return -1;
     const int nc = sh->n_chan;
     size_t n_esc = 0;
@@ -76,9 +76,10 @@ int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale
                 const float *xr = x + row;
                 uint8_t *sr = sym + row;
                 bool is_anchor = codec_is_anchor(t, lv->group);
+                bool keep = exact && exact[t];
                 for (int c = 0; c < nc; c++) {
                     float v = xr[c];
-                    if (t < n_exact) {
+                    if (keep) {
                         sr[c] = is_anchor ? CODEC_ANCHOR_ESCAPE : CODEC_DELTA_ESCAPE;
                     } else if (is_anchor) {
                         float st = step_of(ab, sc[c]);

@@ -3,9 +3,12 @@
  *
  * Tokens are taken in groups: the group's first token (the anchor) is quantized on its own, the
  * others as their difference from the anchor's reconstruction, which is small because nearby
- * tokens' KV is similar (the paper's "token-wise locality"). Bins are in units of each channel's
- * scale (its standard deviation in calibration) and may grow with depth: deeper layers tolerate
- * coarser KV (the paper's "layer-wise sensitivity"). A level is one set of bins.
+ * tokens' KV is similar (the paper's "token-wise locality"). Group 0 has no anchors: every token
+ * is a delta to its channel's centre (calibration mean), which on SmolLM2 codes in fewer bits
+ * (its tokens' KV is not close enough to its neighbours' to beat the channel's own
+ * distribution). Bins are in units of each channel's scale (its step unit from calibration) and
+ * may differ by layer and K/V (the paper's "layer-wise sensitivity"). A level is one set of
+ * bins.
  *
  * Every element's reconstruction error is at most half its bin times its channel's scale, or 0
  * for an escaped element (an out-of-range symbol: its exact f16 value travels on the side). */
@@ -51,13 +54,13 @@ static inline int codec_is_anchor(int t, int group) { return group > 0 && t % gr
 /* Quantizes x into one symbol per element, in x's order. Escaped elements append their f16
  * bits to esc (which holds up to esc_cap, at most one per element). scale: [n_layer][2][n_chan],
  * every entry > 0; center: the same shape, the prediction of deltas before any anchor (all of
- * them with group 0), or NULL for zeros. The first n_exact tokens are escaped whole (kept
- * exact: the attention sink at position 0 takes a large share of every query's attention, and
- * its error costs more than its bits). Returns the escape count, or -1 with err (bad shape,
- * level or scale). */
+ * them with group 0), or NULL for zeros. Tokens t with exact[t] != 0 are escaped whole (kept
+ * exact: tokens that take a large share of every query's attention, whose error costs more than
+ * their bits; the codec's choice, see codec.c), exact NULL for none. Returns the escape count,
+ * or -1 with err (bad shape, level or scale). */
 int64_t codec_quantize(const float *x, const codec_shape *sh, const float *scale,
-                       const float *center, const codec_level *lv, int n_exact, uint8_t *sym,
-                       uint16_t *esc, size_t esc_cap, kv_error *err);
+                       const float *center, const codec_level *lv, const uint8_t *exact,
+                       uint8_t *sym, uint16_t *esc, size_t esc_cap, kv_error *err);
 
 /* The inverse: x from symbols and escapes. Never trusts its input: a symbol outside its
  * alphabet, more escape symbols than n_esc escapes (or fewer used than given), a bad shape or

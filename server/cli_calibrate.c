@@ -44,6 +44,8 @@ static void usage(FILE *out) {
             "      --group N        tokens per anchor group; 0: no anchors (default 0)\n"
             "      --units U        step units: importance (default) or sd (each channel's\n"
             "                       standard deviation, no weighting)\n"
+            "      --margin L       keep exact the tokens the mean query scores L logits\n"
+            "                       above a chunk's median (default 4; 0: only position 0)\n"
             "  -t, --threads N      compute threads (default 2)\n"
             "  -h, --help           this text\n",
             CALIB_DEFAULT_TOKENS, CALIB_DEFAULT_CHUNK);
@@ -102,6 +104,7 @@ typedef struct importance {
     const model *m;
     backend *b;
     double *q_energy; /* [n_layer][n_head * head_dim] sum of q^2 over the rows seen */
+    double *q_sum;    /* [n_layer][n_head * head_dim] sum of q (before RoPE) */
     double rows;      /* per layer */
     float *xn, *q;    /* scratch [ENGINE_SLICE][dim], [ENGINE_SLICE][n_head * head_dim] */
 } importance;
@@ -120,6 +123,7 @@ static int importance_before_layer(void *ud, forward_state *st, int layer) {
         for (int i = 0; i < qd; i++) {
             double v = im->q[(size_t)r * qd + i];
             acc[i] += v * v;
+            im->q_sum[(size_t)layer * qd + i] += v;
         }
     if (layer == 0) im->rows += n;
     return 0;
@@ -224,18 +228,25 @@ static int parse_bins(const char *arg, int group, codec_level *lv, int *n_levels
 }
 
 int cli_calibrate(int argc, char **argv) {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'}, {"out", required_argument, 0, 'o'},
-        {"text", required_argument, 0, 'T'},  {"tokens", required_argument, 0, 'n'},
-        {"chunk", required_argument, 0, 'C'}, {"seed", required_argument, 0, 'S'},
-        {"bins", required_argument, 0, 'B'},  {"group", required_argument, 0, 'G'},
-        {"units", required_argument, 0, 'U'}, {"threads", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"out", required_argument, 0, 'o'},
+                                             {"text", required_argument, 0, 'T'},
+                                             {"tokens", required_argument, 0, 'n'},
+                                             {"chunk", required_argument, 0, 'C'},
+                                             {"seed", required_argument, 0, 'S'},
+                                             {"bins", required_argument, 0, 'B'},
+                                             {"group", required_argument, 0, 'G'},
+                                             {"units", required_argument, 0, 'U'},
+                                             {"threads", required_argument, 0, 't'},
+                                             {"margin", required_argument, 0, 'M'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     const char *model_path = NULL, *out_path = NULL, *text_path = NULL;
     long long n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, seed = 1, threads = 2;
     long long group = 0;
     const char *bins_arg = "0.25,0.4,0.75,1";
     bool sd_units = false;
+    double margin = 4.0;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:o:n:t:h", longopts, NULL)) != -1) {
@@ -272,6 +283,9 @@ int cli_calibrate(int argc, char **argv) {
             }
             sd_units = !strcmp(optarg, "sd");
             break;
+        case 'M':
+            if (cli_parse_float("--margin", optarg, 0, 1000, &margin)) return 2;
+            break;
         case 't':
             if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
             break;
@@ -292,7 +306,7 @@ int cli_calibrate(int argc, char **argv) {
     engine_single e = {0};
     char *text = NULL, *auto_out = NULL;
     int32_t *ids = NULL;
-    float *kv = NULL, *imp = NULL;
+    float *kv = NULL, *imp = NULL, *qmean = NULL;
     codec_table table = {0};
     importance im = {0};
     codec_level levels[CODEC_MAX_LEVELS];
@@ -306,10 +320,11 @@ int cli_calibrate(int argc, char **argv) {
     im.m = m;
     im.b = e.b;
     im.q_energy = calloc((size_t)hp->n_layer * hp->n_head * hp->head_dim, sizeof(double));
+    im.q_sum = calloc((size_t)hp->n_layer * hp->n_head * hp->head_dim, sizeof(double));
     im.xn = malloc(sizeof(float) * ENGINE_SLICE * (size_t)hp->dim);
     im.q = malloc(sizeof(float) * ENGINE_SLICE * (size_t)hp->n_head * hp->head_dim);
-    if (!im.q_energy || !im.xn || !im.q) goto oom;
-    if (!sd_units) e.hooks = &hooks;
+    if (!im.q_energy || !im.q_sum || !im.xn || !im.q) goto oom;
+    e.hooks = &hooks;
     int n = (int)n_tokens;
     if (text_path) {
         int32_t *tok = NULL;
@@ -339,7 +354,7 @@ int cli_calibrate(int argc, char **argv) {
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
     if (engine_single_read_kv(&e, n_chunks, (int)chunk, kv, &err)) goto done;
 
-    if (!sd_units) {
+    {
         if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
         if (importance_weights(&im, imp, &err)) goto done;
     }
@@ -347,8 +362,16 @@ int cli_calibrate(int argc, char **argv) {
         for (int l = 1; l < nl; l++)
             for (int k = 0; k < 2; k++)
                 levels[v].anchor_bin[l][k] = levels[v].delta_bin[l][k] = levels[v].delta_bin[0][0];
-    if (codec_table_init(&table, m->identity, nl, nc, levels, n_levels, &err) ||
-        codec_table_calibrate(&table, kv, n_chunks, (int)chunk, imp, &err))
+    if (codec_table_init(&table, m->identity, nl, nc, levels, n_levels, &err)) goto done;
+    if (margin > 0) { /* the mean query of each layer and head, before RoPE */
+        size_t n_q = (size_t)nl * hp->n_head * hp->head_dim;
+        if (!(qmean = malloc(sizeof(float) * n_q))) goto oom;
+        for (size_t i = 0; i < n_q; i++) qmean[i] = (float)(im.q_sum[i] / im.rows);
+        if (codec_table_set_attention(&table, hp->n_head, hp->head_dim, m->rope.n_rot,
+                                      m->rope.inv_freq, qmean, (float)margin, &err))
+            goto done;
+    }
+    if (codec_table_calibrate(&table, kv, n_chunks, (int)chunk, sd_units ? NULL : imp, &err))
         goto done;
     if (!out_path) {
         if (asprintf(&auto_out, "%s.kvcodec", model_path) < 0) goto oom;
@@ -365,7 +388,9 @@ done:
     if (rc) fprintf(stderr, "kvserve calibrate: %s\n", err.msg);
     codec_table_free(&table);
     free(imp);
+    free(qmean);
     free(im.q_energy);
+    free(im.q_sum);
     free(im.xn);
     free(im.q);
     free(kv);

@@ -48,12 +48,13 @@ def test_calibrate_and_codec_eval(model_path):
         sd_table = os.path.join(d, "sd.kvcodec")
         r = run_kvserve("calibrate", "-m", model_path, "-o", sd_table, "--text",
                         os.path.join(ROOT, "README.md"), "-n", "512", "--units", "sd",
-                        "--bins", "0.5,1,1.5", "--group", "10", *SMALL)
+                        "--bins", "0.5,1,1.5", "--group", "10", "--margin", "0", *SMALL)
         assert r.returncode == 0 and "3 levels" in r.stdout, r.stderr
 
         # bad level options are refused before the model is read
         for args, msg in ((["--bins", "1,0.5"], "fine to coarse"), (["--bins", "0"], "bins"),
-                          (["--units", "bits"], "units"), (["--group", "-1"], "group")):
+                          (["--units", "bits"], "units"), (["--group", "-1"], "group"),
+                          (["--margin", "-1"], "margin")):
             r = run_kvserve("calibrate", "-m", model_path, "-o", sd_table, *args)
             assert r.returncode != 0 and msg in r.stderr, (args, r.stderr)
 

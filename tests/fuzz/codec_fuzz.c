@@ -15,7 +15,7 @@
  *      recomputed.
  * Whenever a bitstream is accepted its header fields must be in range and decoding on one and
  * on three threads must give the same bytes; a table that parses must serialize back to the
- * input byte for byte (a version-1 table has one valid encoding). Every refusal names its
+ * input byte for byte (a table has one valid encoding). Every refusal names its
  * reason. Any violation aborts. */
 #include <immintrin.h>
 #include <stdint.h>
@@ -98,8 +98,10 @@ static fuzz_state *fuzz_setup(void) {
     if (n < 0) abort();
     st.stream_len = (size_t)n;
 
-    codec_table tiny;
+    codec_table tiny; /* with protection data (2 query heads of 1 dim), so its parser is reached */
+    const float no_freq[1] = {0}, qmean[2] = {0.5f, -1.0f};
     if (codec_table_init(&tiny, st.model_id, 1, 1, lv, 1, &err) ||
+        codec_table_set_attention(&tiny, 2, 1, 0, no_freq, qmean, 4.0f, &err) ||
         codec_table_calibrate(&tiny, x, 1, 16, NULL, &err) ||
         codec_table_serialize(&tiny, &st.tiny, &st.tiny_len, &err))
         abort();

@@ -66,7 +66,7 @@ static round_trip check_round_trip(const codec_shape *sh, const float *x, const 
     uint16_t *esc = malloc(n * sizeof *esc);
     float *y = malloc(n * sizeof *y);
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, sh, scale, NULL, lv, 0, sym, esc, n, &err);
+    int64_t n_esc = codec_quantize(x, sh, scale, NULL, lv, NULL, sym, esc, n, &err);
     cr_assert_geq(n_esc, 0, "%s", err.msg);
     cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, sh, scale, NULL, lv, y, &err), 0, "%s",
                  err.msg);
@@ -108,7 +108,7 @@ Test(codec_quant, round_trip_within_bounds_at_every_level) {
     free(scale);
 }
 
-Test(codec_quant, group_zero_codes_against_centres_and_n_exact_tokens_are_exact) {
+Test(codec_quant, group_zero_codes_against_centres_and_exact_tokens_are_exact) {
     codec_shape sh = {.n_layer = 2, .n_tok = 30, .n_chan = 16};
     float scale[2 * 2 * 16], center[2 * 2 * 16];
     float *x = make_chunk(&sh, scale, 0.3);
@@ -127,7 +127,8 @@ Test(codec_quant, group_zero_codes_against_centres_and_n_exact_tokens_are_exact)
     uint16_t *esc = malloc(n * sizeof *esc);
     float *y = malloc(n * sizeof *y);
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, &sh, scale, center, &lv, 2, sym, esc, n, &err);
+    uint8_t exact[30] = {1, 1}; /* tokens 0 and 1 */
+    int64_t n_esc = codec_quantize(x, &sh, scale, center, &lv, exact, sym, esc, n, &err);
     cr_assert_geq(n_esc, 2 * 2 * 2 * 16, "%s", err.msg); /* two tokens of every (layer, kv) */
     cr_assert_eq(codec_dequantize(sym, esc, (size_t)n_esc, &sh, scale, center, &lv, y, &err), 0,
                  "%s", err.msg);
@@ -149,7 +150,7 @@ Test(codec_quant, group_zero_codes_against_centres_and_n_exact_tokens_are_exact)
                 }
     /* symbols count steps from the centre: without the centres the same data lands farther
      * from the middle of the alphabet (the channels sit up to 3 away from 0) */
-    int64_t n0 = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym0, esc, n, &err);
+    int64_t n0 = codec_quantize(x, &sh, scale, NULL, &lv, NULL, sym0, esc, n, &err);
     cr_assert_geq(n0, 0);
     long with = 0, without = 0;
     for (size_t i = 0; i < n; i++) {
@@ -196,7 +197,7 @@ Test(codec_quant, outliers_escape_exactly) {
     uint16_t esc[320];
     float y[320];
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, n, &err);
+    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, NULL, sym, esc, n, &err);
     cr_assert_geq(n_esc, 3, "%s", err.msg);
     cr_assert_eq(sym[3], CODEC_ANCHOR_ESCAPE);
     cr_assert_eq(sym[5 * 8 + 2], CODEC_DELTA_ESCAPE);
@@ -205,7 +206,7 @@ Test(codec_quant, outliers_escape_exactly) {
     cr_assert_eq(y[5 * 8 + 2], -30000.0f);
     cr_assert(isnan(y[20 * 8 + 1]));
     /* a too-small escape buffer is an error, not an overflow */
-    cr_assert_eq(codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, 1, &err), -1);
+    cr_assert_eq(codec_quantize(x, &sh, scale, NULL, &lv, NULL, sym, esc, 1, &err), -1);
     free(x);
 }
 
@@ -219,7 +220,7 @@ Test(codec_quant, corrupt_input_is_refused) {
     uint16_t esc[96];
     float y[96];
     kv_error err = {{0}};
-    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, 0, sym, esc, 96, &err);
+    int64_t n_esc = codec_quantize(x, &sh, scale, NULL, &lv, NULL, sym, esc, 96, &err);
     cr_assert_eq(n_esc, 0, "%s", err.msg);
     uint8_t bad[96];
     memcpy(bad, sym, sizeof bad);

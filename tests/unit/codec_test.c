@@ -572,11 +572,12 @@ Test(codec, table_parse_refuses_corruption) {
         {4, 3, "version"},       /* version 3 */
         {6, 1, "version"},       /* reserved */
         {40, 2, "bytes"},        /* n_layer 2: size no longer matches */
-        {55, 0x80, "group"},     /* group 3 -> 2^31 + 3 */
-        {59, 0xff, "bins"},      /* anchor bin K negative (f32 bytes 56..59) */
-        {72 + 3, 0x80, "scale"}, /* first scale negative (scales at 72, centres at 88) */
-        {104, 3, "symbols"},     /* anchor model K: n_symbols 256 -> 259 */
-        {106, 0, "frequenc"},    /* its first freq: 0, or the sum off */
+        {52, 1, "attention"},    /* n_head 1 with head_dim 0 */
+        {67, 0x80, "group"},     /* group 3 -> 2^31 + 3 */
+        {71, 0xff, "bins"},      /* anchor bin K negative (f32 bytes 68..71) */
+        {84 + 3, 0x80, "scale"}, /* first scale negative (scales at 84, centres at 100) */
+        {116, 3, "symbols"},     /* anchor model K: n_symbols 256 -> 259 */
+        {118, 0, "frequenc"},    /* its first freq: 0, or the sum off */
     };
     for (size_t e = 0; e < sizeof edits / sizeof edits[0]; e++) {
         memcpy(bad, file, n);
@@ -586,7 +587,7 @@ Test(codec, table_parse_refuses_corruption) {
         cr_assert(strstr(err.msg, edits[e].msg), "edit %zu: %s", e, err.msg);
     }
     memcpy(bad, file, n);
-    memcpy(bad + 88, (const uint8_t[]){0x00, 0x00, 0xc0, 0x7f}, 4); /* first centre NaN */
+    memcpy(bad + 100, (const uint8_t[]){0x00, 0x00, 0xc0, 0x7f}, 4); /* first centre NaN */
     reseal(bad, n);
     cr_assert_eq(codec_table_parse(&u, bad, n, mid, &err), -1);
     cr_assert(strstr(err.msg, "centre"), "%s", err.msg);
@@ -617,6 +618,95 @@ Test(codec, token_at_position_zero_decodes_exact) {
         free(y);
         free(buf);
     }
+    free(x);
+    codec_table_free(&t);
+}
+
+/* A 2-layer table over 2 KV heads of 4 dims read by 4 query heads, whose mean query looks at
+ * channel 0 of each head only; RoPE frequencies 0 (no rotation), so a key's score is its
+ * channel 0 over sqrt(4). */
+static void make_attention_table(codec_table *t, float margin) {
+    make_table(t, 2, 8, 30, 0, 9);
+    const float inv_freq[2] = {0, 0};
+    float qmean[2 * 4 * 4] = {0};
+    for (int lh = 0; lh < 2 * 4; lh++) qmean[lh * 4] = 1.0f;
+    kv_error err = {{0}};
+    cr_assert_eq(codec_table_set_attention(t, 4, 4, 4, inv_freq, qmean, margin, &err), 0, "%s",
+                 err.msg);
+    float *x = make_kv(2, 8, 30, 4, 9);
+    cr_assert_eq(codec_table_calibrate(t, x, 4, 30, NULL, &err), 0, "%s", err.msg);
+    free(x);
+}
+
+Test(codec, heavy_hitters_the_mean_query_favours_decode_exact) {
+    codec_table t;
+    make_attention_table(&t, 4.0f);
+    const int nl = 2, nc = 8, n_tok = 30;
+    float *x = make_kv(nl, nc, n_tok, 1, 31);
+    for (int l = 0; l < nl; l++) /* token 7's keys: channel 0 of head 1 far above the rest */
+        x[(((size_t)l * 2 + 0) * n_tok + 7) * nc + 4] = 64.0f;
+    size_t len;
+    uint8_t *buf = encode(&t, 3, x, n_tok, 100, &len);
+    float *y = decode(&t, buf, len, 3, n_tok, 100, 2);
+    check_bounds(&t, 3, x, n_tok, 0, y, n_tok);
+    size_t others_exact = 0, others = 0;
+    for (int l = 0; l < nl; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int tok = 0; tok < n_tok; tok++)
+                for (int c = 0; c < nc; c++) {
+                    size_t i = (((size_t)l * 2 + kv) * n_tok + tok) * nc + c;
+                    if (tok == 7) {
+                        cr_assert_eq(y[i], x[i], "layer %d kv %d chan %d of the hitter", l, kv, c);
+                    } else {
+                        others++;
+                        others_exact += y[i] == x[i];
+                    }
+                }
+    cr_assert_lt(others_exact * 4, others, "%zu of %zu other values exact", others_exact, others);
+    /* the protection costs bits: the same chunk without the outlier key is smaller */
+    x[(((size_t)0 * 2 + 0) * n_tok + 7) * nc + 4] = 0.0f;
+    x[(((size_t)1 * 2 + 0) * n_tok + 7) * nc + 4] = 0.0f;
+    size_t len2;
+    uint8_t *buf2 = encode(&t, 3, x, n_tok, 100, &len2);
+    cr_assert_lt(len2 + 2 * 2 * 2 * 8, len, "%zu bytes without the hitter, %zu with", len2, len);
+
+    /* the attention data survives the file, and a non-finite direction is refused */
+    uint8_t *file;
+    size_t n;
+    kv_error err = {{0}};
+    codec_table u;
+    cr_assert_eq(codec_table_serialize(&t, &file, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_parse(&u, file, n, t.model_id, &err), 0, "%s", err.msg);
+    cr_assert_eq(u.n_head, 4);
+    cr_assert_eq(u.margin, 4.0f);
+    cr_assert_eq(memcmp(u.qdir, t.qdir, sizeof(float) * 2 * 4 * 4), 0);
+    cr_assert_eq(memcmp(u.id, t.id, 32), 0);
+    float *z = decode(&u, buf, len, 3, n_tok, 100, 1);
+    cr_assert_eq(memcmp(z, y, sizeof(float) * (size_t)nl * 2 * n_tok * nc), 0);
+    codec_table_free(&u);
+    /* the models of 4 levels precede the checksum; qdir's last float precedes the models */
+    size_t at = n - 32 -
+                4 * ((size_t)2 * 2 * (2 + 2 * CODEC_ANCHOR_SYMBOLS) +
+                     (size_t)2 * 2 * 8 * (2 + 2 * CODEC_DELTA_SYMBOLS)) -
+                4;
+    memcpy(file + at, (const uint8_t[]){0x00, 0x00, 0x80, 0x7f}, 4); /* +inf */
+    reseal(file, n);
+    cr_assert_eq(codec_table_parse(&u, file, n, t.model_id, &err), -1);
+    cr_assert(strstr(err.msg, "query direction"), "%s", err.msg);
+    free(file);
+
+    /* bad attention arguments */
+    const float f0[2] = {0, 0};
+    float q[2 * 4 * 4] = {0};
+    cr_assert_eq(codec_table_set_attention(&t, 3, 4, 4, f0, q, 4.0f, &err), -1); /* 3 % 2 */
+    cr_assert_eq(codec_table_set_attention(&t, 4, 4, 5, f0, q, 4.0f, &err), -1); /* odd rot */
+    cr_assert_eq(codec_table_set_attention(&t, 4, 4, 4, f0, q, 0.0f, &err), -1);
+    q[3] = NAN;
+    cr_assert_eq(codec_table_set_attention(&t, 4, 4, 4, f0, q, 4.0f, &err), -1);
+    free(z);
+    free(buf);
+    free(buf2);
+    free(y);
     free(x);
     codec_table_free(&t);
 }
