@@ -40,7 +40,7 @@ static void usage(FILE *out) {
             "      --chunk N        tokens per chunk (default %d)\n"
             "      --seed N         seed of the self-written text (default 1)\n"
             "      --bins LIST      bins per level, comma-separated, in step units\n"
-            "                       (default 0.25,0.4,0.75,1)\n"
+            "                       (default 0.3,0.6,1,1.5)\n"
             "      --group N        tokens per anchor group; 0: no anchors (default 0)\n"
             "      --units U        step units: importance (default) or sd (each channel's\n"
             "                       standard deviation, no weighting)\n"
@@ -244,7 +244,7 @@ int cli_calibrate(int argc, char **argv) {
     const char *model_path = NULL, *out_path = NULL, *text_path = NULL;
     long long n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, seed = 1, threads = 2;
     long long group = 0;
-    const char *bins_arg = "0.25,0.4,0.75,1";
+    const char *bins_arg = "0.3,0.6,1,1.5";
     bool sd_units = false;
     double margin = 4.0;
     int c;
