@@ -798,7 +798,8 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     const int nl = t->n_layer, nc = t->n_chan;
     const size_t layer_elems = (size_t)2 * (size_t)n_tok * (size_t)nc;
     size_t total;
-    if (size_mul(layer_elems * (size_t)nl, (size_t)n_chunks, &total))
+    if (size_mul(layer_elems * (size_t)nl, (size_t)n_chunks, &total) ||
+        (int64_t)n_chunks * n_tok > INT32_MAX) /* chunk k sits at position k * n_tok */
         return kv_fail(err, "codec: calibration set too large");
     if (calibrate_scales(t, x, n_chunks, n_tok, weight, err)) return -1;
 
@@ -815,9 +816,7 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     }
     for (int k = 0; k < n_chunks; k++) {
         protect_ctx pc;
-        if (protect_init(&pc, t, n_tok,
-                         (int32_t)((int64_t)k * n_tok > INT32_MAX ? INT32_MAX : k * n_tok), err))
-            goto done;
+        if (protect_init(&pc, t, n_tok, (int32_t)(k * n_tok), err)) goto done;
         for (int l = 0; l < nl; l++)
             protect_layer(&pc, l, x + ((size_t)k * (size_t)nl + (size_t)l) * layer_elems,
                           masks + ((size_t)k * nl + l) * n_tok);

@@ -354,10 +354,8 @@ int cli_calibrate(int argc, char **argv) {
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
     if (engine_single_read_kv(&e, n_chunks, (int)chunk, kv, &err)) goto done;
 
-    {
-        if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
-        if (importance_weights(&im, imp, &err)) goto done;
-    }
+    if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
+    if (importance_weights(&im, imp, &err)) goto done;
     for (int v = 0; v < n_levels; v++) /* parse_bins filled layer 0 */
         for (int l = 1; l < nl; l++)
             for (int k = 0; k < 2; k++)
