@@ -26,7 +26,6 @@
 #include "server/cli_common.h"
 
 #define EVAL_GEN 64
-#define EVAL_SLICE 128
 
 typedef struct eval_ctx {
     engine_single e;
@@ -40,7 +39,6 @@ typedef struct eval_ctx {
      * differs from a batched pass). */
     int32_t ref_am[EVAL_GEN];
     bool have_ref;
-    float *logits; /* [EVAL_SLICE][n_vocab] */
 } eval_ctx;
 
 static void usage(FILE *out) {
@@ -55,39 +53,39 @@ static void usage(FILE *out) {
                  "  -t, --threads N      threads (default 2)\n");
 }
 
+/* What engine_single_rows' rows add up to in run_scored. */
+typedef struct scored {
+    const int32_t *next; /* token after row i (-1: not scored) */
+    int n_vocab;
+    double nll;
+    int n;
+    int32_t *am; /* each row's argmax, or NULL */
+} scored;
+
+static int score_row(void *ud, int i, const float *row) {
+    scored *sc = ud;
+    float mx = -INFINITY;
+    int am = 0;
+    for (int v = 0; v < sc->n_vocab; v++)
+        if (row[v] > mx) mx = row[v], am = v;
+    if (sc->am) sc->am[i] = am;
+    if (sc->next[i] < 0) return 0;
+    double sum = 0;
+    for (int v = 0; v < sc->n_vocab; v++) sum += exp((double)row[v] - mx);
+    sc->nll += mx + log(sum) - row[sc->next[i]];
+    sc->n++;
+    return 0;
+}
+
 /* Runs tokens [from, to) of seq (KV before `from` already in the pool) and adds the negative
  * log-likelihood of each next token next[i] (i = row - from; -1: not scored) to *nll; am_out
  * (NULL: not wanted) receives each row's argmax. */
 static int run_scored(eval_ctx *c, const int32_t *seq, int from, int to, const int32_t *next,
                       double *nll, int *n_scored, int32_t *am_out, kv_error *err) {
-    int32_t pos[EVAL_SLICE];
-    int n_vocab = c->m->hp.n_vocab;
-    for (int s = from; s < to; s += EVAL_SLICE) {
-        int len = to - s < EVAL_SLICE ? to - s : EVAL_SLICE;
-        if (kv_seq_reserve(c->e.pool, &c->e.seq, s + len, err)) return -1;
-        for (int i = 0; i < len; i++) pos[i] = s + i;
-        batch_seq bs = {.seq = &c->e.seq,
-                        .n_tok = len,
-                        .tokens = seq + s,
-                        .pos = pos,
-                        .kv_start = s,
-                        .all_logits = true};
-        if (model_forward(c->e.fwd, &bs, 1, NULL, c->logits, err) != len) return -1;
-        for (int i = 0; i < len; i++) {
-            const float *row = c->logits + (size_t)i * (size_t)n_vocab;
-            int32_t want = next[s + i - from];
-            if (want < 0) continue;
-            float mx = -INFINITY;
-            int am = 0;
-            for (int v = 0; v < n_vocab; v++)
-                if (row[v] > mx) mx = row[v], am = v;
-            double sum = 0;
-            for (int v = 0; v < n_vocab; v++) sum += exp((double)row[v] - mx);
-            *nll += mx + log(sum) - row[want];
-            (*n_scored)++;
-            if (am_out) am_out[s + i - from] = am;
-        }
-    }
+    scored sc = {.next = next, .n_vocab = c->m->hp.n_vocab, .am = am_out};
+    if (engine_single_rows(&c->e, seq, from, to, score_row, &sc, err)) return -1;
+    *nll += sc.nll;
+    *n_scored += sc.n;
     return 0;
 }
 
@@ -95,25 +93,7 @@ static int run_scored(eval_ctx *c, const int32_t *seq, int from, int to, const i
  * the pool as the sequence's KV for slots 0..n_ctx-2; the last context token is recomputed by
  * the scored run, so its logits come from the decoded KV. */
 static int load_kv(eval_ctx *c, const float *kv, kv_error *err) {
-    kv_seq_truncate(c->e.pool, &c->e.seq, 0);
-    int n = c->n_ctx - 1;
-    if (kv_seq_reserve(c->e.pool, &c->e.seq, n, err)) return -1;
-    size_t ce = (size_t)c->nl * 2 * (size_t)c->chunk * (size_t)c->nc;
-    int32_t *slots = malloc(sizeof(int32_t) * (size_t)c->chunk);
-    if (!slots) return kv_fail(err, "out of memory");
-    for (int k = 0; k * c->chunk < n; k++) {
-        int len = n - k * c->chunk < c->chunk ? n - k * c->chunk : c->chunk;
-        for (int t = 0; t < len; t++) slots[t] = k * c->chunk + t;
-        for (int l = 0; l < c->nl; l++) {
-            const float *base = kv + (size_t)k * ce + (size_t)l * 2 * c->chunk * (size_t)c->nc;
-            backend_kv_store(c->e.b, kv_pool_memory(c->e.pool), kv_pool_layout(c->e.pool), l,
-                             c->e.seq.blocks, slots, len, base,
-                             base + (size_t)c->chunk * (size_t)c->nc);
-        }
-    }
-    free(slots);
-    c->e.seq.n_tokens = n;
-    return 0;
+    return engine_single_write_kv(&c->e, c->n_ctx - 1, c->chunk, kv, err);
 }
 
 /* Sums over windows. */
@@ -268,7 +248,6 @@ int cli_codec_eval(int argc, char **argv) {
         goto done;
     }
     if (engine_single_init(&c.e, m, (int)threads, win + EVAL_GEN + 16, false, &err)) goto done;
-    if (!(c.logits = malloc(sizeof(float) * EVAL_SLICE * (size_t)m->hp.n_vocab))) goto oom;
     int n_chunks = c.n_ctx / c.chunk;
     size_t ce = (size_t)c.nl * 2 * (size_t)c.chunk * (size_t)c.nc;
     codec_shape sh = {c.nl, c.chunk, c.nc};
@@ -380,7 +359,6 @@ done:
     free(ref);
     free(dec);
     free(buf);
-    free(c.logits);
     free(c.ids);
     free(text);
     free(auto_table);

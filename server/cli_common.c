@@ -98,6 +98,7 @@ void engine_single_free(engine_single *e) {
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
     free(e->logits);
+    free(e->rows);
     memset(e, 0, sizeof *e);
 }
 
@@ -121,6 +122,55 @@ int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error 
 
 int engine_single_decode(engine_single *e, int32_t id, kv_error *err) {
     return engine_single_prefill(e, &id, 1, err);
+}
+
+int engine_single_write_kv(engine_single *e, int n, int chunk, const float *kv, kv_error *err) {
+    const kv_layout *lay = kv_pool_layout(e->pool);
+    size_t nc = (size_t)lay->n_kv_head * (size_t)lay->head_dim;
+    size_t ce = (size_t)lay->n_layer * 2 * (size_t)chunk * nc;
+    kv_seq_truncate(e->pool, &e->seq, 0);
+    if (n > e->ctx) return kv_fail(err, "%d tokens do not fit the context of %d", n, e->ctx);
+    if (kv_seq_reserve(e->pool, &e->seq, n, err)) return -1;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)chunk);
+    if (!slots) return kv_fail(err, "out of memory");
+    for (int k = 0; k * chunk < n; k++) {
+        int len = n - k * chunk < chunk ? n - k * chunk : chunk;
+        for (int t = 0; t < len; t++) slots[t] = k * chunk + t;
+        for (int l = 0; l < lay->n_layer; l++) {
+            const float *base = kv + (size_t)k * ce + (size_t)l * 2 * (size_t)chunk * nc;
+            backend_kv_store(e->b, kv_pool_memory(e->pool), lay, l, e->seq.blocks, slots, len, base,
+                             base + (size_t)chunk * nc);
+        }
+    }
+    free(slots);
+    e->seq.n_tokens = n;
+    return 0;
+}
+
+int engine_single_rows(engine_single *e, const int32_t *tokens, int from, int to, engine_row_fn fn,
+                       void *ud, kv_error *err) {
+    size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    int32_t pos[ENGINE_ROWS];
+    if (to > e->ctx) return kv_fail(err, "%d tokens do not fit the context of %d", to, e->ctx);
+    if (!e->rows && !(e->rows = malloc(sizeof(float) * ENGINE_ROWS * n_vocab)))
+        return kv_fail(err, "out of memory");
+    kv_seq_truncate(e->pool, &e->seq, from);
+    for (int s = from; s < to; s += ENGINE_ROWS) {
+        int len = to - s < ENGINE_ROWS ? to - s : ENGINE_ROWS;
+        if (kv_seq_reserve(e->pool, &e->seq, s + len, err)) return -1;
+        for (int i = 0; i < len; i++) pos[i] = s + i;
+        batch_seq bs = {.seq = &e->seq,
+                        .n_tok = len,
+                        .tokens = tokens + s,
+                        .pos = pos,
+                        .kv_start = s,
+                        .all_logits = true};
+        if (model_forward(e->fwd, &bs, 1, NULL, e->rows, err) != len) return -1;
+        for (int i = 0; i < len; i++)
+            if (fn(ud, s + i - from, e->rows + (size_t)i * n_vocab))
+                return kv_fail(err, "stopped at row %d", s + i - from);
+    }
+    return 0;
 }
 
 void engine_single_reset(engine_single *e) { kv_seq_truncate(e->pool, &e->seq, 0); }
