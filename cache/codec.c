@@ -13,6 +13,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@
 
 #include <openssl/evp.h>
 
-#define TABLE_VERSION 2
+#define TABLE_VERSION 3
 #define TABLE_HEADER                                                                               \
     64 /* magic, version, reserved, model_id, n_layer, n_chan, n_levels,                           \
           n_head, head_dim, n_rot */
@@ -454,8 +455,8 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
         if (attention_alloc(t, (int)nh, (int)hd, (int)nr, err)) goto fail;
         t->margin = get_f32(p);
         p += 4;
-        if (!(t->margin > 0) || !isfinite(t->margin)) {
-            kv_fail(err, "codec: table margin %g must be finite and positive", t->margin);
+        if (!(t->margin >= 0) || !isfinite(t->margin)) {
+            kv_fail(err, "codec: table margin %g must be finite and not negative", t->margin);
             goto fail;
         }
         for (uint32_t i = 0; i < nr / 2; i++, p += 4) {
@@ -587,6 +588,62 @@ done:
     return rc;
 }
 
+/* ---------------------------------------------------------------- keys before RoPE
+
+ * A table that knows the model's RoPE (n_head > 0, n_rot > 0) codes K before rotation: the
+ * encoder turns each key back by its position's angles, the decoder turns it forward again. A
+ * rotated channel mixes its pair's two values at an angle that changes with position, so its
+ * spread takes in its partner's and, for fast-turning pairs, its own mean as well; before RoPE
+ * each channel keeps its own narrower distribution around a fixed centre. (In the numpy study,
+ * scripts/ref/codec_study.py, the held-out KL divergence fell by a third at equal bytes.)
+ * Rotation mixes a pair's errors: a decoded key element is within the hypot of its pair's
+ * bounds (codec_table_error_bound), and an escape is exact before rotation, so exact to f16
+ * rounding after. */
+
+/* cos and sin of (pos0 + j) * inv_freq[i], [n_tok][n_rot / 2][2]; NULL when out of memory. */
+static float *rope_angles(const codec_table *t, int n_tok, int32_t pos0) {
+    const int half = t->n_rot / 2;
+    float *cs = malloc(sizeof(float) * 2 * (size_t)n_tok * (size_t)(half + 1));
+    if (!cs) return NULL;
+    for (int j = 0; j < n_tok; j++)
+        for (int i = 0; i < half; i++) {
+            double ang = ((double)pos0 + j) * (double)t->inv_freq[i];
+            cs[((size_t)j * half + i) * 2] = (float)cos(ang);
+            cs[((size_t)j * half + i) * 2 + 1] = (float)sin(ang);
+        }
+    return cs;
+}
+
+/* Turns the rotated dims of every head of k ([n_tok][n_chan] keys) by the angles of cs: forward
+ * (sign 1, as RoPE does) or back (sign -1). */
+static void rope_keys(const codec_table *t, const float *cs, float *k, int n_tok, float sign) {
+    const int half = t->n_rot / 2, hd = t->head_dim, n_kv = t->n_chan / hd;
+    for (int j = 0; j < n_tok; j++) {
+        const float *a = cs + (size_t)j * half * 2;
+        for (int h = 0; h < n_kv; h++) {
+            float *r = k + (size_t)j * t->n_chan + (size_t)h * hd;
+            for (int i = 0; i < half; i++) {
+                float c = a[2 * i], sn = sign * a[2 * i + 1], x0 = r[2 * i], x1 = r[2 * i + 1];
+                r[2 * i] = x0 * c - x1 * sn;
+                r[2 * i + 1] = x0 * sn + x1 * c;
+            }
+        }
+    }
+}
+
+static bool keys_rotated(const codec_table *t) { return t->n_head > 0 && t->n_rot > 0; }
+
+float codec_table_error_bound(const codec_table *t, int level, int layer, int kv, int token,
+                              int chan) {
+    const codec_shape sh = {.n_layer = t->n_layer, .n_tok = token + 1, .n_chan = t->n_chan};
+    const codec_level *lv = &t->levels[level];
+    float b = codec_error_bound(&sh, t->scale, lv, layer, kv, token, chan);
+    int d = chan % (t->head_dim ? t->head_dim : 1);
+    if (kv != 0 || !keys_rotated(t) || d >= t->n_rot) return b;
+    float o = codec_error_bound(&sh, t->scale, lv, layer, kv, token, chan ^ 1);
+    return sqrtf(b * b + o * o);
+}
+
 /* ---------------------------------------------------------------- protected tokens
 
  * A few tokens take a large share of every later query's attention: the one at position 0 (the
@@ -616,6 +673,7 @@ static void protect_free(protect_ctx *pc) {
     memset(pc, 0, sizeof *pc);
 }
 
+/* pc->cs is also what rope_keys turns keys by (NULL when the table knows no RoPE). */
 static int protect_init(protect_ctx *pc, const codec_table *t, int n_tok, int32_t pos0,
                         kv_error *err) {
     memset(pc, 0, sizeof *pc);
@@ -623,20 +681,15 @@ static int protect_init(protect_ctx *pc, const codec_table *t, int n_tok, int32_
     pc->n_tok = n_tok;
     pc->pos0 = pos0;
     if (!t->n_head) return 0;
-    const int half = t->n_rot / 2;
-    pc->cs = malloc(sizeof(float) * 2 * (size_t)n_tok * (size_t)(half + 1));
-    pc->score = malloc(sizeof(float) * (size_t)n_tok);
-    pc->sorted = malloc(sizeof(float) * (size_t)n_tok);
-    if (!pc->cs || !pc->score || !pc->sorted) {
+    pc->cs = rope_angles(t, n_tok, pos0);
+    if (t->margin > 0) {
+        pc->score = malloc(sizeof(float) * (size_t)n_tok);
+        pc->sorted = malloc(sizeof(float) * (size_t)n_tok);
+    }
+    if (!pc->cs || (t->margin > 0 && (!pc->score || !pc->sorted))) {
         protect_free(pc);
         return kv_fail(err, "codec: out of memory");
     }
-    for (int j = 0; j < n_tok; j++)
-        for (int i = 0; i < half; i++) {
-            double ang = ((double)pos0 + j) * (double)t->inv_freq[i];
-            pc->cs[((size_t)j * half + i) * 2] = (float)cos(ang);
-            pc->cs[((size_t)j * half + i) * 2 + 1] = (float)sin(ang);
-        }
     return 0;
 }
 
@@ -651,7 +704,7 @@ static void protect_layer(protect_ctx *pc, int l, const float *k, uint8_t *mask)
     const int n_tok = pc->n_tok;
     memset(mask, 0, (size_t)n_tok);
     if (pc->pos0 == 0) mask[0] = 1;
-    if (!t->n_head) return;
+    if (!t->n_head || !(t->margin > 0)) return;
     const int hd = t->head_dim, group = t->n_head / (t->n_chan / hd), half = t->n_rot / 2;
     const float *dir = t->qdir + (size_t)l * (size_t)t->n_head * (size_t)hd;
     int n_finite = 0;
@@ -690,8 +743,8 @@ int codec_table_set_attention(codec_table *t, int n_head, int head_dim, int n_ro
                               err))
         return kv_fail(err, "codec: attention shape %d x %d (%d rotated) does not fit %d channels",
                        n_head, head_dim, n_rot, t->n_chan);
-    if (!(margin > 0) || !isfinite(margin))
-        return kv_fail(err, "codec: margin %g must be finite and positive", margin);
+    if (!(margin >= 0) || !isfinite(margin))
+        return kv_fail(err, "codec: margin %g must be finite and not negative", margin);
     const int half = n_rot / 2;
     for (int i = 0; i < half; i++)
         if (!(inv_freq[i] >= 0) || !isfinite(inv_freq[i]))
@@ -801,7 +854,6 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     if (size_mul(layer_elems * (size_t)nl, (size_t)n_chunks, &total) ||
         (int64_t)n_chunks * n_tok > INT32_MAX) /* chunk k sits at position k * n_tok */
         return kv_fail(err, "codec: calibration set too large");
-    if (calibrate_scales(t, x, n_chunks, n_tok, weight, err)) return -1;
 
     const size_t n_delta_counts = (size_t)2 * (size_t)nc * CODEC_DELTA_SYMBOLS;
     uint64_t *counts = malloc((2 * CODEC_ANCHOR_SYMBOLS + n_delta_counts) * sizeof *counts);
@@ -809,19 +861,26 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
     uint16_t *esc = malloc(layer_elems * sizeof *esc);
     /* the tokens the encoder would keep exact, per chunk and layer (the same at every level) */
     uint8_t *masks = malloc((size_t)n_chunks * (size_t)nl * (size_t)n_tok);
+    /* the set as the coder sees it: keys before RoPE when the table knows it */
+    float *pre = keys_rotated(t) ? malloc(total * sizeof *pre) : NULL;
     int rc = -1;
-    if (!counts || !sym || !esc || !masks) {
+    if (!counts || !sym || !esc || !masks || (keys_rotated(t) && !pre)) {
         kv_fail(err, "codec: out of memory calibrating");
         goto done;
     }
+    if (pre) memcpy(pre, x, total * sizeof *pre);
     for (int k = 0; k < n_chunks; k++) {
         protect_ctx pc;
         if (protect_init(&pc, t, n_tok, (int32_t)(k * n_tok), err)) goto done;
-        for (int l = 0; l < nl; l++)
-            protect_layer(&pc, l, x + ((size_t)k * (size_t)nl + (size_t)l) * layer_elems,
-                          masks + ((size_t)k * nl + l) * n_tok);
+        for (int l = 0; l < nl; l++) {
+            size_t at = ((size_t)k * (size_t)nl + (size_t)l) * layer_elems;
+            protect_layer(&pc, l, x + at, masks + ((size_t)k * nl + l) * n_tok);
+            if (pre) rope_keys(t, pc.cs, pre + at, n_tok, -1.0f);
+        }
         protect_free(&pc);
     }
+    if (pre) x = pre;
+    if (calibrate_scales(t, x, n_chunks, n_tok, weight, err)) goto done;
     uint64_t *anchor_counts = counts, *delta_counts = counts + 2 * CODEC_ANCHOR_SYMBOLS;
     const codec_shape sh = {.n_layer = 1, .n_tok = n_tok, .n_chan = nc};
     for (int v = 0; v < t->n_levels; v++)
@@ -860,6 +919,7 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
         }
     rc = table_emit(t, NULL, t->id, err);
 done:
+    free(pre);
     free(masks);
     free(counts);
     free(sym);
@@ -912,9 +972,10 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     uint8_t *sym = malloc(e), *mask = malloc((size_t)n_tok);
     uint16_t *esc = malloc(e * sizeof *esc);
     uint32_t *ctx = build_ctx(n_tok, nc, lv->group);
+    float *pre = keys_rotated(t) ? malloc(e * sizeof *pre) : NULL; /* a layer, K before RoPE */
     protect_ctx pc = {0};
     int64_t rc = -1;
-    if (!sym || !mask || !esc || !ctx) {
+    if (!sym || !mask || !esc || !ctx || (keys_rotated(t) && !pre)) {
         kv_fail(err, "codec: out of memory encoding");
         goto done;
     }
@@ -923,10 +984,23 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     for (int l = 0; l < nl; l++) {
         codec_level one;
         layer_level(lv, l, &one);
-        protect_layer(&pc, l, x + (size_t)l * e, mask);
+        const float *xl = x + (size_t)l * e;
+        protect_layer(&pc, l, xl, mask);
+        if (pre) {
+            memcpy(pre, xl, e * sizeof *pre);
+            rope_keys(t, pc.cs, pre, n_tok, -1.0f);
+            /* turning a pair can lift one value past f16's range, which an escape cannot hold */
+            for (size_t i = 0; i < (size_t)n_tok * (size_t)nc; i++)
+                if (fabsf(pre[i]) > 65504.0f) {
+                    kv_fail(err, "codec: encode layer %d: a key is beyond f16 range before RoPE",
+                            l);
+                    goto done;
+                }
+            xl = pre;
+        }
         int64_t n_esc =
-            codec_quantize(x + (size_t)l * e, &sh, t->scale + (size_t)l * 2 * nc,
-                           t->center + (size_t)l * 2 * nc, &one, mask, sym, esc, e, err);
+            codec_quantize(xl, &sh, t->scale + (size_t)l * 2 * nc, t->center + (size_t)l * 2 * nc,
+                           &one, mask, sym, esc, e, err);
         if (n_esc < 0) {
             kv_fail_wrap(err, "codec: encode layer %d", l);
             goto done;
@@ -961,6 +1035,7 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
     rc = (int64_t)pos;
 done:
     protect_free(&pc);
+    free(pre);
     free(sym);
     free(mask);
     free(esc);
@@ -1053,6 +1128,7 @@ typedef struct decode_job {
     const stream_view *v;
     const uint8_t *in;
     const uint32_t *ctx; /* [2][n_tok][n_chan], shared read-only */
+    const float *cs;     /* RoPE angles of the chunk's positions (NULL: keys coded as they are) */
     float *x;
     atomic_int next;
     atomic_int failed;
@@ -1080,9 +1156,12 @@ static int decode_layer(decode_job *j, int l, uint8_t *sym, uint16_t *esc, kv_er
     codec_level one;
     layer_level(&t->levels[v->level], l, &one);
     const codec_shape sh = {.n_layer = 1, .n_tok = v->n_tok, .n_chan = nc};
-    return codec_dequantize(sym, esc, v->n_esc[l], &sh, t->scale + (size_t)l * 2 * nc,
-                            t->center + (size_t)l * 2 * nc, &one, j->x + (size_t)l * v->layer_elems,
-                            err);
+    float *xl = j->x + (size_t)l * v->layer_elems;
+    if (codec_dequantize(sym, esc, v->n_esc[l], &sh, t->scale + (size_t)l * 2 * nc,
+                         t->center + (size_t)l * 2 * nc, &one, xl, err))
+        return -1;
+    if (j->cs) rope_keys(t, j->cs, xl, v->n_tok, 1.0f);
+    return 0;
 }
 
 static void *decode_worker_run(void *arg) {
@@ -1106,6 +1185,7 @@ int codec_decode_chunk(const codec_table *t, const uint8_t *in, size_t len, floa
     if (!v) return kv_fail(err, "codec: out of memory");
     decode_worker *w = NULL;
     uint32_t *ctx = NULL;
+    float *cs = NULL;
     int n_w = 0, want = 0, rc = -1;
     if (stream_open(t, in, len, v, err)) goto done;
     if (!x) {
@@ -1115,11 +1195,12 @@ int codec_decode_chunk(const codec_table *t, const uint8_t *in, size_t len, floa
     ctx = build_ctx(v->n_tok, t->n_chan, t->levels[v->level].group);
     want = n_threads < 1 ? 1 : n_threads > t->n_layer ? t->n_layer : n_threads;
     w = calloc((size_t)want, sizeof *w);
-    if (!ctx || !w) {
+    if (keys_rotated(t)) cs = rope_angles(t, v->n_tok, v->pos0);
+    if (!ctx || !w || (keys_rotated(t) && !cs)) {
         kv_fail(err, "codec: out of memory decoding");
         goto done;
     }
-    decode_job job = {.t = t, .v = v, .in = in, .ctx = ctx, .x = x};
+    decode_job job = {.t = t, .v = v, .in = in, .ctx = ctx, .cs = cs, .x = x};
     atomic_init(&job.next, 0);
     atomic_init(&job.failed, 0);
     /* Worker 0 is this thread. Helpers that cannot get scratch or a thread are simply not
@@ -1156,6 +1237,7 @@ done:
         }
     free(w);
     free(ctx);
+    free(cs);
     free(v);
     return rc;
 }

@@ -3,8 +3,9 @@
  *
  * Stages: codec_quant.h turns the chunk into symbols (anchor + delta token groups, or with group
  * 0 every token against its channel's centre; bins per layer and K/V in units of each channel's
- * step unit, which calibration weights by how much an error in the channel costs); a few tokens
- * that take much of every query's attention are kept exact (codec.c, protected tokens); rans.h
+ * step unit, which calibration weights by how much an error in the channel costs; keys before
+ * RoPE when the table knows it); a few tokens that take much of every query's attention are kept
+ * exact (codec.c, protected tokens); rans.h
  * entropy-codes the symbols with static models profiled once per model: one model per (layer,
  * K/V) for anchor symbols and one per (layer, K/V, channel) for delta symbols. The models,
  * units, centres, protection data and levels form a codec_table,
@@ -28,7 +29,8 @@
  *   40      2             n_layer
  *   42      2             n_chan (n_kv_head * head_dim)
  *   44      4             n_tok
- *   48      4             pos0: position of the first token (K is stored rotated at pos0 + t)
+ *   48      4             pos0: position of the first token (K is given rotated at pos0 + t,
+ *                         and coded turned back when the table knows the RoPE)
  *   52      4             reserved, 0
  *   56      32            SHA-256 of every other byte: offsets 0..55, then 88 to the end
  *   88      8 * n_layer   per layer: u32 escape count, u32 rANS stream bytes
@@ -117,8 +119,9 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
 /* Gives the table what it needs to protect heavy hitters (codec.c): the attention shape (n_head
  * query heads of head_dim dims, n_rot of them rotated, reading n_chan / head_dim KV heads), RoPE's
  * inv_freq[n_rot / 2], each layer's and head's mean query before rotation qmean[n_layer][n_head]
- * [head_dim] and the margin in logits (> 0). Call before codec_table_calibrate, which counts the
- * escapes the protection makes. Recomputes t->id. */
+ * [head_dim] and the margin in logits (0: no heavy hitters, only the token at position 0). With
+ * n_rot > 0 the table then codes K before RoPE (codec.c). Call before codec_table_calibrate,
+ * which counts the escapes the protection makes. Recomputes t->id. */
 int codec_table_set_attention(codec_table *t, int n_head, int head_dim, int n_rot,
                               const float *inv_freq, const float *qmean, float margin,
                               kv_error *err);
@@ -130,7 +133,7 @@ int codec_table_save(const codec_table *t, const char *path, kv_error *err);
 int codec_table_load(codec_table *t, const char *path, const uint8_t model_id[32], kv_error *err);
 /* The same from and to memory (serialize: malloc'd buffer in *out, *len bytes). parse
  * overwrites t (zeroed on failure). The file (all integers and floats little-endian):
- *   magic "KVCT", u16 version 2, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels,
+ *   magic "KVCT", u16 version 3, u16 0, model_id[32], u32 n_layer, u32 n_chan, u32 n_levels,
  *   u32 n_head, u32 head_dim, u32 n_rot (all 0: no protection data);
  *   per level: u32 group, f32 anchor_bin[n_layer][2], f32 delta_bin[n_layer][2];
  *   f32 scale[n_layer][2][n_chan]; f32 center[n_layer][2][n_chan];
@@ -141,6 +144,12 @@ int codec_table_load(codec_table *t, const char *path, const uint8_t model_id[32
 int codec_table_serialize(const codec_table *t, uint8_t **out, size_t *len, kv_error *err);
 int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint8_t model_id[32],
                       kv_error *err);
+
+/* How far a decoded element of level may be from the original: codec_error_bound's half bin,
+ * except for keys in a table that codes them before RoPE (codec.c), where rotation mixes each
+ * rotated pair's errors: the hypot of the pair's two bounds. */
+float codec_table_error_bound(const codec_table *t, int level, int layer, int kv, int token,
+                              int chan);
 
 /* Bytes enough for any encoding of an n_tok-token chunk under t (0 if n_tok is out of
  * 1..CODEC_MAX_TOKENS). */

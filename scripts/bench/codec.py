@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The CacheGen codec's size, speed and quality table (issue 5): `kvserve calibrate` (when the
 model has no table yet, or with --recalibrate) and `kvserve codec-eval` over a text corpus, all
-methods in one run so they compare as ratios on a shared, noisy machine.
+methods in one run so they compare as ratios on a shared, noisy machine. The table is made
+again when it is older than the binary.
 
 The default corpus is six licence texts every Debian system carries in
 /usr/share/common-licenses (GPL-2, LGPL-2.1, MPL-2.0, Apache-2.0, GFDL-1.3, MPL-1.1: about 27K
@@ -30,7 +31,9 @@ def main():
     ap.add_argument("--recalibrate", action="store_true")
     a = ap.parse_args()
     table = a.model + ".kvcodec"
-    if a.recalibrate or not os.path.exists(table):
+    # a table older than the binary may be of an older format or calibration: make it again
+    if (a.recalibrate or not os.path.exists(table)
+            or os.path.getmtime(table) < os.path.getmtime(a.bin)):
         subprocess.run([a.bin, "calibrate", "-m", a.model, "-t", str(a.threads)], check=True)
     with tempfile.TemporaryDirectory() as d:
         text = a.text

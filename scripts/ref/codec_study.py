@@ -12,7 +12,7 @@ figures for what was chosen.
 needs: pip install numpy gguf llama-cpp-python (the last only to tokenize). Prints one line per
 variant: group 10 anchors vs none, sd vs importance units, the sink at position 0 kept exact or
 not (every other variant keeps it), heavy hitters (the mean query's logit above the chunk
-median by a margin) kept or not.
+median by a margin) kept or not, and K coded after RoPE (as the pool holds it) or before.
 """
 import argparse
 
@@ -111,7 +111,8 @@ def main():
         wins.append(dict(w=w, kvs=kvs, qs=qs, lp=log_softmax(lg)))
     # per-channel statistics and importance (as kvserve calibrate computes them)
     g = m.nh // m.nkv
-    sd, imp, qmean = {}, {}, []
+    pos = np.arange(CTX)
+    sd, imp, imp_pre, qmean = {}, {}, {}, []
     for l in range(m.nl):
         Q = np.concatenate([w["qs"][l] for w in wins])
         qmean.append(Q.mean(0))
@@ -122,10 +123,13 @@ def main():
         for kv, wt in ((0, wk), (1, wv)):
             s = np.concatenate([w["kvs"][l][kv] for w in wins]).reshape(-1, nc).std(0)
             sd[l, kv] = s
-            imp[l, kv] = np.exp(np.log(s * np.sqrt(wt)).mean()) / np.sqrt(wt)
+            imp[l, kv] = imp_pre[l, kv] = np.exp(np.log(s * np.sqrt(wt)).mean()) / np.sqrt(wt)
+            if kv == 0:  # the same keys before RoPE
+                s = np.concatenate([m.rope(w["kvs"][l][0], pos, -1.0)
+                                    for w in wins]).reshape(-1, nc).std(0)
+                imp_pre[l, 0] = np.exp(np.log(s * np.sqrt(wt)).mean()) / np.sqrt(wt)
     reach = np.arange(1, 1025)
     cb, sb = np.cos(np.outer(reach, m.inv)).mean(0), np.sin(np.outer(reach, m.inv)).mean(0)
-    pos = np.arange(CTX)
 
     def hitters(w, l, margin):
         k = m.rope(w["kvs"][l][0], pos, -1.0)  # keys before RoPE
@@ -138,7 +142,7 @@ def main():
                for c0 in range(0, CTX, a.chunk)]
         return np.concatenate(out).astype(int)
 
-    def run(name, units, b, group=0, sink=True, margin=None):
+    def run(name, units, b, group=0, sink=True, margin=None, kpre=False):
         syms, nll, agree, kl, n_exact = {}, [], 0, 0.0, 0
         for w in wins:
             past = []
@@ -150,7 +154,10 @@ def main():
                 n_exact += exact.sum()
                 out = []
                 for kv in (0, 1):
-                    x = w["kvs"][l][kv].reshape(CTX, nc)
+                    x = w["kvs"][l][kv]
+                    if kv == 0 and kpre:
+                        x = m.rope(x, pos, -1.0)
+                    x = x.reshape(CTX, nc)
                     st = b * units[l, kv]
                     r = x.copy()
                     if group:  # anchors at the same bin: the same values, other symbols
@@ -163,7 +170,8 @@ def main():
                         q = np.rint(x / st)
                         syms.setdefault((l, kv, "d"), []).append(q[~exact])
                     r[~exact] = (q * st)[~exact]
-                    out.append(r.reshape(CTX, m.nkv, m.hd))
+                    r = r.reshape(CTX, m.nkv, m.hd)
+                    out.append(m.rope(r, pos, 1.0) if kv == 0 and kpre else r)
                 past.append(tuple(out))
             lp = log_softmax(m.forward(w["w"][CTX:], CTX, past)[0])
             nll.append(-lp[np.arange(HO - 1), w["w"][CTX + 1:]].mean())
@@ -186,6 +194,7 @@ def main():
         run(f"importance, no anchors, no sink, bin {b}", imp, b, sink=False)
         run(f"importance, no anchors, bin {b}", imp, b)
         run(f"importance, hitters margin 4, bin {b}", imp, b, margin=4.0)
+        run(f"same, K before RoPE, bin {b}", imp_pre, b, margin=4.0, kpre=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 /* libFuzzer target for the KV bitstream decoder and the codec table parser (cache/codec.c).
- * A fixed table (2 layers, 8 channels, 2 levels, groups of 4) is calibrated once on
- * deterministic synthetic KV, and a valid 12-token bitstream encoded with it. Each input is
+ * A fixed table (2 layers, 8 channels as 2 heads of 4 dims with RoPE, 2 levels, groups of 4)
+ * is calibrated once on deterministic synthetic KV, and a valid 12-token bitstream encoded
+ * with it. Each input is
  *   1. given to codec_stream_info_get and codec_decode_chunk as it is (a copy of exactly size
  *      bytes, so ASan sees any read past len);
  *   2. when its last byte has any of bits 0..3 set, given again after repairs those bits choose:
@@ -88,7 +89,13 @@ static fuzz_state *fuzz_setup(void) {
     codec_level lv[2];
     fill_levels(lv, 2);
     float *x = malloc(sizeof(float) * 3 * FUZZ_LAYERS * 2 * 16 * FUZZ_CHAN);
+    /* RoPE over 2 KV heads of 4 dims read by 4 query heads: keys are coded before it, so
+     * every decode turns them forward */
+    const float inv_freq[2] = {0.7f, 0.01f};
+    float q[FUZZ_LAYERS * 4 * 4];
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) q[i] = (float)((int)(i % 5) - 2);
     if (!x || codec_table_init(&st.table, st.model_id, FUZZ_LAYERS, FUZZ_CHAN, lv, 2, &err) ||
+        codec_table_set_attention(&st.table, 4, 4, 4, inv_freq, q, 4.0f, &err) ||
         (fill_kv(x, 3, FUZZ_LAYERS, 16, FUZZ_CHAN), 0) ||
         codec_table_calibrate(&st.table, x, 3, 16, NULL, &err))
         abort();

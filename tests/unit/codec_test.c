@@ -1,5 +1,5 @@
 /* The CacheGen codec end to end: a table calibrated on synthetic KV with token-wise locality,
- * chunks encoded at every level decoding within codec_error_bound (for several shapes and
+ * chunks encoded at every level decoding within codec_table_error_bound (for several shapes and
  * seeds), sizes shrinking as levels coarsen, chunks decoding independently and on any number of
  * threads, and every corruption of a bitstream or table file refused: each flipped byte, each
  * truncation, another table, another model. */
@@ -106,10 +106,10 @@ static uint8_t *encode(const codec_table *t, int level, const float *x, int n_to
     return buf;
 }
 
-/* Every element of y (n_tok tokens from tok0 of x's n_tok_x) within its bound at level. */
+/* Every element of y (n_tok tokens from tok0 of x's n_tok_x) within its bound at level
+ * (codec_table_error_bound). */
 static void check_bounds(const codec_table *t, int level, const float *x, int n_tok_x, int tok0,
                          const float *y, int n_tok) {
-    codec_shape sh = {.n_layer = t->n_layer, .n_tok = n_tok, .n_chan = t->n_chan};
     const int nc = t->n_chan;
     for (int l = 0; l < t->n_layer; l++)
         for (int kv = 0; kv < 2; kv++)
@@ -117,10 +117,16 @@ static void check_bounds(const codec_table *t, int level, const float *x, int n_
                 for (int c = 0; c < nc; c++) {
                     float a = x[(((size_t)l * 2 + kv) * n_tok_x + tok0 + tok) * nc + c];
                     float b = y[(((size_t)l * 2 + kv) * n_tok + tok) * nc + c];
-                    float bound =
-                        codec_error_bound(&sh, t->scale, &t->levels[level], l, kv, tok, c);
-                    /* float rounding of v / step and q * step: a few ulps of the value */
-                    cr_assert_leq(fabsf(a - b), bound * (1 + 1e-5f) + fabsf(a) * 1e-6f,
+                    float bound = codec_table_error_bound(t, level, l, kv, tok, c);
+                    /* float rounding of v / step and q * step: a few ulps of the value; keys
+                     * coded before RoPE: the rotations' rounding, and escapes rounded to f16
+                     * before the rotation back (2^-11 of the pair's magnitude) */
+                    float slack = fabsf(a) * 1e-6f;
+                    if (kv == 0 && t->n_rot && c % t->head_dim < t->n_rot) {
+                        float o = x[(((size_t)l * 2 + kv) * n_tok_x + tok0 + tok) * nc + (c ^ 1)];
+                        slack = hypotf(a, o) * 1e-3f;
+                    }
+                    cr_assert_leq(fabsf(a - b), bound * (1 + 1e-5f) + slack,
                                   "level %d layer %d kv %d token %d chan %d: |%g - %g| > %g", level,
                                   l, kv, tok, c, b, a, bound);
                 }
@@ -569,7 +575,7 @@ Test(codec, table_parse_refuses_corruption) {
         uint8_t val;
         const char *msg;
     } edits[] = {
-        {4, 3, "version"},       /* version 3 */
+        {4, 2, "version"},       /* version 2: before keys were coded before RoPE */
         {6, 1, "version"},       /* reserved */
         {40, 2, "bytes"},        /* n_layer 2: size no longer matches */
         {52, 1, "attention"},    /* n_head 1 with head_dim 0 */
@@ -700,7 +706,7 @@ Test(codec, heavy_hitters_the_mean_query_favours_decode_exact) {
     float q[2 * 4 * 4] = {0};
     cr_assert_eq(codec_table_set_attention(&t, 3, 4, 4, f0, q, 4.0f, &err), -1); /* 3 % 2 */
     cr_assert_eq(codec_table_set_attention(&t, 4, 4, 5, f0, q, 4.0f, &err), -1); /* odd rot */
-    cr_assert_eq(codec_table_set_attention(&t, 4, 4, 4, f0, q, 0.0f, &err), -1);
+    cr_assert_eq(codec_table_set_attention(&t, 4, 4, 4, f0, q, -1.0f, &err), -1);
     q[3] = NAN;
     cr_assert_eq(codec_table_set_attention(&t, 4, 4, 4, f0, q, 4.0f, &err), -1);
     free(z);
@@ -709,6 +715,102 @@ Test(codec, heavy_hitters_the_mean_query_favours_decode_exact) {
     free(y);
     free(x);
     codec_table_free(&t);
+}
+
+/* Keys turned by RoPE at positions pos0 + t: x's K rows (n_chunks chunks of n_tok, chunk k at
+ * pos0 + k * n_tok) rotated in place, pairs (2i, 2i+1) of each 4-dim head by inv_freq[i]. */
+static void rotate_keys(float *x, int n_layer, int n_chan, int n_tok, int n_chunks, int32_t pos0,
+                        const float inv_freq[2]) {
+    for (int k = 0; k < n_chunks; k++)
+        for (int l = 0; l < n_layer; l++)
+            for (int tok = 0; tok < n_tok; tok++) {
+                float *r = x + (((size_t)k * n_layer + l) * 2 * n_tok + tok) * n_chan;
+                for (int c = 0; c < n_chan; c += 2) {
+                    double ang = ((double)pos0 + k * n_tok + tok) * inv_freq[(c % 4) / 2];
+                    double x0 = r[c], x1 = r[c + 1];
+                    r[c] = fp16_to_fp32(fp32_to_fp16((float)(x0 * cos(ang) - x1 * sin(ang))));
+                    r[c + 1] = fp16_to_fp32(fp32_to_fp16((float)(x0 * sin(ang) + x1 * cos(ang))));
+                }
+            }
+}
+
+Test(codec, keys_are_coded_before_rope) {
+    /* Keys with strong channel means, rotated as RoPE does: a table that knows the RoPE codes
+     * them before rotation, where each channel keeps its own spread around a fixed centre (sd
+     * units: about half the units of a table that sees the means spin into spread; V alike),
+     * and decodes them rotated back within the pairs' bounds at every level. margin 0: the
+     * RoPE without heavy hitters. */
+    const int nl = 2, nc = 8, n_tok = 64;
+    const float inv_freq[2] = {1.0f, 0.05f};
+    float qmean[2 * 4 * 4] = {0};
+    codec_level lv[4];
+    levels_fill(lv, nl, 0);
+    uint8_t mid[32];
+    model_id_fill(mid, 1);
+    kv_error err = {{0}};
+    codec_table rope, plain;
+    cr_assert_eq(codec_table_init(&rope, mid, nl, nc, lv, 4, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_set_attention(&rope, 4, 4, 4, inv_freq, qmean, 0.0f, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(codec_table_init(&plain, mid, nl, nc, lv, 4, &err), 0, "%s", err.msg);
+    float *cal = make_kv(nl, nc, n_tok, 4, 5);
+    rotate_keys(cal, nl, nc, n_tok, 4, 0, inv_freq);
+    cr_assert_eq(codec_table_calibrate(&rope, cal, 4, n_tok, NULL, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_calibrate(&plain, cal, 4, n_tok, NULL, &err), 0, "%s", err.msg);
+    free(cal);
+
+    double log_k = 0;
+    for (int l = 0; l < nl; l++)
+        for (int c = 0; c < nc; c++) {
+            size_t k = (size_t)l * 2 * nc + c, v = k + nc;
+            log_k += log(rope.scale[k] / plain.scale[k]);
+            cr_assert_eq(rope.scale[v], plain.scale[v], "layer %d V channel %d", l, c);
+        }
+    cr_assert_lt(exp(log_k / (nl * nc)), 0.7, "key units before RoPE / after: %g",
+                 exp(log_k / (nl * nc)));
+    float *x = make_kv(nl, nc, n_tok, 1, 77);
+    rotate_keys(x, nl, nc, n_tok, 1, 300, inv_freq);
+    for (int v = 0; v < 4; v++) {
+        size_t len_r, len_p;
+        uint8_t *br = encode(&rope, v, x, n_tok, 300, &len_r);
+        uint8_t *bp = encode(&plain, v, x, n_tok, 300, &len_p);
+        float *yr = decode(&rope, br, len_r, v, n_tok, 300, 2);
+        float *yp = decode(&plain, bp, len_p, v, n_tok, 300, 1);
+        check_bounds(&rope, v, x, n_tok, 0, yr, n_tok);
+        check_bounds(&plain, v, x, n_tok, 0, yp, n_tok);
+        free(br);
+        free(bp);
+        free(yr);
+        free(yp);
+    }
+    /* margin 0 and the RoPE survive the file */
+    uint8_t *file;
+    size_t n;
+    codec_table u;
+    cr_assert_eq(codec_table_serialize(&rope, &file, &n, &err), 0, "%s", err.msg);
+    cr_assert_eq(codec_table_parse(&u, file, n, mid, &err), 0, "%s", err.msg);
+    cr_assert_eq(u.margin, 0.0f);
+    cr_assert_eq(u.n_rot, 4);
+    cr_assert_eq(u.inv_freq[0], 1.0f);
+    size_t len;
+    uint8_t *b = encode(&u, 2, x, n_tok, 300, &len);
+    float *y = decode(&rope, b, len, 2, n_tok, 300, 2);
+    check_bounds(&u, 2, x, n_tok, 0, y, n_tok);
+    free(y);
+    free(b);
+    /* a key pair near f16's limit turns past it before RoPE: refused, not escaped as inf */
+    x[(size_t)1 * nc + 0] = x[(size_t)1 * nc + 1] = 60000.0f; /* layer 0, token 1 (pos 301) */
+    size_t cap = codec_encode_bound(&rope, n_tok);
+    b = malloc(cap);
+    cr_assert_eq(codec_encode_chunk(&rope, 0, x, n_tok, 300, b, cap, &err), -1);
+    cr_assert(strstr(err.msg, "f16 range"), "%s", err.msg);
+    cr_assert_gt(codec_encode_chunk(&plain, 0, x, n_tok, 300, b, cap, &err), 0, "%s", err.msg);
+    free(b);
+    free(file);
+    codec_table_free(&u);
+    free(x);
+    codec_table_free(&rope);
+    codec_table_free(&plain);
 }
 
 Test(codec, calibration_weights_set_units_and_centres) {
