@@ -122,20 +122,17 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
     if (rc) return -1;
     out->nll += nll;
     out->n_scored += n;
-    /* teacher-forced agreement with the exact context's greedy tokens */
-    kv_seq_truncate(c->e.pool, &c->e.seq, c->n_ctx - 1);
-    int32_t seq[EVAL_GEN + 1], want[EVAL_GEN + 1];
-    seq[0] = c->ids[c->n_ctx - 1];
-    for (int i = 0; i < EVAL_GEN; i++) seq[i + 1] = c->gen[i];
-    for (int i = 0; i < EVAL_GEN; i++) want[i] = c->gen[i];
+    /* teacher-forced agreement with the exact context's greedy tokens: the last context token
+     * then the generated ones, each row scored on the next */
+    int32_t want[EVAL_GEN + 1], am[EVAL_GEN + 1];
+    memcpy(want, c->gen, sizeof c->gen);
     want[EVAL_GEN] = -1;
-    int32_t am[EVAL_GEN + 1];
     n = 0;
     nll = 0;
     int32_t *full = malloc(sizeof(int32_t) * (size_t)(c->n_ctx + EVAL_GEN));
     if (!full) return kv_fail(err, "out of memory");
-    memcpy(full, c->ids, sizeof(int32_t) * (size_t)(c->n_ctx - 1));
-    memcpy(full + c->n_ctx - 1, seq, sizeof seq);
+    memcpy(full, c->ids, sizeof(int32_t) * (size_t)c->n_ctx);
+    memcpy(full + c->n_ctx, c->gen, sizeof c->gen);
     rc = run_scored(c, full, c->n_ctx - 1, c->n_ctx + EVAL_GEN - 1, want, &nll, &n, am, err);
     free(full);
     if (rc) return -1;
