@@ -2,10 +2,15 @@
  * records and the chunk store with its RAM and disk tiers (DESIGN.md "Store tiers"). The device
  * pool tier lives with the pool's owner (the engine); it uses the keys defined here.
  *
- * A chunk is chunk_tokens consecutive tokens of one sequence. Its record holds every layer's K
- * and V for those tokens as raw f16, laid out exactly as chunk_tokens / block_tokens blocks of
- * the KV pool (kernels/backend.h kv_layout), so a hit is one copy per block and a miss never
- * converts anything. K is stored rotated at positions pos0 .. pos0 + chunk_tokens - 1. */
+ * Reuse is exact to the KV block (16 tokens): every full block of a sequence has a prefix key,
+ * chained block by block, so two prompts share block j's key exactly when they share every token
+ * up to its end. A chunk is chunk_tokens consecutive tokens starting at a multiple of
+ * chunk_tokens; its record holds 1 .. chunk_tokens / block_tokens whole blocks from the chunk's
+ * start (a sequence's trailing partial chunk is stored too), every layer's K and V as raw f16,
+ * laid out exactly as blocks of the KV pool (kernels/backend.h kv_layout), so a hit is one copy
+ * per block and a miss never converts anything. A record knows the keys of all its blocks and is
+ * found by any of them: a prompt that diverges inside a chunk still reuses the chunk's blocks
+ * before the divergence. K is stored rotated at positions pos0 .. pos0 + n_tokens - 1. */
 #ifndef KVSERVE_CACHE_H
 #define KVSERVE_CACHE_H
 
@@ -29,15 +34,19 @@ typedef struct cache_key {
  * (NULL: none). Tenants never share a namespace, so they never share or probe each other's KV. */
 void cache_namespace(const uint8_t *tenant, size_t tenant_len, const char *salt, cache_key *ns);
 
-/* Prefix keys chain: key_i = SHA-256(tag, model identity, namespace, key_{i-1}, tokens of chunk
+/* Prefix keys chain: key_i = SHA-256(tag, model identity, namespace, key_{i-1}, tokens of block
  * i as little-endian int32), key_{-1} = 32 zero bytes. Two prompts share key_i only when they
- * share every token up to the end of chunk i, so reuse by prefix key is exact. */
+ * share every token up to the end of block i, so reuse by prefix key is exact. */
 void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
                       const int32_t *tokens, int n_tokens, cache_key *out);
-/* The keys of the leading full chunks of tokens[0..n_tokens): returns their count
- * (n_tokens / chunk_tokens, at most max_keys). */
+/* The keys of the leading full blocks of tokens[0..n_tokens) (block_tokens each): returns their
+ * count (n_tokens / block_tokens, at most max_keys). */
 int cache_prefix_keys(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
-                      int n_tokens, int chunk_tokens, cache_key *out, int max_keys);
+                      int n_tokens, int block_tokens, cache_key *out, int max_keys);
+/* The keys of the records that hold the first n_blocks blocks of a sequence whose block keys are
+ * bkeys (chunk_blocks blocks per chunk): one per chunk, the key of its last block there (the
+ * last chunk's record may be partial). Returns their count, ceil(n_blocks / chunk_blocks). */
+int cache_record_keys(const cache_key *bkeys, int n_blocks, int chunk_blocks, cache_key *out);
 /* Content keys do not chain: SHA-256(tag, model identity, namespace, tokens). They find a
  * document's KV whatever precedes it (reuse through blend, not exact). */
 void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
@@ -56,32 +65,40 @@ typedef struct cache_layout {
     int n_kv_head;
     int head_dim;
     int block_tokens; /* KV pool block size the payload is laid out in (multiple of 16) */
-    int chunk_tokens; /* tokens per chunk (multiple of block_tokens) */
+    int chunk_tokens; /* tokens per chunk (multiple of block_tokens, at most 256 blocks) */
 } cache_layout;
 
 /* Checks the fields' ranges; -1 with err when one is out of range. */
 int cache_layout_check(const cache_layout *l, kv_error *err);
-/* Bytes of one chunk's payload: (chunk_tokens / block_tokens) pool blocks. */
+/* Bytes of one full chunk's payload: (chunk_tokens / block_tokens) pool blocks. */
 size_t cache_chunk_bytes(const cache_layout *l);
+/* Blocks per full chunk. */
+int cache_chunk_blocks(const cache_layout *l);
 /* Bytes of one pool block: n_layer * 2 * n_kv_head * block_tokens * head_dim f16. */
 size_t cache_block_bytes(const cache_layout *l);
 
 #define CACHE_ALIGN 4096 /* payload alignment (O_DIRECT) */
+/* Blocks per chunk at most: a record header lists every block's key. */
+#define CACHE_MAX_CHUNK_BLOCKS 256
 
 /* An immutable chunk record in memory, shared by reference count between the tiers and the
  * requests that loaded it. data is written once, by its creator, before it is shared. */
 typedef struct cache_chunk {
-    cache_key key;
-    cache_key ns;  /* the namespace it was stored under (for clear) */
-    int32_t pos0;  /* position of its first token */
-    size_t bytes;  /* payload bytes (cache_chunk_bytes) */
-    uint8_t *data; /* [bytes rounded up to CACHE_ALIGN], CACHE_ALIGN-aligned, host */
+    cache_key key;    /* the key of its last block: the record's own key */
+    cache_key ns;     /* the namespace it was stored under (for clear) */
+    int32_t pos0;     /* position of its first token (a multiple of chunk_tokens) */
+    int n_blocks;     /* 1 .. chunk_tokens / block_tokens */
+    size_t bytes;     /* payload bytes: n_blocks pool blocks */
+    uint8_t *data;    /* [bytes rounded up to CACHE_ALIGN], CACHE_ALIGN-aligned, host */
+    cache_key *bkeys; /* [n_blocks] prefix keys of its blocks; bkeys[n_blocks - 1] == key */
     atomic_int refs;
 } cache_chunk;
 
-/* A chunk with one reference and an uninitialised payload; NULL when out of memory. */
-cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *key, const cache_key *ns,
-                                int32_t pos0);
+/* A chunk of n_blocks blocks (1 .. chunk blocks) whose block keys are bkeys (NULL: zero, for the
+ * creator to fill in with key before sharing it), with one reference and an uninitialised
+ * payload; NULL when out of memory or n_blocks is out of range. */
+cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, int n_blocks,
+                                const cache_key *ns, int32_t pos0);
 void cache_chunk_ref(cache_chunk *c);
 void cache_chunk_unref(cache_chunk *c);
 
@@ -125,19 +142,26 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
 void cache_store_close(cache_store *s);
 const cache_layout *cache_store_layout(const cache_store *s);
 
-/* Loads chunks for keys[i] where want[i] (RAM first, then disk; disk hits are read in parallel
- * and promoted to RAM), in order, until one is missing. out[i] gets a reference for every
- * wanted chunk found and NULL for the others. Returns the number of leading keys that are
- * either not wanted or found. Blocks on disk reads; thread-safe. */
-int cache_store_fetch(cache_store *s, const cache_key *keys, const bool *want, int n_keys,
-                      cache_chunk **out);
-/* True when the RAM or disk tier holds key (no I/O). */
+/* Continues a sequence's cached prefix from block `first` on: bkeys[0..n_blocks) are its block
+ * keys. Finds, chunk by chunk, the record that holds the most of the sequence's blocks (RAM
+ * first, then disk; disk hits are read in parallel and promoted to RAM) until a chunk has no
+ * record or one that ends before the chunk does. out[0..*n_out) get one reference each, in
+ * order (the first holds block `first`; at most max_out). Returns the number of blocks from
+ * `first` on the records cover for this sequence (a record may hold more: the sequence diverged
+ * inside it). Blocks on disk reads; thread-safe. */
+int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
+                      cache_chunk **out, int max_out, int *n_out);
+/* True when the RAM or disk tier holds a record whose own key is key (no I/O). */
 bool cache_store_contains(cache_store *s, const cache_key *key);
+/* True when the RAM or disk tier holds a record holding the block whose key is bkey (no I/O). */
+bool cache_store_holds(cache_store *s, const cache_key *bkey);
 /* Stores c (the store takes its own reference): into RAM now, onto disk in the background.
+ * Records of the same chunk that hold a prefix of c's blocks are dropped: c supersedes them.
  * Never blocks on I/O; a write that cannot be queued is dropped and counted. */
 void cache_store_put(cache_store *s, cache_chunk *c);
-/* Pins or unpins keys (RAM and disk keep pinned chunks; pins may fill at most half of each
- * tier). Returns how many keys the RAM tier (without one: the disk tier) held and pinned. */
+/* Pins or unpins records by their own keys (RAM and disk keep pinned chunks; pins may fill at
+ * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
+ * and pinned. */
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
 /* Drops every chunk of namespace ns (NULL: all), pinned or not, from the RAM tier (when ram)
  * and the disk tier (when disk); the counts dropped go to *n_ram and *n_disk. */

@@ -79,13 +79,20 @@ void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cac
 }
 
 int cache_prefix_keys(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
-                      int n_tokens, int chunk_tokens, cache_key *out, int max_keys) {
-    if (chunk_tokens <= 0 || n_tokens <= 0) return 0;
-    int n = n_tokens / chunk_tokens;
+                      int n_tokens, int block_tokens, cache_key *out, int max_keys) {
+    if (block_tokens <= 0 || n_tokens <= 0) return 0;
+    int n = n_tokens / block_tokens;
     if (n > max_keys) n = max_keys;
     for (int i = 0; i < n; i++)
-        cache_prefix_key(model_id, ns, i ? &out[i - 1] : NULL, tokens + (size_t)i * chunk_tokens,
-                         chunk_tokens, &out[i]);
+        cache_prefix_key(model_id, ns, i ? &out[i - 1] : NULL, tokens + (size_t)i * block_tokens,
+                         block_tokens, &out[i]);
+    return n;
+}
+
+int cache_record_keys(const cache_key *bkeys, int n_blocks, int chunk_blocks, cache_key *out) {
+    int n = 0;
+    for (int end = chunk_blocks; end - chunk_blocks < n_blocks; end += chunk_blocks)
+        out[n++] = bkeys[(end < n_blocks ? end : n_blocks) - 1];
     return n;
 }
 
@@ -118,11 +125,12 @@ int cache_layout_check(const cache_layout *l, kv_error *err) {
     if (l->block_tokens < 16 || l->block_tokens > 4096 || l->block_tokens % 16)
         return kv_fail(err, "cache block size must be a multiple of 16 in 16..4096, got %d",
                        l->block_tokens);
-    if (l->chunk_tokens < l->block_tokens || l->chunk_tokens > 65536 ||
-        l->chunk_tokens % l->block_tokens)
+    if (l->chunk_tokens < l->block_tokens || l->chunk_tokens % l->block_tokens ||
+        l->chunk_tokens / l->block_tokens > CACHE_MAX_CHUNK_BLOCKS)
         return kv_fail(err,
-                       "chunk size %d must be a multiple of the KV block size %d (at most 65536)",
-                       l->chunk_tokens, l->block_tokens);
+                       "chunk size %d must be a multiple of the KV block size %d (at most %d "
+                       "blocks)",
+                       l->chunk_tokens, l->block_tokens, CACHE_MAX_CHUNK_BLOCKS);
     return 0;
 }
 
@@ -131,18 +139,27 @@ size_t cache_block_bytes(const cache_layout *l) {
            (size_t)l->head_dim * 2;
 }
 
+int cache_chunk_blocks(const cache_layout *l) { return l->chunk_tokens / l->block_tokens; }
+
 size_t cache_chunk_bytes(const cache_layout *l) {
-    return cache_block_bytes(l) * (size_t)(l->chunk_tokens / l->block_tokens);
+    return cache_block_bytes(l) * (size_t)cache_chunk_blocks(l);
 }
 
-cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *key, const cache_key *ns,
-                                int32_t pos0) {
-    cache_chunk *c = calloc(1, sizeof *c);
+cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, int n_blocks,
+                                const cache_key *ns, int32_t pos0) {
+    if (n_blocks < 1 || n_blocks > cache_chunk_blocks(l)) return NULL;
+    /* The block keys live in the same allocation. */
+    cache_chunk *c = calloc(1, sizeof *c + sizeof(cache_key) * (size_t)n_blocks);
     if (!c) return NULL;
-    c->key = *key;
+    c->bkeys = (cache_key *)(void *)(c + 1);
+    if (bkeys) {
+        memcpy(c->bkeys, bkeys, sizeof(cache_key) * (size_t)n_blocks);
+        c->key = bkeys[n_blocks - 1];
+    }
     c->ns = *ns;
     c->pos0 = pos0;
-    c->bytes = cache_chunk_bytes(l);
+    c->n_blocks = n_blocks;
+    c->bytes = cache_block_bytes(l) * (size_t)n_blocks;
     size_t cap = (c->bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
     void *p = NULL;
     if (posix_memalign(&p, CACHE_ALIGN, cap) != 0) {

@@ -24,12 +24,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache/disk.h"
 #include "cache/record.h"
+#include "util/keytable.h"
 
 #define DISK_RING_DEPTH 64     /* io_uring entries, and the most operations in flight */
 #define DISK_READ_GROUP 32     /* records read per batch: 2 operations each (header, payload) */
@@ -40,17 +40,28 @@
 
 /* ---------------------------------------------------------------- types */
 
+struct disk_entry;
+
+/* One of a record's blocks in the block index: a prompt that shares the record's first i + 1
+ * blocks finds it by the key of block i. */
+typedef struct disk_block {
+    kt_node node; /* in blocks, keyed by key */
+    struct disk_entry *e;
+    cache_key key;
+} disk_block;
+
 /* One record in the index. A record is "writing" from cache_disk_put until its file is renamed
  * into place (not readable, not counted in entries/bytes, not in the LRU list), then published.
  * A writing record cleared by cache_disk_clear is doomed: its write deletes it on completion. */
 typedef struct disk_entry {
-    cache_key key;
+    kt_node by_key; /* in records, keyed by its last block's key (the record key) */
+    lru_node lru;   /* published entries only */
     cache_key ns;
     uint64_t gen;  /* distinguishes this entry from a later one with the same key */
     int64_t bytes; /* payload bytes */
+    int n_blocks;
     bool pinned, writing, doomed;
-    struct disk_entry *hnext;       /* hash chain */
-    struct disk_entry *prev, *next; /* LRU list, published entries only: prev is older */
+    disk_block by_block[]; /* [n_blocks] */
 } disk_entry;
 
 typedef enum disk_job_kind { DISK_JOB_READ, DISK_JOB_UNLINK } disk_job_kind;
@@ -58,7 +69,7 @@ typedef enum disk_job_kind { DISK_JOB_READ, DISK_JOB_UNLINK } disk_job_kind;
 /* A job whose caller waits for it (the struct lives on the caller's stack). */
 typedef struct disk_job {
     disk_job_kind kind;
-    const cache_key *keys; /* [n]: keys to read, or records to delete */
+    const cache_key *keys; /* [n]: record keys to read, or records to delete */
     int n;
     cache_chunk **out; /* [n], reads */
     bool done;
@@ -78,22 +89,20 @@ typedef struct disk_op {
 
 struct cache_disk {
     cache_layout layout;
-    size_t payload_bytes; /* cache_chunk_bytes(layout) */
-    size_t padded_bytes;  /* payload_bytes rounded up to CACHE_ALIGN */
+    size_t header_bytes; /* cache_record_header_bytes(layout) */
     int64_t cap;
     int write_queue;
     char *path; /* dir/<model>, for messages */
     int dir_fd;
-    uint64_t hash_seed;
 
     pthread_mutex_t mu;
     pthread_cond_t work; /* to the I/O thread: a job, a write or stop */
     pthread_cond_t done; /* to waiters: a job finished or a write completed */
 
     /* Guarded by mu. */
-    disk_entry **buckets; /* [n_buckets], chained */
-    size_t n_buckets, n_table;
-    disk_entry *lru_old, *lru_new;
+    keytable records; /* record key -> entry */
+    keytable blocks;  /* block key -> the entries holding that block */
+    lru_list lru;     /* published entries */
     uint64_t next_gen;
     cache_chunk **wq; /* ring [max(write_queue, 1)] of queued writes, each holding a ref */
     int wq_head, wq_len;
@@ -108,7 +117,7 @@ struct cache_disk {
     bool thread_started;
     struct io_uring ring;
     bool have_ring;
-    uint8_t *hdr; /* [CACHE_RECORD_HEADER], CACHE_ALIGN-aligned, host: the header being written */
+    uint8_t *hdr; /* [header_bytes], CACHE_ALIGN-aligned, host: the header being written */
     uint64_t tmp_counter;
     uint64_t warn_last_ns;
     int64_t warn_suppressed;
@@ -116,6 +125,10 @@ struct cache_disk {
     cache_key *victims; /* records to delete once mu is released */
     size_t n_victims, cap_victims;
 };
+
+static size_t padded(size_t bytes) { return (bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN; }
+
+static const cache_key *entry_key(const disk_entry *e) { return &e->by_block[e->n_blocks - 1].key; }
 
 /* ---------------------------------------------------------------- names and warnings */
 
@@ -172,90 +185,49 @@ static void __attribute__((format(printf, 2, 3))) disk_warn(cache_disk *d, const
 
 /* ---------------------------------------------------------------- index (caller holds mu) */
 
-/* splitmix64's finaliser over the key's first 8 bytes and a per-open random seed: keys are
- * SHA-256 outputs, but a tenant who knows the model identity could grind prompts whose keys
- * share low bits, so bucket positions must not be predictable. */
-static size_t entry_hash(const cache_disk *d, const cache_key *k) {
-    uint64_t x;
-    memcpy(&x, k->b, sizeof x);
-    x ^= d->hash_seed;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    x ^= x >> 31;
-    return (size_t)x & (d->n_buckets - 1);
+static disk_entry *table_find(const cache_disk *d, const cache_key *k) {
+    kt_node *n = keytable_find(&d->records, k->b);
+    return n ? KT_ENTRY(n, disk_entry, by_key) : NULL;
 }
 
-static disk_entry *table_find(const cache_disk *d, const cache_key *k) {
-    for (disk_entry *e = d->buckets[entry_hash(d, k)]; e; e = e->hnext)
-        if (memcmp(e->key.b, k->b, CACHE_KEY_BYTES) == 0) return e;
+/* A published entry holding block key k, and the block's index in it; NULL when none. */
+static disk_entry *block_find(const cache_disk *d, const cache_key *k, int *block) {
+    for (kt_node *n = keytable_find(&d->blocks, k->b); n; n = keytable_find_next(&d->blocks, n)) {
+        disk_block *b = KT_ENTRY(n, disk_block, node);
+        if (b->e->writing) continue;
+        *block = (int)(b - b->e->by_block);
+        return b->e;
+    }
     return NULL;
 }
 
-/* Doubles the bucket array at load factor 1; -1 when out of memory (nothing changed). */
-static int table_grow(cache_disk *d) {
-    size_t old_n = d->n_buckets;
-    disk_entry **old = d->buckets;
-    disk_entry **nb = calloc(old_n * 2, sizeof *nb);
-    if (!nb) return -1;
-    d->buckets = nb;
-    d->n_buckets = old_n * 2;
-    for (size_t i = 0; i < old_n; i++) {
-        for (disk_entry *e = old[i], *next; e; e = next) {
-            next = e->hnext;
-            size_t h = entry_hash(d, &e->key);
-            e->hnext = nb[h];
-            nb[h] = e;
-        }
-    }
-    free(old);
-    return 0;
-}
-
-/* A new entry for key (not yet in the table): writing, or published by entry_publish. NULL when
- * out of memory. */
-static disk_entry *table_add(cache_disk *d, const cache_key *key, const cache_key *ns,
-                             int64_t bytes) {
-    if (d->n_table >= d->n_buckets && table_grow(d) != 0) return NULL;
-    disk_entry *e = calloc(1, sizeof *e);
+/* A new entry for the record of blocks bkeys[0..n_blocks) (its key not yet in the table):
+ * writing, or published by entry_publish. NULL when out of memory. */
+static disk_entry *table_add(cache_disk *d, const cache_key *bkeys, int n_blocks,
+                             const cache_key *ns, int64_t bytes) {
+    disk_entry *e = calloc(1, sizeof *e + sizeof(disk_block) * (size_t)n_blocks);
     if (!e) return NULL;
-    e->key = *key;
     e->ns = *ns;
     e->bytes = bytes;
+    e->n_blocks = n_blocks;
     e->gen = ++d->next_gen;
     e->writing = true;
-    size_t h = entry_hash(d, key);
-    e->hnext = d->buckets[h];
-    d->buckets[h] = e;
-    d->n_table++;
+    for (int i = 0; i < n_blocks; i++) {
+        disk_block *b = &e->by_block[i];
+        b->e = e;
+        b->key = bkeys[i];
+        b->node.key = b->key.b;
+        keytable_insert(&d->blocks, &b->node);
+    }
+    e->by_key.key = entry_key(e)->b;
+    keytable_insert(&d->records, &e->by_key);
     return e;
-}
-
-static void lru_unlink(cache_disk *d, disk_entry *e) {
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        d->lru_old = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        d->lru_new = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void lru_append(cache_disk *d, disk_entry *e) {
-    e->prev = d->lru_new;
-    e->next = NULL;
-    if (d->lru_new)
-        d->lru_new->next = e;
-    else
-        d->lru_old = e;
-    d->lru_new = e;
 }
 
 /* Writing -> published: readable, counted, most recently used. */
 static void entry_publish(cache_disk *d, disk_entry *e) {
     e->writing = false;
-    lru_append(d, e);
+    lru_touch(&d->lru, &e->lru);
     d->st.entries++;
     d->st.bytes += e->bytes;
     if (e->pinned) d->st.pinned++;
@@ -265,15 +237,13 @@ static void entry_publish(cache_disk *d, disk_entry *e) {
 static void entry_drop(cache_disk *d, disk_entry *e) {
     if (e->pinned) d->pinned_bytes -= e->bytes;
     if (!e->writing) {
-        lru_unlink(d, e);
+        lru_unlink(&d->lru, &e->lru);
         d->st.entries--;
         d->st.bytes -= e->bytes;
         if (e->pinned) d->st.pinned--;
     }
-    disk_entry **pp = &d->buckets[entry_hash(d, &e->key)];
-    while (*pp != e) pp = &(*pp)->hnext;
-    *pp = e->hnext;
-    d->n_table--;
+    keytable_remove(&d->records, &e->by_key);
+    for (int i = 0; i < e->n_blocks; i++) keytable_remove(&d->blocks, &e->by_block[i].node);
     free(e);
 }
 
@@ -294,15 +264,32 @@ static bool victim_push(cache_disk *d, const cache_key *k) {
 /* Drops least recently used unpinned records until bytes <= cap. Pins are honoured even when
  * pinned records alone exceed the cap; an unpin takes effect at the next write. */
 static void evict_locked(cache_disk *d) {
-    disk_entry *e = d->lru_old;
-    while (e && d->st.bytes > d->cap) {
-        disk_entry *next = e->next;
+    for (lru_node *v = d->lru.oldest; v && d->st.bytes > d->cap;) {
+        lru_node *next = v->newer;
+        disk_entry *e = KT_ENTRY(v, disk_entry, lru);
         if (!e->pinned) {
-            if (!victim_push(d, &e->key)) break;
+            if (!victim_push(d, entry_key(e))) break;
             entry_drop(d, e);
             d->st.evictions++;
         }
-        e = next;
+        v = next;
+    }
+}
+
+/* A record that just got published holds a prefix of it: the records of the same chunk that
+ * end at one of its earlier blocks. They are deleted, and a pin one of them had passes to e. */
+static void supersede_locked(cache_disk *d, disk_entry *e) {
+    bool pinned = false;
+    for (int i = 0; i < e->n_blocks - 1; i++) {
+        disk_entry *old = table_find(d, &e->by_block[i].key);
+        if (!old || old->writing || !victim_push(d, entry_key(old))) continue;
+        pinned |= old->pinned;
+        entry_drop(d, old);
+    }
+    if (pinned && !e->pinned && d->pinned_bytes + e->bytes <= d->cap / 2) {
+        e->pinned = true;
+        d->pinned_bytes += e->bytes;
+        d->st.pinned++;
     }
 }
 
@@ -446,8 +433,8 @@ static void disk_write(cache_disk *d, cache_chunk *c) {
     } else {
         /* The payload's padding is zeroed by cache_chunk_create: whole CACHE_ALIGN blocks. */
         disk_op ops[2] = {
-            {.fd = fd, .buf = d->hdr, .len = CACHE_RECORD_HEADER, .off = 0},
-            {.fd = fd, .buf = c->data, .len = d->padded_bytes, .off = CACHE_RECORD_HEADER},
+            {.fd = fd, .buf = d->hdr, .len = d->header_bytes, .off = 0},
+            {.fd = fd, .buf = c->data, .len = padded(c->bytes), .off = (off_t)d->header_bytes},
         };
         disk_io(d, ops, 2, true);
         err = ops[0].err ? ops[0].err : ops[1].err;
@@ -470,13 +457,14 @@ static void disk_write(cache_disk *d, cache_chunk *c) {
         d->st.write_errors++;
         entry_drop(d, e);
     } else if (e->doomed) {
-        if (victim_push(d, &e->key))
+        if (victim_push(d, entry_key(e)))
             entry_drop(d, e);
         else
             entry_publish(d, e); /* out of memory: keep it indexed rather than orphaned */
     } else {
         entry_publish(d, e);
         d->st.bytes_in += e->bytes;
+        supersede_locked(d, e);
         evict_locked(d);
     }
     pthread_mutex_unlock(&d->mu);
@@ -495,20 +483,26 @@ typedef enum read_result {
 typedef struct read_slot {
     int idx; /* into the job's keys and out */
     uint64_t gen;
+    int n_blocks;
     int fd;
     cache_chunk *c;
     read_result result;
 } read_slot;
 
-/* Checks a record read into hdr and c->data: the header, the key it names against c's, the
- * payload checksum. Then fills c's namespace and position from the header. */
-static int read_verify(cache_disk *d, const uint8_t *hdr, cache_chunk *c, kv_error *err) {
+/* Checks a record read into hdr and c->data: the header, the key it names against the one
+ * asked for, its block count against the index's, the payload checksum. Then fills c's keys,
+ * namespace and position from the header. */
+static int read_verify(cache_disk *d, const uint8_t *hdr, const cache_key *key, cache_chunk *c,
+                       kv_error *err) {
     cache_record_info info;
-    if (cache_record_decode_header(hdr, CACHE_RECORD_HEADER, &d->layout, &info, err) != 0)
-        return -1;
-    if (memcmp(info.key.b, c->key.b, CACHE_KEY_BYTES) != 0)
+    if (cache_record_decode_header(hdr, d->header_bytes, &d->layout, &info, err) != 0) return -1;
+    if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0)
         return kv_fail(err, "header names another key");
+    if (info.n_blocks != c->n_blocks)
+        return kv_fail(err, "header has %d blocks, the index %d", info.n_blocks, c->n_blocks);
     if (cache_record_check_payload(&info, c->data, err) != 0) return -1;
+    memcpy(c->bkeys, info.bkeys, (size_t)info.n_blocks * CACHE_KEY_BYTES);
+    c->key = info.key;
     c->ns = info.ns;
     c->pos0 = info.pos0;
     return 0;
@@ -532,19 +526,21 @@ static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n,
             sl->result = errno == ENOENT ? READ_VANISHED : READ_SKIPPED;
             continue;
         }
-        /* ns and pos0 come from the header, once it has been checked. */
-        sl->c = cache_chunk_create(&d->layout, &j->keys[sl->idx], &zero_ns, 0);
+        /* Keys, ns and pos0 come from the header, once it has been checked. */
+        sl->c = cache_chunk_create(&d->layout, NULL, sl->n_blocks, &zero_ns, 0);
         if (!sl->c) {
             sl->result = READ_SKIPPED;
             continue;
         }
         op_of[s] = n_ops;
         ops[n_ops++] = (disk_op){.fd = sl->fd,
-                                 .buf = hdrs + (size_t)s * CACHE_RECORD_HEADER,
-                                 .len = CACHE_RECORD_HEADER,
+                                 .buf = hdrs + (size_t)s * d->header_bytes,
+                                 .len = d->header_bytes,
                                  .off = 0};
-        ops[n_ops++] = (disk_op){
-            .fd = sl->fd, .buf = sl->c->data, .len = d->padded_bytes, .off = CACHE_RECORD_HEADER};
+        ops[n_ops++] = (disk_op){.fd = sl->fd,
+                                 .buf = sl->c->data,
+                                 .len = padded(sl->c->bytes),
+                                 .off = (off_t)d->header_bytes};
     }
     disk_io(d, ops, n_ops, false);
 
@@ -560,7 +556,8 @@ static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n,
             sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
             disk_warn(d, "cannot read %s: %s", name,
                       e == ENODATA ? "file shorter than its record" : strerror(e));
-        } else if (read_verify(d, hdrs + (size_t)s * CACHE_RECORD_HEADER, sl->c, &err) != 0) {
+        } else if (read_verify(d, hdrs + (size_t)s * d->header_bytes, &j->keys[sl->idx], sl->c,
+                               &err) != 0) {
             sl->result = READ_CORRUPT;
             disk_warn(d, "dropping %s: %s", name, err.msg);
         } else {
@@ -578,7 +575,7 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     read_slot *slots = calloc((size_t)j->n, sizeof *slots);
     void *hdrs = NULL;
     if (!slots ||
-        posix_memalign(&hdrs, CACHE_ALIGN, (size_t)DISK_READ_GROUP * CACHE_RECORD_HEADER) != 0) {
+        posix_memalign(&hdrs, CACHE_ALIGN, (size_t)DISK_READ_GROUP * d->header_bytes) != 0) {
         free(slots);
         pthread_mutex_lock(&d->mu);
         d->st.misses += j->n;
@@ -589,7 +586,8 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < j->n; i++) {
         disk_entry *e = table_find(d, &j->keys[i]);
-        if (e && !e->writing) slots[m++] = (read_slot){.idx = i, .gen = e->gen};
+        if (e && !e->writing)
+            slots[m++] = (read_slot){.idx = i, .gen = e->gen, .n_blocks = e->n_blocks};
     }
     pthread_mutex_unlock(&d->mu);
 
@@ -606,10 +604,7 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
             j->out[sl->idx] = sl->c;
             d->st.hits++;
             d->st.bytes_out += (int64_t)sl->c->bytes;
-            if (same) {
-                lru_unlink(d, e);
-                lru_append(d, e);
-            }
+            if (same) lru_touch(&d->lru, &e->lru);
             continue;
         }
         d->st.misses++;
@@ -620,7 +615,7 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
             entry_drop(d, e);
         } else if (sl->result == READ_CORRUPT) {
             d->st.corrupt++;
-            if (victim_push(d, &e->key)) entry_drop(d, e);
+            if (victim_push(d, entry_key(e))) entry_drop(d, e);
         }
     }
     pthread_mutex_unlock(&d->mu);
@@ -739,14 +734,14 @@ static int scan_check(cache_disk *d, const char *name, const cache_key *key, off
                       uint8_t *hdr, cache_record_info *info, kv_error *err) {
     int fd = openat(d->dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 1;
-    ssize_t got = read_full(fd, hdr, CACHE_RECORD_HEADER);
+    ssize_t got = read_full(fd, hdr, d->header_bytes);
     int saved = errno;
     close(fd);
     if (got < 0) return kv_fail(err, "%s", strerror(saved));
     if (cache_record_decode_header(hdr, (size_t)got, &d->layout, info, err) != 0) return -1;
     if (memcmp(info->key.b, key->b, CACHE_KEY_BYTES) != 0)
         return kv_fail(err, "header names another key");
-    size_t want = cache_record_file_bytes((size_t)info->payload_bytes);
+    size_t want = cache_record_file_bytes(&d->layout, (size_t)info->payload_bytes);
     if ((uint64_t)size != (uint64_t)want)
         return kv_fail(err, "file has %lld bytes, its record %zu", (long long)size, want);
     return 0;
@@ -761,7 +756,7 @@ static int disk_scan(cache_disk *d, kv_error *err) {
         if (fd >= 0) close(fd);
         return kv_fail(err, "cannot list %s: %s", d->path, strerror(errno));
     }
-    uint8_t *hdr = malloc(CACHE_RECORD_HEADER);
+    uint8_t *hdr = malloc(d->header_bytes);
     scan_item *items = NULL;
     size_t n_items = 0, cap_items = 0;
     int rc = 0;
@@ -802,7 +797,8 @@ static int disk_scan(cache_disk *d, kv_error *err) {
             items = v;
             cap_items = cap;
         }
-        disk_entry *e = table_add(d, &key, &info.ns, (int64_t)info.payload_bytes);
+        disk_entry *e = table_add(d, (const cache_key *)(const void *)info.bkeys, info.n_blocks,
+                                  &info.ns, (int64_t)info.payload_bytes);
         if (!e) {
             rc = kv_fail(err, "out of memory");
             goto done;
@@ -821,21 +817,20 @@ done:
     return rc;
 }
 
+static void free_entry(void *ud, kt_node *n) {
+    (void)ud;
+    free(KT_ENTRY(n, disk_entry, by_key));
+}
+
 static void disk_free(cache_disk *d) {
-    if (d->buckets) {
-        for (size_t i = 0; i < d->n_buckets; i++) {
-            for (disk_entry *e = d->buckets[i], *next; e; e = next) {
-                next = e->hnext;
-                free(e);
-            }
-        }
-    }
+    keytable_each(&d->records, free_entry, NULL);
     if (d->have_ring) io_uring_queue_exit(&d->ring);
     if (d->dir_fd >= 0) close(d->dir_fd);
     pthread_cond_destroy(&d->done);
     pthread_cond_destroy(&d->work);
     pthread_mutex_destroy(&d->mu);
-    free(d->buckets);
+    keytable_free(&d->records);
+    keytable_free(&d->blocks);
     free(d->wq);
     free(d->hdr);
     free(d->victims);
@@ -868,12 +863,9 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
     pthread_cond_init(&d->work, NULL);
     pthread_cond_init(&d->done, NULL);
     d->layout = *l;
-    d->payload_bytes = cache_chunk_bytes(l);
-    d->padded_bytes = (d->payload_bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+    d->header_bytes = cache_record_header_bytes(l);
     d->cap = cap_bytes;
     d->write_queue = write_queue;
-    if (getrandom(&d->hash_seed, sizeof d->hash_seed, GRND_NONBLOCK) != sizeof d->hash_seed)
-        d->hash_seed = clock_now_ns() ^ (uint64_t)(uintptr_t)d;
 
     char model_hex[2 * CACHE_KEY_BYTES + 1];
     cache_key model;
@@ -881,13 +873,13 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
     cache_key_hex(&model, model_hex);
     size_t n = strlen(dir) + 18;
     d->path = malloc(n);
-    d->n_buckets = 64;
-    d->buckets = calloc(d->n_buckets, sizeof *d->buckets);
+    bool tables = keytable_init(&d->records, CACHE_KEY_BYTES) == 0 &&
+                  keytable_init(&d->blocks, CACHE_KEY_BYTES) == 0;
     d->wq = calloc(write_queue > 0 ? (size_t)write_queue : 1, sizeof *d->wq);
     void *hdr = NULL;
-    if (posix_memalign(&hdr, CACHE_ALIGN, CACHE_RECORD_HEADER) != 0) hdr = NULL;
+    if (posix_memalign(&hdr, CACHE_ALIGN, d->header_bytes) != 0) hdr = NULL;
     d->hdr = hdr;
-    if (!d->path || !d->buckets || !d->wq || !d->hdr) {
+    if (!d->path || !tables || !d->wq || !d->hdr) {
         kv_fail(err, "cache disk: out of memory");
         goto fail;
     }
@@ -943,15 +935,25 @@ bool cache_disk_contains(cache_disk *d, const cache_key *key) {
     return found;
 }
 
+bool cache_disk_find(cache_disk *d, const cache_key *bkey, cache_key *record, int *block) {
+    pthread_mutex_lock(&d->mu);
+    disk_entry *e = block_find(d, bkey, block);
+    if (e) *record = *entry_key(e);
+    pthread_mutex_unlock(&d->mu);
+    return e != NULL;
+}
+
 bool cache_disk_put(cache_disk *d, cache_chunk *c) {
-    if (c->bytes != d->payload_bytes) return false; /* another layout's chunk */
+    if (c->n_blocks < 1 || c->n_blocks > cache_chunk_blocks(&d->layout) ||
+        c->bytes != cache_block_bytes(&d->layout) * (size_t)c->n_blocks)
+        return false; /* another layout's chunk */
     pthread_mutex_lock(&d->mu);
     bool queued = false;
-    if (table_find(d, &c->key)) {
-        /* on disk or being written */
+    if (keytable_find(&d->blocks, c->key.b)) {
+        /* on disk or being written, alone or inside a longer record of its chunk */
     } else if (d->n_writes >= d->write_queue) {
         d->st.dropped++;
-    } else if (table_add(d, &c->key, &c->ns, (int64_t)c->bytes)) {
+    } else if (table_add(d, c->bkeys, c->n_blocks, &c->ns, (int64_t)c->bytes)) {
         cache_chunk_ref(c);
         d->wq[(d->wq_head + d->wq_len) % d->write_queue] = c;
         d->wq_len++;
@@ -1002,41 +1004,50 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
     return held;
 }
 
+typedef struct clear_walk {
+    cache_disk *d;
+    const cache_key *ns;
+    bool drop;       /* false: only count */
+    cache_key *keys; /* [count], when drop */
+    int64_t n;
+} clear_walk;
+
+static void clear_visit(void *ud, kt_node *node) {
+    clear_walk *w = ud;
+    disk_entry *e = KT_ENTRY(node, disk_entry, by_key);
+    if (w->ns && memcmp(e->ns.b, w->ns->b, CACHE_KEY_BYTES) != 0) return;
+    if (!w->drop) {
+        w->n += !e->writing;
+    } else if (e->writing) {
+        /* Writes in flight are not counted: they delete themselves when they complete. */
+        e->doomed = true;
+    } else {
+        w->keys[w->n++] = *entry_key(e);
+        entry_drop(w->d, e);
+    }
+}
+
 int64_t cache_disk_clear(cache_disk *d, const cache_key *ns) {
     pthread_mutex_lock(&d->mu);
-    size_t n = 0;
-    for (size_t b = 0; b < d->n_buckets; b++)
-        for (disk_entry *e = d->buckets[b]; e; e = e->hnext)
-            n += !e->writing && (!ns || memcmp(e->ns.b, ns->b, CACHE_KEY_BYTES) == 0);
-    cache_key *keys = n ? malloc(n * sizeof *keys) : NULL;
-    if (n && !keys) {
+    clear_walk w = {.d = d, .ns = ns};
+    keytable_each(&d->records, clear_visit, &w);
+    cache_key *keys = w.n ? malloc((size_t)w.n * sizeof *keys) : NULL;
+    if (w.n && !keys) {
         pthread_mutex_unlock(&d->mu);
         log_error("cache: disk %s: out of memory clearing the cache", d->path);
         return 0;
     }
-    int64_t m = 0;
-    for (size_t b = 0; b < d->n_buckets; b++) {
-        for (disk_entry *e = d->buckets[b], *next; e; e = next) {
-            next = e->hnext;
-            if (ns && memcmp(e->ns.b, ns->b, CACHE_KEY_BYTES) != 0) continue;
-            /* Writes in flight are not counted: they delete themselves when they complete. */
-            if (e->writing) {
-                e->doomed = true;
-                continue;
-            }
-            keys[m++] = e->key;
-            entry_drop(d, e);
-        }
-    }
+    w = (clear_walk){.d = d, .ns = ns, .drop = true, .keys = keys};
+    keytable_each(&d->records, clear_visit, &w);
     /* The I/O thread deletes the files (it owns every file operation); until then the keys are
      * out of the index, so nothing reads them, and a new write of one queues behind this. */
-    if (m) {
-        disk_job j = {.kind = DISK_JOB_UNLINK, .keys = keys, .n = (int)m};
+    if (w.n) {
+        disk_job j = {.kind = DISK_JOB_UNLINK, .keys = keys, .n = (int)w.n};
         job_run_locked(d, &j);
     }
     pthread_mutex_unlock(&d->mu);
     free(keys);
-    return m;
+    return w.n;
 }
 
 void cache_disk_stats(cache_disk *d, cache_tier_stats *out) {

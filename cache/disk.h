@@ -5,9 +5,9 @@
  * namespace, positions, payload checksum; then the payload). Writes go to a temporary file that
  * is renamed into place when complete, so a reader (or a restart after kill -9) sees whole
  * records or none. An I/O thread owns an io_uring and performs every read and write, with
- * O_DIRECT where the filesystem allows it. The index (key -> file size, LRU order, pins) lives in
- * memory and is rebuilt from the files' headers at open; the byte cap is kept by deleting the
- * least recently used unpinned records. All functions are thread-safe. */
+ * O_DIRECT where the filesystem allows it. The index (record key and block keys -> file size, LRU
+ * order, pins) lives in memory and is rebuilt from the files' headers at open; the byte cap is kept
+ * by deleting the least recently used unpinned records. All functions are thread-safe. */
 #ifndef KVSERVE_CACHE_DISK_H
 #define KVSERVE_CACHE_DISK_H
 
@@ -26,16 +26,21 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
 /* Finishes queued writes, stops the I/O thread, frees the index. */
 void cache_disk_close(cache_disk *d);
 
-/* True when key's record is on disk (a record still being written is not). */
+/* True when the record whose own key is key is on disk (a record still being written is not). */
 bool cache_disk_contains(cache_disk *d, const cache_key *key);
-/* Queues c to be written (taking a reference). False, without queuing, when the key is already
- * on disk or being written, when c's payload size is not the layout's, or when write_queue
- * writes are pending (counted as dropped). A write that fails (ENOSPC, EIO) is counted as a
- * write error and leaves no file behind. */
+/* True when a record on disk holds a block whose key is bkey: its own key goes to *record and
+ * the block's index in it to *block. No I/O. */
+bool cache_disk_find(cache_disk *d, const cache_key *bkey, cache_key *record, int *block);
+/* Queues c to be written (taking a reference). False, without queuing, when a record on disk or
+ * being written already holds c's last block, when c's payload is not whole blocks of the
+ * layout, or when write_queue writes are pending (counted as dropped). Once written, records of
+ * the same chunk that hold a prefix of c are deleted (c's record inherits a pin they had). A
+ * write that fails (ENOSPC, EIO) is counted as a write error and leaves no file behind. */
 bool cache_disk_put(cache_disk *d, cache_chunk *c);
-/* Reads the records of keys[0..n) concurrently (one batch of io_uring reads) and verifies
- * them. out[i] gets a new chunk (one reference) or NULL: not indexed, unreadable, or failing
- * its header or payload checksum (then deleted and counted as corrupt). Counts hits/misses. */
+/* Reads the records whose own keys are keys[0..n) concurrently (one batch of io_uring reads)
+ * and verifies them. out[i] gets a new chunk (one reference) or NULL: not indexed, unreadable,
+ * or failing its header or payload checksum (then deleted and counted as corrupt). Counts
+ * hits/misses. */
 void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out);
 /* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
  * it is on disk); returns how many were held. Pinned records may fill at most half the

@@ -9,11 +9,19 @@ typedef struct cache_ram cache_ram;
 
 cache_ram *cache_ram_create(int64_t cap_bytes);
 void cache_ram_destroy(cache_ram *r);
-/* A new reference to key's chunk (made most recently used), or NULL. Counts a hit or miss. */
-cache_chunk *cache_ram_get(cache_ram *r, const cache_key *key);
+/* A new reference to a chunk holding a block whose key is bkey (made most recently used; a
+ * hit), and the block's index in it; NULL when none does (no statistics: the caller probes). */
+cache_chunk *cache_ram_find(cache_ram *r, const cache_key *bkey, int *block);
+/* True when a chunk holds a block whose key is bkey (no statistics, no LRU change). */
+bool cache_ram_holds(cache_ram *r, const cache_key *bkey);
+/* Counts a miss (a lookup the caller gave up on). */
+void cache_ram_count_miss(cache_ram *r);
+/* True when a chunk's own key is key. */
 bool cache_ram_contains(cache_ram *r, const cache_key *key);
-/* Inserts c (taking a reference) unless key is present or c alone exceeds the cap; evicts
- * least recently used unpinned chunks down to the cap. False when not inserted. */
+/* Inserts c (taking a reference) unless a record holds its last block already or c alone
+ * exceeds the cap (beside the pinned chunks); records of the same chunk holding a prefix of c
+ * are replaced by it; evicts least recently used unpinned chunks down to the cap. False when
+ * not inserted. */
 bool cache_ram_put(cache_ram *r, cache_chunk *c);
 /* Pins (pin) or unpins keys; returns how many were held and (pinning) pinned. Pinned chunks
  * may fill at most half the capacity, so unpinned traffic always has room. */

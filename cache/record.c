@@ -21,11 +21,11 @@ enum {
     OFF_LAYOUT = 112, /* 5 x u32: n_layer, n_kv_head, head_dim, block_tokens, chunk_tokens */
     OFF_POS0 = 132,
     OFF_LEVEL = 136,
-    OFF_RESERVED = 140,
+    OFF_TOKENS = 140,
     OFF_PAYLOAD_BYTES = 144,
     OFF_PAYLOAD_SHA = 152,
     OFF_HEADER_SHA = 184,
-    OFF_END = 216, /* zero from here to CACHE_RECORD_HEADER */
+    OFF_BKEYS = 216, /* the block keys, then zero to the header's end */
 };
 
 static void put_u32(uint8_t *p, uint32_t v) {
@@ -50,18 +50,36 @@ static int sha256(const uint8_t *data, size_t len, uint8_t out[32]) {
     return EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
 }
 
-size_t cache_record_file_bytes(size_t payload_bytes) {
-    /* Saturates instead of wrapping: a size no file can have never equals a real file's size. */
-    if (payload_bytes > SIZE_MAX - CACHE_RECORD_HEADER - CACHE_ALIGN) return SIZE_MAX;
-    return CACHE_RECORD_HEADER + (payload_bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+/* The header's own checksum: every header byte but the checksum field. */
+static int header_sha(const uint8_t *hdr, size_t header_bytes, uint8_t out[32]) {
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned int n = 0;
+    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(md, hdr, OFF_HEADER_SHA) == 1 &&
+             EVP_DigestUpdate(md, hdr + OFF_BKEYS, header_bytes - OFF_BKEYS) == 1 &&
+             EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32;
+    EVP_MD_CTX_free(md);
+    return ok ? 0 : -1;
 }
 
-void cache_record_encode_header(const cache_layout *l, const cache_chunk *c,
-                                uint8_t hdr[CACHE_RECORD_HEADER]) {
-    memset(hdr, 0, CACHE_RECORD_HEADER);
+size_t cache_record_header_bytes(const cache_layout *l) {
+    size_t keys = (size_t)OFF_BKEYS + (size_t)cache_chunk_blocks(l) * CACHE_KEY_BYTES;
+    return (keys + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+}
+
+size_t cache_record_file_bytes(const cache_layout *l, size_t payload_bytes) {
+    size_t header = cache_record_header_bytes(l);
+    /* Saturates instead of wrapping: a size no file can have never equals a real file's size. */
+    if (payload_bytes > SIZE_MAX - header - CACHE_ALIGN) return SIZE_MAX;
+    return header + (payload_bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
+}
+
+void cache_record_encode_header(const cache_layout *l, const cache_chunk *c, uint8_t *hdr) {
+    size_t header_bytes = cache_record_header_bytes(l);
+    memset(hdr, 0, header_bytes);
     memcpy(hdr + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC);
     put_u32(hdr + OFF_VERSION, CACHE_RECORD_VERSION);
-    put_u32(hdr + OFF_HEADER_BYTES, CACHE_RECORD_HEADER);
+    put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)header_bytes);
     memcpy(hdr + OFF_MODEL, l->model_id, 32);
     memcpy(hdr + OFF_KEY, c->key.b, CACHE_KEY_BYTES);
     memcpy(hdr + OFF_NS, c->ns.b, CACHE_KEY_BYTES);
@@ -69,11 +87,13 @@ void cache_record_encode_header(const cache_layout *l, const cache_chunk *c,
     for (int i = 0; i < 5; i++) put_u32(hdr + OFF_LAYOUT + 4 * i, (uint32_t)dims[i]);
     put_u32(hdr + OFF_POS0, (uint32_t)c->pos0);
     put_u32(hdr + OFF_LEVEL, CACHE_RECORD_LEVEL_RAW);
+    put_u32(hdr + OFF_TOKENS, (uint32_t)(c->n_blocks * l->block_tokens));
     put_u64(hdr + OFF_PAYLOAD_BYTES, c->bytes);
+    memcpy(hdr + OFF_BKEYS, c->bkeys, (size_t)c->n_blocks * CACHE_KEY_BYTES);
     /* A checksum that cannot be computed (OpenSSL out of memory) leaves zeros: the record then
      * fails its check when read and is dropped, which costs a miss and nothing else. */
     if (sha256(c->data, c->bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
-        sha256(hdr, OFF_HEADER_SHA, hdr + OFF_HEADER_SHA) != 0) {
+        header_sha(hdr, header_bytes, hdr + OFF_HEADER_SHA) != 0) {
         log_error("cache: SHA-256 failed while encoding a record header (out of memory)");
         memset(hdr + OFF_PAYLOAD_SHA, 0, 64);
     }
@@ -95,15 +115,15 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
     if (version != CACHE_RECORD_VERSION)
         return kv_fail(err, "cache record version %u, expected %d", version, CACHE_RECORD_VERSION);
     if (need(len, OFF_HEADER_BYTES + 4, "header size", err)) return -1;
-    uint32_t header_bytes = get_u32(buf + OFF_HEADER_BYTES);
-    if (header_bytes != CACHE_RECORD_HEADER)
-        return kv_fail(err, "cache record header size %u, expected %d", header_bytes,
-                       CACHE_RECORD_HEADER);
-    /* The whole header block, so the zero tail can be checked too: it is not covered by the
-     * header checksum, and a version-1 reader must not accept bytes it does not understand. */
-    if (need(len, CACHE_RECORD_HEADER, "the header block", err)) return -1;
+    size_t header_bytes = cache_record_header_bytes(l);
+    uint32_t got_header = get_u32(buf + OFF_HEADER_BYTES);
+    if (got_header != header_bytes)
+        return kv_fail(err, "cache record header size %u, expected %zu", got_header, header_bytes);
+    /* The whole header, so the zero tail can be checked too: a reader must not accept bytes it
+     * does not understand. */
+    if (need(len, header_bytes, "the header", err)) return -1;
     uint8_t sha[32];
-    if (sha256(buf, OFF_HEADER_SHA, sha) != 0)
+    if (header_sha(buf, header_bytes, sha) != 0)
         return kv_fail(err, "cache record: SHA-256 failed (out of memory)");
     if (memcmp(sha, buf + OFF_HEADER_SHA, 32) != 0)
         return kv_fail(err, "cache record header checksum mismatch");
@@ -121,20 +141,32 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
     uint32_t level = get_u32(buf + OFF_LEVEL);
     if (level != CACHE_RECORD_LEVEL_RAW)
         return kv_fail(err, "cache record level %u is not supported", level);
-    if (get_u32(buf + OFF_RESERVED) != 0) return kv_fail(err, "cache record reserved field not 0");
+    uint32_t n_tokens = get_u32(buf + OFF_TOKENS);
+    if (n_tokens == 0 || n_tokens % (uint32_t)l->block_tokens ||
+        n_tokens > (uint32_t)l->chunk_tokens)
+        return kv_fail(err, "cache record of %u tokens: not 1 to %d whole blocks of %d", n_tokens,
+                       cache_chunk_blocks(l), l->block_tokens);
+    int n_blocks = (int)(n_tokens / (uint32_t)l->block_tokens);
     uint64_t payload = get_u64(buf + OFF_PAYLOAD_BYTES);
-    if (payload != (uint64_t)cache_chunk_bytes(l))
-        return kv_fail(err, "cache record payload size %llu, expected %zu",
-                       (unsigned long long)payload, cache_chunk_bytes(l));
+    uint64_t want = (uint64_t)cache_block_bytes(l) * (uint64_t)n_blocks;
+    if (payload != want)
+        return kv_fail(err, "cache record payload size %llu, expected %llu",
+                       (unsigned long long)payload, (unsigned long long)want);
     int32_t pos0 = (int32_t)get_u32(buf + OFF_POS0);
-    if (pos0 < 0) return kv_fail(err, "cache record position %d is negative", (int)pos0);
-    for (size_t i = OFF_END; i < CACHE_RECORD_HEADER; i++)
+    if (pos0 < 0 || pos0 % l->chunk_tokens)
+        return kv_fail(err, "cache record position %d is not a chunk start", (int)pos0);
+    const uint8_t *bkeys = buf + OFF_BKEYS;
+    if (memcmp(bkeys + (size_t)(n_blocks - 1) * CACHE_KEY_BYTES, buf + OFF_KEY, CACHE_KEY_BYTES))
+        return kv_fail(err, "cache record key differs from its last block's key");
+    for (size_t i = OFF_BKEYS + (size_t)n_blocks * CACHE_KEY_BYTES; i < header_bytes; i++)
         if (buf[i]) return kv_fail(err, "cache record header byte %zu not 0", i);
 
     memcpy(out->key.b, buf + OFF_KEY, CACHE_KEY_BYTES);
     memcpy(out->ns.b, buf + OFF_NS, CACHE_KEY_BYTES);
     out->pos0 = pos0;
     out->level = level;
+    out->n_blocks = n_blocks;
+    out->bkeys = bkeys;
     out->payload_bytes = payload;
     memcpy(out->payload_sha, buf + OFF_PAYLOAD_SHA, 32);
     return 0;

@@ -49,60 +49,100 @@ void cache_store_close(cache_store *s) {
 
 const cache_layout *cache_store_layout(const cache_store *s) { return &s->layout; }
 
-int cache_store_fetch(cache_store *s, const cache_key *keys, const bool *want, int n_keys,
-                      cache_chunk **out) {
-    /* RAM first, in order; note which wanted keys must come from disk. */
-    int *from_disk = malloc(sizeof(int) * (size_t)(n_keys > 0 ? n_keys : 1));
-    int n_disk = 0, n = 0;
-    for (; n < n_keys; n++) {
-        out[n] = NULL;
-        if (!want[n]) continue;
-        if (s->ram && (out[n] = cache_ram_get(s->ram, &keys[n]))) continue;
-        if (!s->disk || !from_disk || !cache_disk_contains(s->disk, &keys[n])) break;
-        from_disk[n_disk++] = n;
+/* The furthest of blocks [j, end) of the sequence (end inside j's chunk) that a record holds,
+ * probing RAM and then disk from the last block down: its index, with the RAM record (a
+ * reference) in *ram or the disk record's key in *disk_key. -1 when no record holds block j. */
+static int probe_chunk(cache_store *s, const cache_key *bkeys, int j, int end, cache_chunk **ram,
+                       cache_key *disk_key) {
+    int block;
+    for (int b = end - 1; b >= j; b--) {
+        if (s->ram && (*ram = cache_ram_find(s->ram, &bkeys[b], &block))) return b;
+        if (s->disk && cache_disk_find(s->disk, &bkeys[b], disk_key, &block)) return b;
     }
-    for (int i = n + 1; i < n_keys; i++) out[i] = NULL;
+    return -1;
+}
+
+/* True when c holds block b of the sequence as the index said: at the right position, under
+ * the sequence's key (a record read from disk is checked against its own header, not yet
+ * against the block asked for). */
+static bool holds_block(const cache_store *s, const cache_chunk *c, const cache_key *bkeys, int b) {
+    int bt = s->layout.block_tokens, i = b - c->pos0 / bt;
+    return c->pos0 % s->layout.chunk_tokens == 0 &&
+           b / cache_chunk_blocks(&s->layout) == c->pos0 / s->layout.chunk_tokens && i >= 0 &&
+           i < c->n_blocks && memcmp(c->bkeys[i].b, bkeys[b].b, CACHE_KEY_BYTES) == 0;
+}
+
+int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
+                      cache_chunk **out, int max_out, int *n_out) {
+    int cb = cache_chunk_blocks(&s->layout);
+    int cap = max_out > 0 ? max_out : 1;
+    int *upto = malloc(sizeof(int) * (size_t)cap);    /* out[i] covers blocks up to upto[i] */
+    int *disk_at = malloc(sizeof(int) * (size_t)cap); /* out[] slots to read from disk */
+    cache_key *disk_keys = malloc(sizeof(cache_key) * (size_t)cap);
+    int n = 0, n_disk = 0, covered = 0;
+    *n_out = 0;
+    if (!upto || !disk_at || !disk_keys) goto done;
+
+    /* Chunk by chunk: a chunk's record continues the prefix only when it reaches the chunk's
+     * end (or the sequence's last block). */
+    for (int j = first; j < n_blocks && n < max_out;) {
+        int end = (j / cb + 1) * cb < n_blocks ? (j / cb + 1) * cb : n_blocks;
+        cache_chunk *c = NULL;
+        int b = probe_chunk(s, bkeys, j, end, &c, &disk_keys[n_disk]);
+        if (!c && s->ram) cache_ram_count_miss(s->ram);
+        if (b < 0) break;
+        if (!c) disk_at[n_disk++] = n;
+        out[n] = c;
+        upto[n++] = b + 1;
+        j = b + 1;
+        if (j < end) break;
+    }
     if (n_disk > 0) {
         /* One batch of parallel reads for every chunk the prefix still needs. */
-        cache_key *dk = malloc(sizeof *dk * (size_t)n_disk);
         cache_chunk **dc = calloc((size_t)n_disk, sizeof *dc);
-        if (dk && dc) {
-            for (int i = 0; i < n_disk; i++) dk[i] = keys[from_disk[i]];
-            cache_disk_read(s->disk, dk, n_disk, dc);
-        }
+        if (dc) cache_disk_read(s->disk, disk_keys, n_disk, dc);
         for (int i = 0; i < n_disk; i++) {
             cache_chunk *c = dc ? dc[i] : NULL;
             /* Promoted to RAM; when a concurrent fetch promoted it first, that copy is shared
              * instead, so concurrent requests for one prefix hold one copy. */
             if (c && s->ram && !cache_ram_put(s->ram, c)) {
-                cache_chunk *shared = cache_ram_get(s->ram, &c->key);
+                int block;
+                cache_chunk *shared = cache_ram_find(s->ram, &c->key, &block);
                 if (shared) {
                     cache_chunk_unref(c);
                     c = shared;
                 }
             }
-            out[from_disk[i]] = c;
+            out[disk_at[i]] = c;
         }
-        /* The prefix ends at the first chunk that could not be read. */
-        for (int i = 0; i < n_disk; i++)
-            if (!out[from_disk[i]]) {
-                n = from_disk[i];
-                break;
-            }
-        free(dk);
         free(dc);
     }
-    for (int i = n; i < n_keys; i++) {
+    /* The prefix ends at the first record that could not be read or does not hold its block. */
+    int m = 0;
+    while (m < n && out[m] && holds_block(s, out[m], bkeys, upto[m] - 1)) m++;
+    for (int i = m; i < n; i++) {
         cache_chunk_unref(out[i]);
         out[i] = NULL;
     }
-    free(from_disk);
-    return n;
+    *n_out = m;
+    covered = m ? upto[m - 1] - first : 0;
+done:
+    free(upto);
+    free(disk_at);
+    free(disk_keys);
+    return covered;
 }
 
 bool cache_store_contains(cache_store *s, const cache_key *key) {
     return (s->ram && cache_ram_contains(s->ram, key)) ||
            (s->disk && cache_disk_contains(s->disk, key));
+}
+
+bool cache_store_holds(cache_store *s, const cache_key *bkey) {
+    cache_key record;
+    int block;
+    return (s->ram && cache_ram_holds(s->ram, bkey)) ||
+           (s->disk && cache_disk_find(s->disk, bkey, &record, &block));
 }
 
 void cache_store_put(cache_store *s, cache_chunk *c) {

@@ -190,11 +190,24 @@ void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
         http_reply_error(out, &err);
         return;
     }
-    /* A record still being written is pinned once it is on disk: no need to wait for it. */
-    int held = cache_store_pin(s->store, r->keys, r->n_keys, pin);
+    /* The prompt's records: one per chunk, the last one partial (its trailing whole blocks). A
+     * record still being written is pinned once it is on disk: no need to wait for it. */
+    const cache_layout *cl = cache_store_layout(s->store);
+    int cb = cache_chunk_blocks(cl);
+    int n_records = (r->n_keys + cb - 1) / cb;
+    cache_key *records = malloc(sizeof *records * (size_t)(n_records > 0 ? n_records : 1));
+    if (!records) {
+        job_free(j);
+        api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
+        http_reply_error(out, &err);
+        return;
+    }
+    cache_record_keys(r->keys, r->n_keys, cb, records);
+    int held = cache_store_pin(s->store, records, n_records, pin);
+    free(records);
     json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
                           "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,
-                          "chunks", r->n_keys, pin ? "pinned_chunks" : "unpinned_chunks", held);
+                          "chunks", n_records, pin ? "pinned_chunks" : "unpinned_chunks", held);
     job_free(j);
     http_reply_json(out, 200, v);
 }

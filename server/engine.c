@@ -25,9 +25,10 @@
 /* Drops the chunks fetched for r (after admission used them, or with r). */
 static void gen_request_drop_loaded(gen_request *r) {
     if (!r->loaded) return;
-    for (int i = 0; i < r->n_keys; i++) cache_chunk_unref(r->loaded[i]);
+    for (int i = 0; i < r->n_loaded; i++) cache_chunk_unref(r->loaded[i]);
     free(r->loaded);
     r->loaded = NULL;
+    r->n_loaded = 0;
     if (r->loaded_budget) atomic_fetch_sub(r->loaded_budget, r->loaded_bytes);
     r->loaded_bytes = 0;
 }
@@ -130,11 +131,13 @@ typedef struct eseq {
     uint64_t admit_order; /* older sequences have priority for KV */
     bool preempted;       /* its KV was dropped; it has not yet recomputed its history */
     bool done;
-    /* context cache: prefix keys of hist's full chunks computed so far, and how many leading
-     * chunks are known to be stored (pool, RAM or disk) */
+    /* context cache: prefix keys of hist's full blocks computed so far, how many leading blocks
+     * have been registered in the pool tier (and their full chunks stored), and up to which
+     * block a trailing partial chunk was last stored */
     cache_key *keys;
     int n_keys, cap_keys;
     int n_stored;
+    int tail_stored;
     bool reuse_tried; /* looked up since it last held no KV */
 } eseq;
 
@@ -211,6 +214,9 @@ oom:
     return NULL;
 }
 
+static bool cache_on(const engine *e, const eseq *s);
+static void store_tail(engine *e, eseq *s);
+
 /* Ends one choice: publishes the finish (and, for errors, the request's error) and wakes the
  * reader. The sequence's KV is released at once. */
 static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const char *msg) {
@@ -229,6 +235,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
+    if (!s->done && cache_on(e, s)) store_tail(e, s);
     kv_seq_release(e->pool, &s->kv);
     s->done = true;
 }
@@ -474,13 +481,12 @@ static void admit(engine *e) {
         if (!cancelled) {
             if (blocked) break;
             if (e->n_run + r->n_choices > e->o.max_seqs) break;
-            /* Leading chunks already in the pool are shared, not allocated; they become the
+            /* Leading blocks already in the pool are shared, not allocated; they become the
              * most recently used, so making room does not evict them. */
             int64_t shared = 0;
             uint64_t keep_from = e->pc ? pool_cache_clock(e->pc) : UINT64_MAX;
             if (e->pc && r->cache && !r->prompt_logprobs)
-                for (int i = 0; i < r->n_keys && pool_cache_touch(e->pc, &r->keys[i]); i++)
-                    shared += e->o.chunk_tokens / kv_pool_layout(e->pool)->block_tokens;
+                shared = pool_cache_lookup(e->pc, r->keys, r->n_keys, NULL, false);
             int64_t need = blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
             if (e->n_run > 0 && room_keep(e, need, keep_from) < need) break;
         }
@@ -537,7 +543,7 @@ static void reap(engine *e) {
 static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     kv_error err = {{0}};
     while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
-        /* Idle cached chunks give way before any sequence does. */
+        /* Idle cached blocks give way before any sequence does. */
         int64_t free0 = kv_pool_free_blocks(e->pool);
         if (e->pc && pool_cache_make_room(e->pc, free0 + 1, UINT64_MAX) > free0) continue;
         eseq *v = youngest_holder_after(e, s);
@@ -577,6 +583,9 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
                                  .pos = NULL,
                                  .kv_start = s->n_computed,
                                  .all_logits = score};
+    /* .decode stays false: a generated token's KV and logits are then computed exactly as a
+     * prompt token's, so KV reused later (the next turn of a chat holds this answer) is the same
+     * bits a cold prefill computes, and cached output equals uncached output. */
     (*n_b)++;
     *n_pos += n_tok;
     return true;
@@ -588,41 +597,73 @@ static bool cache_on(const engine *e, const eseq *s) {
     return e->o.chunk_tokens > 0 && s->req->cache;
 }
 
-/* Gives s (holding no KV) its longest cached prefix: chunks in the pool are appended by
- * reference, chunks the submitting thread fetched from RAM or disk are copied into fresh blocks
- * (and kept in the pool tier). At least the last token is left to compute, so its logits are
- * fresh. Prompt scoring needs every prompt row's logits and reuses nothing. */
+/* Appends to s the leading blocks of its history the pool tier holds, by reference. Returns
+ * how many. */
+static int reuse_from_pool(engine *e, eseq *s, int n_blocks) {
+    int32_t *ids = n_blocks > 0 ? malloc(sizeof *ids * (size_t)n_blocks) : NULL;
+    if (!ids) return 0;
+    int held = pool_cache_lookup(e->pc, s->keys, n_blocks, ids, true);
+    kv_error err = {{0}};
+    if (held > 0 && kv_seq_append_blocks(e->pool, &s->kv, ids, held, &err)) {
+        log_warn("cache: cannot reuse pooled blocks: %s", err.msg);
+        held = 0;
+    }
+    free(ids);
+    return held;
+}
+
+/* Continues s's prefix (held blocks so far) with the records the submitting thread fetched from
+ * RAM or disk: their blocks are copied into fresh pool blocks (and kept in the pool tier).
+ * Returns the blocks s holds afterwards. */
+static int reuse_loaded(engine *e, eseq *s, int held, int n_blocks) {
+    gen_request *r = s->req;
+    int bt = kv_pool_layout(e->pool)->block_tokens;
+    size_t bb = kv_layout_block_bytes(kv_pool_layout(e->pool));
+    int upto = r->loaded_from + r->loaded_blocks;
+    if (upto > n_blocks) upto = n_blocks;
+    /* The pool may have lost blocks since the fetch: then the records do not continue s. */
+    if (held < r->loaded_from) return held;
+    for (int i = 0; i < r->n_loaded && held < upto; i++) {
+        const cache_chunk *c = r->loaded[i];
+        int c0 = c->pos0 / bt, hi = c0 + c->n_blocks < upto ? c0 + c->n_blocks : upto;
+        if (hi <= held) continue; /* the pool held these blocks after all */
+        if (c0 > held) break;
+        int n = hi - held;
+        kv_error err = {{0}};
+        if (kv_pool_free_blocks(e->pool) < n && e->pc) pool_cache_make_room(e->pc, n, UINT64_MAX);
+        if (kv_seq_import_blocks(e->pool, &s->kv, n, c->data + (size_t)(held - c0) * bb, &err))
+            break;
+        for (int j = held; j < hi && e->pc; j++)
+            pool_cache_put(e->pc, &s->keys[j], &r->ns, s->kv.blocks[j]);
+        held = hi;
+    }
+    return held;
+}
+
+/* Gives s (holding no KV) its longest cached prefix, to the block: blocks in the pool are
+ * appended by reference, then records the submitting thread fetched from RAM or disk are
+ * copied. At least the last token is left to compute, so its logits are fresh (its block, if
+ * shared, is copied when written). Prompt scoring needs every prompt row's logits and reuses
+ * nothing. */
 static void reuse_prefix(engine *e, eseq *s) {
     gen_request *r = s->req;
-    int chunk = e->o.chunk_tokens;
-    int cb = chunk / kv_pool_layout(e->pool)->block_tokens;
-    int reused = 0;
-    bool first = s->choice == 0 && r->loaded; /* the fetched chunks are used once */
+    int bt = kv_pool_layout(e->pool)->block_tokens;
+    int held = 0;
+    bool first = s->choice == 0 && r->loaded; /* the fetched records are used once */
     s->reuse_tried = true;
     if (!r->prompt_logprobs) {
-        for (int i = 0; i < s->n_keys && (i + 1) * chunk <= s->n_hist; i++) {
-            kv_error err = {{0}};
-            const int32_t *blocks = e->pc ? pool_cache_get(e->pc, &s->keys[i]) : NULL;
-            if (blocks) {
-                if (kv_seq_append_blocks(e->pool, &s->kv, blocks, cb, &err)) break;
-            } else {
-                cache_chunk *c = first && i < r->n_keys ? r->loaded[i] : NULL;
-                if (!c) break;
-                if (kv_pool_free_blocks(e->pool) < cb && e->pc)
-                    pool_cache_make_room(e->pc, cb, UINT64_MAX);
-                if (kv_seq_import_blocks(e->pool, &s->kv, cb, c->data, &err)) break;
-                if (e->pc) pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks + i * cb);
-            }
-            reused = (i + 1) * chunk;
-        }
+        int n_blocks = s->n_keys < s->n_hist / bt ? s->n_keys : s->n_hist / bt;
+        if (e->pc) held = reuse_from_pool(e, s, n_blocks);
+        if (first) held = reuse_loaded(e, s, held, n_blocks);
     }
     if (first) gen_request_drop_loaded(r);
+    int reused = held * bt;
     if (reused >= s->n_hist) reused = s->n_hist - 1;
     kv_seq_truncate(e->pool, &s->kv, reused);
     s->n_computed = reused;
-    /* write_back revisits the reused chunks: one that came from the pool but has left RAM and
-     * disk is stored again. */
-    s->n_stored = 0;
+    /* write_back revisits the reused blocks: a chunk that came from the pool but has left RAM
+     * and disk is stored again. */
+    s->n_stored = s->tail_stored = 0;
     if (reused > 0) {
         log_debug("cache: %d of %d tokens reused", reused, s->n_hist);
         atomic_fetch_add(&e->reused_tokens, reused);
@@ -634,15 +675,27 @@ static void reuse_prefix(engine *e, eseq *s) {
     }
 }
 
-/* Stores the full chunks s has computed since the last call: their blocks stay in the pool
- * tier, and a copy goes to the store (RAM now, disk in the background). The copy is one memcpy
- * of the chunk's blocks, a small fraction of the step that computed them. */
+/* Copies s's blocks [first, first + n) (one chunk's, from its start) into a record for the
+ * store (RAM now, disk in the background), unless a record holds them already. */
+static void store_record(engine *e, eseq *s, int first, int n) {
+    const cache_layout *cl = cache_store_layout(e->o.store);
+    if (cache_store_holds(e->o.store, &s->keys[first + n - 1])) return;
+    cache_chunk *c =
+        cache_chunk_create(cl, s->keys + first, n, &s->req->ns, first * cl->block_tokens);
+    if (!c) return; /* not stored: only a later miss */
+    kv_seq_export_blocks(e->pool, &s->kv, first, n, c->data);
+    cache_store_put(e->o.store, c);
+    cache_chunk_unref(c);
+}
+
+/* Registers the full blocks s has computed since the last call in the pool tier (their blocks
+ * stay in the pool) and stores each chunk they complete. The copy is one memcpy of the chunk's
+ * blocks, a small fraction of the step that computed them. */
 static void write_back(engine *e, eseq *s) {
     gen_request *r = s->req;
-    int chunk = e->o.chunk_tokens;
-    int cb = chunk / kv_pool_layout(e->pool)->block_tokens;
-    const cache_layout *cl = e->o.store ? cache_store_layout(e->o.store) : NULL;
-    while ((s->n_stored + 1) * chunk <= s->n_computed) {
+    int bt = kv_pool_layout(e->pool)->block_tokens;
+    int cb = e->o.chunk_tokens / bt;
+    while ((s->n_stored + 1) * bt <= s->n_computed) {
         int i = s->n_stored;
         if (i >= s->n_keys) {
             if (s->n_keys == s->cap_keys) {
@@ -653,22 +706,29 @@ static void write_back(engine *e, eseq *s) {
                 s->cap_keys = cap;
             }
             cache_prefix_key(e->m->identity, &r->ns, i ? &s->keys[i - 1] : NULL,
-                             s->hist + (size_t)i * chunk, chunk, &s->keys[i]);
+                             s->hist + (size_t)i * bt, bt, &s->keys[i]);
             s->n_keys++;
         }
-        const cache_key *key = &s->keys[i];
-        if (e->pc && !pool_cache_has(e->pc, key))
-            pool_cache_put(e->pc, key, &r->ns, s->kv.blocks + i * cb);
-        if (cl && !cache_store_contains(e->o.store, key)) {
-            cache_chunk *c = cache_chunk_create(cl, key, &r->ns, i * chunk);
-            if (c) {
-                kv_seq_export_blocks(e->pool, &s->kv, i * cb, cb, c->data);
-                cache_store_put(e->o.store, c);
-                cache_chunk_unref(c);
-            }
-        }
+        if (e->pc && !pool_cache_has(e->pc, &s->keys[i]))
+            pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks[i]);
         s->n_stored++;
+        if (e->o.store && s->n_stored % cb == 0) store_record(e, s, s->n_stored - cb, cb);
     }
+}
+
+/* Stores s's trailing partial chunk (its full blocks past the last whole chunk), so the same
+ * prompt reuses it from RAM or disk once the pool has let it go: when the prompt is computed
+ * and when s ends (before its KV is released). Its pool blocks are touched last first, so the
+ * pool tier evicts the prefix from its tail. */
+static void store_tail(engine *e, eseq *s) {
+    int cb = e->o.chunk_tokens / kv_pool_layout(e->pool)->block_tokens;
+    int n = s->n_stored;
+    if (e->pc && n > 0) pool_cache_lookup(e->pc, s->keys, n, NULL, false);
+    if (!e->o.store || n % cb == 0 || n <= s->tail_stored ||
+        s->kv.n_tokens < n * kv_pool_layout(e->pool)->block_tokens)
+        return;
+    store_record(e, s, n - n % cb, n % cb);
+    s->tail_stored = n;
 }
 
 /* One continuous-batching step. */
@@ -741,6 +801,7 @@ static void step(engine *e) {
         s->n_computed += bs->n_tok;
         if (!s->done && cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
+        if (s->n_gen == 0 && !s->done && cache_on(e, s)) store_tail(e, s);
         s->preempted = false;
         if (s->req->max_tokens == 0) {
             /* Prompt only (echo, scoring): every choice ends without a token. */
@@ -846,7 +907,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
                     o->chunk_tokens, bt);
             goto fail;
         }
-        if (o->pool_cache && !(e->pc = pool_cache_create(e->pool, o->chunk_tokens / bt))) {
+        if (o->pool_cache && !(e->pc = pool_cache_create(e->pool))) {
             kv_fail(err, "out of memory");
             goto fail;
         }
@@ -972,49 +1033,53 @@ int engine_threads(const engine *e) { return backend_n_threads(e->b); }
 
 /* ---------------------------------------------------------------- context cache interface */
 
+/* Fetches from the store the records that continue r's prefix past the blocks the pool holds,
+ * as far as the prefetch budget allows (reserved a chunk at a time, then trimmed to what was
+ * found). */
+static void prefetch(engine *e, gen_request *r) {
+    const cache_layout *cl = cache_store_layout(e->o.store);
+    int cb = cache_chunk_blocks(cl);
+    int first = 0;
+    if (e->pc)
+        while (first < r->n_keys && pool_cache_has(e->pc, &r->keys[first])) first++;
+    if (first >= r->n_keys) return;
+    int want = (r->n_keys - 1) / cb - first / cb + 1; /* chunks from first's to the last's */
+    int64_t chunk_bytes = (int64_t)cache_chunk_bytes(cl);
+    int64_t limit = e->o.prefetch_bytes > 0 ? e->o.prefetch_bytes : INT64_C(1) << 30;
+    int k = 0;
+    for (; k < want; k++)
+        if (atomic_fetch_add(&e->prefetched, chunk_bytes) + chunk_bytes > limit) {
+            atomic_fetch_sub(&e->prefetched, chunk_bytes);
+            break;
+        }
+    if (k == 0) return;
+    r->loaded_budget = &e->prefetched;
+    r->loaded_bytes = k * chunk_bytes;
+    if ((r->loaded = calloc((size_t)k, sizeof *r->loaded))) {
+        r->loaded_from = first;
+        r->loaded_blocks =
+            cache_store_fetch(e->o.store, r->keys, first, r->n_keys, r->loaded, k, &r->n_loaded);
+    }
+    int64_t found = 0;
+    for (int i = 0; i < r->n_loaded; i++) found += (int64_t)r->loaded[i]->bytes;
+    atomic_fetch_sub(&e->prefetched, r->loaded_bytes - found);
+    r->loaded_bytes = found;
+}
+
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
-    int chunk = e->o.chunk_tokens;
-    r->cache = chunk > 0;
+    r->cache = e->o.chunk_tokens > 0;
     if (!r->cache) return 0;
     r->ns = *ns;
-    int n = r->n_prompt / chunk;
+    int bt = kv_pool_layout(e->pool)->block_tokens;
+    int n = r->n_prompt / bt;
     if (n == 0) return 0;
-    bool *want = malloc(sizeof *want * (size_t)n);
-    r->keys = malloc(sizeof *r->keys * (size_t)n);
-    r->loaded = calloc((size_t)n, sizeof *r->loaded);
-    if (!want || !r->keys || !r->loaded) {
-        free(want);
-        return -1;
-    }
-    r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, chunk, r->keys, n);
+    if (!(r->keys = malloc(sizeof *r->keys * (size_t)n))) return -1;
+    r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, bt, r->keys, n);
     pthread_mutex_lock(&e->mu);
     bool queue_full = e->q_len >= e->q_cap;
     pthread_mutex_unlock(&e->mu);
     /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
-    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) {
-        /* Reserve the budget for the chunks this request may fetch: the prefix fetched stops
-         * where the budget does. */
-        int64_t cb = (int64_t)cache_chunk_bytes(cache_store_layout(e->o.store));
-        int64_t limit = e->o.prefetch_bytes > 0 ? e->o.prefetch_bytes : INT64_C(1) << 30;
-        int n_want = 0, n_fetch = 0;
-        for (; n_fetch < n; n_fetch++) {
-            want[n_fetch] = !(e->pc && pool_cache_has(e->pc, &r->keys[n_fetch]));
-            if (!want[n_fetch]) continue;
-            if (atomic_fetch_add(&e->prefetched, cb) + cb > limit) {
-                atomic_fetch_sub(&e->prefetched, cb);
-                break;
-            }
-            n_want++;
-        }
-        r->loaded_budget = &e->prefetched;
-        r->loaded_bytes = n_want * cb; /* reserved; trimmed to what was found */
-        cache_store_fetch(e->o.store, r->keys, want, n_fetch, r->loaded);
-        int64_t found = 0;
-        for (int i = 0; i < n_fetch; i++) found += r->loaded[i] ? cb : 0;
-        atomic_fetch_sub(&e->prefetched, r->loaded_bytes - found);
-        r->loaded_bytes = found;
-    }
-    free(want);
+    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) prefetch(e, r);
     return 0;
 }
 

@@ -63,14 +63,17 @@ typedef struct gen_request {
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
-    /* Context cache (engine_prepare_cache fills these): reuse cached prefix chunks, store new
-     * ones under namespace ns. */
+    /* Context cache (engine_prepare_cache fills these): reuse the cached prefix, store new
+     * blocks under namespace ns. */
     bool cache;
     cache_key ns;
-    cache_key *keys; /* [n_keys] prefix keys of the prompt's full chunks, owned */
+    cache_key *keys; /* [n_keys] prefix keys of the prompt's full KV blocks, owned */
     int n_keys;
-    cache_chunk **loaded;        /* [n_keys] chunks fetched from RAM or disk (NULL: in the pool, or
-                                    missing), one reference each; the engine drops them at admission */
+    cache_chunk **loaded; /* [n_loaded] records fetched from RAM or disk, in order, one reference
+                             each; the engine drops them at admission */
+    int n_loaded;
+    int loaded_from;             /* the first block they continue (the pool held the ones before) */
+    int loaded_blocks;           /* blocks from loaded_from on that they hold for this prompt */
     int64_t loaded_bytes;        /* their payload bytes, charged to *loaded_budget */
     atomic_llong *loaded_budget; /* the engine's count of fetched bytes not yet admitted (the
                                     engine must outlive the request) */

@@ -1,9 +1,11 @@
-/* The device-pool tier of the context cache (engine-internal): chunks whose KV blocks stay in
- * the KV pool after their sequence ends, found by prefix key, as vLLM's automatic prefix
- * caching does. An entry holds one reference on each of its chunk's blocks, so a later request
- * with the same prefix appends them to its block table by reference (no copy) and concurrent
- * requests share them. When the pool needs room, least recently used entries whose blocks no
- * sequence shares are evicted first, before any sequence is preempted.
+/* The device-pool tier of the context cache (engine-internal): KV blocks that stay in the pool
+ * after their sequence ends, found by prefix key, as vLLM's automatic prefix caching does. An
+ * entry is one full block under its block key (cache/cache.h) and holds one reference on it, so
+ * a later request with the same prefix appends the blocks to its block table by reference (no
+ * copy) and concurrent requests share them. When the pool needs room, least recently used
+ * entries whose block no sequence shares are evicted first, before any sequence is preempted.
+ * A sequence's blocks are touched from its last block to its first, so the tail of a prefix is
+ * always older than its head and goes first: what is left is still a usable prefix.
  *
  * The engine thread owns the entries and the pool. Other threads may ask whether a key is held
  * (pool_cache_has) and drop entries (pool_cache_clear: marked dead, their blocks released by the
@@ -17,14 +19,15 @@
 typedef struct pool_cache pool_cache;
 
 typedef struct pool_cache_stats {
-    int64_t entries;
-    int64_t blocks; /* blocks held by entries */
-    int64_t hits, misses, evictions;
+    int64_t entries; /* blocks held, one entry each */
+    int64_t blocks;  /* the same count (kept for the metrics' names) */
+    int64_t hits;    /* blocks found by prefix lookups */
+    int64_t misses;  /* lookups that stopped at a block not held */
+    int64_t evictions;
 } pool_cache_stats;
 
-/* chunk_blocks: blocks per chunk. */
-pool_cache *pool_cache_create(kv_pool *pool, int chunk_blocks);
-/* Releases every entry's blocks (engine thread, or after it stopped). */
+pool_cache *pool_cache_create(kv_pool *pool);
+/* Releases every entry's block (engine thread, or after it stopped). */
 void pool_cache_destroy(pool_cache *pc);
 
 /* Any thread. */
@@ -34,15 +37,13 @@ int64_t pool_cache_clear(pool_cache *pc, const cache_key *ns);
 void pool_cache_stats_get(pool_cache *pc, pool_cache_stats *out);
 
 /* Engine thread only. */
-/* key's chunk_blocks block ids (valid until the next call that evicts), made most recently
- * used, or NULL. Counts a hit or a miss. */
-const int32_t *pool_cache_get(pool_cache *pc, const cache_key *key);
-/* Makes key's entry most recently used (no statistics); false when not held. */
-bool pool_cache_touch(pool_cache *pc, const cache_key *key);
-/* Registers blocks as key's chunk (taking a reference on each). No-op when present. */
-void pool_cache_put(pool_cache *pc, const cache_key *key, const cache_key *ns,
-                    const int32_t *blocks);
-/* A use stamp: entries touched (get, touch, put) from now on have stamps >= it. */
+/* How many leading keys of keys[0..n) are held: their block ids go to blocks (when not NULL;
+ * valid until the next call that evicts), and they are touched, last first. Counts the blocks
+ * found as hits and, when it stops short of n, one miss (when count). */
+int pool_cache_lookup(pool_cache *pc, const cache_key *keys, int n, int32_t *blocks, bool count);
+/* Registers block as key's (taking a reference), most recently used. No-op when present. */
+void pool_cache_put(pool_cache *pc, const cache_key *key, const cache_key *ns, int32_t block);
+/* A use stamp: entries touched (lookup, put) from now on have stamps >= it. */
 uint64_t pool_cache_clock(pool_cache *pc);
 /* Evicts least recently used entries that no sequence shares, and that were last used before
  * stamp `keep_from` (UINT64_MAX: any), until the pool has need_free free blocks. Evicts nothing

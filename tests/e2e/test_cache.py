@@ -19,6 +19,14 @@ KV_BYTES_PER_TOKEN = 30 * 2 * 3 * 64 * 2  # SmolLM2-135M: layers x (K, V) x kv h
 CHUNK_BYTES = CHUNK * KV_BYTES_PER_TOKEN
 MAX_TOKENS = 8 if SANITIZED else 16
 CTX = ["-c", "2048", "--cache-chunk-tokens", str(CHUNK)]
+BLOCK = 16  # KV block: reuse is exact to the block
+
+
+def reusable(n):
+    """Prompt tokens a repeat of an n-token prompt reuses: its whole blocks, but never the last
+    token (its logits must be computed)."""
+    whole = n // BLOCK * BLOCK
+    return whole if whole < n else n - 1
 
 
 def document_tokens(srv, n, seed, api_key=None):
@@ -69,32 +77,39 @@ def test_reuse_is_exact_pool_ram_partial_and_whole_prompt(start_server):
     srv = start_server(*CTX)
     doc = document_tokens(srv, 2 * CHUNK + 40, seed=1)
     prompt = doc + question_tokens(srv)
+    assert len(prompt) % BLOCK and len(prompt) % CHUNK
     ref, cached, _ = complete(srv, prompt, cache=False)
     assert cached == 0
     # the opt-out stored nothing: the first cached request is cold
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, 0)
-    assert stats(srv)["tiers"]["ram"]["entries"] == 2
-    # a repeat reuses both full chunks from the pool, by reference
+    # two whole chunks and the trailing partial one (its whole blocks)
+    assert stats(srv)["tiers"]["ram"]["entries"] == 3
+    # a repeat reuses every whole block from the pool, by reference
     text, cached, _ = complete(srv, prompt)
-    assert (text, cached) == (ref, 2 * CHUNK)
-    assert stats(srv)["tiers"]["pool"]["hits"] >= 2
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert stats(srv)["tiers"]["pool"]["hits"] >= len(prompt) // BLOCK
     # the official client sees it too
     r = srv.client().completions.create(model=srv.model_id, prompt=prompt,
                                         max_tokens=MAX_TOKENS, temperature=0)
     assert r.choices[0].text == ref
-    assert r.usage.prompt_tokens_details.cached_tokens == 2 * CHUNK
-    # with the pool tier cleared, the chunks come from RAM (copied into fresh blocks)
-    assert clear(srv, tiers=["pool"])["pool"] == 2
+    assert r.usage.prompt_tokens_details.cached_tokens == reusable(len(prompt))
+    # with the pool tier cleared, the blocks come from RAM (copied into fresh blocks), the
+    # partial chunk's too
+    assert clear(srv, tiers=["pool"])["pool"] >= len(prompt) // BLOCK
     ram_hits = stats(srv)["tiers"]["ram"]["hits"]
     text, cached, _ = complete(srv, prompt)
-    assert (text, cached) == (ref, 2 * CHUNK)
-    assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + 2
-    # a prompt sharing only the first chunk reuses exactly that chunk
-    other = doc[:CHUNK + 10] + document_tokens(srv, CHUNK + 30, seed=2) + question_tokens(srv)
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + 3
+    # a prompt that diverges inside a block of the second chunk reuses the whole blocks before
+    # the divergence: from the pool, and from RAM through the longer record holding them
+    other = doc[:CHUNK + 40] + document_tokens(srv, CHUNK + 30, seed=2) + question_tokens(srv)
     ref2, _, _ = complete(srv, other, cache=False)
+    clear(srv, tiers=["pool"])
     text, cached, _ = complete(srv, other)
-    assert (text, cached) == (ref2, CHUNK)
+    assert (text, cached) == (ref2, CHUNK + 32)
+    text, cached, _ = complete(srv, other)
+    assert (text, cached) == (ref2, reusable(len(other)))
 
 
 def test_whole_prompt_hit_recomputes_the_last_token(start_server):
@@ -121,15 +136,17 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server):
     ref, cached, _ = complete(srv, prompt)
     assert cached == 0
     srv.terminate()  # a clean stop finishes the queued writes
+    # three whole chunks and the trailing one (the record stored when the prompt was computed
+    # was superseded by the longer one stored when the sequence ended)
     files = sorted(glob.glob(os.path.join(cache_dir, "*", "*.kvc")))
-    assert len(files) == 3, files
+    assert len(files) == 4, files
 
     srv = start_server(*CTX, "--cache-dir", cache_dir)
     st = stats(srv)["tiers"]["disk"]
-    assert st["entries"] == 3 and st["corrupt"] == 0, st
+    assert st["entries"] == 4 and st["corrupt"] == 0, st
     text, cached, _ = complete(srv, prompt)
-    assert (text, cached) == (ref, 3 * CHUNK)
-    assert stats(srv)["tiers"]["disk"]["hits"] == 3
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert stats(srv)["tiers"]["disk"]["hits"] == 4
     srv.terminate()
 
     # flip one payload byte in every record: each is detected when read, dropped and recomputed
@@ -149,7 +166,7 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server):
 
     # a torn record (truncated) and a stray temporary file are dropped at start
     files = sorted(glob.glob(os.path.join(cache_dir, "*", "*.kvc")))
-    assert len(files) == 3  # rewritten after the corrupt ones were dropped
+    assert len(files) == 4  # rewritten after the corrupt ones were dropped
     with open(files[0], "r+b") as fh:
         fh.truncate(4096 + 512)
     part = os.path.join(os.path.dirname(files[0]), "tmp-x-1-1.part")
@@ -158,7 +175,7 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server):
     srv = start_server(*CTX, "--cache-dir", cache_dir)
     st = stats(srv)["tiers"]["disk"]
     # both count: the torn record, and the temporary file of a write that never finished
-    assert st["entries"] == 2 and st["corrupt"] == 2, st
+    assert st["entries"] == 3 and st["corrupt"] == 2, st
     assert not os.path.exists(part)
     text, _, _ = complete(srv, prompt)
     assert text == ref
@@ -247,24 +264,25 @@ def test_concurrent_requests_sharing_a_prefix(start_server):
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         out = list(pool.map(lambda p: complete(srv, p), prompts))
     assert [o[0] for o in out] == refs
-    assert all(o[1] == 3 * CHUNK for o in out)
+    assert [o[1] for o in out] == [reusable(len(p)) for p in prompts]
 
 
 def test_namespaces_isolate_api_keys_and_salts(start_server):
     srv = start_server(*CTX, "--api-key", "alice", "--api-key", "bob")
     prompt = document_tokens(srv, CHUNK + 50, seed=40, api_key="alice")
+    warm = reusable(len(prompt))
     assert complete(srv, prompt, api_key="alice")[1] == 0
-    assert complete(srv, prompt, api_key="alice")[1] == CHUNK
+    assert complete(srv, prompt, api_key="alice")[1] == warm
     # the same prompt under another key is cold, whatever alice has cached
     assert complete(srv, prompt, api_key="bob")[1] == 0
     # a salt splits a tenant's namespace
     assert complete(srv, prompt, api_key="alice", cache_salt="s1")[1] == 0
-    assert complete(srv, prompt, api_key="alice", cache_salt="s1")[1] == CHUNK
+    assert complete(srv, prompt, api_key="alice", cache_salt="s1")[1] == warm
     # clear works within the caller's namespace; no tenant may clear them all
     status, r = srv.post_json("/v1/cache/clear", {"all": True}, api_key="bob")
     assert status == 403 and r["error"]["param"] == "all", r
-    assert clear(srv, api_key="bob")["ram"] == 1
-    assert complete(srv, prompt, api_key="alice")[1] == CHUNK
+    assert clear(srv, api_key="bob")["ram"] == 2  # the whole chunk and the partial one
+    assert complete(srv, prompt, api_key="alice")[1] == warm
     assert complete(srv, prompt, api_key="bob")[1] == 0
 
 

@@ -43,6 +43,7 @@ static cache_layout small_layout(void) {
 
 #define PAYLOAD 2048
 #define FILE_BYTES 8192
+#define HEADER 4096 /* room for 2 block keys, rounded up to CACHE_ALIGN */
 
 static cache_key make_ns(const char *salt) {
     cache_key ns;
@@ -50,14 +51,16 @@ static cache_key make_ns(const char *salt) {
     return ns;
 }
 
-/* Chunk i of namespace ns: a key from tokens i*1000.., a payload from a seed of (i, ns). */
-static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int i) {
+/* The first n_blocks blocks of chunk i of namespace ns: block keys from tokens i*1000.., a
+ * payload from a seed of (i, ns). */
+static cache_chunk *make_part(const cache_layout *l, const cache_key *ns, int i, int n_blocks) {
     int32_t tokens[128];
+    cache_key bkeys[8];
     cr_assert_leq(l->chunk_tokens, 128);
     for (int t = 0; t < l->chunk_tokens; t++) tokens[t] = i * 1000 + t;
-    cache_key key;
-    cache_prefix_key(l->model_id, ns, NULL, tokens, l->chunk_tokens, &key);
-    cache_chunk *c = cache_chunk_create(l, &key, ns, i * l->chunk_tokens);
+    int nb = cache_prefix_keys(l->model_id, ns, tokens, l->chunk_tokens, l->block_tokens, bkeys, 8);
+    cr_assert_leq(n_blocks, nb);
+    cache_chunk *c = cache_chunk_create(l, bkeys, n_blocks, ns, i * l->chunk_tokens);
     cr_assert_not_null(c);
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) ^ ns->b[0];
     for (size_t b = 0; b < c->bytes; b++) {
@@ -69,9 +72,15 @@ static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int i
     return c;
 }
 
+static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int i) {
+    return make_part(l, ns, i, cache_chunk_blocks(l));
+}
+
 static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
     cr_assert_not_null(got);
     cr_assert_eq(memcmp(got->key.b, want->key.b, CACHE_KEY_BYTES), 0);
+    cr_assert_eq(got->n_blocks, want->n_blocks);
+    cr_assert_eq(memcmp(got->bkeys, want->bkeys, sizeof(cache_key) * (size_t)want->n_blocks), 0);
     cr_assert_eq(memcmp(got->ns.b, want->ns.b, CACHE_KEY_BYTES), 0);
     cr_assert_eq(got->pos0, want->pos0);
     cr_assert_eq(got->bytes, want->bytes);
@@ -176,11 +185,16 @@ static void flip_byte(const char *path, off_t off) {
 
 /* ---------------------------------------------------------------- record format */
 
-/* Recomputes the header checksum (bytes 0..183 into 184..215), so a corrupted field reaches
- * the check that names it. */
+/* Recomputes the header checksum (bytes 0..183 and 216..HEADER into 184..215), so a corrupted
+ * field reaches the check that names it. */
 static void reseal(uint8_t *hdr) {
     unsigned int n = 0;
-    cr_assert_eq(EVP_Digest(hdr, 184, hdr + 184, &n, EVP_sha256(), NULL), 1);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    cr_assert(md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+              EVP_DigestUpdate(md, hdr, 184) == 1 &&
+              EVP_DigestUpdate(md, hdr + 216, HEADER - 216) == 1 &&
+              EVP_DigestFinal_ex(md, hdr + 184, &n) == 1 && n == 32);
+    EVP_MD_CTX_free(md);
 }
 
 static void encode(const cache_layout *l, const cache_chunk *c, uint8_t *hdr) {
@@ -191,11 +205,11 @@ Test(record, round_trip) {
     cache_layout l = small_layout();
     cache_key ns = make_ns("salt");
     cache_chunk *c = make_chunk(&l, &ns, 7);
-    static uint8_t hdr[CACHE_RECORD_HEADER];
+    static uint8_t hdr[HEADER];
     encode(&l, c, hdr);
     cr_assert_eq(memcmp(hdr, "KVSCHUNK", 8), 0);
     cr_assert_eq(hdr[8], CACHE_RECORD_VERSION);
-    cr_assert_eq(hdr[12] | hdr[13] << 8, CACHE_RECORD_HEADER, "header size little-endian");
+    cr_assert_eq(hdr[12] | hdr[13] << 8, HEADER, "header size little-endian");
     cache_record_info info;
     kv_error err = {{0}};
     cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &l, &info, &err), 0, "%s", err.msg);
@@ -206,16 +220,24 @@ Test(record, round_trip) {
     cr_assert_eq(info.payload_bytes, PAYLOAD);
     cr_assert_eq(cache_record_check_payload(&info, c->data, &err), 0, "%s", err.msg);
     /* Encoding is deterministic. */
-    static uint8_t again[CACHE_RECORD_HEADER];
+    static uint8_t again[HEADER];
     encode(&l, c, again);
     cr_assert_eq(memcmp(hdr, again, sizeof hdr), 0);
 
-    cr_assert_eq(cache_record_file_bytes(0), 4096);
-    cr_assert_eq(cache_record_file_bytes(1), 8192);
-    cr_assert_eq(cache_record_file_bytes(PAYLOAD), FILE_BYTES);
-    cr_assert_eq(cache_record_file_bytes(4096), 8192);
-    cr_assert_eq(cache_record_file_bytes(4097), 12288);
-    cr_assert_eq(cache_record_file_bytes(SIZE_MAX), SIZE_MAX, "saturates, never wraps");
+    cr_assert_eq(info.n_blocks, 2);
+    cr_assert_eq(memcmp(info.bkeys, c->bkeys, 2 * 32), 0);
+    cr_assert_eq(cache_record_header_bytes(&l), HEADER);
+    cr_assert_eq(cache_record_file_bytes(&l, 0), 4096);
+    cr_assert_eq(cache_record_file_bytes(&l, 1), 8192);
+    cr_assert_eq(cache_record_file_bytes(&l, PAYLOAD), FILE_BYTES);
+    cr_assert_eq(cache_record_file_bytes(&l, 4096), 8192);
+    cr_assert_eq(cache_record_file_bytes(&l, 4097), 12288);
+    cr_assert_eq(cache_record_file_bytes(&l, SIZE_MAX), SIZE_MAX, "saturates, never wraps");
+    /* A layout of 256 blocks per chunk lists 256 keys: a header of three pages. */
+    cache_layout big = l;
+    big.chunk_tokens = 256 * 16;
+    cr_assert_eq(cache_record_header_bytes(&big), 12288);
+    cr_assert_leq(cache_record_header_bytes(&big), CACHE_RECORD_MAX_HEADER);
     cache_chunk_unref(c);
 }
 
@@ -239,7 +261,7 @@ Test(record, every_header_field_is_checked) {
         {"header size", 12, 0x01, "header size", "header size"},
         {"model identity", 16, 0x01, "checksum", "model"},
         {"model identity end", 47, 0x01, "checksum", "model"},
-        {"key", 48, 0x01, "checksum", NULL},
+        {"key", 48, 0x01, "checksum", "last block"},
         {"namespace", 80, 0x01, "checksum", NULL},
         {"n_layer", 112, 0x01, "checksum", "n_layer"},
         {"n_kv_head", 116, 0x04, "checksum", "n_kv_head"},
@@ -247,18 +269,22 @@ Test(record, every_header_field_is_checked) {
         {"block_tokens", 124, 0x10, "checksum", "block_tokens"},
         {"chunk_tokens", 128, 0x40, "checksum", "chunk_tokens"},
         {"chunk_tokens high", 131, 0x01, "checksum", "chunk_tokens"},
-        {"pos0 sign", 135, 0x80, "checksum", "negative"},
+        {"pos0 sign", 135, 0x80, "checksum", "chunk start"},
+        {"pos0 inside a chunk", 132, 0x01, "checksum", "chunk start"},
         {"level", 136, 0x01, "checksum", "level"},
-        {"reserved", 140, 0x01, "checksum", "reserved"},
+        {"tokens: not whole blocks", 140, 0x01, "checksum", "whole blocks"},
+        {"tokens: more than a chunk", 140, 0x40, "checksum", "whole blocks"},
         {"payload bytes", 144, 0x01, "checksum", "payload size"},
         {"payload bytes high", 151, 0x01, "checksum", "payload size"},
         {"payload checksum", 152, 0x01, "checksum", NULL},
         {"header checksum", 184, 0x01, "checksum", "checksum"},
         {"header checksum end", 215, 0x01, "checksum", "checksum"},
-        {"zero tail", 216, 0x01, "not 0", "not 0"},
-        {"zero tail end", 4095, 0x01, "not 0", "not 0"},
+        {"first block key", 216, 0x01, "checksum", NULL},
+        {"last block key", 279, 0x01, "checksum", "last block"},
+        {"zero tail", 280, 0x01, "checksum", "not 0"},
+        {"zero tail end", 4095, 0x01, "checksum", "not 0"},
     };
-    static uint8_t good[CACHE_RECORD_HEADER], bad[CACHE_RECORD_HEADER];
+    static uint8_t good[HEADER], bad[HEADER];
     encode(&l, c, good);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const field_case *fc = &cases[i];
@@ -269,7 +295,7 @@ Test(record, every_header_field_is_checked) {
         cr_assert_eq(cache_record_decode_header(bad, sizeof bad, &l, &info, &err), -1,
                      "%s corrupted, checksum stale: accepted", fc->name);
         cr_assert_not_null(strstr(err.msg, fc->msg_unsealed), "%s: got \"%s\"", fc->name, err.msg);
-        if (fc->off >= 184) continue; /* resealing would undo the corruption */
+        if (fc->off >= 184 && fc->off < 216) continue; /* resealing would undo it */
         reseal(bad);
         memset(&err, 0, sizeof err);
         int r = cache_record_decode_header(bad, sizeof bad, &l, &info, &err);
@@ -284,7 +310,8 @@ Test(record, every_header_field_is_checked) {
                 cr_assert_eq(cache_record_check_payload(&info, c->data, &err), -1,
                              "a wrong payload checksum must fail the payload check");
             else
-                cr_assert(memcmp(info.key.b, c->key.b, 32) || memcmp(info.ns.b, ns.b, 32));
+                cr_assert(memcmp(info.key.b, c->key.b, 32) || memcmp(info.ns.b, ns.b, 32) ||
+                          memcmp(info.bkeys, c->bkeys, 2 * 32));
         }
     }
     cache_chunk_unref(c);
@@ -294,7 +321,7 @@ Test(record, other_layout_or_model_is_refused) {
     cache_layout l = small_layout();
     cache_key ns = make_ns(NULL);
     cache_chunk *c = make_chunk(&l, &ns, 2);
-    static uint8_t hdr[CACHE_RECORD_HEADER];
+    static uint8_t hdr[HEADER];
     encode(&l, c, hdr);
     cache_record_info info;
     kv_error err = {{0}};
@@ -313,9 +340,9 @@ Test(record, truncated_header_is_refused_at_every_length) {
     cache_layout l = small_layout();
     cache_key ns = make_ns(NULL);
     cache_chunk *c = make_chunk(&l, &ns, 3);
-    static uint8_t hdr[CACHE_RECORD_HEADER];
+    static uint8_t hdr[HEADER];
     encode(&l, c, hdr);
-    for (size_t len = 0; len < CACHE_RECORD_HEADER; len++) {
+    for (size_t len = 0; len < HEADER; len++) {
         /* A copy of exactly len bytes, so ASan sees any read past it. */
         uint8_t *cut = malloc(len ? len : 1);
         memcpy(cut, hdr, len);
@@ -333,7 +360,7 @@ Test(record, payload_bit_flips_fail_the_check) {
     cache_layout l = small_layout();
     cache_key ns = make_ns(NULL);
     cache_chunk *c = make_chunk(&l, &ns, 4);
-    static uint8_t hdr[CACHE_RECORD_HEADER];
+    static uint8_t hdr[HEADER];
     encode(&l, c, hdr);
     cache_record_info info;
     kv_error err = {{0}};
@@ -402,6 +429,65 @@ Test(disk, put_flush_read_returns_identical_bytes) {
     remove_tree(dir);
 }
 
+Test(disk, partial_records_are_found_by_block_and_superseded) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 16);
+    /* a sequence's trailing partial chunk: one block of two, pinned */
+    cache_chunk *part = make_part(&l, &ns, 5, 1);
+    cr_assert_eq(part->bytes, PAYLOAD / 2);
+    put_ok(d, part);
+    cache_disk_flush(d);
+    cr_assert_eq(cache_disk_pin(d, &part->key, 1, true), 1);
+    char path[512];
+    record_path(dir, &l, &part->key, path, sizeof path);
+    struct stat sb;
+    cr_assert_eq(stat(path, &sb), 0);
+    cr_assert_eq(sb.st_size, HEADER + 4096, "the payload padded to a page");
+    cache_key rec;
+    int block = -1;
+    cr_assert(cache_disk_find(d, &part->bkeys[0], &rec, &block));
+    cr_assert_eq(memcmp(rec.b, part->key.b, 32), 0);
+    cr_assert_eq(block, 0);
+    cache_chunk *got = read_one(d, &part->key);
+    assert_same_chunk(got, part);
+    cache_chunk_unref(got);
+
+    /* the whole chunk replaces it once written, and inherits its pin */
+    cache_chunk *whole = make_chunk(&l, &ns, 5);
+    cr_assert_eq(memcmp(whole->bkeys[0].b, part->key.b, 32), 0);
+    put_ok(d, whole);
+    cache_disk_flush(d);
+    cr_assert_not(file_exists(path), "the partial record is deleted");
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 1);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 1);
+    cr_assert_eq(st.bytes, PAYLOAD);
+    cr_assert_eq(st.pinned, 1);
+    /* a prompt diverging after the first block finds the whole record by that block */
+    cr_assert(cache_disk_find(d, &whole->bkeys[0], &rec, &block));
+    cr_assert_eq(memcmp(rec.b, whole->key.b, 32), 0);
+    cr_assert_eq(block, 0);
+    cr_assert(cache_disk_find(d, &whole->bkeys[1], &rec, &block));
+    cr_assert_eq(block, 1);
+    /* a shorter record of a chunk held whole is not written again */
+    cr_assert_not(cache_disk_put(d, part));
+    cache_disk_close(d);
+
+    /* the index of blocks is rebuilt at open */
+    d = open_disk(dir, &l, 1 << 20, 16);
+    cr_assert(cache_disk_find(d, &whole->bkeys[0], &rec, &block));
+    cr_assert_eq(block, 0);
+    got = read_one(d, &whole->key);
+    assert_same_chunk(got, whole);
+    cache_chunk_unref(got);
+    cache_chunk_unref(part);
+    cache_chunk_unref(whole);
+    cache_disk_close(d);
+    remove_tree(dir);
+}
+
 Test(disk, reopen_rebuilds_the_index) {
     char *dir = make_tmpdir();
     cache_layout l = small_layout();
@@ -443,8 +529,8 @@ Test(disk, corrupt_record_is_deleted_and_counted) {
     char pa[512], pb[512];
     record_path(dir, &l, &a->key, pa, sizeof pa);
     record_path(dir, &l, &b->key, pb, sizeof pb);
-    flip_byte(pa, CACHE_RECORD_HEADER + 100); /* payload */
-    flip_byte(pb, 132);                       /* header: pos0 */
+    flip_byte(pa, HEADER + 100); /* payload */
+    flip_byte(pb, 132);          /* header: pos0 */
 
     cr_assert_null(read_one(d, &a->key), "a flipped payload byte must not be served");
     cache_tier_stats st = stats(d);
@@ -831,7 +917,7 @@ Test(disk, pread_fallback_without_io_uring) {
     cr_assert_eq(stats(d).entries, 40);
     char p[512];
     record_path(dir, &l, &c[5]->key, p, sizeof p);
-    flip_byte(p, CACHE_RECORD_HEADER + PAYLOAD - 1);
+    flip_byte(p, HEADER + PAYLOAD - 1);
     cache_key keys[40];
     cache_chunk *out[40];
     for (int i = 0; i < 40; i++) keys[i] = c[i]->key;

@@ -114,21 +114,37 @@ Test(cache_layout, sizes_and_checks) {
 
 /* ---------------------------------------------------------------- RAM tier */
 
-static cache_chunk *chunk_n(int n, const cache_key *ns) {
-    cache_key k = {{0}};
-    k.b[0] = (uint8_t)n;
-    k.b[9] = (uint8_t)(n >> 8);
-    cache_chunk *c = cache_chunk_create(&SMALL, &k, ns, n * 32);
-    cr_assert_not_null(c);
-    memset(c->data, n, c->bytes);
-    return c;
-}
-
 static cache_key key_n(int n) {
     cache_key k = {{0}};
     k.b[0] = (uint8_t)n;
     k.b[9] = (uint8_t)(n >> 8);
     return k;
+}
+
+/* The key of block `block` (0 or 1) of chunk n: block 1's is key_n(n), the record's own key. */
+static cache_key block_key(int n, int block) {
+    cache_key k = key_n(n);
+    if (block == 0) k.b[20] = 0xAA;
+    return k;
+}
+
+/* A record of chunk n holding its first n_blocks blocks (SMALL has 2 per chunk). */
+static cache_chunk *chunk_blocks(int n, int n_blocks, const cache_key *ns) {
+    cache_key bkeys[2] = {block_key(n, 0), block_key(n, 1)};
+    cache_chunk *c = cache_chunk_create(&SMALL, bkeys, n_blocks, ns, n * 32);
+    cr_assert_not_null(c);
+    memset(c->data, n, c->bytes);
+    return c;
+}
+
+static cache_chunk *chunk_n(int n, const cache_key *ns) { return chunk_blocks(n, 2, ns); }
+
+/* A lookup as the store makes it: a hit, or a counted miss. */
+static cache_chunk *ram_get(cache_ram *r, const cache_key *bkey) {
+    int block;
+    cache_chunk *c = cache_ram_find(r, bkey, &block);
+    if (!c) cache_ram_count_miss(r);
+    return c;
 }
 
 Test(cache_ram, lru_eviction_keeps_the_byte_cap) {
@@ -142,7 +158,7 @@ Test(cache_ram, lru_eviction_keeps_the_byte_cap) {
         cache_chunk_unref(c);
     }
     cache_key k0 = key_n(0);
-    cache_chunk_unref(cache_ram_get(r, &k0)); /* 0 is now the most recently used */
+    cache_chunk_unref(ram_get(r, &k0)); /* 0 is now the most recently used */
     cache_chunk *c3 = chunk_n(3, &ns);
     cr_assert(cache_ram_put(r, c3));
     cache_chunk_unref(c3);
@@ -155,11 +171,11 @@ Test(cache_ram, lru_eviction_keeps_the_byte_cap) {
     cr_assert_not(cache_ram_contains(r, &k1), "the least recently used chunk went");
     cr_assert(cache_ram_contains(r, &k0));
     cr_assert(cache_ram_contains(r, &k2));
-    cache_chunk *g = cache_ram_get(r, &k2);
+    cache_chunk *g = ram_get(r, &k2);
     cr_assert_not_null(g);
     cr_assert_eq(g->data[5], 2);
     cache_chunk_unref(g);
-    cr_assert_null(cache_ram_get(r, &k1));
+    cr_assert_null(ram_get(r, &k1));
     cache_ram_stats(r, &st);
     cr_assert_eq(st.hits, 2);
     cr_assert_eq(st.misses, 1);
@@ -202,6 +218,46 @@ Test(cache_ram, pinned_chunks_stay_and_held_chunks_outlive_eviction) {
     }
     cr_assert_not(cache_ram_contains(r, &k[0]));
     for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
+    cache_ram_destroy(r);
+}
+
+Test(cache_ram, records_are_found_by_any_block_and_superseded_by_longer_ones) {
+    size_t bb = cache_block_bytes(&SMALL);
+    cache_ram *r = cache_ram_create(1 << 20);
+    cache_key ns = {{0}};
+    /* a sequence's trailing partial chunk: its first block only */
+    cache_chunk *part = chunk_blocks(7, 1, &ns);
+    cr_assert_eq(part->bytes, bb);
+    cr_assert(cache_ram_put(r, part));
+    cache_key k0 = block_key(7, 0), k1 = block_key(7, 1);
+    cr_assert(cache_ram_holds(r, &k0));
+    cr_assert_not(cache_ram_holds(r, &k1));
+    cr_assert_eq(cache_ram_pin(r, &k0, 1, true), 1);
+    /* the whole chunk replaces it and inherits its pin */
+    cache_chunk *whole = chunk_n(7, &ns);
+    cr_assert(cache_ram_put(r, whole));
+    cache_tier_stats st;
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.entries, 1);
+    cr_assert_eq(st.bytes, (int64_t)(2 * bb));
+    cr_assert_eq(st.pinned, 1);
+    cr_assert_not(cache_ram_contains(r, &k0), "the partial record is gone");
+    cr_assert(cache_ram_contains(r, &k1));
+    /* a prompt that diverges after the first block finds the whole record by that block */
+    int block = -1;
+    cache_chunk *c = cache_ram_find(r, &k0, &block);
+    cr_assert_eq(c, whole);
+    cr_assert_eq(block, 0);
+    cache_chunk_unref(c);
+    c = cache_ram_find(r, &k1, &block);
+    cr_assert_eq(block, 1);
+    cache_chunk_unref(c);
+    /* a shorter record of a chunk held whole is not stored again */
+    cr_assert_not(cache_ram_put(r, part));
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.entries, 1);
+    cache_chunk_unref(part);
+    cache_chunk_unref(whole);
     cache_ram_destroy(r);
 }
 
