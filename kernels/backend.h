@@ -60,6 +60,9 @@ typedef struct attn_seq {
     const int32_t *q_slot;      /* [n_q] */
     const float *q;             /* [n_q][n_head][head_dim] f32, rotated */
     float *out;                 /* [n_q][n_head][head_dim] f32 */
+    bool
+        split_keys; /* a decode step: keys may be split across threads (another summation
+                       order; rows that are not split are the same whatever else is in the batch) */
 } attn_seq;
 
 /* ---------------------------------------------------------------- lifetime */

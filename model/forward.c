@@ -236,7 +236,8 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
                                        .n_q = hi - lo,
                                        .q_slot = f->row_slot + lo,
                                        .q = f->q + (size_t)lo * qd,
-                                       .out = f->att + (size_t)lo * qd};
+                                       .out = f->att + (size_t)lo * qd,
+                                       .split_keys = seqs[s].decode};
     }
     if (backend_attention(b, pool, kl, il, hp->n_head, 1.0f / sqrtf((float)hp->head_dim), f->aseq,
                           n_attn) ||

@@ -145,6 +145,12 @@ typedef struct batch_seq {
     const int32_t *pos;    /* [n_tok] RoPE positions */
     int kv_start;
     bool all_logits; /* logits for every token (else only the last) */
+    /* A single decode row whose attention may split its keys across threads (flash-decoding),
+     * which sums in another order. Without it a row's KV and logits do not depend on what else is
+     * in the batch, how the prompt was sliced into steps or how much of it was cached: the
+     * server never sets it (cached KV must equal a cold prefill's); the one-sequence CLI tools
+     * (generate, bench) do. */
+    bool decode;
 } batch_seq;
 
 typedef struct forward_state forward_state;

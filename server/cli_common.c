@@ -102,7 +102,7 @@ void engine_single_free(engine_single *e) {
     memset(e, 0, sizeof *e);
 }
 
-int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err) {
+static int forward_slices(engine_single *e, const int32_t *ids, int n, bool decode, kv_error *err) {
     int32_t pos[ENGINE_SLICE];
     if (e->seq.n_tokens + n > e->ctx)
         return kv_fail(err, "%d tokens do not fit the context of %d (%d in use)", n, e->ctx,
@@ -112,16 +112,24 @@ int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error 
         int start = e->seq.n_tokens;
         if (kv_seq_reserve(e->pool, &e->seq, start + len, err)) return -1;
         for (int i = 0; i < len; i++) pos[i] = start + i;
-        batch_seq bs = {
-            .seq = &e->seq, .n_tok = len, .tokens = ids + done, .pos = pos, .kv_start = start};
+        batch_seq bs = {.seq = &e->seq,
+                        .n_tok = len,
+                        .tokens = ids + done,
+                        .pos = pos,
+                        .kv_start = start,
+                        .decode = decode};
         if (model_forward(e->fwd, &bs, 1, e->hooks, e->logits, err) < 0) return -1;
         done += len;
     }
     return 0;
 }
 
+int engine_single_prefill(engine_single *e, const int32_t *ids, int n, kv_error *err) {
+    return forward_slices(e, ids, n, false, err);
+}
+
 int engine_single_decode(engine_single *e, int32_t id, kv_error *err) {
-    return engine_single_prefill(e, &id, 1, err);
+    return forward_slices(e, &id, 1, true, err);
 }
 
 int engine_single_write_kv(engine_single *e, int n, int chunk, const float *kv, kv_error *err) {

@@ -151,7 +151,7 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
         if (sq->n_q == 0) continue;
         /* decode-sized: one row block, keys split so every thread has work */
         int ns = 1;
-        if (sq->n_q <= 4) {
+        if (sq->split_keys && sq->n_q <= 4) {
             int want = (2 * b->n_threads + l->n_kv_head - 1) / l->n_kv_head;
             int can = sq->n_kv / ATTN_MIN_SPLIT;
             ns = want < can ? want : can;
