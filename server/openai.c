@@ -50,6 +50,28 @@ static int check_ids(const model *m, const int32_t *ids, int n, const char *para
     return 0;
 }
 
+/* ---------------------------------------------------------------- model names */
+
+/* True when a request may name the model `name`: one of the served names, or any name with
+ * --accept-any-model (frontends that send a fixed name such as gpt-4o-mini). */
+static bool model_accepted(const server *s, const char *name) {
+    if (s->cfg->accept_any_model) return true;
+    for (int i = 0; i < s->n_model_ids; i++)
+        if (strcmp(name, s->model_ids[i]) == 0) return true;
+    return false;
+}
+
+/* The 404 for a name not served, listing the names that are (as many as the message holds). */
+static int model_not_found(const server *s, const char *name, const char *param, api_error *err) {
+    char names[256];
+    size_t n = 0;
+    for (int i = 0; i < s->n_model_ids && n < sizeof names; i++)
+        n +=
+            (size_t)snprintf(names + n, sizeof names - n, "%s'%s'", i ? ", " : "", s->model_ids[i]);
+    return api_fail(err, 404, "invalid_request_error", "model_not_found", param,
+                    "The model '%s' does not exist; this server serves %s", name, names);
+}
+
 /* ---------------------------------------------------------------- jobs */
 
 void job_free(job *j) {
@@ -79,9 +101,8 @@ static uint64_t random_u64(void) {
 /* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
 job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err) {
     const model *m = s->m;
-    if (strcmp(rq->model, s->model_id) != 0) {
-        api_fail(err, 404, "invalid_request_error", "model_not_found", "model",
-                 "The model '%s' does not exist; this server serves '%s'", rq->model, s->model_id);
+    if (!model_accepted(s, rq->model)) {
+        model_not_found(s, rq->model, "model", err);
         return NULL;
     }
     job *j = calloc(1, sizeof *j);
@@ -396,7 +417,7 @@ static void job_reply(const job *j, http_reply *out) {
     }
     json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
                           j->kind == API_CHAT ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->s->model_id, "choices", choices,
+                          (json_int_t)j->created, "model", j->s->model_ids[0], "choices", choices,
                           "usage", job_usage(j));
     http_reply_json(out, 200, v);
 }
@@ -473,21 +494,29 @@ int openai_completions(server *s, const http_call *c, http_reply *out, http_stre
     return completion_endpoint(s, API_COMPLETION, c, out, stream);
 }
 
+/* One entry of /v1/models. */
+static json_t *model_json(const server *s, const char *id) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", id, "object", "model", "created",
+                     (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
+}
+
+/* Every served name is listed; one is found by any name a request may use, so with
+ * --accept-any-model a frontend that checks its fixed name before using it finds it. */
 void openai_models(server *s, const char *id, http_reply *out) {
-    if (id && strcmp(id, s->model_id) != 0) {
+    if (id) {
+        if (model_accepted(s, id)) {
+            http_reply_json(out, 200, model_json(s, id));
+            return;
+        }
         api_error err;
-        api_fail(&err, 404, "invalid_request_error", "model_not_found", NULL,
-                 "The model '%s' does not exist", id);
+        model_not_found(s, id, NULL, &err);
         http_reply_error(out, &err);
         return;
     }
-    json_t *entry =
-        json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->model_id, "object", "model", "created",
-                  (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
-    if (id)
-        http_reply_json(out, 200, entry);
-    else
-        http_reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", entry));
+    json_t *data = json_array();
+    for (int i = 0; i < s->n_model_ids; i++)
+        json_array_append_new(data, model_json(s, s->model_ids[i]));
+    http_reply_json(out, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 void openai_tokenize(server *s, const http_call *c, http_reply *out) {
