@@ -9,29 +9,15 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "tests/unit/tmpdir.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-static char g_dir[64];
+static char *g_dir; /* removed with its files when the test's process exits */
 
-static void dir_setup(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve_config_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir), "mkdtemp failed");
-}
+static void dir_setup(void) { g_dir = tmpdir_create("kvserve_config_"); }
 
-/* Every file a test writes is one of these names, so teardown knows what to remove. */
-static const char *const FILE_NAMES[] = {"conf.json", "other.json", "stderr.txt"};
-
-static void dir_teardown(void) {
-    char path[128];
-    for (size_t i = 0; i < sizeof FILE_NAMES / sizeof FILE_NAMES[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", g_dir, FILE_NAMES[i]);
-        unlink(path);
-    }
-    rmdir(g_dir);
-}
-
-TestSuite(config, .init = dir_setup, .fini = dir_teardown);
+TestSuite(config, .init = dir_setup);
 
 /* Writes text to g_dir/name and returns the path (static buffer per name slot). */
 static const char *write_file(const char *name, const char *text) {
