@@ -10,11 +10,13 @@
  * setters and config_free free a string only when it is not one of the row's static strings,
  * so a defaulted struct needs no allocation and config_free is safe on it.
  *
+ * Lists (api_keys, alias): a flag may be repeated and a variable holds a comma-separated list;
+ * the first value a layer gives replaces the list of the layers below instead of adding to it.
+ *
  * Empty values: for numbers, booleans, enums and the required strings (model, host) an empty
- * value is an error in every layer; for the optional strings (alias, chat_template) an empty
- * value (or JSON null) resets the option to NULL, i.e. "automatic"; KVSERVE_API_KEYS="" is an
- * error rather than "no keys", so an unset shell variable cannot silently turn authentication
- * off. */
+ * value is an error in every layer; for the optional values (alias, chat_template) an empty
+ * value (or JSON null) resets the option to "automatic"; KVSERVE_API_KEYS="" is an error rather
+ * than "no keys", so an unset shell variable cannot silently turn authentication off. */
 #include "config/config.h"
 #include "util/json.h"
 
@@ -31,7 +33,8 @@
 
 typedef enum opt_type {
     OPT_STRING,      /* char *; `nullable` rows accept "" / null as NULL */
-    OPT_STRING_LIST, /* char ** + int count (api_keys only) */
+    OPT_STRING_LIST, /* char ** + int count; `nullable` rows accept "" / null as the empty list
+                        and, in the JSON file, one string as a list of one */
     OPT_INT,         /* int */
     OPT_INT64,       /* int64_t */
     OPT_BOOL,        /* bool */
@@ -55,13 +58,17 @@ typedef struct opt_row {
     const char *flag; /* long flag without "--" when it is not the derived one, else NULL */
     char short_flag;  /* 0: none */
     opt_type type;
-    opt_group group;            /* heading in the usage text */
-    size_t offset;              /* offsetof(kv_config, field) */
-    size_t count_offset;        /* OPT_STRING_LIST: offsetof the int count */
-    int64_t min, max;           /* numbers: the accepted range */
-    bool zero_ok;               /* numbers: 0 is accepted outside [min, max] ("0: automatic") */
-    bool size_suffix;           /* numbers: K, M, G (binary) suffixes accepted */
-    bool nullable;              /* OPT_STRING: "" or JSON null set NULL */
+    opt_group group;     /* heading in the usage text */
+    size_t offset;       /* offsetof(kv_config, field) */
+    size_t count_offset; /* OPT_STRING_LIST: offsetof the int count */
+    int64_t min, max;    /* numbers: the accepted range */
+    bool zero_ok;        /* numbers: 0 is accepted outside [min, max] ("0: automatic") */
+    bool size_suffix;    /* numbers: K, M, G (binary) suffixes accepted */
+    bool nullable;       /* strings and lists: "" or JSON null reset the option */
+    const char *item;    /* OPT_STRING_LIST: what one value is, for messages */
+    /* OPT_STRING_LIST: refuses a bad value (not an empty one: every list refuses those) with a
+     * message that does not quote it, or NULL: any value */
+    int (*check_item)(const char *value, size_t len, kv_error *err);
     const char *const *choices; /* OPT_ENUM: NULL-terminated */
     const char *def;            /* default as text (parsed by config_defaults); NULL: none */
     const char *metavar;        /* value placeholder in the usage; NULL for booleans */
@@ -69,6 +76,17 @@ typedef struct opt_row {
 } opt_row;
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
+
+/* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the
+ * message never quotes one. */
+static int check_api_key(const char *value, size_t len, kv_error *err) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        if (ch <= ' ' || ch == 0x7f)
+            return kv_fail(err, "API key contains a space or control character");
+    }
+    return 0;
+}
 
 #define KIB (INT64_C(1) << 10)
 #define MIB (INT64_C(1) << 20)
@@ -97,8 +115,12 @@ static const opt_row OPTIONS[] = {
 #define GROUP GROUP_MODEL
     STR(model, 'm', "models/SmolLM2-135M-Instruct.Q4_1.gguf", false, "PATH",
         "GGUF model file to serve"),
-    STR(alias, 0, NULL, true, "NAME",
-        "model id reported by the API (none: the file name without .gguf)"),
+    {.key = "alias", .type = OPT_STRING_LIST, .group = GROUP, .nullable = true,
+     .offset = offsetof(kv_config, aliases), .count_offset = offsetof(kv_config, n_aliases),
+     .item = "alias", .metavar = "NAME",
+     .help = "model name served, repeatable; first one reported (none: file name)"},
+    BOOL(accept_any_model, "false",
+         "answer requests naming any model, not only the served names"),
     STR(chat_template, 0, NULL, true, "NAME",
         "chat template name (none: detected from the model)"),
     BOOL(precise, "false", "f32 matmuls over dequantized weights (slower, more exact)"),
@@ -108,7 +130,8 @@ static const opt_row OPTIONS[] = {
     NUM(port, 0, OPT_INT, 1, 65535, false, false, "8080", "PORT", "TCP port to listen on"),
     {.key = "api_keys", .flag = "api-key", .type = OPT_STRING_LIST, .group = GROUP,
      .offset = offsetof(kv_config, api_keys), .count_offset = offsetof(kv_config, n_api_keys),
-     .metavar = "KEY", .help = "accepted Bearer key, repeatable (none: no authentication)"},
+     .item = "API key", .check_item = check_api_key, .metavar = "KEY",
+     .help = "accepted Bearer key, repeatable (none: no authentication)"},
     NUM(max_body_bytes, 0, OPT_INT64, KIB, GIB, false, true, "8M", "BYTES",
         "largest request body accepted (K, M, G suffixes)"),
     NUM(max_connections, 0, OPT_INT, 1, 65536, false, false, "256", "N",
@@ -290,19 +313,14 @@ static void list_clear(kv_config *c, const opt_row *r) {
     *n = 0;
 }
 
-/* Appends a copy of value[0..len) to a string list after checking it is a usable Bearer key:
- * non-empty, printable, no spaces (RFC 6750 token68 has none). The key is never quoted back. */
+/* Appends a copy of value[0..len) to a string list after the row's checks. */
 static int list_append(kv_config *c, const opt_row *r, const char *value, size_t len,
                        kv_error *err) {
-    if (len == 0) return kv_fail(err, "empty API key");
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)value[i];
-        if (ch <= ' ' || ch == 0x7f)
-            return kv_fail(err, "API key contains a space or control character");
-    }
+    if (len == 0) return kv_fail(err, "empty %s", r->item);
+    if (r->check_item && r->check_item(value, len, err) != 0) return -1;
     char ***list = (char ***)((char *)c + r->offset);
     int *n = (int *)((char *)c + r->count_offset);
-    if (*n >= 4096) return kv_fail(err, "more than 4096 API keys");
+    if (*n >= 4096) return kv_fail(err, "more than 4096 values");
     char **grown = realloc(*list, (size_t)(*n + 1) * sizeof *grown);
     if (!grown) return kv_fail(err, "out of memory");
     *list = grown;
@@ -328,7 +346,8 @@ static void describe(const opt_row *r, char *buf, size_t size) {
         snprintf(buf, size, "%s", r->nullable ? "a string or null" : "a string");
         break;
     case OPT_STRING_LIST:
-        snprintf(buf, size, "an array of strings");
+        snprintf(buf, size, "%s",
+                 r->nullable ? "a string, an array of strings or null" : "an array of strings");
         break;
     case OPT_ENUM: {
         size_t n = (size_t)snprintf(buf, size, "one of");
@@ -445,6 +464,10 @@ static int apply_text(kv_config *c, const opt_row *r, const char *s, kv_error *e
         return kv_fail(err, "'%.*s' is not %s", QUOTE_MAX, s, want);
     }
     case OPT_STRING_LIST:
+        if (s[0] == '\0' && r->nullable) {
+            list_clear(c, r);
+            return 0;
+        }
         return list_append(c, r, s, strlen(s), err);
     }
     return kv_fail(err, "internal: bad option type");
@@ -518,6 +541,10 @@ static int apply_json(kv_config *c, const opt_row *r, const json_t *v, kv_error 
         if (json_is_string(v)) return apply_text(c, r, json_string_value(v), err);
         break;
     case OPT_STRING_LIST: {
+        if (r->nullable && (json_is_null(v) || json_is_string(v))) {
+            list_clear(c, r);
+            return json_is_null(v) ? 0 : apply_text(c, r, json_string_value(v), err);
+        }
         if (!json_is_array(v)) break;
         list_clear(c, r);
         size_t i;
@@ -576,10 +603,15 @@ done:
 
 /* ---------------------------------------------------------------- environment layer */
 
-/* Splits a comma-separated list (spaces around items are trimmed) into the key list. Empty
- * items are errors: "a,,b" or a trailing comma is more likely a mistake than intent. */
+/* Splits a comma-separated list (spaces around items are trimmed) into the row's list. Empty
+ * items are errors: "a,,b" or a trailing comma is more likely a mistake than intent. An empty
+ * value resets a nullable list and is an error for the others. */
 static int apply_env_list(kv_config *c, const opt_row *r, const char *s, kv_error *err) {
-    if (s[0] == '\0') return kv_fail(err, "empty list (unset the variable instead)");
+    if (s[0] == '\0') {
+        if (!r->nullable) return kv_fail(err, "empty list (unset the variable instead)");
+        list_clear(c, r);
+        return 0;
+    }
     for (int idx = 0;; idx++) {
         const char *comma = strchr(s, ',');
         const char *end = comma ? comma : s + strlen(s);
@@ -602,7 +634,7 @@ static bool env_seen_before(char **envp, int i, const char *name, size_t len) {
 
 static int load_env(kv_config *c, char **envp, kv_error *err) {
     const size_t plen = strlen(ENV_PREFIX);
-    bool keys_replaced = false; /* this layer's first key replaces the file's list */
+    bool replaced[N_OPTIONS] = {false}; /* per list: this layer's first value replaces the file's */
     for (int i = 0; envp && envp[i]; i++) {
         const char *e = envp[i];
         const char *eq = strchr(e, '=');
@@ -624,9 +656,9 @@ static int load_env(kv_config *c, char **envp, kv_error *err) {
         }
         int rc;
         if (r->type == OPT_STRING_LIST) {
-            if (!keys_replaced) {
+            if (!replaced[r - OPTIONS]) {
                 list_clear(c, r);
-                keys_replaced = true;
+                replaced[r - OPTIONS] = true;
             }
             rc = single_key ? list_append(c, r, value, strlen(value), err)
                             : apply_env_list(c, r, value, err);
@@ -714,7 +746,7 @@ static int parse_args(int argc, char **argv, flag_arg *out, int *n_out, kv_error
 }
 
 static int apply_args(kv_config *c, const flag_arg *args, int n, kv_error *err) {
-    bool keys_replaced = false; /* the first --api-key replaces the lower layers' keys */
+    bool replaced[N_OPTIONS] = {false}; /* per list: the first flag replaces the lower layers' */
     for (int i = 0; i < n; i++) {
         const flag_arg *f = &args[i];
         if (f->kind != ARG_OPTION) continue;
@@ -724,9 +756,9 @@ static int apply_args(kv_config *c, const flag_arg *args, int n, kv_error *err) 
             *(bool *)((char *)c + r->offset) = true;
             continue;
         }
-        if (r->type == OPT_STRING_LIST && !keys_replaced) {
+        if (r->type == OPT_STRING_LIST && !replaced[r - OPTIONS]) {
             list_clear(c, r);
-            keys_replaced = true;
+            replaced[r - OPTIONS] = true;
         }
         rc = apply_text(c, r, f->value, err);
         if (rc != 0) return kv_fail_wrap(err, "%.*s", f->name_len, f->name);
@@ -797,15 +829,18 @@ static void usage_flag(const opt_row *r, char *buf, size_t size) {
         snprintf(buf, size, "  %s--%s %s", sh, flag, r->metavar);
 }
 
+/* The help column: after the widest flag that leaves the help texts this much room; a wider
+ * flag has its help on the next line. */
+#define USAGE_COLUMN_MAX 32
+
 void config_usage(FILE *out, const char *cmd) {
     char buf[2 * NAME_MAX_LEN + 64];
     int width = 0;
     for (int i = 0; i < N_OPTIONS; i++) {
         usage_flag(&OPTIONS[i], buf, sizeof buf);
-        int n = (int)strlen(buf);
-        if (n > width) width = n;
+        int n = (int)strlen(buf) + 2;
+        if (n > width && n <= USAGE_COLUMN_MAX) width = n;
     }
-    width += 2;
     fprintf(out, "Usage: %s [options]\n\n", cmd ? cmd : "kvserve");
     fprintf(out,
             "Each option is read from, lowest precedence first: its default < the JSON config\n"
@@ -822,9 +857,14 @@ void config_usage(FILE *out, const char *cmd) {
             char env[NAME_MAX_LEN];
             row_env(r, env, sizeof env);
             usage_flag(r, buf, sizeof buf);
-            fprintf(out, "%-*s%s\n", width, buf, r->help);
+            if ((int)strlen(buf) + 2 > width)
+                fprintf(out, "%s\n%-*s", buf, width, "");
+            else
+                fprintf(out, "%-*s", width, buf);
+            fprintf(out, "%s\n", r->help);
             fprintf(out, "%-*senv %s", width, "", env);
-            if (r->type == OPT_STRING_LIST) fprintf(out, " (k1,k2,...) or %s", ENV_API_KEY);
+            if (r->type == OPT_STRING_LIST) fprintf(out, " (a,b,...)");
+            if (strcmp(r->key, "api_keys") == 0) fprintf(out, " or %s", ENV_API_KEY);
             fprintf(out, "; default %s", r->def ? r->def : "none");
             if (r->type == OPT_INT || r->type == OPT_INT64)
                 fprintf(out, "; %s%lld..%lld", r->zero_ok ? "0 or " : "", (long long)r->min,

@@ -15,10 +15,13 @@
 
 typedef struct kv_config {
     /* ---- model */
-    char *model;         /* GGUF path */
-    char *alias;         /* model id served by the API; NULL: the file name without .gguf */
-    char *chat_template; /* template name overriding detection, or NULL */
-    bool precise;        /* f32 matmuls over dequantized weights */
+    char *model;    /* GGUF path */
+    char **aliases; /* model names the API serves, the first reported in responses; none:
+                       the file name without .gguf */
+    int n_aliases;
+    bool accept_any_model; /* requests may name any model (answered by this one) */
+    char *chat_template;   /* template name overriding detection, or NULL */
+    bool precise;          /* f32 matmuls over dequantized weights */
     /* ---- HTTP */
     char *host;
     int port;
@@ -67,7 +70,8 @@ config_status config_load(kv_config *c, int argc, char **argv, char **envp, FILE
  *
  * Empty values: an error for numbers, booleans, log_level, model, host and the key lists
  * (KVSERVE_API_KEYS="" is refused so an unset shell variable cannot turn authentication off);
- * for alias and chat_template, "" (or JSON null) resets the option to NULL, i.e. automatic. */
+ * for alias and chat_template, "" (or JSON null) resets the option to automatic (no aliases,
+ * chat_template NULL). */
 void config_free(kv_config *c);
 
 /* Writes the option list (flag, variable, default, help) to out. */

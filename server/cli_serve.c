@@ -16,14 +16,36 @@
 
 extern char **environ;
 
-/* The id clients name: the alias, or the file name without its directory and .gguf. */
-static char *model_id_from(const kv_config *c) {
-    if (c->alias && c->alias[0]) return strdup(c->alias);
-    const char *base = strrchr(c->model, '/');
-    base = base ? base + 1 : c->model;
-    size_t n = strlen(base);
-    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
-    return strndup(base, n);
+/* The names clients may use, into s->model_ids: the aliases in order (each once), or the file
+ * name without its directory and .gguf. Every response names the first, and JSON strings must
+ * be UTF-8. */
+static int model_ids_from(const kv_config *c, server *s, kv_error *err) {
+    int n = c->n_aliases > 0 ? c->n_aliases : 1;
+    if (!(s->model_ids = calloc((size_t)n, sizeof *s->model_ids)))
+        return kv_fail(err, "out of memory");
+    if (c->n_aliases == 0) {
+        const char *base = strrchr(c->model, '/');
+        base = base ? base + 1 : c->model;
+        size_t len = strlen(base);
+        if (len > 5 && strcmp(base + len - 5, ".gguf") == 0) len -= 5;
+        if (!(s->model_ids[0] = strndup(base, len))) return kv_fail(err, "out of memory");
+        s->n_model_ids = 1;
+    }
+    for (int i = 0; i < c->n_aliases; i++) {
+        bool seen = false;
+        for (int k = 0; k < s->n_model_ids; k++)
+            seen |= strcmp(s->model_ids[k], c->aliases[i]) == 0;
+        if (seen) continue;
+        if (!(s->model_ids[s->n_model_ids] = strdup(c->aliases[i])))
+            return kv_fail(err, "out of memory");
+        s->n_model_ids++;
+    }
+    for (int i = 0; i < s->n_model_ids; i++) {
+        const char *id = s->model_ids[i];
+        if (utf8_validate((const uint8_t *)id, strlen(id)) != strlen(id))
+            return kv_fail(err, "the model id '%s' is not valid UTF-8: set --alias", id);
+    }
+    return 0;
 }
 
 /* The disk tier's directory: the configured one, "auto" ($XDG_CACHE_HOME/kvserve, else
@@ -105,10 +127,11 @@ int cli_serve(int argc, char **argv) {
     int rc = 1;
     model *m = NULL;
     server s = {.cfg = &cfg, .started = (long)time(NULL)};
-    if (!(s.mx = metrics_create()) || !(s.model_id = model_id_from(&cfg))) {
+    if (!(s.mx = metrics_create())) {
         kv_fail(&err, "out of memory");
         goto done;
     }
+    if (model_ids_from(&cfg, &s, &err)) goto done;
     if (cfg.n_api_keys > 0) {
         if (!(s.key_digests = calloc((size_t)cfg.n_api_keys, sizeof *s.key_digests))) {
             kv_fail(&err, "out of memory");
@@ -118,11 +141,6 @@ int cli_serve(int argc, char **argv) {
             SHA256((const unsigned char *)cfg.api_keys[i], strlen(cfg.api_keys[i]),
                    s.key_digests[i]);
         s.n_keys = cfg.n_api_keys;
-    }
-    /* Every response names the model, and JSON strings must be UTF-8. */
-    if (utf8_validate((const uint8_t *)s.model_id, strlen(s.model_id)) != strlen(s.model_id)) {
-        kv_fail(&err, "the model id '%s' is not valid UTF-8: set --alias", s.model_id);
-        goto done;
     }
     if (server_start(&s, &err)) goto done;
     log_info("listening on http://%s:%d (loading %s)", cfg.host, cfg.port, cfg.model);
@@ -160,7 +178,7 @@ int cli_serve(int argc, char **argv) {
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
              "(SIMD %s, %s matmuls), context %d, KV pool %lld tokens (%.1f MiB), up to %d "
              "sequences; API keys %s; serving http://%s:%d/v1",
-             s.model_id, m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0,
+             s.model_ids[0], m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0,
              engine_backend_name(s.eng), engine_threads(s.eng), simd_level_name(simd_level_get()),
              cfg.precise ? "f32" : "8-bit activation", s.ctx, (long long)pool,
              (double)pool * (double)model_kv_bytes_per_token(m) / 1048576.0, cfg.max_seqs,
@@ -181,7 +199,8 @@ done:
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);
-    free(s.model_id);
+    for (int i = 0; i < s.n_model_ids; i++) free(s.model_ids[i]);
+    free(s.model_ids);
     config_free(&cfg);
     if (rc == 0) log_info("stopped");
     return rc;

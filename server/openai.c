@@ -15,6 +15,10 @@ static int fail_400(api_error *err, const char *param, const char *code, const c
     return api_fail(err, 400, "invalid_request_error", code, param, "%s", msg);
 }
 
+static int fail_oom(api_error *err) {
+    return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
 /* Renders messages with the model's chat template and tokenizes them. Templates that spell
  * BOS out (Llama 3) must not get a second one from the tokenizer. */
 static int tokenize_messages(const model *m, const chat_message *msgs, int n, int32_t **ids,
@@ -50,6 +54,28 @@ static int check_ids(const model *m, const int32_t *ids, int n, const char *para
     return 0;
 }
 
+/* ---------------------------------------------------------------- model names */
+
+/* True when a request may name the model `name`: one of the served names, or any name with
+ * --accept-any-model (frontends that send a fixed name such as gpt-4o-mini). */
+static bool model_accepted(const server *s, const char *name) {
+    if (s->cfg->accept_any_model) return true;
+    for (int i = 0; i < s->n_model_ids; i++)
+        if (strcmp(name, s->model_ids[i]) == 0) return true;
+    return false;
+}
+
+/* The 404 for a name not served, listing the names that are (as many as the message holds). */
+static int model_not_found(const server *s, const char *name, const char *param, api_error *err) {
+    char names[256];
+    size_t n = 0;
+    for (int i = 0; i < s->n_model_ids && n < sizeof names; i++)
+        n +=
+            (size_t)snprintf(names + n, sizeof names - n, "%s'%s'", i ? ", " : "", s->model_ids[i]);
+    return api_fail(err, 404, "invalid_request_error", "model_not_found", param,
+                    "The model '%s' does not exist; this server serves %s", name, names);
+}
+
 /* ---------------------------------------------------------------- jobs */
 
 void job_free(job *j) {
@@ -76,17 +102,10 @@ static uint64_t random_u64(void) {
     return v;
 }
 
-/* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
-job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err) {
-    const model *m = s->m;
-    if (strcmp(rq->model, s->model_id) != 0) {
-        api_fail(err, 404, "invalid_request_error", "model_not_found", "model",
-                 "The model '%s' does not exist; this server serves '%s'", rq->model, s->model_id);
-        return NULL;
-    }
+/* A job for rq with room for n_prompts requests and none added yet. NULL when out of memory. */
+static job *job_create(server *s, const api_request *rq, const http_call *c, int n_prompts) {
     job *j = calloc(1, sizeof *j);
-    int n_prompts = rq->kind == API_CHAT ? 1 : rq->n_prompts;
-    if (!j || !(j->reqs = calloc((size_t)n_prompts, sizeof *j->reqs))) goto oom;
+    if (!j) return NULL;
     j->s = s;
     j->kind = rq->kind;
     j->n = rq->n;
@@ -98,140 +117,180 @@ job *job_start(server *s, const api_request *rq, const http_call *c, bool submit
     uint64_t idv = random_u64();
     snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)idv, (unsigned)(random_u64() & 0xffffffffu));
-    if (rq->echo && !(j->echo = calloc((size_t)n_prompts, sizeof *j->echo))) goto oom;
-    uint64_t seed = rq->seed_given ? rq->sampling.seed : random_u64();
+    if (!(j->reqs = calloc((size_t)n_prompts, sizeof *j->reqs)) ||
+        (rq->echo && !(j->echo = calloc((size_t)n_prompts, sizeof *j->echo)))) {
+        job_free(j);
+        return NULL;
+    }
+    return j;
+}
 
-    for (int p = 0; p < n_prompts; p++) {
-        int32_t *ids = NULL;
-        int n_ids;
-        char param[32];
-        snprintf(param, sizeof param, n_prompts > 1 ? "prompt[%d]" : "prompt", p);
-        if (rq->kind == API_CHAT) {
-            n_ids = tokenize_messages(m, rq->messages, rq->n_messages, &ids, err);
-            snprintf(param, sizeof param, "messages");
-        } else if (rq->prompts[p].text) {
-            n_ids = tokenize_text(m, rq->prompts[p].text, true, &ids, param, err);
-        } else {
-            n_ids = rq->prompts[p].n_tokens;
-            if (check_ids(m, rq->prompts[p].tokens, n_ids, param, err)) goto fail;
-            if (!(ids = malloc(sizeof(int32_t) * (size_t)(n_ids ? n_ids : 1)))) goto oom;
-            memcpy(ids, rq->prompts[p].tokens, sizeof(int32_t) * (size_t)n_ids);
-        }
-        if (n_ids < 0) goto fail;
-        if (n_ids == 0) {
-            free(ids);
-            fail_400(err, param, NULL, "the prompt is empty (it has no tokens)");
-            goto fail;
-        }
-        /* Not given: chat runs to the context's end; completions stop at 16 tokens, OpenAI's
-         * (and vLLM's) default for the legacy endpoint. */
-        int max_tokens = rq->max_tokens;
-        if (max_tokens < 0 && rq->kind == API_COMPLETION) max_tokens = 16;
-        if (n_ids >= s->ctx || (max_tokens > 0 && max_tokens > s->ctx - n_ids)) {
-            free(ids);
-            if (max_tokens > 0)
-                api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
-                         "This model's maximum context length is %d tokens. However, you "
-                         "requested %lld tokens (%d in the %s, %d in the completion). Please "
-                         "reduce the length of the %s or completion.",
-                         s->ctx, (long long)n_ids + max_tokens, n_ids,
-                         rq->kind == API_CHAT ? "messages" : "prompt", max_tokens,
-                         rq->kind == API_CHAT ? "messages" : "prompt");
-            else
-                api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
-                         "This model's maximum context length is %d tokens. However, your "
-                         "%s has %d tokens, leaving no room for a completion.",
-                         s->ctx, rq->kind == API_CHAT ? "messages" : "prompt", n_ids);
-            goto fail;
-        }
-        if (max_tokens > s->max_tokens_limit) {
-            free(ids);
-            api_fail(err, 400, "invalid_request_error", NULL, "max_tokens",
-                     "max_tokens is %d; this server allows at most %d", max_tokens,
-                     s->max_tokens_limit);
-            goto fail;
-        }
-        if (max_tokens < 0) {
-            max_tokens = s->ctx - n_ids;
-            if (max_tokens > s->max_tokens_limit) max_tokens = s->max_tokens_limit;
-        }
-        if (j->echo) {
-            kv_error ke = {{0}};
-            size_t len;
-            j->echo[p] = rq->prompts[p].text
-                             ? strdup(rq->prompts[p].text)
-                             : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
-            if (!j->echo[p]) {
-                free(ids);
-                goto oom;
-            }
-        }
+/* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
+ * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
+ * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
+static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t **ids, char *param,
+                         size_t param_size, api_error *err) {
+    *ids = NULL;
+    if (rq->kind == API_CHAT) {
+        snprintf(param, param_size, "messages");
+        return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
+    }
+    snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
+    const api_prompt *pr = &rq->prompts[p];
+    if (pr->text) return tokenize_text(m, pr->text, true, ids, param, err);
+    if (check_ids(m, pr->tokens, pr->n_tokens, param, err)) return -1;
+    if (!(*ids = malloc(sizeof(int32_t) * (size_t)(pr->n_tokens ? pr->n_tokens : 1))))
+        return fail_oom(err);
+    memcpy(*ids, pr->tokens, sizeof(int32_t) * (size_t)pr->n_tokens);
+    return pr->n_tokens;
+}
 
-        gen_request *r = gen_request_create(rq->n);
-        if (!r) {
-            free(ids);
-            if (j->echo) {
-                free(j->echo[p]);
-                j->echo[p] = NULL;
-            }
-            goto oom;
-        }
-        j->reqs[j->n_reqs++] = r;
-        r->prompt = ids;
-        r->n_prompt = n_ids;
-        r->max_tokens = max_tokens;
-        r->sp = rq->sampling;
-        r->sp.seed = seed;
-        r->sp.bias = NULL;
-        r->logprobs = rq->logprobs;
-        r->top_logprobs = rq->top_logprobs;
-        r->ignore_eos = rq->ignore_eos;
-        r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
-        r->t_arrival = clock_now_ns();
-        if (rq->sampling.n_bias > 0) {
-            if (!(r->bias = malloc(sizeof *r->bias * (size_t)rq->sampling.n_bias))) goto oom;
-            memcpy(r->bias, rq->sampling.bias, sizeof *r->bias * (size_t)rq->sampling.n_bias);
-            r->sp.bias = r->bias;
-        }
+/* The completion's budget for a prompt of n_ids tokens: max_tokens as asked (not given:
+ * completions stop at 16 tokens, OpenAI's and vLLM's default for the legacy endpoint; chat runs
+ * to the context's end), within the context and --max-tokens-limit. -1 with err when the
+ * prompt leaves no room or the request asks for more than fits. */
+static int prompt_max_tokens(const server *s, const api_request *rq, int n_ids, const char *param,
+                             api_error *err) {
+    const char *what = rq->kind == API_CHAT ? "messages" : "prompt";
+    int max_tokens = rq->max_tokens;
+    if (max_tokens < 0 && rq->kind == API_COMPLETION) max_tokens = 16;
+    if (n_ids >= s->ctx || (max_tokens > 0 && max_tokens > s->ctx - n_ids)) {
+        if (max_tokens > 0)
+            return api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                            "This model's maximum context length is %d tokens. However, you "
+                            "requested %lld tokens (%d in the %s, %d in the completion). Please "
+                            "reduce the length of the %s or completion.",
+                            s->ctx, (long long)n_ids + max_tokens, n_ids, what, max_tokens, what);
+        return api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                        "This model's maximum context length is %d tokens. However, your "
+                        "%s has %d tokens, leaving no room for a completion.",
+                        s->ctx, what, n_ids);
+    }
+    if (max_tokens > s->max_tokens_limit)
+        return api_fail(err, 400, "invalid_request_error", NULL, "max_tokens",
+                        "max_tokens is %d; this server allows at most %d", max_tokens,
+                        s->max_tokens_limit);
+    if (max_tokens < 0) {
+        max_tokens = s->ctx - n_ids;
+        if (max_tokens > s->max_tokens_limit) max_tokens = s->max_tokens_limit;
+    }
+    return max_tokens;
+}
+
+/* Sets up r, which holds prompt p, from rq's sampling and output options. -1 with err. */
+static int request_setup(gen_request *r, const api_request *rq, int max_tokens, uint64_t seed,
+                         api_error *err) {
+    r->max_tokens = max_tokens;
+    r->sp = rq->sampling;
+    r->sp.seed = seed;
+    r->sp.bias = NULL;
+    r->logprobs = rq->logprobs;
+    r->top_logprobs = rq->top_logprobs;
+    r->ignore_eos = rq->ignore_eos;
+    r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
+    r->t_arrival = clock_now_ns();
+    if (rq->sampling.n_bias > 0) {
+        if (!(r->bias = malloc(sizeof *r->bias * (size_t)rq->sampling.n_bias)))
+            return fail_oom(err);
+        memcpy(r->bias, rq->sampling.bias, sizeof *r->bias * (size_t)rq->sampling.n_bias);
+        r->sp.bias = r->bias;
+    }
+    kv_error ke = {{0}};
+    if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
+        return fail_400(err, "stop", NULL, ke.msg);
+    return 0;
+}
+
+/* Tokenizes and checks prompt p and adds its gen_request to j. -1 with err; from the moment
+ * the request is in j, job_free frees it, its prompt and its echo text. */
+static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, api_error *err) {
+    const model *m = j->s->m;
+    int32_t *ids = NULL;
+    char param[32];
+    int n_ids = prompt_tokens(m, rq, p, &ids, param, sizeof param, err);
+    if (n_ids < 0) goto fail;
+    if (n_ids == 0) {
+        fail_400(err, param, NULL, "the prompt is empty (it has no tokens)");
+        goto fail;
+    }
+    int max_tokens = prompt_max_tokens(j->s, rq, n_ids, param, err);
+    if (max_tokens < 0) goto fail;
+    gen_request *r = gen_request_create(rq->n);
+    if (!r) {
+        fail_oom(err);
+        goto fail;
+    }
+    j->reqs[j->n_reqs++] = r;
+    r->prompt = ids;
+    r->n_prompt = n_ids;
+    if (j->echo) {
         kv_error ke = {{0}};
-        if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke)) {
-            fail_400(err, "stop", NULL, ke.msg);
-            goto fail;
-        }
-        j->prompt_tokens += n_ids;
+        size_t len;
+        j->echo[p] = rq->prompts[p].text
+                         ? strdup(rq->prompts[p].text)
+                         : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
+        if (!j->echo[p]) return fail_oom(err);
     }
+    if (request_setup(r, rq, max_tokens, seed, err)) return -1;
+    j->prompt_tokens += n_ids;
+    return 0;
+fail:
+    free(ids);
+    return -1;
+}
 
-    /* The context cache: keys and chunk fetches (disk reads block this thread, not the
-     * engine). Every prompt of the request shares its namespace. */
-    if (rq->cache && s->cfg->cache) {
-        cache_key ns;
-        server_cache_namespace(s, c, rq->cache_salt, &ns);
-        for (int p = 0; p < j->n_reqs; p++)
-            if (engine_prepare_cache(s->eng, j->reqs[p], &ns, submit)) goto oom;
-    }
-    if (!submit) return j;
+/* The context cache: keys and chunk fetches (disk reads block this thread, not the engine).
+ * Every prompt of the request shares its namespace. -1 when out of memory. */
+static int job_prepare_cache(job *j, const api_request *rq, const http_call *c, bool fetch) {
+    cache_key ns;
+    server_cache_namespace(j->s, c, rq->cache_salt, &ns);
+    for (int p = 0; p < j->n_reqs; p++)
+        if (engine_prepare_cache(j->s->eng, j->reqs[p], &ns, fetch)) return -1;
+    return 0;
+}
 
+/* Allocates the stream's cursors and queues every request. -1 with err; the requests already
+ * queued are cancelled by job_free. */
+static int job_submit(job *j, api_error *err) {
     int n_choices = j->n_reqs * j->n;
     j->text_off = calloc((size_t)n_choices, sizeof *j->text_off);
     j->lp_off = calloc((size_t)n_choices, sizeof *j->lp_off);
     j->finish_sent = calloc((size_t)n_choices, sizeof *j->finish_sent);
-    if (!j->text_off || !j->lp_off || !j->finish_sent) goto oom;
-
+    if (!j->text_off || !j->lp_off || !j->finish_sent) return fail_oom(err);
     for (int p = 0; p < j->n_reqs; p++) {
         kv_error ke = {{0}};
-        engine_submit_status st = engine_submit(s->eng, j->reqs[p], &ke);
+        engine_submit_status st = engine_submit(j->s->eng, j->reqs[p], &ke);
         if (st == ENGINE_SUBMIT_OK) continue;
         if (st == ENGINE_SUBMIT_QUEUE_FULL)
-            api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
-        else if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
-            api_fail(err, 503, "server_error", NULL, NULL, "%s", ke.msg);
-        else
-            api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke.msg);
-        goto fail; /* job_free cancels the prompts already queued */
+            return api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
+        if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
+            return api_fail(err, 503, "server_error", NULL, NULL, "%s", ke.msg);
+        return api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke.msg);
     }
+    return 0;
+}
+
+/* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
+job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err) {
+    if (!model_accepted(s, rq->model)) {
+        model_not_found(s, rq->model, "model", err);
+        return NULL;
+    }
+    int n_prompts = rq->kind == API_CHAT ? 1 : rq->n_prompts;
+    job *j = job_create(s, rq, c, n_prompts);
+    if (!j) {
+        fail_oom(err);
+        return NULL;
+    }
+    uint64_t seed = rq->seed_given ? rq->sampling.seed : random_u64();
+    for (int p = 0; p < n_prompts; p++)
+        if (job_add_prompt(j, rq, p, seed, err)) goto fail;
+    if (rq->cache && s->cfg->cache && job_prepare_cache(j, rq, c, submit)) {
+        fail_oom(err);
+        goto fail;
+    }
+    if (submit && job_submit(j, err)) goto fail;
     return j;
-oom:
-    api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
 fail:
     job_free(j);
     return NULL;
@@ -396,7 +455,7 @@ static void job_reply(const job *j, http_reply *out) {
     }
     json_t *v = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
                           j->kind == API_CHAT ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->s->model_id, "choices", choices,
+                          (json_int_t)j->created, "model", j->s->model_ids[0], "choices", choices,
                           "usage", job_usage(j));
     http_reply_json(out, 200, v);
 }
@@ -473,21 +532,29 @@ int openai_completions(server *s, const http_call *c, http_reply *out, http_stre
     return completion_endpoint(s, API_COMPLETION, c, out, stream);
 }
 
+/* One entry of /v1/models. */
+static json_t *model_json(const server *s, const char *id) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", id, "object", "model", "created",
+                     (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
+}
+
+/* Every served name is listed; one is found by any name a request may use, so with
+ * --accept-any-model a frontend that checks its fixed name before using it finds it. */
 void openai_models(server *s, const char *id, http_reply *out) {
-    if (id && strcmp(id, s->model_id) != 0) {
+    if (id) {
+        if (model_accepted(s, id)) {
+            http_reply_json(out, 200, model_json(s, id));
+            return;
+        }
         api_error err;
-        api_fail(&err, 404, "invalid_request_error", "model_not_found", NULL,
-                 "The model '%s' does not exist", id);
+        model_not_found(s, id, NULL, &err);
         http_reply_error(out, &err);
         return;
     }
-    json_t *entry =
-        json_pack("{s:s,s:s,s:I,s:s,s:i}", "id", s->model_id, "object", "model", "created",
-                  (json_int_t)s->started, "owned_by", "kvserve", "max_model_len", s->ctx);
-    if (id)
-        http_reply_json(out, 200, entry);
-    else
-        http_reply_json(out, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", entry));
+    json_t *data = json_array();
+    for (int i = 0; i < s->n_model_ids; i++)
+        json_array_append_new(data, model_json(s, s->model_ids[i]));
+    http_reply_json(out, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 void openai_tokenize(server *s, const http_call *c, http_reply *out) {

@@ -35,7 +35,7 @@ static json_t *chunk(const job *j, json_t *choices) {
     json_t *v =
         json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", j->id, "object",
                   j->kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
-                  (json_int_t)j->created, "model", j->s->model_id, "choices", choices);
+                  (json_int_t)j->created, "model", j->s->model_ids[0], "choices", choices);
     if (v && j->include_usage) json_object_set_new(v, "usage", json_null());
     return v;
 }

@@ -25,7 +25,8 @@ struct server {
     const model *m; /* NULL while loading */
     engine *eng;    /* NULL while loading */
     metrics *mx;
-    char *model_id;             /* the id /v1/models lists and requests must name */
+    char **model_ids; /* the names /v1/models lists and requests may name; responses name [0] */
+    int n_model_ids;
     int ctx;                    /* per-sequence context */
     int max_tokens_limit;       /* cap on max_tokens */
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */

@@ -83,6 +83,13 @@ class KvServer:
         self.saw_loading = False
 
     def start(self, timeout=60 * SLOW):
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self._remove_own_cache_dir()
+            raise
+
+    def _start(self, timeout):
         for attempt in range(3):  # the free port may be taken before kvserve binds it
             port = free_port()
             self.url = f"http://127.0.0.1:{port}"
@@ -136,9 +143,19 @@ class KvServer:
         for marker in SANITIZER_MARKERS:
             assert marker not in err, f"sanitizer report in kvserve's stderr:\n{err}"
 
+    def _remove_own_cache_dir(self):
+        if self._own_cache_dir:
+            shutil.rmtree(self._own_cache_dir, ignore_errors=True)
+
     def terminate(self, timeout=20):
         """SIGTERM; asserts a clean exit (code 0 within `timeout` s, no sanitizer report).
         Returns the seconds the exit took."""
+        try:
+            return self._terminate(timeout)
+        finally:
+            self._remove_own_cache_dir()
+
+    def _terminate(self, timeout):
         if getattr(self, "killed", False):
             return 0.0
         if self.proc.poll() is None:
@@ -155,8 +172,6 @@ class KvServer:
         else:
             rc, took = self.proc.returncode, 0.0
         self._close_stderr()
-        if self._own_cache_dir:
-            shutil.rmtree(self._own_cache_dir, ignore_errors=True)
         self.check_stderr()
         assert rc == 0, f"kvserve exited with {rc}:\n{self.stderr()}"
         return took
@@ -215,7 +230,26 @@ def server(model_path):
 
 
 @pytest.fixture
-def start_server(model_path):
+def tmp_dir():
+    """Factory for temporary directories: tmp_dir(prefix) makes one in the system's temporary
+    directory. Each is removed with its contents when the test ends, pass or fail, after the
+    servers of start_server have stopped (which depends on this fixture for that order), and
+    unmounted first if the test mounted a file system there."""
+    made = []
+
+    def make(prefix):
+        made.append(tempfile.mkdtemp(prefix=prefix))
+        return made[-1]
+
+    yield make
+    for d in made:
+        if os.path.ismount(d):
+            subprocess.run(["umount", d])
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def start_server(model_path, tmp_dir):
     """Factory for short-lived servers with their own options: start_server(*args, env=...).
     Each is shut down (and checked for a clean exit) when the test ends."""
     started = []
@@ -226,5 +260,12 @@ def start_server(model_path):
         return s
 
     yield start
+    # every server is stopped (and its directories freed) even when one exits badly
+    failures = []
     for s in started:
-        s.terminate()
+        try:
+            s.terminate()
+        except AssertionError as e:
+            failures.append(e)
+    if failures:
+        raise failures[0]

@@ -6,7 +6,6 @@ import concurrent.futures
 import glob
 import os
 import subprocess
-import tempfile
 import time
 
 import pytest
@@ -129,8 +128,8 @@ def test_whole_prompt_hit_recomputes_the_last_token(start_server):
         assert abs(x - y) < 2e-2, (x, y)
 
 
-def test_disk_hit_after_restart_and_corrupt_records(start_server):
-    cache_dir = tempfile.mkdtemp(prefix="kvserve-disk-")
+def test_disk_hit_after_restart_and_corrupt_records(start_server, tmp_dir):
+    cache_dir = tmp_dir("kvserve-disk-")
     srv = start_server(*CTX, "--cache-dir", cache_dir)
     prompt = document_tokens(srv, 3 * CHUNK + 20, seed=4) + question_tokens(srv)
     ref, cached, _ = complete(srv, prompt)
@@ -181,10 +180,10 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server):
     assert text == ref
 
 
-def test_chunks_fetched_for_waiting_requests_are_bounded(start_server):
+def test_chunks_fetched_for_waiting_requests_are_bounded(start_server, tmp_dir):
     """Chunks read from disk for a request wait with it until admission, outside the tiers'
     caps: at most --cache-ram-bytes of them. Beyond that the prompt is recomputed, exactly."""
-    cache_dir = tempfile.mkdtemp(prefix="kvserve-budget-")
+    cache_dir = tmp_dir("kvserve-budget-")
     args = [*CTX, "--cache-dir", cache_dir, "--cache-ram-bytes", str(CHUNK_BYTES * 5 // 2)]
     srv = start_server(*args)
     prompt = document_tokens(srv, 4 * CHUNK + 10, seed=5)
@@ -195,8 +194,8 @@ def test_chunks_fetched_for_waiting_requests_are_bounded(start_server):
     assert (text, cached) == (ref, 2 * CHUNK)
 
 
-def test_kill9_during_write_back_never_serves_a_corrupt_chunk(start_server):
-    cache_dir = tempfile.mkdtemp(prefix="kvserve-kill-")
+def test_kill9_during_write_back_never_serves_a_corrupt_chunk(start_server, tmp_dir):
+    cache_dir = tmp_dir("kvserve-kill-")
     srv = start_server(*CTX, "--cache-dir", cache_dir)
     prompts = [document_tokens(srv, 4 * CHUNK + 10, seed=10 + i) + question_tokens(srv)
                for i in range(4)]
@@ -220,35 +219,32 @@ def test_kill9_during_write_back_never_serves_a_corrupt_chunk(start_server):
         assert complete(srv, p)[0] == ref
 
 
-def test_full_disk_leaves_requests_succeeding(start_server):
+def test_full_disk_leaves_requests_succeeding(start_server, tmp_dir):
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    mnt = tempfile.mkdtemp(prefix="kvserve-full-")
+    mnt = tmp_dir("kvserve-full-")  # unmounted and removed when the test ends
     # room for one record of a chunk (header + payload) and a half
     size = CHUNK_BYTES * 3 // 2
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", mnt]).returncode:
         pytest.skip("cannot mount a tmpfs here")
-    try:
-        srv = start_server(*CTX, "--cache-dir", mnt)
-        # four chunks go to a disk with room for one
-        prompts = [document_tokens(srv, 2 * CHUNK + 10, seed=20 + i) for i in range(2)]
-        refs = [complete(srv, p, cache=False)[0] for p in prompts]
-        for p, ref in zip(prompts, refs):
-            assert complete(srv, p)[0] == ref
-        deadline = time.monotonic() + 30 * SLOW
-        while stats(srv)["tiers"]["disk"]["write_errors"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        st = stats(srv)["tiers"]["disk"]
-        assert st["write_errors"] >= 1, st
-        assert not glob.glob(os.path.join(mnt, "*", "*.part"))
-        # RAM still serves them
-        clear(srv, tiers=["pool"])
-        for p, ref in zip(prompts, refs):
-            text, cached, _ = complete(srv, p)
-            assert (text, cached) == (ref, 2 * CHUNK)
-        srv.terminate()
-    finally:
-        subprocess.run(["umount", mnt])
+    srv = start_server(*CTX, "--cache-dir", mnt)
+    # four chunks go to a disk with room for one
+    prompts = [document_tokens(srv, 2 * CHUNK + 10, seed=20 + i) for i in range(2)]
+    refs = [complete(srv, p, cache=False)[0] for p in prompts]
+    for p, ref in zip(prompts, refs):
+        assert complete(srv, p)[0] == ref
+    deadline = time.monotonic() + 30 * SLOW
+    while stats(srv)["tiers"]["disk"]["write_errors"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = stats(srv)["tiers"]["disk"]
+    assert st["write_errors"] >= 1, st
+    assert not glob.glob(os.path.join(mnt, "*", "*.part"))
+    # RAM still serves them
+    clear(srv, tiers=["pool"])
+    for p, ref in zip(prompts, refs):
+        text, cached, _ = complete(srv, p)
+        assert (text, cached) == (ref, 2 * CHUNK)
+    srv.terminate()
 
 
 def test_concurrent_requests_sharing_a_prefix(start_server):

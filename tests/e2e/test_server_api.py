@@ -420,6 +420,42 @@ def test_alias(start_server):
                                   max_tokens=2)
 
 
+def test_several_aliases(start_server):
+    s = start_server("-c", "256", "--alias", "smol", "--alias", "gpt-4o-mini", model_id="smol")
+    c = s.client()
+    assert [m.id for m in c.models.list().data] == ["smol", "gpt-4o-mini"]
+    assert c.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
+    # any alias is accepted; responses report the first
+    r = chat(c, "gpt-4o-mini", FRANCE)
+    assert r.model == "smol"
+    assert "paris" in r.choices[0].message.content.lower()
+    _, chunks = stream_chat(c, "gpt-4o-mini", FRANCE, max_tokens=4)
+    assert chunks and all(ch.model == "smol" for ch in chunks)
+    assert complete(c, "gpt-4o-mini", "The capital of France is", max_tokens=4).model == "smol"
+    # the file name is no longer one of them, and the error names those that are
+    for name in ("SmolLM2-135M-Instruct.Q4_1", "gpt-4o"):
+        with pytest.raises(openai.NotFoundError) as e:
+            chat(c, name, "hi", max_tokens=2)
+        assert e.value.code == "model_not_found"
+        assert "'smol', 'gpt-4o-mini'" in e.value.message, e.value.message
+
+
+def test_accept_any_model(start_server):
+    s = start_server("-c", "256", "--accept-any-model")
+    c = s.client()
+    assert [m.id for m in c.models.list().data] == [s.model_id]
+    assert c.models.retrieve("gpt-4o-mini").id == "gpt-4o-mini"
+    # any name is answered by the served model, which responses report
+    for name in ("gpt-4o-mini", s.model_id, "no/such:model"):
+        r = chat(c, name, FRANCE)
+        assert r.model == s.model_id
+        assert "paris" in r.choices[0].message.content.lower()
+    _, chunks = stream_chat(c, "gpt-4o-mini", FRANCE, max_tokens=4)
+    assert chunks and all(ch.model == s.model_id for ch in chunks)
+    r = complete(c, "text-davinci-003", "The capital of France is", max_tokens=4)
+    assert r.model == s.model_id and r.choices[0].text
+
+
 # ---------------------------------------------------------------- health, tokenize, metrics
 
 def test_health(server):

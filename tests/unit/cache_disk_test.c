@@ -29,6 +29,7 @@
 
 #include "cache/disk.h"
 #include "cache/record.h"
+#include "tests/unit/tmpdir.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -87,11 +88,7 @@ static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
     cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
 }
 
-static char *make_tmpdir(void) {
-    char *dir = strdup("/tmp/kvserve-disk-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    return dir;
-}
+static char *make_tmpdir(void) { return tmpdir_create("kvserve-disk-test-"); }
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;

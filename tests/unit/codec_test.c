@@ -14,6 +14,7 @@
 
 #include "cache/codec.h"
 #include "kernels/quant.h"
+#include "tests/unit/tmpdir.h"
 
 /* ---------------------------------------------------------------- synthetic KV */
 
@@ -867,8 +868,7 @@ Test(codec, calibration_weights_set_units_and_centres) {
 Test(codec, table_save_and_load) {
     codec_table t, u;
     make_table(&t, 2, 8, 20, 5, 4);
-    char dir[] = "/tmp/codec_test.XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
+    char *dir = tmpdir_create("codec_test.");
     char path[256];
     snprintf(path, sizeof path, "%s/model.kvcodec", dir);
     kv_error err = {{0}};
@@ -890,7 +890,6 @@ Test(codec, table_save_and_load) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "test $(ls -A %s | wc -l) -eq 1", dir);
     cr_assert_eq(system(cmd), 0, "temporary files left in %s", dir);
-    unlink(path);
-    rmdir(dir);
+    free(dir);
     codec_table_free(&t);
 }

@@ -9,29 +9,15 @@
 #include <unistd.h>
 
 #include "config/config.h"
+#include "tests/unit/tmpdir.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-static char g_dir[64];
+static char *g_dir; /* removed with its files when the test's process exits */
 
-static void dir_setup(void) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/kvserve_config_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir), "mkdtemp failed");
-}
+static void dir_setup(void) { g_dir = tmpdir_create("kvserve_config_"); }
 
-/* Every file a test writes is one of these names, so teardown knows what to remove. */
-static const char *const FILE_NAMES[] = {"conf.json", "other.json", "stderr.txt"};
-
-static void dir_teardown(void) {
-    char path[128];
-    for (size_t i = 0; i < sizeof FILE_NAMES / sizeof FILE_NAMES[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", g_dir, FILE_NAMES[i]);
-        unlink(path);
-    }
-    rmdir(g_dir);
-}
-
-TestSuite(config, .init = dir_setup, .fini = dir_teardown);
+TestSuite(config, .init = dir_setup);
 
 /* Writes text to g_dir/name and returns the path (static buffer per name slot). */
 static const char *write_file(const char *name, const char *text) {
@@ -94,7 +80,9 @@ static const char *env_config(const char *path) {
 
 static void check_defaults(const kv_config *c) {
     cr_assert_str_eq(c->model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    cr_assert_null(c->alias);
+    cr_assert_null(c->aliases);
+    cr_assert_eq(c->n_aliases, 0);
+    cr_assert_eq(c->accept_any_model, false);
     cr_assert_null(c->chat_template);
     cr_assert_eq(c->precise, false);
     cr_assert_str_eq(c->host, "127.0.0.1");
@@ -148,7 +136,8 @@ Test(config, file_overrides_defaults) {
     cr_assert_eq(c.n_api_keys, 2);
     cr_assert_str_eq(c.api_keys[0], "f1");
     cr_assert_str_eq(c.api_keys[1], "f2");
-    cr_assert_str_eq(c.alias, "from-file");
+    cr_assert_eq(c.n_aliases, 1);
+    cr_assert_str_eq(c.aliases[0], "from-file");
     cr_assert_eq(c.threads, 2, "options the file does not name keep their defaults");
     config_free(&c);
 }
@@ -166,7 +155,8 @@ Test(config, env_overrides_file) {
     cr_assert_str_eq(c.api_keys[0], "e1");
     cr_assert_str_eq(c.api_keys[1], "e2");
     cr_assert_str_eq(c.api_keys[2], "e3");
-    cr_assert_str_eq(c.alias, "from-file");
+    cr_assert_eq(c.n_aliases, 1);
+    cr_assert_str_eq(c.aliases[0], "from-file");
     config_free(&c);
 }
 
@@ -264,7 +254,7 @@ Test(config, empty_env_resets_optional_strings) {
     const char *p = write_file("conf.json", "{\"alias\": \"x\", \"chat_template\": \"chatml\"}");
     kv_config c;
     load_ok(&c, NONE, L(env_config(p), "KVSERVE_ALIAS=", "KVSERVE_CHAT_TEMPLATE="));
-    cr_assert_null(c.alias);
+    cr_assert_eq(c.n_aliases, 0);
     cr_assert_null(c.chat_template);
     config_free(&c);
 }
@@ -273,13 +263,63 @@ Test(config, json_null_resets_optional_strings) {
     const char *p = write_file("conf.json", "{\"alias\": null}");
     kv_config c;
     load_ok(&c, L("--alias", "a", "--config", p), NONE);
-    cr_assert_str_eq(c.alias, "a", "the flag still wins over the file");
+    cr_assert_str_eq(c.aliases[0], "a", "the flag still wins over the file");
     config_free(&c);
     load_ok(&c, L("--config", p), L("KVSERVE_ALIAS=b"));
-    cr_assert_str_eq(c.alias, "b");
+    cr_assert_str_eq(c.aliases[0], "b");
     config_free(&c);
     load_ok(&c, L("--config", p), NONE);
-    cr_assert_null(c.alias);
+    cr_assert_eq(c.n_aliases, 0);
+    config_free(&c);
+}
+
+/* --alias is a list like --api-key: a repeated flag keeps its order, a variable is
+ * comma-separated, the file takes an array (or one string), each layer replaces the aliases of
+ * the layers below, and an empty value resets them to none (the file name). */
+Test(config, repeated_alias) {
+    const char *p = write_file("conf.json", "{\"alias\": [\"f1\", \"f2\"], \"api_keys\": [\"k\"]}");
+    kv_config c;
+    load_ok(&c, L("--config", p), NONE);
+    cr_assert_eq(c.n_aliases, 2);
+    cr_assert_str_eq(c.aliases[0], "f1");
+    cr_assert_str_eq(c.aliases[1], "f2");
+    config_free(&c);
+    load_ok(&c, NONE, L(env_config(p), "KVSERVE_ALIAS=e1, e2"));
+    cr_assert_eq(c.n_aliases, 2);
+    cr_assert_str_eq(c.aliases[0], "e1");
+    cr_assert_str_eq(c.aliases[1], "e2");
+    config_free(&c);
+    /* each list is replaced by its own first flag, whatever flags come between */
+    load_ok(&c, L("--alias", "a", "--api-key", "k2", "--alias=b", "--alias", "gpt-4o,mini"),
+            L(env_config(p), "KVSERVE_ALIAS=e1"));
+    cr_assert_eq(c.n_aliases, 3);
+    cr_assert_str_eq(c.aliases[0], "a", "the first is the one responses report");
+    cr_assert_str_eq(c.aliases[1], "b");
+    cr_assert_str_eq(c.aliases[2], "gpt-4o,mini", "a flag is one name, commas and all");
+    cr_assert_eq(c.n_api_keys, 1);
+    cr_assert_str_eq(c.api_keys[0], "k2");
+    config_free(&c);
+    load_ok(&c, L("--alias", "a", "--alias", ""), L(env_config(p)));
+    cr_assert_eq(c.n_aliases, 0);
+    cr_assert_null(c.aliases);
+    config_free(&c);
+    load_fails(NONE, L("KVSERVE_ALIAS=a,,b"), L("KVSERVE_ALIAS: item 2: empty alias"));
+}
+
+Test(config, accept_any_model) {
+    const char *p = write_file("conf.json", "{\"accept_any_model\": true}");
+    kv_config c;
+    load_ok(&c, L("--config", p), NONE);
+    cr_assert(c.accept_any_model);
+    config_free(&c);
+    load_ok(&c, L("--no-accept-any-model"), L(env_config(p)));
+    cr_assert_not(c.accept_any_model);
+    config_free(&c);
+    load_ok(&c, L("--accept-any-model"), NONE);
+    cr_assert(c.accept_any_model);
+    config_free(&c);
+    load_ok(&c, NONE, L("KVSERVE_ACCEPT_ANY_MODEL=yes"));
+    cr_assert(c.accept_any_model);
     config_free(&c);
 }
 
@@ -356,7 +396,9 @@ Test(config, json_wrong_types) {
         {"{\"model\": 5}", "key 'model': expected a string, got an integer"},
         {"{\"model\": null}", "key 'model': expected a string, got null"},
         {"{\"model\": \"\"}", "key 'model': empty value"},
-        {"{\"alias\": []}", "key 'alias': expected a string or null, got an array"},
+        {"{\"alias\": 3}", "key 'alias': expected a string, an array of strings or null, got an "
+                           "integer"},
+        {"{\"alias\": [\"a\", \"\"]}", "key 'alias': index 1: empty alias"},
         {"{\"api_keys\": \"k\"}", "key 'api_keys': expected an array of strings, got a string"},
         {"{\"api_keys\": [\"a\", 3]}", "key 'api_keys': expected an array of strings, got an "
                                        "integer at index 1"},
@@ -458,7 +500,7 @@ Test(config, flag_syntax_errors) {
 Test(config, flag_value_may_start_with_dash_in_eq_form) {
     kv_config c;
     load_ok(&c, L("--alias=-weird-", "--api-key=-k"), NONE);
-    cr_assert_str_eq(c.alias, "-weird-");
+    cr_assert_str_eq(c.aliases[0], "-weird-");
     cr_assert_str_eq(c.api_keys[0], "-k");
     config_free(&c);
 }
@@ -591,6 +633,8 @@ static const char *const ALL_FLAGS[] = {
     "--model",
     "-m",
     "--alias",
+    "--accept-any-model",
+    "--no-accept-any-model",
     "--chat-template",
     "--precise",
     "--no-precise",
@@ -621,6 +665,7 @@ static const char *const ALL_ENV[] = {
     "KVSERVE_CACHE_DISK_BYTES",
     "KVSERVE_MODEL",
     "KVSERVE_ALIAS",
+    "KVSERVE_ACCEPT_ANY_MODEL",
     "KVSERVE_CHAT_TEMPLATE",
     "KVSERVE_PRECISE",
     "KVSERVE_HOST",
@@ -672,8 +717,10 @@ Test(config, help_lists_every_option) {
         snprintf(word, sizeof word, "%s ", ALL_FLAGS[i]);
         char word2[64];
         snprintf(word2, sizeof word2, "%s,", ALL_FLAGS[i]);
-        cr_assert(strstr(text, word) || strstr(text, word2), "help lacks %s:\n%s", ALL_FLAGS[i],
-                  text);
+        char word3[64]; /* a flag too wide for the column has its help on the next line */
+        snprintf(word3, sizeof word3, "%s\n", ALL_FLAGS[i]);
+        cr_assert(strstr(text, word) || strstr(text, word2) || strstr(text, word3),
+                  "help lacks %s:\n%s", ALL_FLAGS[i], text);
     }
     for (size_t i = 0; i < sizeof ALL_ENV / sizeof ALL_ENV[0]; i++) {
         char word[64];

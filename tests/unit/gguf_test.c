@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "tests/unit/tmpdir.h"
 
 #define FIXTURE_DIR "tests/golden/gguf/"
 #define ALL_TYPES FIXTURE_DIR "all_types.gguf"
@@ -817,8 +818,10 @@ Test(gguf, open_errors) {
     cr_assert_null(gguf_open("tests/golden/gguf", &err));
     cr_assert(strstr(err.msg, "not a regular file"), "%s", err.msg);
 
-    char path[] = "/tmp/gguf_test_XXXXXX";
-    int fd = mkstemp(path);
+    char *dir = tmpdir_create("gguf_test_");
+    char path[256];
+    snprintf(path, sizeof path, "%s/empty.gguf", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     cr_assert(fd >= 0);
     cr_assert_null(gguf_open(path, &err));
     cr_assert(strstr(err.msg, "file is empty"), "%s", err.msg);
@@ -826,5 +829,5 @@ Test(gguf, open_errors) {
     cr_assert_null(gguf_open(path, &err));
     cr_assert(strstr(err.msg, path) && strstr(err.msg, "version 1"), "%s", err.msg);
     close(fd);
-    unlink(path);
+    free(dir);
 }
