@@ -1,20 +1,28 @@
 #!/usr/bin/env python3
-"""Time to first token with the context cache: cold vs pool hit vs RAM hit vs disk hit after a
-restart, for contexts of 1K, 4K and 8K tokens followed by a short question.
+"""Time to first token with the context cache on real prompts: a long system prompt of real
+text (licence texts from /usr/share/common-licenses) through the model's chat template, at
+lengths that are not multiples of the chunk or the KV block, then
 
-For each context length and repetition a fresh made-up document (never seen by the cache) is
-sent as token ids plus a question, streaming, greedy, 1 token:
-  cold   the first request (empty cache; its chunks are written back in the background)
-  pool   the same request again: chunks found in the KV pool, appended by reference
-  RAM    after POST /v1/cache/clear {"tiers": ["pool"]}: chunks copied in from the RAM tier
-  disk   after restarting the server on the same cache directory: chunks read from disk
-         (O_DIRECT where the filesystem allows, so not from the page cache), checked, copied in
-TTFT is the time from sending the request to the first streamed token. Every hit is checked
-to report the expected cached_tokens and the same first token as the cold run. All runs are in
-one process against one server binary; the table compares them as ratios to cold (median of
---reps), since machines here are shared and noisy.
+  new question, pool   the same system prompt with a question never asked: its blocks are in
+                       the KV pool, appended by reference
+  new question, RAM    another new question after POST /v1/cache/clear {"tiers": ["pool"]}:
+                       the blocks are copied in from the RAM tier (the trailing partial chunk
+                       too)
+  next turn            the first question, the model's answer and a follow-up: the prefix
+                       cached now includes the previous turn (answer tokens computed as
+                       generated)
+  new question, disk   after restarting the server on the same cache directory: read from disk
+                       (O_DIRECT where the filesystem allows, so not from the page cache)
+
+Each warm request is compared with the same request sent with "cache": false right before it
+(its cold run): TTFT ratio warm/cold, and the greedy output (8 tokens) must be identical. TTFT
+is the time from sending the request to the first streamed content. Every length uses its own
+system prompt (a session tag in front), never seen by the cache before. All runs are in one
+process against one server binary; the table gives medians of --reps and ratios, since
+machines here are shared and noisy.
 
     python3 scripts/bench/ttft.py [--bin build/kvserve] [--model MODEL] [--threads 2]
+                                  [--contexts 1000,2000,4000,8000] [--reps 2]
 """
 import argparse
 import http.client
@@ -29,6 +37,13 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LICENCES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1"]
+QUESTIONS = ["Can I sell copies of software under this licence?",
+             "What must I include when I distribute the program in object code form?",
+             "Does the licence give me any patent rights?",
+             "What happens if I violate the terms?"]
+FOLLOW_UP = "And does that also apply to modified versions?"
+MAX_TOKENS = 8
 
 
 def free_port():
@@ -39,6 +54,7 @@ def free_port():
 
 class Server:
     def __init__(self, args, cache_dir):
+        self.model = os.path.basename(args.model)[:-len(".gguf")]
         self.port = free_port()
         self.proc = subprocess.Popen(
             [args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port",
@@ -64,46 +80,73 @@ class Server:
         data = r.read()
         return r.status, json.loads(data) if data else None
 
-    def ttft(self, model, prompt):
-        """(seconds to the first token, first token text, cached_tokens)."""
+    def chat(self, messages, cache=True):
+        """(seconds to the first content, whole text, prompt_tokens, cached_tokens)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
-                           "stream": True, "stream_options": {"include_usage": True}})
+        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": MAX_TOKENS,
+                           "temperature": 0, "cache": cache, "stream": True,
+                           "stream_options": {"include_usage": True}})
         t0 = time.perf_counter()
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             sys.exit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-        t_first, text, cached = None, None, None
+        t_first, text, usage = None, "", None
         for raw in resp:
             line = raw.strip()
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             ev = json.loads(line[6:])
-            if ev.get("choices") and t_first is None:
-                t_first = time.perf_counter() - t0
-                text = ev["choices"][0]["text"]
+            for ch in ev.get("choices") or []:
+                piece = ch.get("delta", {}).get("content")
+                if piece and t_first is None:
+                    t_first = time.perf_counter() - t0
+                text += piece or ""
             if ev.get("usage"):
-                cached = ev["usage"]["prompt_tokens_details"]["cached_tokens"]
-        return t_first, text, cached
+                usage = ev["usage"]
+        return (t_first, text, usage["prompt_tokens"],
+                usage["prompt_tokens_details"]["cached_tokens"])
 
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=120)
 
 
-def document(srv, n, seed):
-    words = []
-    k = seed * 2654435761 % (1 << 32)
-    while len(words) < n:
-        k = (k * 1103515245 + 12345) % (1 << 31)
-        words.append(f"Entry {seed}.{len(words)}: station {k % 9973} measured {k % 997} units"
-                     f" at {k % 24}:{k % 60:02d}.")
-    status, body = srv.request("POST", "/tokenize", {"content": " ".join(words),
-                                                     "add_special": False})
-    assert status == 200, body
-    assert len(body["tokens"]) >= n
-    return body["tokens"][:n]
+def licence_text():
+    parts = []
+    for name in LICENCES:
+        with open(os.path.join("/usr/share/common-licenses", name), encoding="utf-8") as f:
+            parts.append(f.read())
+    return "\n\n".join(parts)
+
+
+def system_prompt(srv, text, n_tokens, tag):
+    """A system prompt of about n_tokens tokens: the tag, then whole words of text."""
+    words = text.split(" ")
+    lo, hi = 1, len(words)
+    while lo < hi:  # the most words whose tokens fit n_tokens
+        mid = (lo + hi + 1) // 2
+        s = f"[{tag}] You answer questions about these licences.\n\n" + " ".join(words[:mid])
+        st, body = srv.request("POST", "/tokenize", {"content": s, "add_special": False})
+        assert st == 200, body
+        if len(body["tokens"]) <= n_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return f"[{tag}] You answer questions about these licences.\n\n" + " ".join(words[:lo])
+
+
+def measure(srv, messages, times, key):
+    """Cold (cache off) then warm: records both times, checks the outputs are identical and
+    returns (prompt tokens, cached tokens, answer)."""
+    t_cold, ref, n_prompt, cached = srv.chat(messages, cache=False)
+    assert cached == 0, cached
+    t_warm, text, n_prompt2, cached = srv.chat(messages)
+    assert n_prompt2 == n_prompt
+    if text != ref:
+        sys.exit(f"{key}: cached output {text!r} differs from uncached {ref!r}")
+    times.setdefault(key, []).append((t_cold, t_warm, n_prompt, cached))
+    return n_prompt, cached, text
 
 
 def main():
@@ -112,57 +155,59 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models",
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--contexts", default="1024,4096,8192")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--contexts", default="1000,2000,4000,8000",
+                    help="system prompt lengths in tokens (about)")
+    ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
-    args.ctx = max(contexts) + 256
-    model = os.path.basename(args.model)[:-len(".gguf")]
+    args.ctx = max(contexts) + 512
+    text = licence_text()
     cache_dir = tempfile.mkdtemp(prefix="kvserve-ttft-")
     srv = Server(args, cache_dir)
-    question = srv.request("POST", "/tokenize", {
-        "content": "\nQuestion: which station measured the most units? Answer:",
-        "add_special": False})[1]["tokens"]
-    times = {(c, kind): [] for c in contexts for kind in ("cold", "pool", "ram", "disk")}
+    times = {}
     try:
         for rep in range(args.reps):
-            prompts = {c: document(srv, c, seed=1000 * rep + c) + question for c in contexts}
-            first = {}
+            systems = {c: system_prompt(srv, text, c, f"session {rep}.{c}") for c in contexts}
+            convo = {}
             for c in contexts:
-                t, tok, cached = srv.ttft(model, prompts[c])
+                sysmsg = {"role": "system", "content": systems[c]}
+                q = [{"role": "user", "content": s} for s in QUESTIONS]
+                # the first question primes the cache (its prompt is cold)
+                _, answer, _, cached = srv.chat([sysmsg, q[0]])
                 assert cached == 0, cached
-                times[(c, "cold")].append(t)
-                first[c] = tok
-                t, tok, cached = srv.ttft(model, prompts[c])
-                assert cached == c // 256 * 256 and tok == first[c], (cached, tok, first[c])
-                times[(c, "pool")].append(t)
+                convo[c] = [sysmsg, q[0], {"role": "assistant", "content": answer},
+                            {"role": "user", "content": FOLLOW_UP}]
+                measure(srv, [sysmsg, q[1]], times, (c, "pool"))
                 srv.request("POST", "/v1/cache/clear", {"tiers": ["pool"]})
-                t, tok, cached = srv.ttft(model, prompts[c])
-                assert cached == c // 256 * 256 and tok == first[c], (cached, tok, first[c])
-                times[(c, "ram")].append(t)
+                measure(srv, [sysmsg, q[2]], times, (c, "ram"))
+                measure(srv, convo[c], times, (c, "turn"))
             srv.stop()  # finishes the queued disk writes
             srv = Server(args, cache_dir)
             for c in contexts:
-                t, tok, cached = srv.ttft(model, prompts[c])
-                assert cached == c // 256 * 256 and tok == first[c], (cached, tok, first[c])
-                times[(c, "disk")].append(t)
+                sysmsg = {"role": "system", "content": systems[c]}
+                measure(srv, [sysmsg, {"role": "user", "content": QUESTIONS[3]}], times,
+                        (c, "disk"))
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
     finally:
         srv.stop()
         shutil.rmtree(cache_dir, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"TTFT, median of {args.reps} (model {model}, {args.threads} threads, "
-          f"prompt = context + {len(question)}-token question, 1 token generated)")
-    print("| context | cold | pool hit | RAM hit | disk hit (restart) | pool/cold | RAM/cold "
-          "| disk/cold |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    model = os.path.basename(args.model)[:-len(".gguf")]
+    print(f"TTFT warm vs cold (the same request with \"cache\": false), median of {args.reps} "
+          f"(model {model}, {args.threads} threads, chat template, {MAX_TOKENS} tokens "
+          f"generated, identical with and without the cache)")
+    print("| system prompt | case | prompt tokens | reused | cold | warm | warm/cold |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    names = {"pool": "new question, pool", "ram": "new question, RAM",
+             "turn": "next turn, pool", "disk": "new question, disk (restart)"}
     for c in contexts:
-        cold = med[(c, "cold")]
-        print(f"| {c} | {cold * 1000:.0f} ms | {med[(c, 'pool')] * 1000:.1f} ms | "
-              f"{med[(c, 'ram')] * 1000:.1f} ms | {med[(c, 'disk')] * 1000:.1f} ms | "
-              f"{med[(c, 'pool')] / cold:.1%} | {med[(c, 'ram')] / cold:.1%} | "
-              f"{med[(c, 'disk')] / cold:.1%} |")
+        for kind in ("pool", "ram", "turn", "disk"):
+            runs = times[(c, kind)]
+            cold = statistics.median(r[0] for r in runs)
+            warm = statistics.median(r[1] for r in runs)
+            n_prompt, cached = runs[-1][2], runs[-1][3]
+            print(f"| {c} | {names[kind]} | {n_prompt} | {cached} | {cold * 1000:.0f} ms | "
+                  f"{warm * 1000:.1f} ms | {warm / cold:.1%} |")
 
 
 if __name__ == "__main__":

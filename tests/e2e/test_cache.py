@@ -180,6 +180,63 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server, tmp_dir):
     assert text == ref
 
 
+def test_records_are_the_same_bytes_in_two_processes(start_server, tmp_dir):
+    """Keys and KV are deterministic across processes: two servers (each with its own random
+    hash-table seeds) that compute the same prompt write the same records, byte for byte, under
+    the same names, and either one's records serve the other's requests."""
+    dirs = [tmp_dir("kvserve-keys-a-"), tmp_dir("kvserve-keys-b-")]
+    srvs = [start_server(*CTX, "--cache-dir", d) for d in dirs]
+    prompt = document_tokens(srvs[0], 2 * CHUNK + 70, seed=7) + question_tokens(srvs[0])
+    refs = [complete(s, prompt)[0] for s in srvs]
+    assert refs[0] == refs[1]
+    for s in srvs:
+        s.terminate()
+    names = [sorted(os.path.relpath(f, d) for f in glob.glob(os.path.join(d, "*", "*.kvc")))
+             for d in dirs]
+    assert len(names[0]) == 3 and names[0] == names[1], names
+    for n in names[0]:
+        with open(os.path.join(dirs[0], n), "rb") as a, open(os.path.join(dirs[1], n), "rb") as b:
+            assert a.read() == b.read(), n
+    # the second directory's records serve the first server's prompt after a restart
+    srv = start_server(*CTX, "--cache-dir", dirs[1])
+    text, cached, _ = complete(srv, prompt)
+    assert (text, cached) == (refs[0], reusable(len(prompt)))
+
+
+def test_eviction_then_reuse_from_ram_and_disk(start_server, tmp_dir):
+    """Other prompts push a prompt's blocks out of a small KV pool, then out of a small RAM tier:
+    its whole blocks (the trailing partial chunk's too) come back from RAM, then from disk."""
+    cache_dir = tmp_dir("kvserve-evict-")
+    srv = start_server("-c", "1024", "--kv-pool-tokens", "1152", "--cache-chunk-tokens",
+                       str(CHUNK), "--cache-ram-bytes", str(CHUNK_BYTES * 13 // 2), "--cache-dir",
+                       cache_dir)
+    prompt = document_tokens(srv, CHUNK + 100, seed=70) + question_tokens(srv)
+    ref, _, _ = complete(srv, prompt, cache=False)
+    assert complete(srv, prompt)[1] == 0
+    seed = 71
+    # other prompts until the pool had to evict cached blocks (the prompt's are the oldest)
+    while stats(srv)["tiers"]["pool"]["evictions"] == 0:
+        assert seed < 90
+        complete(srv, document_tokens(srv, 500, seed=seed))
+        seed += 1
+    ram_hits = stats(srv)["tiers"]["ram"]["hits"]
+    text, cached, _ = complete(srv, prompt)
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + 2  # the whole chunk and the tail
+    # more than the RAM tier's capacity of other prompts after it: out of RAM, from disk
+    stored = 0
+    while stored <= CHUNK_BYTES * 13 // 2:
+        before = stats(srv)["tiers"]["ram"]["bytes_in"]
+        complete(srv, document_tokens(srv, 2 * CHUNK + 50, seed=seed))
+        stored += stats(srv)["tiers"]["ram"]["bytes_in"] - before
+        seed += 1
+    clear(srv, tiers=["pool"])
+    disk_hits = stats(srv)["tiers"]["disk"]["hits"]
+    text, cached, _ = complete(srv, prompt)
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert stats(srv)["tiers"]["disk"]["hits"] == disk_hits + 2
+
+
 def test_chunks_fetched_for_waiting_requests_are_bounded(start_server, tmp_dir):
     """Chunks read from disk for a request wait with it until admission, outside the tiers'
     caps: at most --cache-ram-bytes of them. Beyond that the prompt is recomputed, exactly."""
