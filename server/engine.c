@@ -315,75 +315,56 @@ static int gen_reserve(eseq *s, size_t extra) {
     return 0;
 }
 
-/* Samples s's next token from logits (modified in place), appends it to the history and
- * publishes the text that became safe to release. */
-static void eseq_sample(engine *e, eseq *s, float *logits) {
-    gen_request *r = s->req;
-    const tokenizer *tok = e->m->tok;
-    gen_logprob lp = {0};
-    if (r->logprobs && r->top_logprobs > 0)
-        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
-    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
-    int32_t t =
-        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
-    lp.token = t;
+/* Appends t to s's history; -1 when out of memory. */
+static int hist_push(eseq *s, int32_t t) {
     if (s->n_hist == s->cap_hist) {
         int cap = s->cap_hist * 2;
         int32_t *h = realloc(s->hist, sizeof(int32_t) * (size_t)cap);
-        if (!h) {
-            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-            return;
-        }
+        if (!h) return -1;
         s->hist = h;
         s->cap_hist = cap;
     }
     s->hist[s->n_hist++] = t;
-    s->n_gen++;
+    return 0;
+}
 
-    uint64_t now = clock_now_ns();
-    if (s->t_last_token) metrics_itl(e->mx, (double)(now - s->t_last_token) / 1e9);
-    s->t_last_token = now;
+/* Detokenizes s's new token t (not an end-of-generation token) and scans for stop strings:
+ * returns how far s->gen may be released (a possible start of a stop string is held back) and
+ * sets *stopped on a match. -1 when out of memory. */
+static int64_t detok_step(engine *e, eseq *s, int32_t t, bool *stopped) {
+    const tokenizer *tok = e->m->tok;
+    /* A piece can be up to the longest token plus pending bytes; see detok_push. */
+    size_t need = 16 + 3 * tokenizer_max_token_len(tok);
+    if (gen_reserve(s, need)) return -1;
+    int nb = detok_push(tok, &s->ds, t, s->gen + s->gen_len, need);
+    if (nb > 0) s->gen_len += (size_t)nb;
+    /* Text before `emitted` cannot start a stop string (a possible start is held back), so only
+     * the new tail is scanned. */
+    return (int64_t)(s->emitted + stop_set_scan(&s->req->stops, s->gen + s->emitted,
+                                                s->gen_len - s->emitted, stopped));
+}
 
-    gen_finish fin = GEN_RUNNING;
-    bool eog = !r->ignore_eos && tokenizer_is_eog(tok, t);
-    size_t release_end = s->emitted;
-    if (eog) {
-        fin = GEN_FINISH_STOP;
-    } else {
-        /* A piece can be up to the longest token plus pending bytes; see detok_push. */
-        size_t need = 16 + 3 * tokenizer_max_token_len(tok);
-        if (gen_reserve(s, need)) {
-            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-            return;
-        }
-        int nb = detok_push(tok, &s->ds, t, s->gen + s->gen_len, need);
-        if (nb > 0) s->gen_len += (size_t)nb;
-        bool matched = false;
-        /* Text before `emitted` cannot start a stop string (a possible start is held back), so
-         * only the new tail is scanned. */
-        release_end = s->emitted + stop_set_scan(&r->stops, s->gen + s->emitted,
-                                                 s->gen_len - s->emitted, &matched);
-        if (matched) fin = GEN_FINISH_STOP;
-    }
-    if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))
-        fin = GEN_FINISH_LENGTH;
-    if (fin != GEN_RUNNING && !(fin == GEN_FINISH_STOP && !eog)) {
-        /* Ended without a stop-string match: the held-back tail is part of the answer. */
-        if (gen_reserve(s, 16)) {
-            eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-            return;
-        }
-        int nb = detok_flush(&s->ds, s->gen + s->gen_len, 16);
-        if (nb > 0) s->gen_len += (size_t)nb;
-        release_end = s->gen_len;
-    }
+/* Ends s's text without a stop-string match: the held-back tail and the detokenizer's pending
+ * bytes are part of the answer. Returns the new release end, -1 when out of memory. */
+static int64_t detok_finish(eseq *s) {
+    if (gen_reserve(s, 16)) return -1;
+    int nb = detok_flush(&s->ds, s->gen + s->gen_len, 16);
+    if (nb > 0) s->gen_len += (size_t)nb;
+    return (int64_t)s->gen_len;
+}
 
+/* Publishes s's text up to release_end and the token's logprob (none for an end-of-generation
+ * token) to its reader, under the request's mutex; the request's first token sets its TTFT.
+ * -1 when out of memory. */
+static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logprob *lp, bool eog,
+                         uint64_t now) {
+    gen_request *r = s->req;
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->choice];
     int rc = choice_append_text(c, s->gen + s->emitted, release_end - s->emitted);
     /* An end-of-generation token has no text, so it has no logprobs entry either (OpenAI and
      * vLLM leave it out); it still counts as a completion token. */
-    if (r->logprobs && !eog && rc == 0) rc = choice_append_logprob(c, &lp);
+    if (r->logprobs && !eog && rc == 0) rc = choice_append_logprob(c, lp);
     c->n_tokens = s->n_gen;
     if (!r->t_first_token) {
         r->t_first_token = now;
@@ -393,7 +374,37 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     pthread_mutex_unlock(&r->mu);
     s->emitted = release_end;
     metrics_tokens(e->mx, 0, 1);
-    if (rc) {
+    return rc;
+}
+
+/* Samples s's next token from logits (modified in place), appends it to the history and
+ * publishes the text that became safe to release; ends s on a stop, at its length limit, or on
+ * an error. */
+static void eseq_sample(engine *e, eseq *s, float *logits) {
+    gen_request *r = s->req;
+    gen_logprob lp = {0};
+    if (r->logprobs && r->top_logprobs > 0)
+        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
+    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
+    int32_t t =
+        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
+    lp.token = t;
+    if (hist_push(s, t)) {
+        eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
+        return;
+    }
+    s->n_gen++;
+    uint64_t now = clock_now_ns();
+    if (s->t_last_token) metrics_itl(e->mx, (double)(now - s->t_last_token) / 1e9);
+    s->t_last_token = now;
+
+    bool eog = !r->ignore_eos && tokenizer_is_eog(e->m->tok, t), stopped = false;
+    int64_t release_end = eog ? (int64_t)s->emitted : detok_step(e, s, t, &stopped);
+    gen_finish fin = eog || stopped ? GEN_FINISH_STOP : GEN_RUNNING;
+    if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))
+        fin = GEN_FINISH_LENGTH;
+    if (release_end >= 0 && fin != GEN_RUNNING && !stopped) release_end = detok_finish(s);
+    if (release_end < 0 || publish_token(e, s, (size_t)release_end, &lp, eog, now)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
         return;
     }
