@@ -22,6 +22,8 @@
 
 #include <openssl/evp.h>
 
+#include "kernels/rope.h"
+
 #define TABLE_VERSION 3
 #define TABLE_HEADER                                                                               \
     64 /* magic, version, reserved, model_id, n_layer, n_chan, n_levels,                           \
@@ -600,35 +602,24 @@ done:
  * bounds (codec_table_error_bound), and an escape is exact before rotation, so exact to f16
  * rounding after. */
 
-/* cos and sin of (pos0 + j) * inv_freq[i], [n_tok][n_rot / 2][2]; NULL when out of memory. */
-static float *rope_angles(const codec_table *t, int n_tok, int32_t pos0) {
+/* cos and sin of (pos0 + j) * inv_freq[i], [n_tok][n_rot / 2][2] (kernels/rope.c, as the
+ * model's rope op computes them); NULL when out of memory. */
+static float *rope_angles_of(const codec_table *t, int n_tok, int32_t pos0) {
     const int half = t->n_rot / 2;
+    const rope_table rt = {.n_rot = t->n_rot, .inv_freq = t->inv_freq};
     float *cs = malloc(sizeof(float) * 2 * (size_t)n_tok * (size_t)(half + 1));
     if (!cs) return NULL;
-    for (int j = 0; j < n_tok; j++)
-        for (int i = 0; i < half; i++) {
-            double ang = ((double)pos0 + j) * (double)t->inv_freq[i];
-            cs[((size_t)j * half + i) * 2] = (float)cos(ang);
-            cs[((size_t)j * half + i) * 2 + 1] = (float)sin(ang);
-        }
+    for (int j = 0; j < n_tok; j++) rope_angles(&rt, (int64_t)pos0 + j, cs + (size_t)j * half * 2);
     return cs;
 }
 
 /* Turns the rotated dims of every head of k ([n_tok][n_chan] keys) by the angles of cs: forward
- * (sign 1, as RoPE does) or back (sign -1). */
-static void rope_keys(const codec_table *t, const float *cs, float *k, int n_tok, float sign) {
-    const int half = t->n_rot / 2, hd = t->head_dim, n_kv = t->n_chan / hd;
-    for (int j = 0; j < n_tok; j++) {
-        const float *a = cs + (size_t)j * half * 2;
-        for (int h = 0; h < n_kv; h++) {
-            float *r = k + (size_t)j * t->n_chan + (size_t)h * hd;
-            for (int i = 0; i < half; i++) {
-                float c = a[2 * i], sn = sign * a[2 * i + 1], x0 = r[2 * i], x1 = r[2 * i + 1];
-                r[2 * i] = x0 * c - x1 * sn;
-                r[2 * i + 1] = x0 * sn + x1 * c;
-            }
-        }
-    }
+ * (as RoPE does) or back (inverse). */
+static void rope_keys(const codec_table *t, const float *cs, float *k, int n_tok, bool inverse) {
+    const int half = t->n_rot / 2, hd = t->head_dim;
+    for (int j = 0; j < n_tok; j++)
+        rope_rotate(k + (size_t)j * t->n_chan, t->n_chan / hd, hd, t->n_rot,
+                    cs + (size_t)j * half * 2, inverse);
 }
 
 static bool keys_rotated(const codec_table *t) { return t->n_head > 0 && t->n_rot > 0; }
@@ -681,7 +672,7 @@ static int protect_init(protect_ctx *pc, const codec_table *t, int n_tok, int32_
     pc->n_tok = n_tok;
     pc->pos0 = pos0;
     if (!t->n_head) return 0;
-    pc->cs = rope_angles(t, n_tok, pos0);
+    pc->cs = rope_angles_of(t, n_tok, pos0);
     if (t->margin > 0) {
         pc->score = malloc(sizeof(float) * (size_t)n_tok);
         pc->sorted = malloc(sizeof(float) * (size_t)n_tok);
@@ -875,7 +866,7 @@ int codec_table_calibrate(codec_table *t, const float *x, int n_chunks, int n_to
         for (int l = 0; l < nl; l++) {
             size_t at = ((size_t)k * (size_t)nl + (size_t)l) * layer_elems;
             protect_layer(&pc, l, x + at, masks + ((size_t)k * nl + l) * n_tok);
-            if (pre) rope_keys(t, pc.cs, pre + at, n_tok, -1.0f);
+            if (pre) rope_keys(t, pc.cs, pre + at, n_tok, true);
         }
         protect_free(&pc);
     }
@@ -988,7 +979,7 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
         protect_layer(&pc, l, xl, mask);
         if (pre) {
             memcpy(pre, xl, e * sizeof *pre);
-            rope_keys(t, pc.cs, pre, n_tok, -1.0f);
+            rope_keys(t, pc.cs, pre, n_tok, true);
             /* turning a pair can lift one value past f16's range, which an escape cannot hold */
             for (size_t i = 0; i < (size_t)n_tok * (size_t)nc; i++)
                 if (fabsf(pre[i]) > 65504.0f) {
@@ -1160,7 +1151,7 @@ static int decode_layer(decode_job *j, int l, uint8_t *sym, uint16_t *esc, kv_er
     if (codec_dequantize(sym, esc, v->n_esc[l], &sh, t->scale + (size_t)l * 2 * nc,
                          t->center + (size_t)l * 2 * nc, &one, xl, err))
         return -1;
-    if (j->cs) rope_keys(t, j->cs, xl, v->n_tok, 1.0f);
+    if (j->cs) rope_keys(t, j->cs, xl, v->n_tok, false);
     return 0;
 }
 
@@ -1195,7 +1186,7 @@ int codec_decode_chunk(const codec_table *t, const uint8_t *in, size_t len, floa
     ctx = build_ctx(v->n_tok, t->n_chan, t->levels[v->level].group);
     want = n_threads < 1 ? 1 : n_threads > t->n_layer ? t->n_layer : n_threads;
     w = calloc((size_t)want, sizeof *w);
-    if (keys_rotated(t)) cs = rope_angles(t, v->n_tok, v->pos0);
+    if (keys_rotated(t)) cs = rope_angles_of(t, v->n_tok, v->pos0);
     if (!ctx || !w || (keys_rotated(t) && !cs)) {
         kv_fail(err, "codec: out of memory decoding");
         goto done;

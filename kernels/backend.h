@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kernels/quant.h"
+#include "kernels/rope.h"
 #include "util/util.h"
 
 typedef struct backend backend;
@@ -42,13 +43,6 @@ typedef struct kv_layout {
 /* Bytes of one block, and the offset of (layer, kv = 0 K / 1 V, head) inside a block. */
 size_t kv_layout_block_bytes(const kv_layout *l);
 size_t kv_layout_offset(const kv_layout *l, int layer, int kv, int head);
-
-/* RoPE frequencies: inv_freq[i] for the pair (2i, 2i+1) of the first n_rot dims of a head
- * (GGML's "normal" rope, as GGUF llama models need). Scaling is folded into inv_freq. */
-typedef struct rope_table {
-    int n_rot;       /* rotated dims per head (<= head_dim, even) */
-    float *inv_freq; /* [n_rot / 2] */
-} rope_table;
 
 /* One sequence's part of an attention call. Query row r sits at KV slot q_slot[r] and attends
  * to slots 0..q_slot[r] (causal by slot, not by position value, so positions may be
@@ -138,8 +132,5 @@ void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer
  * head h to kv head h / (n_head / n_kv_head). */
 int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                       float scale, const attn_seq *seqs, int n_seqs);
-
-/* Index of the largest of x[0..n) (first on ties). */
-int backend_argmax(const float *x, int64_t n);
 
 #endif

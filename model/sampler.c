@@ -269,29 +269,53 @@ static void heap_sift_down(candidate *h, size_t n, size_t i) {
     }
 }
 
+/* Offers x to the heap h of the k best so far (full): x replaces the root, the worst kept, when
+ * it is better; the candidate given up goes to *out. */
+static void heap_offer(candidate *h, size_t k, candidate x, candidate *out) {
+    if (!cand_better(x, h[0])) {
+        *out = x;
+        return;
+    }
+    *out = h[0];
+    h[0] = x;
+    heap_sift_down(h, k, 0);
+}
+
+/* Heap sort of a min-heap on "better": best first. */
+static void heap_sort(candidate *h, size_t k) {
+    for (size_t end = k; end-- > 1;) {
+        candidate t = h[0];
+        h[0] = h[end];
+        h[end] = t;
+        heap_sift_down(h, end, 0);
+    }
+}
+
 /* Moves the k best of c[0..n) to c[0..k), sorted best first, in O(n log k); c stays a
  * permutation of its input, so a later call with a larger k sees every candidate again. */
 static void select_top(candidate *c, size_t n, size_t k) {
     if (k == 0) return;
     for (size_t i = k / 2; i-- > 0;) heap_sift_down(c, k, i);
-    for (size_t i = k; i < n; i++) {
-        if (cand_better(c[i], c[0])) {
-            candidate t = c[0];
-            c[0] = c[i];
-            c[i] = t;
-            heap_sift_down(c, k, 0);
-        }
-    }
-    /* Heap sort: each step moves the current worst to the end of the shrinking heap. */
-    for (size_t end = k - 1; end > 0; end--) {
-        candidate t = c[0];
-        c[0] = c[end];
-        c[end] = t;
-        heap_sift_down(c, end, 0);
-    }
+    for (size_t i = k; i < n; i++) heap_offer(c, k, c[i], &c[i]);
+    heap_sort(c, k);
 }
 
-static int32_t argmax(const float *logits, int32_t n) {
+int sampler_top_ids(const float *logits, int32_t n, int k, int32_t *ids) {
+    candidate h[SAMPLER_MAX_TOP_IDS];
+    if (k > n) k = n;
+    if (k > SAMPLER_MAX_TOP_IDS) k = SAMPLER_MAX_TOP_IDS;
+    if (k <= 0) return 0;
+    for (int i = 0; i < k; i++) h[i] = (candidate){.id = i, .logit = logit_clean(logits[i])};
+    for (size_t i = (size_t)k / 2; i-- > 0;) heap_sift_down(h, (size_t)k, i);
+    candidate out;
+    for (int32_t i = k; i < n; i++)
+        heap_offer(h, (size_t)k, (candidate){.id = i, .logit = logit_clean(logits[i])}, &out);
+    heap_sort(h, (size_t)k);
+    for (int i = 0; i < k; i++) ids[i] = h[i].id;
+    return k;
+}
+
+int32_t sampler_argmax(const float *logits, int32_t n) {
     int32_t best = 0;
     float bv = logit_clean(logits[0]);
     for (int32_t i = 1; i < n; i++) {
@@ -448,7 +472,7 @@ int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_
     bias_apply(s, logits);
     penalties_apply(s, logits, history, n_history);
 
-    int32_t tok = s->p.temperature > 0.0f ? sample_truncated(s, logits) : argmax(logits, n);
+    int32_t tok = s->p.temperature > 0.0f ? sample_truncated(s, logits) : sampler_argmax(logits, n);
 
     if (logprob) {
         float orig = logit_clean(logit_original(s, logits, tok));

@@ -41,6 +41,15 @@ void sampler_destroy(sampler *s);
 int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_history,
                        float *logprob);
 
+/* The greedy choice: the id of the highest logit, the lowest such id on ties (NaN counts as
+ * -inf). */
+int32_t sampler_argmax(const float *logits, int32_t n);
+
+#define SAMPLER_MAX_TOP_IDS 64
+/* The ids of the k (at most SAMPLER_MAX_TOP_IDS, and n) highest logits, best first, lower ids
+ * first on ties (the order sampling and greedy use), in O(n log k). Returns their count. */
+int sampler_top_ids(const float *logits, int32_t n, int k, int32_t *ids);
+
 /* ---------------------------------------------------------------- stop strings */
 
 typedef struct stop_set {

@@ -22,6 +22,7 @@
 
 #include "cache/codec.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #include "server/cli.h"
 #include "server/cli_common.h"
 
@@ -149,7 +150,7 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
     int32_t t = c->ids[c->n_ctx - 1];
     for (int i = 0; i < EVAL_GEN; i++) {
         if (engine_single_decode(&c->e, t, err)) return -1;
-        t = (int32_t)backend_argmax(c->e.logits, c->m->hp.n_vocab);
+        t = sampler_argmax(c->e.logits, c->m->hp.n_vocab);
         if (t != c->gen[i]) break;
         out->prefix++;
     }
@@ -268,7 +269,7 @@ int cli_codec_eval(int argc, char **argv) {
         t_prefill += clock_now_ns() - tp;
         int i = 0;
         for (; i < EVAL_GEN; i++) {
-            c.gen[i] = (int32_t)backend_argmax(c.e.logits, m->hp.n_vocab);
+            c.gen[i] = sampler_argmax(c.e.logits, m->hp.n_vocab);
             if (engine_single_decode(&c.e, c.gen[i], &err)) break;
         }
         if (i < EVAL_GEN) break;

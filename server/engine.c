@@ -265,17 +265,7 @@ static double top_logprobs(const float *logits, int n_vocab, int k, gen_logprob 
     double sum = 0;
     for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
     double lse = mx + log(sum);
-    int n = 0;
-    for (int i = 0; i < n_vocab && k > 0; i++) {
-        float v = logits[i];
-        if (n == k && v <= logits[out->top_ids[n - 1]]) continue;
-        int j = n < k ? n++ : n - 1;
-        while (j > 0 && logits[out->top_ids[j - 1]] < v) {
-            out->top_ids[j] = out->top_ids[j - 1];
-            j--;
-        }
-        out->top_ids[j] = i;
-    }
+    int n = sampler_top_ids(logits, n_vocab, k, out->top_ids);
     out->n_top = n;
     for (int i = 0; i < n; i++) out->top_lps[i] = (float)(logits[out->top_ids[i]] - lse);
     return lse;

@@ -240,28 +240,16 @@ typedef struct rope_job {
     const rope_table *rope;
 } rope_job;
 
-/* GGML's "normal" rope (pairs of adjacent dims), which llama-arch GGUF files are converted for:
- * (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos) with angle pos * inv_freq[i]. */
+/* Each token's angles once, shared by its heads (kernels/rope.c). */
 static void rope_task(void *ctx, int ith, int nth) {
     rope_job *j = ctx;
-    int half = j->rope->n_rot / 2;
-    float cs[256], sn[256]; /* n_rot <= 512 is checked at model load */
+    float cs[512]; /* [n_rot / 2][2]; n_rot <= 512 is checked at model load */
     int64_t lo, hi;
     split_range(j->n_tok, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        for (int i = 0; i < half; i++) {
-            double theta = (double)j->pos[t] * j->rope->inv_freq[i];
-            cs[i] = (float)cos(theta);
-            sn[i] = (float)sin(theta);
-        }
-        for (int h = 0; h < j->n_head; h++) {
-            float *v = j->x + ((size_t)t * j->n_head + h) * j->head_dim;
-            for (int i = 0; i < half; i++) {
-                float x0 = v[2 * i], x1 = v[2 * i + 1];
-                v[2 * i] = x0 * cs[i] - x1 * sn[i];
-                v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
-            }
-        }
+        rope_angles(j->rope, j->pos[t], cs);
+        rope_rotate(j->x + (size_t)t * j->n_head * j->head_dim, j->n_head, j->head_dim,
+                    j->rope->n_rot, cs, false);
     }
 }
 
@@ -303,11 +291,4 @@ void backend_swiglu(backend *b, const float *gate, const float *up, float *out, 
 void backend_add(backend *b, float *y, const float *x, int64_t n) {
     (void)b; /* memory-bound and short: one thread saturates it */
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
-int backend_argmax(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int)best;
 }

@@ -5,13 +5,13 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "kernels/backend.h"
+#include "model/sampler.h"
 
 void ref_compare(ref_stats *st, const float *lg, int n_vocab, json_t *ids, json_t *vals) {
     int ref_top = (int)json_integer_value(json_array_get(ids, 0));
     double margin =
         json_real_value(json_array_get(vals, 0)) - json_real_value(json_array_get(vals, 1));
-    bool agree = backend_argmax(lg, n_vocab) == ref_top;
+    bool agree = sampler_argmax(lg, n_vocab) == ref_top;
     st->n_pos++;
     st->top1 += agree;
     if (margin >= DECISIVE_MARGIN) {

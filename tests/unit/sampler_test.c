@@ -814,3 +814,36 @@ Test(stop, strings_are_copied) {
     cr_assert(m);
     stop_set_free(&s);
 }
+
+Test(sampler, argmax_and_top_ids_order_ties_by_id) {
+    const float l[8] = {1.0f, 3.0f, NAN, 3.0f, -INFINITY, 2.0f, 3.0f, 0.5f};
+    cr_assert_eq(sampler_argmax(l, 8), 1, "the lowest id of the tied best; NaN never wins");
+    int32_t ids[SAMPLER_MAX_TOP_IDS];
+    cr_assert_eq(sampler_top_ids(l, 8, 5, ids), 5);
+    const int32_t want[5] = {1, 3, 6, 5, 0};
+    for (int i = 0; i < 5; i++) cr_assert_eq(ids[i], want[i], "rank %d: %d", i, ids[i]);
+    /* k beyond n gives every id, NaN and -inf last */
+    cr_assert_eq(sampler_top_ids(l, 8, 20, ids), 8);
+    cr_assert_eq(ids[6] == 2 || ids[6] == 4, true);
+    cr_assert_eq(sampler_top_ids(l, 8, 0, ids), 0);
+    /* the same order as a full sort over a long random row */
+    enum { N = 5000 };
+    static float row[N];
+    uint64_t s = 42;
+    for (int i = 0; i < N; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        row[i] = (float)((s >> 40) % 97) / 7.0f; /* many ties */
+    }
+    int n = sampler_top_ids(row, N, 20, ids);
+    cr_assert_eq(n, 20);
+    for (int i = 1; i < n; i++)
+        cr_assert(row[ids[i - 1]] > row[ids[i]] ||
+                      (row[ids[i - 1]] == row[ids[i]] && ids[i - 1] < ids[i]),
+                  "rank %d out of order", i);
+    for (int i = 0; i < N; i++) {
+        bool in = false;
+        for (int k = 0; k < n; k++) in |= ids[k] == i;
+        if (!in)
+            cr_assert(row[i] < row[ids[n - 1]] || (row[i] == row[ids[n - 1]] && i > ids[n - 1]));
+    }
+}
