@@ -28,6 +28,13 @@ def reusable(n):
     return whole if whole < n else n - 1
 
 
+def records_for(n):
+    """Records (RAM or disk hits) that hold the whole blocks of an n-token prompt: one per chunk,
+    the last one partial."""
+    blocks_per_chunk = CHUNK // BLOCK
+    return (n // BLOCK + blocks_per_chunk - 1) // blocks_per_chunk
+
+
 def document_tokens(srv, n, seed, api_key=None):
     """n token ids of a deterministic made-up document (different seeds: different tokens from
     the first one on)."""
@@ -99,6 +106,7 @@ def test_reuse_is_exact_pool_ram_partial_and_whole_prompt(start_server):
     ram_hits = stats(srv)["tiers"]["ram"]["hits"]
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, reusable(len(prompt)))
+    assert records_for(len(prompt)) == 3  # two whole chunks and the partial one
     assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + 3
     # a prompt that diverges inside a block of the second chunk reuses the whole blocks before
     # the divergence: from the pool, and from RAM through the longer record holding them
@@ -145,7 +153,7 @@ def test_disk_hit_after_restart_and_corrupt_records(start_server, tmp_dir):
     assert st["entries"] == 4 and st["corrupt"] == 0, st
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, reusable(len(prompt)))
-    assert stats(srv)["tiers"]["disk"]["hits"] == 4
+    assert stats(srv)["tiers"]["disk"]["hits"] == records_for(len(prompt)) == 4
     srv.terminate()
 
     # flip one payload byte in every record: each is detected when read, dropped and recomputed
@@ -222,7 +230,7 @@ def test_eviction_then_reuse_from_ram_and_disk(start_server, tmp_dir):
     ram_hits = stats(srv)["tiers"]["ram"]["hits"]
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, reusable(len(prompt)))
-    assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + 2  # the whole chunk and the tail
+    assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + records_for(len(prompt))
     # more than the RAM tier's capacity of other prompts after it: out of RAM, from disk
     stored = 0
     while stored <= CHUNK_BYTES * 13 // 2:
@@ -234,7 +242,7 @@ def test_eviction_then_reuse_from_ram_and_disk(start_server, tmp_dir):
     disk_hits = stats(srv)["tiers"]["disk"]["hits"]
     text, cached, _ = complete(srv, prompt)
     assert (text, cached) == (ref, reusable(len(prompt)))
-    assert stats(srv)["tiers"]["disk"]["hits"] == disk_hits + 2
+    assert stats(srv)["tiers"]["disk"]["hits"] == disk_hits + records_for(len(prompt))
 
 
 def test_chunks_fetched_for_waiting_requests_are_bounded(start_server, tmp_dir):
