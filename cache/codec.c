@@ -653,12 +653,14 @@ typedef struct protect_ctx {
     int n_tok;
     int32_t pos0;
     float *cs;     /* [n_tok][n_rot / 2][2]: cos and sin of (pos0 + t) * inv_freq */
+    float *dir;    /* [n_head][head_dim]: a layer's qdir turned to one token's position */
     float *score;  /* [n_tok] */
     float *sorted; /* [n_tok] */
 } protect_ctx;
 
 static void protect_free(protect_ctx *pc) {
     free(pc->cs);
+    free(pc->dir);
     free(pc->score);
     free(pc->sorted);
     memset(pc, 0, sizeof *pc);
@@ -674,10 +676,11 @@ static int protect_init(protect_ctx *pc, const codec_table *t, int n_tok, int32_
     if (!t->n_head) return 0;
     pc->cs = rope_angles_of(t, n_tok, pos0);
     if (t->margin > 0) {
+        pc->dir = malloc(sizeof(float) * (size_t)t->n_head * (size_t)t->head_dim);
         pc->score = malloc(sizeof(float) * (size_t)n_tok);
         pc->sorted = malloc(sizeof(float) * (size_t)n_tok);
     }
-    if (!pc->cs || (t->margin > 0 && (!pc->score || !pc->sorted))) {
+    if (!pc->cs || (t->margin > 0 && (!pc->dir || !pc->score || !pc->sorted))) {
         protect_free(pc);
         return kv_fail(err, "codec: out of memory");
     }
@@ -697,21 +700,20 @@ static void protect_layer(protect_ctx *pc, int l, const float *k, uint8_t *mask)
     if (pc->pos0 == 0) mask[0] = 1;
     if (!t->n_head || !(t->margin > 0)) return;
     const int hd = t->head_dim, group = t->n_head / (t->n_chan / hd), half = t->n_rot / 2;
-    const float *dir = t->qdir + (size_t)l * (size_t)t->n_head * (size_t)hd;
+    const size_t n_dir = (size_t)t->n_head * (size_t)hd;
+    const float *dir = t->qdir + (size_t)l * n_dir;
     int n_finite = 0;
     for (int j = 0; j < n_tok; j++) {
-        const float *cs = pc->cs + (size_t)j * half * 2;
+        /* the directions rotated to the key's position: (R(phi) a) . k_rotated */
+        memcpy(pc->dir, dir, n_dir * sizeof *dir);
+        rope_rotate(pc->dir, t->n_head, hd, t->n_rot, pc->cs + (size_t)j * half * 2, false);
         float best = -INFINITY;
         for (int h = 0; h < t->n_head; h++) {
-            const float *a = dir + (size_t)h * hd;
+            const float *a = pc->dir + (size_t)h * hd;
             const float *kr = k + (size_t)j * t->n_chan + (size_t)(h / group) * hd;
             float sum = 0;
-            /* the direction rotated to the key's position: (R(phi) a) . k_rotated */
-            for (int i = 0; i < half; i++) {
-                float c = cs[2 * i], sn = cs[2 * i + 1];
-                float a0 = a[2 * i] * c - a[2 * i + 1] * sn, a1 = a[2 * i] * sn + a[2 * i + 1] * c;
-                sum += a0 * kr[2 * i] + a1 * kr[2 * i + 1];
-            }
+            for (int i = 0; i < half; i++)
+                sum += a[2 * i] * kr[2 * i] + a[2 * i + 1] * kr[2 * i + 1];
             for (int d = 2 * half; d < hd; d++) sum += a[d] * kr[d];
             if (sum > best) best = sum;
         }
