@@ -65,10 +65,8 @@ typedef struct scored {
 
 static int score_row(void *ud, int i, const float *row) {
     scored *sc = ud;
-    float mx = -INFINITY;
-    int am = 0;
-    for (int v = 0; v < sc->n_vocab; v++)
-        if (row[v] > mx) mx = row[v], am = v;
+    int32_t am = sampler_argmax(row, sc->n_vocab);
+    float mx = row[am];
     if (sc->am) sc->am[i] = am;
     if (sc->next[i] < 0) return 0;
     double sum = 0;
