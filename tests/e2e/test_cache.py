@@ -215,15 +215,16 @@ def test_eviction_then_reuse_from_ram_and_disk(start_server, tmp_dir):
     """Other prompts push a prompt's blocks out of a small KV pool, then out of a small RAM tier:
     its whole blocks (the trailing partial chunk's too) come back from RAM, then from disk."""
     cache_dir = tmp_dir("kvserve-evict-")
+    ram_cap = 3000 * KV_BYTES_PER_TOKEN  # the prompt and the pool's worth of others fit
     srv = start_server("-c", "1024", "--kv-pool-tokens", "1152", "--cache-chunk-tokens",
-                       str(CHUNK), "--cache-ram-bytes", str(CHUNK_BYTES * 13 // 2), "--cache-dir",
-                       cache_dir)
+                       str(CHUNK), "--cache-ram-bytes", str(ram_cap), "--cache-dir", cache_dir)
     prompt = document_tokens(srv, CHUNK + 100, seed=70) + question_tokens(srv)
     ref, _, _ = complete(srv, prompt, cache=False)
     assert complete(srv, prompt)[1] == 0
     seed = 71
-    # other prompts until the pool had to evict cached blocks (the prompt's are the oldest)
-    while stats(srv)["tiers"]["pool"]["evictions"] == 0:
+    # other prompts until the pool had to evict as many cached blocks as the prompt has (its
+    # blocks are the oldest, so they all went)
+    while stats(srv)["tiers"]["pool"]["evictions"] <= len(prompt) // BLOCK:
         assert seed < 90
         complete(srv, document_tokens(srv, 500, seed=seed))
         seed += 1
@@ -233,9 +234,9 @@ def test_eviction_then_reuse_from_ram_and_disk(start_server, tmp_dir):
     assert stats(srv)["tiers"]["ram"]["hits"] == ram_hits + records_for(len(prompt))
     # more than the RAM tier's capacity of other prompts after it: out of RAM, from disk
     stored = 0
-    while stored <= CHUNK_BYTES * 13 // 2:
+    while stored <= 2 * ram_cap:  # bytes_in also counts partial records later replaced
         before = stats(srv)["tiers"]["ram"]["bytes_in"]
-        complete(srv, document_tokens(srv, 2 * CHUNK + 50, seed=seed))
+        complete(srv, document_tokens(srv, 500, seed=seed))
         stored += stats(srv)["tiers"]["ram"]["bytes_in"] - before
         seed += 1
     clear(srv, tiers=["pool"])
