@@ -14,7 +14,6 @@
  * With --windows W the text is cut into W consecutive (context, held-out) windows and every
  * figure sums over them: a single window's perplexity moves by a percent or two between settings
  * that should rank the other way. Relative figures compare with the exact KV in the same run. */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,81 +156,48 @@ static int measure(eval_ctx *c, eval_result *out, kv_error *err) {
 }
 
 int cli_codec_eval(int argc, char **argv) {
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},   {"text", required_argument, 0, 'T'},
-        {"table", required_argument, 0, 'B'},   {"ctx", required_argument, 0, 'c'},
-        {"heldout", required_argument, 0, 'H'}, {"chunk", required_argument, 0, 'C'},
-        {"threads", required_argument, 0, 't'}, {"windows", required_argument, 0, 'W'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    const char *model_path = NULL, *text_path = NULL, *table_path = NULL;
-    long long n_ctx = 1024, n_held = 256, chunk = 256, threads = 2, n_win = 1;
-    int opt;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "m:t:h", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'm':
-            model_path = optarg;
-            break;
-        case 'T':
-            text_path = optarg;
-            break;
-        case 'B':
-            table_path = optarg;
-            break;
-        case 'c':
-            if (cli_parse_int("--ctx", optarg, 16, 1 << 20, &n_ctx)) return 2;
-            break;
-        case 'H':
-            if (cli_parse_int("--heldout", optarg, 2, 1 << 20, &n_held)) return 2;
-            break;
-        case 'C':
-            if (cli_parse_int("--chunk", optarg, 16, 65536, &chunk)) return 2;
-            break;
-        case 't':
-            if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
-            break;
-        case 'W':
-            if (cli_parse_int("--windows", optarg, 1, 1000, &n_win)) return 2;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!model_path || !text_path || optind < argc) {
-        usage(stderr);
-        return 2;
-    }
+    cli_model_opts mo = {.threads = 2};
+    const char *text_path = NULL, *table_path = NULL;
+    int n_ctx = 1024, n_held = 256, chunk = 256, n_win = 1;
+    const cli_opt opts[] = {
+        CLI_MODEL_OPT(&mo),
+        {"text", 0, CLI_OPT_STRING, .dst = &text_path, .required = "FILE"},
+        {"table", 0, CLI_OPT_STRING, .dst = &table_path},
+        {"ctx", 0, CLI_OPT_INT, .dst = &n_ctx, .min = 16, .max = 1 << 20},
+        {"heldout", 0, CLI_OPT_INT, .dst = &n_held, .min = 2, .max = 1 << 20},
+        {"chunk", 0, CLI_OPT_INT, .dst = &chunk, .min = 16, .max = 65536},
+        CLI_THREADS_OPT(&mo),
+        {"windows", 0, CLI_OPT_INT, .dst = &n_win, .min = 1, .max = 1000},
+    };
+    const cli_command cmd = {"kvserve codec-eval", usage, opts, sizeof opts / sizeof opts[0]};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
     log_set_level(LOG_LEVEL_WARN);
     kv_error err = {{0}};
     eval_ctx c = {0};
-    model *m = NULL;
     char *text = NULL, *auto_table = NULL;
     codec_table table = {0};
     float *ref = NULL, *dec = NULL;
     uint8_t *buf = NULL;
-    int rc = 1;
+    rc = 1;
     n_ctx = n_ctx / chunk * chunk;
     if (n_ctx < chunk) {
-        kv_fail(&err, "--ctx must hold at least one chunk of %lld tokens", chunk);
+        kv_fail(&err, "--ctx must hold at least one chunk of %d tokens", chunk);
         goto done;
     }
-    if (!(m = model_load(model_path, NULL, &err))) goto done;
-    c.m = m;
-    c.n_ctx = (int)n_ctx;
-    c.n_held = (int)n_held;
-    c.chunk = (int)chunk;
+    if (engine_single_load(&c.e, &mo, &err)) goto done;
+    const model *m = c.m = c.e.m;
+    c.n_ctx = n_ctx;
+    c.n_held = n_held;
+    c.chunk = chunk;
     c.nl = m->hp.n_layer;
     c.nc = m->hp.n_kv_head * m->hp.head_dim;
     if (!table_path) {
-        if (asprintf(&auto_table, "%s.kvcodec", model_path) < 0) goto oom;
+        if (asprintf(&auto_table, "%s.kvcodec", mo.path) < 0) goto oom;
         table_path = auto_table;
     }
     if (codec_table_load(&table, table_path, m->identity, &err)) {
-        kv_fail_wrap(&err, "%s (run `kvserve calibrate -m %s` first)", table_path, model_path);
+        kv_fail_wrap(&err, "%s (run `kvserve calibrate -m %s` first)", table_path, mo.path);
         goto done;
     }
     if (!(text = cli_read_file(text_path, &err))) goto done;
@@ -239,12 +205,12 @@ int cli_codec_eval(int argc, char **argv) {
                                   &c.ids, &err);
     if (n_text < 0) goto done;
     int win = c.n_ctx + c.n_held;
-    if (n_text < win * n_win) {
-        kv_fail(&err, "%s has %d tokens: %lld windows of --ctx %d + --heldout %d are needed",
+    if (n_text < (int64_t)win * n_win) {
+        kv_fail(&err, "%s has %d tokens: %d windows of --ctx %d + --heldout %d are needed",
                 text_path, n_text, n_win, c.n_ctx, c.n_held);
         goto done;
     }
-    if (engine_single_init(&c.e, m, (int)threads, win + EVAL_GEN + 16, false, &err)) goto done;
+    if (engine_single_start(&c.e, win + EVAL_GEN + 16, &err)) goto done;
     int n_chunks = c.n_ctx / c.chunk;
     size_t ce = (size_t)c.nl * 2 * (size_t)c.chunk * (size_t)c.nc;
     codec_shape sh = {c.nl, c.chunk, c.nc};
@@ -296,7 +262,7 @@ int cli_codec_eval(int argc, char **argv) {
                 if (len < 0) break;
                 int drc = meth < 3
                               ? codec_uniform_decode(buf, (size_t)len, &sh, BITS[meth], y, &err)
-                              : codec_decode_chunk(&table, buf, (size_t)len, y, (int)threads, &err);
+                              : codec_decode_chunk(&table, buf, (size_t)len, y, mo.threads, &err);
                 uint64_t t2 = clock_now_ns();
                 if (drc) break;
                 r->bytes += (size_t)len;
@@ -306,7 +272,7 @@ int cli_codec_eval(int argc, char **argv) {
             if (k < n_chunks || load_kv(&c, dec, &err) || measure(&c, r, &err)) break;
         }
         if (meth < n_meth) break;
-        if (n_win > 1) fprintf(stderr, "window %d/%lld done\n", w + 1, n_win);
+        if (n_win > 1) fprintf(stderr, "window %d/%d done\n", w + 1, n_win);
     }
     c.ids = all_ids;
     if (err.msg[0]) goto done;
@@ -314,7 +280,7 @@ int cli_codec_eval(int argc, char **argv) {
     double fp16_bpt = (double)ucap / c.chunk;
     double q8_bpt = (double)codec_uniform_bytes(&sh, 8) / c.chunk;
     double exact_ppl = exp(exact.nll / exact.n_scored);
-    printf("codec-eval: %s; %lld window(s) of %d context tokens (%d chunks of %d), %d held-out "
+    printf("codec-eval: %s; %d window(s) of %d context tokens (%d chunks of %d), %d held-out "
            "and %d generated tokens; table %s\n",
            m->name, n_win, c.n_ctx, n_chunks, c.chunk, c.n_held, EVAL_GEN, table_path);
     printf("exact KV: perplexity %.4f\n\n", exact_ppl);
@@ -342,10 +308,10 @@ int cli_codec_eval(int argc, char **argv) {
             100 * (ppl / exact_ppl - 1), 100.0 * r->agree / r->n_agree,
             (double)r->prefix / (double)n_win, EVAL_GEN);
     }
-    printf("\nMB/s count the KV as f16 (%.2f MB per chunk); decode on %lld threads; prefill "
+    printf("\nMB/s count the KV as f16 (%.2f MB per chunk); decode on %d threads; prefill "
            "(computing a chunk's KV from its text, as the context's prefill over its chunks) "
            "%.1f ms per chunk.\n",
-           (double)ce * 2 / 1e6, threads, prefill_ms);
+           (double)ce * 2 / 1e6, mo.threads, prefill_ms);
     rc = 0;
     goto done;
 oom:
@@ -360,6 +326,5 @@ done:
     free(text);
     free(auto_table);
     engine_single_free(&c.e);
-    model_free(m);
     return rc;
 }
