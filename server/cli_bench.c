@@ -50,6 +50,16 @@ static double bench_run(engine_single *e, const bench_test *t, int32_t *ids, kv_
     return (clock_now_ns() - t0) / 1e9;
 }
 
+/* -T TEST: one of TESTS. */
+static int parse_test(void *dst, const char *arg, kv_error *err) {
+    for (size_t i = 0; i < sizeof TESTS / sizeof TESTS[0]; i++)
+        if (strcmp(arg, TESTS[i].name) == 0) {
+            *(const char **)dst = arg;
+            return 0;
+        }
+    return kv_fail(err, "--test: '%s' is not pp512, pp2048, tg128 or tg64@4096", arg);
+}
+
 static void usage(FILE *out) {
     fprintf(out, "usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
                  "[--precise]\n"
@@ -65,7 +75,7 @@ int cli_bench(int argc, char **argv) {
         CLI_MODEL_OPT(&mo),
         CLI_THREADS_OPT(&mo),
         {"repetitions", 'r', CLI_OPT_INT, .dst = &reps, .min = 1, .max = 100},
-        {"test", 'T', CLI_OPT_STRING, .dst = &only},
+        {"test", 'T', CLI_OPT_FN, .dst = &only, .fn = parse_test},
         {"precise", 'P', CLI_OPT_FLAG, .dst = &mo.precise},
     };
     const cli_command cmd = {"kvserve bench", usage, opts, sizeof opts / sizeof opts[0]};
