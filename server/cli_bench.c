@@ -3,7 +3,6 @@
  * empty context; tgN@D does so after D tokens of context. Tokens are pseudo-random ids: the
  * speed of a dense model does not depend on which tokens run. One warm-up run, then the mean and
  * standard deviation over the repetitions. */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,68 +50,48 @@ static double bench_run(engine_single *e, const bench_test *t, int32_t *ids, kv_
     return (clock_now_ns() - t0) / 1e9;
 }
 
+/* -T TEST: one of TESTS. */
+static int parse_test(void *dst, const char *arg, kv_error *err) {
+    for (size_t i = 0; i < sizeof TESTS / sizeof TESTS[0]; i++)
+        if (strcmp(arg, TESTS[i].name) == 0) {
+            *(const char **)dst = arg;
+            return 0;
+        }
+    return kv_fail(err, "--test: '%s' is not pp512, pp2048, tg128 or tg64@4096", arg);
+}
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
+                 "[--precise]\n"
+                 "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n");
+}
+
 int cli_bench(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"threads", required_argument, 0, 't'},
-                                             {"repetitions", required_argument, 0, 'r'},
-                                             {"test", required_argument, 0, 'T'},
-                                             {"precise", no_argument, 0, 'P'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    const char *path = NULL, *only = NULL;
-    int threads = 2, reps = 3, c;
-    bool precise = false;
-    long long ll;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:t:r:T:Ph", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            path = optarg;
-            break;
-        case 't':
-            if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return 2;
-            threads = (int)ll;
-            break;
-        case 'r':
-            if (cli_parse_int("--repetitions", optarg, 1, 100, &ll)) return 2;
-            reps = (int)ll;
-            break;
-        case 'T':
-            only = optarg;
-            break;
-        case 'P':
-            precise = true;
-            break;
-        case 'h':
-            printf("usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
-                   "[--precise]\n"
-                   "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n");
-            return 0;
-        default:
-            return 2;
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "kvserve bench: need -m MODEL\n");
-        return 2;
-    }
+    cli_model_opts mo = {.threads = 2};
+    const char *only = NULL;
+    int reps = 3;
+    const cli_opt opts[] = {
+        CLI_MODEL_OPT(&mo),
+        CLI_THREADS_OPT(&mo),
+        {"repetitions", 'r', CLI_OPT_INT, .dst = &reps, .min = 1, .max = 100},
+        {"test", 'T', CLI_OPT_FN, .dst = &only, .fn = parse_test},
+        {"precise", 'P', CLI_OPT_FLAG, .dst = &mo.precise},
+    };
+    const cli_command cmd = {"kvserve bench", usage, opts, sizeof opts / sizeof opts[0]};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    rc = 1;
     kv_error err = {{0}};
-    model *m = model_load(path, NULL, &err);
-    if (!m) {
-        fprintf(stderr, "kvserve: %s\n", err.msg);
-        return 1;
-    }
-    engine_single e;
+    engine_single e = {0};
     int ctx = 4096 + 64;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
-    int rc = 1;
-    if (!ids || engine_single_init(&e, m, threads, ctx, precise, &err)) {
-        fprintf(stderr, "kvserve: %s\n", ids ? err.msg : "out of memory");
-        free(ids);
-        model_free(m);
-        return 1;
+    if (!ids) {
+        kv_fail(&err, "out of memory");
+        goto done;
     }
+    if (engine_single_load(&e, &mo, &err) || engine_single_start(&e, ctx, &err)) goto done;
+    const model *m = e.m;
     int64_t n_params = 0;
     for (int64_t i = 0; i < gguf_tensor_count(m->gguf); i++) {
         const gguf_tensor *t = gguf_tensor_at(m->gguf, i);
@@ -135,15 +114,14 @@ int cli_bench(int argc, char **argv) {
         double mean = sum / reps,
                sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
         printf("| %s | %.1f MiB | %.1f M | cpu | %d | %s | %s | %.2f ± %.2f |\n", m->name,
-               model_weight_bytes(m) / 1048576.0, n_params / 1e6, threads,
+               model_weight_bytes(m) / 1048576.0, n_params / 1e6, mo.threads,
                simd_level_name(simd_level_get()), t->name, mean, sd);
         fflush(stdout);
     }
     rc = 0;
 done:
-    if (rc) fprintf(stderr, "kvserve: %s\n", err.msg);
+    if (rc) fprintf(stderr, "kvserve bench: %s\n", err.msg);
     engine_single_free(&e);
     free(ids);
-    model_free(m);
     return rc;
 }

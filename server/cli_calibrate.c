@@ -9,7 +9,6 @@
  * seed. The KV of the text (one sequence, positions 0..n-1) is cut into chunks of --chunk
  * tokens. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,82 +229,40 @@ static int parse_bins(const char *arg, int group, codec_level *lv, int *n_levels
     return 0;
 }
 
+/* --units importance|sd: *dst is true for sd. */
+static int parse_units(void *dst, const char *arg, kv_error *err) {
+    if (strcmp(arg, "importance") && strcmp(arg, "sd"))
+        return kv_fail(err, "--units is importance or sd, not '%s'", arg);
+    *(bool *)dst = !strcmp(arg, "sd");
+    return 0;
+}
+
 int cli_calibrate(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"out", required_argument, 0, 'o'},
-                                             {"text", required_argument, 0, 'T'},
-                                             {"tokens", required_argument, 0, 'n'},
-                                             {"chunk", required_argument, 0, 'C'},
-                                             {"seed", required_argument, 0, 'S'},
-                                             {"bins", required_argument, 0, 'B'},
-                                             {"group", required_argument, 0, 'G'},
-                                             {"units", required_argument, 0, 'U'},
-                                             {"threads", required_argument, 0, 't'},
-                                             {"margin", required_argument, 0, 'M'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
-    const char *model_path = NULL, *out_path = NULL, *text_path = NULL;
-    long long n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, seed = 1, threads = 2;
-    long long group = 0;
+    cli_model_opts mo = {.threads = 2};
+    const char *out_path = NULL, *text_path = NULL;
+    int n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, group = 0;
+    int64_t seed = 1;
     const char *bins_arg = "0.4,0.7,1,1.3";
     bool sd_units = false;
-    double margin = 4.0;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:o:n:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            model_path = optarg;
-            break;
-        case 'o':
-            out_path = optarg;
-            break;
-        case 'T':
-            text_path = optarg;
-            break;
-        case 'n':
-            if (cli_parse_int("--tokens", optarg, 16, 1 << 20, &n_tokens)) return 2;
-            break;
-        case 'C':
-            if (cli_parse_int("--chunk", optarg, 16, 65536, &chunk)) return 2;
-            break;
-        case 'S':
-            if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &seed)) return 2;
-            break;
-        case 'B':
-            bins_arg = optarg;
-            break;
-        case 'G':
-            if (cli_parse_int("--group", optarg, 0, CODEC_MAX_TOKENS, &group)) return 2;
-            break;
-        case 'U':
-            if (strcmp(optarg, "importance") && strcmp(optarg, "sd")) {
-                fprintf(stderr, "kvserve calibrate: --units is importance or sd, not '%s'\n",
-                        optarg);
-                return 2;
-            }
-            sd_units = !strcmp(optarg, "sd");
-            break;
-        case 'M':
-            if (cli_parse_float("--margin", optarg, 0, 1000, &margin)) return 2;
-            break;
-        case 't':
-            if (cli_parse_int("--threads", optarg, 1, 256, &threads)) return 2;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!model_path || optind < argc) {
-        usage(stderr);
-        return 2;
-    }
+    float margin = 4.0f;
+    const cli_opt opts[] = {
+        CLI_MODEL_OPT(&mo),
+        {"out", 'o', CLI_OPT_STRING, .dst = &out_path},
+        {"text", 0, CLI_OPT_STRING, .dst = &text_path},
+        {"tokens", 'n', CLI_OPT_INT, .dst = &n_tokens, .min = 16, .max = 1 << 20},
+        {"chunk", 0, CLI_OPT_INT, .dst = &chunk, .min = 16, .max = 65536},
+        {"seed", 0, CLI_OPT_INT64, .dst = &seed, .min = 0, .max = INT64_MAX},
+        {"bins", 0, CLI_OPT_STRING, .dst = &bins_arg},
+        {"group", 0, CLI_OPT_INT, .dst = &group, .min = 0, .max = CODEC_MAX_TOKENS},
+        {"units", 0, CLI_OPT_FN, .dst = &sd_units, .fn = parse_units},
+        CLI_THREADS_OPT(&mo),
+        {"margin", 0, CLI_OPT_FLOAT, .dst = &margin, .fmin = 0, .fmax = 1000},
+    };
+    const cli_command cmd = {"kvserve calibrate", usage, opts, sizeof opts / sizeof opts[0]};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    rc = 1;
     kv_error err = {{0}};
-    model *m = NULL;
     engine_single e = {0};
     char *text = NULL, *auto_out = NULL;
     int32_t *ids = NULL;
@@ -313,11 +270,12 @@ int cli_calibrate(int argc, char **argv) {
     codec_table table = {0};
     importance im = {0};
     codec_level levels[CODEC_MAX_LEVELS];
-    int n_levels = 0, rc = 1;
-    if (parse_bins(bins_arg, (int)group, levels, &n_levels, &err)) goto done;
-    if (!(m = model_load(model_path, NULL, &err))) goto done;
+    int n_levels = 0;
+    if (parse_bins(bins_arg, group, levels, &n_levels, &err)) goto done;
+    if (engine_single_load(&e, &mo, &err)) goto done;
+    const model *m = e.m;
     if (n_tokens > m->hp.n_ctx_train) n_tokens = m->hp.n_ctx_train;
-    if (engine_single_init(&e, m, (int)threads, (int)n_tokens, false, &err)) goto done;
+    if (engine_single_start(&e, n_tokens, &err)) goto done;
     const model_hparams *hp = &m->hp;
     const forward_hooks hooks = {.ud = &im, .before_layer = importance_before_layer};
     im.m = m;
@@ -328,7 +286,7 @@ int cli_calibrate(int argc, char **argv) {
     im.q = malloc(sizeof(float) * ENGINE_SLICE * (size_t)hp->n_head * hp->head_dim);
     if (!im.q_energy || !im.q_sum || !im.xn || !im.q) goto oom;
     e.hooks = &hooks;
-    int n = (int)n_tokens;
+    int n = n_tokens;
     if (text_path) {
         int32_t *tok = NULL;
         if (!(text = cli_read_file(text_path, &err))) goto done;
@@ -337,8 +295,8 @@ int cli_calibrate(int argc, char **argv) {
         if (nt < 0) goto done;
         if (nt < chunk) {
             free(tok);
-            kv_fail(&err, "%s has %d tokens; calibration needs at least one chunk (%lld)",
-                    text_path, nt, chunk);
+            kv_fail(&err, "%s has %d tokens; calibration needs at least one chunk (%d)", text_path,
+                    nt, chunk);
             goto done;
         }
         if (nt < n) n = nt;
@@ -351,11 +309,11 @@ int cli_calibrate(int argc, char **argv) {
     }
 
     /* The KV as f32 [chunk][layer][kv][token][channel]. */
-    int n_chunks = n / (int)chunk, nl = m->hp.n_layer;
+    int n_chunks = n / chunk, nl = m->hp.n_layer;
     int nc = m->hp.n_kv_head * m->hp.head_dim;
     size_t chunk_elems = (size_t)nl * 2 * (size_t)chunk * (size_t)nc;
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
-    if (engine_single_read_kv(&e, n_chunks, (int)chunk, kv, &err)) goto done;
+    if (engine_single_read_kv(&e, n_chunks, chunk, kv, &err)) goto done;
 
     if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
     if (importance_weights(&im, imp, &err)) goto done;
@@ -370,16 +328,15 @@ int cli_calibrate(int argc, char **argv) {
     if (!(qmean = malloc(sizeof(float) * n_q))) goto oom;
     for (size_t i = 0; i < n_q; i++) qmean[i] = (float)(im.q_sum[i] / im.rows);
     if (codec_table_set_attention(&table, hp->n_head, hp->head_dim, m->rope.n_rot, m->rope.inv_freq,
-                                  qmean, (float)margin, &err))
+                                  qmean, margin, &err))
         goto done;
-    if (codec_table_calibrate(&table, kv, n_chunks, (int)chunk, sd_units ? NULL : imp, &err))
-        goto done;
+    if (codec_table_calibrate(&table, kv, n_chunks, chunk, sd_units ? NULL : imp, &err)) goto done;
     if (!out_path) {
-        if (asprintf(&auto_out, "%s.kvcodec", model_path) < 0) goto oom;
+        if (asprintf(&auto_out, "%s.kvcodec", mo.path) < 0) goto oom;
         out_path = auto_out;
     }
     if (codec_table_save(&table, out_path, &err)) goto done;
-    printf("calibrated %d chunks of %lld tokens (%d layers, %d KV channels, %d levels): %s\n",
+    printf("calibrated %d chunks of %d tokens (%d layers, %d KV channels, %d levels): %s\n",
            n_chunks, chunk, nl, nc, n_levels, out_path);
     rc = 0;
     goto done;
@@ -399,6 +356,5 @@ done:
     free(text);
     free(auto_out);
     engine_single_free(&e);
-    model_free(m);
     return rc;
 }

@@ -1,7 +1,6 @@
 /* `kvserve generate`: one prompt, streamed to stdout. The smallest complete use of the engine:
  * template, tokenize, prefill in slices, sample, detokenize incrementally, stop. */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,70 +44,65 @@ static void generate_usage(FILE *out) {
 }
 
 typedef struct gen_opts {
-    const char *model;
+    cli_model_opts mo;
     const char *prompt;
     const char *file;
     const char *system;
-    const char *chat_template;
     bool chat;
     bool ignore_eos;
-    bool precise;
     int max_tokens;
     int ctx;
-    int threads;
     sampler_params sp;
     const char *stops[MAX_STOPS];
     int n_stops;
     logit_bias bias[MAX_BIAS];
 } gen_opts;
 
+/* --logit-bias ID=X (repeatable; X may be -inf). */
+static int parse_bias(void *dst, const char *arg, kv_error *err) {
+    gen_opts *o = dst;
+    long long id;
+    double d;
+    const char *eq = strchr(arg, '=');
+    if (!eq || o->sp.n_bias >= MAX_BIAS)
+        return kv_fail(err, "--logit-bias wants ID=VALUE (at most %d)", MAX_BIAS);
+    char text[32];
+    size_t n = (size_t)(eq - arg);
+    if (n == 0 || n >= sizeof text) return kv_fail(err, "--logit-bias: bad token id in '%s'", arg);
+    memcpy(text, arg, n);
+    text[n] = '\0';
+    if (cli_parse_int("--logit-bias token", text, 0, INT32_MAX, &id, err)) return -1;
+    if (strcmp(eq + 1, "-inf") == 0)
+        d = -INFINITY;
+    else if (cli_parse_float("--logit-bias value", eq + 1, -100, 100, &d, err))
+        return -1;
+    o->bias[o->sp.n_bias++] = (logit_bias){(int32_t)id, (float)d};
+    return 0;
+}
+
+/* --stop TEXT (repeatable). */
+static int parse_stop(void *dst, const char *arg, kv_error *err) {
+    gen_opts *o = dst;
+    if (o->n_stops >= MAX_STOPS) return kv_fail(err, "at most %d --stop strings", MAX_STOPS);
+    o->stops[o->n_stops++] = arg;
+    return 0;
+}
+
+/* --log-level takes effect at once. */
+static int parse_log_level(void *dst, const char *arg, kv_error *err) {
+    (void)dst;
+    log_level lv;
+    if (log_level_parse(arg, &lv))
+        return kv_fail(err, "--log-level: '%s' is not error|warn|info|debug", arg);
+    log_set_level(lv);
+    return 0;
+}
+
+/* -1 to go on, else the exit status (cli_parse). */
 static int parse_generate(int argc, char **argv, gen_opts *o) {
-    enum {
-        O_CHAT = 1000,
-        O_SYSTEM,
-        O_TEMPLATE,
-        O_TEMP,
-        O_TOPK,
-        O_TOPP,
-        O_MINP,
-        O_REP,
-        O_REPN,
-        O_FREQ,
-        O_PRES,
-        O_BIAS,
-        O_STOP,
-        O_IGNORE_EOS,
-        O_LOG,
-        O_PRECISE
-    };
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"prompt", required_argument, 0, 'p'},
-                                             {"file", required_argument, 0, 'f'},
-                                             {"chat", no_argument, 0, O_CHAT},
-                                             {"system", required_argument, 0, O_SYSTEM},
-                                             {"chat-template", required_argument, 0, O_TEMPLATE},
-                                             {"max-tokens", required_argument, 0, 'n'},
-                                             {"ctx", required_argument, 0, 'c'},
-                                             {"threads", required_argument, 0, 't'},
-                                             {"temp", required_argument, 0, O_TEMP},
-                                             {"top-k", required_argument, 0, O_TOPK},
-                                             {"top-p", required_argument, 0, O_TOPP},
-                                             {"min-p", required_argument, 0, O_MINP},
-                                             {"repeat-penalty", required_argument, 0, O_REP},
-                                             {"repeat-last-n", required_argument, 0, O_REPN},
-                                             {"frequency-penalty", required_argument, 0, O_FREQ},
-                                             {"presence-penalty", required_argument, 0, O_PRES},
-                                             {"logit-bias", required_argument, 0, O_BIAS},
-                                             {"seed", required_argument, 0, 's'},
-                                             {"stop", required_argument, 0, O_STOP},
-                                             {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-                                             {"log-level", required_argument, 0, O_LOG},
-                                             {"precise", no_argument, 0, O_PRECISE},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
-    o->threads = 2;
+    o->mo.threads = 2;
     sampler_params_default(&o->sp);
     /* llama.cpp's command-line defaults, which CLI users expect (the API keeps OpenAI's). */
     o->sp.temperature = 0.8f;
@@ -116,150 +110,53 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     o->sp.top_p = 0.95f;
     o->sp.min_p = 0.05f;
     o->sp.bias = o->bias;
-    int c;
-    long long ll;
-    double d;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:f:n:c:t:s:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm':
-            o->model = optarg;
-            break;
-        case 'p':
-            o->prompt = optarg;
-            break;
-        case 'f':
-            o->file = optarg;
-            break;
-        case O_CHAT:
-            o->chat = true;
-            break;
-        case O_SYSTEM:
-            o->system = optarg;
-            break;
-        case O_TEMPLATE:
-            o->chat_template = optarg;
-            break;
-        case 'n':
-            if (cli_parse_int("--max-tokens", optarg, 1, 1 << 20, &ll)) return -1;
-            o->max_tokens = (int)ll;
-            break;
-        case 'c':
-            if (cli_parse_int("--ctx", optarg, 16, 1 << 24, &ll)) return -1;
-            o->ctx = (int)ll;
-            break;
-        case 't':
-            if (cli_parse_int("--threads", optarg, 1, 256, &ll)) return -1;
-            o->threads = (int)ll;
-            break;
-        case 's':
-            if (cli_parse_int("--seed", optarg, 0, INT64_MAX, &ll)) return -1;
-            o->sp.seed = (uint64_t)ll;
-            break;
-        case O_TEMP:
-            if (cli_parse_float("--temp", optarg, 0, 100, &d)) return -1;
-            o->sp.temperature = (float)d;
-            break;
-        case O_TOPK:
-            if (cli_parse_int("--top-k", optarg, 0, 1 << 24, &ll)) return -1;
-            o->sp.top_k = (int)ll;
-            break;
-        case O_TOPP:
-            if (cli_parse_float("--top-p", optarg, 0, 1, &d)) return -1;
-            o->sp.top_p = (float)d;
-            break;
-        case O_MINP:
-            if (cli_parse_float("--min-p", optarg, 0, 1, &d)) return -1;
-            o->sp.min_p = (float)d;
-            break;
-        case O_REP:
-            if (cli_parse_float("--repeat-penalty", optarg, 0, 100, &d)) return -1;
-            o->sp.repeat_penalty = (float)d;
-            break;
-        case O_REPN:
-            if (cli_parse_int("--repeat-last-n", optarg, -1, 1 << 24, &ll)) return -1;
-            o->sp.repeat_last_n = (int)ll;
-            break;
-        case O_FREQ:
-            if (cli_parse_float("--frequency-penalty", optarg, -2, 2, &d)) return -1;
-            o->sp.frequency_penalty = (float)d;
-            break;
-        case O_PRES:
-            if (cli_parse_float("--presence-penalty", optarg, -2, 2, &d)) return -1;
-            o->sp.presence_penalty = (float)d;
-            break;
-        case O_BIAS: {
-            const char *eq = strchr(optarg, '=');
-            if (!eq || o->sp.n_bias >= MAX_BIAS) {
-                fprintf(stderr, "kvserve: --logit-bias wants ID=VALUE (at most %d)\n", MAX_BIAS);
-                return -1;
-            }
-            char id[32];
-            size_t n = (size_t)(eq - optarg);
-            if (n == 0 || n >= sizeof id) {
-                fprintf(stderr, "kvserve: --logit-bias: bad token id in '%s'\n", optarg);
-                return -1;
-            }
-            memcpy(id, optarg, n);
-            id[n] = '\0';
-            if (cli_parse_int("--logit-bias token", id, 0, INT32_MAX, &ll)) return -1;
-            if (strcmp(eq + 1, "-inf") == 0) {
-                d = -INFINITY;
-            } else if (cli_parse_float("--logit-bias value", eq + 1, -100, 100, &d)) {
-                return -1;
-            }
-            o->bias[o->sp.n_bias++] = (logit_bias){(int32_t)ll, (float)d};
-            break;
-        }
-        case O_STOP:
-            if (o->n_stops >= MAX_STOPS) {
-                fprintf(stderr, "kvserve: at most %d --stop strings\n", MAX_STOPS);
-                return -1;
-            }
-            o->stops[o->n_stops++] = optarg;
-            break;
-        case O_PRECISE:
-            o->precise = true;
-            break;
-        case O_IGNORE_EOS:
-            o->ignore_eos = true;
-            break;
-        case O_LOG: {
-            log_level lv;
-            if (log_level_parse(optarg, &lv)) {
-                fprintf(stderr, "kvserve: --log-level: '%s' is not error|warn|info|debug\n",
-                        optarg);
-                return -1;
-            }
-            log_set_level(lv);
-            break;
-        }
-        case 'h':
-            generate_usage(stdout);
-            exit(0);
-        default:
-            generate_usage(stderr);
-            return -1;
-        }
+    int64_t seed = 0;
+    const cli_opt opts[] = {
+        CLI_MODEL_OPT(&o->mo),
+        {"prompt", 'p', CLI_OPT_STRING, .dst = &o->prompt},
+        {"file", 'f', CLI_OPT_STRING, .dst = &o->file},
+        {"chat", 0, CLI_OPT_FLAG, .dst = &o->chat},
+        {"system", 0, CLI_OPT_STRING, .dst = &o->system},
+        {"chat-template", 0, CLI_OPT_STRING, .dst = &o->mo.chat_template},
+        {"max-tokens", 'n', CLI_OPT_INT, .dst = &o->max_tokens, .min = 1, .max = 1 << 20},
+        {"ctx", 'c', CLI_OPT_INT, .dst = &o->ctx, .min = 16, .max = 1 << 24},
+        CLI_THREADS_OPT(&o->mo),
+        {"temp", 0, CLI_OPT_FLOAT, .dst = &o->sp.temperature, .fmin = 0, .fmax = 100},
+        {"top-k", 0, CLI_OPT_INT, .dst = &o->sp.top_k, .min = 0, .max = 1 << 24},
+        {"top-p", 0, CLI_OPT_FLOAT, .dst = &o->sp.top_p, .fmin = 0, .fmax = 1},
+        {"min-p", 0, CLI_OPT_FLOAT, .dst = &o->sp.min_p, .fmin = 0, .fmax = 1},
+        {"repeat-penalty", 0, CLI_OPT_FLOAT, .dst = &o->sp.repeat_penalty, .fmin = 0, .fmax = 100},
+        {"repeat-last-n", 0, CLI_OPT_INT, .dst = &o->sp.repeat_last_n, .min = -1, .max = 1 << 24},
+        {"frequency-penalty", 0, CLI_OPT_FLOAT, .dst = &o->sp.frequency_penalty, .fmin = -2,
+         .fmax = 2},
+        {"presence-penalty", 0, CLI_OPT_FLOAT, .dst = &o->sp.presence_penalty, .fmin = -2,
+         .fmax = 2},
+        {"logit-bias", 0, CLI_OPT_FN, .dst = o, .fn = parse_bias},
+        {"seed", 's', CLI_OPT_INT64, .dst = &seed, .min = 0, .max = INT64_MAX},
+        {"stop", 0, CLI_OPT_FN, .dst = o, .fn = parse_stop},
+        {"ignore-eos", 0, CLI_OPT_FLAG, .dst = &o->ignore_eos},
+        {"log-level", 0, CLI_OPT_FN, .fn = parse_log_level},
+        {"precise", 0, CLI_OPT_FLAG, .dst = &o->mo.precise},
+    };
+    const cli_command cmd = {"kvserve generate", generate_usage, opts,
+                             sizeof opts / sizeof opts[0]};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    o->sp.seed = (uint64_t)seed;
+    if (!o->prompt == !o->file) {
+        fprintf(stderr, "kvserve generate: need one of -p PROMPT or -f FILE\n");
+        return 2;
     }
-    if (optind < argc) {
-        fprintf(stderr, "kvserve: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
-    if (!o->model || (!o->prompt == !o->file)) {
-        fprintf(stderr, "kvserve generate: need -m MODEL and one of -p PROMPT or -f FILE\n");
-        return -1;
-    }
-    return 0;
+    return -1;
 }
 
 int cli_generate(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
     gen_opts o;
-    if (parse_generate(argc, argv, &o)) return 2;
-    int rc = 1;
+    int rc = parse_generate(argc, argv, &o);
+    if (rc >= 0) return rc;
+    rc = 1;
     kv_error err = {{0}};
-    model *m = NULL;
     engine_single e = {0};
     char *file_text = NULL, *rendered = NULL, *gen = NULL;
     int32_t *ids = NULL, *hist = NULL;
@@ -268,10 +165,10 @@ int cli_generate(int argc, char **argv) {
 
     if (o.file && !(file_text = cli_read_file(o.file, &err))) goto fail;
     const char *prompt = o.file ? file_text : o.prompt;
-    model_load_opts lo = {.chat_template = o.chat_template};
-    if (!(m = model_load(o.model, &lo, &err))) goto fail;
+    if (engine_single_load(&e, &o.mo, &err)) goto fail;
+    const model *m = e.m;
     int ctx = o.ctx ? o.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    if (engine_single_init(&e, m, o.threads, ctx, o.precise, &err)) goto fail;
+    if (engine_single_start(&e, ctx, &err)) goto fail;
 
     bool add_bos = tokenizer_add_bos(m->tok);
     if (o.chat) {
@@ -373,7 +270,7 @@ int cli_generate(int argc, char **argv) {
             n_gen > 0 ? n_gen / ((t2 - t1) / 1e9) : 0.0, finish);
     rc = 0;
 fail:
-    if (rc) fprintf(stderr, "kvserve: %s\n", err.msg);
+    if (rc) fprintf(stderr, "kvserve generate: %s\n", err.msg);
     stop_set_free(&stops);
     sampler_destroy(smp);
     free(hist);
@@ -382,6 +279,5 @@ fail:
     free(rendered);
     free(file_text);
     engine_single_free(&e);
-    model_free(m);
     return rc;
 }
