@@ -151,8 +151,6 @@ const cache_layout *cache_store_layout(const cache_store *s);
  * inside it). Blocks on disk reads; thread-safe. */
 int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
                       cache_chunk **out, int max_out, int *n_out);
-/* True when the RAM or disk tier holds a record whose own key is key (no I/O). */
-bool cache_store_contains(cache_store *s, const cache_key *key);
 /* True when the RAM or disk tier holds a record holding the block whose key is bkey (no I/O). */
 bool cache_store_holds(cache_store *s, const cache_key *bkey);
 /* Stores c (the store takes its own reference): into RAM now, onto disk in the background.

@@ -133,11 +133,6 @@ done:
     return covered;
 }
 
-bool cache_store_contains(cache_store *s, const cache_key *key) {
-    return (s->ram && cache_ram_contains(s->ram, key)) ||
-           (s->disk && cache_disk_contains(s->disk, key));
-}
-
 bool cache_store_holds(cache_store *s, const cache_key *bkey) {
     cache_key record;
     int block;

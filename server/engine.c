@@ -710,8 +710,7 @@ static void write_back(engine *e, eseq *s) {
                              s->hist + (size_t)i * bt, bt, &s->keys[i]);
             s->n_keys++;
         }
-        if (e->pc && !pool_cache_has(e->pc, &s->keys[i]))
-            pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks[i]);
+        if (e->pc) pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks[i]);
         s->n_stored++;
         if (e->o.store && s->n_stored % cb == 0) store_record(e, s, s->n_stored - cb, cb);
     }
