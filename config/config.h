@@ -44,6 +44,10 @@ typedef struct kv_config {
     char *cache_dir;          /* disk tier directory; "auto": $XDG_CACHE_HOME or ~/.cache, /kvserve;
                                  "off": no disk tier */
     int64_t cache_disk_bytes; /* disk tier cap */
+    bool blend;               /* reuse chunks found by content anywhere in a prompt (CacheBlend) */
+    int blend_recompute;      /* least recompute ratio of blended tokens, percent */
+    int64_t blend_ram_bytes;  /* content store cap */
+    int blend_chunk;          /* most prompt tokens one blended prefill step takes */
     /* ---- logging */
     char *log_level; /* error|warn|info|debug */
 } kv_config;

@@ -596,6 +596,8 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
     if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
+    if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
+    if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);
@@ -609,6 +611,8 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->max_tokens = -1;
     out->n = 1;
     out->cache = true;
+    out->blend = true;
+    out->blend_ratio = -1;
     sampler_params_default(&out->sampling);
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);

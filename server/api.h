@@ -75,9 +75,11 @@ typedef struct api_request {
     int n_stops;
     char *user;
     /* kvserve extensions (optional; for the context cache) */
-    bool cache;       /* "cache": false opts out; default true */
-    char *cache_salt; /* "cache_salt": namespace salt, or NULL */
-    bool ignore_eos;  /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+    bool cache;        /* "cache": false opts out; default true */
+    char *cache_salt;  /* "cache_salt": namespace salt, or NULL */
+    bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+    bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
+    float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
 } api_request;
 
 /* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err

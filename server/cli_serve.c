@@ -163,6 +163,9 @@ int cli_serve(int argc, char **argv) {
         .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
         .pool_cache = true,
         .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,
+        .blend_bytes = cfg.cache && cfg.blend ? cfg.blend_ram_bytes : 0,
+        .blend_ratio = (float)cfg.blend_recompute / 100.0f,
+        .blend_chunk = cfg.blend_chunk,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",

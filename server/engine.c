@@ -14,6 +14,7 @@
 #include "server/pool_cache.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,6 +140,16 @@ typedef struct eseq {
     int n_stored;
     int tail_stored;
     bool reuse_tried; /* looked up since it last held no KV */
+    /* blend: the prompt's content-defined chunk ends, the spans planned to come from the
+     * content store (a record reference each), and the first slot whose KV is not what a full
+     * prefill computes (prefix keys and content records are stored only before it) */
+    int *cuts;
+    int n_cuts;
+    blend_span *spans;
+    int n_spans;
+    int exact_end;
+    float blend_ratio;
+    int blended, recomputed; /* tokens reused by content so far, and recomputed of them */
 } eseq;
 
 struct engine {
@@ -168,13 +179,37 @@ struct engine {
     atomic_llong prefetched;    /* bytes of chunks fetched for requests not yet admitted */
     batch_seq *batch;           /* [max_seqs] */
     eseq **batch_seqs;          /* [max_seqs] */
-    int32_t *batch_pos;         /* [max_seqs + prefill_chunk] */
+    int32_t *batch_pos;         /* [fwd_tokens] */
+    int fwd_tokens;             /* tokens one step may hold */
+    /* blend */
+    content_store *cs; /* NULL: no blend */
+    uint8_t *kinds;    /* the chunker's token kinds */
+    blend_fusor *fus;
+    blend_entry *bents; /* [max_seqs] this step's blended entries */
+    blend_span *bspans; /* [bspans_cap] their spans, clipped to the step */
+    int bspans_cap;
+    double ns_token_layer; /* measured compute per token and layer (the loading controller) */
+    atomic_llong blended_tokens, recomputed_tokens;
 };
+
+/* Content-defined chunking of prompts for blend: short enough that a passage's chunks after its
+ * first cut are found wherever it sits, long enough that a key names a real run of text. */
+static const cache_cdc_params BLEND_CDC = {.min_tokens = 8, .avg_tokens = 64, .max_tokens = 256};
+
+static void drop_spans(eseq *s) {
+    for (int i = 0; i < s->n_spans; i++) content_rec_unref(s->spans[i].rec);
+    free(s->spans);
+    s->spans = NULL;
+    s->n_spans = 0;
+    s->exact_end = INT_MAX;
+}
 
 static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
     sampler_destroy(s->smp);
+    drop_spans(s);
+    free(s->cuts);
     free(s->keys);
     free(s->hist);
     free(s->gen);
@@ -186,6 +221,7 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     eseq *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     kv_seq_init(&s->kv);
+    s->exact_end = INT_MAX;
     s->req = r;
     atomic_fetch_add(&r->refs, 1);
     s->choice = choice;
@@ -641,6 +677,100 @@ static int reuse_loaded(engine *e, eseq *s, int held, int n_blocks) {
     return held;
 }
 
+/* The recompute ratio for s: the request's, else the loading controller's (CacheBlend section
+ * 5): as many tokens as can be recomputed per layer while the next layer's reused KV loads
+ * (measured: its copy and rotation per token against compute per token), never below the
+ * quality floor (--blend-ratio). */
+static float blend_ratio_for(const engine *e, const gen_request *r, double ns_load_token_layer) {
+    if (r->blend_ratio >= 0) return r->blend_ratio;
+    double hide = e->ns_token_layer > 0 ? ns_load_token_layer / e->ns_token_layer : 0;
+    double ratio = hide > e->o.blend_ratio ? hide : e->o.blend_ratio;
+    return ratio > 1 ? 1.0f : (float)ratio;
+}
+
+/* Finds, past s's exact prefix, the content-defined chunks of its prompt that the content
+ * store holds (any position, any earlier context): they become spans the blended prefill
+ * reuses. The last prompt token is always computed, for its logits. */
+static void plan_blend(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    drop_spans(s);
+    s->blended = s->recomputed = 0;
+    if (!e->cs || !r->blend || r->prompt_logprobs) return;
+    int n = r->n_prompt;
+    if (!s->cuts) {
+        if (!(s->cuts = malloc(sizeof *s->cuts * (size_t)n))) return;
+        s->n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, s->cuts, n);
+    }
+    cache_tier_stats cst;
+    content_store_stats(e->cs, &cst);
+    if (cst.entries == 0) return;
+    int cap = 0;
+    for (int i = 0, a = 0; i < s->n_cuts; a = s->cuts[i++]) {
+        int b = s->cuts[i];
+        if (a < s->n_computed || b > n - 1 || b - a < BLEND_CDC.min_tokens) continue;
+        cache_key key;
+        cache_content_key(e->m->identity, &r->ns, r->prompt + a, b - a, &key);
+        content_rec *rec = content_store_get(e->cs, &key);
+        if (!rec) continue;
+        if (rec->n_tok != b - a) {
+            content_rec_unref(rec);
+            continue;
+        }
+        if (s->n_spans == cap) {
+            cap = cap ? cap * 2 : 8;
+            blend_span *sp = realloc(s->spans, sizeof *sp * (size_t)cap);
+            if (!sp) {
+                content_rec_unref(rec);
+                break;
+            }
+            s->spans = sp;
+        }
+        s->spans[s->n_spans++] = (blend_span){.slot = a, .n = b - a, .off = 0, .rec = rec};
+    }
+    if (s->n_spans == 0) return;
+    s->exact_end = s->spans[0].slot;
+    s->blend_ratio = blend_ratio_for(e, r, blend_fusor_load_ns(e->fus));
+    log_debug("blend: %d spans from token %d, ratio %.2f", s->n_spans, s->exact_end,
+              s->blend_ratio);
+}
+
+/* Keeps the KV of s's content-defined chunks that a full prefill computed (before exact_end)
+ * in the content store, so a later prompt finds them wherever they sit. */
+static void store_content(engine *e, eseq *s) {
+    if (!e->cs || !s->cuts || s->choice != 0 || !s->req->blend) return;
+    gen_request *r = s->req;
+    const kv_layout *kl = kv_pool_layout(e->pool);
+    int kvd = kl->n_kv_head * kl->head_dim;
+    int limit = s->exact_end < s->n_computed ? s->exact_end : s->n_computed;
+    float *rows = NULL;
+    int32_t *slots = NULL;
+    for (int i = 0, a = 0; i < s->n_cuts && s->cuts[i] <= limit; a = s->cuts[i++]) {
+        int b = s->cuts[i], n = b - a;
+        if (n < BLEND_CDC.min_tokens) continue;
+        cache_key key;
+        cache_content_key(e->m->identity, &r->ns, r->prompt + a, n, &key);
+        if (content_store_has(e->cs, &key)) continue;
+        if (!rows) {
+            rows = malloc(sizeof *rows * (size_t)BLEND_CDC.max_tokens * (size_t)kvd);
+            slots = malloc(sizeof *slots * (size_t)BLEND_CDC.max_tokens);
+            if (!rows || !slots) break;
+        }
+        content_rec *rec = content_rec_create(kl->n_layer, kvd, n, &key, &r->ns, a);
+        if (!rec) break;
+        for (int j = 0; j < n; j++) slots[j] = a + j;
+        for (int l = 0; l < kl->n_layer; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                backend_kv_load(e->b, kv_pool_memory(e->pool), kl, l, kv, s->kv.blocks, slots, n,
+                                rows);
+                fp32_to_fp16_row(rows, (uint16_t *)content_rec_rows(rec, l, kv), (int64_t)n * kvd);
+            }
+        content_store_put(e->cs, rec);
+        content_rec_unref(rec);
+    }
+    free(rows);
+    free(slots);
+}
+
 /* Gives s (holding no KV) its longest cached prefix, to the block: blocks in the pool are
  * appended by reference, then records the submitting thread fetched from RAM or disk are
  * copied. At least the last token is left to compute, so its logits are fresh (its block, if
@@ -674,6 +804,7 @@ static void reuse_prefix(engine *e, eseq *s) {
         r->cached_tokens = reused < r->n_prompt ? reused : r->n_prompt - 1;
         pthread_mutex_unlock(&r->mu);
     }
+    plan_blend(e, s);
 }
 
 /* Copies s's blocks [first, first + n) (one chunk's, from its start) into a record for the
@@ -696,7 +827,9 @@ static void write_back(engine *e, eseq *s) {
     gen_request *r = s->req;
     int bt = kv_pool_layout(e->pool)->block_tokens;
     int cb = e->o.chunk_tokens / bt;
-    while ((s->n_stored + 1) * bt <= s->n_computed) {
+    /* blended KV is not what a full prefill computes: no prefix key may name it */
+    int exact = s->n_computed < s->exact_end ? s->n_computed : s->exact_end;
+    while ((s->n_stored + 1) * bt <= exact) {
         int i = s->n_stored;
         if (i >= s->n_keys) {
             if (s->n_keys == s->cap_keys) {
@@ -731,6 +864,68 @@ static void store_tail(engine *e, eseq *s) {
     s->tail_stored = n;
 }
 
+/* True when s has reused spans at or after its next token. */
+static bool blending(const eseq *s) {
+    return s->n_spans > 0 &&
+           s->spans[s->n_spans - 1].slot + s->spans[s->n_spans - 1].n > s->n_computed;
+}
+
+/* How many pending tokens a blended prefill of s takes this step: a reused token costs one
+ * layer plus its share of recompute, a new token every layer; within budget (counted in new
+ * tokens' worth: *cost), the step's room and blend_chunk. */
+static int blend_take(const engine *e, const eseq *s, int budget, int room_tok, int *cost) {
+    int pending = s->n_hist - s->n_computed;
+    int cap = pending < e->o.blend_chunk ? pending : e->o.blend_chunk;
+    if (cap > room_tok) cap = room_tok;
+    double w_reused = 1.0 / e->m->hp.n_layer + 1.5 * s->blend_ratio, c = 0;
+    int n = 0, sp = 0;
+    while (n < cap) {
+        int t = s->n_computed + n;
+        while (sp < s->n_spans && s->spans[sp].slot + s->spans[sp].n <= t) sp++;
+        bool reused = sp < s->n_spans && s->spans[sp].slot <= t;
+        double w = reused ? (w_reused < 1 ? w_reused : 1) : 1;
+        if (n > 0 && c + w > budget) break;
+        c += w;
+        n++;
+    }
+    *cost = (int)ceil(c);
+    return n;
+}
+
+/* The blended entries of the step's batch: each sequence whose tokens this step meet its
+ * spans, with the spans clipped to them. Returns how many (0 when out of memory: the step
+ * then computes those tokens in full, which is always correct). */
+static int blend_entries(engine *e, int n_b) {
+    int n_be = 0, n_sp = 0;
+    for (int i = 0; i < n_b; i++) {
+        eseq *s = e->batch_seqs[i];
+        const batch_seq *bs = &e->batch[i];
+        int lo = bs->kv_start, hi = bs->kv_start + bs->n_tok, first = n_sp;
+        for (int k = 0; k < s->n_spans; k++) {
+            blend_span sp = s->spans[k];
+            int a = sp.slot > lo ? sp.slot : lo, b = sp.slot + sp.n < hi ? sp.slot + sp.n : hi;
+            if (a >= b) continue;
+            if (n_sp == e->bspans_cap) {
+                int cap = e->bspans_cap ? e->bspans_cap * 2 : 64;
+                blend_span *t = realloc(e->bspans, sizeof *t * (size_t)cap);
+                if (!t) return 0;
+                e->bspans = t;
+                e->bspans_cap = cap;
+            }
+            e->bspans[n_sp++] =
+                (blend_span){.slot = a, .n = b - a, .off = sp.off + a - sp.slot, .rec = sp.rec};
+        }
+        if (n_sp > first)
+            e->bents[n_be++] = (blend_entry){.entry = i,
+                                             .n_spans = n_sp - first,
+                                             .ratio = s->blend_ratio,
+                                             .spans = (const blend_span *)(intptr_t)first};
+    }
+    /* the span array may have moved while growing: offsets become pointers now */
+    for (int k = 0; k < n_be; k++) e->bents[k].spans = e->bspans + (intptr_t)e->bents[k].spans;
+    return n_be;
+}
+
 /* One continuous-batching step. */
 static void step(engine *e) {
     int n_b = 0, n_pos = 0;
@@ -763,8 +958,15 @@ static void step(engine *e) {
         if (s->preempted && s->n_computed == 0 &&
             room(e, blocks_for(e, s->n_hist + 1)) < blocks_for(e, s->n_hist + 1))
             continue;
-        int n = pending < budget ? pending : budget;
-        if (batch_add(e, s, n, &n_b, &n_pos)) budget -= n;
+        int n = pending < budget ? pending : budget, cost = n;
+        if (blending(s)) {
+            n = blend_take(e, s, budget, e->fwd_tokens - n_pos, &cost);
+            /* a blended step may not fit beside prefill already taken: next step */
+            if (cost > budget && budget < e->o.prefill_chunk) continue;
+        } else if (n > e->fwd_tokens - n_pos) {
+            n = e->fwd_tokens - n_pos;
+        }
+        if (n > 0 && batch_add(e, s, n, &n_b, &n_pos)) budget -= cost < budget ? cost : budget;
     }
     if (n_b == 0) return;
 
@@ -777,10 +979,39 @@ static void step(engine *e) {
         off += bs->n_tok;
     }
     kv_error err = {{0}};
+    forward_hooks hooks, *hk = NULL;
+    int n_be = e->cs ? blend_entries(e, n_b) : 0;
+    if (n_be > 0) {
+        if (blend_fusor_begin(e->fus, e->batch, n_b, e->bents, n_be, &hooks, &err) == 0) {
+            hk = &hooks;
+        } else {
+            /* computed in full instead: slower, never wrong */
+            log_warn("blend: %s; computing those tokens", err.msg);
+            for (int k = 0; k < n_be; k++) drop_spans(e->batch_seqs[e->bents[k].entry]);
+            n_be = 0;
+        }
+    }
     uint64_t t0 = clock_now_ns();
-    int n_out = model_forward(e->fwd, e->batch, n_b, NULL, e->logits, &err);
-    log_debug("step: %d sequences, %d tokens, forward %.2f ms", n_b, n_pos,
-              (double)(clock_now_ns() - t0) / 1e6);
+    int n_out = model_forward(e->fwd, e->batch, n_b, hk, e->logits, &err);
+    uint64_t dt = clock_now_ns() - t0;
+    log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
+              (double)dt / 1e6);
+    if (n_out >= 0 && n_be == 0 && n_pos >= 64) {
+        /* compute per token and layer, for the loading controller (prefill-sized steps) */
+        double ns = (double)dt / n_pos / e->m->hp.n_layer;
+        e->ns_token_layer = e->ns_token_layer > 0 ? 0.8 * e->ns_token_layer + 0.2 * ns : ns;
+    }
+    for (int k = 0; k < n_be && n_out >= 0; k++) {
+        eseq *s = e->batch_seqs[e->bents[k].entry];
+        log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f)",
+                  e->batch[e->bents[k].entry].n_tok, e->bents[k].n_reused, e->bents[k].n_recomputed,
+                  e->bents[k].ratio);
+        s->blended += e->bents[k].n_reused;
+        s->recomputed += e->bents[k].n_recomputed;
+        atomic_fetch_add(&e->blended_tokens, e->bents[k].n_reused);
+        atomic_fetch_add(&e->recomputed_tokens, e->bents[k].n_recomputed);
+        metrics_blend(e->mx, e->bents[k].n_reused, e->bents[k].n_recomputed);
+    }
     int n_rows = 0; /* one logits row per entry, every row for prompt scoring */
     for (int i = 0; i < n_b; i++) n_rows += e->batch[i].all_logits ? e->batch[i].n_tok : 1;
     if (n_out != n_rows) {
@@ -801,7 +1032,19 @@ static void step(engine *e) {
         s->n_computed += bs->n_tok;
         if (!s->done && cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
-        if (s->n_gen == 0 && !s->done && cache_on(e, s)) store_tail(e, s);
+        if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
+            store_tail(e, s);
+            store_content(e, s);
+            if (s->choice == 0 && s->blended > 0) {
+                gen_request *r = s->req;
+                pthread_mutex_lock(&r->mu);
+                r->blended_tokens = s->blended;
+                r->recomputed_tokens = s->recomputed;
+                r->blend_ratio_used = s->blend_ratio;
+                r->cached_tokens += s->blended - s->recomputed;
+                pthread_mutex_unlock(&r->mu);
+            }
+        }
         s->preempted = false;
         if (s->req->max_tokens == 0) {
             /* Prompt only (echo, scoring): every choice ends without a token. */
@@ -896,8 +1139,29 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     backend_set_precision(e->b, o->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
     if (!(e->pool = kv_pool_create(e->b, m, (o->kv_pool_tokens + 15) / 16 * 16, 16, err)))
         goto fail;
-    int max_tokens = o->max_seqs + o->prefill_chunk;
+    bool blend = o->chunk_tokens > 0 && o->blend_bytes > 0;
+    if (blend && (o->blend_chunk < 16 || o->blend_ratio < 0 || o->blend_ratio > 1)) {
+        kv_fail(err, "blend options out of range (chunk %d, ratio %g)", o->blend_chunk,
+                (double)o->blend_ratio);
+        goto fail;
+    }
+    int step_tokens =
+        blend && o->blend_chunk > o->prefill_chunk ? o->blend_chunk : o->prefill_chunk;
+    int max_tokens = o->max_seqs + step_tokens;
+    e->fwd_tokens = max_tokens;
     if (!(e->fwd = forward_ctx_create(m, e->b, e->pool, max_tokens, o->max_seqs, err))) goto fail;
+    atomic_init(&e->blended_tokens, 0);
+    atomic_init(&e->recomputed_tokens, 0);
+    if (blend) {
+        e->cs = content_store_create(o->blend_bytes);
+        e->kinds = cache_token_kinds(m->tok);
+        e->bents = calloc((size_t)o->max_seqs, sizeof *e->bents);
+        if (!e->cs || !e->kinds || !e->bents) {
+            kv_fail(err, "out of memory for blend");
+            goto fail;
+        }
+        if (!(e->fus = blend_fusor_create(m, e->b, e->pool, max_tokens, err))) goto fail;
+    }
     atomic_init(&e->reused_tokens, 0);
     atomic_init(&e->prefetched, 0);
     if (o->chunk_tokens > 0) {
@@ -962,6 +1226,11 @@ void engine_destroy(engine *e) {
     kv_aligned_free(e->logits);
     kv_aligned_free(e->work);
     forward_ctx_destroy(e->fwd);
+    blend_fusor_destroy(e->fus);
+    content_store_destroy(e->cs);
+    free(e->kinds);
+    free(e->bents);
+    free(e->bspans);
     pool_cache_destroy(e->pc);
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
@@ -1084,7 +1353,8 @@ int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fe
 }
 
 int64_t engine_cache_clear(engine *e, const cache_key *ns) {
-    return e->pc ? pool_cache_clear(e->pc, ns) : 0;
+    int64_t n = e->cs ? content_store_clear(e->cs, ns) : 0;
+    return n + (e->pc ? pool_cache_clear(e->pc, ns) : 0);
 }
 
 void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
@@ -1092,6 +1362,9 @@ void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
     out->enabled = e->o.chunk_tokens > 0;
     out->chunk_tokens = e->o.chunk_tokens;
     out->reused_tokens = atomic_load(&e->reused_tokens);
+    out->blended_tokens = atomic_load(&e->blended_tokens);
+    out->recomputed_tokens = atomic_load(&e->recomputed_tokens);
+    if (e->cs) content_store_stats(e->cs, &out->content);
     if (!e->pc) return;
     pool_cache_stats ps;
     pool_cache_stats_get(e->pc, &ps);

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cache/blend.h"
 #include "cache/cache.h"
 #include "model/model.h"
 #include "server/metrics.h"
@@ -72,8 +73,12 @@ typedef struct gen_request {
     cache_chunk **loaded; /* [n_loaded] records fetched from RAM or disk, in order, one reference
                              each; the engine drops them at admission */
     int n_loaded;
-    int loaded_from;             /* the first block they continue (the pool held the ones before) */
-    int loaded_blocks;           /* blocks from loaded_from on that they hold for this prompt */
+    int loaded_from;   /* the first block they continue (the pool held the ones before) */
+    int loaded_blocks; /* blocks from loaded_from on that they hold for this prompt */
+    /* Blend (cache/blend.h): reuse chunks found by content anywhere in the prompt, recomputing
+     * a share of them (blend_ratio in 0..1; negative: the engine's loading controller picks). */
+    bool blend;
+    float blend_ratio;
     int64_t loaded_bytes;        /* their payload bytes, charged to *loaded_budget */
     atomic_llong *loaded_budget; /* the engine's count of fetched bytes not yet admitted (the
                                     engine must outlive the request) */
@@ -88,8 +93,11 @@ typedef struct gen_request {
     uint64_t t_first_token;
     gen_logprob *prompt_lps; /* [n_prompt] when prompt_logprobs; entry 0 is unused */
     bool prompt_lps_ready;
-    int cached_tokens;     /* prompt tokens whose KV came from the cache */
-    atomic_bool cancelled; /* the client went away: the engine frees its sequences */
+    int cached_tokens;      /* prompt tokens whose KV came from the cache */
+    int blended_tokens;     /* of the prompt, tokens reused by content (blend) */
+    int recomputed_tokens;  /* of those, recomputed up to the last layer */
+    float blend_ratio_used; /* the recompute ratio the blend ran at */
+    atomic_bool cancelled;  /* the client went away: the engine frees its sequences */
     atomic_int refs;
 } gen_request;
 
@@ -115,6 +123,11 @@ typedef struct engine_opts {
     /* Chunks fetched for queued requests are held outside the store's caps until admission:
      * at most this many bytes (0: 1 GiB). Beyond it a request recomputes instead. */
     int64_t prefetch_bytes;
+    /* blend: the content store's cap in bytes (0: no blend), the least recompute ratio the
+     * loading controller picks, and the most tokens one blended prefill step takes */
+    int64_t blend_bytes;
+    float blend_ratio;
+    int blend_chunk;
 } engine_opts;
 
 typedef struct engine engine;
@@ -150,6 +163,8 @@ typedef struct engine_cache_stats {
     int chunk_tokens;
     int64_t pool_entries, pool_blocks, pool_hits, pool_misses, pool_evictions;
     int64_t reused_tokens;
+    int64_t blended_tokens, recomputed_tokens;
+    cache_tier_stats content; /* the blend content store */
 } engine_cache_stats;
 void engine_cache_stats_get(engine *e, engine_cache_stats *out);
 

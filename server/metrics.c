@@ -53,6 +53,7 @@ struct metrics {
     request_series req[MAX_REQUEST_SERIES];
     int n_req;
     uint64_t prompt_tokens, generated_tokens, preemptions;
+    uint64_t blended_tokens, recomputed_tokens;
     histogram ttft, itl, e2e;
     metrics_engine eng;
 };
@@ -119,6 +120,13 @@ void metrics_e2e(metrics *m, double seconds) { observe(m, &m->e2e, seconds); }
 void metrics_preemption(metrics *m) {
     pthread_mutex_lock(&m->mu);
     m->preemptions++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_blend(metrics *m, int64_t reused, int64_t recomputed) {
+    pthread_mutex_lock(&m->mu);
+    m->blended_tokens += (uint64_t)reused;
+    m->recomputed_tokens += (uint64_t)recomputed;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -199,6 +207,10 @@ char *metrics_render(metrics *m, size_t *len) {
     render_counter(&b, "kvserve_preemptions_total",
                    "Sequences whose KV was dropped for lack of pool space and recomputed.",
                    m->preemptions);
+    render_counter(&b, "kvserve_blend_tokens_total",
+                   "Prompt tokens whose KV was reused by content (blend).", m->blended_tokens);
+    render_counter(&b, "kvserve_blend_recomputed_tokens_total",
+                   "Blended tokens recomputed up to the last layer.", m->recomputed_tokens);
     render_hist(&b, &m->ttft);
     render_hist(&b, &m->itl);
     render_hist(&b, &m->e2e);

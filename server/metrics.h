@@ -20,6 +20,9 @@ void metrics_ttft(metrics *m, double seconds);
 void metrics_itl(metrics *m, double seconds);
 void metrics_e2e(metrics *m, double seconds);
 void metrics_preemption(metrics *m);
+/* One blended prefill step: prompt tokens reused by content, and how many of them were
+ * recomputed up to the last layer. */
+void metrics_blend(metrics *m, int64_t reused, int64_t recomputed);
 
 typedef struct metrics_engine {
     int waiting;              /* requests queued, not yet admitted */

@@ -187,6 +187,8 @@ static int request_setup(gen_request *r, const api_request *rq, int max_tokens, 
     r->logprobs = rq->logprobs;
     r->top_logprobs = rq->top_logprobs;
     r->ignore_eos = rq->ignore_eos;
+    r->blend = rq->blend;
+    r->blend_ratio = rq->blend_ratio;
     r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
     r->t_arrival = clock_now_ns();
     if (rq->sampling.n_bias > 0) {
@@ -309,15 +311,27 @@ json_t *job_usage(const job *j) {
     for (int p = 0; p < j->n_reqs; p++)
         for (int i = 0; i < j->reqs[p]->n_choices; i++)
             completion += j->reqs[p]->choices[i].n_tokens;
-    int cached = 0;
+    int cached = 0, blended = 0, recomputed = 0;
+    float ratio = -1;
     for (int p = 0; p < j->n_reqs; p++) {
-        pthread_mutex_lock(&j->reqs[p]->mu);
-        cached += j->reqs[p]->cached_tokens;
-        pthread_mutex_unlock(&j->reqs[p]->mu);
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        cached += r->cached_tokens;
+        blended += r->blended_tokens;
+        recomputed += r->recomputed_tokens;
+        if (r->blended_tokens > 0 && r->blend_ratio_used > ratio) ratio = r->blend_ratio_used;
+        pthread_mutex_unlock(&r->mu);
     }
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", j->prompt_tokens,
-                     "completion_tokens", completion, "total_tokens", j->prompt_tokens + completion,
-                     "prompt_tokens_details", "cached_tokens", cached);
+    json_t *details = json_pack("{s:i}", "cached_tokens", cached);
+    /* kvserve's extension: what blend reused by content, recomputed, and the ratio it ran at */
+    if (blended > 0) {
+        json_object_set_new(details, "blended_tokens", json_integer(blended));
+        json_object_set_new(details, "recomputed_tokens", json_integer(recomputed));
+        json_object_set_new(details, "blend_ratio", json_real(ratio));
+    }
+    return json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", j->prompt_tokens, "completion_tokens",
+                     completion, "total_tokens", j->prompt_tokens + completion,
+                     "prompt_tokens_details", details);
 }
 
 static json_t *token_json(const tokenizer *t, int32_t id, float lp, bool with_bytes) {

@@ -1,0 +1,280 @@
+/* The fusor (cache/blend.h): CacheBlend's selective KV recompute as forward-pass hooks.
+ *
+ * Per blended batch entry, every token is computed at layer 0 (ratio 0 aside); the reused
+ * tokens' KV of each layer is written into the pool just before the layer runs, so the tokens a
+ * layer does not compute attend with, and are attended through, the reused KV. After each layer
+ * the reused tokens it computed are ranked by how far their fresh K and V moved from the reused
+ * ones (HKVD) and the list narrows for the next layer. Tokens that were not cached are always
+ * computed; so is every row of an entry that does not blend. */
+#include "cache/blend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/quant.h"
+
+struct blend_fusor {
+    const model *m;
+    backend *b;
+    kv_pool *pool;
+    int max_tokens;
+    int kvd;
+    float *rk, *rv;   /* [max_tokens][kvd] reused K (rotated to its slot) and V of this layer */
+    float *fk, *fv;   /* [max_tokens][kvd] the fresh rows read back */
+    int32_t *slots;   /* [max_tokens] slot of each reused token */
+    int32_t *delta;   /* [max_tokens] position shift of each reused token */
+    int32_t *cand;    /* [max_tokens] reused index of a current row, per candidate */
+    int32_t *c_slots; /* [max_tokens] their slots */
+    float *dev;       /* [max_tokens] */
+    int *order;       /* [max_tokens] */
+    int *keep;        /* [max_tokens] rows kept */
+    int32_t *ridx;    /* [max_tokens] per flattened token: its reused index, or -1 */
+    int32_t *tok_ent; /* [max_tokens] per flattened token: its blend entry, or -1 */
+    int *first;       /* [n_ents] reused index of each entry's first reused token */
+    int cap_ents;
+    /* the pass */
+    const batch_seq *seqs;
+    blend_entry *ents;
+    int n_ents;
+    int n_reused;
+    double load_ns; /* per token and layer, moving average */
+};
+
+double blend_fusor_load_ns(const blend_fusor *f) { return f->load_ns; }
+
+int blend_rows_at_layer(float ratio, int reused, int layer) {
+    if (layer == 0) return ratio > 0 ? reused : 0;
+    double r = (double)ratio * (1.0 + 1.0 / layer);
+    if (r >= 1) return reused;
+    int n = (int)ceil(r * reused - 1e-9);
+    return n < 0 ? 0 : n;
+}
+
+blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int max_tokens,
+                                kv_error *err) {
+    blend_fusor *f = calloc(1, sizeof *f);
+    if (!f) goto oom;
+    f->m = m;
+    f->b = b;
+    f->pool = pool;
+    f->max_tokens = max_tokens;
+    f->kvd = m->hp.n_kv_head * m->hp.head_dim;
+    size_t nt = (size_t)max_tokens, rows = nt * (size_t)f->kvd;
+    f->rk = kv_aligned_alloc(sizeof(float) * rows);
+    f->rv = kv_aligned_alloc(sizeof(float) * rows);
+    f->fk = kv_aligned_alloc(sizeof(float) * rows);
+    f->fv = kv_aligned_alloc(sizeof(float) * rows);
+    f->slots = malloc(sizeof(int32_t) * nt);
+    f->delta = malloc(sizeof(int32_t) * nt);
+    f->cand = malloc(sizeof(int32_t) * nt);
+    f->c_slots = malloc(sizeof(int32_t) * nt);
+    f->dev = malloc(sizeof(float) * nt);
+    f->order = malloc(sizeof(int) * nt);
+    f->keep = malloc(sizeof(int) * nt);
+    f->ridx = malloc(sizeof(int32_t) * nt);
+    f->tok_ent = malloc(sizeof(int32_t) * nt);
+    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->cand ||
+        !f->c_slots || !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
+        goto oom;
+    return f;
+oom:
+    blend_fusor_destroy(f);
+    kv_fail(err, "out of memory for the blend fusor (%d tokens)", max_tokens);
+    return NULL;
+}
+
+void blend_fusor_destroy(blend_fusor *f) {
+    if (!f) return;
+    kv_aligned_free(f->rk);
+    kv_aligned_free(f->rv);
+    kv_aligned_free(f->fk);
+    kv_aligned_free(f->fv);
+    free(f->slots);
+    free(f->delta);
+    free(f->cand);
+    free(f->c_slots);
+    free(f->dev);
+    free(f->order);
+    free(f->keep);
+    free(f->ridx);
+    free(f->tok_ent);
+    free(f->first);
+    free(f);
+}
+
+/* Writes layer il of every span into the pool: f16 rows to f32, K turned by its delta. */
+static void load_layer(blend_fusor *f, int il) {
+    uint64_t t0 = clock_now_ns();
+    const kv_layout *kl = kv_pool_layout(f->pool);
+    void *pool = kv_pool_memory(f->pool);
+    int kvd = f->kvd;
+    for (int e = 0; e < f->n_ents; e++) {
+        const blend_entry *be = &f->ents[e];
+        int k = f->first[e];
+        for (int s = 0; s < be->n_spans; s++) {
+            const blend_span *sp = &be->spans[s];
+            const uint16_t *K = content_rec_rows(sp->rec, il, 0) + (size_t)sp->off * kvd;
+            const uint16_t *V = content_rec_rows(sp->rec, il, 1) + (size_t)sp->off * kvd;
+            fp16_to_fp32_row(K, f->rk + (size_t)k * kvd, (int64_t)sp->n * kvd);
+            fp16_to_fp32_row(V, f->rv + (size_t)k * kvd, (int64_t)sp->n * kvd);
+            k += sp->n;
+        }
+    }
+    const model_hparams *hp = &f->m->hp;
+    backend_rope(f->b, f->rk, f->delta, f->n_reused, hp->n_kv_head, hp->head_dim, &f->m->rope);
+    for (int e = 0; e < f->n_ents; e++) {
+        const blend_entry *be = &f->ents[e];
+        int k = f->first[e];
+        backend_kv_store(f->b, pool, kl, il, f->seqs[be->entry].seq->blocks, f->slots + k,
+                         be->n_reused, f->rk + (size_t)k * kvd, f->rv + (size_t)k * kvd);
+    }
+    if (f->n_reused > 0) {
+        double ns = (double)(clock_now_ns() - t0) / f->n_reused;
+        f->load_ns = f->load_ns > 0 ? 0.9 * f->load_ns + 0.1 * ns : ns;
+    }
+}
+
+static int cmp_dev_desc(const void *a, const void *b, void *ud) {
+    const float *dev = ud;
+    int i = *(const int *)a, j = *(const int *)b;
+    if (dev[i] != dev[j]) return dev[i] > dev[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+/* Keeps, per entry, the rows that are not reused and the `want` reused rows that deviate most
+ * (when computing is true, rank by the fresh KV of layer il; else keep no reused row). */
+static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
+    const kv_layout *kl = kv_pool_layout(f->pool);
+    const void *pool = kv_pool_memory(f->pool);
+    int n_rows = forward_state_n_rows(st);
+    const int32_t *rows = forward_state_rows(st);
+    int kvd = f->kvd;
+    /* keep[r] = 1 for rows that stay; reused rows start dropped */
+    for (int r = 0; r < n_rows; r++) f->keep[r] = f->ridx[rows[r]] < 0;
+    for (int e = 0; e < f->n_ents; e++) {
+        blend_entry *be = &f->ents[e];
+        int n_c = 0;
+        int lo = -1;
+        for (int r = 0; r < n_rows; r++)
+            if (f->tok_ent[rows[r]] == e && f->ridx[rows[r]] >= 0) {
+                if (lo < 0) lo = r;
+                f->cand[n_c] = f->ridx[rows[r]];
+                f->c_slots[n_c++] = f->slots[f->ridx[rows[r]]];
+            }
+        if (!computing) be->n_recomputed = n_c; /* the last layer: nothing narrows */
+        if (n_c == 0 || !computing) continue;
+        int want = blend_rows_at_layer(be->ratio, be->n_reused, il + 1);
+        /* order[c] becomes 1 for the candidates kept */
+        if (want >= n_c || want <= 0) {
+            for (int c = 0; c < n_c; c++) f->order[c] = want > 0;
+        } else {
+            const int32_t *bt = f->seqs[be->entry].seq->blocks;
+            backend_kv_load(f->b, pool, kl, il, 0, bt, f->c_slots, n_c, f->fk);
+            backend_kv_load(f->b, pool, kl, il, 1, bt, f->c_slots, n_c, f->fv);
+            for (int c = 0; c < n_c; c++) {
+                const float *rk = f->rk + (size_t)f->cand[c] * kvd,
+                            *rv = f->rv + (size_t)f->cand[c] * kvd;
+                const float *fk = f->fk + (size_t)c * kvd, *fv = f->fv + (size_t)c * kvd;
+                double d = 0;
+                for (int j = 0; j < kvd; j++) {
+                    double dk = (double)fk[j] - rk[j], dv = (double)fv[j] - rv[j];
+                    d += dk * dk + dv * dv;
+                }
+                f->dev[c] = isfinite(d) ? (float)d : INFINITY;
+                f->order[c] = c;
+            }
+            qsort_r(f->order, (size_t)n_c, sizeof *f->order, cmp_dev_desc, f->dev);
+            for (int c = 0; c < want; c++) f->dev[f->order[c]] = -1; /* selected */
+            for (int c = 0; c < n_c; c++) f->order[c] = f->dev[c] == -1;
+        }
+        /* the candidates are the entry's reused rows in row order, from lo */
+        for (int r = lo, c = 0; r < n_rows && c < n_c; r++)
+            if (f->tok_ent[rows[r]] == e && f->ridx[rows[r]] >= 0) f->keep[r] = f->order[c++];
+    }
+    if (!computing) return 0;
+    int n_keep = 0;
+    for (int r = 0; r < n_rows; r++)
+        if (f->keep[r]) f->keep[n_keep++] = r;
+    return n_keep == n_rows ? 0 : forward_state_keep_rows(st, f->keep, n_keep);
+}
+
+static int before_layer(void *ud, forward_state *st, int il) {
+    blend_fusor *f = ud;
+    load_layer(f, il);
+    /* full reuse: not even layer 0 recomputes a reused token */
+    bool any_zero = false;
+    for (int e = 0; e < f->n_ents; e++) any_zero |= f->ents[e].ratio <= 0;
+    if (il == 0 && any_zero) {
+        int n_rows = forward_state_n_rows(st);
+        const int32_t *rows = forward_state_rows(st);
+        int n_keep = 0;
+        for (int r = 0; r < n_rows; r++) {
+            int e = f->tok_ent[rows[r]];
+            if (e < 0 || f->ridx[rows[r]] < 0 || f->ents[e].ratio > 0) f->keep[n_keep++] = r;
+        }
+        if (n_keep < n_rows) return forward_state_keep_rows(st, f->keep, n_keep);
+    }
+    return 0;
+}
+
+static int after_layer(void *ud, forward_state *st, int il) {
+    return narrow(ud, st, il, il + 1 < ((blend_fusor *)ud)->m->hp.n_layer);
+}
+
+int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
+                      int n_entries, forward_hooks *hooks, kv_error *err) {
+    int n_tok = 0;
+    for (int s = 0; s < n_seqs; s++) n_tok += seqs[s].n_tok;
+    if (n_tok > f->max_tokens)
+        return kv_fail(err, "a blended batch of %d tokens exceeds the fusor's %d", n_tok,
+                       f->max_tokens);
+    if (n_entries > f->cap_ents) {
+        int *first = realloc(f->first, sizeof *first * (size_t)n_entries);
+        if (!first) return kv_fail(err, "out of memory");
+        f->first = first;
+        f->cap_ents = n_entries;
+    }
+    for (int t = 0; t < n_tok; t++) f->ridx[t] = f->tok_ent[t] = -1;
+    int k = 0;
+    for (int e = 0; e < n_entries; e++) {
+        blend_entry *be = &entries[e];
+        if (be->entry < 0 || be->entry >= n_seqs)
+            return kv_fail(err, "blend entry %d names batch entry %d", e, be->entry);
+        const batch_seq *bs = &seqs[be->entry];
+        int t0 = 0;
+        for (int s = 0; s < be->entry; s++) t0 += seqs[s].n_tok;
+        for (int i = 0; i < bs->n_tok; i++) f->tok_ent[t0 + i] = e;
+        f->first[e] = k;
+        be->n_reused = be->n_recomputed = 0;
+        int prev_end = bs->kv_start;
+        for (int s = 0; s < be->n_spans; s++) {
+            const blend_span *sp = &be->spans[s];
+            const content_rec *r = sp->rec;
+            if (sp->n < 1 || sp->slot < prev_end || sp->slot + sp->n > bs->kv_start + bs->n_tok ||
+                sp->off < 0 || sp->off + sp->n > r->n_tok || r->n_layer != f->m->hp.n_layer ||
+                r->kv_dim != f->kvd)
+                return kv_fail(err, "blend span %d of entry %d does not fit its batch entry", s, e);
+            prev_end = sp->slot + sp->n;
+            for (int i = 0; i < sp->n; i++, k++) {
+                int t = t0 + sp->slot - bs->kv_start + i;
+                if (bs->pos[sp->slot - bs->kv_start + i] != sp->slot + i)
+                    return kv_fail(err, "blended tokens must sit at positions equal to slots");
+                f->ridx[t] = k;
+                f->slots[k] = sp->slot + i;
+                f->delta[k] = sp->slot - (r->pos0 + sp->off);
+            }
+            be->n_reused += sp->n;
+        }
+        /* the last token's logits are always computed */
+        int t_last = t0 + bs->n_tok - 1;
+        if (f->ridx[t_last] >= 0)
+            return kv_fail(err, "entry %d: its last token cannot be reused", e);
+    }
+    f->seqs = seqs;
+    f->ents = entries;
+    f->n_ents = n_entries;
+    f->n_reused = k;
+    *hooks = (forward_hooks){.ud = f, .before_layer = before_layer, .after_layer = after_layer};
+    return 0;
+}

@@ -1,0 +1,133 @@
+/* cache/blend.h: reuse by content (DESIGN.md "Segments, content keys and blend"), after
+ * CacheBlend (EuroSys'25).
+ *
+ * A prompt is cut into content-defined chunks over its token ids, so that the same passage
+ * yields the same chunks wherever it sits; each chunk's KV, computed in whatever context came
+ * first, is kept in the content store under its content key (not chained: it finds the chunk
+ * after any prefix). A later prompt that holds the chunk elsewhere takes that KV, moves its K to
+ * the new positions by a RoPE delta rotation, and the fusor recomputes, layer by layer, only the
+ * tokens whose KV deviates most from what a full prefill would give (gradual filtering of the
+ * high-KV-deviation tokens), while the tokens that were not cached are computed in full. */
+#ifndef KVSERVE_CACHE_BLEND_H
+#define KVSERVE_CACHE_BLEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/cache.h"
+#include "model/model.h"
+
+/* ---------------------------------------------------------------- content-defined chunks */
+
+typedef struct cache_cdc_params {
+    int min_tokens; /* no cut before a chunk has this many (hard cuts aside) */
+    int avg_tokens; /* the rolling hash cuts about once per (avg - min) tokens past min */
+    int max_tokens; /* a cut at this length at the latest */
+} cache_cdc_params;
+
+/* What a token means to the chunker (a table over the vocabulary, model_token_kinds). */
+enum {
+    CACHE_TOKEN_PLAIN = 0,
+    CACHE_TOKEN_SOFT = 1, /* holds a line break: a cut follows it once the chunk is long enough */
+    CACHE_TOKEN_HARD = 2, /* a control token (message boundaries): a cut before and after it */
+};
+
+/* The per-token kinds of a vocabulary: [n_vocab] bytes, malloc'd (NULL when out of memory). */
+uint8_t *cache_token_kinds(const tokenizer *t);
+
+/* Cuts tokens[0..n) into chunks: ends[i] is the end (exclusive) of chunk i; returns the count
+ * (the last end is n; at most max_ends, the rest left uncut). A cut comes after a SOFT token
+ * once the chunk holds min_tokens, where a 64-token gear hash of the ids hits (about every
+ * avg - min tokens past min), at max_tokens, and before and after every HARD token, where the
+ * hash also restarts. Cuts depend only on the tokens shortly before them, so a passage cuts the
+ * same way wherever it sits once its first cut is passed. kinds may be NULL (all plain). */
+int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_vocab,
+                  const cache_cdc_params *p, int *ends, int max_ends);
+
+/* ---------------------------------------------------------------- content records */
+
+/* One chunk's KV as some earlier context computed it: every layer's K (rotated at positions
+ * pos0 .. pos0 + n_tok - 1) and V as f16, [n_layer][2 (K, V)][n_tok][kv_dim]. Immutable once
+ * shared; reference counted. */
+typedef struct content_rec {
+    cache_key key; /* content key of its tokens */
+    cache_key ns;
+    int32_t pos0;
+    int n_tok;
+    int n_layer;
+    int kv_dim; /* n_kv_head * head_dim */
+    size_t bytes;
+    uint16_t *data;
+    atomic_int refs;
+} content_rec;
+
+/* A record with one reference and an uninitialised payload (NULL when out of memory). */
+content_rec *content_rec_create(int n_layer, int kv_dim, int n_tok, const cache_key *key,
+                                const cache_key *ns, int32_t pos0);
+void content_rec_ref(content_rec *r);
+void content_rec_unref(content_rec *r);
+/* The K (kv 0) or V (kv 1) rows of one layer: [n_tok][kv_dim] f16. */
+const uint16_t *content_rec_rows(const content_rec *r, int layer, int kv);
+
+/* The content store: records by content key in RAM, least recently used evicted first, under
+ * a byte cap. Thread-safe. */
+typedef struct content_store content_store;
+
+content_store *content_store_create(int64_t cap_bytes);
+void content_store_destroy(content_store *s);
+/* The record under key, with a reference for the caller; NULL on a miss. */
+content_rec *content_store_get(content_store *s, const cache_key *key);
+bool content_store_has(content_store *s, const cache_key *key);
+/* Keeps r (the store takes its own reference) unless its key is held or it exceeds the cap. */
+void content_store_put(content_store *s, content_rec *r);
+/* Drops the records of namespace ns (NULL: all); returns how many. */
+int64_t content_store_clear(content_store *s, const cache_key *ns);
+void content_store_stats(content_store *s, cache_tier_stats *out);
+
+/* ---------------------------------------------------------------- the fusor */
+
+/* Tokens at KV slots slot .. slot + n - 1 of a blended batch entry take their KV from rec's
+ * tokens off .. off + n - 1 (computed at rec->pos0 + off + i), their K rotated to the slot's
+ * position. */
+typedef struct blend_span {
+    int slot;
+    int n;
+    int off;
+    content_rec *rec; /* borrowed: the caller keeps it alive through the pass */
+} blend_span;
+
+/* A batch entry that blends: seqs[entry] of the batch, its reused spans (inside its slots, in
+ * slot order; positions equal slots), and the recompute ratio. The pass fills the counts. */
+typedef struct blend_entry {
+    int entry;
+    const blend_span *spans;
+    int n_spans;
+    float ratio; /* 0: full reuse (even layer 0 reuses); 1: every token computed, a full prefill */
+    /* out */
+    int n_reused;     /* tokens of the spans */
+    int n_recomputed; /* of them, computed at the last layer */
+} blend_entry;
+
+typedef struct blend_fusor blend_fusor;
+
+/* Scratch for up to max_tokens reused tokens per pass. */
+blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int max_tokens,
+                                kv_error *err);
+void blend_fusor_destroy(blend_fusor *f);
+/* Readies the hooks for one model_forward over seqs (whose blended entries are listed; the
+ * others pass through untouched): before layer l, the spans' layer-l KV is written into the
+ * pool (K re-rotated); after layer l, the reused rows the layer computed are ranked by the
+ * deviation of their fresh K and V from the reused ones and the most deviating are kept for
+ * layer l + 1: ratio * (1 + 1 / (l + 1)) of the reused tokens (gradual filtering, never more
+ * than the layer computed), so the last layers compute about ratio of them. -1 with err when
+ * the spans do not fit. */
+int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
+                      int n_entries, forward_hooks *hooks, kv_error *err);
+/* Measured time to load one reused token's KV for one layer (conversion, rotation, pool
+ * write), in nanoseconds, averaged over recent passes; 0 before the first. */
+double blend_fusor_load_ns(const blend_fusor *f);
+/* Recompute rows of layer `layer` for `reused` reused tokens at ratio r (the schedule above). */
+int blend_rows_at_layer(float ratio, int reused, int layer);
+
+#endif
