@@ -74,8 +74,8 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->keep = malloc(sizeof(int) * nt);
     f->ridx = malloc(sizeof(int32_t) * nt);
     f->tok_ent = malloc(sizeof(int32_t) * nt);
-    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->cand ||
-        !f->c_slots || !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
+    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->cand || !f->c_slots ||
+        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
         goto oom;
     return f;
 oom:

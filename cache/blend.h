@@ -38,10 +38,10 @@ uint8_t *cache_token_kinds(const tokenizer *t);
 
 /* Cuts tokens[0..n) into chunks: ends[i] is the end (exclusive) of chunk i; returns the count
  * (the last end is n; at most max_ends, the rest left uncut). A cut comes after a SOFT token
- * once the chunk holds min_tokens, where a 64-token gear hash of the ids hits (about every
+ * once the chunk holds min_tokens, where a gear hash of the last 16 ids hits (about every
  * avg - min tokens past min), at max_tokens, and before and after every HARD token, where the
- * hash also restarts. Cuts depend only on the tokens shortly before them, so a passage cuts the
- * same way wherever it sits once its first cut is passed. kinds may be NULL (all plain). */
+ * hash also restarts. Cuts depend only on the tokens shortly before them and the last cut, so
+ * a passage cuts the same way wherever it sits a few cuts into it. kinds may be NULL. */
 int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_vocab,
                   const cache_cdc_params *p, int *ends, int max_ends);
 

@@ -53,7 +53,7 @@ int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_voca
             h = 0;
             continue;
         }
-        h = (h << 1) + gear((uint32_t)id);
+        h = (h << 4) + gear((uint32_t)id); /* the top bits see the last 16 tokens */
         int len = i + 1 - start;
         bool cut = len >= p->max_tokens;
         if (len >= p->min_tokens) {

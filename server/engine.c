@@ -728,8 +728,9 @@ static void plan_blend(engine *e, eseq *s) {
         s->spans[s->n_spans++] = (blend_span){.slot = a, .n = b - a, .off = 0, .rec = rec};
     }
     if (s->n_spans == 0) return;
-    s->exact_end = s->spans[0].slot;
     s->blend_ratio = blend_ratio_for(e, r, blend_fusor_load_ns(e->fus));
+    /* at ratio 1 every token is computed: the KV is a full prefill's, bit for bit */
+    s->exact_end = s->blend_ratio >= 1 ? INT_MAX : s->spans[0].slot;
     log_debug("blend: %d spans from token %d, ratio %.2f", s->n_spans, s->exact_end,
               s->blend_ratio);
 }
@@ -903,7 +904,9 @@ static int blend_entries(engine *e, int n_b) {
         int lo = bs->kv_start, hi = bs->kv_start + bs->n_tok, first = n_sp;
         for (int k = 0; k < s->n_spans; k++) {
             blend_span sp = s->spans[k];
-            int a = sp.slot > lo ? sp.slot : lo, b = sp.slot + sp.n < hi ? sp.slot + sp.n : hi;
+            /* the entry's last token is computed: its logits row is the step's output */
+            int a = sp.slot > lo ? sp.slot : lo,
+                b = sp.slot + sp.n < hi - 1 ? sp.slot + sp.n : hi - 1;
             if (a >= b) continue;
             if (n_sp == e->bspans_cap) {
                 int cap = e->bspans_cap ? e->bspans_cap * 2 : 64;

@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""CacheBlend on a RAG set built from local texts: quality against full prefill, and TTFT.
+
+The set: passages of 200-600 tokens cut from the licence texts in /usr/share/common-licenses
+(paragraphs merged up to the length), and questions that each put 4-6 of them, shuffled, in one
+user message as a RAG frontend does ("Document k:" headers, the passages, then the question),
+behind a system prompt. Passages are shared between questions, so each question finds its
+passages' KV computed in other contexts: first every passage is sent once alone (the RAG
+database's precompute), then each question is asked by every method, in one server process:
+
+  full prefill   "cache": false: nothing reused (the reference)
+  full reuse     "blend_ratio": 0: reused KV as is, no recompute at all
+  blend 5..30%   "blend_ratio": 0.05 .. 0.30
+  controller     no ratio: the server's loading controller picks (floor --blend-recompute)
+
+Per method: greedy answers identical to full prefill (%), token F1 of the answer against the
+full-prefill answer, mean KL(full || method) of the first token's distribution (over the top-20
+logprobs of both, the rest of the mass floored), mean TTFT and its ratio to full prefill, and the
+share of prompt tokens reused by content. TTFT is the time from sending the request to the first
+streamed content.
+
+    python3 scripts/bench/blend.py [--bin build/kvserve] [--model MODEL] [--questions 50]
+                                   [--max-tokens 24] [--seed 1]
+"""
+import argparse
+import http.client
+import json
+import math
+import os
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEXTS = ["GPL-3", "Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1", "GFDL-1.3", "Artistic",
+         "LGPL-3", "MPL-1.1", "CC0-1.0"]
+SYSTEM = "You are a helpful assistant. Answer the question using only the documents."
+ASK = [
+    "Quote the sentence that comes right after \"{frag}\".",
+    "Which document says \"{frag}\", and what does it say next?",
+    "Summarize Document {k} in one sentence.",
+    "What does Document {k} say about {word}?",
+    "Compare what Document {k} and Document {k2} say.",
+    "List the main obligations in Document {k}.",
+]
+METHODS = [("full prefill", {"cache": False}), ("full reuse (0%)", {"blend_ratio": 0.0}),
+           ("blend 5%", {"blend_ratio": 0.05}), ("blend 10%", {"blend_ratio": 0.10}),
+           ("blend 15%", {"blend_ratio": 0.15}), ("blend 30%", {"blend_ratio": 0.30}),
+           ("controller", {}), ("blend 100%", {"blend_ratio": 1.0})]
+TOP = 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args):
+        self.model = os.path.basename(args.model)[:-len(".gguf")]
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port",
+             str(self.port), "-c", "8192", "--cache-dir", "off", "--log-level", "warn"],
+            cwd=ROOT, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                sys.exit(f"kvserve exited with {self.proc.returncode}")
+            time.sleep(0.05)
+        sys.exit("kvserve did not become healthy")
+
+    def request(self, method, path, body=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        conn.request(method, path, json.dumps(body) if body is not None else None,
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, json.loads(data) if data else None
+
+    def chat(self, messages, max_tokens, extra):
+        """(seconds to the first content, text, first token's top logprobs, usage)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                           "temperature": 0, "stream": True, "logprobs": True,
+                           "top_logprobs": TOP, "stream_options": {"include_usage": True},
+                           **extra})
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            sys.exit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        t_first, text, first_lp, usage = None, "", None, None
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            for ch in ev.get("choices") or []:
+                piece = ch.get("delta", {}).get("content")
+                if piece and t_first is None:
+                    t_first = time.perf_counter() - t0
+                text += piece or ""
+                lps = (ch.get("logprobs") or {}).get("content") or []
+                if lps and first_lp is None:
+                    first_lp = {t["token"]: t["logprob"] for t in lps[0]["top_logprobs"]}
+            if ev.get("usage"):
+                usage = ev["usage"]
+        return t_first, text, first_lp, usage
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+
+def passages(srv):
+    """Passages of 200-600 tokens: consecutive paragraphs of each text merged."""
+    out = []
+    for name in TEXTS:
+        path = os.path.join("/usr/share/common-licenses", name)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            paras = [p.strip() for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
+        cur, n_cur = [], 0
+        for p in paras:
+            st, body = srv.request("POST", "/tokenize", {"content": p, "add_special": False})
+            assert st == 200, body
+            n = len(body["tokens"])
+            if n > 600:
+                continue
+            if n_cur + n > 600:
+                if n_cur >= 200:
+                    out.append("\n\n".join(cur))
+                cur, n_cur = [], 0
+            cur.append(p)
+            n_cur += n
+        if n_cur >= 200:
+            out.append("\n\n".join(cur))
+    return out
+
+
+def question_set(pool, n, rng):
+    qs = []
+    for _ in range(n):
+        docs = rng.sample(range(len(pool)), rng.randint(4, 6))
+        k = rng.randrange(len(docs))
+        k2 = (k + 1 + rng.randrange(len(docs) - 1)) % len(docs)
+        sents = [s for s in re.split(r"(?<=[.;:])\s+", pool[docs[k]]) if len(s.split()) >= 8]
+        sent = rng.choice(sents) if sents else pool[docs[k]][:80]
+        words = sent.split()
+        frag = " ".join(words[:min(len(words) - 1, 8)])
+        word = rng.choice([w.strip(".,;:()\"") for w in words if len(w) > 5] or ["the licence"])
+        q = rng.choice(ASK).format(frag=frag, k=k + 1, k2=k2 + 1, word=word)
+        qs.append((docs, q))
+    return qs
+
+
+def messages(pool, docs, question):
+    body = "\n\n".join(f"Document {i + 1}:\n{pool[d]}" for i, d in enumerate(docs))
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"{body}\n\nQuestion: {question}"}]
+
+
+def f1(a, b):
+    ta, tb = a.split(), b.split()
+    if not ta and not tb:
+        return 1.0
+    common = 0
+    rest = list(tb)
+    for t in ta:
+        if t in rest:
+            rest.remove(t)
+            common += 1
+    if common == 0:
+        return 0.0
+    p, r = common / len(ta), common / len(tb)
+    return 2 * p * r / (p + r)
+
+
+def kl(p_lp, q_lp):
+    """KL(p || q) over the union of both top-k lists; a token missing from a list gets the
+    smaller of its list's least logprob and the mass that list leaves out."""
+    def floor(lp):
+        rest = 1 - sum(math.exp(v) for v in lp.values())
+        return min(min(lp.values()), math.log(max(rest, 1e-12)))
+    fp, fq = floor(p_lp), floor(q_lp)
+    keys = set(p_lp) | set(q_lp)
+    p = {k: math.exp(p_lp.get(k, fp)) for k in keys}
+    q = {k: math.exp(q_lp.get(k, fq)) for k in keys}
+    zp, zq = sum(p.values()), sum(q.values())
+    return sum(p[k] / zp * math.log((p[k] / zp) / (q[k] / zq)) for k in keys)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvserve"))
+    ap.add_argument("--model", default=os.path.join(ROOT,
+                                                    "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--questions", type=int, default=50)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+
+    srv = Server(args)
+    try:
+        pool = passages(srv)
+        rng = random.Random(args.seed)
+        qs = question_set(pool, args.questions, rng)
+        used = sorted({d for docs, _ in qs for d in docs})
+        print(f"{len(pool)} passages, {len(used)} used by {len(qs)} questions", file=sys.stderr)
+        # the RAG database's precompute: each passage once, alone
+        for d in used:
+            srv.chat([{"role": "user", "content": f"Document 1:\n{pool[d]}"}], 1, {})
+        res = {name: [] for name, _ in METHODS}
+        for qi, (docs, q) in enumerate(qs):
+            msgs = messages(pool, docs, q)
+            ref = None
+            for name, extra in METHODS:
+                t, text, lp, usage = srv.chat(msgs, args.max_tokens, extra)
+                det = usage["prompt_tokens_details"]
+                row = {"t": t, "text": text, "lp": lp, "n": usage["prompt_tokens"],
+                       "blended": det.get("blended_tokens", 0),
+                       "cached": det.get("cached_tokens", 0)}
+                if ref is None:
+                    ref = row
+                row["same"] = text == ref["text"]
+                row["f1"] = f1(text, ref["text"])
+                row["kl"] = kl(ref["lp"], lp) if ref["lp"] and lp else float("nan")
+                res[name].append(row)
+            print(f"question {qi + 1}/{len(qs)}: {len(docs)} passages, {ref['n']} tokens",
+                  file=sys.stderr)
+        full_t = statistics.mean(r["t"] for r in res["full prefill"])
+        print(f"\n{len(qs)} questions, 4-6 passages of 200-600 tokens each, mean prompt "
+              f"{statistics.mean(r['n'] for r in res['full prefill']):.0f} tokens; "
+              f"{args.max_tokens} greedy tokens\n")
+        print("| method | identical answer | token F1 | KL first token | TTFT s | "
+              "speed-up | blended tokens |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, _ in METHODS:
+            rows = res[name]
+            t = statistics.mean(r["t"] for r in rows)
+            kls = [r["kl"] for r in rows if not math.isnan(r["kl"])]
+            print(f"| {name} | {100 * sum(r['same'] for r in rows) / len(rows):.0f}% | "
+                  f"{statistics.mean(r['f1'] for r in rows):.3f} | "
+                  f"{statistics.mean(kls) if kls else float('nan'):.4f} | {t:.2f} | "
+                  f"{full_t / t:.2f}x | "
+                  f"{100 * sum(r['blended'] for r in rows) / sum(r['n'] for r in rows):.0f}% |")
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()
