@@ -192,9 +192,10 @@ struct engine {
     atomic_llong blended_tokens, recomputed_tokens;
 };
 
-/* Content-defined chunking of prompts for blend: short enough that a passage's chunks after its
- * first cut are found wherever it sits, long enough that a key names a real run of text. */
-static const cache_cdc_params BLEND_CDC = {.min_tokens = 8, .avg_tokens = 64, .max_tokens = 256};
+/* Content-defined chunking of prompts for blend: a cut after every line break, the hash cutting
+ * long lines, so a passage's lines are found wherever it sits, its "Document k:" header and all
+ * (a line is a short run, but its KV is only ever reused through the fusor). */
+static const cache_cdc_params BLEND_CDC = {.min_tokens = 1, .avg_tokens = 48, .max_tokens = 256};
 
 static void drop_spans(eseq *s) {
     for (int i = 0; i < s->n_spans; i++) content_rec_unref(s->spans[i].rec);
