@@ -164,13 +164,13 @@ static const opt_row OPTIONS[] = {
     NUM(cache_disk_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 44, false, true, "4G", "BYTES",
         "disk tier capacity"),
     BOOL(blend, "true",
-         "reuse cached chunks found by content anywhere in a prompt, recomputing a share (CacheBlend)"),
+         "reuse chunks found by content anywhere in a prompt (CacheBlend)"),
     NUM(blend_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",
-        "least share of blended tokens recomputed, percent (the loading controller may pick more)"),
+        "least percentage of blended tokens recomputed"),
     NUM(blend_ram_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 40, false, true, "1G", "BYTES",
         "capacity of the blend content store"),
     NUM(blend_chunk, 0, OPT_INT, 16, 16384, false, false, "2048", "N",
-        "most prompt tokens one blended prefill step takes"),
+        "most prompt tokens in one blended prefill step"),
 #undef GROUP
 #define GROUP GROUP_LOGGING
     {.key = "log_level", .type = OPT_ENUM, .group = GROUP,

@@ -12,6 +12,8 @@ database's precompute), then each question is asked by every method, in one serv
   full reuse     "blend_ratio": 0: reused KV as is, no recompute at all
   blend 5..30%   "blend_ratio": 0.05 .. 0.30
   controller     no ratio: the server's loading controller picks (floor --blend-recompute)
+  blend 100%     "blend_ratio": 1: every token computed, the reused KV only overwritten: a
+                 check (its answers must be the full prefill's, 100%)
 
 Per method: greedy answers identical to full prefill (%), token F1 of the answer against the
 full-prefill answer, mean KL(full || method) of the first token's distribution (over the top-20

@@ -67,8 +67,8 @@ static const char *PASSAGE =
 
 /* Runs ids[0..n) of s at slots (= positions) s->n_tokens.. as one entry, with hooks; returns
  * the last token's logits in g_logits. */
-static void run(kv_seq *s, const int32_t *ids, int n, const forward_hooks *hooks,
-                blend_entry *ents, int n_ents) {
+static void run(kv_seq *s, const int32_t *ids, int n, const forward_hooks *hooks, blend_entry *ents,
+                int n_ents) {
     kv_error err = {{0}};
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) pos[i] = s->n_tokens + i;
@@ -211,8 +211,8 @@ Test(blend, rotated_k_moves_to_a_new_position_within_f16_rounding) {
         fp16_to_fp32_row(h, moved, d);
         backend_rope(g_b, moved, &delta, 1, hp->n_kv_head, hp->head_dim, &g_m->rope);
         for (int i = 0; i < d; i++)
-            cr_expect(fabsf(moved[i] - direct[i]) <= 2e-3f,
-                      "p %d delta %d dim %d: %g vs %g", p, delta, i, moved[i], direct[i]);
+            cr_expect(fabsf(moved[i] - direct[i]) <= 2e-3f, "p %d delta %d dim %d: %g vs %g", p,
+                      delta, i, moved[i], direct[i]);
     }
     free(k);
     free(moved);
@@ -226,9 +226,9 @@ Test(blend, rotated_k_moves_to_a_new_position_within_f16_rounding) {
  * context where it sat elsewhere. */
 typedef struct scene {
     int32_t *ctx_a, *ctx_b;
-    int n_a, n_b;   /* prompts */
-    int x_a, x_b;   /* where the passage starts in each */
-    int n_x;        /* passage tokens */
+    int n_a, n_b; /* prompts */
+    int x_a, x_b; /* where the passage starts in each */
+    int n_x;      /* passage tokens */
 } scene;
 
 static void scene_make(scene *sc) {
