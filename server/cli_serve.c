@@ -163,7 +163,9 @@ int cli_serve(int argc, char **argv) {
         .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
         .pool_cache = true,
         .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,
-        .blend_bytes = cfg.cache && cfg.blend ? cfg.blend_ram_bytes : 0,
+        .blend_bytes = !cfg.cache || !cfg.blend ? 0
+                       : cfg.blend_ram_bytes    ? cfg.blend_ram_bytes
+                                                : cfg.cache_ram_bytes / 4,
         .blend_ratio = (float)cfg.blend_recompute / 100.0f,
         .blend_chunk = cfg.blend_chunk,
     };

@@ -195,6 +195,7 @@ struct engine {
 /* Content-defined chunking of prompts for blend: a cut after every line break, the hash cutting
  * long lines, so a passage's lines are found wherever it sits, its "Document k:" header and all
  * (a line is a short run, but its KV is only ever reused through the fusor). */
+#define BLEND_MIN_RUN 32
 static const cache_cdc_params BLEND_CDC = {.min_tokens = 1, .avg_tokens = 48, .max_tokens = 256};
 
 static void drop_spans(eseq *s) {
@@ -728,6 +729,22 @@ static void plan_blend(engine *e, eseq *s) {
         }
         s->spans[s->n_spans++] = (blend_span){.slot = a, .n = b - a, .off = 0, .rec = rec};
     }
+    /* Only runs of BLEND_MIN_RUN tokens or more of consecutive found chunks are reused: a stray
+     * line found elsewhere saves little and costs the answer its own context. */
+    int kept = 0;
+    for (int i = 0; i < s->n_spans;) {
+        int j = i + 1, run = s->spans[i].n;
+        while (j < s->n_spans && s->spans[j].slot == s->spans[j - 1].slot + s->spans[j - 1].n)
+            run += s->spans[j++].n;
+        for (int k = i; k < j; k++) {
+            if (run >= BLEND_MIN_RUN)
+                s->spans[kept++] = s->spans[k];
+            else
+                content_rec_unref(s->spans[k].rec);
+        }
+        i = j;
+    }
+    s->n_spans = kept;
     if (s->n_spans == 0) return;
     s->blend_ratio = blend_ratio_for(e, r, blend_fusor_load_ns(e->fus));
     /* at ratio 1 every token is computed: the KV is a full prefill's, bit for bit */

@@ -94,8 +94,8 @@ def test_ratio_one_answers_as_full_prefill_and_blend_false_reuses_nothing(blend_
     off, usage = ask(c, m, msgs, blend=False)
     assert details(usage)[1] == 0
     assert off == full
-    # a new question keeps the exact prefix from matching: the passages are blended at 100%
-    msgs = rag([1, 0, 2], "Is the software free of charge?")
+    # an order not seen before keeps the exact prefix from matching: blended at 100%
+    msgs = rag([2, 1, 0], "Is the software free of charge?")
     full, _ = ask(c, m, msgs, cache=False)
     got, usage = ask(c, m, msgs, blend_ratio=1.0)
     _, blended, recomputed = details(usage)

@@ -414,4 +414,5 @@ def test_ram_tier_holds_its_byte_cap(start_server):
         rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS"))
     model = os.path.getsize(MODEL)
     pool = 4 * 1024 * KV_BYTES_PER_TOKEN
-    assert rss < model + pool + (64 << 20) + (96 << 20), rss / 2**20
+    # the blend content store takes a quarter of the RAM budget besides the tier
+    assert rss < model + pool + (64 << 20) + (16 << 20) + (96 << 20), rss / 2**20
