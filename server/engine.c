@@ -142,7 +142,7 @@ typedef struct eseq {
     bool reuse_tried; /* looked up since it last held no KV */
     /* blend: the prompt's content-defined chunk ends, the spans planned to come from the
      * content store (a record reference each), and the first slot whose KV is not what a full
-     * prefill computes (prefix keys and content records are stored only before it) */
+     * prefill computes (prefix keys are stored only before it) */
     int *cuts;
     int n_cuts;
     blend_span *spans;
@@ -753,19 +753,22 @@ static void plan_blend(engine *e, eseq *s) {
               s->blend_ratio);
 }
 
-/* Keeps the KV of s's content-defined chunks that a full prefill computed (before exact_end)
- * in the content store, so a later prompt finds them wherever they sit. */
+/* Keeps the KV of s's content-defined chunks it computed (every one but those it blended) in
+ * the content store, so a later prompt finds them wherever they sit. A chunk after a blended
+ * one attended to blended KV: like any content record, it is KV computed in some other
+ * context, which is what blend expects of it. */
 static void store_content(engine *e, eseq *s) {
     if (!e->cs || !s->cuts || s->choice != 0 || !s->req->blend) return;
     gen_request *r = s->req;
     const kv_layout *kl = kv_pool_layout(e->pool);
     int kvd = kl->n_kv_head * kl->head_dim;
-    int limit = s->exact_end < s->n_computed ? s->exact_end : s->n_computed;
     float *rows = NULL;
     int32_t *slots = NULL;
-    for (int i = 0, a = 0; i < s->n_cuts && s->cuts[i] <= limit; a = s->cuts[i++]) {
+    int sp = 0;
+    for (int i = 0, a = 0; i < s->n_cuts && s->cuts[i] <= s->n_computed; a = s->cuts[i++]) {
         int b = s->cuts[i], n = b - a;
-        if (n < BLEND_CDC.min_tokens) continue;
+        while (sp < s->n_spans && s->spans[sp].slot + s->spans[sp].n <= a) sp++;
+        if (n < BLEND_CDC.min_tokens || (sp < s->n_spans && s->spans[sp].slot < b)) continue;
         cache_key key;
         cache_content_key(e->m->identity, &r->ns, r->prompt + a, n, &key);
         if (content_store_has(e->cs, &key)) continue;
