@@ -6,7 +6,8 @@ The set: passages of 200-600 tokens cut from the licence texts in /usr/share/com
 user message as a RAG frontend does ("Document k:" headers, the passages, then the question),
 behind a system prompt. Passages are shared between questions, so each question finds its
 passages' KV computed in other contexts: first every passage is sent once alone (the RAG
-database's precompute), then each question is asked by every method, in one server process:
+database's precompute), then each question is asked by every method, in one server process,
+each method in its own cache namespace (so one method's run does not feed the next's):
 
   full prefill   "cache": false: nothing reused (the reference)
   full reuse     "blend_ratio": 0: reused KV as is, no recompute at all
@@ -68,7 +69,8 @@ class Server:
         self.port = free_port()
         self.proc = subprocess.Popen(
             [args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port",
-             str(self.port), "-c", "8192", "--cache-dir", "off", "--log-level", "warn"],
+             str(self.port), "-c", "8192", "--cache-dir", "off", "--log-level", "warn",
+             "--blend-ram-bytes", "8G"],  # every method's namespace holds every passage
             cwd=ROOT, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -227,15 +229,22 @@ def main():
         qs = question_set(pool, args.questions, rng)
         used = sorted({d for docs, _ in qs for d in docs})
         print(f"{len(pool)} passages, {len(used)} used by {len(qs)} questions", file=sys.stderr)
-        # the RAG database's precompute: each passage once, alone
-        for d in used:
-            srv.chat([{"role": "user", "content": f"Document 1:\n{pool[d]}"}], 1, {})
+        # Each method runs in its own namespace (cache_salt), so what one method's run of a
+        # prompt stores (its question, its headers) is not reused by the next method's run of
+        # the same prompt. In each, the RAG database's precompute first: every passage once,
+        # alone.
+        for mi, (name, extra) in enumerate(methods):
+            if "cache" not in extra:
+                for d in used:
+                    srv.chat([{"role": "user", "content": f"Document 1:\n{pool[d]}"}], 1,
+                             {"cache_salt": f"m{mi}"})
         res = {name: [] for name, _ in methods}
         for qi, (docs, q) in enumerate(qs):
             msgs = messages(pool, docs, q)
             ref = None
-            for name, extra in methods:
-                t, text, lp, usage, toks = srv.chat(msgs, args.max_tokens, extra)
+            for mi, (name, extra) in enumerate(methods):
+                t, text, lp, usage, toks = srv.chat(msgs, args.max_tokens,
+                                                    {**extra, "cache_salt": f"m{mi}"})
                 det = usage["prompt_tokens_details"]
                 row = {"t": t, "text": text, "lp": lp, "n": usage["prompt_tokens"], "toks": toks,
                        "blended": det.get("blended_tokens", 0),
