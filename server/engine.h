@@ -91,6 +91,10 @@ typedef struct gen_request {
     int cached_tokens;     /* prompt tokens whose KV came from the cache */
     atomic_bool cancelled; /* the client went away: the engine frees its sequences */
     atomic_int refs;
+    /* Called (under mu, from the engine thread) after every change, beside the condition
+     * variable: the HTTP side resumes the connection waiting on the request. Must not block. */
+    void (*notify)(void *arg, const struct gen_request *r);
+    void *notify_arg;
 } gen_request;
 
 /* A request with n_choices empty choices and one reference; NULL when out of memory. The
@@ -99,6 +103,9 @@ gen_request *gen_request_create(int n_choices);
 void gen_request_unref(gen_request *r);
 /* Waits (up to timeout_ms) for a change to r; call with r->mu held. */
 void gen_request_wait(gen_request *r, int timeout_ms);
+/* Sets (fn non-NULL) or clears r's change notification. Once cleared, fn is never called again
+ * (the engine calls it under r->mu, which this takes). */
+void gen_request_watch(gen_request *r, void (*fn)(void *arg, const gen_request *r), void *arg);
 
 typedef struct engine_opts {
     int threads;
