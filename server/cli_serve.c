@@ -102,8 +102,10 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
 }
 
 /* Descriptors kept free of connections: the listener, the model, the disk tier's files,
- * io_uring, the ITC of each HTTP thread, logs. */
+ * io_uring, the ITC of each HTTP thread, logs; and per HTTP thread, room for the clients being
+ * refused (accepted, then closed) when the limit is reached. */
 #define FD_RESERVE 128
+#define FD_REFUSING_PER_THREAD 64
 
 /* Every connection is a descriptor: raises the soft limit to the hard one and caps
  * max_connections below it. */
@@ -121,8 +123,9 @@ static void fd_limit_raise(kv_config *c) {
                  (long long)before, lim);
     else
         log_info("file descriptors: limit %lld (the hard limit)", lim);
-    if ((long long)c->max_connections + FD_RESERVE > lim) {
-        int cap = lim > 2 * FD_RESERVE ? (int)(lim - FD_RESERVE) : (int)(lim / 2);
+    long long reserve = FD_RESERVE + (long long)FD_REFUSING_PER_THREAD * c->http_threads;
+    if ((long long)c->max_connections + reserve > lim) {
+        int cap = lim > 2 * reserve ? (int)(lim - reserve) : (int)(lim / 2);
         log_warn("--max-connections %d does not fit the file descriptor limit of %lld: %d",
                  c->max_connections, lim, cap);
         c->max_connections = cap;

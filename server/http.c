@@ -544,13 +544,52 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     conn_req_unref(cr);
 }
 
+/* libmicrohttpd's own messages. The answers it gives itself (a malformed request line or header,
+ * headers over its memory pool, an unsupported HTTP version, bad chunked encoding: cases the
+ * library has no hook for) are error answers like ours, at info; a client that leaves or idles
+ * out is routine (thousands of them with a slowloris), at debug; anything else at warn. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && msg[n - 1] == '\n') msg[--n] = '\0';
-    log_warn("http: %s", msg);
+    log_level lv = LOG_LEVEL_WARN;
+    if (strstr(msg, "HTTP response code is"))
+        lv = LOG_LEVEL_INFO;
+    else if (strstr(msg, "closed by remote side") || strstr(msg, "timed out") ||
+             strstr(msg, "Connection reset") || strstr(msg, "Broken pipe"))
+        lv = LOG_LEVEL_DEBUG;
+    log_msg(lv, "http: %s", msg);
+}
+
+/* ---------------------------------------------------------------- connections */
+
+/* Counts open connections (MHD's own limit stops polling the listener, so clients over it would
+ * wait in the kernel's backlog behind idle ones; the accept policy refuses them instead). */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)conn;
+    (void)socket_context;
+    server *s = cls;
+    atomic_fetch_add(&s->connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+/* A client over --max-connections is closed at once (its connect succeeded in the kernel; it
+ * reads end-of-file). Logged at most once a second. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)addr;
+    (void)addrlen;
+    server *s = cls;
+    int open = atomic_load(&s->connections);
+    if (open < s->cfg->max_connections) return MHD_YES;
+    long long n = atomic_fetch_add(&s->refused, 1) + 1;
+    uint64_t now = clock_now_ns(), last = atomic_load(&s->refusal_logged_ns);
+    if (now - last >= 1000000000ull &&
+        atomic_compare_exchange_strong(&s->refusal_logged_ns, &last, now))
+        log_warn("http: refusing connections: %d open (--max-connections %d); %lld refused so far",
+                 open, s->cfg->max_connections, n);
+    return MHD_NO;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -562,12 +601,15 @@ int server_start(server *s, kv_error *err) {
     /* Suspend/resume brings the ITC (an eventfd) that wakes a worker for a resumed connection;
      * it also lets MHD_quiesce_daemon stop the listener. */
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* MHD's limit (split between its threads) sits above ours, so that on_accept, which sees
+     * the total, is the one that refuses. */
+    unsigned mhd_limit = (unsigned)s->cfg->max_connections + 64u * (unsigned)s->cfg->http_threads;
     s->daemon = MHD_start_daemon(
-        flags, (uint16_t)s->cfg->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+        flags, (uint16_t)s->cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
         on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)s->cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)s->cfg->idle_timeout, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)s->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->idle_timeout, MHD_OPTION_END);
     if (!s->daemon)
         return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", s->cfg->host,
                        s->cfg->port);

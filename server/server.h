@@ -34,11 +34,14 @@ struct server {
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
-    long started;         /* start time (Unix seconds) */
-    atomic_bool ready;    /* model loaded, engine running */
-    atomic_bool draining; /* SIGTERM: running work finishes; new requests get 503 */
-    atomic_bool stopping; /* the engine is stopped */
-    atomic_int in_flight; /* requests handed to a handler and not yet completed */
+    long started;                    /* start time (Unix seconds) */
+    atomic_bool ready;               /* model loaded, engine running */
+    atomic_bool draining;            /* SIGTERM: running work finishes; new requests get 503 */
+    atomic_bool stopping;            /* the engine is stopped */
+    atomic_int in_flight;            /* requests handed to a handler and not yet completed */
+    atomic_int connections;          /* open HTTP connections */
+    atomic_llong refused;            /* connections refused over --max-connections */
+    atomic_ullong refusal_logged_ns; /* when a refusal was last logged (once a second) */
     struct MHD_Daemon *daemon;
 };
 
