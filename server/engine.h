@@ -4,8 +4,10 @@
  * prefilling, so a long prompt is interleaved with decode instead of stalling the streams.
  *
  * HTTP threads build a gen_request, submit it, and read its choices as they grow (under the
- * request's mutex; the condition variable is signalled at every change). A request is reference
- * counted: the submitter holds one reference, the engine another until it is done with it. */
+ * request's mutex; at every change the condition variable is signalled and the request's notify
+ * hook, if any, is called, which is how a suspended connection is resumed). A request is
+ * reference counted: the submitter holds one reference, the engine another until it is done
+ * with it. */
 #ifndef KVSERVE_ENGINE_H
 #define KVSERVE_ENGINE_H
 
