@@ -135,7 +135,7 @@ static const opt_row OPTIONS[] = {
     NUM(max_body_bytes, 0, OPT_INT64, KIB, GIB, false, true, "8M", "BYTES",
         "largest request body accepted (K, M, G suffixes)"),
     NUM(max_connections, 0, OPT_INT, 1, 1 << 20, false, false, "4096", "N",
-        "open HTTP connections; more are refused at once (capped by the fd limit)"),
+        "open HTTP connections (capped by the fd limit); more are refused"),
     NUM(http_threads, 0, OPT_INT, 1, 64, false, false, "4", "N",
         "HTTP threads (epoll; connections wait without holding one)"),
     NUM(idle_timeout, 0, OPT_INT, 1, 86400, false, false, "30", "SECONDS",
