@@ -328,6 +328,33 @@ static const route *route_find(const char *url) {
     return NULL;
 }
 
+/* Appends the connection gauges to the Prometheus text (malloc'd, len bytes; freed here). NULL
+ * when out of memory. */
+static char *http_metrics(server *s, char *text, size_t *len) {
+    char more[768];
+    int n = snprintf(
+        more, sizeof more,
+        "# HELP kvserve_http_connections Open HTTP connections.\n"
+        "# TYPE kvserve_http_connections gauge\nkvserve_http_connections %d\n"
+        "# HELP kvserve_http_connections_refused_total Connections refused over "
+        "--max-connections.\n"
+        "# TYPE kvserve_http_connections_refused_total counter\n"
+        "kvserve_http_connections_refused_total %lld\n"
+        "# HELP kvserve_http_requests_in_flight Requests being answered or streamed (this one "
+        "included).\n"
+        "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n",
+        atomic_load(&s->connections), (long long)atomic_load(&s->refused),
+        atomic_load(&s->in_flight));
+    char *t = realloc(text, *len + (size_t)n + 1);
+    if (!t) {
+        free(text);
+        return NULL;
+    }
+    memcpy(t + *len, more, (size_t)n + 1);
+    *len += (size_t)n;
+    return t;
+}
+
 /* A reply the engine works on: answered when ready, else the connection sleeps until the engine
  * wakes it and MHD calls the access handler again. */
 static enum MHD_Result pending_step(struct MHD_Connection *conn, conn_req *cr) {
@@ -368,6 +395,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         size_t len = 0;
         char *text = metrics_render(s->mx, &len);
         if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
+        if (text) text = http_metrics(s, text, &len);
         if (!text) return send_error(conn, cr, 500, "server_error", NULL, "out of memory");
         r = (http_reply){.status = 200,
                          .body = text,

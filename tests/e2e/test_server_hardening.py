@@ -133,6 +133,10 @@ def test_connections_over_the_limit_are_refused_at_once(start_server):
     status, _ = http_get(s.url + "/health")
     assert status == 200
     assert "refusing connections: 50 open (--max-connections 50)" in s.stderr()
+    m = s.metrics()
+    assert m["kvserve_http_connections_refused_total"] >= 80 - 53
+    assert m["kvserve_http_connections"] >= 1  # this scrape's
+    assert m["kvserve_http_requests_in_flight"] == 1
 
 
 # ---------------------------------------------------------------- graceful drain
