@@ -134,8 +134,14 @@ static const opt_row OPTIONS[] = {
      .help = "accepted Bearer key, repeatable (none: no authentication)"},
     NUM(max_body_bytes, 0, OPT_INT64, KIB, GIB, false, true, "8M", "BYTES",
         "largest request body accepted (K, M, G suffixes)"),
-    NUM(max_connections, 0, OPT_INT, 1, 65536, false, false, "256", "N",
-        "concurrent HTTP connections"),
+    NUM(max_connections, 0, OPT_INT, 1, 1 << 20, false, false, "4096", "N",
+        "open HTTP connections (capped by the fd limit); more are refused"),
+    NUM(http_threads, 0, OPT_INT, 1, 64, false, false, "4", "N",
+        "HTTP threads (epoll; connections wait without holding one)"),
+    NUM(idle_timeout, 0, OPT_INT, 1, 86400, false, false, "30", "SECONDS",
+        "close connections idle this long with no complete request"),
+    NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
+        "on SIGTERM, time running requests get to finish"),
 #undef GROUP
 #define GROUP GROUP_ENGINE
     NUM(threads, 't', OPT_INT, 1, 256, false, false, "2", "N",

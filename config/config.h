@@ -28,7 +28,10 @@ typedef struct kv_config {
     char **api_keys; /* Bearer keys accepted; none: no authentication */
     int n_api_keys;
     int64_t max_body_bytes;
-    int max_connections;
+    int max_connections;  /* open connections; more are refused at once */
+    int http_threads;     /* libmicrohttpd's thread pool */
+    int idle_timeout;     /* seconds a connection may wait with no complete request */
+    int shutdown_timeout; /* seconds running requests get to finish after SIGTERM */
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */

@@ -1,14 +1,19 @@
 /* `kvserve serve`: the HTTP server. It listens first (GET /health answers 503 "loading" while
- * the model loads), then loads the model, starts the engine and serves until SIGINT or SIGTERM,
- * when it stops taking requests, ends open streams with an error event, waits for every
- * connection to finish and frees everything. */
+ * the model loads), then loads the model, starts the engine and serves until SIGINT or SIGTERM.
+ * Then it drains: new requests get 503 (GET /health "draining") while running requests and
+ * streams finish, for up to --shutdown-timeout seconds; whatever still runs then ends with an
+ * error (a stream's error event); the cache's queued writes are flushed, and it exits 0. A
+ * second signal exits at once (status 128 + the signal). */
+#include <limits.h>
 #include <openssl/sha.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "server/cli.h"
 #include "server/server.h"
@@ -96,6 +101,69 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
     return st;
 }
 
+/* Descriptors kept free of connections: the listener, the model, the disk tier's files,
+ * io_uring, the ITC of each HTTP thread, logs; and per HTTP thread, room for the clients being
+ * refused (accepted, then closed) when the limit is reached. */
+#define FD_RESERVE 128
+#define FD_REFUSING_PER_THREAD 64
+
+/* Every connection is a descriptor: raises the soft limit to the hard one and caps
+ * max_connections below it. */
+static void fd_limit_raise(kv_config *c) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    rlim_t before = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
+    }
+    long long lim = rl.rlim_cur == RLIM_INFINITY ? LLONG_MAX : (long long)rl.rlim_cur;
+    if (rl.rlim_cur != before)
+        log_info("file descriptors: limit raised from %lld to the hard limit, %lld",
+                 (long long)before, lim);
+    else
+        log_info("file descriptors: limit %lld (the hard limit)", lim);
+    long long reserve = FD_RESERVE + (long long)FD_REFUSING_PER_THREAD * c->http_threads;
+    if ((long long)c->max_connections + reserve > lim) {
+        int cap = lim > 2 * reserve ? (int)(lim - reserve) : (int)(lim / 2);
+        log_warn("--max-connections %d does not fit the file descriptor limit of %lld: %d",
+                 c->max_connections, lim, cap);
+        c->max_connections = cap;
+    }
+}
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+/* Waits up to timeout_s for the requests in flight to finish (true when they did). Another
+ * SIGINT or SIGTERM meanwhile exits the process at once. */
+static bool wait_in_flight(server *s, const sigset_t *sigs, double timeout_s) {
+    uint64_t deadline = clock_now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (atomic_load(&s->in_flight) > 0) {
+        if (clock_now_ns() >= deadline) return false;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
+        int sig = sigtimedwait(sigs, NULL, &ts);
+        if (sig == SIGINT || sig == SIGTERM) {
+            log_warn("%s again: exiting now, without draining", signal_name(sig));
+            _exit(128 + sig);
+        }
+    }
+    return true;
+}
+
+/* The first signal: new requests get 503 while those running finish, up to the timeout. */
+static void drain(server *s, const sigset_t *sigs, int sig) {
+    atomic_store(&s->draining, true);
+    int timeout = s->cfg->shutdown_timeout;
+    log_info("%s: draining: %d requests in flight get up to %d s to finish (a second signal "
+             "exits at once)",
+             signal_name(sig), atomic_load(&s->in_flight), timeout);
+    if (wait_in_flight(s, sigs, timeout))
+        log_info("drained: no request in flight");
+    else
+        log_warn("shutdown timeout (%d s): ending the %d requests still running", timeout,
+                 atomic_load(&s->in_flight));
+}
+
 int cli_serve(int argc, char **argv) {
     kv_config cfg;
     kv_error err = {{0}};
@@ -142,8 +210,12 @@ int cli_serve(int argc, char **argv) {
                    s.key_digests[i]);
         s.n_keys = cfg.n_api_keys;
     }
+    fd_limit_raise(&cfg);
     if (server_start(&s, &err)) goto done;
-    log_info("listening on http://%s:%d (loading %s)", cfg.host, cfg.port, cfg.model);
+    log_info("listening on http://%s:%d (loading %s); %d HTTP threads, up to %d connections, "
+             "idle timeout %d s",
+             cfg.host, cfg.port, cfg.model, cfg.http_threads, cfg.max_connections,
+             cfg.idle_timeout);
 
     model_load_opts lo = {.chat_template = cfg.chat_template};
     if (!(m = model_load(cfg.model, &lo, &err))) goto done;
@@ -191,16 +263,24 @@ int cli_serve(int argc, char **argv) {
 
     int sig = 0;
     sigwait(&sigs, &sig);
-    log_info("%s: shutting down (open streams end with an error event)",
-             sig == SIGINT ? "SIGINT" : "SIGTERM");
+    drain(&s, &sigs, sig);
     rc = 0;
 done:
     if (rc) log_error("%s", err.msg);
+    atomic_store(&s.draining, true);
     atomic_store(&s.stopping, true);
-    if (s.eng) engine_stop(s.eng);
+    if (s.eng) {
+        /* Ends what still runs: each request's connection is woken and writes its error (a
+         * stream: an error event and [DONE]) before the connections are closed. */
+        engine_stop(s.eng);
+        wait_in_flight(&s, &sigs, 2.0);
+    }
     server_stop(&s);
     engine_destroy(s.eng);
-    cache_store_close(s.store);
+    if (s.store) {
+        cache_store_close(s.store);
+        log_info("cache: queued writes flushed");
+    }
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);

@@ -85,6 +85,19 @@ void gen_request_wait(gen_request *r, int timeout_ms) {
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 
+void gen_request_watch(gen_request *r, void (*fn)(void *arg, const gen_request *r), void *arg) {
+    pthread_mutex_lock(&r->mu);
+    r->notify = fn;
+    r->notify_arg = arg;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Wakes whoever waits on r (call with r->mu held). */
+static void gen_request_changed(gen_request *r) {
+    pthread_cond_broadcast(&r->cv);
+    if (r->notify) r->notify(r->notify_arg, r);
+}
+
 /* Appends to a choice (under r->mu). Returns -1 when out of memory. */
 static int choice_append_text(gen_choice *c, const char *s, size_t n) {
     if (c->len + n + 1 > c->cap) {
@@ -270,7 +283,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
             snprintf(r->error, sizeof r->error, "%s", msg);
         }
     }
-    pthread_cond_broadcast(&r->cv);
+    gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
     if (!s->done && cache_on(e, s)) store_tail(e, s);
@@ -288,7 +301,7 @@ static void request_fail(gen_request *r, int status, const char *msg) {
         }
     r->error_status = status;
     snprintf(r->error, sizeof r->error, "%s", msg);
-    pthread_cond_broadcast(&r->cv);
+    gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -328,7 +341,7 @@ static void score_prompt_rows(engine *e, eseq *s, int kv_start, int n, const flo
     if (kv_start + n >= r->n_prompt) {
         pthread_mutex_lock(&r->mu);
         r->prompt_lps_ready = true;
-        pthread_cond_broadcast(&r->cv);
+        gen_request_changed(r);
         pthread_mutex_unlock(&r->mu);
     }
 }
@@ -398,7 +411,7 @@ static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logpr
         r->t_first_token = now;
         metrics_ttft(e->mx, (double)(now - r->t_arrival) / 1e9);
     }
-    pthread_cond_broadcast(&r->cv);
+    gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
     s->emitted = release_end;
     metrics_tokens(e->mx, 0, 1);

@@ -4,8 +4,10 @@
  * prefilling, so a long prompt is interleaved with decode instead of stalling the streams.
  *
  * HTTP threads build a gen_request, submit it, and read its choices as they grow (under the
- * request's mutex; the condition variable is signalled at every change). A request is reference
- * counted: the submitter holds one reference, the engine another until it is done with it. */
+ * request's mutex; at every change the condition variable is signalled and the request's notify
+ * hook, if any, is called, which is how a suspended connection is resumed). A request is
+ * reference counted: the submitter holds one reference, the engine another until it is done
+ * with it. */
 #ifndef KVSERVE_ENGINE_H
 #define KVSERVE_ENGINE_H
 
@@ -99,6 +101,10 @@ typedef struct gen_request {
     float blend_ratio_used; /* the recompute ratio the blend ran at */
     atomic_bool cancelled;  /* the client went away: the engine frees its sequences */
     atomic_int refs;
+    /* Called (under mu, from the engine thread) after every change, beside the condition
+     * variable: the HTTP side resumes the connection waiting on the request. Must not block. */
+    void (*notify)(void *arg, const struct gen_request *r);
+    void *notify_arg;
 } gen_request;
 
 /* A request with n_choices empty choices and one reference; NULL when out of memory. The
@@ -107,6 +113,9 @@ gen_request *gen_request_create(int n_choices);
 void gen_request_unref(gen_request *r);
 /* Waits (up to timeout_ms) for a change to r; call with r->mu held. */
 void gen_request_wait(gen_request *r, int timeout_ms);
+/* Sets (fn non-NULL) or clears r's change notification. Once cleared, fn is never called again
+ * (the engine calls it under r->mu, which this takes). */
+void gen_request_watch(gen_request *r, void (*fn)(void *arg, const gen_request *r), void *arg);
 
 typedef struct engine_opts {
     int threads;

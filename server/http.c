@@ -1,7 +1,10 @@
-/* libmicrohttpd glue: one thread per connection, so a handler can block while the engine works
- * and a stream can block between tokens. Bodies are collected up to max_body_bytes; routes,
- * methods and API keys are checked before any handler runs; every failure is OpenAI's error
- * JSON with the matching status. */
+/* libmicrohttpd glue: epoll with a small thread pool. No handler blocks: a completion's
+ * connection is suspended (MHD_suspend_connection) while its stream or reply has nothing to
+ * send and resumed by the engine's notification (MHD_resume_connection), so thousands of idle,
+ * slow or waiting clients cost memory, not threads. Sockets with no complete request close after
+ * --idle-timeout; clients over --max-connections are refused at once. Bodies are collected up to
+ * max_body_bytes; routes, methods and API keys are checked before any handler runs; every
+ * failure is OpenAI's error JSON with the matching status, logged with the request's id. */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -12,6 +15,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "server/server.h"
@@ -48,14 +52,16 @@ void http_reply_error(http_reply *out, const api_error *err) {
 
 bool http_client_gone(int fd) {
     if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    struct pollfd p = {.fd = fd, .events = 0};
     if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 /* ---------------------------------------------------------------- per-request state */
 
 typedef struct conn_req {
+    server *s;
+    struct MHD_Connection *conn;
     char *body;
     size_t len, cap;
     int64_t limit;
@@ -68,7 +74,98 @@ typedef struct conn_req {
     /* An error found from the headers alone (404, 405, 401): answered once the body has been
      * read and dropped, so the client reads the reply rather than a reset connection. */
     api_error early;
+    char id[HTTP_REQUEST_ID_MAX];
+    char error[256];      /* the message of a 4xx or 5xx answer, for the access log */
+    bool counted;         /* in s->in_flight */
+    http_pending pending; /* a reply the engine works on (.ud NULL: none) */
+    /* The connection sleeps (suspended) while its stream or pending reply has nothing; wake
+     * resumes it. `news` keeps a wake that came while it was awake, so one that lands between
+     * "nothing yet" and the suspension is not lost. Lock order: a request's mu, then this. */
+    pthread_mutex_t mu;
+    bool suspended, news;
+    atomic_int refs; /* the connection's, and its stream's (a stream may outlive the request) */
 } conn_req;
+
+static void conn_req_unref(conn_req *cr) {
+    if (atomic_fetch_sub(&cr->refs, 1) != 1) return;
+    pthread_mutex_destroy(&cr->mu);
+    free(cr->body);
+    free(cr);
+}
+
+/* Any thread, never blocks: the engine calls it (under the request's mutex) when it publishes. */
+static void conn_wake(void *arg) {
+    conn_req *cr = arg;
+    pthread_mutex_lock(&cr->mu);
+    cr->news = true;
+    if (cr->suspended) {
+        cr->suspended = false;
+        MHD_resume_connection(cr->conn);
+    }
+    pthread_mutex_unlock(&cr->mu);
+}
+
+/* Before looking for output: forget earlier wakes. */
+static void conn_look(conn_req *cr) {
+    pthread_mutex_lock(&cr->mu);
+    cr->news = false;
+    pthread_mutex_unlock(&cr->mu);
+}
+
+/* After finding none: suspends the connection unless a wake came since conn_look (then the
+ * caller looks again). Only from the access handler or the content reader, as MHD requires. */
+static bool conn_sleep(conn_req *cr) {
+    pthread_mutex_lock(&cr->mu);
+    bool sleep = !cr->news;
+    if (sleep) {
+        cr->suspended = true;
+        MHD_suspend_connection(cr->conn);
+    }
+    pthread_mutex_unlock(&cr->mu);
+    return sleep;
+}
+
+/* The client's X-Request-Id when it is 1..64 printable ASCII characters without spaces, else a
+ * new random one. */
+static void request_id(struct MHD_Connection *conn, char *out, size_t size) {
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+    size_t n = h ? strlen(h) : 0;
+    bool ok = n > 0 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++) ok = h[i] > ' ' && h[i] < 0x7f;
+    if (ok) {
+        snprintf(out, size, "%s", h);
+        return;
+    }
+    uint64_t v[2];
+    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) {
+        v[0] = clock_now_ns() * 0x9E3779B97F4A7C15ull;
+        v[1] = (uint64_t)(uintptr_t)out;
+    }
+    snprintf(out, size, "req-%016llx%08llx", (unsigned long long)v[0],
+             (unsigned long long)(v[1] & 0xffffffffu));
+}
+
+/* The message of an error reply (OpenAI's error JSON, or the body as it is), one line. */
+static void reply_message(const http_reply *r, char *out, size_t size) {
+    json_error_t je;
+    json_t *v = r->body && r->len ? json_loadb(r->body, r->len, 0, &je) : NULL;
+    const char *m = json_string_value(json_object_get(json_object_get(v, "error"), "message"));
+    if (m)
+        snprintf(out, size, "%s", m);
+    else
+        snprintf(out, size, "%.*s", (int)(r->len < 200 ? r->len : 200), r->body ? r->body : "");
+    json_decref(v);
+    for (char *p = out; *p; p++) /* the log is one line per request */
+        if ((unsigned char)*p < ' ' || *p == 0x7f) *p = ' ';
+}
+
+/* Headers every answer carries: the request id, and (draining) Connection: close, so that
+ * keep-alive clients go elsewhere. */
+static void common_headers(struct MHD_Response *resp, const conn_req *cr) {
+    MHD_add_response_header(resp, "x-request-id", cr->id);
+    if (atomic_load(&cr->s->draining))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+}
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
     struct MHD_Response *resp =
@@ -78,6 +175,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, htt
         return MHD_NO;
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
+    common_headers(resp, cr);
+    if (r->status >= 400) reply_message(r, cr->error, sizeof cr->error);
     if (r->retry_after > 0) {
         char v[16];
         snprintf(v, sizeof v, "%d", r->retry_after);
@@ -109,34 +208,50 @@ static enum MHD_Result send_error(struct MHD_Connection *conn, conn_req *cr, int
 
 /* ---------------------------------------------------------------- streams */
 
+/* A stream and the connection it wakes (the stream holds a reference to it). */
+typedef struct stream_box {
+    http_stream st;
+    conn_req *cr;
+} stream_box;
+
+/* Returning 0 with the connection suspended is how a content reader waits (MHD's docs). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
-    http_stream *st = cls;
-    long n = st->read(st->ud, buf, max);
-    if (n > 0) return (ssize_t)n;
-    return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+    stream_box *b = cls;
+    for (;;) {
+        conn_look(b->cr);
+        long n = b->st.read(b->st.ud, buf, max);
+        if (n > 0) return (ssize_t)n;
+        if (n == 0) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n != HTTP_WAIT) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (conn_sleep(b->cr)) return 0;
+    }
 }
 
 static void stream_free(void *cls) {
-    http_stream *st = cls;
-    st->close(st->ud);
-    free(st);
+    stream_box *b = cls;
+    b->st.close(b->st.ud);
+    conn_req_unref(b->cr);
+    free(b);
 }
 
 static enum MHD_Result send_stream(struct MHD_Connection *conn, conn_req *cr,
                                    const http_stream *src) {
-    http_stream *st = malloc(sizeof *st);
-    if (!st) {
+    stream_box *b = malloc(sizeof *b);
+    if (!b) {
         src->close(src->ud);
         return MHD_NO;
     }
-    *st = *src;
+    b->st = *src;
+    b->cr = cr;
+    atomic_fetch_add(&cr->refs, 1);
     struct MHD_Response *resp =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, st, stream_free);
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, b, stream_free);
     if (!resp) {
-        stream_free(st);
+        stream_free(b);
         return MHD_NO;
     }
+    common_headers(resp, cr);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     cr->status = 200;
@@ -213,6 +328,44 @@ static const route *route_find(const char *url) {
     return NULL;
 }
 
+/* Appends the connection gauges to the Prometheus text (malloc'd, len bytes; freed here). NULL
+ * when out of memory. */
+static char *http_metrics(server *s, char *text, size_t *len) {
+    char more[768];
+    int n = snprintf(
+        more, sizeof more,
+        "# HELP kvserve_http_connections Open HTTP connections.\n"
+        "# TYPE kvserve_http_connections gauge\nkvserve_http_connections %d\n"
+        "# HELP kvserve_http_connections_refused_total Connections refused over "
+        "--max-connections.\n"
+        "# TYPE kvserve_http_connections_refused_total counter\n"
+        "kvserve_http_connections_refused_total %lld\n"
+        "# HELP kvserve_http_requests_in_flight Requests being answered or streamed (this one "
+        "included).\n"
+        "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n",
+        atomic_load(&s->connections), (long long)atomic_load(&s->refused),
+        atomic_load(&s->in_flight));
+    char *t = realloc(text, *len + (size_t)n + 1);
+    if (!t) {
+        free(text);
+        return NULL;
+    }
+    memcpy(t + *len, more, (size_t)n + 1);
+    *len += (size_t)n;
+    return t;
+}
+
+/* A reply the engine works on: answered when ready, else the connection sleeps until the engine
+ * wakes it and MHD calls the access handler again. */
+static enum MHD_Result pending_step(struct MHD_Connection *conn, conn_req *cr) {
+    for (;;) {
+        conn_look(cr);
+        http_reply r = {0};
+        if (cr->pending.poll(cr->pending.ud, &r)) return send_reply(conn, cr, &r);
+        if (conn_sleep(cr)) return MHD_YES;
+    }
+}
+
 static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *cr, const route *rt,
                               const char *url) {
     const union MHD_ConnectionInfo *ci =
@@ -220,14 +373,20 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     http_call call = {.fd = ci ? ci->connect_fd : -1,
                       .body = cr->body ? cr->body : "",
                       .len = cr->len,
-                      .api_key = bearer_token(conn)};
+                      .api_key = bearer_token(conn),
+                      .request_id = cr->id,
+                      .wake = conn_wake,
+                      .wake_arg = cr};
     http_reply r = {0};
     http_stream st = {0};
+    http_pending pend = {0};
+    cr->counted = true;
+    atomic_fetch_add(&s->in_flight, 1);
+    bool draining = atomic_load(&s->draining) || atomic_load(&s->stopping);
     switch (rt->kind) {
     case ROUTE_HEALTH: {
-        bool up = atomic_load(&s->ready) && !atomic_load(&s->stopping);
-        json_t *v = json_pack("{s:s}", "status", up ? "ok" : "loading");
-        if (atomic_load(&s->stopping)) json_object_set_new(v, "status", json_string("stopping"));
+        bool up = atomic_load(&s->ready) && !draining;
+        json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
         http_reply_json(&r, up ? 200 : 503, v);
         if (!up) r.retry_after = 1;
         return send_reply(conn, cr, &r);
@@ -236,6 +395,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         size_t len = 0;
         char *text = metrics_render(s->mx, &len);
         if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
+        if (text) text = http_metrics(s, text, &len);
         if (!text) return send_error(conn, cr, 500, "server_error", NULL, "out of memory");
         r = (http_reply){.status = 200,
                          .body = text,
@@ -249,17 +409,28 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     if (!atomic_load(&s->ready))
         return send_error(conn, cr, 503, "server_error", "model_loading",
                           "the model is still loading; retry shortly");
-    if (atomic_load(&s->stopping))
-        return send_error(conn, cr, 503, "server_error", NULL, "the server is shutting down");
+    if (draining) {
+        r.retry_after = 1;
+        api_error e = {.status = 503, .type = "server_error"};
+        snprintf(e.message, sizeof e.message,
+                 "the server is shutting down: running requests finish, new ones go elsewhere");
+        http_reply_error(&r, &e);
+        return send_reply(conn, cr, &r);
+    }
+    int rc = 0;
     switch (rt->kind) {
     case ROUTE_MODELS:
         openai_models(s, strncmp(url, "/v1/models/", 11) == 0 ? url + 11 : NULL, &r);
         return send_reply(conn, cr, &r);
     case ROUTE_CHAT:
-        if (openai_chat(s, &call, &r, &st) == 1) return send_stream(conn, cr, &st);
-        return send_reply(conn, cr, &r);
     case ROUTE_COMPLETIONS:
-        if (openai_completions(s, &call, &r, &st) == 1) return send_stream(conn, cr, &st);
+        rc = rt->kind == ROUTE_CHAT ? openai_chat(s, &call, &r, &st, &pend)
+                                    : openai_completions(s, &call, &r, &st, &pend);
+        if (rc == 1) return send_stream(conn, cr, &st);
+        if (rc == 2) {
+            cr->pending = pend;
+            return pending_step(conn, cr);
+        }
         return send_reply(conn, cr, &r);
     case ROUTE_TOKENIZE:
         openai_tokenize(s, &call, &r);
@@ -293,6 +464,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
          * read, and a declared body over the limit is refused at once. */
         if (!(cr = calloc(1, sizeof *cr))) return MHD_NO;
         *con_cls = cr;
+        cr->s = s;
+        cr->conn = conn;
+        pthread_mutex_init(&cr->mu, NULL);
+        atomic_init(&cr->refs, 1);
+        request_id(conn, cr->id, sizeof cr->id);
         cr->limit = s->cfg->max_body_bytes;
         const route *rt = route_find(url);
         cr->route = rt ? rt->path : "other";
@@ -325,6 +501,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         return MHD_YES;
     }
+    if (cr->pending.ud) return pending_step(conn, cr); /* resumed by the engine */
     if (cr->status) {
         /* Already answered: drop whatever body follows. */
         *upload_size = 0;
@@ -361,6 +538,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return send_error(conn, cr, 413, "invalid_request_error", "request_too_large",
                           "the request body of %zu bytes exceeds the limit of %lld bytes", cr->len,
                           (long long)cr->limit);
+    /* Bodies are JSON text: a raw NUL is never valid, and a parser reading a C string would
+     * silently drop everything after it. */
+    const char *nul = cr->len ? memchr(cr->body, '\0', cr->len) : NULL;
+    if (nul)
+        return send_error(conn, cr, 400, "invalid_request_error", NULL,
+                          "the request body contains a NUL byte at byte offset %zu (JSON text "
+                          "cannot; write it as \\u0000 inside a string)",
+                          (size_t)(nul - cr->body));
     return handle(s, conn, cr, route_find(url), url);
 }
 
@@ -371,23 +556,68 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     conn_req *cr = *con_cls;
     if (!cr) return;
     if (cr->status) metrics_request(s->mx, cr->route, cr->status);
-    /* The access log: one line per request, at info (health checks and scrapes at debug). */
+    /* The access log: one line per request with its id, and the message of an error answer; at
+     * info (5xx at warn; health checks and scrapes at debug). */
     bool quiet = strcmp(cr->route, "/health") == 0 || strcmp(cr->route, "/metrics") == 0;
-    log_msg(quiet ? LOG_LEVEL_DEBUG : LOG_LEVEL_INFO, "%s %s %d %.1f ms%s", cr->method, cr->route,
-            cr->status, (double)(clock_now_ns() - cr->t_start) / 1e6,
-            toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
-    free(cr->body);
-    free(cr);
+    log_level lv = quiet ? LOG_LEVEL_DEBUG : cr->status >= 500 ? LOG_LEVEL_WARN : LOG_LEVEL_INFO;
+    const char *end = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK      ? ""
+                      : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? " (idle timeout)"
+                                                                      : " (connection ended early)";
+    log_msg(lv, "%s %s %d %.1f ms id=%s%s%s%s", cr->method, cr->route, cr->status,
+            (double)(clock_now_ns() - cr->t_start) / 1e6, cr->id, end, cr->error[0] ? ": " : "",
+            cr->error);
+    if (cr->pending.ud) cr->pending.close(cr->pending.ud); /* no wake comes after this */
+    if (cr->counted) atomic_fetch_sub(&s->in_flight, 1);
     *con_cls = NULL;
+    conn_req_unref(cr);
 }
 
+/* libmicrohttpd's own messages. The answers it gives itself (a malformed request line or header,
+ * headers over its memory pool, an unsupported HTTP version, bad chunked encoding: cases the
+ * library has no hook for) are error answers like ours, at info; a client that leaves or idles
+ * out is routine (thousands of them with a slowloris), at debug; anything else at warn. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && msg[n - 1] == '\n') msg[--n] = '\0';
-    log_warn("http: %s", msg);
+    log_level lv = LOG_LEVEL_WARN;
+    if (strstr(msg, "HTTP response code is"))
+        lv = LOG_LEVEL_INFO;
+    else if (strstr(msg, "closed by remote side") || strstr(msg, "timed out") ||
+             strstr(msg, "Connection reset") || strstr(msg, "Broken pipe"))
+        lv = LOG_LEVEL_DEBUG;
+    log_msg(lv, "http: %s", msg);
+}
+
+/* ---------------------------------------------------------------- connections */
+
+/* Counts open connections (MHD's own limit stops polling the listener, so clients over it would
+ * wait in the kernel's backlog behind idle ones; the accept policy refuses them instead). */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    (void)conn;
+    (void)socket_context;
+    server *s = cls;
+    atomic_fetch_add(&s->connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+/* A client over --max-connections is closed at once (its connect succeeded in the kernel; it
+ * reads end-of-file). Logged at most once a second. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+    (void)addr;
+    (void)addrlen;
+    server *s = cls;
+    int open = atomic_load(&s->connections);
+    if (open < s->cfg->max_connections) return MHD_YES;
+    long long n = atomic_fetch_add(&s->refused, 1) + 1;
+    uint64_t now = clock_now_ns(), last = atomic_load(&s->refusal_logged_ns);
+    if (now - last >= 1000000000ull &&
+        atomic_compare_exchange_strong(&s->refusal_logged_ns, &last, now))
+        log_warn("http: refusing connections: %d open (--max-connections %d); %lld refused so far",
+                 open, s->cfg->max_connections, n);
+    return MHD_NO;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
@@ -396,14 +626,18 @@ int server_start(server *s, kv_error *err) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
     if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
         return kv_fail(err, "host: '%s' is not an IPv4 address", s->cfg->host);
-    /* ITC lets MHD_quiesce_daemon stop the listener while connections finish. */
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
-                     MHD_USE_ERROR_LOG;
-    s->daemon = MHD_start_daemon(flags, (uint16_t)s->cfg->port, NULL, NULL, on_request, s,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
-                                 &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    /* Suspend/resume brings the ITC (an eventfd) that wakes a worker for a resumed connection;
+     * it also lets MHD_quiesce_daemon stop the listener. */
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* MHD's limit (split between its threads) sits above ours, so that on_accept, which sees
+     * the total, is the one that refuses. */
+    unsigned mhd_limit = (unsigned)s->cfg->max_connections + 64u * (unsigned)s->cfg->http_threads;
+    s->daemon = MHD_start_daemon(
+        flags, (uint16_t)s->cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+        on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)s->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->idle_timeout, MHD_OPTION_END);
     if (!s->daemon)
         return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", s->cfg->host,
                        s->cfg->port);

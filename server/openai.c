@@ -82,6 +82,7 @@ void job_free(job *j) {
     if (!j) return;
     for (int i = 0; i < j->n_reqs; i++) {
         gen_request *r = j->reqs[i];
+        if (r) gen_request_watch(r, NULL, NULL); /* the connection may be gone after this */
         /* harmless for a finished request: the engine no longer looks at it */
         if (r) atomic_store(&r->cancelled, true);
         gen_request_unref(r);
@@ -110,6 +111,10 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->kind = rq->kind;
     j->n = rq->n;
     j->fd = c->fd;
+    j->streaming = rq->stream;
+    j->wake = c->wake;
+    j->wake_arg = c->wake_arg;
+    snprintf(j->request_id, sizeof j->request_id, "%s", c->request_id ? c->request_id : "-");
     j->created = (long)time(NULL);
     j->logprobs = rq->logprobs;
     j->top_logprobs = rq->top_logprobs;
@@ -251,6 +256,13 @@ static int job_prepare_cache(job *j, const api_request *rq, const http_call *c, 
     return 0;
 }
 
+/* The engine changed r (under r->mu): a stream may have output to send; a whole reply waits for
+ * the request's last choice. */
+static void job_notify(void *arg, const gen_request *r) {
+    job *j = arg;
+    if (j->streaming || r->n_finished == r->n_choices) j->wake(j->wake_arg);
+}
+
 /* Allocates the stream's cursors and queues every request. -1 with err; the requests already
  * queued are cancelled by job_free. */
 static int job_submit(job *j, api_error *err) {
@@ -261,6 +273,7 @@ static int job_submit(job *j, api_error *err) {
     if (!j->text_off || !j->lp_off || !j->finish_sent) return fail_oom(err);
     for (int p = 0; p < j->n_reqs; p++) {
         kv_error ke = {{0}};
+        if (j->wake) gen_request_watch(j->reqs[p], job_notify, j);
         engine_submit_status st = engine_submit(j->s->eng, j->reqs[p], &ke);
         if (st == ENGINE_SUBMIT_OK) continue;
         if (st == ENGINE_SUBMIT_QUEUE_FULL)
@@ -486,6 +499,17 @@ int job_error(const job *j, api_error *err) {
 
 /* ---------------------------------------------------------------- endpoints */
 
+bool job_finished(job *j) {
+    bool done = true;
+    for (int p = 0; p < j->n_reqs && done; p++) {
+        gen_request *r = j->reqs[p];
+        pthread_mutex_lock(&r->mu);
+        done = r->n_finished == r->n_choices;
+        pthread_mutex_unlock(&r->mu);
+    }
+    return done;
+}
+
 int job_wait(job *j, api_error *err) {
     /* A client that hangs up cancels the work at once (job_free). */
     for (int p = 0; p < j->n_reqs; p++) {
@@ -504,8 +528,22 @@ int job_wait(job *j, api_error *err) {
     return 0;
 }
 
+/* A whole reply, once every choice has finished: 1 with *out filled, else 0. */
+static int job_poll(void *ud, http_reply *out) {
+    job *j = ud;
+    if (!job_finished(j)) return 0;
+    api_error err = {0};
+    if (job_error(j, &err))
+        http_reply_error(out, &err);
+    else
+        job_reply(j, out);
+    return 1;
+}
+
+static void job_close(void *ud) { job_free(ud); }
+
 static int completion_endpoint(server *s, api_kind kind, const http_call *c, http_reply *out,
-                               http_stream *stream) {
+                               http_stream *stream, http_pending *pending) {
     api_request rq;
     api_error err = {0};
     if (api_parse_request(kind, c->body, c->len, &rq, &err)) {
@@ -525,25 +563,18 @@ static int completion_endpoint(server *s, api_kind kind, const http_call *c, htt
         job_stream(j, stream);
         return 1;
     }
-    if (job_wait(j, &err)) {
-        job_free(j);
-        http_reply_error(out, &err);
-        return 0;
-    }
-    if (job_error(j, &err))
-        http_reply_error(out, &err);
-    else
-        job_reply(j, out);
-    job_free(j);
-    return 0;
+    *pending = (http_pending){.ud = j, .poll = job_poll, .close = job_close};
+    return 2;
 }
 
-int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream) {
-    return completion_endpoint(s, API_CHAT, c, out, stream);
+int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream,
+                http_pending *pending) {
+    return completion_endpoint(s, API_CHAT, c, out, stream, pending);
 }
 
-int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream) {
-    return completion_endpoint(s, API_COMPLETION, c, out, stream);
+int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream,
+                       http_pending *pending) {
+    return completion_endpoint(s, API_COMPLETION, c, out, stream, pending);
 }
 
 /* One entry of /v1/models. */

@@ -21,6 +21,12 @@ typedef struct job {
     int top_logprobs;
     bool include_usage;
     int fd; /* the client's socket */
+    bool streaming;
+    /* The connection waiting on the job (http_call.wake): woken at every change of a stream,
+     * and when a whole request has finished otherwise. */
+    void (*wake)(void *arg);
+    void *wake_arg;
+    char request_id[HTTP_REQUEST_ID_MAX]; /* for the log */
     /* streaming */
     size_t *text_off; /* per choice: text already sent */
     int *lp_off;      /* per choice: logprobs already sent */
@@ -33,8 +39,11 @@ typedef struct job {
 /* Validates, tokenizes and (submit) submits rq (openai.c); without submit, only computes the
  * prompts' cache keys. NULL with err on any problem. */
 job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err);
-/* Waits until every choice has finished; -1 (499) when the client went away meanwhile. */
+/* Waits until every choice has finished, blocking the calling thread (the cache's pin, a
+ * prompt-only run); -1 (499) when the client went away meanwhile. */
 int job_wait(job *j, api_error *err);
+/* True when every choice of every prompt has finished. */
+bool job_finished(job *j);
 void job_free(job *j);
 const char *job_finish_name(gen_finish f);
 json_t *job_usage(const job *j);

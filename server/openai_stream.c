@@ -57,15 +57,13 @@ static json_t *choice_delta(const job *j, int index, const char *text, size_t le
     return c;
 }
 
-/* True when every prompt's scoring (echo with logprobs) is done, or none is needed; else waits
- * briefly for the first that is not. */
+/* True when every prompt's scoring (echo with logprobs) is done, or none is needed. */
 static bool prompts_scored(job *j) {
     for (int p = 0; p < j->n_reqs; p++) {
         gen_request *r = j->reqs[p];
         if (!r->prompt_logprobs) continue;
         pthread_mutex_lock(&r->mu);
         bool ready = r->prompt_lps_ready || r->n_finished == r->n_choices;
-        if (!ready) gen_request_wait(r, 100);
         pthread_mutex_unlock(&r->mu);
         if (!ready) return false;
     }
@@ -181,6 +179,10 @@ static int stream_collect(job *j, bool *progress, bool *done) {
 static int stream_close_events(job *j) {
     api_error err = {0};
     if (job_error(j, &err)) {
+        /* The access line says 200 (what the status line said): this line says why it ended. */
+        log_warn("POST %s %d id=%s: the stream ended with an error event: %s",
+                 j->kind == API_CHAT ? "/v1/chat/completions" : "/v1/completions", err.status,
+                 j->request_id, err.message);
         char *e = api_error_json(&err);
         int rc = !e || buf_put(j, "data: ", 6) || buf_put(j, e, strlen(e)) || buf_put(j, "\n\n", 2);
         free(e);
@@ -192,26 +194,6 @@ static int stream_close_events(job *j) {
     }
     j->ended = true;
     return buf_put(j, "data: [DONE]\n\n", 14);
-}
-
-/* Waits briefly for output from the first unfinished prompt, unless it already has some. */
-static void stream_wait(job *j) {
-    for (int p = 0; p < j->n_reqs; p++) {
-        gen_request *r = j->reqs[p];
-        pthread_mutex_lock(&r->mu);
-        bool pending = false, news = false;
-        for (int i = 0; i < r->n_choices; i++) {
-            int index = p * j->n + i;
-            if (j->finish_sent[index]) continue;
-            pending = true;
-            const gen_choice *c = &r->choices[i];
-            news |= c->len > j->text_off[index] || c->n_lps > j->lp_off[index] ||
-                    c->finish != GEN_RUNNING;
-        }
-        if (pending && !news) gen_request_wait(r, j->n_reqs > 1 ? 20 : 100);
-        pthread_mutex_unlock(&r->mu);
-        if (pending) return;
-    }
 }
 
 static long stream_read(void *ud, char *buf, size_t max) {
@@ -227,7 +209,8 @@ static long stream_read(void *ud, char *buf, size_t max) {
         if (j->ended) return 0;
         if (!j->started) {
             int rc = stream_open(j);
-            if (rc < 0 || (rc == 0 && http_client_gone(j->fd))) return -1;
+            if (rc < 0) return -1;
+            if (rc == 0) return http_client_gone(j->fd) ? -1 : HTTP_WAIT;
             continue;
         }
         bool progress, done;
@@ -237,8 +220,8 @@ static long stream_read(void *ud, char *buf, size_t max) {
             continue;
         }
         if (progress) continue;
-        if (http_client_gone(j->fd)) return -1; /* job_free (at close) cancels the work */
-        stream_wait(j);
+        /* job_free (at close) cancels the work of a client that left */
+        return http_client_gone(j->fd) ? -1 : HTTP_WAIT;
     }
 }
 

@@ -1,6 +1,8 @@
-/* The HTTP server: libmicrohttpd in thread-per-connection mode (a handler may block while the
- * engine works; streams block between tokens), routes, authentication and limits (http.c), the
- * OpenAI endpoints over the engine (openai.c, openai_stream.c). */
+/* The HTTP server: libmicrohttpd in epoll mode with a small thread pool (http.c): routes,
+ * authentication, limits, request ids and the access log. A handler never blocks on the engine:
+ * a completion hands back a stream or a pending reply, and its connection is suspended while
+ * there is nothing to send and resumed when the engine publishes, so a waiting client costs
+ * memory, not a thread. The OpenAI endpoints over the engine are openai.c and openai_stream.c. */
 #ifndef KVSERVE_SERVER_H
 #define KVSERVE_SERVER_H
 
@@ -32,15 +34,21 @@ struct server {
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
-    long started;      /* start time (Unix seconds) */
-    atomic_bool ready; /* model loaded, engine running */
-    atomic_bool stopping;
+    long started;                    /* start time (Unix seconds) */
+    atomic_bool ready;               /* model loaded, engine running */
+    atomic_bool draining;            /* SIGTERM: running work finishes; new requests get 503 */
+    atomic_bool stopping;            /* the engine is stopped */
+    atomic_int in_flight;            /* requests handed to a handler and not yet completed */
+    atomic_int connections;          /* open HTTP connections */
+    atomic_llong refused;            /* connections refused over --max-connections */
+    atomic_ullong refusal_logged_ns; /* when a refusal was last logged (once a second) */
     struct MHD_Daemon *daemon;
 };
 
 /* Starts listening (GET /health answers 503 until ready is set). */
 int server_start(server *s, kv_error *err);
-/* Stops accepting, waits for every connection to finish. */
+/* Stops accepting and closes every connection. Call with no connection waiting on the engine
+ * (after engine_stop every request has finished and woken its connection). */
 void server_stop(server *s);
 
 /* ---------------------------------------------------------------- handler interface */
@@ -54,24 +62,48 @@ typedef struct http_reply {
     int retry_after; /* seconds, 0: no header */
 } http_reply;
 
-/* A streamed response: read() fills buf with up to max bytes, blocking until there is some;
- * returns the count, 0 at the end of the stream, -1 to abort the connection. close() runs
- * once, when the connection ends (however it ends). */
+/* What a stream's read returns when it has nothing to send yet. */
+#define HTTP_WAIT (-2)
+
+/* A streamed response: read() fills buf with up to max bytes without blocking; returns the
+ * count, 0 at the end of the stream, -1 to abort the connection, or HTTP_WAIT when nothing is
+ * ready (the connection sleeps until the call's wake). close() runs once, when the connection
+ * ends (however it ends). */
 typedef struct http_stream {
     void *ud;
     long (*read)(void *ud, char *buf, size_t max);
     void (*close)(void *ud);
 } http_stream;
 
-/* What a handler gets: the connection's socket (to notice a client that went away), the body. */
+/* A reply that is not ready yet (a completion without stream): poll() fills *out and returns 1
+ * once it is, else 0 (the connection sleeps until the call's wake). close() runs once, when the
+ * connection ends. */
+typedef struct http_pending {
+    void *ud;
+    int (*poll)(void *ud, http_reply *out);
+    void (*close)(void *ud);
+} http_pending;
+
+/* Request ids: the client's X-Request-Id when it is 1..64 printable characters, else one made
+ * here; returned in the x-request-id header and written in every log line about the request. */
+#define HTTP_REQUEST_ID_MAX 72
+
+/* What a handler gets: the connection's socket (to notice a client that went away), the body,
+ * and wake(wake_arg), which any thread may call (it never blocks) when a stream or pending
+ * reply may have made progress. */
 typedef struct http_call {
     int fd;
     const char *body;
     size_t len;
-    const char *api_key; /* the Bearer token presented, or NULL */
+    const char *api_key;    /* the Bearer token presented, or NULL */
+    const char *request_id; /* never NULL */
+    void (*wake)(void *arg);
+    void *wake_arg;
 } http_call;
 
-/* True when the peer closed or reset the connection. */
+/* True when the connection is reset or broken. A peer that only closed its sending side (a
+ * half-close, as `nc -N` does after a request) is still waiting for the answer, and TCP cannot
+ * tell that from a peer that left until something is written to it: that is not "gone". */
 bool http_client_gone(int fd);
 
 /* Replies with OpenAI's error JSON. */
@@ -79,9 +111,12 @@ void http_reply_error(http_reply *out, const api_error *err);
 /* Replies with a JSON value (takes the reference). */
 void http_reply_json(http_reply *out, int status, json_t *v);
 
-/* The endpoints (openai.c). Each fills *out, or (streaming) *stream and returns 1. */
-int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream);
-int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream);
+/* The completion endpoints (openai.c): each fills *out and returns 0, or fills *stream and
+ * returns 1, or fills *pending (the engine is working on it) and returns 2. */
+int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *stream,
+                http_pending *pending);
+int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream,
+                       http_pending *pending);
 /* The model list, or (id non-NULL: /v1/models/{id}) that one model or a 404. */
 void openai_models(server *s, const char *id, http_reply *out);
 void openai_tokenize(server *s, const http_call *c, http_reply *out);

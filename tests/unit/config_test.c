@@ -90,7 +90,10 @@ static void check_defaults(const kv_config *c) {
     cr_assert_null(c->api_keys);
     cr_assert_eq(c->n_api_keys, 0);
     cr_assert_eq(c->max_body_bytes, 8 << 20);
-    cr_assert_eq(c->max_connections, 256);
+    cr_assert_eq(c->max_connections, 4096);
+    cr_assert_eq(c->http_threads, 4);
+    cr_assert_eq(c->idle_timeout, 30);
+    cr_assert_eq(c->shutdown_timeout, 30);
     cr_assert_eq(c->threads, 2);
     cr_assert_eq(c->ctx_size, 0);
     cr_assert_eq(c->kv_pool_tokens, 0);
