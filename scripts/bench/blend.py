@@ -26,19 +26,16 @@ streamed content.
                                    [--max-tokens 24] [--seed 1]
 """
 import argparse
-import http.client
-import json
 import math
 import os
 import random
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib
+from benchlib import ROOT
 TEXTS = ["GPL-3", "Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1", "GFDL-1.3", "Artistic",
          "LGPL-3", "MPL-1.1", "CC0-1.0"]
 SYSTEM = "You are a helpful assistant. Answer the question using only the documents."
@@ -57,59 +54,20 @@ METHODS = [("full prefill", {"cache": False}), ("full reuse (0%)", {"blend_ratio
 TOP = 20
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(benchlib.Server):
     def __init__(self, args):
-        self.model = os.path.basename(args.model)[:-len(".gguf")]
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port",
-             str(self.port), "-c", "8192", "--cache-dir", "off", "--log-level", "warn",
-             "--blend-ram-bytes", "8G"],  # every method's namespace holds every passage
-            cwd=ROOT, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                sys.exit(f"kvserve exited with {self.proc.returncode}")
-            time.sleep(0.05)
-        sys.exit("kvserve did not become healthy")
-
-    def request(self, method, path, body=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        conn.request(method, path, json.dumps(body) if body is not None else None,
-                     {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, json.loads(data) if data else None
+        # every method's namespace holds every passage
+        super().__init__(args.bin, args.model, args.threads,
+                         ["-c", "8192", "--cache-dir", "off", "--blend-ram-bytes", "8G"])
 
     def chat(self, messages, max_tokens, extra):
-        """(seconds to the first content, text, first token's top logprobs, usage)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                           "temperature": 0, "stream": True, "logprobs": True,
-                           "top_logprobs": TOP, "stream_options": {"include_usage": True},
-                           **extra})
-        t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            sys.exit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        """(seconds to the first content, text, first token's top logprobs, usage, tokens)."""
+        t0, resp = self.stream("/v1/chat/completions", {
+            "model": self.model, "messages": messages, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "logprobs": True, "top_logprobs": TOP,
+            "stream_options": {"include_usage": True}, **extra})
         t_first, text, first_lp, usage, toks = None, "", None, None, []
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        for ev in benchlib.sse_events(resp):
             for ch in ev.get("choices") or []:
                 piece = ch.get("delta", {}).get("content")
                 if piece and t_first is None:
@@ -122,10 +80,6 @@ class Server:
             if ev.get("usage"):
                 usage = ev["usage"]
         return t_first, text, first_lp, usage, toks
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
 
 
 def passages(srv):

@@ -25,18 +25,15 @@ machines here are shared and noisy.
                                   [--contexts 1000,2000,4000,8000] [--reps 2]
 """
 import argparse
-import http.client
-import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib
+from benchlib import ROOT
 LICENCES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1"]
 QUESTIONS = ["Can I sell copies of software under this licence?",
              "What must I include when I distribute the program in object code form?",
@@ -46,57 +43,19 @@ FOLLOW_UP = "And does that also apply to modified versions?"
 MAX_TOKENS = 8
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
+class Server(benchlib.Server):
     def __init__(self, args, cache_dir):
-        self.model = os.path.basename(args.model)[:-len(".gguf")]
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [args.bin, "serve", "-m", args.model, "-t", str(args.threads), "--port",
-             str(self.port), "-c", str(args.ctx), "--cache-dir", cache_dir, "--log-level",
-             "warn"], cwd=ROOT, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if self.request("GET", "/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            if self.proc.poll() is not None:
-                sys.exit(f"kvserve exited with {self.proc.returncode}")
-            time.sleep(0.05)
-        sys.exit("kvserve did not become healthy")
-
-    def request(self, method, path, body=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        conn.request(method, path, json.dumps(body) if body is not None else None,
-                     {"Content-Type": "application/json"})
-        r = conn.getresponse()
-        data = r.read()
-        return r.status, json.loads(data) if data else None
+        super().__init__(args.bin, args.model, args.threads,
+                         ["-c", str(args.ctx), "--cache-dir", cache_dir])
 
     def chat(self, messages, cache=True):
         """(seconds to the first content, whole text, prompt_tokens, cached_tokens)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
-        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": MAX_TOKENS,
-                           "temperature": 0, "cache": cache, "stream": True,
-                           "stream_options": {"include_usage": True}})
-        t0 = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            sys.exit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        t0, resp = self.stream("/v1/chat/completions", {
+            "model": self.model, "messages": messages, "max_tokens": MAX_TOKENS,
+            "temperature": 0, "cache": cache, "stream": True,
+            "stream_options": {"include_usage": True}})
         t_first, text, usage = None, "", None
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
+        for ev in benchlib.sse_events(resp):
             for ch in ev.get("choices") or []:
                 piece = ch.get("delta", {}).get("content")
                 if piece and t_first is None:
@@ -106,10 +65,6 @@ class Server:
                 usage = ev["usage"]
         return (t_first, text, usage["prompt_tokens"],
                 usage["prompt_tokens_details"]["cached_tokens"])
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=120)
 
 
 def licence_text():
