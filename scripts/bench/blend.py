@@ -14,7 +14,7 @@ each method in its own cache namespace (so one method's run does not feed the ne
   blend 5..30%   "blend_ratio": 0.05 .. 0.30
   controller     no ratio: the server's loading controller picks (floor --blend-recompute)
   blend 100%     "blend_ratio": 1: every token computed, the reused KV only overwritten: a
-                 check (its answers must be the full prefill's, 100%)
+                 check (its answers must be the full prefill's, 100%); only with --methods
 
 Per method: greedy answers identical to full prefill (%), token F1 of the answer against the
 full-prefill answer, mean KL(full || method) of the first token's distribution (over the top-20
@@ -173,8 +173,9 @@ def main():
     ap.add_argument("--methods", default="",
                     help="comma-separated method names to run (full prefill always runs)")
     args = ap.parse_args()
-    methods = [m for m in METHODS if m[0] == "full prefill" or not args.methods or
-               m[0] in args.methods.split(",")]
+    # the 100% check runs when named
+    methods = [m for m in METHODS if m[0] == "full prefill" or
+               (m[0] in args.methods.split(",") if args.methods else m[0] != "blend 100%")]
 
     srv = Server(args)
     try:
