@@ -44,8 +44,11 @@ struct blend_fusor {
 double blend_fusor_load_ns(const blend_fusor *f) { return f->load_ns; }
 
 int blend_rows_at_layer(float ratio, int reused, int layer) {
-    if (layer == 0) return ratio > 0 ? reused : 0;
-    double r = (double)ratio * (1.0 + 1.0 / layer);
+    /* Layer 0's K and V are a token's embedding through one norm and one projection: the same in
+     * any context (re-rotation aside), so its deviation says nothing. Layer 1 is the first whose
+     * KV depends on the context: every reused token is computed through it and ranked there. */
+    if (layer <= 1) return ratio > 0 ? reused : 0;
+    double r = (double)ratio * (1.0 + 1.0 / (layer - 1));
     if (r >= 1) return reused;
     int n = (int)ceil(r * reused - 1e-9);
     return n < 0 ? 0 : n;

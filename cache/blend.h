@@ -119,9 +119,10 @@ void blend_fusor_destroy(blend_fusor *f);
  * others pass through untouched): before layer l, the spans' layer-l KV is written into the
  * pool (K re-rotated); after layer l, the reused rows the layer computed are ranked by the
  * deviation of their fresh K and V from the reused ones and the most deviating are kept for
- * layer l + 1: ratio * (1 + 1 / (l + 1)) of the reused tokens (gradual filtering, never more
- * than the layer computed), so the last layers compute about ratio of them. -1 with err when
- * the spans do not fit. */
+ * layer l + 1: every reused token through layer 1 (layer 0's KV does not depend on the
+ * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)) of them at layer
+ * l >= 2 (gradual filtering, never more than the layer before computed), so the last layers
+ * compute about ratio of them. -1 with err when the spans do not fit. */
 int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
                       int n_entries, forward_hooks *hooks, kv_error *err);
 /* Measured time to load one reused token's KV for one layer (conversion, rotation, pool
