@@ -11,6 +11,7 @@
  * Every string is checked for NUL (we hand out NUL-terminated C strings, so "a\u0000b" would be
  * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
 #include "server/api.h"
+#include "model/grammar.h"
 #include "util/json.h"
 #include "util/utf8.h"
 
@@ -547,6 +548,151 @@ static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- constrained decoding */
+
+/* Sets the request's grammar (gbnf, owned from here) after checking it parses. Two fields that
+ * both constrain the output are refused rather than one silently winning. */
+static int set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
+    if (r->gbnf) {
+        free(gbnf);
+        return API_BAD(err, param, "'%s' and '%s' both constrain the output; give one of them",
+                       r->gbnf_param, param);
+    }
+    kv_error ke = {{0}};
+    grammar *g = grammar_parse(gbnf, strlen(gbnf), &ke);
+    if (!g) {
+        free(gbnf);
+        return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    }
+    grammar_destroy(g);
+    r->gbnf = gbnf;
+    snprintf(r->gbnf_param, sizeof r->gbnf_param, "%s", param);
+    return 0;
+}
+
+static int gbnf_field(const json_t *obj, const char *key, api_request *r, api_error *err) {
+    char *text = NULL;
+    int got = opt_string(obj, key, &text, err);
+    if (got <= 0) return got;
+    return set_gbnf(r, key, text, err) ? -1 : 1;
+}
+
+/* A JSON Schema (an object, true, or for vLLM's guided_json a string holding one) compiled to
+ * GBNF; an unsupported keyword is a 400 naming it. */
+static int schema_field(const json_t *schema, const char *param, bool string_ok, api_request *r,
+                        api_error *err) {
+    char *text;
+    if (string_ok && json_is_string(schema)) {
+        text = malloc(json_string_length(schema) + 1);
+        if (text) memcpy(text, json_string_value(schema), json_string_length(schema) + 1);
+    } else if (json_is_object(schema) || json_is_true(schema)) {
+        text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    } else {
+        return type_error(err, param, "a JSON Schema object", schema);
+    }
+    if (!text) return oom(err);
+    kv_error ke = {{0}};
+    char *gbnf = json_schema_to_gbnf(text, strlen(text), &ke);
+    free(text);
+    if (!gbnf) return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    return set_gbnf(r, param, gbnf, err);
+}
+
+/* response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+ * "schema", "strict"}} as OpenAI defines it; llama-server's {"type": "json_object", "schema"}
+ * too. */
+static int parse_response_format(const json_t *v, api_request *r, api_error *err) {
+    const char *P = "response_format";
+    if (!json_is_object(v)) return type_error(err, P, "an object", v);
+    const json_t *type = json_object_get(v, "type");
+    if (!type) return API_BAD(err, "response_format.type", "'response_format.type' is required");
+    if (!json_is_string(type)) return type_error(err, "response_format.type", "a string", type);
+    const char *t = json_string_value(type);
+    if (!strcmp(t, "text")) return 0;
+    if (!strcmp(t, "json_object")) {
+        const json_t *schema = field(v, "schema");
+        if (schema) return schema_field(schema, "response_format.schema", false, r, err);
+        char *g = dup_str(json_object_gbnf());
+        return g ? set_gbnf(r, P, g, err) : oom(err);
+    }
+    if (strcmp(t, "json_schema") != 0)
+        return API_BAD(err, "response_format.type",
+                       "'response_format.type' must be 'text', 'json_object' or 'json_schema', "
+                       "got '%.40s'",
+                       t);
+    const json_t *js = field(v, "json_schema");
+    if (!js)
+        return API_BAD(err, "response_format.json_schema",
+                       "'response_format.json_schema' is required for type 'json_schema'");
+    if (!json_is_object(js)) return type_error(err, "response_format.json_schema", "an object", js);
+    const json_t *strict = field(js, "strict");
+    if (strict && !json_is_boolean(strict))
+        return type_error(err, "response_format.json_schema.strict", "a boolean", strict);
+    const json_t *name = field(js, "name");
+    if (name && !json_is_string(name))
+        return type_error(err, "response_format.json_schema.name", "a string", name);
+    const json_t *schema = field(js, "schema");
+    if (!schema) { /* no schema: any JSON object */
+        char *g = dup_str(json_object_gbnf());
+        return g ? set_gbnf(r, "response_format.json_schema", g, err) : oom(err);
+    }
+    return schema_field(schema, "response_format.json_schema.schema", false, r, err);
+}
+
+/* A GBNF string literal of s. */
+static void literal_put(char *out, size_t *n, const char *s, size_t len) {
+    out[(*n)++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            out[(*n)++] = '\\';
+            out[(*n)++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            *n += (size_t)sprintf(out + *n, "\\x%02X", c);
+        } else {
+            out[(*n)++] = (char)c;
+        }
+    }
+    out[(*n)++] = '"';
+}
+
+/* vLLM's guided_choice: the answer is one of the strings. */
+static int parse_guided_choice(const json_t *v, api_request *r, api_error *err) {
+    const char *P = "guided_choice";
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return type_error(err, P, "a non-empty array of strings", v);
+    size_t total = 16, i;
+    const json_t *c;
+    json_array_foreach(v, i, c) {
+        if (!json_is_string(c) || json_string_length(c) == 0)
+            return API_BAD(err, P, "'guided_choice' must hold non-empty strings");
+        if (json_string_length(c) > GRAMMAR_MAX_TEXT / 4)
+            return API_BAD(err, P, "'guided_choice' holds a string that is too long");
+        total += json_string_length(c) * 4 + 8;
+    }
+    char *g = malloc(total);
+    if (!g) return oom(err);
+    size_t n = (size_t)sprintf(g, "root ::= ");
+    json_array_foreach(v, i, c) {
+        if (i) n += (size_t)sprintf(g + n, " | ");
+        literal_put(g, &n, json_string_value(c), json_string_length(c));
+    }
+    g[n] = '\0';
+    return set_gbnf(r, P, g, err);
+}
+
+static int parse_constraints(const json_t *root, api_request *r, api_error *err) {
+    const json_t *v;
+    if ((v = field(root, "response_format")) && parse_response_format(v, r, err)) return -1;
+    if (gbnf_field(root, "grammar", r, err) < 0) return -1;
+    if (gbnf_field(root, "guided_grammar", r, err) < 0) return -1;
+    if ((v = field(root, "json_schema")) && schema_field(v, "json_schema", false, r, err))
+        return -1;
+    if ((v = field(root, "guided_json")) && schema_field(v, "guided_json", true, r, err)) return -1;
+    if ((v = field(root, "guided_choice")) && parse_guided_choice(v, r, err)) return -1;
+    return opt_bool(root, "jump_forward", &r->jump_forward, err) < 0 ? -1 : 0;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
@@ -596,6 +742,7 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
     if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
+    if (parse_constraints(root, r, err)) return -1;
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);
@@ -609,6 +756,7 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->max_tokens = -1;
     out->n = 1;
     out->cache = true;
+    out->jump_forward = true;
     sampler_params_default(&out->sampling);
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
@@ -634,6 +782,7 @@ void api_request_free(api_request *r) {
     for (int i = 0; i < API_MAX_STOPS; i++) free(r->stops[i]);
     free(r->user);
     free(r->cache_salt);
+    free(r->gbnf);
     memset(r, 0, sizeof *r);
 }
 

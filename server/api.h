@@ -78,6 +78,12 @@ typedef struct api_request {
     bool cache;       /* "cache": false opts out; default true */
     char *cache_salt; /* "cache_salt": namespace salt, or NULL */
     bool ignore_eos;  /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+    /* Constrained decoding: the GBNF every answer must match (validated), from one of
+     * response_format (json_schema, json_object), grammar / json_schema (llama-server),
+     * guided_grammar / guided_json / guided_choice (vLLM); NULL when the output is free. */
+    char *gbnf;
+    char gbnf_param[64]; /* the field it came from */
+    bool jump_forward;   /* kvserve's "jump_forward" (default true): forced text as prefill */
 } api_request;
 
 /* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err

@@ -172,6 +172,7 @@ int cli_serve(int argc, char **argv) {
     if (cfg.cache && !(s.store = open_store(&cfg, m, &err))) goto done;
     eo.store = s.store;
     if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
+    if (!(s.gvocab = grammar_vocab_create(m->tok, &err))) goto done;
     s.m = m;
     atomic_store(&s.ready, true);
     int64_t pool = engine_kv_pool_tokens(s.eng);
@@ -195,6 +196,7 @@ done:
     if (s.eng) engine_stop(s.eng);
     server_stop(&s);
     engine_destroy(s.eng);
+    grammar_vocab_destroy(s.gvocab);
     cache_store_close(s.store);
     model_free(m);
     metrics_destroy(s.mx);

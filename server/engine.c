@@ -67,6 +67,8 @@ void gen_request_unref(gen_request *r) {
     gen_request_drop_loaded(r);
     free(r->bias);
     stop_set_free(&r->stops);
+    gmatch_destroy(r->gm);
+    grammar_destroy(r->grammar);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -123,6 +125,9 @@ typedef struct eseq {
     int n_hist, cap_hist;
     int n_computed; /* leading tokens of hist whose KV is in the pool */
     sampler *smp;
+    /* the grammar's state after hist's generated tokens: preemption keeps them (it recomputes
+     * their KV only), so the state needs no rollback */
+    int32_t gstate;
     detok_state ds;
     char *gen; /* everything detokenized so far (the stop-string scan reads it) */
     size_t gen_len, gen_cap, emitted;
@@ -206,6 +211,11 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         return NULL;
     }
     detok_init(&s->ds);
+    if (r->gm && (s->gstate = gmatch_start(r->gm)) < 0) {
+        kv_fail(err, "the grammar is too complex to match");
+        eseq_destroy(e, s);
+        return NULL;
+    }
     s->admit_order = e->admit_counter++;
     return s;
 oom:
@@ -367,21 +377,14 @@ static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logpr
     return rc;
 }
 
-/* Samples s's next token from logits (modified in place), appends it to the history and
- * publishes the text that became safe to release; ends s on a stop, at its length limit, or on
- * an error. */
-static void eseq_sample(engine *e, eseq *s, float *logits) {
+/* Appends token t (with its logprob) to s's history and publishes the text that became safe to
+ * release; ends s on a stop, a complete grammar, its length limit, or an error. Returns true
+ * when s ended. */
+static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
     gen_request *r = s->req;
-    gen_logprob lp = {0};
-    if (r->logprobs && r->top_logprobs > 0)
-        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
-    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
-    int32_t t =
-        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
-    lp.token = t;
     if (hist_push(s, t)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-        return;
+        return true;
     }
     s->n_gen++;
     uint64_t now = clock_now_ns();
@@ -391,14 +394,75 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     bool eog = !r->ignore_eos && tokenizer_is_eog(e->m->tok, t), stopped = false;
     int64_t release_end = eog ? (int64_t)s->emitted : detok_step(e, s, t, &stopped);
     gen_finish fin = eog || stopped ? GEN_FINISH_STOP : GEN_RUNNING;
+    if (fin == GEN_RUNNING && r->gm && gmatch_is_final(r->gm, s->gstate)) fin = GEN_FINISH_STOP;
     if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))
         fin = GEN_FINISH_LENGTH;
     if (release_end >= 0 && fin != GEN_RUNNING && !stopped) release_end = detok_finish(s);
-    if (release_end < 0 || publish_token(e, s, (size_t)release_end, &lp, eog, now)) {
+    if (release_end < 0 || publish_token(e, s, (size_t)release_end, lp, eog, now)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-        return;
+        return true;
     }
     if (fin != GEN_RUNNING) eseq_finish(e, s, fin, 0, NULL);
+    return fin != GEN_RUNNING;
+}
+
+/* Jump-forward (SGLang's compressed finite-state decoding): the bytes the grammar forces next
+ * are tokenized and appended as generated tokens, so the next step computes them as one
+ * prefill instead of one decode step each. Stops short of max_tokens and the context. */
+static void jump_forward(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    char buf[256];
+    int32_t next;
+    size_t n = gmatch_forced(r->gm, s->gstate, buf, sizeof buf, &next);
+    if (n == 0) return;
+    int32_t *ids = NULL;
+    kv_error err = {{0}};
+    int k = tokenizer_encode(e->m->tok, buf, n, false, false, &ids, &err);
+    int room = r->max_tokens - s->n_gen;
+    if (e->o.ctx - s->n_hist < room) room = e->o.ctx - s->n_hist;
+    if (k > room) k = room;
+    for (int i = 0; i < k && !s->done; i++) {
+        int32_t st = gmatch_accept_token(r->gm, s->gstate, ids[i]);
+        if (st < 0) break; /* not reached: the bytes are forced */
+        s->gstate = st;
+        gen_logprob lp = {.token = ids[i]};
+        if (eseq_push(e, s, ids[i], &lp)) break;
+    }
+    free(ids);
+}
+
+/* Samples s's next token from logits (modified in place), under its grammar if it has one, and
+ * appends it (eseq_push). */
+static void eseq_sample(engine *e, eseq *s, float *logits) {
+    gen_request *r = s->req;
+    gen_logprob lp = {0};
+    if (r->logprobs && r->top_logprobs > 0)
+        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
+    if (r->gm) {
+        kv_error err = {{0}};
+        int allowed = gmatch_apply(r->gm, s->gstate, logits, &err);
+        if (allowed < 0) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, err.msg);
+            return;
+        }
+        if (allowed == 0) {
+            if (gmatch_can_end(r->gm, s->gstate))
+                eseq_finish(e, s, GEN_FINISH_STOP, 0, NULL);
+            else
+                eseq_finish(e, s, GEN_FINISH_ERROR, 500,
+                            "no token of the vocabulary continues the grammar");
+            return;
+        }
+    }
+    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
+    int32_t t =
+        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
+    lp.token = t;
+    if (r->gm && (s->gstate = gmatch_accept_token(r->gm, s->gstate, t)) < 0) {
+        eseq_finish(e, s, GEN_FINISH_ERROR, 500, "the sampled token left the grammar");
+        return;
+    }
+    if (!eseq_push(e, s, t, &lp) && r->gm && r->jump_forward) jump_forward(e, s);
 }
 
 /* The first choice computed the prompt: its waiting siblings share its KV and sample their

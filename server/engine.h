@@ -59,6 +59,12 @@ typedef struct gen_request {
     bool logprobs;     /* record gen_logprob for each token */
     int top_logprobs;  /* 0..GEN_MAX_TOP_LOGPROBS */
     bool ignore_eos;   /* keep going past end-of-generation tokens */
+    /* Constrained decoding: every token is masked by the grammar (owned; the engine thread is
+     * the matcher's only user once submitted). The choice ends (stop) when the grammar is
+     * complete. With jump_forward, bytes the grammar forces go in as one prefill step. */
+    grammar *grammar;
+    gmatch *gm;
+    bool jump_forward;
     /* Score the prompt: prompt_lps[i] (i >= 1) is token i's logprob given the tokens before it,
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;

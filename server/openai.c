@@ -177,9 +177,22 @@ static int prompt_max_tokens(const server *s, const api_request *rq, int n_ids, 
     return max_tokens;
 }
 
+/* The request's grammar, parsed (again: api.c validated it) and bound to the vocabulary. */
+static int request_grammar(const server *s, gen_request *r, const api_request *rq, api_error *err) {
+    kv_error ke = {{0}};
+    if (!(r->grammar = grammar_parse(rq->gbnf, strlen(rq->gbnf), &ke)))
+        return fail_400(err, rq->gbnf_param, NULL, ke.msg);
+    if (!(r->gm = gmatch_create(r->grammar, s->gvocab, &ke))) return fail_oom(err);
+    if (gmatch_start(r->gm) < 0)
+        return fail_400(err, rq->gbnf_param, NULL, "the grammar is too complex to match");
+    /* Forced tokens have no sampled logprobs: jump-forward only without them. */
+    r->jump_forward = rq->jump_forward && !rq->logprobs;
+    return 0;
+}
+
 /* Sets up r, which holds prompt p, from rq's sampling and output options. -1 with err. */
-static int request_setup(gen_request *r, const api_request *rq, int max_tokens, uint64_t seed,
-                         api_error *err) {
+static int request_setup(const server *s, gen_request *r, const api_request *rq, int max_tokens,
+                         uint64_t seed, api_error *err) {
     r->max_tokens = max_tokens;
     r->sp = rq->sampling;
     r->sp.seed = seed;
@@ -198,7 +211,7 @@ static int request_setup(gen_request *r, const api_request *rq, int max_tokens, 
     kv_error ke = {{0}};
     if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
         return fail_400(err, "stop", NULL, ke.msg);
-    return 0;
+    return rq->gbnf ? request_grammar(s, r, rq, err) : 0;
 }
 
 /* Tokenizes and checks prompt p and adds its gen_request to j. -1 with err; from the moment
@@ -231,7 +244,7 @@ static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, a
                          : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
         if (!j->echo[p]) return fail_oom(err);
     }
-    if (request_setup(r, rq, max_tokens, seed, err)) return -1;
+    if (request_setup(j->s, r, rq, max_tokens, seed, err)) return -1;
     j->prompt_tokens += n_ids;
     return 0;
 fail:

@@ -22,8 +22,9 @@ typedef struct server server;
 
 struct server {
     const kv_config *cfg;
-    const model *m; /* NULL while loading */
-    engine *eng;    /* NULL while loading */
+    const model *m;        /* NULL while loading */
+    engine *eng;           /* NULL while loading */
+    grammar_vocab *gvocab; /* the vocabulary's token trie for constrained decoding */
     metrics *mx;
     char **model_ids; /* the names /v1/models lists and requests may name; responses name [0] */
     int n_model_ids;
