@@ -116,9 +116,10 @@ FUZZ_SECONDS ?= 30
 # while the SIMD kernels use _Float16, which clang 14 does not support on x86. UBSan findings
 # abort (no-recover), so libFuzzer counts them as crashes and saves the input.
 FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
+FUZZ_DEPS_grammar_fuzz := model/grammar.c model/grammar_match.c model/json_schema.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
-FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c
+FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c

@@ -290,7 +290,7 @@ static int cprange_cmp(const void *a, const void *b) {
 /* Sorts and merges; with negate, the complement in [0, 0x10FFFF]. Surrogates, which UTF-8
  * cannot encode, are removed either way. */
 static int crset_normalize(gparser *p, crset *s, bool negate) {
-    qsort(s->r, (size_t)s->n, sizeof *s->r, cprange_cmp);
+    if (s->n > 1) qsort(s->r, (size_t)s->n, sizeof *s->r, cprange_cmp);
     int k = 0;
     for (int i = 0; i < s->n; i++) {
         if (k > 0 && s->r[i].lo <= s->r[k - 1].hi + 1) {

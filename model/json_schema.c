@@ -588,7 +588,7 @@ static int rx_class(rx *r, sbuf *b) {
     }
     if (r->i >= r->n) return rx_fail(r, "unterminated class");
     r->i++; /* ] */
-    if (neg) sb_put(b, "\"\\\\\\x00-\\x1F", 11);
+    if (neg) sb_printf(b, "%s", "\"\\\\\\x00-\\x1F");
     sb_put(b, "]", 1);
     return 0;
 }
@@ -676,9 +676,18 @@ static int rx_seq(rx *r, sbuf *b) {
                 size_t j = r->i + 1;
                 while (j < r->n && r->s[j] != '}') j++;
                 if (j >= r->n) return rx_fail(r, "unterminated {m,n}");
-                for (size_t k = r->i + 1; k < j; k++)
-                    if (!((r->s[k] >= '0' && r->s[k] <= '9') || r->s[k] == ','))
-                        return rx_fail(r, "bad {m,n}");
+                /* {m}, {m,} or {m,n}: digits required where GBNF requires them */
+                long m = -1, n = -2;
+                size_t k = r->i + 1;
+                for (; k < j && r->s[k] >= '0' && r->s[k] <= '9'; k++)
+                    m = (m < 0 ? 0 : m) * 10 + (r->s[k] - '0'), m = m > 100000 ? 100000 : m;
+                if (k < j && r->s[k] == ',') {
+                    n = -1;
+                    for (k++; k < j && r->s[k] >= '0' && r->s[k] <= '9'; k++)
+                        n = (n < 0 ? 0 : n) * 10 + (r->s[k] - '0'), n = n > 100000 ? 100000 : n;
+                }
+                if (k != j || m < 0 || m > 10000 || n > 10000 || (n >= 0 && n < m))
+                    return rx_fail(r, "bad {m,n}");
                 sb_put(b, r->s + r->i, j + 1 - r->i);
                 r->i = j + 1;
             }
@@ -1155,10 +1164,18 @@ char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
     char *out = NULL;
     if (!compile(&c, root, "#", 0, &r)) {
         sb_printf(&c.out, "root ::= r%d\n%s", r, PRIMITIVES);
-        if (c.out.oom)
+        if (c.out.oom) {
             kv_fail(err, "out of memory");
-        else
-            out = c.out.s, c.out.s = NULL;
+        } else {
+            /* A schema can still describe a grammar that cannot be matched: one that refers
+             * to itself before any value ({"$ref": "#"}) is left-recursive. */
+            grammar *g = grammar_parse(c.out.s, c.out.n, err);
+            if (g)
+                out = c.out.s, c.out.s = NULL;
+            else
+                kv_fail_wrap(err, "json_schema: the schema cannot be compiled");
+            grammar_destroy(g);
+        }
     }
     free(c.out.s);
     free(c.ref_node);
