@@ -88,6 +88,11 @@ void gmatch_stats(const gmatch *m, int64_t *n_states, int64_t *n_masks, int64_t 
  * supported keywords are listed in json_schema.c; any other is an error that names it (and its
  * path), never silently dropped. Returns malloc'd GBNF, or NULL with err. */
 char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err);
+/* The same schema's rules only, to combine several schemas in one grammar: its start rule is
+ * named prefix and its other rules prefix-rN; they refer to the shared rules of
+ * json_schema_primitives() (value, string, number, ...), which the caller adds once. */
+char *json_schema_to_gbnf_rules(const char *schema, size_t len, const char *prefix, kv_error *err);
+const char *json_schema_primitives(void);
 /* GBNF for any JSON object (response_format json_object). Static. */
 const char *json_object_gbnf(void);
 

@@ -42,4 +42,3 @@ done:
     free(buf);
     return v;
 }
-

@@ -1152,7 +1152,8 @@ static int compile(jsc *c, const json_t *s, const char *path, int depth, int *ru
     return rc;
 }
 
-char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
+/* "root ::= rN" and the schema's rules, without the primitives; NULL with err. */
+static char *compile_rules(const char *schema, size_t len, kv_error *err) {
     json_error_t je;
     json_t *root = json_loadb(schema, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
     if (!root) {
@@ -1163,18 +1164,14 @@ char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
     int r;
     char *out = NULL;
     if (!compile(&c, root, "#", 0, &r)) {
-        sb_printf(&c.out, "root ::= r%d\n%s", r, PRIMITIVES);
-        if (c.out.oom) {
+        sbuf head = {0};
+        sb_printf(&head, "root ::= r%d\n", r);
+        if (c.out.s) sb_put(&head, c.out.s, c.out.n);
+        if (head.oom || c.out.oom) {
             kv_fail(err, "out of memory");
+            free(head.s);
         } else {
-            /* A schema can still describe a grammar that cannot be matched: one that refers
-             * to itself before any value ({"$ref": "#"}) is left-recursive. */
-            grammar *g = grammar_parse(c.out.s, c.out.n, err);
-            if (g)
-                out = c.out.s, c.out.s = NULL;
-            else
-                kv_fail_wrap(err, "json_schema: the schema cannot be compiled");
-            grammar_destroy(g);
+            out = head.s;
         }
     }
     free(c.out.s);
@@ -1182,4 +1179,74 @@ char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
     free(c.ref_rule);
     json_decref(root);
     return out;
+}
+
+const char *json_schema_primitives(void) { return PRIMITIVES; }
+
+char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
+    char *rules = compile_rules(schema, len, err);
+    if (!rules) return NULL;
+    sbuf b = {0};
+    sb_printf(&b, "%s%s", rules, PRIMITIVES);
+    free(rules);
+    if (b.oom) {
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    /* A schema can still describe a grammar that cannot be matched: one that refers to itself
+     * before any value ({"$ref": "#"}) is left-recursive. */
+    grammar *g = grammar_parse(b.s, b.n, err);
+    if (!g) {
+        kv_fail_wrap(err, "json_schema: the schema cannot be compiled");
+        free(b.s);
+        return NULL;
+    }
+    grammar_destroy(g);
+    return b.s;
+}
+
+char *json_schema_to_gbnf_rules(const char *schema, size_t len, const char *prefix, kv_error *err) {
+    char *rules = compile_rules(schema, len, err);
+    if (!rules) return NULL;
+    /* Renames root and rN outside literals and classes; the primitives keep their names. */
+    sbuf b = {0};
+    size_t n = strlen(rules);
+    for (size_t i = 0; i < n;) {
+        char ch = rules[i];
+        if (ch == '"' || ch == '[') {
+            char end = ch == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < n && rules[j] != end) j += rules[j] == '\\' ? 2 : 1;
+            j = j < n ? j + 1 : n;
+            sb_put(&b, rules + i, j - i);
+            i = j;
+            continue;
+        }
+        size_t j = i;
+        while (j < n &&
+               ((rules[j] >= 'a' && rules[j] <= 'z') || (rules[j] >= '0' && rules[j] <= '9') ||
+                (rules[j] >= 'A' && rules[j] <= 'Z') || rules[j] == '-' || rules[j] == '_'))
+            j++;
+        if (j == i) {
+            sb_put(&b, rules + i, 1);
+            i++;
+            continue;
+        }
+        bool num = j - i > 1 && rules[i] == 'r';
+        for (size_t k = i + 1; num && k < j; k++) num = rules[k] >= '0' && rules[k] <= '9';
+        if (j - i == 4 && !memcmp(rules + i, "root", 4))
+            sb_printf(&b, "%s", prefix);
+        else if (num)
+            sb_printf(&b, "%s-%.*s", prefix, (int)(j - i), rules + i);
+        else
+            sb_put(&b, rules + i, j - i);
+        i = j;
+    }
+    free(rules);
+    if (b.oom) {
+        kv_fail(err, "out of memory");
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
 }

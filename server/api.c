@@ -269,6 +269,71 @@ static char *dup_str(const char *s) {
     return d;
 }
 
+/* Appends each of an assistant turn's tool_calls to its content in the tool format. */
+static int render_tool_calls(const json_t *calls, int i, chat_message *msg, api_error *err) {
+    char param[80];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!json_is_array(calls)) return type_error(err, param, "an array", calls);
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function", i, k);
+        const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        const json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        if (!json_is_string(name))
+            return API_BAD(err, param, "'%s' must be an object with a string 'name'", param);
+        if (args && !json_is_string(args) && !json_is_null(args))
+            return API_BAD(err, param, "'%s.arguments' must be a string (JSON text)", param);
+        char *call = chat_tools_render_call(json_string_value(name),
+                                            json_is_string(args) ? json_string_value(args) : NULL);
+        if (!call) return oom(err);
+        const char *old = msg->content;
+        size_t lo = strlen(old), lc = strlen(call);
+        char *both = malloc(lo + lc + 2);
+        if (!both) {
+            free(call);
+            return oom(err);
+        }
+        memcpy(both, old, lo);
+        size_t n = lo;
+        if (lo > 0) both[n++] = '\n';
+        memcpy(both + n, call, lc + 1);
+        free(call);
+        free((char *)old);
+        msg->content = both;
+    }
+    return 0;
+}
+
+/* A tool message becomes a user turn holding the result; the function's name comes from its
+ * "name" or from the assistant call its tool_call_id answers. */
+static int render_tool_result(const json_t *msgs, const json_t *m, int i, chat_message *msg,
+                              api_error *err) {
+    const json_t *name = field(m, "name");
+    const json_t *id = field(m, "tool_call_id");
+    for (int j = i - 1; j >= 0 && !name && json_is_string(id); j--) {
+        const json_t *calls = field(json_array_get(msgs, (size_t)j), "tool_calls");
+        size_t k;
+        const json_t *c;
+        json_array_foreach(calls, k, c) {
+            const json_t *cid = json_object_get(c, "id");
+            if (json_is_string(cid) && json_equal((json_t *)cid, (json_t *)id))
+                name = json_object_get(json_object_get(c, "function"), "name");
+        }
+    }
+    char *r =
+        chat_tools_render_result(json_is_string(name) ? json_string_value(name) : "", msg->content);
+    if (!r) return oom(err);
+    free((char *)msg->content);
+    msg->content = r;
+    free((char *)msg->role);
+    msg->role = malloc(5);
+    if (!msg->role) return oom(err);
+    memcpy((char *)msg->role, "user", 5);
+    return 0;
+}
+
 /* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
 static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api_error *err) {
     if (!json_is_array(v)) return type_error(err, "messages", "an array", v);
@@ -297,8 +362,10 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
             canon = "system"; /* OpenAI's o-series name for the system role */
         } else if (!strcmp(r, "user") || !strcmp(r, "assistant")) {
             canon = r;
-        } else if (!strcmp(r, "tool") || !strcmp(r, "function")) {
-            return API_BAD(err, param, "role '%s' is not supported (no tool calling)", r);
+        } else if (!strcmp(r, "tool")) {
+            canon = "tool";
+        } else if (!strcmp(r, "function")) {
+            return API_BAD(err, param, "role 'function' is deprecated; use 'tool'");
         } else {
             return API_BAD(err, param,
                            "unknown role '%.40s' (expected system, developer, user or assistant)",
@@ -307,9 +374,9 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         bool assistant = !strcmp(canon, "assistant");
 
         const json_t *calls = field(m, "tool_calls");
-        if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+        if (calls && !assistant) {
             snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-            return API_BAD(err, param, "tool calls are not supported");
+            return API_BAD(err, param, "only assistant messages have tool_calls");
         }
         if (field(m, "function_call")) {
             snprintf(param, sizeof param, "messages[%d].function_call", i);
@@ -330,6 +397,8 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
             return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
         }
         (*msgs)[i].content = text;
+        if (calls && render_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
+        if (!strcmp(canon, "tool") && render_tool_result(v, m, i, &(*msgs)[i], err)) return -1;
     }
     return 0;
 }
@@ -693,6 +762,108 @@ static int parse_constraints(const json_t *root, api_request *r, api_error *err)
     return opt_bool(root, "jump_forward", &r->jump_forward, err) < 0 ? -1 : 0;
 }
 
+/* ---------------------------------------------------------------- tools */
+
+static bool tool_name_ok(const char *s, size_t len) {
+    if (len == 0 || len > 64) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int parse_tools(const json_t *root, api_request *r, api_error *err) {
+    const json_t *v = field(root, "tools");
+    r->parallel_tool_calls = true;
+    if (opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
+    if (v) {
+        if (!json_is_array(v)) return type_error(err, "tools", "an array", v);
+        size_t n = json_array_size(v);
+        if (n > API_MAX_TOOLS)
+            return API_BAD(err, "tools", "'tools' has %zu tools, more than the limit of %d", n,
+                           API_MAX_TOOLS);
+        if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return oom(err);
+        for (size_t i = 0; i < n; i++) {
+            const json_t *t = json_array_get(v, i);
+            char pp[64];
+            snprintf(pp, sizeof pp, "tools[%zu]", i);
+            if (!json_is_object(t)) return type_error(err, pp, "an object", t);
+            const json_t *type = json_object_get(t, "type");
+            if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+                return API_BAD(err, pp, "'%s.type' must be 'function'", pp);
+            const json_t *fn = json_object_get(t, "function");
+            snprintf(pp, sizeof pp, "tools[%zu].function", i);
+            if (!json_is_object(fn)) return type_error(err, pp, "an object", fn);
+            chat_tool *ct = &r->tools[i];
+            r->n_tools = (int)i + 1;
+            snprintf(pp, sizeof pp, "tools[%zu].function.name", i);
+            const json_t *name = json_object_get(fn, "name");
+            if (!json_is_string(name) ||
+                !tool_name_ok(json_string_value(name), json_string_length(name)))
+                return API_BAD(err, pp, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", pp);
+            for (size_t k = 0; k < i; k++)
+                if (!strcmp(r->tools[k].name, json_string_value(name)))
+                    return API_BAD(err, pp, "two tools are named '%s'", json_string_value(name));
+            if (str_copy(name, pp, (char **)&ct->name, err)) return -1;
+            snprintf(pp, sizeof pp, "tools[%zu].function.description", i);
+            if (opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
+            const json_t *params = field(fn, "parameters");
+            if (params) {
+                snprintf(pp, sizeof pp, "tools[%zu].function.parameters", i);
+                if (!json_is_object(params))
+                    return type_error(err, pp, "a JSON Schema object", params);
+                if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
+                /* the schema must compile: an unsupported keyword is named now */
+                kv_error ke = {{0}};
+                char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
+                if (!g) return API_BAD(err, pp, "'%s': %s", pp, ke.msg);
+                free(g);
+            }
+        }
+    }
+    r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
+    const json_t *tc = field(root, "tool_choice");
+    if (!tc) return 0;
+    if (json_is_string(tc)) {
+        const char *c = json_string_value(tc);
+        if (!strcmp(c, "none"))
+            r->tool_choice = CHAT_TOOL_NONE;
+        else if (!strcmp(c, "auto"))
+            r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
+        else if (!strcmp(c, "required"))
+            r->tool_choice = CHAT_TOOL_REQUIRED;
+        else
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' must be 'none', 'auto', 'required' or a function, got "
+                           "'%.40s'",
+                           c);
+    } else if (json_is_object(tc)) {
+        const json_t *fn = json_object_get(tc, "function");
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        if (!json_is_string(name))
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' must be {\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}");
+        if (str_copy(name, "tool_choice", &r->tool_choice_name, err)) return -1;
+        bool found = false;
+        for (int i = 0; i < r->n_tools; i++)
+            found |= !strcmp(r->tools[i].name, r->tool_choice_name);
+        if (!found)
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' names '%.64s', which is not in 'tools'",
+                           r->tool_choice_name);
+        r->tool_choice = CHAT_TOOL_NAMED;
+    } else {
+        return type_error(err, "tool_choice", "a string or an object", tc);
+    }
+    if (r->tool_choice == CHAT_TOOL_REQUIRED && r->n_tools == 0)
+        return API_BAD(err, "tool_choice", "'tool_choice' is 'required' but there are no 'tools'");
+    return 0;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
@@ -743,6 +914,18 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (parse_constraints(root, r, err)) return -1;
+    if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
+    if (r->tool_choice != CHAT_TOOL_NONE) {
+        if (r->gbnf)
+            return API_BAD(err, "tool_choice",
+                           "tools may be called only without '%s' (or with tool_choice 'none')",
+                           r->gbnf_param);
+        kv_error ke = {{0}};
+        char *g = chat_tools_gbnf(r->tools, r->n_tools, r->tool_choice, r->tool_choice_name,
+                                  r->parallel_tool_calls, &ke);
+        if (!g) return API_BAD(err, "tools", "%s", ke.msg);
+        if (set_gbnf(r, "tools", g, err)) return -1;
+    }
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);
@@ -783,6 +966,13 @@ void api_request_free(api_request *r) {
     free(r->user);
     free(r->cache_salt);
     free(r->gbnf);
+    for (int i = 0; i < r->n_tools; i++) {
+        free((char *)r->tools[i].name);
+        free((char *)r->tools[i].description);
+        free((char *)r->tools[i].parameters);
+    }
+    free(r->tools);
+    free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
 }
 

@@ -20,6 +20,7 @@
 #define API_MAX_PROMPTS 64       /* prompts in one /v1/completions request */
 #define API_MAX_TOKENS (1 << 20) /* ids in one token-id prompt or /detokenize body */
 #define API_MAX_CACHE_SALT 256   /* bytes */
+#define API_MAX_TOOLS 128        /* as OpenAI */
 
 typedef struct api_error {
     int status;       /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
@@ -84,6 +85,15 @@ typedef struct api_request {
     char *gbnf;
     char gbnf_param[64]; /* the field it came from */
     bool jump_forward;   /* kvserve's "jump_forward" (default true): forced text as prefill */
+    /* chat: tools ({"type": "function", "function": {name, description, parameters}}), their
+     * strings owned; tool_choice (default auto with tools); parallel_tool_calls (default true).
+     * Assistant turns' tool_calls and tool messages are rendered into the messages' content in
+     * the generic tool format (model/chat.h). */
+    chat_tool *tools;
+    int n_tools;
+    chat_tool_choice tool_choice;
+    char *tool_choice_name; /* CHAT_TOOL_NAMED */
+    bool parallel_tool_calls;
 } api_request;
 
 /* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err

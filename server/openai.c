@@ -92,6 +92,11 @@ void job_free(job *j) {
     free(j->text_off);
     free(j->lp_off);
     free(j->finish_sent);
+    if (j->acc)
+        for (int i = 0; i < j->n_reqs * j->n; i++) free(j->acc[i]);
+    free(j->acc);
+    free(j->acc_len);
+    free(j->tp);
     free(j->buf);
     free(j);
 }
@@ -114,6 +119,8 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->logprobs = rq->logprobs;
     j->top_logprobs = rq->top_logprobs;
     j->include_usage = rq->include_usage;
+    j->tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    j->call_salt = (uint32_t)random_u64();
     uint64_t idv = random_u64();
     snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)idv, (unsigned)(random_u64() & 0xffffffffu));
@@ -125,6 +132,40 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     return j;
 }
 
+/* The chat with the tools listed in its system message (prepended to the conversation's own
+ * system message, or as a new first message). */
+static int tokenize_with_tools(const model *m, const api_request *rq, int32_t **ids,
+                               api_error *err) {
+    kv_error ke = {{0}};
+    char *sys = chat_tools_system(rq->tools, rq->n_tools, &ke);
+    chat_message *msgs = calloc((size_t)rq->n_messages + 1, sizeof *msgs);
+    char *joined = NULL;
+    if (!sys || !msgs) {
+        free(sys);
+        free(msgs);
+        return fail_oom(err);
+    }
+    int n = 0;
+    bool has_sys = rq->n_messages > 0 && !strcmp(rq->messages[0].role, "system");
+    if (has_sys) {
+        size_t a = strlen(rq->messages[0].content), b = strlen(sys);
+        if ((joined = malloc(a + b + 3))) {
+            memcpy(joined, rq->messages[0].content, a);
+            memcpy(joined + a, "\n\n", 2);
+            memcpy(joined + a + 2, sys, b + 1);
+        }
+        msgs[n++] = (chat_message){"system", joined ? joined : sys};
+    } else {
+        msgs[n++] = (chat_message){"system", sys};
+    }
+    for (int i = has_sys ? 1 : 0; i < rq->n_messages; i++) msgs[n++] = rq->messages[i];
+    int rc = tokenize_messages(m, msgs, n, ids, err);
+    free(joined);
+    free(sys);
+    free(msgs);
+    return rc;
+}
+
 /* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
  * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
  * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
@@ -133,7 +174,9 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
     *ids = NULL;
     if (rq->kind == API_CHAT) {
         snprintf(param, param_size, "messages");
-        return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
+        if (rq->tool_choice == CHAT_TOOL_NONE)
+            return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
+        return tokenize_with_tools(m, rq, ids, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
@@ -270,6 +313,10 @@ static int job_submit(job *j, api_error *err) {
     j->lp_off = calloc((size_t)n_choices, sizeof *j->lp_off);
     j->finish_sent = calloc((size_t)n_choices, sizeof *j->finish_sent);
     if (!j->text_off || !j->lp_off || !j->finish_sent) return fail_oom(err);
+    if (j->tools && (!(j->tp = calloc((size_t)n_choices, sizeof *j->tp)) ||
+                     !(j->acc = calloc((size_t)n_choices, sizeof *j->acc)) ||
+                     !(j->acc_len = calloc((size_t)n_choices, sizeof *j->acc_len))))
+        return fail_oom(err);
     for (int p = 0; p < j->n_reqs; p++) {
         kv_error ke = {{0}};
         engine_submit_status st = engine_submit(j->s->eng, j->reqs[p], &ke);
@@ -433,6 +480,55 @@ json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lp
     return all;
 }
 
+void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
+    snprintf(out, cap, "call_%08x%02x%02x", (unsigned)j->call_salt, (unsigned)choice & 0xff,
+             (unsigned)call & 0xff);
+}
+
+/* A chat answer under tools: its calls (finish "tool_calls") when it is complete calls, else
+ * its text as content. */
+static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
+    const char *text = c->text ? c->text : "";
+    chat_tool_parser tp = {0};
+    chat_tool_event ev[16];
+    json_t *calls = json_array();
+    json_t *cur = NULL;
+    int n;
+    bool content = false;
+    do {
+        n = chat_tools_parse(&tp, text, c->len, true, ev, 16);
+        for (int k = 0; k < n; k++) {
+            if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
+                content = true;
+            } else if (ev[k].kind == CHAT_TOOL_EVENT_CALL) {
+                char id[48];
+                job_call_id(j, index, ev[k].index, id, sizeof id);
+                cur = json_pack("{s:s,s:s,s:{s:s%,s:s}}", "id", id, "type", "function", "function",
+                                "name", ev[k].s, ev[k].n, "arguments", "");
+                json_array_append_new(calls, cur);
+            } else if (cur) {
+                json_t *fn = json_object_get(cur, "function");
+                const char *a = json_string_value(json_object_get(fn, "arguments"));
+                size_t la = strlen(a);
+                char *both = malloc(la + ev[k].n + 1);
+                if (both) {
+                    memcpy(both, a, la);
+                    memcpy(both + la, ev[k].s, ev[k].n);
+                    json_object_set_new(fn, "arguments", json_stringn(both, la + ev[k].n));
+                    free(both);
+                }
+            }
+        }
+    } while (n == 16);
+    if (!content && tp.mode == 2 && tp.complete && c->finish == GEN_FINISH_STOP &&
+        json_array_size(calls) > 0) {
+        *finish = "tool_calls";
+        return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
+    }
+    json_decref(calls);
+    return json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len);
+}
+
 /* The whole response once every choice has finished. */
 static void job_reply(const job *j, http_reply *out) {
     json_t *choices = json_array();
@@ -443,7 +539,10 @@ static void job_reply(const job *j, http_reply *out) {
             json_t *ch = json_object();
             json_object_set_new(ch, "index", json_integer(p * j->n + i));
             const char *text = c->text ? c->text : "";
-            if (j->kind == API_CHAT) {
+            const char *finish = job_finish_name(c->finish);
+            if (j->kind == API_CHAT && j->tools) {
+                json_object_set_new(ch, "message", tools_message(j, p * j->n + i, c, &finish));
+            } else if (j->kind == API_CHAT) {
                 json_object_set_new(
                     ch, "message",
                     json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len));
@@ -462,7 +561,7 @@ static void job_reply(const job *j, http_reply *out) {
             json_object_set_new(ch, "logprobs",
                                 j->logprobs ? job_choice_logprobs_json(j, p, c->lps, c->n_lps)
                                             : json_null());
-            json_object_set_new(ch, "finish_reason", json_string(job_finish_name(c->finish)));
+            json_object_set_new(ch, "finish_reason", json_string(finish));
             json_array_append_new(choices, ch);
         }
     }

@@ -20,7 +20,8 @@
     } while (0)
 
 static void exercise(const grammar *g, const uint8_t *data, size_t size) {
-    static const char *toks[] = {"a", "b", "{", "}", "\"", "ab", "\xc3", "\xa9", " ", "1", "[", "]"};
+    static const char *toks[] = {"a",    "b",    "{", "}", "\"", "ab",
+                                 "\xc3", "\xa9", " ", "1", "[",  "]"};
     size_t lens[13];
     bool eog[13] = {0};
     const char *t[13];
@@ -44,7 +45,8 @@ static void exercise(const grammar *g, const uint8_t *data, size_t size) {
         int32_t next;
         size_t n = gmatch_forced(m, s, buf, sizeof buf, &next);
         CHECK(n <= sizeof buf);
-        for (size_t i = 0; i < size && s >= 0 && i < 256; i++) s = gmatch_accept_token(m, s, data[i] % 13);
+        for (size_t i = 0; i < size && s >= 0 && i < 256; i++)
+            s = gmatch_accept_token(m, s, data[i] % 13);
     }
     gmatch_destroy(m);
     grammar_vocab_destroy(v);
