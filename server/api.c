@@ -440,50 +440,50 @@ static int parse_token_array(const json_t *v, const char *param, int32_t **out, 
     return 0;
 }
 
-/* prompt: "text" | ["text", ..] | [id, ..] | [[id, ..], ..]. The first element decides which
- * array shape it is; any element of another type is an error. */
-static int parse_prompts(const json_t *v, api_request *r, api_error *err) {
+/* prompt (or embeddings' input): "text" | ["text", ..] | [id, ..] | [[id, ..], ..], at most max
+ * of them. The first element decides which array shape it is; any element of another type is an
+ * error. */
+static int parse_prompts(const json_t *v, const char *key, int max, api_prompt **out, int *n_out,
+                         api_error *err) {
     if (json_is_string(v)) {
-        r->prompts = calloc(1, sizeof *r->prompts);
-        if (!r->prompts) return oom(err);
-        r->n_prompts = 1;
-        return str_copy(v, "prompt", &r->prompts[0].text, err);
+        *out = calloc(1, sizeof **out);
+        if (!*out) return oom(err);
+        *n_out = 1;
+        return str_copy(v, key, &(*out)[0].text, err);
     }
     if (!json_is_array(v))
-        return type_error(err, "prompt", "a string, an array of strings or an array of token ids",
-                          v);
+        return type_error(err, key, "a string, an array of strings or an array of token ids", v);
     size_t n = json_array_size(v);
-    if (n == 0) return API_BAD(err, "prompt", "'prompt' must not be empty");
+    if (n == 0) return API_BAD(err, key, "'%s' must not be empty", key);
     const json_t *first = json_array_get(v, 0);
     int64_t dummy;
+    char pp[64];
     if (json_as_int64(first, &dummy)) { /* one prompt of token ids */
-        r->prompts = calloc(1, sizeof *r->prompts);
-        if (!r->prompts) return oom(err);
-        r->n_prompts = 1;
-        return parse_token_array(v, "prompt", &r->prompts[0].tokens, &r->prompts[0].n_tokens, err);
+        *out = calloc(1, sizeof **out);
+        if (!*out) return oom(err);
+        *n_out = 1;
+        return parse_token_array(v, key, &(*out)[0].tokens, &(*out)[0].n_tokens, err);
     }
+    snprintf(pp, sizeof pp, "%s[0]", key);
     if (!json_is_string(first) && !json_is_array(first))
-        return type_error(err, "prompt[0]", "a string, an array of token ids or a token id", first);
-    if (n > API_MAX_PROMPTS)
-        return API_BAD(err, "prompt", "'prompt' has %zu prompts, more than the limit of %d", n,
-                       API_MAX_PROMPTS);
-    r->prompts = calloc(n, sizeof *r->prompts);
-    if (!r->prompts) return oom(err);
-    r->n_prompts = (int)n;
+        return type_error(err, pp, "a string, an array of token ids or a token id", first);
+    if (n > (size_t)max)
+        return API_BAD(err, key, "'%s' has %zu prompts, more than the limit of %d", key, n, max);
+    *out = calloc(n, sizeof **out);
+    if (!*out) return oom(err);
+    *n_out = (int)n;
     bool strings = json_is_string(first);
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(v, i);
-        char pp[64];
-        snprintf(pp, sizeof pp, "prompt[%zu]", i);
+        snprintf(pp, sizeof pp, "%s[%zu]", key, i);
         if (strings) {
-            if (str_copy(p, pp, &r->prompts[i].text, err)) return -1;
+            if (str_copy(p, pp, &(*out)[i].text, err)) return -1;
             continue;
         }
         if (!json_is_array(p))
-            return type_error(err, pp, "an array of token ids (as prompt[0])", p);
+            return type_error(err, pp, "an array of token ids (as the first one)", p);
         if (json_array_size(p) == 0) return API_BAD(err, pp, "'%s' must not be empty", pp);
-        if (parse_token_array(p, pp, &r->prompts[i].tokens, &r->prompts[i].n_tokens, err))
-            return -1;
+        if (parse_token_array(p, pp, &(*out)[i].tokens, &(*out)[i].n_tokens, err)) return -1;
     }
     return 0;
 }
@@ -878,7 +878,8 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     } else {
         const json_t *prompt = field(root, "prompt");
         if (!prompt) return API_BAD(err, "prompt", "'prompt' is required");
-        if (parse_prompts(prompt, r, err)) return -1;
+        if (parse_prompts(prompt, "prompt", API_MAX_PROMPTS, &r->prompts, &r->n_prompts, err))
+            return -1;
         if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
     }
 
@@ -974,6 +975,64 @@ void api_request_free(api_request *r) {
     free(r->tools);
     free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+static void prompts_free(api_prompt *p, int n) {
+    for (int i = 0; i < n; i++) {
+        free(p[i].text);
+        free(p[i].tokens);
+    }
+    free(p);
+}
+
+static int parse_embeddings_fields(const json_t *root, api_embeddings *e, api_error *err) {
+    const json_t *model = field(root, "model");
+    if (!model) return API_BAD(err, "model", "'model' is required");
+    if (str_copy(model, "model", &e->model, err)) return -1;
+    const json_t *input = field(root, "input");
+    if (!input) return API_BAD(err, "input", "'input' is required");
+    if (parse_prompts(input, "input", API_MAX_EMBED_INPUTS, &e->inputs, &e->n_inputs, err))
+        return -1;
+    for (int i = 0; i < e->n_inputs; i++)
+        if (e->inputs[i].text && !e->inputs[i].text[0]) {
+            char pp[32];
+            snprintf(pp, sizeof pp, e->n_inputs > 1 ? "input[%d]" : "input", i);
+            return API_BAD(err, pp, "'%s' must not be an empty string", pp);
+        }
+    char *fmt = NULL;
+    if (opt_string(root, "encoding_format", &fmt, err) < 0) return -1;
+    if (fmt) {
+        bool ok = !strcmp(fmt, "float") || !strcmp(fmt, "base64");
+        e->base64 = !strcmp(fmt, "base64");
+        free(fmt);
+        if (!ok)
+            return API_BAD(err, "encoding_format", "'encoding_format' must be 'float' or 'base64'");
+    }
+    int64_t v;
+    int got = opt_int(root, "dimensions", 1, INT32_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) e->dimensions = (int)v;
+    return opt_string(root, "user", &e->user, err) < 0 ? -1 : 0;
+}
+
+int api_parse_embeddings(const char *body, size_t len, api_embeddings *out, api_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *root = parse_body(body, len, err);
+    if (!root) return -1;
+    int rc = parse_embeddings_fields(root, out, err);
+    json_decref(root);
+    if (rc) api_embeddings_free(out);
+    return rc;
+}
+
+void api_embeddings_free(api_embeddings *e) {
+    if (!e) return;
+    free(e->model);
+    prompts_free(e->inputs, e->n_inputs);
+    free(e->user);
+    memset(e, 0, sizeof *e);
 }
 
 /* ---------------------------------------------------------------- tokenize, detokenize */

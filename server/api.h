@@ -17,10 +17,11 @@
 #define API_MAX_N 16    /* choices per request */
 #define API_MAX_TOP_LOGPROBS 20
 #define API_MAX_LOGIT_BIAS 1024
-#define API_MAX_PROMPTS 64       /* prompts in one /v1/completions request */
-#define API_MAX_TOKENS (1 << 20) /* ids in one token-id prompt or /detokenize body */
-#define API_MAX_CACHE_SALT 256   /* bytes */
-#define API_MAX_TOOLS 128        /* as OpenAI */
+#define API_MAX_PROMPTS 64        /* prompts in one /v1/completions request */
+#define API_MAX_TOKENS (1 << 20)  /* ids in one token-id prompt or /detokenize body */
+#define API_MAX_CACHE_SALT 256    /* bytes */
+#define API_MAX_TOOLS 128         /* as OpenAI */
+#define API_MAX_EMBED_INPUTS 2048 /* inputs in one /v1/embeddings request, as OpenAI */
 
 typedef struct api_error {
     int status;       /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
@@ -105,6 +106,20 @@ typedef struct api_request {
 int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
                       api_error *err);
 void api_request_free(api_request *r);
+
+/* /v1/embeddings: {"model", "input": a string, strings, token ids or lists of token ids,
+ * "encoding_format": "float" | "base64", "dimensions", "user"}. */
+typedef struct api_embeddings {
+    char *model;
+    api_prompt *inputs; /* token ids range-checked by the caller */
+    int n_inputs;
+    bool base64;
+    int dimensions; /* 0: the model's width */
+    char *user;
+} api_embeddings;
+
+int api_parse_embeddings(const char *body, size_t len, api_embeddings *out, api_error *err);
+void api_embeddings_free(api_embeddings *e);
 
 /* /tokenize: {"content"|"prompt": string} or {"messages": [...]} (rendered with the chat
  * template by the caller), "add_special" / "add_special_tokens" (bool), "with_pieces" (bool). */

@@ -66,6 +66,7 @@ void gen_request_unref(gen_request *r) {
     free(r->keys);
     gen_request_drop_loaded(r);
     free(r->bias);
+    free(r->embedding);
     stop_set_free(&r->stops);
     gmatch_destroy(r->gm);
     grammar_destroy(r->grammar);
@@ -128,6 +129,7 @@ typedef struct eseq {
     /* the grammar's state after hist's generated tokens: preemption keeps them (it recomputes
      * their KV only), so the state needs no rollback */
     int32_t gstate;
+    double *pooled; /* embedding: [dim] sum (mean) or the chosen row of normed hidden states */
     detok_state ds;
     char *gen; /* everything detokenized so far (the stop-string scan reads it) */
     size_t gen_len, gen_cap, emitted;
@@ -174,12 +176,14 @@ struct engine {
     batch_seq *batch;           /* [max_seqs] */
     eseq **batch_seqs;          /* [max_seqs] */
     int32_t *batch_pos;         /* [max_seqs + prefill_chunk] */
+    int n_batch;                /* entries in this step's batch (the pooling hook reads it) */
 };
 
 static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
     sampler_destroy(s->smp);
+    free(s->pooled);
     free(s->keys);
     free(s->hist);
     free(s->gen);
@@ -211,6 +215,7 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         return NULL;
     }
     detok_init(&s->ds);
+    if (r->pooling && !(s->pooled = calloc((size_t)e->m->hp.dim, sizeof *s->pooled))) goto oom;
     if (r->gm && (s->gstate = gmatch_start(r->gm)) < 0) {
         kv_fail(err, "the grammar is too complex to match");
         eseq_destroy(e, s);
@@ -499,6 +504,8 @@ static void preempt(engine *e, eseq *v) {
     kv_seq_release(e->pool, &v->kv);
     v->n_computed = 0;
     v->preempted = true;
+    if (v->pooled) /* an embedding pools its prompt again from the start */
+        memset(v->pooled, 0, sizeof *v->pooled * (size_t)e->m->hp.dim);
     v->reuse_tried = false;
     /* A sibling that never forked computes the prompt itself now. */
     v->wait_fork = false;
@@ -795,6 +802,51 @@ static void store_tail(engine *e, eseq *s) {
     s->tail_stored = n;
 }
 
+/* ---------------------------------------------------------------- embeddings */
+
+/* After the last layer: each embedding sequence's rows, normed with the output norm as the
+ * logits see them, are summed (mean), or its last (last) or first (cls) prompt row kept. */
+static int pool_hidden(void *ud, forward_state *st, int layer) {
+    engine *e = ud;
+    const model_hparams *hp = &e->m->hp;
+    if (layer != hp->n_layer - 1) return 0;
+    int n = forward_state_n_rows(st);
+    const int32_t *rows = forward_state_rows(st);
+    for (int r = 0; r < n; r++) {
+        /* the row's batch entry: tokens are flattened in batch order */
+        int tok = rows[r], b = 0;
+        while (b < e->n_batch && tok >= e->batch[b].n_tok) tok -= e->batch[b++].n_tok;
+        if (b >= e->n_batch) continue;
+        eseq *s = e->batch_seqs[b];
+        gen_pooling how = s->req->pooling;
+        int slot = e->batch[b].kv_start + tok;
+        if (how == GEN_POOL_NONE || (how == GEN_POOL_CLS && slot != 0) ||
+            (how == GEN_POOL_LAST && slot != s->n_hist - 1))
+            continue;
+        const float *h = forward_state_hidden(st, r);
+        double ss = 0;
+        for (int k = 0; k < hp->dim; k++) ss += (double)h[k] * h[k];
+        double scale = 1.0 / sqrt(ss / hp->dim + hp->norm_eps);
+        for (int k = 0; k < hp->dim; k++)
+            s->pooled[k] += (double)h[k] * scale * e->m->output_norm[k];
+    }
+    return 0;
+}
+
+/* The prompt is computed: the pooled vector is normalized (L2) into the request and the choice
+ * ends, releasing its KV. */
+static void embed_finish(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    int dim = e->m->hp.dim;
+    double norm = 0;
+    for (int k = 0; k < dim; k++) norm += s->pooled[k] * s->pooled[k];
+    norm = norm > 0 ? 1.0 / sqrt(norm) : 0;
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < dim; k++) r->embedding[k] = (float)(s->pooled[k] * norm);
+    pthread_mutex_unlock(&r->mu);
+    eseq_finish(e, s, GEN_FINISH_STOP, 0, NULL);
+}
+
 /* One continuous-batching step. */
 static void step(engine *e) {
     int n_b = 0, n_pos = 0;
@@ -842,7 +894,11 @@ static void step(engine *e) {
     }
     kv_error err = {{0}};
     uint64_t t0 = clock_now_ns();
-    int n_out = model_forward(e->fwd, e->batch, n_b, NULL, e->logits, &err);
+    bool embed = false;
+    for (int i = 0; i < n_b; i++) embed |= e->batch_seqs[i]->req->pooling != GEN_POOL_NONE;
+    forward_hooks hooks = {.ud = e, .after_layer = pool_hidden};
+    e->n_batch = n_b;
+    int n_out = model_forward(e->fwd, e->batch, n_b, embed ? &hooks : NULL, e->logits, &err);
     log_debug("step: %d sequences, %d tokens, forward %.2f ms", n_b, n_pos,
               (double)(clock_now_ns() - t0) / 1e6);
     int n_rows = 0; /* one logits row per entry, every row for prompt scoring */
@@ -867,6 +923,10 @@ static void step(engine *e) {
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
         if (s->n_gen == 0 && !s->done && cache_on(e, s)) store_tail(e, s);
         s->preempted = false;
+        if (s->req->pooling != GEN_POOL_NONE) {
+            embed_finish(e, s);
+            continue;
+        }
         if (s->req->max_tokens == 0) {
             /* Prompt only (echo, scoring): every choice ends without a token. */
             for (int k = 0; k < e->n_run; k++)
@@ -1051,6 +1111,11 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
     }
     if (r->max_tokens < 0) {
         kv_fail(err, "max_tokens must not be negative");
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->pooling != GEN_POOL_NONE &&
+        (!r->embedding || r->n_choices != 1 || r->max_tokens != 0 || r->prompt_logprobs)) {
+        kv_fail(err, "an embedding request has one choice, no tokens to generate and a vector");
         return ENGINE_SUBMIT_INVALID;
     }
     if (r->prompt_logprobs && !r->prompt_lps &&

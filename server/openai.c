@@ -2,6 +2,8 @@
  * length checks with the counts in the message), one gen_request per prompt with n choices, and
  * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (openai_stream.c). */
 #include <jansson.h>
+#include <math.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -642,6 +644,167 @@ int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *str
 
 int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream) {
     return completion_endpoint(s, API_COMPLETION, c, out, stream);
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+/* One input's gen_request: its tokens prefilled once, pooled and normalized by the engine. */
+static gen_request *embed_request(const server *s, const api_prompt *in, int i, int n_inputs,
+                                  int *n_tokens, api_error *err) {
+    const model *m = s->m;
+    char param[32];
+    snprintf(param, sizeof param, n_inputs > 1 ? "input[%d]" : "input", i);
+    int32_t *ids = NULL;
+    int n;
+    if (in->text) {
+        n = tokenize_text(m, in->text, true, &ids, param, err);
+    } else {
+        n = check_ids(m, in->tokens, in->n_tokens, param, err) ? -1 : in->n_tokens;
+        if (n > 0 && !(ids = malloc(sizeof *ids * (size_t)n))) return fail_oom(err), NULL;
+        if (n > 0) memcpy(ids, in->tokens, sizeof *ids * (size_t)n);
+    }
+    if (n < 0) return NULL;
+    if (n == 0 || n >= s->ctx) {
+        free(ids);
+        if (n == 0)
+            fail_400(err, param, NULL, "the input is empty (it has no tokens)");
+        else
+            api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                     "This model's maximum context length is %d tokens; '%s' has %d tokens "
+                     "(at most %d fit)",
+                     s->ctx, param, n, s->ctx - 1);
+        return NULL;
+    }
+    gen_request *r = gen_request_create(1);
+    float *vec = malloc(sizeof *vec * (size_t)m->hp.dim);
+    if (!r || !vec) {
+        free(ids);
+        free(vec);
+        gen_request_unref(r);
+        fail_oom(err);
+        return NULL;
+    }
+    r->prompt = ids;
+    r->n_prompt = n;
+    r->max_tokens = 0;
+    r->pooling = s->pooling;
+    r->embedding = vec;
+    r->t_arrival = clock_now_ns();
+    *n_tokens = n;
+    return r;
+}
+
+/* A vector as JSON: floats, or (base64) its little-endian float32 bytes as OpenAI sends them. */
+static json_t *vector_json(const float *v, int n, bool base64) {
+    if (!base64) {
+        json_t *a = json_array();
+        for (int k = 0; k < n; k++) json_array_append_new(a, json_real(v[k]));
+        return a;
+    }
+    size_t bytes = sizeof(float) * (size_t)n;
+    unsigned char *raw = malloc(bytes), *b64 = malloc(4 * ((bytes + 2) / 3) + 1);
+    json_t *out = NULL;
+    if (raw && b64) {
+        for (int k = 0; k < n; k++) {
+            uint32_t u;
+            memcpy(&u, &v[k], 4);
+            for (int j = 0; j < 4; j++) raw[4 * k + j] = (unsigned char)(u >> (8 * j));
+        }
+        int len = EVP_EncodeBlock(b64, raw, (int)bytes);
+        out = json_stringn((const char *)b64, (size_t)len);
+    }
+    free(raw);
+    free(b64);
+    return out;
+}
+
+/* POST /v1/embeddings (and /embeddings): every input is a prefill-only sequence in the engine's
+ * batch; the vectors come back in input order. */
+void openai_embeddings(server *s, const http_call *c, http_reply *out) {
+    api_embeddings rq;
+    api_error err = {0};
+    gen_request **reqs = NULL;
+    int n_reqs = 0, tokens = 0, dim = s->m->hp.dim;
+    if (api_parse_embeddings(c->body, c->len, &rq, &err)) goto fail;
+    if (!model_accepted(s, rq.model)) {
+        model_not_found(s, rq.model, "model", &err);
+        goto fail;
+    }
+    if (rq.dimensions > dim) {
+        api_fail(&err, 400, "invalid_request_error", NULL, "dimensions",
+                 "'dimensions' is %d; this model's embeddings have %d", rq.dimensions, dim);
+        goto fail;
+    }
+    if (!(reqs = calloc((size_t)rq.n_inputs, sizeof *reqs))) {
+        fail_oom(&err);
+        goto fail;
+    }
+    for (int i = 0; i < rq.n_inputs; i++) {
+        int n = 0;
+        if (!(reqs[n_reqs] = embed_request(s, &rq.inputs[i], i, rq.n_inputs, &n, &err))) goto fail;
+        n_reqs++;
+        tokens += n;
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        kv_error ke = {{0}};
+        engine_submit_status st = engine_submit(s->eng, reqs[i], &ke);
+        if (st == ENGINE_SUBMIT_QUEUE_FULL) {
+            api_fail(&err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
+            out->retry_after = 1;
+            goto fail;
+        }
+        if (st != ENGINE_SUBMIT_OK) {
+            api_fail(&err, st == ENGINE_SUBMIT_SHUTTING_DOWN ? 503 : 400,
+                     st == ENGINE_SUBMIT_SHUTTING_DOWN ? "server_error" : "invalid_request_error",
+                     NULL, NULL, "%s", ke.msg);
+            goto fail;
+        }
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        gen_request *r = reqs[i];
+        pthread_mutex_lock(&r->mu);
+        while (r->n_finished < 1) {
+            gen_request_wait(r, 100);
+            if (r->n_finished < 1 && http_client_gone(c->fd)) {
+                pthread_mutex_unlock(&r->mu);
+                api_fail(&err, 499, "invalid_request_error", NULL, NULL,
+                         "the client closed the connection");
+                goto fail;
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (r->error_status) {
+            api_fail(&err, r->error_status, "server_error", NULL, NULL, "%s", r->error);
+            goto fail;
+        }
+    }
+    int d = rq.dimensions ? rq.dimensions : dim;
+    json_t *data = json_array();
+    for (int i = 0; i < n_reqs; i++) {
+        float *v = reqs[i]->embedding;
+        if (d < dim) { /* shortened, then normalized again (OpenAI's dimensions) */
+            double ss = 0;
+            for (int k = 0; k < d; k++) ss += (double)v[k] * v[k];
+            double inv = ss > 0 ? 1.0 / sqrt(ss) : 0;
+            for (int k = 0; k < d; k++) v[k] = (float)(v[k] * inv);
+        }
+        json_array_append_new(data, json_pack("{s:s,s:i,s:o}", "object", "embedding", "index", i,
+                                              "embedding", vector_json(v, d, rq.base64)));
+    }
+    http_reply_json(out, 200,
+                    json_pack("{s:s,s:o,s:s,s:{s:i,s:i}}", "object", "list", "data", data, "model",
+                              s->model_ids[0], "usage", "prompt_tokens", tokens, "total_tokens",
+                              tokens));
+    goto done;
+fail:
+    http_reply_error(out, &err);
+done:
+    for (int i = 0; i < n_reqs; i++) {
+        atomic_store(&reqs[i]->cancelled, true);
+        gen_request_unref(reqs[i]);
+    }
+    free(reqs);
+    api_embeddings_free(&rq);
 }
 
 /* One entry of /v1/models. */

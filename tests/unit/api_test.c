@@ -710,3 +710,42 @@ Test(api, detokenize) {
     detok_fail("{\"tokens\":[1.5]}", "tokens[0]", "must be an integer, got a number");
     detok_fail("{\"tokens\":[1]", "", "malformed JSON");
 }
+
+/* ---------------------------------------------------------------- embeddings */
+
+Test(api, embeddings_parse) {
+    api_embeddings e;
+    api_error err = {0};
+    const char *b = "{\"model\":\"m\",\"input\":[\"a\",\"bc\"],\"encoding_format\":\"base64\","
+                    "\"dimensions\":8}";
+    cr_assert_eq(api_parse_embeddings(b, strlen(b), &e, &err), 0, "%s", err.message);
+    cr_assert_eq(e.n_inputs, 2);
+    cr_assert_str_eq(e.inputs[1].text, "bc");
+    cr_assert(e.base64);
+    cr_assert_eq(e.dimensions, 8);
+    api_embeddings_free(&e);
+    b = "{\"model\":\"m\",\"input\":[[1,2],[3]]}";
+    cr_assert_eq(api_parse_embeddings(b, strlen(b), &e, &err), 0, "%s", err.message);
+    cr_assert_eq(e.n_inputs, 2);
+    cr_assert_eq(e.inputs[0].n_tokens, 2);
+    cr_assert_eq(e.inputs[1].tokens[0], 3);
+    cr_assert_not(e.base64);
+    api_embeddings_free(&e);
+    const char *bad[][2] = {
+        {"{\"input\":\"a\"}", "model"},
+        {"{\"model\":\"m\"}", "input"},
+        {"{\"model\":\"m\",\"input\":\"\"}", "input"},
+        {"{\"model\":\"m\",\"input\":[\"a\",\"\"]}", "input[1]"},
+        {"{\"model\":\"m\",\"input\":\"a\",\"dimensions\":0}", "dimensions"},
+        {"{\"model\":\"m\",\"input\":\"a\",\"encoding_format\":\"hex\"}", "encoding_format"},
+        {"{\"model\":\"m\",\"input\":[[1],\"a\"]}", "input[1]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&err, 0, sizeof err);
+        cr_assert_eq(api_parse_embeddings(bad[i][0], strlen(bad[i][0]), &e, &err), -1, "%s",
+                     bad[i][0]);
+        cr_assert_eq(err.status, 400);
+        cr_assert_str_eq(err.param, bad[i][1], "%s: %s", bad[i][0], err.message);
+        api_embeddings_free(&e);
+    }
+}
