@@ -286,6 +286,15 @@ static double top_logprobs(const float *logits, int n_vocab, int k, gen_logprob 
     return lse;
 }
 
+static double log_sum_exp(const float *logits, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+    return mx + log(sum);
+}
+
 /* Prompt scoring: rows [0, n) are the logits after prompt tokens kv_start.. kv_start + n - 1,
  * so row k gives the logprob of the prompt token that follows it. Published (under the
  * request's mutex) once the whole prompt has been scored. */
@@ -443,6 +452,10 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     gen_logprob lp = {0};
     if (r->logprobs && r->top_logprobs > 0)
         top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
+    /* Logprobs stay under the model's unmodified distribution: the sampler reports them under
+     * the masked one, which the two normalizers convert. */
+    double lse_model = 0, lse_masked = 0;
+    if (r->gm && r->logprobs) lse_model = log_sum_exp(logits, e->m->hp.n_vocab);
     if (r->gm) {
         kv_error err = {{0}};
         int allowed = gmatch_apply(r->gm, s->gstate, logits, &err);
@@ -458,11 +471,13 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
                             "no token of the vocabulary continues the grammar");
             return;
         }
+        if (r->logprobs) lse_masked = log_sum_exp(logits, e->m->hp.n_vocab);
     }
     /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
     int32_t t =
         sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
     lp.token = t;
+    if (r->gm && r->logprobs) lp.logprob += (float)(lse_masked - lse_model);
     if (r->gm && (s->gstate = gmatch_accept_token(r->gm, s->gstate, t)) < 0) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "the sampled token left the grammar");
         return;

@@ -1,7 +1,8 @@
 """langchain-openai, unmodified, against kvserve: with_structured_output(Model) returns the
 Pydantic object with method="json_schema" (response_format) and "function_calling" (a named
 tool call). Skipped, visibly, where langchain-openai is not installed (`make setup` installs
-it)."""
+it). The tests run against a server of their own: their chats would otherwise leave cached
+blocks of the default system prompt in the shared server, which later tests assume cold."""
 import pytest
 
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -13,6 +14,14 @@ class Person(pydantic.BaseModel):
     name: str = pydantic.Field(max_length=30, description="the person's name")
     age: int = pydantic.Field(ge=0, le=120)
     city: str = pydantic.Field(max_length=30)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    from conftest import KvServer
+    s = KvServer(["-c", "2048"]).start()
+    yield s
+    s.terminate()
 
 
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])

@@ -185,3 +185,47 @@ def test_sdk_raises_bad_request(client, server):
         client.chat.completions.create(
             model=server.model_id, messages=user("x"),
             response_format=schema_format({"type": "object", "patternProperties": {}}))
+
+
+def test_logprobs_are_the_models(client, server):
+    """Under a grammar the reported logprobs are still the model's (unmasked) distribution: a
+    chosen token that is among its top alternatives has the same logprob there."""
+    r = client.chat.completions.create(model=server.model_id, messages=user("A color in JSON."),
+                                       response_format=schema_format(COLOR), max_tokens=30,
+                                       temperature=0, logprobs=True, top_logprobs=5)
+    c = r.choices[0]
+    jsonschema.validate(json.loads(c.message.content), COLOR)
+    entries = c.logprobs.content
+    assert "".join(e.token for e in entries) == c.message.content  # no jump-forward
+    checked = 0
+    for e in entries:
+        assert e.logprob <= 0
+        for alt in e.top_logprobs:
+            if alt.token == e.token:
+                assert alt.logprob == pytest.approx(e.logprob, abs=1e-3)
+                checked += 1
+    assert checked > 0
+
+
+def test_grammar_survives_preemption(start_server):
+    """A small KV pool preempts sequences (their KV is recomputed later): each answer still
+    follows its schema, since the grammar's state follows the tokens, which preemption keeps."""
+    import concurrent.futures
+    srv = start_server("-c", "256", "--kv-pool-tokens", "256", "--max-seqs", "6",
+                       "--prefill-chunk", "64", "--no-cache")
+    cl = srv.client()
+
+    def one(i):
+        return cl.chat.completions.create(
+            model=srv.model_id, messages=user(f"Invent person number {i} as JSON."),
+            response_format=schema_format(PERSON), max_tokens=90, temperature=0.7, seed=i)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        results = list(ex.map(one, range(6)))
+    for r in results:
+        c = r.choices[0]
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.message.content), PERSON)
+        else:
+            assert c.finish_reason == "length" and c.message.content.startswith('{"name": "')
+    assert srv.metrics().get("kvserve_preemptions_total", 0) > 0
