@@ -88,8 +88,8 @@ char *chat_tools_gbnf(const chat_tool *tools, int n, chat_tool_choice choice, co
     for (int i = 0; i < n; i++) {
         if (choice == CHAT_TOOL_NAMED && strcmp(tools[i].name, named) != 0) continue;
         char alt[160];
-        snprintf(alt, sizeof alt, "%s\"%s\\\", \\\"arguments\\\": \" tool%d-args", first ? "" : " | ",
-                 tools[i].name, i);
+        snprintf(alt, sizeof alt, "%s\"%s\\\", \\\"arguments\\\": \" tool%d-args",
+                 first ? "" : " | ", tools[i].name, i);
         tb_str(&b, alt);
         first = false;
     }
@@ -107,8 +107,8 @@ char *chat_tools_gbnf(const chat_tool *tools, int n, chat_tool_choice choice, co
             tb_str(&b, " ::= object\n");
             continue;
         }
-        char *rules =
-            json_schema_to_gbnf_rules(tools[i].parameters, strlen(tools[i].parameters), prefix, err);
+        char *rules = json_schema_to_gbnf_rules(tools[i].parameters, strlen(tools[i].parameters),
+                                                prefix, err);
         if (!rules) {
             free(b.s);
             kv_fail_wrap(err, "tool '%s' parameters", tools[i].name);

@@ -63,9 +63,8 @@ static int bench(const char *name, const char *gbnf, const char *answer, const m
     if (!rc) {
         int64_t states, masks, bytes;
         gmatch_stats(m, &states, &masks, &bytes);
-        printf("| %-22s | %6d | %9.1f | %9.1f | %9.1f | %7lld | %8.1f |\n", name, n,
-               cold.mean_us, cold.max_us, warm.mean_us, (long long)states,
-               (double)bytes / 1048576.0);
+        printf("| %-22s | %6d | %9.1f | %9.1f | %9.1f | %7lld | %8.1f |\n", name, n, cold.mean_us,
+               cold.max_us, warm.mean_us, (long long)states, (double)bytes / 1048576.0);
     }
     gmatch_destroy(m);
     free(ids);
