@@ -26,7 +26,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench \
-        bench-serve bench-ttft bench-codec bench-blend
+        bench-serve bench-ttft bench-codec bench-blend bench-grammar
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -93,6 +93,14 @@ QUANT_BENCH_OBJ := $(addprefix $(BUILD)/obj/,kernels/cpu/quant.o kernels/cpu/qua
 $(BUILD)/quant_bench: $(BUILD)/obj/scripts/bench/quant_bench.o $(QUANT_BENCH_OBJ)
 	$(CC) $(CFLAGS) $^ -o $@ -lm
 
+# Constrained decoding's mask time per token on the model's vocabulary (grammar_bench.c), and
+# the server's time per token under a schema vs free text, with and without jump-forward.
+$(BUILD)/grammar_bench: $(BUILD)/obj/scripts/bench/grammar_bench.o $(BUILD)/libkvserve.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+bench-grammar: $(MODEL) $(BUILD)/kvserve $(BUILD)/grammar_bench
+	$(BUILD)/grammar_bench $(MODEL)
+	$(PYTHON) scripts/bench/structured.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
 # ---------------------------------------------------------------- tests
 
 test: setup $(MODEL)
@@ -120,9 +128,10 @@ FUZZ_SECONDS ?= 30
 # while the SIMD kernels use _Float16, which clang 14 does not support on x86. UBSan findings
 # abort (no-recover), so libFuzzer counts them as crashes and saves the input.
 FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
+FUZZ_DEPS_grammar_fuzz := model/grammar.c model/grammar_match.c model/json_schema.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
-FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c
+FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c model/chat_tools.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c

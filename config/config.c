@@ -76,6 +76,7 @@ typedef struct opt_row {
 } opt_row;
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
+static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 
 /* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the
  * message never quotes one. */
@@ -124,6 +125,9 @@ static const opt_row OPTIONS[] = {
     STR(chat_template, 0, NULL, true, "NAME",
         "chat template name (none: detected from the model)"),
     BOOL(precise, "false", "f32 matmuls over dequantized weights (slower, more exact)"),
+    {.key = "pooling", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, pooling),
+     .choices = POOLINGS, .def = "auto", .metavar = "HOW",
+     .help = "embedding pooling: mean, last, cls, auto (GGUF pooling_type)"},
 #undef GROUP
 #define GROUP GROUP_HTTP
     STR(host, 0, "127.0.0.1", false, "ADDR", "address to listen on"),

@@ -22,6 +22,7 @@ typedef struct kv_config {
     bool accept_any_model; /* requests may name any model (answered by this one) */
     char *chat_template;   /* template name overriding detection, or NULL */
     bool precise;          /* f32 matmuls over dequantized weights */
+    char *pooling;         /* embeddings: auto|mean|last|cls */
     /* ---- HTTP */
     char *host;
     int port;

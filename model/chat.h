@@ -41,4 +41,67 @@ void chat_template_free(chat_template *t);
 char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
                   bool add_generation_prompt, const char *bos, kv_error *err);
 
+/* ---------------------------------------------------------------- tools (chat_tools.c)
+ *
+ * The generic tool format, for templates without one of their own (SmolLM2's has none): the
+ * functions are listed in the system prompt as JSON, and a call is written the way Hermes and
+ * Qwen 2.5 write theirs,
+ *   <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
+ * several calls separated by a newline; a tool's result goes back in a user turn as
+ *   <tool_response>{"name": "NAME", "content": RESULT}</tool_response>
+ * The answer is constrained by a grammar built from the functions' parameter schemas. */
+
+typedef struct chat_tool {
+    const char *name;        /* [a-zA-Z0-9_-]{1,64}, as OpenAI requires */
+    const char *description; /* or NULL */
+    const char *parameters;  /* JSON Schema text, or NULL (any object) */
+} chat_tool;
+
+typedef enum chat_tool_choice {
+    CHAT_TOOL_NONE = 0, /* no tools rendered, no call */
+    CHAT_TOOL_AUTO,     /* text or calls */
+    CHAT_TOOL_REQUIRED, /* at least one call */
+    CHAT_TOOL_NAMED,    /* one call of the named function */
+} chat_tool_choice;
+
+/* The system prompt text listing the tools and the call format (malloc'd). */
+char *chat_tools_system(const chat_tool *tools, int n, kv_error *err);
+/* GBNF for the answer: calls of the tools (named: only that one; parallel: one or more), or for
+ * auto also plain text that does not start with '<'. NULL with err (a schema that does not
+ * compile names the tool). */
+char *chat_tools_gbnf(const chat_tool *tools, int n, chat_tool_choice choice, const char *named,
+                      bool parallel, kv_error *err);
+/* An assistant's earlier call as the format writes it (arguments: the JSON text as sent). */
+char *chat_tools_render_call(const char *name, const char *arguments);
+/* A tool's result as the user turn's content. */
+char *chat_tools_render_result(const char *name, const char *content);
+
+/* Incremental parsing of an answer into content or calls, for streaming and whole replies
+ * alike: feed the whole text so far each time; events point into that text. */
+typedef struct chat_tool_parser {
+    int mode;      /* 0 undecided, 1 content, 2 calls */
+    size_t cur;    /* bytes of the text consumed */
+    int n_calls;   /* calls begun */
+    bool in_args;  /* inside the current call's arguments */
+    bool complete; /* every call begun has ended */
+} chat_tool_parser;
+
+typedef enum chat_tool_event_kind {
+    CHAT_TOOL_EVENT_CONTENT = 0, /* s[0..n) is content */
+    CHAT_TOOL_EVENT_CALL,        /* call `index` begins; s[0..n) is its name */
+    CHAT_TOOL_EVENT_ARGS,        /* s[0..n) continues call `index`'s arguments */
+} chat_tool_event_kind;
+
+typedef struct chat_tool_event {
+    chat_tool_event_kind kind;
+    int index;
+    const char *s;
+    size_t n;
+} chat_tool_event;
+
+/* Consumes what can be decided of text[0..len) (final: nothing more will come), writing up to
+ * max events; returns their count (call again while it returns max). */
+int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
+                     chat_tool_event *ev, int max);
+
 #endif

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 #include "model/chat.h"
 #include "model/gguf.h"
+#include "model/grammar.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "util/util.h"

@@ -19,9 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # pytest runs the end-to-end tests; openai is the official client they drive the server with;
-# requests sends the raw (malformed, oversized) bodies a client library would refuse to send.
-py_pkgs=(pytest openai requests)
-if ! "$python" -c "import pytest, openai, requests" 2>/dev/null; then
+# requests sends the raw (malformed, oversized) bodies a client library would refuse to send;
+# jsonschema validates the structured outputs' answers against their schemas; langchain-openai
+# is the agent framework whose structured output and tool calls the e2e tests drive.
+py_pkgs=(pytest openai requests jsonschema langchain-openai)
+if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi

@@ -11,6 +11,7 @@
  * Every string is checked for NUL (we hand out NUL-terminated C strings, so "a\u0000b" would be
  * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
 #include "server/api.h"
+#include "model/grammar.h"
 #include "util/json.h"
 #include "util/utf8.h"
 
@@ -268,6 +269,71 @@ static char *dup_str(const char *s) {
     return d;
 }
 
+/* Appends each of an assistant turn's tool_calls to its content in the tool format. */
+static int render_tool_calls(const json_t *calls, int i, chat_message *msg, api_error *err) {
+    char param[80];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!json_is_array(calls)) return type_error(err, param, "an array", calls);
+    size_t k;
+    const json_t *c;
+    json_array_foreach(calls, k, c) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function", i, k);
+        const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        const json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        if (!json_is_string(name))
+            return API_BAD(err, param, "'%s' must be an object with a string 'name'", param);
+        if (args && !json_is_string(args) && !json_is_null(args))
+            return API_BAD(err, param, "'%s.arguments' must be a string (JSON text)", param);
+        char *call = chat_tools_render_call(json_string_value(name),
+                                            json_is_string(args) ? json_string_value(args) : NULL);
+        if (!call) return oom(err);
+        const char *old = msg->content;
+        size_t lo = strlen(old), lc = strlen(call);
+        char *both = malloc(lo + lc + 2);
+        if (!both) {
+            free(call);
+            return oom(err);
+        }
+        memcpy(both, old, lo);
+        size_t n = lo;
+        if (lo > 0) both[n++] = '\n';
+        memcpy(both + n, call, lc + 1);
+        free(call);
+        free((char *)old);
+        msg->content = both;
+    }
+    return 0;
+}
+
+/* A tool message becomes a user turn holding the result; the function's name comes from its
+ * "name" or from the assistant call its tool_call_id answers. */
+static int render_tool_result(const json_t *msgs, const json_t *m, int i, chat_message *msg,
+                              api_error *err) {
+    const json_t *name = field(m, "name");
+    const json_t *id = field(m, "tool_call_id");
+    for (int j = i - 1; j >= 0 && !name && json_is_string(id); j--) {
+        const json_t *calls = field(json_array_get(msgs, (size_t)j), "tool_calls");
+        size_t k;
+        const json_t *c;
+        json_array_foreach(calls, k, c) {
+            const json_t *cid = json_object_get(c, "id");
+            if (json_is_string(cid) && json_equal((json_t *)cid, (json_t *)id))
+                name = json_object_get(json_object_get(c, "function"), "name");
+        }
+    }
+    char *r =
+        chat_tools_render_result(json_is_string(name) ? json_string_value(name) : "", msg->content);
+    if (!r) return oom(err);
+    free((char *)msg->content);
+    msg->content = r;
+    free((char *)msg->role);
+    msg->role = malloc(5);
+    if (!msg->role) return oom(err);
+    memcpy((char *)msg->role, "user", 5);
+    return 0;
+}
+
 /* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
 static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api_error *err) {
     if (!json_is_array(v)) return type_error(err, "messages", "an array", v);
@@ -296,8 +362,10 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
             canon = "system"; /* OpenAI's o-series name for the system role */
         } else if (!strcmp(r, "user") || !strcmp(r, "assistant")) {
             canon = r;
-        } else if (!strcmp(r, "tool") || !strcmp(r, "function")) {
-            return API_BAD(err, param, "role '%s' is not supported (no tool calling)", r);
+        } else if (!strcmp(r, "tool")) {
+            canon = "tool";
+        } else if (!strcmp(r, "function")) {
+            return API_BAD(err, param, "role 'function' is deprecated; use 'tool'");
         } else {
             return API_BAD(err, param,
                            "unknown role '%.40s' (expected system, developer, user or assistant)",
@@ -306,9 +374,9 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         bool assistant = !strcmp(canon, "assistant");
 
         const json_t *calls = field(m, "tool_calls");
-        if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+        if (calls && !assistant) {
             snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-            return API_BAD(err, param, "tool calls are not supported");
+            return API_BAD(err, param, "only assistant messages have tool_calls");
         }
         if (field(m, "function_call")) {
             snprintf(param, sizeof param, "messages[%d].function_call", i);
@@ -329,6 +397,8 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
             return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
         }
         (*msgs)[i].content = text;
+        if (calls && render_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
+        if (!strcmp(canon, "tool") && render_tool_result(v, m, i, &(*msgs)[i], err)) return -1;
     }
     return 0;
 }
@@ -370,50 +440,50 @@ static int parse_token_array(const json_t *v, const char *param, int32_t **out, 
     return 0;
 }
 
-/* prompt: "text" | ["text", ..] | [id, ..] | [[id, ..], ..]. The first element decides which
- * array shape it is; any element of another type is an error. */
-static int parse_prompts(const json_t *v, api_request *r, api_error *err) {
+/* prompt (or embeddings' input): "text" | ["text", ..] | [id, ..] | [[id, ..], ..], at most max
+ * of them. The first element decides which array shape it is; any element of another type is an
+ * error. */
+static int parse_prompts(const json_t *v, const char *key, int max, api_prompt **out, int *n_out,
+                         api_error *err) {
     if (json_is_string(v)) {
-        r->prompts = calloc(1, sizeof *r->prompts);
-        if (!r->prompts) return oom(err);
-        r->n_prompts = 1;
-        return str_copy(v, "prompt", &r->prompts[0].text, err);
+        *out = calloc(1, sizeof **out);
+        if (!*out) return oom(err);
+        *n_out = 1;
+        return str_copy(v, key, &(*out)[0].text, err);
     }
     if (!json_is_array(v))
-        return type_error(err, "prompt", "a string, an array of strings or an array of token ids",
-                          v);
+        return type_error(err, key, "a string, an array of strings or an array of token ids", v);
     size_t n = json_array_size(v);
-    if (n == 0) return API_BAD(err, "prompt", "'prompt' must not be empty");
+    if (n == 0) return API_BAD(err, key, "'%s' must not be empty", key);
     const json_t *first = json_array_get(v, 0);
     int64_t dummy;
+    char pp[64];
     if (json_as_int64(first, &dummy)) { /* one prompt of token ids */
-        r->prompts = calloc(1, sizeof *r->prompts);
-        if (!r->prompts) return oom(err);
-        r->n_prompts = 1;
-        return parse_token_array(v, "prompt", &r->prompts[0].tokens, &r->prompts[0].n_tokens, err);
+        *out = calloc(1, sizeof **out);
+        if (!*out) return oom(err);
+        *n_out = 1;
+        return parse_token_array(v, key, &(*out)[0].tokens, &(*out)[0].n_tokens, err);
     }
+    snprintf(pp, sizeof pp, "%s[0]", key);
     if (!json_is_string(first) && !json_is_array(first))
-        return type_error(err, "prompt[0]", "a string, an array of token ids or a token id", first);
-    if (n > API_MAX_PROMPTS)
-        return API_BAD(err, "prompt", "'prompt' has %zu prompts, more than the limit of %d", n,
-                       API_MAX_PROMPTS);
-    r->prompts = calloc(n, sizeof *r->prompts);
-    if (!r->prompts) return oom(err);
-    r->n_prompts = (int)n;
+        return type_error(err, pp, "a string, an array of token ids or a token id", first);
+    if (n > (size_t)max)
+        return API_BAD(err, key, "'%s' has %zu prompts, more than the limit of %d", key, n, max);
+    *out = calloc(n, sizeof **out);
+    if (!*out) return oom(err);
+    *n_out = (int)n;
     bool strings = json_is_string(first);
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(v, i);
-        char pp[64];
-        snprintf(pp, sizeof pp, "prompt[%zu]", i);
+        snprintf(pp, sizeof pp, "%s[%zu]", key, i);
         if (strings) {
-            if (str_copy(p, pp, &r->prompts[i].text, err)) return -1;
+            if (str_copy(p, pp, &(*out)[i].text, err)) return -1;
             continue;
         }
         if (!json_is_array(p))
-            return type_error(err, pp, "an array of token ids (as prompt[0])", p);
+            return type_error(err, pp, "an array of token ids (as the first one)", p);
         if (json_array_size(p) == 0) return API_BAD(err, pp, "'%s' must not be empty", pp);
-        if (parse_token_array(p, pp, &r->prompts[i].tokens, &r->prompts[i].n_tokens, err))
-            return -1;
+        if (parse_token_array(p, pp, &(*out)[i].tokens, &(*out)[i].n_tokens, err)) return -1;
     }
     return 0;
 }
@@ -547,6 +617,253 @@ static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- constrained decoding */
+
+/* Sets the request's grammar (gbnf, owned from here) after checking it parses. Two fields that
+ * both constrain the output are refused rather than one silently winning. */
+static int set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
+    if (r->gbnf) {
+        free(gbnf);
+        return API_BAD(err, param, "'%s' and '%s' both constrain the output; give one of them",
+                       r->gbnf_param, param);
+    }
+    kv_error ke = {{0}};
+    grammar *g = grammar_parse(gbnf, strlen(gbnf), &ke);
+    if (!g) {
+        free(gbnf);
+        return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    }
+    grammar_destroy(g);
+    r->gbnf = gbnf;
+    snprintf(r->gbnf_param, sizeof r->gbnf_param, "%s", param);
+    return 0;
+}
+
+static int gbnf_field(const json_t *obj, const char *key, api_request *r, api_error *err) {
+    char *text = NULL;
+    int got = opt_string(obj, key, &text, err);
+    if (got <= 0) return got;
+    return set_gbnf(r, key, text, err) ? -1 : 1;
+}
+
+/* A JSON Schema (an object, true, or for vLLM's guided_json a string holding one) compiled to
+ * GBNF; an unsupported keyword is a 400 naming it. */
+static int schema_field(const json_t *schema, const char *param, bool string_ok, api_request *r,
+                        api_error *err) {
+    char *text;
+    if (string_ok && json_is_string(schema)) {
+        text = malloc(json_string_length(schema) + 1);
+        if (text) memcpy(text, json_string_value(schema), json_string_length(schema) + 1);
+    } else if (json_is_object(schema) || json_is_true(schema)) {
+        text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+    } else {
+        return type_error(err, param, "a JSON Schema object", schema);
+    }
+    if (!text) return oom(err);
+    kv_error ke = {{0}};
+    char *gbnf = json_schema_to_gbnf(text, strlen(text), &ke);
+    free(text);
+    if (!gbnf) return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    return set_gbnf(r, param, gbnf, err);
+}
+
+/* response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+ * "schema", "strict"}} as OpenAI defines it; llama-server's {"type": "json_object", "schema"}
+ * too. */
+static int parse_response_format(const json_t *v, api_request *r, api_error *err) {
+    const char *P = "response_format";
+    if (!json_is_object(v)) return type_error(err, P, "an object", v);
+    const json_t *type = json_object_get(v, "type");
+    if (!type) return API_BAD(err, "response_format.type", "'response_format.type' is required");
+    if (!json_is_string(type)) return type_error(err, "response_format.type", "a string", type);
+    const char *t = json_string_value(type);
+    if (!strcmp(t, "text")) return 0;
+    if (!strcmp(t, "json_object")) {
+        const json_t *schema = field(v, "schema");
+        if (schema) return schema_field(schema, "response_format.schema", false, r, err);
+        char *g = dup_str(json_object_gbnf());
+        return g ? set_gbnf(r, P, g, err) : oom(err);
+    }
+    if (strcmp(t, "json_schema") != 0)
+        return API_BAD(err, "response_format.type",
+                       "'response_format.type' must be 'text', 'json_object' or 'json_schema', "
+                       "got '%.40s'",
+                       t);
+    const json_t *js = field(v, "json_schema");
+    if (!js)
+        return API_BAD(err, "response_format.json_schema",
+                       "'response_format.json_schema' is required for type 'json_schema'");
+    if (!json_is_object(js)) return type_error(err, "response_format.json_schema", "an object", js);
+    const json_t *strict = field(js, "strict");
+    if (strict && !json_is_boolean(strict))
+        return type_error(err, "response_format.json_schema.strict", "a boolean", strict);
+    const json_t *name = field(js, "name");
+    if (name && !json_is_string(name))
+        return type_error(err, "response_format.json_schema.name", "a string", name);
+    const json_t *schema = field(js, "schema");
+    if (!schema) { /* no schema: any JSON object */
+        char *g = dup_str(json_object_gbnf());
+        return g ? set_gbnf(r, "response_format.json_schema", g, err) : oom(err);
+    }
+    return schema_field(schema, "response_format.json_schema.schema", false, r, err);
+}
+
+/* A GBNF string literal of s. */
+static void literal_put(char *out, size_t *n, const char *s, size_t len) {
+    out[(*n)++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            out[(*n)++] = '\\';
+            out[(*n)++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            *n += (size_t)sprintf(out + *n, "\\x%02X", c);
+        } else {
+            out[(*n)++] = (char)c;
+        }
+    }
+    out[(*n)++] = '"';
+}
+
+/* vLLM's guided_choice: the answer is one of the strings. */
+static int parse_guided_choice(const json_t *v, api_request *r, api_error *err) {
+    const char *P = "guided_choice";
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return type_error(err, P, "a non-empty array of strings", v);
+    size_t total = 16, i;
+    const json_t *c;
+    json_array_foreach(v, i, c) {
+        if (!json_is_string(c) || json_string_length(c) == 0)
+            return API_BAD(err, P, "'guided_choice' must hold non-empty strings");
+        if (json_string_length(c) > GRAMMAR_MAX_TEXT / 4)
+            return API_BAD(err, P, "'guided_choice' holds a string that is too long");
+        total += json_string_length(c) * 4 + 8;
+    }
+    char *g = malloc(total);
+    if (!g) return oom(err);
+    size_t n = (size_t)sprintf(g, "root ::= ");
+    json_array_foreach(v, i, c) {
+        if (i) n += (size_t)sprintf(g + n, " | ");
+        literal_put(g, &n, json_string_value(c), json_string_length(c));
+    }
+    g[n] = '\0';
+    return set_gbnf(r, P, g, err);
+}
+
+static int parse_constraints(const json_t *root, api_request *r, api_error *err) {
+    const json_t *v;
+    if ((v = field(root, "response_format")) && parse_response_format(v, r, err)) return -1;
+    if (gbnf_field(root, "grammar", r, err) < 0) return -1;
+    if (gbnf_field(root, "guided_grammar", r, err) < 0) return -1;
+    if ((v = field(root, "json_schema")) && schema_field(v, "json_schema", false, r, err))
+        return -1;
+    if ((v = field(root, "guided_json")) && schema_field(v, "guided_json", true, r, err)) return -1;
+    if ((v = field(root, "guided_choice")) && parse_guided_choice(v, r, err)) return -1;
+    return opt_bool(root, "jump_forward", &r->jump_forward, err) < 0 ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- tools */
+
+static bool tool_name_ok(const char *s, size_t len) {
+    if (len == 0 || len > 64) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static int parse_tools(const json_t *root, api_request *r, api_error *err) {
+    const json_t *v = field(root, "tools");
+    r->parallel_tool_calls = true;
+    if (opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
+    if (v) {
+        if (!json_is_array(v)) return type_error(err, "tools", "an array", v);
+        size_t n = json_array_size(v);
+        if (n > API_MAX_TOOLS)
+            return API_BAD(err, "tools", "'tools' has %zu tools, more than the limit of %d", n,
+                           API_MAX_TOOLS);
+        if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return oom(err);
+        for (size_t i = 0; i < n; i++) {
+            const json_t *t = json_array_get(v, i);
+            char pp[64];
+            snprintf(pp, sizeof pp, "tools[%zu]", i);
+            if (!json_is_object(t)) return type_error(err, pp, "an object", t);
+            const json_t *type = json_object_get(t, "type");
+            if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+                return API_BAD(err, pp, "'%s.type' must be 'function'", pp);
+            const json_t *fn = json_object_get(t, "function");
+            snprintf(pp, sizeof pp, "tools[%zu].function", i);
+            if (!json_is_object(fn)) return type_error(err, pp, "an object", fn);
+            chat_tool *ct = &r->tools[i];
+            r->n_tools = (int)i + 1;
+            snprintf(pp, sizeof pp, "tools[%zu].function.name", i);
+            const json_t *name = json_object_get(fn, "name");
+            if (!json_is_string(name) ||
+                !tool_name_ok(json_string_value(name), json_string_length(name)))
+                return API_BAD(err, pp, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", pp);
+            for (size_t k = 0; k < i; k++)
+                if (!strcmp(r->tools[k].name, json_string_value(name)))
+                    return API_BAD(err, pp, "two tools are named '%s'", json_string_value(name));
+            if (str_copy(name, pp, (char **)&ct->name, err)) return -1;
+            snprintf(pp, sizeof pp, "tools[%zu].function.description", i);
+            if (opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
+            const json_t *params = field(fn, "parameters");
+            if (params) {
+                snprintf(pp, sizeof pp, "tools[%zu].function.parameters", i);
+                if (!json_is_object(params))
+                    return type_error(err, pp, "a JSON Schema object", params);
+                if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
+                /* the schema must compile: an unsupported keyword is named now */
+                kv_error ke = {{0}};
+                char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
+                if (!g) return API_BAD(err, pp, "'%s': %s", pp, ke.msg);
+                free(g);
+            }
+        }
+    }
+    r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
+    const json_t *tc = field(root, "tool_choice");
+    if (!tc) return 0;
+    if (json_is_string(tc)) {
+        const char *c = json_string_value(tc);
+        if (!strcmp(c, "none"))
+            r->tool_choice = CHAT_TOOL_NONE;
+        else if (!strcmp(c, "auto"))
+            r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
+        else if (!strcmp(c, "required"))
+            r->tool_choice = CHAT_TOOL_REQUIRED;
+        else
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' must be 'none', 'auto', 'required' or a function, got "
+                           "'%.40s'",
+                           c);
+    } else if (json_is_object(tc)) {
+        const json_t *fn = json_object_get(tc, "function");
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        if (!json_is_string(name))
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' must be {\"type\": \"function\", \"function\": "
+                           "{\"name\": ...}}");
+        if (str_copy(name, "tool_choice", &r->tool_choice_name, err)) return -1;
+        bool found = false;
+        for (int i = 0; i < r->n_tools; i++)
+            found |= !strcmp(r->tools[i].name, r->tool_choice_name);
+        if (!found)
+            return API_BAD(err, "tool_choice",
+                           "'tool_choice' names '%.64s', which is not in 'tools'",
+                           r->tool_choice_name);
+        r->tool_choice = CHAT_TOOL_NAMED;
+    } else {
+        return type_error(err, "tool_choice", "a string or an object", tc);
+    }
+    if (r->tool_choice == CHAT_TOOL_REQUIRED && r->n_tools == 0)
+        return API_BAD(err, "tool_choice", "'tool_choice' is 'required' but there are no 'tools'");
+    return 0;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
@@ -561,7 +878,8 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     } else {
         const json_t *prompt = field(root, "prompt");
         if (!prompt) return API_BAD(err, "prompt", "'prompt' is required");
-        if (parse_prompts(prompt, r, err)) return -1;
+        if (parse_prompts(prompt, "prompt", API_MAX_PROMPTS, &r->prompts, &r->n_prompts, err))
+            return -1;
         if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
     }
 
@@ -598,6 +916,19 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    if (parse_constraints(root, r, err)) return -1;
+    if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
+    if (r->tool_choice != CHAT_TOOL_NONE) {
+        if (r->gbnf)
+            return API_BAD(err, "tool_choice",
+                           "tools may be called only without '%s' (or with tool_choice 'none')",
+                           r->gbnf_param);
+        kv_error ke = {{0}};
+        char *g = chat_tools_gbnf(r->tools, r->n_tools, r->tool_choice, r->tool_choice_name,
+                                  r->parallel_tool_calls, &ke);
+        if (!g) return API_BAD(err, "tools", "%s", ke.msg);
+        if (set_gbnf(r, "tools", g, err)) return -1;
+    }
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);
@@ -613,6 +944,7 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->cache = true;
     out->blend = true;
     out->blend_ratio = -1;
+    out->jump_forward = true;
     sampler_params_default(&out->sampling);
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
@@ -638,7 +970,73 @@ void api_request_free(api_request *r) {
     for (int i = 0; i < API_MAX_STOPS; i++) free(r->stops[i]);
     free(r->user);
     free(r->cache_salt);
+    free(r->gbnf);
+    for (int i = 0; i < r->n_tools; i++) {
+        free((char *)r->tools[i].name);
+        free((char *)r->tools[i].description);
+        free((char *)r->tools[i].parameters);
+    }
+    free(r->tools);
+    free(r->tool_choice_name);
     memset(r, 0, sizeof *r);
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+static void prompts_free(api_prompt *p, int n) {
+    for (int i = 0; i < n; i++) {
+        free(p[i].text);
+        free(p[i].tokens);
+    }
+    free(p);
+}
+
+static int parse_embeddings_fields(const json_t *root, api_embeddings *e, api_error *err) {
+    const json_t *model = field(root, "model");
+    if (!model) return API_BAD(err, "model", "'model' is required");
+    if (str_copy(model, "model", &e->model, err)) return -1;
+    const json_t *input = field(root, "input");
+    if (!input) return API_BAD(err, "input", "'input' is required");
+    if (parse_prompts(input, "input", API_MAX_EMBED_INPUTS, &e->inputs, &e->n_inputs, err))
+        return -1;
+    for (int i = 0; i < e->n_inputs; i++)
+        if (e->inputs[i].text && !e->inputs[i].text[0]) {
+            char pp[32];
+            snprintf(pp, sizeof pp, e->n_inputs > 1 ? "input[%d]" : "input", i);
+            return API_BAD(err, pp, "'%s' must not be an empty string", pp);
+        }
+    char *fmt = NULL;
+    if (opt_string(root, "encoding_format", &fmt, err) < 0) return -1;
+    if (fmt) {
+        bool ok = !strcmp(fmt, "float") || !strcmp(fmt, "base64");
+        e->base64 = !strcmp(fmt, "base64");
+        free(fmt);
+        if (!ok)
+            return API_BAD(err, "encoding_format", "'encoding_format' must be 'float' or 'base64'");
+    }
+    int64_t v;
+    int got = opt_int(root, "dimensions", 1, INT32_MAX, &v, err);
+    if (got < 0) return -1;
+    if (got) e->dimensions = (int)v;
+    return opt_string(root, "user", &e->user, err) < 0 ? -1 : 0;
+}
+
+int api_parse_embeddings(const char *body, size_t len, api_embeddings *out, api_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *root = parse_body(body, len, err);
+    if (!root) return -1;
+    int rc = parse_embeddings_fields(root, out, err);
+    json_decref(root);
+    if (rc) api_embeddings_free(out);
+    return rc;
+}
+
+void api_embeddings_free(api_embeddings *e) {
+    if (!e) return;
+    free(e->model);
+    prompts_free(e->inputs, e->n_inputs);
+    free(e->user);
+    memset(e, 0, sizeof *e);
 }
 
 /* ---------------------------------------------------------------- tokenize, detokenize */

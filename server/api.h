@@ -17,9 +17,11 @@
 #define API_MAX_N 16    /* choices per request */
 #define API_MAX_TOP_LOGPROBS 20
 #define API_MAX_LOGIT_BIAS 1024
-#define API_MAX_PROMPTS 64       /* prompts in one /v1/completions request */
-#define API_MAX_TOKENS (1 << 20) /* ids in one token-id prompt or /detokenize body */
-#define API_MAX_CACHE_SALT 256   /* bytes */
+#define API_MAX_PROMPTS 64        /* prompts in one /v1/completions request */
+#define API_MAX_TOKENS (1 << 20)  /* ids in one token-id prompt or /detokenize body */
+#define API_MAX_CACHE_SALT 256    /* bytes */
+#define API_MAX_TOOLS 128         /* as OpenAI */
+#define API_MAX_EMBED_INPUTS 2048 /* inputs in one /v1/embeddings request, as OpenAI */
 
 typedef struct api_error {
     int status;       /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
@@ -80,6 +82,21 @@ typedef struct api_request {
     bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
     bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
+    /* Constrained decoding: the GBNF every answer must match (validated), from one of
+     * response_format (json_schema, json_object), grammar / json_schema (llama-server),
+     * guided_grammar / guided_json / guided_choice (vLLM); NULL when the output is free. */
+    char *gbnf;
+    char gbnf_param[64]; /* the field it came from */
+    bool jump_forward;   /* kvserve's "jump_forward" (default true): forced text as prefill */
+    /* chat: tools ({"type": "function", "function": {name, description, parameters}}), their
+     * strings owned; tool_choice (default auto with tools); parallel_tool_calls (default true).
+     * Assistant turns' tool_calls and tool messages are rendered into the messages' content in
+     * the generic tool format (model/chat.h). */
+    chat_tool *tools;
+    int n_tools;
+    chat_tool_choice tool_choice;
+    char *tool_choice_name; /* CHAT_TOOL_NAMED */
+    bool parallel_tool_calls;
 } api_request;
 
 /* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err
@@ -91,6 +108,20 @@ typedef struct api_request {
 int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
                       api_error *err);
 void api_request_free(api_request *r);
+
+/* /v1/embeddings: {"model", "input": a string, strings, token ids or lists of token ids,
+ * "encoding_format": "float" | "base64", "dimensions", "user"}. */
+typedef struct api_embeddings {
+    char *model;
+    api_prompt *inputs; /* token ids range-checked by the caller */
+    int n_inputs;
+    bool base64;
+    int dimensions; /* 0: the model's width */
+    char *user;
+} api_embeddings;
+
+int api_parse_embeddings(const char *body, size_t len, api_embeddings *out, api_error *err);
+void api_embeddings_free(api_embeddings *e);
 
 /* /tokenize: {"content"|"prompt": string} or {"messages": [...]} (rendered with the chat
  * template by the caller), "add_special" / "add_special_tokens" (bool), "with_pieces" (bool). */

@@ -164,6 +164,24 @@ static void drain(server *s, const sigset_t *sigs, int sig) {
                  atomic_load(&s->in_flight));
 }
 
+/* Embedding pooling: the flag, else the GGUF's <arch>.pooling_type (llama.cpp's numbering:
+ * 1 mean, 2 cls, 3 last), else mean. */
+static gen_pooling embed_pooling(const char *flag, const model *m) {
+    if (flag && !strcmp(flag, "mean")) return GEN_POOL_MEAN;
+    if (flag && !strcmp(flag, "last")) return GEN_POOL_LAST;
+    if (flag && !strcmp(flag, "cls")) return GEN_POOL_CLS;
+    const char *arch = NULL;
+    size_t len = 0;
+    int64_t v = 0;
+    char key[96];
+    if (gguf_get_str(m->gguf, "general.architecture", &arch, &len, NULL) == 0) {
+        snprintf(key, sizeof key, "%.*s.pooling_type", (int)(len < 64 ? len : 64), arch);
+        if (gguf_get_i64(m->gguf, key, &v, NULL) == 0)
+            return v == 2 ? GEN_POOL_CLS : v == 3 ? GEN_POOL_LAST : GEN_POOL_MEAN;
+    }
+    return GEN_POOL_MEAN;
+}
+
 int cli_serve(int argc, char **argv) {
     kv_config cfg;
     kv_error err = {{0}};
@@ -249,6 +267,8 @@ int cli_serve(int argc, char **argv) {
     if (cfg.cache && !(s.store = open_store(&cfg, m, &err))) goto done;
     eo.store = s.store;
     if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
+    if (!(s.gvocab = grammar_vocab_create(m->tok, &err))) goto done;
+    s.pooling = embed_pooling(cfg.pooling, m);
     s.m = m;
     atomic_store(&s.ready, true);
     int64_t pool = engine_kv_pool_tokens(s.eng);
@@ -277,6 +297,7 @@ done:
     }
     server_stop(&s);
     engine_destroy(s.eng);
+    grammar_vocab_destroy(s.gvocab);
     if (s.store) {
         cache_store_close(s.store);
         log_info("cache: queued writes flushed");

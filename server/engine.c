@@ -67,7 +67,10 @@ void gen_request_unref(gen_request *r) {
     free(r->keys);
     gen_request_drop_loaded(r);
     free(r->bias);
+    free(r->embedding);
     stop_set_free(&r->stops);
+    gmatch_destroy(r->gm);
+    grammar_destroy(r->grammar);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -137,6 +140,10 @@ typedef struct eseq {
     int n_hist, cap_hist;
     int n_computed; /* leading tokens of hist whose KV is in the pool */
     sampler *smp;
+    /* the grammar's state after hist's generated tokens: preemption keeps them (it recomputes
+     * their KV only), so the state needs no rollback */
+    int32_t gstate;
+    double *pooled; /* embedding: [dim] sum (mean) or the chosen row of normed hidden states */
     detok_state ds;
     char *gen; /* everything detokenized so far (the stop-string scan reads it) */
     size_t gen_len, gen_cap, emitted;
@@ -203,6 +210,7 @@ struct engine {
     int bspans_cap;
     double ns_token_layer; /* measured compute per token and layer (the loading controller) */
     atomic_llong blended_tokens, recomputed_tokens;
+    int n_batch; /* entries in this step's batch (the pooling hook reads it) */
 };
 
 /* Content-defined chunking of prompts for blend: a cut after every line break, the hash cutting
@@ -225,6 +233,7 @@ static void eseq_destroy(engine *e, eseq *s) {
     sampler_destroy(s->smp);
     drop_spans(s);
     free(s->cuts);
+    free(s->pooled);
     free(s->keys);
     free(s->hist);
     free(s->gen);
@@ -257,6 +266,12 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         return NULL;
     }
     detok_init(&s->ds);
+    if (r->pooling && !(s->pooled = calloc((size_t)e->m->hp.dim, sizeof *s->pooled))) goto oom;
+    if (r->gm && (s->gstate = gmatch_start(r->gm)) < 0) {
+        kv_fail(err, "the grammar is too complex to match");
+        eseq_destroy(e, s);
+        return NULL;
+    }
     s->admit_order = e->admit_counter++;
     return s;
 oom:
@@ -320,6 +335,15 @@ static double top_logprobs(const float *logits, int n_vocab, int k, gen_logprob 
     out->n_top = n;
     for (int i = 0; i < n; i++) out->top_lps[i] = (float)(logits[out->top_ids[i]] - lse);
     return lse;
+}
+
+static double log_sum_exp(const float *logits, int n) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+    return mx + log(sum);
 }
 
 /* Prompt scoring: rows [0, n) are the logits after prompt tokens kv_start.. kv_start + n - 1,
@@ -418,21 +442,14 @@ static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logpr
     return rc;
 }
 
-/* Samples s's next token from logits (modified in place), appends it to the history and
- * publishes the text that became safe to release; ends s on a stop, at its length limit, or on
- * an error. */
-static void eseq_sample(engine *e, eseq *s, float *logits) {
+/* Appends token t (with its logprob) to s's history and publishes the text that became safe to
+ * release; ends s on a stop, a complete grammar, its length limit, or an error. Returns true
+ * when s ended. */
+static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
     gen_request *r = s->req;
-    gen_logprob lp = {0};
-    if (r->logprobs && r->top_logprobs > 0)
-        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
-    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
-    int32_t t =
-        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
-    lp.token = t;
     if (hist_push(s, t)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-        return;
+        return true;
     }
     s->n_gen++;
     uint64_t now = clock_now_ns();
@@ -442,14 +459,81 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
     bool eog = !r->ignore_eos && tokenizer_is_eog(e->m->tok, t), stopped = false;
     int64_t release_end = eog ? (int64_t)s->emitted : detok_step(e, s, t, &stopped);
     gen_finish fin = eog || stopped ? GEN_FINISH_STOP : GEN_RUNNING;
+    if (fin == GEN_RUNNING && r->gm && gmatch_is_final(r->gm, s->gstate)) fin = GEN_FINISH_STOP;
     if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))
         fin = GEN_FINISH_LENGTH;
     if (release_end >= 0 && fin != GEN_RUNNING && !stopped) release_end = detok_finish(s);
-    if (release_end < 0 || publish_token(e, s, (size_t)release_end, &lp, eog, now)) {
+    if (release_end < 0 || publish_token(e, s, (size_t)release_end, lp, eog, now)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
-        return;
+        return true;
     }
     if (fin != GEN_RUNNING) eseq_finish(e, s, fin, 0, NULL);
+    return fin != GEN_RUNNING;
+}
+
+/* Jump-forward (SGLang's compressed finite-state decoding): the bytes the grammar forces next
+ * are tokenized and appended as generated tokens, so the next step computes them as one
+ * prefill instead of one decode step each. Stops short of max_tokens and the context. */
+static void jump_forward(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    char buf[256];
+    int32_t next;
+    size_t n = gmatch_forced(r->gm, s->gstate, buf, sizeof buf, &next);
+    if (n == 0) return;
+    int32_t *ids = NULL;
+    kv_error err = {{0}};
+    int k = tokenizer_encode(e->m->tok, buf, n, false, false, &ids, &err);
+    int room = r->max_tokens - s->n_gen;
+    if (e->o.ctx - s->n_hist < room) room = e->o.ctx - s->n_hist;
+    if (k > room) k = room;
+    for (int i = 0; i < k && !s->done; i++) {
+        int32_t st = gmatch_accept_token(r->gm, s->gstate, ids[i]);
+        if (st < 0) break; /* not reached: the bytes are forced */
+        s->gstate = st;
+        gen_logprob lp = {.token = ids[i]};
+        if (eseq_push(e, s, ids[i], &lp)) break;
+    }
+    free(ids);
+}
+
+/* Samples s's next token from logits (modified in place), under its grammar if it has one, and
+ * appends it (eseq_push). */
+static void eseq_sample(engine *e, eseq *s, float *logits) {
+    gen_request *r = s->req;
+    gen_logprob lp = {0};
+    if (r->logprobs && r->top_logprobs > 0)
+        top_logprobs(logits, e->m->hp.n_vocab, r->top_logprobs, &lp);
+    /* Logprobs stay under the model's unmodified distribution: the sampler reports them under
+     * the masked one, which the two normalizers convert. */
+    double lse_model = 0, lse_masked = 0;
+    if (r->gm && r->logprobs) lse_model = log_sum_exp(logits, e->m->hp.n_vocab);
+    if (r->gm) {
+        kv_error err = {{0}};
+        int allowed = gmatch_apply(r->gm, s->gstate, logits, &err);
+        if (allowed < 0) {
+            eseq_finish(e, s, GEN_FINISH_ERROR, 500, err.msg);
+            return;
+        }
+        if (allowed == 0) {
+            if (gmatch_can_end(r->gm, s->gstate))
+                eseq_finish(e, s, GEN_FINISH_STOP, 0, NULL);
+            else
+                eseq_finish(e, s, GEN_FINISH_ERROR, 500,
+                            "no token of the vocabulary continues the grammar");
+            return;
+        }
+        if (r->logprobs) lse_masked = log_sum_exp(logits, e->m->hp.n_vocab);
+    }
+    /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
+    int32_t t =
+        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
+    lp.token = t;
+    if (r->gm && r->logprobs) lp.logprob += (float)(lse_masked - lse_model);
+    if (r->gm && (s->gstate = gmatch_accept_token(r->gm, s->gstate, t)) < 0) {
+        eseq_finish(e, s, GEN_FINISH_ERROR, 500, "the sampled token left the grammar");
+        return;
+    }
+    if (!eseq_push(e, s, t, &lp) && r->gm && r->jump_forward) jump_forward(e, s);
 }
 
 /* The first choice computed the prompt: its waiting siblings share its KV and sample their
@@ -486,6 +570,8 @@ static void preempt(engine *e, eseq *v) {
     kv_seq_release(e->pool, &v->kv);
     v->n_computed = 0;
     v->preempted = true;
+    if (v->pooled) /* an embedding pools its prompt again from the start */
+        memset(v->pooled, 0, sizeof *v->pooled * (size_t)e->m->hp.dim);
     v->reuse_tried = false;
     /* A sibling that never forked computes the prompt itself now. */
     v->wait_fork = false;
@@ -963,6 +1049,70 @@ static int blend_entries(engine *e, int n_b) {
     return n_be;
 }
 
+/* ---------------------------------------------------------------- embeddings */
+
+/* After the last layer: each embedding sequence's rows, normed with the output norm as the
+ * logits see them, are summed (mean), or its last (last) or first (cls) prompt row kept. */
+static int pool_hidden(void *ud, forward_state *st, int layer) {
+    engine *e = ud;
+    const model_hparams *hp = &e->m->hp;
+    if (layer != hp->n_layer - 1) return 0;
+    int n = forward_state_n_rows(st);
+    const int32_t *rows = forward_state_rows(st);
+    for (int r = 0; r < n; r++) {
+        /* the row's batch entry: tokens are flattened in batch order */
+        int tok = rows[r], b = 0;
+        while (b < e->n_batch && tok >= e->batch[b].n_tok) tok -= e->batch[b++].n_tok;
+        if (b >= e->n_batch) continue;
+        eseq *s = e->batch_seqs[b];
+        gen_pooling how = s->req->pooling;
+        int slot = e->batch[b].kv_start + tok;
+        if (how == GEN_POOL_NONE || (how == GEN_POOL_CLS && slot != 0) ||
+            (how == GEN_POOL_LAST && slot != s->n_hist - 1))
+            continue;
+        const float *h = forward_state_hidden(st, r);
+        double ss = 0;
+        for (int k = 0; k < hp->dim; k++) ss += (double)h[k] * h[k];
+        double scale = 1.0 / sqrt(ss / hp->dim + hp->norm_eps);
+        for (int k = 0; k < hp->dim; k++)
+            s->pooled[k] += (double)h[k] * scale * e->m->output_norm[k];
+    }
+    return 0;
+}
+
+/* The prompt is computed: the pooled vector is normalized (L2) into the request and the choice
+ * ends, releasing its KV. */
+static void embed_finish(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    int dim = e->m->hp.dim;
+    double norm = 0;
+    for (int k = 0; k < dim; k++) norm += s->pooled[k] * s->pooled[k];
+    norm = norm > 0 ? 1.0 / sqrt(norm) : 0;
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < dim; k++) r->embedding[k] = (float)(s->pooled[k] * norm);
+    pthread_mutex_unlock(&r->mu);
+    eseq_finish(e, s, GEN_FINISH_STOP, 0, NULL);
+}
+
+/* A step's hooks: the fusor's for blended entries, then embedding pooling after the last
+ * layer (blend narrows no row at the last layer, so pooling sees every row it needs). */
+typedef struct step_hooks {
+    forward_hooks blend;
+    engine *e;
+    bool embed;
+} step_hooks;
+
+static int step_before(void *ud, forward_state *st, int layer) {
+    step_hooks *h = ud;
+    return h->blend.before_layer ? h->blend.before_layer(h->blend.ud, st, layer) : 0;
+}
+
+static int step_after(void *ud, forward_state *st, int layer) {
+    step_hooks *h = ud;
+    int rc = h->blend.after_layer ? h->blend.after_layer(h->blend.ud, st, layer) : 0;
+    return rc == 0 && h->embed ? pool_hidden(h->e, st, layer) : rc;
+}
+
 /* One continuous-batching step. */
 static void step(engine *e) {
     int n_b = 0, n_pos = 0;
@@ -1029,7 +1179,12 @@ static void step(engine *e) {
         }
     }
     uint64_t t0 = clock_now_ns();
-    int n_out = model_forward(e->fwd, e->batch, n_b, hk, e->logits, &err);
+    bool embed = false;
+    for (int i = 0; i < n_b; i++) embed |= e->batch_seqs[i]->req->pooling != GEN_POOL_NONE;
+    step_hooks sh = {.blend = hk ? *hk : (forward_hooks){0}, .e = e, .embed = embed};
+    forward_hooks both = {.ud = &sh, .before_layer = step_before, .after_layer = step_after};
+    e->n_batch = n_b;
+    int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, &err);
     uint64_t dt = clock_now_ns() - t0;
     log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
               (double)dt / 1e6);
@@ -1083,6 +1238,10 @@ static void step(engine *e) {
             }
         }
         s->preempted = false;
+        if (s->req->pooling != GEN_POOL_NONE) {
+            embed_finish(e, s);
+            continue;
+        }
         if (s->req->max_tokens == 0) {
             /* Prompt only (echo, scoring): every choice ends without a token. */
             for (int k = 0; k < e->n_run; k++)
@@ -1293,6 +1452,11 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
     }
     if (r->max_tokens < 0) {
         kv_fail(err, "max_tokens must not be negative");
+        return ENGINE_SUBMIT_INVALID;
+    }
+    if (r->pooling != GEN_POOL_NONE &&
+        (!r->embedding || r->n_choices != 1 || r->max_tokens != 0 || r->prompt_logprobs)) {
+        kv_fail(err, "an embedding request has one choice, no tokens to generate and a vector");
         return ENGINE_SUBMIT_INVALID;
     }
     if (r->prompt_logprobs && !r->prompt_lps &&

@@ -23,6 +23,13 @@
 
 #define GEN_MAX_TOP_LOGPROBS 20
 
+typedef enum gen_pooling {
+    GEN_POOL_NONE = 0, /* not an embedding request */
+    GEN_POOL_MEAN,
+    GEN_POOL_LAST, /* e5-mistral-style models */
+    GEN_POOL_CLS,  /* the first token */
+} gen_pooling;
+
 typedef enum gen_finish {
     GEN_RUNNING = 0,
     GEN_FINISH_STOP,   /* end-of-generation token or a stop string */
@@ -62,6 +69,17 @@ typedef struct gen_request {
     bool logprobs;     /* record gen_logprob for each token */
     int top_logprobs;  /* 0..GEN_MAX_TOP_LOGPROBS */
     bool ignore_eos;   /* keep going past end-of-generation tokens */
+    /* Constrained decoding: every token is masked by the grammar (owned; the engine thread is
+     * the matcher's only user once submitted). The choice ends (stop) when the grammar is
+     * complete. With jump_forward, bytes the grammar forces go in as one prefill step. */
+    grammar *grammar;
+    gmatch *gm;
+    bool jump_forward;
+    /* Embedding (max_tokens 0, one choice): the prompt's final hidden states (after the output
+     * norm) pooled, L2-normalized into embedding (malloc'd [dim] by the submitter, written before
+     * the choice finishes); the sequence keeps no KV afterwards and stores nothing in the cache. */
+    gen_pooling pooling;
+    float *embedding;
     /* Score the prompt: prompt_lps[i] (i >= 1) is token i's logprob given the tokens before it,
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;

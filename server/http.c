@@ -293,6 +293,7 @@ typedef enum route_kind {
     ROUTE_COMPLETIONS,
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
+    ROUTE_EMBEDDINGS,
     ROUTE_CACHE_STATS,
     ROUTE_CACHE_CLEAR,
     ROUTE_CACHE_PIN,
@@ -314,6 +315,8 @@ static const route ROUTES[] = {
     {"/v1/completions", ROUTE_COMPLETIONS, true, false},
     {"/tokenize", ROUTE_TOKENIZE, true, false},
     {"/detokenize", ROUTE_DETOKENIZE, true, false},
+    {"/v1/embeddings", ROUTE_EMBEDDINGS, true, false},
+    {"/embeddings", ROUTE_EMBEDDINGS, true, false}, /* llama-server's path */
     {"/v1/cache/stats", ROUTE_CACHE_STATS, false, false},
     {"/v1/cache/clear", ROUTE_CACHE_CLEAR, true, false},
     {"/v1/cache/pin", ROUTE_CACHE_PIN, true, false},
@@ -437,6 +440,9 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         return send_reply(conn, cr, &r);
     case ROUTE_DETOKENIZE:
         openai_detokenize(s, &call, &r);
+        return send_reply(conn, cr, &r);
+    case ROUTE_EMBEDDINGS:
+        openai_embeddings(s, &call, &r);
         return send_reply(conn, cr, &r);
     case ROUTE_CACHE_STATS:
         cache_api_stats(s, &r);

@@ -2,6 +2,8 @@
  * length checks with the counts in the message), one gen_request per prompt with n choices, and
  * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (openai_stream.c). */
 #include <jansson.h>
+#include <math.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -93,6 +95,11 @@ void job_free(job *j) {
     free(j->text_off);
     free(j->lp_off);
     free(j->finish_sent);
+    if (j->acc)
+        for (int i = 0; i < j->n_reqs * j->n; i++) free(j->acc[i]);
+    free(j->acc);
+    free(j->acc_len);
+    free(j->tp);
     free(j->buf);
     free(j);
 }
@@ -119,6 +126,8 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->logprobs = rq->logprobs;
     j->top_logprobs = rq->top_logprobs;
     j->include_usage = rq->include_usage;
+    j->tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    j->call_salt = (uint32_t)random_u64();
     uint64_t idv = random_u64();
     snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)idv, (unsigned)(random_u64() & 0xffffffffu));
@@ -130,6 +139,40 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     return j;
 }
 
+/* The chat with the tools listed in its system message (prepended to the conversation's own
+ * system message, or as a new first message). */
+static int tokenize_with_tools(const model *m, const api_request *rq, int32_t **ids,
+                               api_error *err) {
+    kv_error ke = {{0}};
+    char *sys = chat_tools_system(rq->tools, rq->n_tools, &ke);
+    chat_message *msgs = calloc((size_t)rq->n_messages + 1, sizeof *msgs);
+    char *joined = NULL;
+    if (!sys || !msgs) {
+        free(sys);
+        free(msgs);
+        return fail_oom(err);
+    }
+    int n = 0;
+    bool has_sys = rq->n_messages > 0 && !strcmp(rq->messages[0].role, "system");
+    if (has_sys) {
+        size_t a = strlen(rq->messages[0].content), b = strlen(sys);
+        if ((joined = malloc(a + b + 3))) {
+            memcpy(joined, rq->messages[0].content, a);
+            memcpy(joined + a, "\n\n", 2);
+            memcpy(joined + a + 2, sys, b + 1);
+        }
+        msgs[n++] = (chat_message){"system", joined ? joined : sys};
+    } else {
+        msgs[n++] = (chat_message){"system", sys};
+    }
+    for (int i = has_sys ? 1 : 0; i < rq->n_messages; i++) msgs[n++] = rq->messages[i];
+    int rc = tokenize_messages(m, msgs, n, ids, err);
+    free(joined);
+    free(sys);
+    free(msgs);
+    return rc;
+}
+
 /* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
  * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
  * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
@@ -138,7 +181,9 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
     *ids = NULL;
     if (rq->kind == API_CHAT) {
         snprintf(param, param_size, "messages");
-        return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
+        if (rq->tool_choice == CHAT_TOOL_NONE)
+            return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
+        return tokenize_with_tools(m, rq, ids, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
@@ -182,9 +227,22 @@ static int prompt_max_tokens(const server *s, const api_request *rq, int n_ids, 
     return max_tokens;
 }
 
+/* The request's grammar, parsed (again: api.c validated it) and bound to the vocabulary. */
+static int request_grammar(const server *s, gen_request *r, const api_request *rq, api_error *err) {
+    kv_error ke = {{0}};
+    if (!(r->grammar = grammar_parse(rq->gbnf, strlen(rq->gbnf), &ke)))
+        return fail_400(err, rq->gbnf_param, NULL, ke.msg);
+    if (!(r->gm = gmatch_create(r->grammar, s->gvocab, &ke))) return fail_oom(err);
+    if (gmatch_start(r->gm) < 0)
+        return fail_400(err, rq->gbnf_param, NULL, "the grammar is too complex to match");
+    /* Forced tokens have no sampled logprobs: jump-forward only without them. */
+    r->jump_forward = rq->jump_forward && !rq->logprobs;
+    return 0;
+}
+
 /* Sets up r, which holds prompt p, from rq's sampling and output options. -1 with err. */
-static int request_setup(gen_request *r, const api_request *rq, int max_tokens, uint64_t seed,
-                         api_error *err) {
+static int request_setup(const server *s, gen_request *r, const api_request *rq, int max_tokens,
+                         uint64_t seed, api_error *err) {
     r->max_tokens = max_tokens;
     r->sp = rq->sampling;
     r->sp.seed = seed;
@@ -205,7 +263,7 @@ static int request_setup(gen_request *r, const api_request *rq, int max_tokens, 
     kv_error ke = {{0}};
     if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
         return fail_400(err, "stop", NULL, ke.msg);
-    return 0;
+    return rq->gbnf ? request_grammar(s, r, rq, err) : 0;
 }
 
 /* Tokenizes and checks prompt p and adds its gen_request to j. -1 with err; from the moment
@@ -238,7 +296,7 @@ static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, a
                          : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
         if (!j->echo[p]) return fail_oom(err);
     }
-    if (request_setup(r, rq, max_tokens, seed, err)) return -1;
+    if (request_setup(j->s, r, rq, max_tokens, seed, err)) return -1;
     j->prompt_tokens += n_ids;
     return 0;
 fail:
@@ -271,6 +329,10 @@ static int job_submit(job *j, api_error *err) {
     j->lp_off = calloc((size_t)n_choices, sizeof *j->lp_off);
     j->finish_sent = calloc((size_t)n_choices, sizeof *j->finish_sent);
     if (!j->text_off || !j->lp_off || !j->finish_sent) return fail_oom(err);
+    if (j->tools && (!(j->tp = calloc((size_t)n_choices, sizeof *j->tp)) ||
+                     !(j->acc = calloc((size_t)n_choices, sizeof *j->acc)) ||
+                     !(j->acc_len = calloc((size_t)n_choices, sizeof *j->acc_len))))
+        return fail_oom(err);
     for (int p = 0; p < j->n_reqs; p++) {
         kv_error ke = {{0}};
         if (j->wake) gen_request_watch(j->reqs[p], job_notify, j);
@@ -447,6 +509,55 @@ json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lp
     return all;
 }
 
+void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
+    snprintf(out, cap, "call_%08x%02x%02x", (unsigned)j->call_salt, (unsigned)choice & 0xff,
+             (unsigned)call & 0xff);
+}
+
+/* A chat answer under tools: its calls (finish "tool_calls") when it is complete calls, else
+ * its text as content. */
+static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
+    const char *text = c->text ? c->text : "";
+    chat_tool_parser tp = {0};
+    chat_tool_event ev[16];
+    json_t *calls = json_array();
+    json_t *cur = NULL;
+    int n;
+    bool content = false;
+    do {
+        n = chat_tools_parse(&tp, text, c->len, true, ev, 16);
+        for (int k = 0; k < n; k++) {
+            if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
+                content = true;
+            } else if (ev[k].kind == CHAT_TOOL_EVENT_CALL) {
+                char id[48];
+                job_call_id(j, index, ev[k].index, id, sizeof id);
+                cur = json_pack("{s:s,s:s,s:{s:s%,s:s}}", "id", id, "type", "function", "function",
+                                "name", ev[k].s, ev[k].n, "arguments", "");
+                json_array_append_new(calls, cur);
+            } else if (cur) {
+                json_t *fn = json_object_get(cur, "function");
+                const char *a = json_string_value(json_object_get(fn, "arguments"));
+                size_t la = strlen(a);
+                char *both = malloc(la + ev[k].n + 1);
+                if (both) {
+                    memcpy(both, a, la);
+                    memcpy(both + la, ev[k].s, ev[k].n);
+                    json_object_set_new(fn, "arguments", json_stringn(both, la + ev[k].n));
+                    free(both);
+                }
+            }
+        }
+    } while (n == 16);
+    if (!content && tp.mode == 2 && tp.complete && c->finish == GEN_FINISH_STOP &&
+        json_array_size(calls) > 0) {
+        *finish = "tool_calls";
+        return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
+    }
+    json_decref(calls);
+    return json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len);
+}
+
 /* The whole response once every choice has finished. */
 static void job_reply(const job *j, http_reply *out) {
     json_t *choices = json_array();
@@ -457,7 +568,10 @@ static void job_reply(const job *j, http_reply *out) {
             json_t *ch = json_object();
             json_object_set_new(ch, "index", json_integer(p * j->n + i));
             const char *text = c->text ? c->text : "";
-            if (j->kind == API_CHAT) {
+            const char *finish = job_finish_name(c->finish);
+            if (j->kind == API_CHAT && j->tools) {
+                json_object_set_new(ch, "message", tools_message(j, p * j->n + i, c, &finish));
+            } else if (j->kind == API_CHAT) {
                 json_object_set_new(
                     ch, "message",
                     json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len));
@@ -476,7 +590,7 @@ static void job_reply(const job *j, http_reply *out) {
             json_object_set_new(ch, "logprobs",
                                 j->logprobs ? job_choice_logprobs_json(j, p, c->lps, c->n_lps)
                                             : json_null());
-            json_object_set_new(ch, "finish_reason", json_string(job_finish_name(c->finish)));
+            json_object_set_new(ch, "finish_reason", json_string(finish));
             json_array_append_new(choices, ch);
         }
     }
@@ -575,6 +689,167 @@ int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *str
 int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream,
                        http_pending *pending) {
     return completion_endpoint(s, API_COMPLETION, c, out, stream, pending);
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+/* One input's gen_request: its tokens prefilled once, pooled and normalized by the engine. */
+static gen_request *embed_request(const server *s, const api_prompt *in, int i, int n_inputs,
+                                  int *n_tokens, api_error *err) {
+    const model *m = s->m;
+    char param[32];
+    snprintf(param, sizeof param, n_inputs > 1 ? "input[%d]" : "input", i);
+    int32_t *ids = NULL;
+    int n;
+    if (in->text) {
+        n = tokenize_text(m, in->text, true, &ids, param, err);
+    } else {
+        n = check_ids(m, in->tokens, in->n_tokens, param, err) ? -1 : in->n_tokens;
+        if (n > 0 && !(ids = malloc(sizeof *ids * (size_t)n))) return fail_oom(err), NULL;
+        if (n > 0) memcpy(ids, in->tokens, sizeof *ids * (size_t)n);
+    }
+    if (n < 0) return NULL;
+    if (n == 0 || n >= s->ctx) {
+        free(ids);
+        if (n == 0)
+            fail_400(err, param, NULL, "the input is empty (it has no tokens)");
+        else
+            api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                     "This model's maximum context length is %d tokens; '%s' has %d tokens "
+                     "(at most %d fit)",
+                     s->ctx, param, n, s->ctx - 1);
+        return NULL;
+    }
+    gen_request *r = gen_request_create(1);
+    float *vec = malloc(sizeof *vec * (size_t)m->hp.dim);
+    if (!r || !vec) {
+        free(ids);
+        free(vec);
+        gen_request_unref(r);
+        fail_oom(err);
+        return NULL;
+    }
+    r->prompt = ids;
+    r->n_prompt = n;
+    r->max_tokens = 0;
+    r->pooling = s->pooling;
+    r->embedding = vec;
+    r->t_arrival = clock_now_ns();
+    *n_tokens = n;
+    return r;
+}
+
+/* A vector as JSON: floats, or (base64) its little-endian float32 bytes as OpenAI sends them. */
+static json_t *vector_json(const float *v, int n, bool base64) {
+    if (!base64) {
+        json_t *a = json_array();
+        for (int k = 0; k < n; k++) json_array_append_new(a, json_real(v[k]));
+        return a;
+    }
+    size_t bytes = sizeof(float) * (size_t)n;
+    unsigned char *raw = malloc(bytes), *b64 = malloc(4 * ((bytes + 2) / 3) + 1);
+    json_t *out = NULL;
+    if (raw && b64) {
+        for (int k = 0; k < n; k++) {
+            uint32_t u;
+            memcpy(&u, &v[k], 4);
+            for (int j = 0; j < 4; j++) raw[4 * k + j] = (unsigned char)(u >> (8 * j));
+        }
+        int len = EVP_EncodeBlock(b64, raw, (int)bytes);
+        out = json_stringn((const char *)b64, (size_t)len);
+    }
+    free(raw);
+    free(b64);
+    return out;
+}
+
+/* POST /v1/embeddings (and /embeddings): every input is a prefill-only sequence in the engine's
+ * batch; the vectors come back in input order. */
+void openai_embeddings(server *s, const http_call *c, http_reply *out) {
+    api_embeddings rq;
+    api_error err = {0};
+    gen_request **reqs = NULL;
+    int n_reqs = 0, tokens = 0, dim = s->m->hp.dim;
+    if (api_parse_embeddings(c->body, c->len, &rq, &err)) goto fail;
+    if (!model_accepted(s, rq.model)) {
+        model_not_found(s, rq.model, "model", &err);
+        goto fail;
+    }
+    if (rq.dimensions > dim) {
+        api_fail(&err, 400, "invalid_request_error", NULL, "dimensions",
+                 "'dimensions' is %d; this model's embeddings have %d", rq.dimensions, dim);
+        goto fail;
+    }
+    if (!(reqs = calloc((size_t)rq.n_inputs, sizeof *reqs))) {
+        fail_oom(&err);
+        goto fail;
+    }
+    for (int i = 0; i < rq.n_inputs; i++) {
+        int n = 0;
+        if (!(reqs[n_reqs] = embed_request(s, &rq.inputs[i], i, rq.n_inputs, &n, &err))) goto fail;
+        n_reqs++;
+        tokens += n;
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        kv_error ke = {{0}};
+        engine_submit_status st = engine_submit(s->eng, reqs[i], &ke);
+        if (st == ENGINE_SUBMIT_QUEUE_FULL) {
+            api_fail(&err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
+            out->retry_after = 1;
+            goto fail;
+        }
+        if (st != ENGINE_SUBMIT_OK) {
+            api_fail(&err, st == ENGINE_SUBMIT_SHUTTING_DOWN ? 503 : 400,
+                     st == ENGINE_SUBMIT_SHUTTING_DOWN ? "server_error" : "invalid_request_error",
+                     NULL, NULL, "%s", ke.msg);
+            goto fail;
+        }
+    }
+    for (int i = 0; i < n_reqs; i++) {
+        gen_request *r = reqs[i];
+        pthread_mutex_lock(&r->mu);
+        while (r->n_finished < 1) {
+            gen_request_wait(r, 100);
+            if (r->n_finished < 1 && http_client_gone(c->fd)) {
+                pthread_mutex_unlock(&r->mu);
+                api_fail(&err, 499, "invalid_request_error", NULL, NULL,
+                         "the client closed the connection");
+                goto fail;
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (r->error_status) {
+            api_fail(&err, r->error_status, "server_error", NULL, NULL, "%s", r->error);
+            goto fail;
+        }
+    }
+    int d = rq.dimensions ? rq.dimensions : dim;
+    json_t *data = json_array();
+    for (int i = 0; i < n_reqs; i++) {
+        float *v = reqs[i]->embedding;
+        if (d < dim) { /* shortened, then normalized again (OpenAI's dimensions) */
+            double ss = 0;
+            for (int k = 0; k < d; k++) ss += (double)v[k] * v[k];
+            double inv = ss > 0 ? 1.0 / sqrt(ss) : 0;
+            for (int k = 0; k < d; k++) v[k] = (float)(v[k] * inv);
+        }
+        json_array_append_new(data, json_pack("{s:s,s:i,s:o}", "object", "embedding", "index", i,
+                                              "embedding", vector_json(v, d, rq.base64)));
+    }
+    http_reply_json(out, 200,
+                    json_pack("{s:s,s:o,s:s,s:{s:i,s:i}}", "object", "list", "data", data, "model",
+                              s->model_ids[0], "usage", "prompt_tokens", tokens, "total_tokens",
+                              tokens));
+    goto done;
+fail:
+    http_reply_error(out, &err);
+done:
+    for (int i = 0; i < n_reqs; i++) {
+        atomic_store(&reqs[i]->cancelled, true);
+        gen_request_unref(reqs[i]);
+    }
+    free(reqs);
+    api_embeddings_free(&rq);
 }
 
 /* One entry of /v1/models. */

@@ -27,6 +27,11 @@ typedef struct job {
     void (*wake)(void *arg);
     void *wake_arg;
     char request_id[HTTP_REQUEST_ID_MAX]; /* for the log */
+    bool tools;                           /* chat with tools: answers are parsed into tool calls */
+    uint32_t call_salt;                   /* tool call ids: call_<salt><choice><call> */
+    chat_tool_parser *tp;                 /* streaming, per choice */
+    char **acc;                           /* streaming with tools, per choice: the text so far */
+    size_t *acc_len;
     /* streaming */
     size_t *text_off; /* per choice: text already sent */
     int *lp_off;      /* per choice: logprobs already sent */
@@ -57,6 +62,8 @@ size_t job_echo_len(const job *j, int prompt);
 json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lps, int n);
 /* The prompt's tokens as completions logprobs arrays (first token null). */
 json_t *job_prompt_logprobs_json(const job *j, int prompt);
+/* The id of a choice's call. */
+void job_call_id(const job *j, int choice, int call, char *out, size_t cap);
 /* Turns j into a stream (which owns it from then on). */
 void job_stream(job *j, http_stream *out);
 

@@ -144,6 +144,51 @@ static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     return 1;
 }
 
+/* A chat choice under tools: its new text goes through the tool parser, so calls stream as
+ * OpenAI streams them (delta.tool_calls: index, id, type and name first, then argument pieces)
+ * and anything else as content; the finish is "tool_calls" after complete calls. */
+static int stream_tools(job *j, int index, const choice_news *nw) {
+    size_t len = j->acc_len[index];
+    char *acc = realloc(j->acc[index], len + nw->len + 1);
+    if (!acc) return -1;
+    memcpy(acc + len, nw->text, nw->len);
+    j->acc[index] = acc;
+    j->acc_len[index] = len += nw->len;
+    chat_tool_parser *tp = &j->tp[index];
+    bool final = nw->finish != GEN_RUNNING;
+    chat_tool_event ev[16];
+    int n;
+    do {
+        n = chat_tools_parse(tp, acc, len, final, ev, 16);
+        for (int k = 0; k < n; k++) {
+            json_t *c;
+            if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
+                c = choice_delta(j, index, ev[k].s, ev[k].n, NULL, NULL);
+            } else {
+                json_t *call;
+                if (ev[k].kind == CHAT_TOOL_EVENT_CALL) {
+                    char id[48];
+                    job_call_id(j, index, ev[k].index, id, sizeof id);
+                    call = json_pack("{s:i,s:s,s:s,s:{s:s%,s:s}}", "index", ev[k].index, "id", id,
+                                     "type", "function", "function", "name", ev[k].s, ev[k].n,
+                                     "arguments", "");
+                } else {
+                    call = json_pack("{s:i,s:{s:s%}}", "index", ev[k].index, "function",
+                                     "arguments", ev[k].s, ev[k].n);
+                }
+                c = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", index, "delta", "tool_calls",
+                              call, "logprobs", "finish_reason");
+            }
+            if (emit(j, chunk(j, json_pack("[o]", c)))) return -1;
+        }
+    } while (n == 16);
+    if (!final) return 0;
+    const char *finish = job_finish_name(nw->finish);
+    if (tp->mode == 2 && tp->complete && tp->n_calls > 0 && nw->finish == GEN_FINISH_STOP)
+        finish = "tool_calls";
+    return emit(j, chunk(j, json_pack("[o]", choice_delta(j, index, "", 0, NULL, finish))));
+}
+
 /* Queues a chunk for every choice with new output. Sets *progress when something was queued
  * and *done when every choice has finished. */
 static int stream_collect(job *j, bool *progress, bool *done) {
@@ -159,7 +204,10 @@ static int stream_collect(job *j, bool *progress, bool *done) {
             if (got < 0) return -1;
             if (got == 0) continue;
             int rc = 0;
-            if (nw.finish != GEN_FINISH_ERROR) { /* errors are reported at the end */
+            if (nw.finish != GEN_FINISH_ERROR && j->tools) {
+                rc = stream_tools(j, p * j->n + i, &nw);
+                *progress = true;
+            } else if (nw.finish != GEN_FINISH_ERROR) { /* errors are reported at the end */
                 json_t *lps = nw.n_lps > 0 ? job_logprobs_json(j, nw.lps, nw.n_lps,
                                                                job_echo_len(j, p) + nw.text_base)
                                            : NULL;

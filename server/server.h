@@ -24,8 +24,10 @@ typedef struct server server;
 
 struct server {
     const kv_config *cfg;
-    const model *m; /* NULL while loading */
-    engine *eng;    /* NULL while loading */
+    const model *m;        /* NULL while loading */
+    engine *eng;           /* NULL while loading */
+    grammar_vocab *gvocab; /* the vocabulary's token trie for constrained decoding */
+    gen_pooling pooling;   /* embeddings */
     metrics *mx;
     char **model_ids; /* the names /v1/models lists and requests may name; responses name [0] */
     int n_model_ids;
@@ -121,6 +123,7 @@ int openai_completions(server *s, const http_call *c, http_reply *out, http_stre
 void openai_models(server *s, const char *id, http_reply *out);
 void openai_tokenize(server *s, const http_call *c, http_reply *out);
 void openai_detokenize(server *s, const http_call *c, http_reply *out);
+void openai_embeddings(server *s, const http_call *c, http_reply *out);
 
 /* The context cache's namespace for a request: the API key presented (when the server requires
  * keys) and the request's cache_salt. */

@@ -432,16 +432,43 @@ Test(api, empty_lists) {
 Test(api, unknown_role) {
     fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"wizard\",\"content\":\"a\"}]}",
          "messages[0].role", "unknown role 'wizard'");
-    fail(API_CHAT,
-         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
-         "{\"role\":\"tool\",\"content\":\"r\",\"tool_call_id\":\"1\"}]}",
-         "messages[1].role", "role 'tool' is not supported");
     fail(API_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"a\"}]}",
-         "messages[0].role", "role 'function' is not supported");
+         "messages[0].role", "role 'function' is deprecated");
     fail(API_CHAT,
          "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,"
          "\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\"}]}]}",
-         "messages[0].tool_calls", "tool calls are not supported");
+         "messages[0].tool_calls[0].function", "string 'name'");
+    fail(API_CHAT,
+         "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\","
+         "\"tool_calls\":[]}]}",
+         "messages[0].tool_calls", "only assistant messages");
+}
+
+/* Tool turns are rendered in the generic tool format: the assistant's calls after its content,
+ * the tool's result (named after the call it answers) in a user turn. */
+Test(api, tool_turns_rendered) {
+    api_request r;
+    parse_ok(API_CHAT,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+             "\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
+             "\"{\\\"a\\\": 1}\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],"
+             "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\","
+             "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+             "\"integer\"}}}}}],\"tool_choice\":\"required\"}",
+             &r);
+    cr_assert_str_eq(r.messages[1].content,
+                     "<tool_call>{\"name\": \"get\", \"arguments\": {\"a\": 1}}</tool_call>");
+    cr_assert_str_eq(r.messages[2].role, "user");
+    cr_assert_str_eq(r.messages[2].content,
+                     "<tool_response>{\"name\":\"get\",\"content\":\"sunny\"}</tool_response>");
+    cr_assert_eq(r.n_tools, 1);
+    cr_assert_eq(r.tool_choice, CHAT_TOOL_REQUIRED);
+    cr_assert(r.parallel_tool_calls);
+    cr_assert_not_null(r.gbnf);
+    cr_assert_str_eq(r.gbnf_param, "tools");
+    api_request_free(&r);
 }
 
 Test(api, image_part) {
@@ -639,8 +666,7 @@ Test(api, tokenize_errors) {
     tok_fail("{\"prompt\":[1]}", "prompt", "must be a string");
     tok_fail("{\"content\":\"a\",\"messages\":[]}", "messages", "not both");
     tok_fail("{\"messages\":[]}", "messages", "must not be empty");
-    tok_fail("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "messages[0].role",
-             "not supported");
+    tok_fail("{\"messages\":[{\"role\":\"tool\"}]}", "messages[0].content", "is required");
     tok_fail("{\"content\":\"a\",\"with_pieces\":\"yes\"}", "with_pieces", "must be a boolean");
     tok_fail("[", "", "malformed JSON");
     tok_fail("[]", "", "must be a JSON object");
@@ -683,4 +709,43 @@ Test(api, detokenize) {
     detok_fail("{\"tokens\":[1,\"2\"]}", "tokens[1]", "must be an integer, got a string");
     detok_fail("{\"tokens\":[1.5]}", "tokens[0]", "must be an integer, got a number");
     detok_fail("{\"tokens\":[1]", "", "malformed JSON");
+}
+
+/* ---------------------------------------------------------------- embeddings */
+
+Test(api, embeddings_parse) {
+    api_embeddings e;
+    api_error err = {0};
+    const char *b = "{\"model\":\"m\",\"input\":[\"a\",\"bc\"],\"encoding_format\":\"base64\","
+                    "\"dimensions\":8}";
+    cr_assert_eq(api_parse_embeddings(b, strlen(b), &e, &err), 0, "%s", err.message);
+    cr_assert_eq(e.n_inputs, 2);
+    cr_assert_str_eq(e.inputs[1].text, "bc");
+    cr_assert(e.base64);
+    cr_assert_eq(e.dimensions, 8);
+    api_embeddings_free(&e);
+    b = "{\"model\":\"m\",\"input\":[[1,2],[3]]}";
+    cr_assert_eq(api_parse_embeddings(b, strlen(b), &e, &err), 0, "%s", err.message);
+    cr_assert_eq(e.n_inputs, 2);
+    cr_assert_eq(e.inputs[0].n_tokens, 2);
+    cr_assert_eq(e.inputs[1].tokens[0], 3);
+    cr_assert_not(e.base64);
+    api_embeddings_free(&e);
+    const char *bad[][2] = {
+        {"{\"input\":\"a\"}", "model"},
+        {"{\"model\":\"m\"}", "input"},
+        {"{\"model\":\"m\",\"input\":\"\"}", "input"},
+        {"{\"model\":\"m\",\"input\":[\"a\",\"\"]}", "input[1]"},
+        {"{\"model\":\"m\",\"input\":\"a\",\"dimensions\":0}", "dimensions"},
+        {"{\"model\":\"m\",\"input\":\"a\",\"encoding_format\":\"hex\"}", "encoding_format"},
+        {"{\"model\":\"m\",\"input\":[[1],\"a\"]}", "input[1]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        memset(&err, 0, sizeof err);
+        cr_assert_eq(api_parse_embeddings(bad[i][0], strlen(bad[i][0]), &e, &err), -1, "%s",
+                     bad[i][0]);
+        cr_assert_eq(err.status, 400);
+        cr_assert_str_eq(err.param, bad[i][1], "%s: %s", bad[i][0], err.message);
+        api_embeddings_free(&e);
+    }
 }

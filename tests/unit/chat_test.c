@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/chat.h"
+#include "model/grammar.h"
 
 #define GOLDEN_GLOB "tests/golden/chat/*.json"
 
@@ -237,4 +238,74 @@ Test(chat, strip_keeps_malformed_utf8_and_non_space) {
     cr_assert_str_eq(out, "<|start_header_id|>user<|end_header_id|>\n\n\x80x\xe3\x80<|eot_id|>"
                           "<|start_header_id|>assistant<|end_header_id|>\n\ny\xe2\x80<|eot_id|>");
     free(out);
+}
+
+/* ---------------------------------------------------------------- tools */
+
+static const chat_tool TOOLS[] = {
+    {"get_weather", "Weather in a city",
+     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]"
+     "}"},
+    {"ping", NULL, NULL},
+};
+
+/* Calls and content recovered from text fed in pieces of `step` bytes. */
+static void parse_in_steps(const char *text, size_t step, char *out, size_t cap, bool *complete) {
+    chat_tool_parser p = {0};
+    size_t len = strlen(text), n = 0;
+    out[0] = '\0';
+    for (size_t have = step < len ? step : len;; have = have + step < len ? have + step : len) {
+        chat_tool_event ev[8];
+        int k;
+        while ((k = chat_tools_parse(&p, text, have, have == len, ev, 8)) > 0)
+            for (int i = 0; i < k; i++)
+                n += ev[i].kind == CHAT_TOOL_EVENT_CALL
+                         ? (size_t)snprintf(out + n, cap - n, "[call %d: %.*s]", ev[i].index,
+                                            (int)ev[i].n, ev[i].s)
+                         : (size_t)snprintf(out + n, cap - n, "%.*s", (int)ev[i].n, ev[i].s);
+        if (have == len) break;
+    }
+    *complete = p.mode == 2 && p.complete;
+}
+
+Test(chat_tools, parse_is_the_same_in_any_pieces) {
+    const char *calls =
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"N\xc3\xa9"
+        "a\"}}</tool_call>\n<tool_call>{\"name\": \"ping\", \"arguments\": "
+        "{}}</tool_call>";
+    char whole[512], part[512];
+    bool c1, c2;
+    parse_in_steps(calls, 1000, whole, sizeof whole, &c1);
+    cr_assert(c1);
+    cr_assert_str_eq(whole, "[call 0: get_weather]{\"city\": \"N\xc3\xa9"
+                            "a\"}[call 1: ping]{}");
+    for (size_t step = 1; step < 20; step++) {
+        parse_in_steps(calls, step, part, sizeof part, &c2);
+        cr_assert(c2);
+        cr_assert_str_eq(part, whole, "in pieces of %zu bytes", step);
+    }
+    parse_in_steps("Sunny, 20 degrees.", 3, part, sizeof part, &c2);
+    cr_assert_not(c2);
+    cr_assert_str_eq(part, "Sunny, 20 degrees.");
+    parse_in_steps("<tool_call>{\"name\": \"ping\", \"argu", 5, part, sizeof part, &c2);
+    cr_assert_not(c2, "a call cut short is not complete");
+}
+
+Test(chat_tools, grammar_accepts_rendered_calls) {
+    kv_error err = {{0}};
+    char *g = chat_tools_gbnf(TOOLS, 2, CHAT_TOOL_REQUIRED, NULL, true, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    grammar *gr = grammar_parse(g, strlen(g), &err);
+    cr_assert_not_null(gr, "%s\n%s", err.msg, g);
+    char *call = chat_tools_render_call("get_weather", "{\"city\": \"Oslo\"}");
+    cr_assert_str_eq(call, "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                           "\"Oslo\"}}</tool_call>");
+    grammar_destroy(gr);
+    free(call);
+    free(g);
+    cr_assert_null(chat_tools_gbnf(TOOLS, 2, CHAT_TOOL_NAMED, "nope", false, &err));
+    cr_assert(strstr(err.msg, "'nope'"));
+    char *sys = chat_tools_system(TOOLS, 2, &err);
+    cr_assert(strstr(sys, "{\"name\":\"get_weather\",\"description\":\"Weather in a city\","));
+    free(sys);
 }

@@ -1,0 +1,49 @@
+"""langchain-openai, unmodified, against kvserve: with_structured_output(Model) returns the
+Pydantic object with method="json_schema" (response_format) and "function_calling" (a named
+tool call). Skipped, visibly, where langchain-openai is not installed (`make setup` installs
+it). The tests run against a server of their own: their chats would otherwise leave cached
+blocks of the default system prompt in the shared server, which later tests assume cold."""
+import pytest
+
+langchain_openai = pytest.importorskip("langchain_openai")
+pydantic = pytest.importorskip("pydantic")
+
+
+class Person(pydantic.BaseModel):
+    """A person."""
+    name: str = pydantic.Field(max_length=30, description="the person's name")
+    age: int = pydantic.Field(ge=0, le=120)
+    city: str = pydantic.Field(max_length=30)
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    from conftest import KvServer
+    s = KvServer(["-c", "2048"]).start()
+    yield s
+    s.terminate()
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling"])
+def test_with_structured_output(server, method):
+    llm = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="x",
+                                      model=server.model_id, temperature=0, max_tokens=120,
+                                      timeout=120, max_retries=0)
+    out = llm.with_structured_output(Person, method=method).invoke(
+        "Invent a person who lives in a city.")
+    assert isinstance(out, Person)
+    assert out.name and 0 <= out.age <= 120
+
+
+def test_tool_calls_through_bind_tools(server):
+    def get_weather(city: str) -> str:
+        """Current weather in a city."""
+        return "sunny"
+
+    llm = langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="x",
+                                      model=server.model_id, temperature=0, max_tokens=120,
+                                      timeout=120, max_retries=0)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(
+        "What is the weather in Paris?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(msg.tool_calls[0]["args"]["city"], str)

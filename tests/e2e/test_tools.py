@@ -1,0 +1,128 @@
+"""Tool calls through the official `openai` client: tool_choice required, named, auto and
+none; parallel_tool_calls; calls parsed into message.tool_calls (ids, names, arguments that
+validate against the function's parameter schema, finish_reason "tool_calls"), streamed as
+delta.tool_calls; a conversation holding an assistant tool_calls turn and a tool result is
+answered; the 400s for bad tools."""
+import json
+
+import jsonschema
+import pytest
+
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 40},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 30}},
+        "required": ["tz"], "additionalProperties": False}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "Time in a time zone",
+                                      "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def check_calls(calls):
+    assert calls
+    for c in calls:
+        assert c.type == "function" and c.id.startswith("call_")
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMAS[c.function.name])
+    assert len({c.id for c in calls}) == len(calls)
+
+
+@pytest.mark.parametrize("choice,names", [
+    ("required", None),
+    ({"type": "function", "function": {"name": "get_time"}}, ["get_time"]),
+])
+def test_required_and_named_calls(client, server, choice, names):
+    r = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
+                                       tool_choice=choice, max_tokens=150, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert c.message.content is None
+    check_calls(c.message.tool_calls)
+    if names:
+        assert [t.function.name for t in c.message.tool_calls] == names
+
+
+def test_parallel_off_gives_one_call(client, server):
+    r = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=150, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert len(r.choices[0].message.tool_calls) == 1
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_streamed_calls_equal_whole(client, server, choice):
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice=choice,
+              max_tokens=150, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls, finish = {}, None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        assert not d.content
+        for tc in d.tool_calls or []:
+            if tc.id:
+                assert tc.function.name and tc.index not in calls
+                calls[tc.index] = {"name": tc.function.name, "args": tc.function.arguments}
+            else:
+                calls[tc.index]["args"] += tc.function.arguments
+        finish = ch.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], c["args"]) for _, c in sorted(calls.items())] == \
+        [(t.function.name, t.function.arguments) for t in whole]
+
+
+def test_auto_and_none_answer(client, server):
+    for choice in ("auto", "none"):
+        r = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
+                                           tool_choice=choice, max_tokens=40, temperature=0)
+        c = r.choices[0]
+        if c.finish_reason == "tool_calls":
+            assert choice == "auto"
+            check_calls(c.message.tool_calls)
+        else:
+            assert c.message.content and not c.message.tool_calls
+
+
+def test_conversation_with_a_tool_result(client, server):
+    msgs = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather",
+                          "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees and sunny"},
+    ]
+    r = client.chat.completions.create(model=server.model_id, messages=msgs, tools=TOOLS,
+                                       tool_choice="none", max_tokens=40, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].message.content
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+])
+def test_bad_tools_are_400(server, body, param):
+    status, r = server.post_json("/v1/chat/completions",
+                                 {"model": server.model_id, "messages": ASK, **body})
+    assert status == 400, r
+    assert r["error"]["param"] == param, r
