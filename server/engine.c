@@ -991,14 +991,13 @@ static bool blending(const eseq *s) {
            s->spans[s->n_spans - 1].slot + s->spans[s->n_spans - 1].n > s->n_computed;
 }
 
-/* How many pending tokens a blended prefill of s takes this step: a reused token costs one
- * layer plus its share of recompute, a new token every layer; within budget (counted in new
- * tokens' worth: *cost), the step's room and blend_chunk. */
-static int blend_take(const engine *e, const eseq *s, int budget, int room_tok, int *cost) {
+/* How many pending tokens a blended prefill of s takes this step: a reused token costs two
+ * layers plus its share of recompute, a new token every layer; within budget (counted in new
+ * tokens' worth: *cost) and blend_chunk. */
+static int blend_take(const engine *e, const eseq *s, int budget, int *cost) {
     int pending = s->n_hist - s->n_computed;
     int cap = pending < e->o.blend_chunk ? pending : e->o.blend_chunk;
-    if (cap > room_tok) cap = room_tok;
-    double w_reused = 1.0 / e->m->hp.n_layer + 1.5 * s->blend_ratio, c = 0;
+    double w_reused = 2.0 / e->m->hp.n_layer + 1.5 * s->blend_ratio, c = 0;
     int n = 0, sp = 0;
     while (n < cap) {
         int t = s->n_computed + n;
@@ -1146,10 +1145,16 @@ static void step(engine *e) {
             room(e, blocks_for(e, s->n_hist + 1)) < blocks_for(e, s->n_hist + 1))
             continue;
         int n = pending < budget ? pending : budget, cost = n;
-        if (blending(s)) {
-            n = blend_take(e, s, budget, e->fwd_tokens - n_pos, &cost);
-            /* a blended step may not fit beside prefill already taken: next step */
-            if (cost > budget && budget < e->o.prefill_chunk) continue;
+        if (blending(s) && s->n_computed < s->spans[0].slot) {
+            /* up to the first reused token as any prefill, so blended steps start there */
+            if (n > s->spans[0].slot - s->n_computed) n = cost = s->spans[0].slot - s->n_computed;
+        } else if (blending(s)) {
+            /* A blended step's tokens depend on s alone, never on what else runs, so its rows
+             * are ranked over the same tokens alone or in any batch: it takes the whole budget,
+             * as the step's first prefill, or waits for the next step. */
+            if (budget < e->o.prefill_chunk) continue;
+            n = blend_take(e, s, budget, &cost);
+            if (n > e->fwd_tokens - n_pos) continue;
         } else if (n > e->fwd_tokens - n_pos) {
             n = e->fwd_tokens - n_pos;
         }
