@@ -6,6 +6,7 @@ a raw NUL byte is a 400 that names its offset, and a half-closed request is answ
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -194,7 +195,8 @@ def test_sigterm_drains_a_running_stream_to_done(start_server):
     s.proc.wait(timeout=30 * SLOW)  # exits by itself (another signal would cut the drain)
     s.terminate()  # exit code 0, no sanitizer report
     log = s.stderr()
-    assert "SIGTERM: draining: 1 requests in flight" in log, log
+    # the stream, and perhaps a probe whose connection has not finished closing yet
+    assert re.search(r"SIGTERM: draining: [1-9]\d* requests in flight", log), log
     assert "drained: no request in flight" in log
     assert "POST /v1/completions 503" in log  # the refused request, with its message
 
