@@ -79,6 +79,7 @@ char *api_error_json(const api_error *err) {
 /* ---------------------------------------------------------------- JSON helpers */
 
 static int type_error(api_error *err, const char *param, const char *want, const json_t *got) {
+    if (!got) return API_BAD(err, param, "'%s' is required: %s", param, want);
     return API_BAD(err, param, "'%s' must be %s, got %s", param, want, json_type_name(got));
 }
 

@@ -1,6 +1,7 @@
 #include "util/json.h"
 
 const char *json_type_name(const json_t *v) {
+    if (!v) return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         return "an object";
