@@ -359,13 +359,21 @@ static char *http_metrics(server *s, char *text, size_t *len) {
 }
 
 /* A reply the engine works on: answered when ready, else the connection sleeps until the engine
- * wakes it and MHD calls the access handler again. */
-static enum MHD_Result pending_step(struct MHD_Connection *conn, conn_req *cr) {
+ * wakes it and MHD calls the access handler again.
+ *
+ * Not on the handler's first call (may_sleep false): that call comes from the read that
+ * completed the request, and libmicrohttpd 0.9.75 does not update a suspended connection's
+ * event state, so the connection would stay "waiting to read" and, resumed (always marked
+ * readable), read again. A client that half-closed after its request (shutdown(SHUT_WR)) then
+ * reads as end-of-file and the connection is closed unanswered. Returning without a response
+ * once lets MHD mark the connection as waiting on the application and call the handler again
+ * at once; suspended from there, it is never read while it waits. */
+static enum MHD_Result pending_step(struct MHD_Connection *conn, conn_req *cr, bool may_sleep) {
     for (;;) {
         conn_look(cr);
         http_reply r = {0};
         if (cr->pending.poll(cr->pending.ud, &r)) return send_reply(conn, cr, &r);
-        if (conn_sleep(cr)) return MHD_YES;
+        if (!may_sleep || conn_sleep(cr)) return MHD_YES;
     }
 }
 
@@ -432,7 +440,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         if (rc == 1) return send_stream(conn, cr, &st);
         if (rc == 2) {
             cr->pending = pend;
-            return pending_step(conn, cr);
+            return pending_step(conn, cr, false);
         }
         return send_reply(conn, cr, &r);
     case ROUTE_TOKENIZE:
@@ -507,7 +515,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         }
         return MHD_YES;
     }
-    if (cr->pending.ud) return pending_step(conn, cr); /* resumed by the engine */
+    if (cr->pending.ud) return pending_step(conn, cr, true); /* again, or resumed */
     if (cr->status) {
         /* Already answered: drop whatever body follows. */
         *upload_size = 0;
