@@ -294,6 +294,16 @@ ALWAYS_INLINE void tile_store(const int NW, const int NX, __m256 acc[4][4], floa
 /* Sum of an int16 pair vector into int32 lanes (4 products per lane, as vpdpbusd). */
 ALWAYS_INLINE __m256i widen16(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 
+/* e[r] = [c0[r] c1[r] c2[r] c3[r] | c0[r+4] c1[r+4] c2[r+4] c3[r+4]] of four 8-dword chunks. */
+ALWAYS_INLINE void transpose4x8(const __m256i c[4], __m256i e[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(c[0], c[1]), t1 = _mm256_unpackhi_epi32(c[0], c[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(c[2], c[3]), t3 = _mm256_unpackhi_epi32(c[2], c[3]);
+    e[0] = _mm256_unpacklo_epi64(t0, t2);
+    e[1] = _mm256_unpackhi_epi64(t0, t2);
+    e[2] = _mm256_unpacklo_epi64(t1, t3);
+    e[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
 /* ---------------------------------------------------------------- act32 */
 
 enum w32_kind { W32_Q4_0, W32_Q4_1, W32_Q5_0, W32_Q5_1, W32_Q8_0 };
@@ -351,6 +361,106 @@ ALWAYS_INLINE __m256i lane_vec(int g, int h, int r, int what, int kind) {
     return _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
 }
 
+/* Dwords 0..3 of the 16 bytes at `off` in each of the 8 blocks of half h of a 16-block group,
+ * in lane order: c[t] lane k = dword t of block act32_sigma(8h + k). The low 128 bits of a half
+ * are blocks 2h, 2h+4, 2h+8, 2h+12 and the high 128 bits blocks 2h+1, 2h+5, ..., so four
+ * two-block loads and a 4x4 dword transpose inside each 128-bit half put them there: no
+ * gathers (vpgatherdd costs 8 to 20 cycles on the AMD and older Intel cores AVX2 runs on). */
+ALWAYS_INLINE void w32_transpose16(int kind, const uint8_t *p, int h, int off, __m256i e[4]) {
+    const size_t bb = (size_t)w32_bytes(kind);
+    __m256i c[4];
+    UNROLL for (int i = 0; i < 4; i++) {
+        const uint8_t *b = p + bb * (size_t)(2 * h + 4 * i) + off;
+        c[i] = _mm256_loadu2_m128i((const void *)(b + bb), (const void *)b);
+    }
+    transpose4x8(c, e);
+}
+
+/* Half h of a 16-block group's code rows (row r: elements 4r..4r+3 of each lane's block). */
+ALWAYS_INLINE void w32_rows_full(int kind, const uint8_t *p, int h, __m256i qh, w32_group *o) {
+    __m256i e[4];
+    if (kind == W32_Q8_0) {
+        /* rows 0..3 from qs[0..15], rows 4..7 from qs[16..31] */
+        UNROLL for (int half = 0; half < 2; half++) {
+            w32_transpose16(kind, p, h, 2 + 16 * half, e);
+            UNROLL for (int t = 0; t < 4; t++) {
+                o->sgn[t + 4 * half][h] = e[t];
+                o->q[t + 4 * half][h] = _mm256_abs_epi8(e[t]);
+            }
+        }
+        return;
+    }
+    /* row t < 4: low nibbles of qs dword t; row t + 4: its high nibbles */
+    w32_transpose16(kind, p, h, w32_qs_off(kind), e);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    UNROLL for (int t = 0; t < 4; t++) {
+        o->q[t][h] = _mm256_and_si256(e[t], m4);
+        o->q[t + 4][h] = _mm256_and_si256(_mm256_srli_epi32(e[t], 4), m4);
+    }
+    if (w32_is_q5(kind)) UNROLL for (int r = 0; r < 8; r++) {
+            /* bits 4r..4r+3 of qh, one per byte (as in w32_load) */
+            __m256i h4 = _mm256_and_si256(_mm256_srli_epi32(qh, 4 * r), _mm256_set1_epi32(0xF));
+            h4 = _mm256_and_si256(_mm256_mullo_epi32(h4, _mm256_set1_epi32(0x00204081)),
+                                  _mm256_set1_epi32(0x01010101));
+            o->q[r][h] = _mm256_or_si256(o->q[r][h], _mm256_slli_epi32(h4, 4));
+        }
+}
+
+/* The 16 bytes of block b whose dwords are elements 4t..4t+3 for t in [4s, 4s + 4): Q8_0's
+ * codes 16s..16s+15; the 4-bit types' qs, whose nibble s they are (w32_codes takes it). */
+ALWAYS_INLINE __m128i w32_src(int kind, const uint8_t *p, int b, int s) {
+    const int off = kind == W32_Q8_0 ? 2 + 16 * s : w32_qs_off(kind);
+    return _mm_loadu_si128((const void *)(p + (size_t)w32_bytes(kind) * (size_t)b + off));
+}
+
+/* Stores row r of half h from dwords v whose lanes in the 128-bit half j hold nibble s_j (4-bit
+ * types) or the codes themselves (Q8_0: |w| and the signed codes). */
+ALWAYS_INLINE void w32_codes(int kind, __m256i v, int s0, int s1, int r, int h, w32_group *o) {
+    if (kind == W32_Q8_0) {
+        o->sgn[r][h] = v;
+        o->q[r][h] = _mm256_abs_epi8(v);
+        return;
+    }
+    v = _mm256_srlv_epi32(
+        v, _mm256_setr_epi32(4 * s0, 4 * s0, 4 * s0, 4 * s0, 4 * s1, 4 * s1, 4 * s1, 4 * s1));
+    o->q[r][h] = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* Half h of a remainder group's code rows (g < 16; lanes as w32_lane says), from loads and
+ * in-register transposes. Every lane of half h takes t in [4h, 4h + 4), except for g = 1,
+ * whose one half spans t = 0..7. */
+ALWAYS_INLINE void w32_rows_part(int kind, const uint8_t *p, const int g, int h, w32_group *o) {
+    if (g == 1) { /* lane k: element dword k of the block */
+        w32_codes(kind,
+                  _mm256_set_m128i(w32_src(kind, p, 0, kind == W32_Q8_0), w32_src(kind, p, 0, 0)),
+                  0, 1, 0, h, o);
+        return;
+    }
+    if (g == 2) { /* lane k: dword 4h + k/2 of block k % 2 */
+        const __m128i x0 = w32_src(kind, p, 0, h), x1 = w32_src(kind, p, 1, h);
+        w32_codes(kind, _mm256_set_m128i(_mm_unpackhi_epi32(x0, x1), _mm_unpacklo_epi32(x0, x1)), h,
+                  h, 0, h, o);
+        return;
+    }
+    if (g == 4) { /* row r, lane k: dword 4h + r + 2(k/4) of block k % 4 */
+        const __m128i x0 = w32_src(kind, p, 0, h), x1 = w32_src(kind, p, 1, h);
+        const __m128i x2 = w32_src(kind, p, 2, h), x3 = w32_src(kind, p, 3, h);
+        const __m128i t0 = _mm_unpacklo_epi32(x0, x1), t1 = _mm_unpackhi_epi32(x0, x1);
+        const __m128i t2 = _mm_unpacklo_epi32(x2, x3), t3 = _mm_unpackhi_epi32(x2, x3);
+        const __m128i f0 = _mm_unpacklo_epi64(t0, t2), f1 = _mm_unpackhi_epi64(t0, t2);
+        const __m128i f2 = _mm_unpacklo_epi64(t1, t3), f3 = _mm_unpackhi_epi64(t1, t3);
+        w32_codes(kind, _mm256_set_m128i(f2, f0), h, h, 0, h, o);
+        w32_codes(kind, _mm256_set_m128i(f3, f1), h, h, 1, h, o);
+        return;
+    }
+    /* g = 8: row r, lane k: dword 4h + r of block k */
+    __m256i c[4], e[4];
+    UNROLL for (int i = 0; i < 4; i++) c[i] =
+        _mm256_set_m128i(w32_src(kind, p, i + 4, h), w32_src(kind, p, i, h));
+    transpose4x8(c, e);
+    UNROLL for (int r = 0; r < 4; r++) w32_codes(kind, e[r], h, h, r, h, o);
+}
+
 ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *o) {
     const int R = act32_rows(g), halves = g == 1 ? 1 : 2;
     UNROLL for (int h = 0; h < 2; h++) {
@@ -372,35 +482,22 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
             qh = _mm256_i32gather_epi32((const int *)(const void *)p,
                                         _mm256_add_epi32(boff, _mm256_set1_epi32(w32_qh_off(kind))),
                                         1);
-        UNROLL for (int r = 0; r < 8; r++) {
-            if (r >= R) break;
-            const __m256i t = lane_vec(g, h, r, 1, kind);
-            if (kind == W32_Q8_0) {
-                const __m256i off = _mm256_add_epi32(
-                    boff, _mm256_add_epi32(_mm256_slli_epi32(t, 2), _mm256_set1_epi32(2)));
-                const __m256i v = _mm256_i32gather_epi32((const int *)(const void *)p, off, 1);
-                o->sgn[r][h] = v;
-                o->q[r][h] = _mm256_abs_epi8(v);
-                continue;
-            }
-            const __m256i off = _mm256_add_epi32(
-                boff,
-                _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(t, _mm256_set1_epi32(3)), 2),
-                                 _mm256_set1_epi32(w32_qs_off(kind))));
-            __m256i v = _mm256_i32gather_epi32((const int *)(const void *)p, off, 1);
-            v = _mm256_srlv_epi32(v, _mm256_slli_epi32(_mm256_srli_epi32(t, 2), 2));
-            v = _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-            if (w32_is_q5(kind)) {
+        if (g == 16) {
+            w32_rows_full(kind, p, h, qh, o);
+            continue;
+        }
+        w32_rows_part(kind, p, g, h, o);
+        if (w32_is_q5(kind)) UNROLL for (int r = 0; r < 8; r++) {
+                if (r >= R) break;
                 /* bits 4t..4t+3 of qh, one per byte: the multiply copies bit k to bits k + 7j
                  * (no carries), so bit 8k holds bit k */
+                const __m256i t = lane_vec(g, h, r, 1, kind);
                 __m256i h4 = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_slli_epi32(t, 2)),
                                               _mm256_set1_epi32(0xF));
                 h4 = _mm256_and_si256(_mm256_mullo_epi32(h4, _mm256_set1_epi32(0x00204081)),
                                       _mm256_set1_epi32(0x01010101));
-                v = _mm256_or_si256(v, _mm256_slli_epi32(h4, 4));
+                o->q[r][h] = _mm256_or_si256(o->q[r][h], _mm256_slli_epi32(h4, 4));
             }
-            o->q[r][h] = v;
-        }
     }
 }
 
@@ -476,38 +573,34 @@ ALWAYS_INLINE void w32_group_step(int kind, const int NW, const int NX, const in
     }
 }
 
-/* A remainder group (g < 16): out of line, once per type, with nw and nx as loop bounds. */
-ALWAYS_INLINE void w32_tail(int kind, int g, int nw, int nx, const uint8_t *w, size_t ws,
-                            const uint8_t *x, size_t xs, __m256 acc[4][4]) {
+/* A remainder group (g < 16): out of line, once per type, with nw and nx as loop bounds. Each
+ * activation row's group is prepared once for all the weight rows. */
+ALWAYS_INLINE void w32_tail_g(int kind, const int g, int nw, int nx, const uint8_t *w, size_t ws,
+                              const uint8_t *x, size_t xs, __m256 acc[4][4]) {
+    x32_group xg[4];
+    for (int j = 0; j < nx; j++) x32_prepare(kind, x + (size_t)j * xs, g, &xg[j]);
     for (int i = 0; i < nw; i++) {
         w32_group wg;
-        x32_group xg;
-        const uint8_t *wp = w + (size_t)i * ws;
-        for (int j = 0; j < nx; j++) {
-            const uint8_t *xp = x + (size_t)j * xs;
-            switch (g) {
-            case 8:
-                if (j == 0) w32_load(kind, wp, 8, &wg);
-                x32_prepare(kind, xp, 8, &xg);
-                w32_pairs(kind, 1, &wg, &xg, 8, &acc[i][j]);
-                break;
-            case 4:
-                if (j == 0) w32_load(kind, wp, 4, &wg);
-                x32_prepare(kind, xp, 4, &xg);
-                w32_pairs(kind, 1, &wg, &xg, 4, &acc[i][j]);
-                break;
-            case 2:
-                if (j == 0) w32_load(kind, wp, 2, &wg);
-                x32_prepare(kind, xp, 2, &xg);
-                w32_pairs(kind, 1, &wg, &xg, 2, &acc[i][j]);
-                break;
-            default:
-                if (j == 0) w32_load(kind, wp, 1, &wg);
-                x32_prepare(kind, xp, 1, &xg);
-                w32_pairs(kind, 1, &wg, &xg, 1, &acc[i][j]);
-                break;
-            }
-        }
+        w32_load(kind, w + (size_t)i * ws, g, &wg);
+        for (int j = 0; j < nx; j++) w32_pairs(kind, 1, &wg, &xg[j], g, &acc[i][j]);
+    }
+}
+
+ALWAYS_INLINE void w32_tail(int kind, int g, int nw, int nx, const uint8_t *w, size_t ws,
+                            const uint8_t *x, size_t xs, __m256 acc[4][4]) {
+    switch (g) {
+    case 8:
+        w32_tail_g(kind, 8, nw, nx, w, ws, x, xs, acc);
+        break;
+    case 4:
+        w32_tail_g(kind, 4, nw, nx, w, ws, x, xs, acc);
+        break;
+    case 2:
+        w32_tail_g(kind, 2, nw, nx, w, ws, x, xs, acc);
+        break;
+    default:
+        w32_tail_g(kind, 1, nw, nx, w, ws, x, xs, acc);
+        break;
     }
 }
 
@@ -566,16 +659,6 @@ typedef struct wk_group {
     __m256i q[4][2];
     __m256 d[2], m[2];
 } wk_group;
-
-/* e[r] = [c0[r] c1[r] c2[r] c3[r] | c0[r+4] c1[r+4] c2[r+4] c3[r+4]] of four 8-dword chunks. */
-ALWAYS_INLINE void transpose4x8(const __m256i c[4], __m256i e[4]) {
-    const __m256i t0 = _mm256_unpacklo_epi32(c[0], c[1]), t1 = _mm256_unpackhi_epi32(c[0], c[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(c[2], c[3]), t3 = _mm256_unpackhi_epi32(c[2], c[3]);
-    e[0] = _mm256_unpacklo_epi64(t0, t2);
-    e[1] = _mm256_unpackhi_epi64(t0, t2);
-    e[2] = _mm256_unpacklo_epi64(t1, t3);
-    e[3] = _mm256_unpackhi_epi64(t1, t3);
-}
 
 ALWAYS_INLINE __m256 k4_scales_mins(const uint8_t *scales, int mins) {
     uint32_t u[4];
