@@ -77,6 +77,7 @@ typedef struct opt_row {
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
+static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
 
 /* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the
  * message never quotes one. */
@@ -128,6 +129,9 @@ static const opt_row OPTIONS[] = {
     {.key = "pooling", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, pooling),
      .choices = POOLINGS, .def = "auto", .metavar = "HOW",
      .help = "embedding pooling: mean, last, cls, auto (GGUF pooling_type)"},
+    {.key = "simd", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, simd),
+     .choices = SIMD_LEVELS, .def = "auto", .metavar = "LEVEL",
+     .help = "CPU kernels: auto (the CPU's best), avx512, avx2, scalar"},
 #undef GROUP
 #define GROUP GROUP_HTTP
     STR(host, 0, "127.0.0.1", false, "ADDR", "address to listen on"),

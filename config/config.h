@@ -23,6 +23,7 @@ typedef struct kv_config {
     char *chat_template;   /* template name overriding detection, or NULL */
     bool precise;          /* f32 matmuls over dequantized weights */
     char *pooling;         /* embeddings: auto|mean|last|cls */
+    char *simd;            /* kernels' instruction set: auto|avx512|avx2|scalar */
     /* ---- HTTP */
     char *host;
     int port;

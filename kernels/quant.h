@@ -59,6 +59,8 @@ simd_level simd_level_get(void);    /* what is in use */
  * safe: call before starting compute. */
 simd_level simd_level_set(simd_level level);
 const char *simd_level_name(simd_level level);
+/* "scalar", "avx2", "avx512", or "auto" (what the CPU supports); -1 for any other name. */
+int simd_level_from_name(const char *name, simd_level *out);
 
 /* ---------------------------------------------------------------- conversions */
 

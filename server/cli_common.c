@@ -178,6 +178,26 @@ char *cli_read_file(const char *path, kv_error *err) {
     return buf;
 }
 
+int cli_parse_simd(void *dst, const char *value, kv_error *err) {
+    simd_level l;
+    if (simd_level_from_name(value, &l) != 0)
+        return kv_fail(err, "--simd: '%s' is not auto, avx512, avx2 or scalar", value);
+    *(const char **)dst = value;
+    return 0;
+}
+
+int cli_simd_apply(const char *name, kv_error *err) {
+    simd_level want;
+    if (!name) name = "auto";
+    if (simd_level_from_name(name, &want) != 0)
+        return kv_fail(err, "simd: '%s' is not auto, avx512, avx2 or scalar", name);
+    simd_level got = simd_level_set(want);
+    if (got != want)
+        log_warn("simd %s: this CPU runs %s at most; using %s", name, simd_level_name(got),
+                 simd_level_name(got));
+    return 0;
+}
+
 /* ---------------------------------------------------------------- single-sequence engine */
 
 int engine_single_load(engine_single *e, const cli_model_opts *o, kv_error *err) {
@@ -185,6 +205,7 @@ int engine_single_load(engine_single *e, const cli_model_opts *o, kv_error *err)
     kv_seq_init(&e->seq);
     e->threads = o->threads;
     e->precise = o->precise;
+    if (cli_simd_apply(o->simd, err) != 0) return -1;
     model_load_opts lo = {.chat_template = o->chat_template};
     return (e->m = model_load(o->path, &lo, err)) ? 0 : -1;
 }

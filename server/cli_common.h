@@ -61,6 +61,7 @@ typedef struct cli_model_opts {
     const char *chat_template; /* --chat-template (NULL: the GGUF's) */
     int threads;               /* -t, --threads */
     bool precise;              /* --precise: f32 matmuls instead of 8-bit activations */
+    const char *simd;          /* --simd: auto|avx512|avx2|scalar (NULL: auto) */
 } cli_model_opts;
 
 /* Their table rows (--chat-template and --precise are the tool's own: not every tool has them). */
@@ -68,6 +69,13 @@ typedef struct cli_model_opts {
     { "model", 'm', CLI_OPT_STRING, .dst = &(mo)->path, .required = "MODEL" }
 #define CLI_THREADS_OPT(mo)                                                                        \
     { "threads", 't', CLI_OPT_INT, .dst = &(mo)->threads, .min = 1, .max = 256 }
+#define CLI_SIMD_OPT(mo)                                                                           \
+    { "simd", 0, CLI_OPT_FN, .dst = &(mo)->simd, .fn = cli_parse_simd }
+/* --simd's value: one simd_level_from_name knows. */
+int cli_parse_simd(void *dst, const char *value, kv_error *err);
+/* Makes `name`'s SIMD level (NULL: auto) the one the kernels use; a level the CPU cannot run is
+ * lowered to what it can, with a warning. -1 with err for an unknown name. */
+int cli_simd_apply(const char *name, kv_error *err);
 
 /* ---------------------------------------------------------------- single-sequence engine */
 

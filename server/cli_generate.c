@@ -39,6 +39,7 @@ static void generate_usage(FILE *out) {
         "      --stop TEXT           stop string (repeatable)\n"
         "      --ignore-eos          keep generating past end-of-generation tokens\n"
         "      --precise             f32 activations and dequantized weights in matmuls\n"
+        "      --simd LEVEL          kernels: auto (the CPU's best), avx512, avx2, scalar\n"
         "                            (float-accurate, 2-4x slower; default: 8-bit activations)\n"
         "      --log-level LEVEL     error | warn | info | debug (default warn)\n");
 }
@@ -137,6 +138,7 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
         {"ignore-eos", 0, CLI_OPT_FLAG, .dst = &o->ignore_eos},
         {"log-level", 0, CLI_OPT_FN, .fn = parse_log_level},
         {"precise", 0, CLI_OPT_FLAG, .dst = &o->mo.precise},
+        CLI_SIMD_OPT(&o->mo),
     };
     const cli_command cmd = {"kvserve generate", generate_usage, opts,
                              sizeof opts / sizeof opts[0]};

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "server/cli.h"
+#include "server/cli_common.h"
 #include "server/server.h"
 #include "util/utf8.h"
 
@@ -235,6 +236,7 @@ int cli_serve(int argc, char **argv) {
              cfg.host, cfg.port, cfg.model, cfg.http_threads, cfg.max_connections,
              cfg.idle_timeout);
 
+    if (cli_simd_apply(cfg.simd, &err) != 0) goto done;
     model_load_opts lo = {.chat_template = cfg.chat_template};
     if (!(m = model_load(cfg.model, &lo, &err))) goto done;
     s.ctx = cfg.ctx_size ? cfg.ctx_size : m->hp.n_ctx_train;

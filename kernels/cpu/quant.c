@@ -633,6 +633,20 @@ const char *simd_level_name(simd_level level) {
     return "unknown";
 }
 
+int simd_level_from_name(const char *name, simd_level *out) {
+    if (!name) return -1;
+    if (!strcmp(name, "auto")) {
+        *out = simd_level_detect();
+        return 0;
+    }
+    for (int l = SIMD_LEVEL_SCALAR; l <= SIMD_LEVEL_AVX512; l++)
+        if (!strcmp(name, simd_level_name((simd_level)l))) {
+            *out = (simd_level)l;
+            return 0;
+        }
+    return -1;
+}
+
 static const quant_kernels *const LEVEL_KERNELS[] = {
     [SIMD_LEVEL_SCALAR] = &quant_kernels_scalar,
     [SIMD_LEVEL_AVX2] = &quant_kernels_avx2,

@@ -1,70 +1,115 @@
 #!/usr/bin/env python3
-"""kvserve vs llama.cpp on the same model, machine and thread count, in one run.
+"""kvserve vs llama.cpp at the same SIMD level, same model, machine and threads, in one run.
 
-Runs `kvserve bench` and the same tests through llama-cpp-python (llama.cpp), alternating the
-two engines per repetition so machine noise hits both alike, and prints tokens/s and the ratio.
+For each level (avx2, avx512: those the CPU runs), `kvserve bench --simd LEVEL` and llama.cpp's
+own `llama-bench` built for exactly that level (scripts/bench/build_llamacpp.sh: GGML_NATIVE=OFF,
+AVX2 only, or AVX2 + AVX-512 with VNNI) run llama-bench's tests, alternating per repetition so
+machine noise hits both alike. Prints one table per level with the medians and their ratio, and
+the memory's read bandwidth with the share of it that kvserve's tg128 reaches (every weight is
+read once per decoded token, so weights x tokens/s is the bytes/s that decode streams).
 
-    python3 -m venv /tmp/ref/venv && /tmp/ref/venv/bin/pip install llama-cpp-python
-    /tmp/ref/venv/bin/python scripts/bench/vs_llamacpp.py [-m MODEL] [-t 2] [-r 3]
+    scripts/bench/build_llamacpp.sh            # once: build/llamacpp/{avx2,avx512}
+    python3 scripts/bench/vs_llamacpp.py [-m MODEL ...] [-t 2] [-r 3] [--levels avx2,avx512]
 """
 import argparse
-import random
+import json
+import os
 import re
 import statistics
 import subprocess
-import time
-
-from llama_cpp import Llama
 
 TESTS = [("pp512", 512, 0, 0), ("pp2048", 2048, 0, 0), ("tg128", 0, 128, 0),
          ("tg64@4096", 0, 64, 4096)]
 
 
-def llamacpp_run(llm, n_prompt, n_gen, depth, n_vocab):
-    rng = random.Random(42)
-    toks = [rng.randrange(n_vocab) for _ in range(depth + n_prompt + n_gen)]
-    llm.reset()
-    if depth:
-        llm.eval(toks[:depth])
-    t0 = time.perf_counter()
-    if n_prompt:
-        llm.eval(toks[depth:depth + n_prompt])
-    for t in toks[depth + n_prompt:]:
-        llm.eval([t])
-    return (n_prompt + n_gen) / (time.perf_counter() - t0)
+def cpu_model():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
 
 
-def kvserve_run(binary, model, threads, name):
-    out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-r", "1", "-T", name],
+def cpu_levels():
+    flags = open("/proc/cpuinfo").read()
+    levels = []
+    if re.search(r"\bavx2\b", flags) and re.search(r"\bfma\b", flags):
+        levels.append("avx2")
+    if all(re.search(r"\b%s\b" % f, flags) for f in
+           ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")):
+        levels.append("avx512")
+    return levels
+
+
+def kvserve_run(binary, model, threads, level, name):
+    out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-r", "1", "-T", name,
+                          "--simd", level], capture_output=True, text=True, check=True).stdout
+    row = [ln for ln in out.splitlines() if f"| {name} |" in ln][0]
+    if f"| {level} |" not in row:
+        raise SystemExit(f"kvserve ran at another level than {level}: {row}")
+    return float(re.search(r"\| ([0-9.]+) ± [0-9.]+ \|\s*$", row).group(1))
+
+
+def llamacpp_run(binary, model, threads, n_prompt, n_gen, depth):
+    cmd = [binary, "-m", model, "-t", str(threads), "-r", "1", "-o", "json",
+           "-p", str(n_prompt), "-n", str(n_gen), "-d", str(depth)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+def read_bandwidth(binary, model, threads):
+    out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-r", "1", "-T",
+                          "tg128", "--read-bandwidth"], capture_output=True, text=True,
+                         check=True).stdout
+    return float(re.search(r"read bandwidth: ([0-9.]+) GB/s", out).group(1))
+
+
+def model_bytes(binary, model):
+    """Weight bytes as kvserve reports them (MiB in its bench table)."""
+    out = subprocess.run([binary, "bench", "-m", model, "-t", "1", "-r", "1", "-T", "tg128"],
                          capture_output=True, text=True, check=True).stdout
-    m = re.search(r"\| ([0-9.]+) ± [0-9.]+ \|\s*$", out.strip())
-    return float(m.group(1))
+    return float(re.search(r"\| ([0-9.]+) MiB \|", out).group(1)) * 1048576
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("-m", "--model", action="append")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-r", "--reps", type=int, default=3)
     ap.add_argument("--bin", default="build/kvserve")
+    ap.add_argument("--llamacpp", default="build/llamacpp",
+                    help="build_llamacpp.sh's folder (LEVEL/bin/llama-bench)")
+    ap.add_argument("--levels", default=",".join(cpu_levels()))
+    ap.add_argument("--tests", default=",".join(t[0] for t in TESTS))
     args = ap.parse_args()
-    llm = Llama(model_path=args.model, n_ctx=4096 + 64, n_batch=512, n_ubatch=512,
-                n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
-    n_vocab = llm.n_vocab()
-    print(f"| test | kvserve t/s | llama.cpp t/s | kvserve / llama.cpp |  ({args.threads} threads, "
-          f"median of {args.reps})")
-    print("| --- | ---: | ---: | ---: |")
-    for name, n_prompt, n_gen, depth in TESTS:
-        llamacpp_run(llm, n_prompt, n_gen, depth, n_vocab)  # warm-up
-        ours, theirs, ratios = [], [], []
-        for _ in range(args.reps):
-            a = kvserve_run(args.bin, args.model, args.threads, name)
-            b = llamacpp_run(llm, n_prompt, n_gen, depth, n_vocab)
-            ours.append(a)
-            theirs.append(b)
-            ratios.append(a / b)
-        print(f"| {name} | {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} | "
-              f"{statistics.median(ratios):.2f} |", flush=True)
+    models = args.model or ["models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    tests = [t for t in TESTS if t[0] in args.tests.split(",")]
+    bw = read_bandwidth(args.bin, models[0], args.threads)
+    print(f"CPU: {cpu_model()}; {args.threads} threads; read bandwidth {bw:.1f} GB/s "
+          f"({args.threads} threads); medians of {args.reps}, engines alternating\n")
+    for model in models:
+        wbytes = model_bytes(args.bin, model)
+        for level in args.levels.split(","):
+            peer = os.path.join(args.llamacpp, level, "bin", "llama-bench")
+            if not os.access(peer, os.X_OK):
+                raise SystemExit(f"{peer} missing: run scripts/bench/build_llamacpp.sh")
+            print(f"{os.path.basename(model)}, {level} (llama.cpp built for {level}):\n")
+            print("| test | kvserve t/s | llama.cpp t/s | kvserve / llama.cpp |")
+            print("| --- | ---: | ---: | ---: |")
+            share = None
+            for name, n_prompt, n_gen, depth in tests:
+                ours, theirs = [], []
+                for _ in range(args.reps):
+                    ours.append(kvserve_run(args.bin, model, args.threads, level, name))
+                    theirs.append(llamacpp_run(peer, model, args.threads, n_prompt, n_gen, depth))
+                a, b = statistics.median(ours), statistics.median(theirs)
+                if name == "tg128":
+                    share = a * wbytes / 1e9
+                print(f"| {name} | {a:.1f} | {b:.1f} | {a / b:.2f} |", flush=True)
+            if share is not None:
+                print(f"\ntg128 streams {share:.1f} GB/s of weights ({wbytes / 1048576:.1f} MiB a "
+                      f"token): {100 * share / bw:.0f}% of the {bw:.1f} GB/s read bandwidth")
+            print()
 
 
 if __name__ == "__main__":

@@ -102,6 +102,7 @@ static void check_defaults(const kv_config *c) {
     cr_assert_eq(c->prefill_chunk, 256);
     cr_assert_eq(c->max_tokens_limit, 0);
     cr_assert_str_eq(c->log_level, "info");
+    cr_assert_str_eq(c->simd, "auto");
 }
 
 Test(config, defaults) {
@@ -479,6 +480,7 @@ Test(config, flag_bad_values) {
     load_fails(L("--no-precise=1"), NONE, L("--no-precise: takes no value"));
     load_fails(L("--model="), NONE, L("--model: empty value"));
     load_fails(L("--log-level", "loud"), NONE, L("--log-level: 'loud' is not one of error, warn"));
+    load_fails(L("--simd", "avx3"), NONE, L("--simd: 'avx3' is not one of auto, avx512, avx2"));
     load_fails(L("--api-key", "a\tb"), NONE, L("--api-key: API key contains"));
     load_fails(L("--prefill-chunk", "8193"), NONE,
                L("--prefill-chunk: '8193' is not an integer in [16, 8192]"));
@@ -627,6 +629,7 @@ Test(config, unknown_env_warns_once_per_name) {
 
 /* Every option's flag and variable, written out here so a renamed option fails the test. */
 static const char *const ALL_FLAGS[] = {
+    "--simd",
     "--cache",
     "--no-cache",
     "--cache-chunk-tokens",
@@ -666,6 +669,7 @@ static const char *const ALL_FLAGS[] = {
     "-h",
 };
 static const char *const ALL_ENV[] = {
+    "KVSERVE_SIMD",
     "KVSERVE_CACHE",
     "KVSERVE_CACHE_CHUNK_TOKENS",
     "KVSERVE_CACHE_RAM_BYTES",
