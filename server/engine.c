@@ -324,13 +324,10 @@ static void request_fail(gen_request *r, int status, const char *msg) {
 
 /* The k most likely tokens and their log-probabilities under softmax(logits); returns the
  * log-sum-exp, so a given token's logprob is logits[t] - lse. */
+static double log_sum_exp(const float *logits, int n);
+
 static double top_logprobs(const float *logits, int n_vocab, int k, gen_logprob *out) {
-    float mx = -INFINITY;
-    for (int i = 0; i < n_vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0;
-    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
+    double lse = log_sum_exp(logits, n_vocab);
     int n = sampler_top_ids(logits, n_vocab, k, out->top_ids);
     out->n_top = n;
     for (int i = 0; i < n; i++) out->top_lps[i] = (float)(logits[out->top_ids[i]] - lse);

@@ -461,12 +461,26 @@ ALWAYS_INLINE void w32_rows_part(int kind, const uint8_t *p, const int g, int h,
     UNROLL for (int r = 0; r < 4; r++) w32_codes(kind, e[r], h, h, r, h, o);
 }
 
+/* The 4 bytes at `off` of each lane's block in half h (lanes as w32_lane says; boff their byte
+ * offsets): a gather for a full group, whose lanes all differ; a remainder group's lanes repeat
+ * its g blocks (lane k: block k % g), so g loads make them. */
+ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, int h, __m256i boff,
+                                       int off) {
+    if (g == 16)
+        return _mm256_i32gather_epi32((const int *)(const void *)(p + off), boff, 1);
+    (void)h;
+    uint32_t v[8];
+    for (int k = 0; k < g && k < 8; k++) memcpy(&v[k], p + (size_t)w32_bytes(kind) * k + off, 4);
+    for (int k = g; k < 8; k *= 2) memcpy(v + k, v, 4 * (size_t)k);
+    return _mm256_loadu_si256((const void *)v);
+}
+
 ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *o) {
     const int R = act32_rows(g), halves = g == 1 ? 1 : 2;
     UNROLL for (int h = 0; h < 2; h++) {
         if (h >= halves) break;
         const __m256i boff = lane_vec(g, h, 0, 0, kind);
-        const __m256i dm = _mm256_i32gather_epi32((const int *)(const void *)p, boff, 1);
+        const __m256i dm = w32_block_dwords(kind, p, g, h, boff, 0);
         /* low 16 bits d, high 16 bits m */
         const __m256i lo16 = _mm256_and_si256(dm, _mm256_set1_epi32(0xFFFF));
         const __m128i dpk =
@@ -479,9 +493,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
         }
         __m256i qh = _mm256_setzero_si256();
         if (w32_is_q5(kind))
-            qh = _mm256_i32gather_epi32((const int *)(const void *)p,
-                                        _mm256_add_epi32(boff, _mm256_set1_epi32(w32_qh_off(kind))),
-                                        1);
+            qh = w32_block_dwords(kind, p, g, h, boff, w32_qh_off(kind));
         if (g == 16) {
             w32_rows_full(kind, p, h, qh, o);
             continue;
@@ -515,10 +527,12 @@ ALWAYS_INLINE void x32_prepare(int kind, const uint8_t *grp, const int g, x32_gr
         memcpy(dh, grp + 512, 32);
         memcpy(sum, grp + 544, 32);
     } else {
-        for (int p = 0; p < 16; p++) {
-            dh[p] = (int16_t)rd16(grp + 32 * g + 2 * (p % g));
-            sum[p] = p < g ? (int16_t)rd16(grp + 34 * g + 2 * p) : 0;
-        }
+        /* lane p holds block p % g (8 is a multiple of g): the scales repeat every g lanes;
+         * each block's sum is counted once, in lane p < g */
+        memcpy(dh, grp + 32 * g, 2 * (size_t)g);
+        for (int k = g; k < 16; k *= 2) memcpy(dh + k, dh, 2 * (size_t)k);
+        memset(sum, 0, sizeof sum);
+        memcpy(sum, grp + 34 * g, 2 * (size_t)g);
     }
     UNROLL for (int h = 0; h < 2; h++) {
         o->d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dh + 8 * h)));
