@@ -350,13 +350,12 @@ ALWAYS_INLINE void w32_lane(int g, int p, int r, int *blk, int *t) {
     }
 }
 
-ALWAYS_INLINE __m256i lane_vec(int g, int h, int r, int what, int kind) {
-    /* what: 0 = byte offset of the block, 1 = its element dword t */
+/* The element dword t of each lane of half h, row r (a remainder group's Q5 bits). */
+ALWAYS_INLINE __m256i lane_dword(int g, int h, int r) {
     int v[8];
     for (int k = 0; k < 8; k++) {
-        int blk, t;
-        w32_lane(g, 8 * h + k, r, &blk, &t);
-        v[k] = what == 0 ? blk * w32_bytes(kind) : t;
+        int blk;
+        w32_lane(g, 8 * h + k, r, &blk, &v[k]);
     }
     return _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
 }
@@ -461,14 +460,20 @@ ALWAYS_INLINE void w32_rows_part(int kind, const uint8_t *p, const int g, int h,
     UNROLL for (int r = 0; r < 4; r++) w32_codes(kind, e[r], h, h, r, h, o);
 }
 
-/* The 4 bytes at `off` of each lane's block in half h (lanes as w32_lane says; boff their byte
- * offsets): a gather for a full group, whose lanes all differ; a remainder group's lanes repeat
- * its g blocks (lane k: block k % g), so g loads make them. */
-ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, int h, __m256i boff,
-                                       int off) {
-    if (g == 16)
-        return _mm256_i32gather_epi32((const int *)(const void *)(p + off), boff, 1);
-    (void)h;
+/* The 4 bytes at `off` of each lane's block in half h (lanes as w32_lane says): for a full group
+ * the first dword of w32_transpose16's rows (16-byte loads, at most 20 bytes into a block); a
+ * remainder group's lanes repeat its g blocks (lane k: block k % g), so g loads make them. */
+ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, int h, int off) {
+    if (g == 16) { /* dword 0 of w32_transpose16's rows; vpgatherdd here stalled the loop */
+        const size_t bb = (size_t)w32_bytes(kind);
+        __m256i c[4];
+        UNROLL for (int i = 0; i < 4; i++) {
+            const uint8_t *b = p + bb * (size_t)(2 * h + 4 * i) + off;
+            c[i] = _mm256_loadu2_m128i((const void *)(b + bb), (const void *)b);
+        }
+        return _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(c[0], c[1]),
+                                     _mm256_unpacklo_epi32(c[2], c[3]));
+    }
     uint32_t v[8];
     for (int k = 0; k < g && k < 8; k++) memcpy(&v[k], p + (size_t)w32_bytes(kind) * k + off, 4);
     for (int k = g; k < 8; k *= 2) memcpy(v + k, v, 4 * (size_t)k);
@@ -479,8 +484,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
     const int R = act32_rows(g), halves = g == 1 ? 1 : 2;
     UNROLL for (int h = 0; h < 2; h++) {
         if (h >= halves) break;
-        const __m256i boff = lane_vec(g, h, 0, 0, kind);
-        const __m256i dm = w32_block_dwords(kind, p, g, h, boff, 0);
+        const __m256i dm = w32_block_dwords(kind, p, g, h, 0);
         /* low 16 bits d, high 16 bits m */
         const __m256i lo16 = _mm256_and_si256(dm, _mm256_set1_epi32(0xFFFF));
         const __m128i dpk =
@@ -492,8 +496,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
                 _mm_packus_epi32(_mm256_castsi256_si128(hi16), _mm256_extracti128_si256(hi16, 1)));
         }
         __m256i qh = _mm256_setzero_si256();
-        if (w32_is_q5(kind))
-            qh = w32_block_dwords(kind, p, g, h, boff, w32_qh_off(kind));
+        if (w32_is_q5(kind)) qh = w32_block_dwords(kind, p, g, h, w32_qh_off(kind));
         if (g == 16) {
             w32_rows_full(kind, p, h, qh, o);
             continue;
@@ -503,7 +506,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
                 if (r >= R) break;
                 /* bits 4t..4t+3 of qh, one per byte: the multiply copies bit k to bits k + 7j
                  * (no carries), so bit 8k holds bit k */
-                const __m256i t = lane_vec(g, h, r, 1, kind);
+                const __m256i t = lane_dword(g, h, r);
                 __m256i h4 = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_slli_epi32(t, 2)),
                                               _mm256_set1_epi32(0xF));
                 h4 = _mm256_and_si256(_mm256_mullo_epi32(h4, _mm256_set1_epi32(0x00204081)),
