@@ -474,10 +474,16 @@ ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, 
         return _mm256_unpacklo_epi64(_mm256_unpacklo_epi32(c[0], c[1]),
                                      _mm256_unpacklo_epi32(c[2], c[3]));
     }
-    uint32_t v[8];
+    /* in registers: a wide load of narrower stores would stall on store forwarding */
+    uint32_t v[8] = {0};
     for (int k = 0; k < g && k < 8; k++) memcpy(&v[k], p + (size_t)w32_bytes(kind) * k + off, 4);
-    for (int k = g; k < 8; k *= 2) memcpy(v + k, v, 4 * (size_t)k);
-    return _mm256_loadu_si256((const void *)v);
+    if (g == 1) return _mm256_set1_epi32((int)v[0]);
+    if (g == 2) return _mm256_set1_epi64x((long long)((uint64_t)v[1] << 32 | v[0]));
+    if (g == 4)
+        return _mm256_broadcastsi128_si256(
+            _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]));
+    return _mm256_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5],
+                             (int)v[6], (int)v[7]);
 }
 
 ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *o) {
@@ -523,23 +529,42 @@ typedef struct x32_group {
     __m256i c[2];
 } x32_group;
 
+/* g int16 values at p in the low lanes of a vector, the rest zero; or (repeat) repeated across
+ * its 8 lanes (8 is a multiple of g). Loads of exactly 2g bytes. */
+ALWAYS_INLINE __m128i x32_halves(const uint8_t *p, const int g, int repeat) {
+    if (g == 8) return _mm_loadu_si128((const void *)p);
+    if (g == 4) {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return repeat ? _mm_set1_epi64x(v) : _mm_cvtsi64_si128(v);
+    }
+    if (g == 2) {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return repeat ? _mm_set1_epi32(v) : _mm_cvtsi32_si128(v);
+    }
+    const int v = (int)rd16(p);
+    return repeat ? _mm_set1_epi16((short)v) : _mm_cvtsi32_si128(v);
+}
+
 ALWAYS_INLINE void x32_prepare(int kind, const uint8_t *grp, const int g, x32_group *o) {
     o->qs = grp;
-    int16_t dh[16], sum[16];
+    __m128i dh[2], sum[2];
     if (g == 16) {
-        memcpy(dh, grp + 512, 32);
-        memcpy(sum, grp + 544, 32);
+        UNROLL for (int h = 0; h < 2; h++) {
+            dh[h] = _mm_loadu_si128((const void *)(grp + 512 + 16 * h));
+            sum[h] = _mm_loadu_si128((const void *)(grp + 544 + 16 * h));
+        }
     } else {
-        /* lane p holds block p % g (8 is a multiple of g): the scales repeat every g lanes;
-         * each block's sum is counted once, in lane p < g */
-        memcpy(dh, grp + 32 * g, 2 * (size_t)g);
-        for (int k = g; k < 16; k *= 2) memcpy(dh + k, dh, 2 * (size_t)k);
-        memset(sum, 0, sizeof sum);
-        memcpy(sum, grp + 34 * g, 2 * (size_t)g);
+        /* lane p holds block p % g: the scales repeat every g lanes; each block's sum is
+         * counted once, in lane p < g */
+        dh[0] = dh[1] = x32_halves(grp + 32 * g, g, 1);
+        sum[0] = x32_halves(grp + 34 * g, g, 0);
+        sum[1] = _mm_setzero_si128();
     }
     UNROLL for (int h = 0; h < 2; h++) {
-        o->d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(dh + 8 * h)));
-        const __m256i s = _mm256_cvtepi16_epi32(_mm_loadu_si128((const void *)(sum + 8 * h)));
+        o->d[h] = _mm256_cvtph_ps(dh[h]);
+        const __m256i s = _mm256_cvtepi16_epi32(sum[h]);
         o->s[h] = _mm256_mul_ps(o->d[h], _mm256_cvtepi32_ps(s));
         o->c[h] =
             _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s, w32_offset_shift(kind)));
