@@ -486,10 +486,11 @@ ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, 
                              (int)v[6], (int)v[7]);
 }
 
-ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *o) {
-    const int R = act32_rows(g), halves = g == 1 ? 1 : 2;
-    UNROLL for (int h = 0; h < 2; h++) {
-        if (h >= halves) break;
+/* Half h of one weight row's group (a group has g == 1 ? 1 : 2 halves). A half at a time: a
+ * whole group's codes take all 16 ymm registers, and the spills cost more than the loads. */
+ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, const int h, w32_group *o) {
+    const int R = act32_rows(g);
+    do {
         const __m256i dm = w32_block_dwords(kind, p, g, h, 0);
         /* low 16 bits d, high 16 bits m */
         const __m256i lo16 = _mm256_and_si256(dm, _mm256_set1_epi32(0xFFFF));
@@ -505,7 +506,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
         if (w32_is_q5(kind)) qh = w32_block_dwords(kind, p, g, h, w32_qh_off(kind));
         if (g == 16) {
             w32_rows_full(kind, p, h, qh, o);
-            continue;
+            break;
         }
         w32_rows_part(kind, p, g, h, o);
         if (w32_is_q5(kind)) UNROLL for (int r = 0; r < 8; r++) {
@@ -519,7 +520,7 @@ ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, w32_group *
                                       _mm256_set1_epi32(0x01010101));
                 o->q[r][h] = _mm256_or_si256(o->q[r][h], _mm256_slli_epi32(h4, 4));
             }
-    }
+    } while (0);
 }
 
 /* The activation side of one group for one activation row, per half. */
@@ -575,11 +576,11 @@ ALWAYS_INLINE __m256i x32_row(const x32_group *x, int g, int r, int h) {
     return _mm256_loadu_si256((const void *)(x->qs + (g == 1 ? 0 : 64 * r) + 32 * h));
 }
 
+/* Half h of a group: acc[j] += weight row . activation row j. */
 ALWAYS_INLINE void w32_pairs(int kind, const int NX, const w32_group *w, const x32_group *x,
-                             const int g, __m256 acc[4]) {
-    const int R = act32_rows(g), halves = g == 1 ? 1 : 2, rows16 = w32_rows16(kind);
-    UNROLL for (int h = 0; h < 2; h++) {
-        if (h >= halves) break;
+                             const int g, const int h, __m256 acc[4]) {
+    const int R = act32_rows(g), rows16 = w32_rows16(kind);
+    {
         __m256i isum[4], p16[4];
         UNROLL for (int j = 0; j < NX; j++) isum[j] =
             w32_offset_shift(kind) ? x[j].c[h] : _mm256_setzero_si256();
@@ -608,10 +609,10 @@ ALWAYS_INLINE void w32_group_step(int kind, const int NW, const int NX, const in
     x32_group xg[4];
     UNROLL for (int j = 0; j < NX; j++)
         x32_prepare(kind, x + (size_t)j * xs + ACT32_BLOCK_BYTES * (size_t)b0, g, &xg[j]);
-    UNROLL for (int i = 0; i < NW; i++) {
+    UNROLL for (int i = 0; i < NW; i++) for (int h = 0; h < (g == 1 ? 1 : 2); h++) {
         w32_group wg;
-        w32_load(kind, w + (size_t)i * ws + (size_t)w32_bytes(kind) * (size_t)b0, g, &wg);
-        w32_pairs(kind, NX, &wg, xg, g, acc[i]);
+        w32_load(kind, w + (size_t)i * ws + (size_t)w32_bytes(kind) * (size_t)b0, g, h, &wg);
+        w32_pairs(kind, NX, &wg, xg, g, h, acc[i]);
     }
 }
 
@@ -621,11 +622,12 @@ ALWAYS_INLINE void w32_tail_g(int kind, const int g, int nw, int nx, const uint8
                               const uint8_t *x, size_t xs, __m256 acc[4][4]) {
     x32_group xg[4];
     for (int j = 0; j < nx; j++) x32_prepare(kind, x + (size_t)j * xs, g, &xg[j]);
-    for (int i = 0; i < nw; i++) {
-        w32_group wg;
-        w32_load(kind, w + (size_t)i * ws, g, &wg);
-        for (int j = 0; j < nx; j++) w32_pairs(kind, 1, &wg, &xg[j], g, &acc[i][j]);
-    }
+    for (int i = 0; i < nw; i++)
+        for (int h = 0; h < (g == 1 ? 1 : 2); h++) {
+            w32_group wg;
+            w32_load(kind, w + (size_t)i * ws, g, h, &wg);
+            for (int j = 0; j < nx; j++) w32_pairs(kind, 1, &wg, &xg[j], g, h, &acc[i][j]);
+        }
 }
 
 ALWAYS_INLINE void w32_tail(int kind, int g, int nw, int nx, const uint8_t *w, size_t ws,

@@ -15,6 +15,11 @@ completions at several client counts. Prints a table.
 
     python3 scripts/bench/connections.py [--bin build/kvserve] [--idle 10000] [--levels 1,64,1000]
     python3 scripts/bench/connections.py --url http://127.0.0.1:8080 --pid PID  # another server
+    python3 scripts/bench/connections.py --llama-server build/llamacpp/avx512/bin/llama-server
+
+--llama-server starts llama.cpp's server (scripts/bench/build_llamacpp.sh) on the same model,
+threads and per-sequence context (16 slots of 512 tokens), its --timeout set to --idle-timeout,
+everything else as it comes.
 """
 import argparse
 import asyncio
@@ -66,6 +71,8 @@ def timed_post(url, path, body, timeout=30):
             status = r.status
     except urllib.error.HTTPError as e:
         status = e.code
+    except OSError:  # no answer within the timeout, or the connection closed
+        status = "no answer"
     return status, time.perf_counter() - t0
 
 
@@ -77,6 +84,8 @@ def timed_get(url, timeout=30):
             status = r.status
     except urllib.error.HTTPError as e:
         status = e.code
+    except OSError:
+        status = "no answer"
     return status, time.perf_counter() - t0
 
 
@@ -160,8 +169,14 @@ async def load(url, request, n_clients, seconds):
     lat, statuses = [], {}
     t0 = time.perf_counter()
     stop_at = t0 + seconds
-    await asyncio.gather(*(client(host, int(port), request, stop_at, lat, statuses)
-                           for _ in range(n_clients)))
+    # a client still waiting 30 s after the end is counted as unanswered (a server whose
+    # threads are all held stops answering)
+    done = await asyncio.gather(*(asyncio.wait_for(
+        client(host, int(port), request, stop_at, lat, statuses), seconds + 30)
+        for _ in range(n_clients)), return_exceptions=True)
+    late = sum(isinstance(d, asyncio.TimeoutError) for d in done)
+    if late:
+        statuses["no answer in 30 s"] = late
     took = time.perf_counter() - t0
     return len(lat) / took, statuses, statistics.median(lat) if lat else float("nan")
 
@@ -181,6 +196,7 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models",
                                                     "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--url", help="measure a running server instead of starting kvserve")
+    ap.add_argument("--llama-server", help="start this llama-server instead of kvserve")
     ap.add_argument("--pid", type=int, help="that server's process id (for its RSS)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--idle", type=int, default=10000, help="idle connections to open")
@@ -194,7 +210,18 @@ def main():
 
     srv = None
     url, pid = args.url, args.pid
-    if not url:
+    name = url
+    if not url and args.llama_server:
+        port = free_port()
+        url, name = f"http://127.0.0.1:{port}", "llama-server"
+        srv = subprocess.Popen([
+            args.llama_server, "-m", args.model, "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(args.threads), "-c", str(512 * 16), "-np", "16",
+            "--timeout", str(args.idle_timeout), "--log-disable"], cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pid = srv.pid
+    elif not url:
+        name = "kvserve"
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         srv = subprocess.Popen([
@@ -220,7 +247,7 @@ def main():
             srv.terminate()
             srv.wait()
 
-    print(f"\n{'kvserve' if srv else url}: {os.cpu_count()} CPUs, {args.threads} compute "
+    print(f"\n{name}: {os.cpu_count()} CPUs, {args.threads} compute "
           f"threads\n")
     print("| idle connections | opened | held | /health while held | 4-token completion "
           "while held | server RSS growth | per connection | closed after idle timeout + 3 s |")
