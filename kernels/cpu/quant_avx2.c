@@ -331,11 +331,10 @@ ALWAYS_INLINE int w32_offset_shift(int kind) {
 /* Rows whose int16 pair sums can be added before widening: 2*max_code*127 per row. */
 ALWAYS_INLINE int w32_rows16(int kind) { return kind == W32_Q8_0 ? 1 : w32_is_q5(kind) ? 4 : 8; }
 
-/* One weight row's group in act32 lane order, two halves of 8 lanes. Q8_0 keeps signed codes:
- * q holds |w| and sgn the codes themselves (for the sign trick). */
+/* One weight row's group in act32 lane order, two halves of 8 lanes. Q8_0 keeps its signed
+ * codes in q (their magnitudes are taken where they are multiplied: the sign trick). */
 typedef struct w32_group {
     __m256i q[8][2];
-    __m256i sgn[8][2];
     __m256 d[2], m[2];
 } w32_group;
 
@@ -382,10 +381,7 @@ ALWAYS_INLINE void w32_rows_full(int kind, const uint8_t *p, int h, __m256i qh, 
         /* rows 0..3 from qs[0..15], rows 4..7 from qs[16..31] */
         UNROLL for (int half = 0; half < 2; half++) {
             w32_transpose16(kind, p, h, 2 + 16 * half, e);
-            UNROLL for (int t = 0; t < 4; t++) {
-                o->sgn[t + 4 * half][h] = e[t];
-                o->q[t + 4 * half][h] = _mm256_abs_epi8(e[t]);
-            }
+            UNROLL for (int t = 0; t < 4; t++) o->q[t + 4 * half][h] = e[t];
         }
         return;
     }
@@ -413,11 +409,10 @@ ALWAYS_INLINE __m128i w32_src(int kind, const uint8_t *p, int b, int s) {
 }
 
 /* Stores row r of half h from dwords v whose lanes in the 128-bit half j hold nibble s_j (4-bit
- * types) or the codes themselves (Q8_0: |w| and the signed codes). */
+ * types) or the codes themselves (Q8_0's signed codes). */
 ALWAYS_INLINE void w32_codes(int kind, __m256i v, int s0, int s1, int r, int h, w32_group *o) {
     if (kind == W32_Q8_0) {
-        o->sgn[r][h] = v;
-        o->q[r][h] = _mm256_abs_epi8(v);
+        o->q[r][h] = v;
         return;
     }
     v = _mm256_srlv_epi32(
@@ -586,10 +581,11 @@ ALWAYS_INLINE void w32_pairs(int kind, const int NX, const w32_group *w, const x
             w32_offset_shift(kind) ? x[j].c[h] : _mm256_setzero_si256();
         UNROLL for (int r = 0; r < 8; r++) {
             if (r >= R) break;
+            const __m256i wq = kind == W32_Q8_0 ? _mm256_abs_epi8(w->q[r][h]) : w->q[r][h];
             UNROLL for (int j = 0; j < NX; j++) {
                 __m256i xr = x32_row(&x[j], g, r, h);
-                if (kind == W32_Q8_0) xr = _mm256_sign_epi8(xr, w->sgn[r][h]);
-                const __m256i p = _mm256_maddubs_epi16(w->q[r][h], xr);
+                if (kind == W32_Q8_0) xr = _mm256_sign_epi8(xr, w->q[r][h]);
+                const __m256i p = _mm256_maddubs_epi16(wq, xr);
                 p16[j] = r % rows16 == 0 ? p : _mm256_add_epi16(p16[j], p);
                 if (r % rows16 == rows16 - 1 || r == R - 1)
                     isum[j] = _mm256_add_epi32(isum[j], widen16(p16[j]));
