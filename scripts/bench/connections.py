@@ -128,40 +128,43 @@ def idle_phase(url, pid, model, n, idle_timeout):
 
 
 async def client(host, port, request, stop_at, lat, statuses):
-    """One keep-alive client sending `request` back to back until stop_at."""
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        statuses["connect failed"] = statuses.get("connect failed", 0) + 1
-        return
-    try:
-        while time.perf_counter() < stop_at:
-            t0 = time.perf_counter()
-            writer.write(request)
-            status_line = await reader.readline()
-            if not status_line:
-                statuses["closed"] = statuses.get("closed", 0) + 1
-                return
-            status = int(status_line.split()[1])
-            length, close = 0, False
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b""):
+    """One keep-alive client sending `request` back to back until stop_at, opening a new
+    connection when the server closes one (llama-server closes after 100 requests)."""
+    while time.perf_counter() < stop_at:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            statuses["connect failed"] = statuses.get("connect failed", 0) + 1
+            return
+        try:
+            while time.perf_counter() < stop_at:
+                t0 = time.perf_counter()
+                writer.write(request)
+                status_line = await reader.readline()
+                if not status_line:
+                    statuses["closed"] = statuses.get("closed", 0) + 1
                     break
-                k, _, v = line.decode().partition(":")
-                if k.lower() == "content-length":
-                    length = int(v)
-                elif k.lower() == "connection" and v.strip().lower() == "close":
-                    close = True
-            await reader.readexactly(length)
-            lat.append(time.perf_counter() - t0)
-            statuses[status] = statuses.get(status, 0) + 1
-            if close:
-                return
-    except (OSError, asyncio.IncompleteReadError, ValueError):
-        statuses["error"] = statuses.get("error", 0) + 1
-    finally:
-        writer.close()
+                status = int(status_line.split()[1])
+                length, close = 0, False
+                while True:
+                    line = await reader.readline()
+                    if line in (b"\r\n", b""):
+                        break
+                    k, _, v = line.decode().partition(":")
+                    if k.lower() == "content-length":
+                        length = int(v)
+                    elif k.lower() == "connection" and v.strip().lower() == "close":
+                        close = True
+                await reader.readexactly(length)
+                lat.append(time.perf_counter() - t0)
+                statuses[status] = statuses.get(status, 0) + 1
+                if close:
+                    break
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            statuses["error"] = statuses.get("error", 0) + 1
+            return
+        finally:
+            writer.close()
 
 
 async def load(url, request, n_clients, seconds):
