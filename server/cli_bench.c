@@ -1,8 +1,9 @@
 /* `kvserve bench`: prefill and decode throughput in llama-bench's terms. ppN prefills N tokens
  * into an empty context (in ENGINE_SLICE slices); tgN decodes N tokens one at a time from an
- * empty context; tgN@D does so after D tokens of context. Tokens are pseudo-random ids: the
- * speed of a dense model does not depend on which tokens run. One warm-up run, then the mean and
- * standard deviation over the repetitions. */
+ * empty context; ppN@D and tgN@D do so after D tokens of context (pp16@1024 is the step a warm
+ * request with a cached 1K-token prefix pays for its question). -T runs any such test. Tokens are
+ * pseudo-random ids: the speed of a dense model does not depend on which tokens run. One warm-up
+ * run, then the mean and standard deviation over the repetitions. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,6 +21,8 @@ typedef struct bench_test {
     int depth;    /* context filled before timing */
 } bench_test;
 
+#define BENCH_MAX_CTX 32768
+
 static const bench_test TESTS[] = {
     {"pp512", 512, 0, 0},
     {"pp2048", 2048, 0, 0},
@@ -34,16 +37,19 @@ static void fill_tokens(int32_t *ids, int n, int n_vocab, uint64_t *state) {
     }
 }
 
-/* Seconds for one run of the test, or a negative value on error. */
-static double bench_run(engine_single *e, const bench_test *t, int32_t *ids, kv_error *err) {
+/* Fills the context of test t (D tokens; the runs of a test share it). */
+static int bench_fill(engine_single *e, const bench_test *t, int32_t *ids, kv_error *err) {
     uint64_t rng = 42;
     engine_single_reset(e);
-    int n_vocab = e->m->hp.n_vocab;
-    if (t->depth > 0) {
-        fill_tokens(ids, t->depth, n_vocab, &rng);
-        if (engine_single_prefill(e, ids, t->depth, err)) return -1;
-    }
-    fill_tokens(ids, t->n_prompt + t->n_gen, n_vocab, &rng);
+    fill_tokens(ids, t->depth, e->m->hp.n_vocab, &rng);
+    return t->depth > 0 ? engine_single_prefill(e, ids, t->depth, err) : 0;
+}
+
+/* Seconds for one run of the test over its filled context, or a negative value on error. */
+static double bench_run(engine_single *e, const bench_test *t, int32_t *ids, kv_error *err) {
+    uint64_t rng = 7;
+    kv_seq_truncate(e->pool, &e->seq, t->depth);
+    fill_tokens(ids, t->n_prompt + t->n_gen, e->m->hp.n_vocab, &rng);
     uint64_t t0 = clock_now_ns();
     if (t->n_prompt > 0 && engine_single_prefill(e, ids, t->n_prompt, err)) return -1;
     for (int i = 0; i < t->n_gen; i++)
@@ -114,27 +120,36 @@ static double bench_read_bandwidth(int threads) {
     return best;
 }
 
-/* -T TEST: one of TESTS. */
+/* -T TEST: ppN, tgN, ppN@D or tgN@D (N >= 1, N + D <= BENCH_MAX_CTX). */
 static int parse_test(void *dst, const char *arg, kv_error *err) {
-    for (size_t i = 0; i < sizeof TESTS / sizeof TESTS[0]; i++)
-        if (strcmp(arg, TESTS[i].name) == 0) {
-            *(const char **)dst = arg;
-            return 0;
-        }
-    return kv_fail(err, "--test: '%s' is not pp512, pp2048, tg128 or tg64@4096", arg);
+    bench_test *t = dst;
+    int n = 0, d = 0, used = 0;
+    char kind[3] = {0};
+    if (sscanf(arg, "%2[a-z]%d%n", kind, &n, &used) != 2 ||
+        (strcmp(kind, "pp") != 0 && strcmp(kind, "tg") != 0))
+        return kv_fail(err, "--test: '%s' is not ppN, tgN, ppN@D or tgN@D", arg);
+    int more = 0;
+    if (arg[used] == '@' && sscanf(arg + used + 1, "%d%n", &d, &more) == 1) used += 1 + more;
+    if (arg[used] != '\0' || n < 1 || d < 0 || n > BENCH_MAX_CTX - d)
+        return kv_fail(err,
+                       "--test: '%s' is not ppN, tgN, ppN@D or tgN@D with N >= 1 and N + D "
+                       "<= %d",
+                       arg, BENCH_MAX_CTX);
+    *t = (bench_test){arg, kind[0] == 'p' ? n : 0, kind[0] == 't' ? n : 0, d};
+    return 0;
 }
 
 static void usage(FILE *out) {
     fprintf(out, "usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
                  "[--precise] [--simd auto|avx512|avx2|scalar] [--read-bandwidth]\n"
-                 "tests: pp512 pp2048 tg128 tg64@4096 (default: all)\n"
+                 "tests: pp512 pp2048 tg128 tg64@4096 (default), or any ppN, tgN, ppN@D, tgN@D\n"
                  "--read-bandwidth: also the memory's read bandwidth with THREADS threads\n");
 }
 
 int cli_bench(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
     cli_model_opts mo = {.threads = 2};
-    const char *only = NULL;
+    bench_test only = {0};
     int reps = 3;
     bool read_bw = false;
     const cli_opt opts[] = {
@@ -152,7 +167,13 @@ int cli_bench(int argc, char **argv) {
     rc = 1;
     kv_error err = {{0}};
     engine_single e = {0};
-    int ctx = 4096 + 64;
+    const bench_test *tests = only.name ? &only : TESTS;
+    int n_tests = only.name ? 1 : (int)(sizeof TESTS / sizeof TESTS[0]);
+    int ctx = 0;
+    for (int ti = 0; ti < n_tests; ti++) {
+        int need = tests[ti].depth + tests[ti].n_prompt + tests[ti].n_gen;
+        ctx = need > ctx ? need : ctx;
+    }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)ctx);
     if (!ids) {
         kv_fail(&err, "out of memory");
@@ -167,10 +188,10 @@ int cli_bench(int argc, char **argv) {
     }
     printf("| model | size | params | backend | threads | SIMD | test | t/s |\n");
     printf("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: |\n");
-    for (size_t ti = 0; ti < sizeof TESTS / sizeof TESTS[0]; ti++) {
-        const bench_test *t = &TESTS[ti];
-        if (only && strcmp(only, t->name) != 0) continue;
-        if (bench_run(&e, t, ids, &err) < 0) goto done; /* warm-up */
+    for (int ti = 0; ti < n_tests; ti++) {
+        const bench_test *t = &tests[ti];
+        if (bench_fill(&e, t, ids, &err) || bench_run(&e, t, ids, &err) < 0)
+            goto done; /* warm-up */
         double sum = 0, sum2 = 0;
         for (int r = 0; r < reps; r++) {
             double s = bench_run(&e, t, ids, &err);

@@ -136,7 +136,7 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
     int gs = n_head / l->n_kv_head;
     int max_items = 0;
     for (int s = 0; s < n_seqs; s++) {
-        int rb = (seqs[s].n_q + ATTN_ROWS - 1) / ATTN_ROWS;
+        int rb = (seqs[s].n_q + 3) / 4; /* row blocks of at least 4 rows */
         int sp = seqs[s].n_kv / ATTN_MIN_SPLIT + 1;
         max_items += l->n_kv_head * (rb > sp ? rb : sp);
     }
@@ -163,7 +163,13 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
                 malloc(sizeof(float) * (size_t)sq->n_q * n_head * ns * (l->head_dim + 2));
             if (!j.partial[s]) goto oom;
         }
-        int rows = ns > 1 ? sq->n_q : ATTN_ROWS;
+        /* Prefill-sized: row blocks of ATTN_ROWS, fewer rows per block when that leaves
+         * threads idle (a warm request's question is a 16-row step over a long history). A
+         * row's result does not depend on which rows share its block. */
+        int rows = ATTN_ROWS;
+        while (rows > 4 && l->n_kv_head * ((sq->n_q + rows - 1) / rows) < 4 * b->n_threads)
+            rows /= 2;
+        if (ns > 1) rows = sq->n_q;
         for (int g = 0; g < l->n_kv_head; g++)
             for (int r0 = 0; r0 < sq->n_q; r0 += rows) {
                 int r1 = r0 + rows < sq->n_q ? r0 + rows : sq->n_q;

@@ -17,7 +17,9 @@ lengths that are not multiples of the chunk or the KV block, then
 Each warm request is compared with the same request sent with "cache": false right before it
 (its cold run): TTFT ratio warm/cold, and the greedy output (8 tokens) must be identical. TTFT
 is the time from sending the request to the first streamed content. Every length uses its own
-system prompt (a session tag in front), never seen by the cache before. All runs are in one
+system prompt (a session tag in front), never seen by the cache before. Requests say "blend":
+false: the prompts of different lengths are cut from the same text, which blend would find by
+content (make bench-blend measures that); this measures exact reuse. All runs are in one
 process against one server binary; the table gives medians of --reps and ratios, since
 machines here are shared and noisy.
 
@@ -52,7 +54,7 @@ class Server(benchlib.Server):
         """(seconds to the first content, whole text, prompt_tokens, cached_tokens)."""
         t0, resp = self.stream("/v1/chat/completions", {
             "model": self.model, "messages": messages, "max_tokens": MAX_TOKENS,
-            "temperature": 0, "cache": cache, "stream": True,
+            "temperature": 0, "cache": cache, "blend": False, "stream": True,
             "stream_options": {"include_usage": True}})
         t_first, text, usage = None, "", None
         for ev in benchlib.sse_events(resp):
