@@ -2,9 +2,11 @@
  *
  * Per blended batch entry, every token is computed at layer 0 (ratio 0 aside); the reused
  * tokens' KV of each layer is written into the pool just before the layer runs, so the tokens a
- * layer does not compute attend with, and are attended through, the reused KV. After each layer
- * the reused tokens it computed are ranked by how far their fresh K and V moved from the reused
- * ones (HKVD) and the list narrows for the next layer. Tokens that were not cached are always
+ * layer does not compute attend with, and are attended through, the reused KV. Once a layer has
+ * written the fresh K and V of the reused tokens it computes, they are ranked by how far those
+ * moved from the reused ones (HKVD) and only the most deviating go on through the layer's
+ * attention and feed-forward to the next layer: the others keep their fresh KV of this layer,
+ * and their hidden state would feed nothing. Tokens that were not cached are always
  * computed; so is every row of an entry that does not blend. */
 #include "cache/blend.h"
 
@@ -24,6 +26,7 @@ struct blend_fusor {
     float *fk, *fv;   /* [max_tokens][kvd] the fresh rows read back */
     int32_t *slots;   /* [max_tokens] slot of each reused token */
     int32_t *delta;   /* [max_tokens] position shift of each reused token */
+    float *dcs;       /* [max_tokens][n_rot] its RoPE angles, computed once per pass */
     int32_t *cand;    /* [max_tokens] reused index of a current row, per candidate */
     int32_t *c_slots; /* [max_tokens] their slots */
     float *dev;       /* [max_tokens] */
@@ -70,6 +73,7 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->fv = kv_aligned_alloc(sizeof(float) * rows);
     f->slots = malloc(sizeof(int32_t) * nt);
     f->delta = malloc(sizeof(int32_t) * nt);
+    f->dcs = malloc(sizeof(float) * nt * (size_t)m->hp.n_rot);
     f->cand = malloc(sizeof(int32_t) * nt);
     f->c_slots = malloc(sizeof(int32_t) * nt);
     f->dev = malloc(sizeof(float) * nt);
@@ -77,8 +81,8 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->keep = malloc(sizeof(int) * nt);
     f->ridx = malloc(sizeof(int32_t) * nt);
     f->tok_ent = malloc(sizeof(int32_t) * nt);
-    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->cand || !f->c_slots ||
-        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
+    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->dcs || !f->cand ||
+        !f->c_slots || !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
         goto oom;
     return f;
 oom:
@@ -95,6 +99,7 @@ void blend_fusor_destroy(blend_fusor *f) {
     kv_aligned_free(f->fv);
     free(f->slots);
     free(f->delta);
+    free(f->dcs);
     free(f->cand);
     free(f->c_slots);
     free(f->dev);
@@ -125,7 +130,7 @@ static void load_layer(blend_fusor *f, int il) {
         }
     }
     const model_hparams *hp = &f->m->hp;
-    backend_rope(f->b, f->rk, f->delta, f->n_reused, hp->n_kv_head, hp->head_dim, &f->m->rope);
+    backend_rope_cs(f->b, f->rk, f->dcs, NULL, f->n_reused, hp->n_kv_head, hp->head_dim, hp->n_rot);
     for (int e = 0; e < f->n_ents; e++) {
         const blend_entry *be = &f->ents[e];
         int k = f->first[e];
@@ -145,8 +150,9 @@ static int cmp_dev_desc(const void *a, const void *b, void *ud) {
     return (i > j) - (i < j);
 }
 
-/* Keeps, per entry, the rows that are not reused and the `want` reused rows that deviate most
- * (when computing is true, rank by the fresh KV of layer il; else keep no reused row). */
+/* Keeps, per entry, the rows that are not reused and the `want` reused rows that deviate most by
+ * the fresh KV of layer il, for the rest of the layer and the next (at the last layer, when
+ * computing is false, only counts them: the forward pass keeps the rows that give logits). */
 static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
     const kv_layout *kl = kv_pool_layout(f->pool);
     const void *pool = kv_pool_memory(f->pool);
@@ -221,7 +227,7 @@ static int before_layer(void *ud, forward_state *st, int il) {
     return 0;
 }
 
-static int after_layer(void *ud, forward_state *st, int il) {
+static int after_kv(void *ud, forward_state *st, int il) {
     return narrow(ud, st, il, il + 1 < ((blend_fusor *)ud)->m->hp.n_layer);
 }
 
@@ -278,6 +284,7 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
     f->ents = entries;
     f->n_ents = n_entries;
     f->n_reused = k;
-    *hooks = (forward_hooks){.ud = f, .before_layer = before_layer, .after_layer = after_layer};
+    backend_rope_angles(f->b, &f->m->rope, f->delta, k, f->dcs);
+    *hooks = (forward_hooks){.ud = f, .before_layer = before_layer, .after_kv = after_kv};
     return 0;
 }

@@ -101,6 +101,15 @@ void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, i
  * angle pos[t] * inv_freq[i]. A negative or delta position rotates back or re-rotates. */
 void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                   const rope_table *rope);
+/* The same rotation in two parts, for positions used more than once (every layer of a forward
+ * pass turns its rows by the same angles): backend_rope_angles writes cs: [n_tok][n_rot] f32, the
+ * cosine and sine of each pair's angle at pos[t] (rope_angles); backend_rope_cs turns row t of x
+ * ([n_tok][n_head][head_dim]) by the angles of cs row idx[t] (idx NULL: row t). The result is
+ * backend_rope's, bit for bit. */
+void backend_rope_angles(backend *b, const rope_table *rope, const int32_t *pos, int n_tok,
+                         float *cs);
+void backend_rope_cs(backend *b, float *x, const float *cs, const int32_t *idx, int n_tok,
+                     int n_head, int head_dim, int n_rot);
 
 /* out[i] = silu(gate[i]) * up[i] for i < n. */
 void backend_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n);

@@ -13,6 +13,11 @@ struct forward_state {
     int32_t *rows; /* [n_rows] index of each computed row in the flattened batch */
     float *x;      /* [n_rows][dim] hidden state, row-compacted */
     int dim;
+    /* Inside a layer (after_kv), the rows' queries and slots are compacted with them. */
+    bool in_layer;
+    float *q;          /* forward_ctx's q: [n_rows][q_dim] */
+    int q_dim;         /* n_head * head_dim */
+    int32_t *row_slot; /* forward_ctx's row_slot: [n_rows] */
 };
 
 struct forward_ctx {
@@ -26,9 +31,10 @@ struct forward_ctx {
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
     int32_t *tok_pos;  /* [max_tokens] RoPE position */
+    float *tok_cs;     /* [max_tokens][n_rot] its RoPE angles (cos, sin), shared by every layer */
     /* per computed row, row-compacted like st.x; all f32, host */
-    int32_t *row_pos;  /* [max_tokens] */
     int32_t *row_slot; /* [max_tokens] */
+    int *keep;         /* [max_tokens] rows kept at the last layer */
     float *xn;         /* [max_tokens][dim] normalised input */
     float *q;          /* [max_tokens][n_head * head_dim] */
     float *k;          /* [max_tokens][n_kv_head * head_dim] */
@@ -57,6 +63,11 @@ int forward_state_keep_rows(forward_state *st, const int *keep, int n_keep) {
             st->rows[i] = st->rows[r];
             memmove(st->x + (size_t)i * st->dim, st->x + (size_t)r * st->dim,
                     sizeof(float) * st->dim);
+            if (st->in_layer) {
+                memmove(st->q + (size_t)i * st->q_dim, st->q + (size_t)r * st->q_dim,
+                        sizeof(float) * st->q_dim);
+                st->row_slot[i] = st->row_slot[r];
+            }
         }
     }
     st->n_rows = n_keep;
@@ -87,8 +98,9 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     f->tok_seq = malloc(sizeof(int32_t) * nt);
     f->tok_slot = malloc(sizeof(int32_t) * nt);
     f->tok_pos = malloc(sizeof(int32_t) * nt);
-    f->row_pos = malloc(sizeof(int32_t) * nt);
+    f->tok_cs = malloc(sizeof(float) * nt * (size_t)hp->n_rot);
     f->row_slot = malloc(sizeof(int32_t) * nt);
+    f->keep = malloc(sizeof(int) * nt);
     f->xn = kv_aligned_alloc(sizeof(float) * nt * hp->dim);
     f->q = kv_aligned_alloc(sizeof(float) * nt * qd);
     f->k = kv_aligned_alloc(sizeof(float) * nt * kvd);
@@ -98,9 +110,12 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     f->gate = kv_aligned_alloc(sizeof(float) * nt * hp->ffn_dim);
     f->up = kv_aligned_alloc(sizeof(float) * nt * hp->ffn_dim);
     f->aseq = calloc((size_t)max_seqs, sizeof *f->aseq);
-    if (!f->st.rows || !f->st.x || !f->tok_seq || !f->tok_slot || !f->tok_pos || !f->row_pos ||
-        !f->row_slot || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->tmp || !f->gate ||
-        !f->up || !f->aseq)
+    f->st.q = f->q;
+    f->st.q_dim = (int)qd;
+    f->st.row_slot = f->row_slot;
+    if (!f->st.rows || !f->st.x || !f->tok_seq || !f->tok_slot || !f->tok_pos || !f->tok_cs ||
+        !f->row_slot || !f->keep || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->tmp ||
+        !f->gate || !f->up || !f->aseq)
         goto oom;
     return f;
 oom:
@@ -116,8 +131,9 @@ void forward_ctx_destroy(forward_ctx *f) {
     free(f->tok_seq);
     free(f->tok_slot);
     free(f->tok_pos);
-    free(f->row_pos);
+    free(f->tok_cs);
     free(f->row_slot);
+    free(f->keep);
     kv_aligned_free(f->xn);
     kv_aligned_free(f->q);
     kv_aligned_free(f->k);
@@ -197,8 +213,23 @@ static void seq_rows(const forward_ctx *f, int s, int *lo, int *hi) {
 
 /* ---------------------------------------------------------------- one layer */
 
-/* Returns -1 when the backend runs out of scratch memory. */
-static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il) {
+/* At the last layer, the rows that give logits (or whose hidden state a hook reads): the
+ * others' attention and feed-forward output would feed nothing. */
+static int keep_output_rows(forward_ctx *f, const batch_seq *seqs) {
+    forward_state *st = &f->st;
+    int n_keep = 0;
+    for (int r = 0; r < st->n_rows; r++) {
+        int t = st->rows[r], s = f->tok_seq[t];
+        const batch_seq *bs = &seqs[s];
+        if (bs->all_logits || bs->all_rows || f->tok_slot[t] == bs->kv_start + bs->n_tok - 1)
+            f->keep[n_keep++] = r;
+    }
+    return n_keep == st->n_rows ? 0 : forward_state_keep_rows(st, f->keep, n_keep);
+}
+
+/* Returns -1 when the backend runs out of scratch memory, -2 when a hook aborts. */
+static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il,
+                         const forward_hooks *hooks) {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
     const layer_weights *L = &m->layers[il];
@@ -209,25 +240,38 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
     const kv_layout *kl = kv_pool_layout(f->pool);
     void *pool = kv_pool_memory(f->pool);
 
-    for (int r = 0; r < n; r++) {
-        f->row_pos[r] = f->tok_pos[st->rows[r]];
-        f->row_slot[r] = f->tok_slot[st->rows[r]];
-    }
+    for (int r = 0; r < n; r++) f->row_slot[r] = f->tok_slot[st->rows[r]];
 
-    /* attention block */
+    /* attention block: this layer's K and V of every row go to the pool first */
     backend_rmsnorm(b, st->x, L->attn_norm, f->xn, n, hp->dim, hp->norm_eps);
     const weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
     float *qkv_out[3] = {f->q, f->k, f->v};
     if (matmul_group(b, 3, qkv, f->xn, n, qkv_out)) return -1;
-    backend_rope(b, f->q, f->row_pos, n, hp->n_head, hp->head_dim, &m->rope);
-    backend_rope(b, f->k, f->row_pos, n, hp->n_kv_head, hp->head_dim, &m->rope);
+    backend_rope_cs(b, f->q, f->tok_cs, st->rows, n, hp->n_head, hp->head_dim, hp->n_rot);
+    backend_rope_cs(b, f->k, f->tok_cs, st->rows, n, hp->n_kv_head, hp->head_dim, hp->n_rot);
+    for (int s = 0; s < n_seqs; s++) {
+        int lo, hi;
+        seq_rows(f, s, &lo, &hi);
+        if (hi > lo)
+            backend_kv_store(b, pool, kl, il, seqs[s].seq->blocks, f->row_slot + lo, hi - lo,
+                             f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd);
+    }
+    /* rows dropped from here on skip the rest of the layer (their queries and slots move with
+     * the rows that stay) */
+    st->in_layer = true;
+    int rc = 0;
+    if (hooks && hooks->after_kv && hooks->after_kv(hooks->ud, st, il) != 0) rc = -2;
+    if (rc == 0 && il == hp->n_layer - 1 && keep_output_rows(f, seqs)) rc = -1;
+    st->in_layer = false;
+    if (rc) return rc;
+    n = st->n_rows;
+    if (n == 0) return 0;
+
     int n_attn = 0;
     for (int s = 0; s < n_seqs; s++) {
         int lo, hi;
         seq_rows(f, s, &lo, &hi);
         if (hi == lo) continue;
-        backend_kv_store(b, pool, kl, il, seqs[s].seq->blocks, f->row_slot + lo, hi - lo,
-                         f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd);
         int max_slot = 0;
         for (int r = lo; r < hi; r++)
             max_slot = f->row_slot[r] > max_slot ? f->row_slot[r] : max_slot;
@@ -280,14 +324,16 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
                            st->x + (size_t)t * hp->dim, hp->dim);
         }
     st->n_rows = n_total;
+    backend_rope_angles(f->b, &m->rope, f->tok_pos, n_total, f->tok_cs);
 
     for (int il = 0; il < hp->n_layer; il++) {
         if (hooks && hooks->before_layer && hooks->before_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook before layer %d", il);
         /* A failed layer leaves this batch's KV slots undefined: the sequences' lengths are
          * not advanced, so nothing reads them as valid. */
-        if (st->n_rows > 0 && layer_forward(f, seqs, n_seqs, il))
-            return kv_fail(err, "out of memory in layer %d of the forward pass", il);
+        int rc = st->n_rows > 0 ? layer_forward(f, seqs, n_seqs, il, hooks) : 0;
+        if (rc == -2) return kv_fail(err, "forward aborted by a hook in layer %d", il);
+        if (rc) return kv_fail(err, "out of memory in layer %d of the forward pass", il);
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }

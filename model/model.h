@@ -146,6 +146,10 @@ typedef struct batch_seq {
     const int32_t *pos;    /* [n_tok] RoPE positions */
     int kv_start;
     bool all_logits; /* logits for every token (else only the last) */
+    /* Every row through the last layer, for hooks that read their final hidden states
+     * (embedding pooling). Otherwise the last layer computes attention and feed-forward only for
+     * the rows that give logits: the others' output feeds nothing (their KV is still written). */
+    bool all_rows;
     /* A single decode row whose attention may split its keys across threads (flash-decoding),
      * which sums in another order. Without it a row's KV and logits do not depend on what else is
      * in the batch, how the prompt was sliced into steps or how much of it was cached: the
@@ -157,10 +161,14 @@ typedef struct batch_seq {
 typedef struct forward_state forward_state;
 
 /* Hooks between layers (any may be NULL). before_layer runs before layer `layer` computes (load
- * its KV); after_layer runs after it (read what it wrote, choose rows). Nonzero return aborts. */
+ * its KV); after_kv runs once the layer has written the current rows' K and V to the pool and
+ * before their attention (read the fresh KV; rows dropped here skip the rest of the layer, which
+ * only their own hidden state would use); after_layer runs after it (read what it wrote, choose
+ * rows). Nonzero return aborts. */
 typedef struct forward_hooks {
     void *ud;
     int (*before_layer)(void *ud, forward_state *st, int layer);
+    int (*after_kv)(void *ud, forward_state *st, int layer);
     int (*after_layer)(void *ud, forward_state *st, int layer);
 } forward_hooks;
 

@@ -717,7 +717,8 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
                                  .tokens = s->hist + s->n_computed,
                                  .pos = NULL,
                                  .kv_start = s->n_computed,
-                                 .all_logits = score};
+                                 .all_logits = score,
+                                 .all_rows = r->pooling != GEN_POOL_NONE};
     /* .decode stays false: a generated token's KV and logits are then computed exactly as a
      * prompt token's, so KV reused later (the next turn of a chat holds this answer) is the same
      * bits a cold prefill computes, and cached output equals uncached output. */
@@ -1091,7 +1092,8 @@ static void embed_finish(engine *e, eseq *s) {
 }
 
 /* A step's hooks: the fusor's for blended entries, then embedding pooling after the last
- * layer (blend narrows no row at the last layer, so pooling sees every row it needs). */
+ * layer (blend narrows no row at the last layer, and embedding entries keep every row through
+ * it: batch_seq.all_rows, so pooling sees every row it needs). */
 typedef struct step_hooks {
     forward_hooks blend;
     engine *e;
@@ -1101,6 +1103,11 @@ typedef struct step_hooks {
 static int step_before(void *ud, forward_state *st, int layer) {
     step_hooks *h = ud;
     return h->blend.before_layer ? h->blend.before_layer(h->blend.ud, st, layer) : 0;
+}
+
+static int step_kv(void *ud, forward_state *st, int layer) {
+    step_hooks *h = ud;
+    return h->blend.after_kv ? h->blend.after_kv(h->blend.ud, st, layer) : 0;
 }
 
 static int step_after(void *ud, forward_state *st, int layer) {
@@ -1184,7 +1191,8 @@ static void step(engine *e) {
     bool embed = false;
     for (int i = 0; i < n_b; i++) embed |= e->batch_seqs[i]->req->pooling != GEN_POOL_NONE;
     step_hooks sh = {.blend = hk ? *hk : (forward_hooks){0}, .e = e, .embed = embed};
-    forward_hooks both = {.ud = &sh, .before_layer = step_before, .after_layer = step_after};
+    forward_hooks both = {
+        .ud = &sh, .before_layer = step_before, .after_kv = step_kv, .after_layer = step_after};
     e->n_batch = n_b;
     int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, &err);
     uint64_t dt = clock_now_ns() - t0;

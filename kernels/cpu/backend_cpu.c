@@ -242,10 +242,13 @@ void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, i
 
 typedef struct rope_job {
     float *x;
-    const int32_t *pos;
+    const int32_t *pos; /* angles per token (backend_rope), or NULL: from cs */
+    const float *cs;    /* [][n_rot] precomputed angles (backend_rope_cs, backend_rope_angles) */
+    const int32_t *idx; /* cs row of each token, or NULL: its own */
     int n_tok;
     int n_head;
     int head_dim;
+    int n_rot;
     const rope_table *rope;
 } rope_job;
 
@@ -256,19 +259,69 @@ static void rope_task(void *ctx, int ith, int nth) {
     int64_t lo, hi;
     split_range(j->n_tok, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
-        rope_angles(j->rope, j->pos[t], cs);
-        rope_rotate(j->x + (size_t)t * j->n_head * j->head_dim, j->n_head, j->head_dim,
-                    j->rope->n_rot, cs, false);
+        const float *a = cs;
+        if (j->pos)
+            rope_angles(j->rope, j->pos[t], cs);
+        else
+            a = j->cs + (size_t)(j->idx ? j->idx[t] : t) * j->n_rot;
+        rope_rotate(j->x + (size_t)t * j->n_head * j->head_dim, j->n_head, j->head_dim, j->n_rot, a,
+                    false);
     }
+}
+
+static void rope_run(backend *b, rope_job *j) {
+    if (j->n_tok < 8)
+        rope_task(j, 0, 1);
+    else
+        threadpool_run(b->tp, rope_task, j);
 }
 
 void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
                   const rope_table *rope) {
-    rope_job j = {x, pos, n_tok, n_head, head_dim, rope};
+    rope_job j = {.x = x,
+                  .pos = pos,
+                  .n_tok = n_tok,
+                  .n_head = n_head,
+                  .head_dim = head_dim,
+                  .n_rot = rope->n_rot,
+                  .rope = rope};
+    rope_run(b, &j);
+}
+
+void backend_rope_cs(backend *b, float *x, const float *cs, const int32_t *idx, int n_tok,
+                     int n_head, int head_dim, int n_rot) {
+    rope_job j = {.x = x,
+                  .cs = cs,
+                  .idx = idx,
+                  .n_tok = n_tok,
+                  .n_head = n_head,
+                  .head_dim = head_dim,
+                  .n_rot = n_rot};
+    rope_run(b, &j);
+}
+
+typedef struct angles_job {
+    const rope_table *rope;
+    const int32_t *pos;
+    int n_tok;
+    float *cs;
+} angles_job;
+
+static void angles_task(void *ctx, int ith, int nth) {
+    angles_job *j = ctx;
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++)
+        rope_angles(j->rope, j->pos[t], j->cs + (size_t)t * j->rope->n_rot);
+}
+
+void backend_rope_angles(backend *b, const rope_table *rope, const int32_t *pos, int n_tok,
+                         float *cs) {
+    angles_job j = {rope, pos, n_tok, cs};
     if (n_tok < 8)
-        rope_task(&j, 0, 1);
+        angles_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, rope_task, &j);
+        threadpool_run(b->tp, angles_task, &j);
 }
 
 /* ---------------------------------------------------------------- elementwise */

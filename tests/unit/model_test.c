@@ -204,6 +204,91 @@ Test(model, row_subset_attends_all_kv) {
     free(full);
 }
 
+/* Runs ids[0..n) at positions 0.. into a fresh sequence with the given hooks (and all_rows),
+ * leaving the last token's logits in out and the sequence's KV in place. */
+static void run_hooked(kv_seq *s, const int32_t *ids, int n, const forward_hooks *hooks,
+                       bool all_rows, float *out) {
+    int32_t pos[128];
+    cr_assert_leq(n, 128);
+    for (int i = 0; i < n; i++) pos[i] = i;
+    kv_seq_init(s);
+    kv_error err = {{0}};
+    cr_assert_eq(kv_seq_reserve(g_pool, s, n, &err), 0, "%s", err.msg);
+    batch_seq bs = {
+        .seq = s, .n_tok = n, .tokens = ids, .pos = pos, .kv_start = 0, .all_rows = all_rows};
+    cr_assert_eq(model_forward(g_f, &bs, 1, hooks, out, &err), 1, "%s", err.msg);
+}
+
+/* Layer `layer`'s K and V (f32, [n][kv_dim] each) of slots 0..n-1 of s. */
+static void read_layer_kv(const kv_seq *s, int layer, int n, float *k, float *v) {
+    int32_t slots[128];
+    for (int i = 0; i < n; i++) slots[i] = i;
+    const kv_layout *l = kv_pool_layout(g_pool);
+    backend_kv_load(g_b, kv_pool_memory(g_pool), l, layer, 0, s->blocks, slots, n, k);
+    backend_kv_load(g_b, kv_pool_memory(g_pool), l, layer, 1, s->blocks, slots, n, v);
+}
+
+typedef struct drop_at {
+    int layer;
+    int keep; /* the last `keep` rows stay */
+} drop_at;
+
+static int hook_drop_at(void *ud, forward_state *st, int layer) {
+    const drop_at *d = ud;
+    if (layer != d->layer) return 0;
+    int n = forward_state_n_rows(st), keep[16];
+    for (int i = 0; i < d->keep; i++) keep[i] = n - d->keep + i;
+    return forward_state_keep_rows(st, keep, d->keep);
+}
+
+/* Rows dropped once a layer has written their KV (after_kv) skip its attention and feed-forward,
+ * which only their own hidden state would use: the same KV and logits, bit for bit, as rows
+ * dropped after the whole layer. And the last layer computing only the row that gives logits
+ * (all_rows off) changes no bit either. */
+Test(model, rows_dropped_after_kv_skip_only_work_nobody_reads) {
+    enum { N = 80, LAYER = 3 };
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 6151 + 3) % 49152);
+    size_t nv = (size_t)g_m->hp.n_vocab;
+    int kvd = g_m->hp.n_kv_head * g_m->hp.head_dim;
+    float *la = malloc(sizeof(float) * nv), *lb = malloc(sizeof(float) * nv);
+    float *ka = malloc(sizeof(float) * N * kvd), *va = malloc(sizeof(float) * N * kvd),
+          *kb = malloc(sizeof(float) * N * kvd), *vb = malloc(sizeof(float) * N * kvd);
+    drop_at d = {LAYER, 5};
+    forward_hooks after_layer = {.ud = &d, .after_layer = hook_drop_at};
+    forward_hooks after_kv = {.ud = &d, .after_kv = hook_drop_at};
+    kv_seq a, b;
+    run_hooked(&a, ids, N, &after_layer, false, la);
+    run_hooked(&b, ids, N, &after_kv, false, lb);
+    cr_expect_eq(memcmp(la, lb, sizeof(float) * nv), 0, "logits differ");
+    for (int l = 0; l <= LAYER; l++) {
+        read_layer_kv(&a, l, N, ka, va);
+        read_layer_kv(&b, l, N, kb, vb);
+        cr_expect_eq(memcmp(ka, kb, sizeof(float) * N * kvd), 0, "layer %d: K differs", l);
+        cr_expect_eq(memcmp(va, vb, sizeof(float) * N * kvd), 0, "layer %d: V differs", l);
+    }
+    kv_seq_release(g_pool, &a);
+    kv_seq_release(g_pool, &b);
+
+    run_hooked(&a, ids, N, NULL, true, la);
+    run_hooked(&b, ids, N, NULL, false, lb);
+    cr_expect_eq(memcmp(la, lb, sizeof(float) * nv), 0, "logits differ without all_rows");
+    for (int l = 0; l < g_m->hp.n_layer; l++) {
+        read_layer_kv(&a, l, N, ka, va);
+        read_layer_kv(&b, l, N, kb, vb);
+        cr_expect_eq(memcmp(ka, kb, sizeof(float) * N * kvd), 0, "layer %d: K differs", l);
+        cr_expect_eq(memcmp(va, vb, sizeof(float) * N * kvd), 0, "layer %d: V differs", l);
+    }
+    kv_seq_release(g_pool, &a);
+    kv_seq_release(g_pool, &b);
+    free(la);
+    free(lb);
+    free(ka);
+    free(va);
+    free(kb);
+    free(vb);
+}
+
 /* Several sequences in one batch give what each gives alone. */
 Test(model, batch_equals_alone) {
     enum { NS = 3 };
