@@ -34,38 +34,99 @@ void backend_kv_free(backend *b, void *pool) {
     kv_zeroed_free(pool);
 }
 
-void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
-                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
-                      const float *v) {
-    (void)b;
+/* K goes into the transposed [head_dim][block_tokens] regions one column per token, V into
+ * [block_tokens][head_dim] rows; each head's row is converted as a whole (f16 rounding as
+ * fp32_to_fp16) and then placed. Long runs (prefill, a blended layer's reused tokens) are split
+ * over the threads by token: tokens own distinct slots. */
+typedef struct kv_copy_job {
+    void *pool;
+    const kv_layout *l;
+    int layer;
+    int kv; /* load: which of K (0) and V (1) */
+    const int32_t *block_table;
+    const int32_t *slots;
+    int n_tok;
+    const float *k, *v; /* store */
+    float *out;         /* load */
+} kv_copy_job;
+
+static void kv_store_task(void *ctx, int ith, int nth) {
+    const kv_copy_job *j = ctx;
+    const kv_layout *l = j->l;
     int hd = l->head_dim, bt = l->block_tokens;
-    for (int t = 0; t < n_tok; t++) {
-        int off = slots[t] % bt;
+    uint16_t row[MAX_KV_HEAD_DIM];
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        int off = j->slots[t] % bt;
         for (int h = 0; h < l->n_kv_head; h++) {
             size_t src = ((size_t)t * l->n_kv_head + h) * hd;
-            uint16_t *kr = kv_region(pool, l, layer, 0, h, block_table, slots[t]);
-            for (int d = 0; d < hd; d++) kr[(size_t)d * bt + off] = fp32_to_fp16(k[src + d]);
-            uint16_t *vr = kv_region(pool, l, layer, 1, h, block_table, slots[t]);
-            fp32_to_fp16_row(v + src, vr + (size_t)off * hd, hd);
+            uint16_t *kr = kv_region(j->pool, l, j->layer, 0, h, j->block_table, j->slots[t]);
+            fp32_to_fp16_row(j->k + src, row, hd);
+            for (int d = 0; d < hd; d++) kr[(size_t)d * bt + off] = row[d];
+            uint16_t *vr = kv_region(j->pool, l, j->layer, 1, h, j->block_table, j->slots[t]);
+            fp32_to_fp16_row(j->v + src, vr + (size_t)off * hd, hd);
         }
     }
 }
 
-void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
-                     const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
-    (void)b;
+static void kv_load_task(void *ctx, int ith, int nth) {
+    const kv_copy_job *j = ctx;
+    const kv_layout *l = j->l;
     int hd = l->head_dim, bt = l->block_tokens;
-    for (int t = 0; t < n_tok; t++) {
-        int off = slots[t] % bt;
+    uint16_t row[MAX_KV_HEAD_DIM];
+    int64_t lo, hi;
+    split_range(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        int off = j->slots[t] % bt;
         for (int h = 0; h < l->n_kv_head; h++) {
-            const uint16_t *r = kv_region(pool, l, layer, kv, h, block_table, slots[t]);
-            float *o = out + ((size_t)t * l->n_kv_head + h) * hd;
-            if (kv == 0)
-                for (int d = 0; d < hd; d++) o[d] = fp16_to_fp32(r[(size_t)d * bt + off]);
-            else
+            const uint16_t *r =
+                kv_region(j->pool, l, j->layer, j->kv, h, j->block_table, j->slots[t]);
+            float *o = j->out + ((size_t)t * l->n_kv_head + h) * hd;
+            if (j->kv == 0) {
+                for (int d = 0; d < hd; d++) row[d] = r[(size_t)d * bt + off];
+                fp16_to_fp32_row(row, o, hd);
+            } else {
                 fp16_to_fp32_row(r + (size_t)off * hd, o, hd);
+            }
         }
     }
+}
+
+/* Fewer tokens than this are copied on the calling thread (a decode step's row). */
+#define KV_COPY_SERIAL 32
+
+void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
+                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                      const float *v) {
+    kv_copy_job j = {.pool = pool,
+                     .l = l,
+                     .layer = layer,
+                     .block_table = block_table,
+                     .slots = slots,
+                     .n_tok = n_tok,
+                     .k = k,
+                     .v = v};
+    if (n_tok < KV_COPY_SERIAL)
+        kv_store_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, kv_store_task, &j);
+}
+
+void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
+                     const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
+    kv_copy_job j = {.pool = (void *)(uintptr_t)pool,
+                     .l = l,
+                     .layer = layer,
+                     .kv = kv,
+                     .block_table = block_table,
+                     .slots = slots,
+                     .n_tok = n_tok,
+                     .out = out};
+    if (n_tok < KV_COPY_SERIAL)
+        kv_load_task(&j, 0, 1);
+    else
+        threadpool_run(b->tp, kv_load_task, &j);
 }
 
 void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src) {
@@ -136,7 +197,7 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
     int gs = n_head / l->n_kv_head;
     int max_items = 0;
     for (int s = 0; s < n_seqs; s++) {
-        int rb = (seqs[s].n_q + 3) / 4; /* row blocks of at least 4 rows */
+        int rb = seqs[s].n_q; /* row blocks: at most one per row (see ATTN_SPAN) */
         int sp = seqs[s].n_kv / ATTN_MIN_SPLIT + 1;
         max_items += l->n_kv_head * (rb > sp ? rb : sp);
     }
@@ -171,11 +232,17 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
             rows /= 2;
         if (ns > 1) rows = sq->n_q;
         for (int g = 0; g < l->n_kv_head; g++)
-            for (int r0 = 0; r0 < sq->n_q; r0 += rows) {
-                int r1 = r0 + rows < sq->n_q ? r0 + rows : sq->n_q;
-                int kmax = 0; /* keys the rows can see */
-                for (int r = r0; r < r1; r++)
-                    kmax = sq->q_slot[r] + 1 > kmax ? sq->q_slot[r] + 1 : kmax;
+            for (int r0 = 0, r1; r0 < sq->n_q; r0 = r1) {
+                /* A block's rows all score the keys up to its last visible one, masked past
+                 * their own: rows far apart (a blended layer's scattered recomputed tokens)
+                 * start a new block rather than score keys they cannot see. */
+                int kmax = sq->q_slot[r0] + 1; /* keys the rows can see */
+                for (r1 = r0 + 1; r1 < sq->n_q && r1 - r0 < rows; r1++) {
+                    if (ns == 1 && (sq->q_slot[r1] < sq->q_slot[r0] ||
+                                    sq->q_slot[r1] - sq->q_slot[r0] >= ATTN_SPAN))
+                        break;
+                    kmax = sq->q_slot[r1] + 1 > kmax ? sq->q_slot[r1] + 1 : kmax;
+                }
                 for (int k = 0; k < ns; k++) {
                     attn_item *it = &j.items[j.n_items++];
                     /* key ranges start on multiples of 16: the score loop's vector width */

@@ -76,6 +76,9 @@ typedef struct attn_job {
 } attn_job;
 
 #define ATTN_ROWS 16 /* query rows per work item (prefill) */
+#define ATTN_SPAN 64 /* most slots between the first and last row of a prefill work item */
+/* The widest head the KV copies stage on the stack (model/llama.c refuses wider heads). */
+#define MAX_KV_HEAD_DIM 128
 
 /* The f16 region of (layer, kv, head) in the block holding a sequence's slot. */
 static inline uint16_t *kv_region(const void *pool, const kv_layout *l, int layer, int kv, int head,
