@@ -1,16 +1,20 @@
 /* Chat templates: the prompt formats kvserve serves, re-implemented in C rather than executing
  * the GGUF's Jinja source. Each renderer reproduces, byte for byte, the Hugging Face template it
- * names; tests/unit/chat_test.c checks that against jinja2's own rendering (the JSON files in
- * tests/golden/chat, written by scripts/ref/make_chat_goldens.py):
+ * names, with tools where the template has a tool format; tests/unit/chat_test.c checks that
+ * against jinja2's own rendering (the JSON files in tests/golden/chat, written by
+ * scripts/ref/make_chat_goldens.py):
  *
- *   ChatML   SmolLM2 / Qwen2 / the HF docs' ChatML, with the template's hard-coded default system
- *            message when it has one
- *   Llama 3  meta-llama/Meta-Llama-3-8B-Instruct (content passed through Jinja's `trim`)
- *   Llama 2  meta-llama/Llama-2-7b-chat-hf (content passed through Python's str.strip())
+ *   ChatML     SmolLM2 / Qwen2 / the HF docs' ChatML, with the template's hard-coded default
+ *              system message when it has one; with the Hermes tool format,
+ * Qwen/Qwen2.5-7B-Instruct Llama 3    meta-llama/Meta-Llama-3-8B-Instruct (content passed through
+ * Jinja's `trim`) Llama 3.1  meta-llama/Llama-3.1-8B-Instruct (3.2 and 3.3 render the same here)
+ *   Llama 2    meta-llama/Llama-2-7b-chat-hf (content passed through Python's str.strip())
+ *   Mistral    mistralai/Mistral-Nemo-Instruct-2407
  *
- * Deliberate difference: Llama 2's template silently drops a system message that is not first
- * (it only checks that user turns fall on even positions); chat_render rejects it. */
-#include "model/chat.h"
+ * Deliberate differences: Llama 2's template silently drops a system message that is not first
+ * (it only checks that user turns fall on even positions); chat_render rejects it. Mistral's
+ * refuses call ids that are not 9 characters; chat_render maps them (chat_tools_mistral_id). */
+#include "model/chat_impl.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,13 +22,7 @@
 
 /* ---------------------------------------------------------------- growable string */
 
-typedef struct strbuf {
-    char *p;
-    size_t len, cap;
-    bool oom;
-} strbuf;
-
-static void sb_append(strbuf *b, const char *s, size_t n) {
+void sb_append(strbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     size_t need;
     if (size_add(b->len, n + 1, &need) != 0) {
@@ -47,7 +45,7 @@ static void sb_append(strbuf *b, const char *s, size_t n) {
     b->p[b->len] = '\0';
 }
 
-static void sb_puts(strbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
+void sb_puts(strbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
 
 /* ---------------------------------------------------------------- Python whitespace */
 
@@ -91,7 +89,7 @@ static bool py_isspace(uint32_t c) {
 
 /* Python's str.strip() on UTF-8 text: appends s without leading and trailing whitespace.
  * Malformed bytes count as non-space, so they stay. */
-static void sb_append_stripped(strbuf *b, const char *s) {
+void sb_append_stripped(strbuf *b, const char *s) {
     const unsigned char *u = (const unsigned char *)s;
     size_t begin = 0, end = strlen(s);
     uint32_t cp;
@@ -265,55 +263,83 @@ static char *chatml_default_system(const char *src, size_t len) {
 }
 
 void chat_template_detect(const char *jinja, size_t len, chat_template *out) {
-    out->kind = CHAT_TEMPLATE_UNKNOWN;
-    out->default_system = NULL;
+    *out = (chat_template){0};
     if (!jinja) return;
-    /* The markers are the formats' own special tokens; a template spelling one of them is that
-     * format (Llama 3.1+ templates also match Llama 3, and render without 3.1's date header). */
+    /* The markers are the formats' own special tokens and fixed text. Templates that write
+     * calls as <function=NAME> (Qwen3-Coder, functionary) or [TOOL_CALLS]NAME[ARGS] (later
+     * Mistrals, which also have [SYSTEM_PROMPT]) are not these tool formats. */
+    bool xml_calls = find(jinja, len, "<function=") != NULL;
     if (find(jinja, len, "<|im_start|>")) {
         out->kind = CHAT_TEMPLATE_CHATML;
         out->default_system = chatml_default_system(jinja, len);
+        if (find(jinja, len, "<tool_call>") && find(jinja, len, "\"arguments\"") && !xml_calls)
+            out->tools = CHAT_TOOLS_HERMES;
     } else if (find(jinja, len, "<|start_header_id|>")) {
         out->kind = CHAT_TEMPLATE_LLAMA3;
+        if (find(jinja, len, "Cutting Knowledge Date:") && find(jinja, len, "\"parameters\": ") &&
+            !xml_calls) {
+            out->kind = CHAT_TEMPLATE_LLAMA31;
+            out->tools = CHAT_TOOLS_LLAMA3;
+        }
     } else if (find(jinja, len, "[INST]")) {
         out->kind = CHAT_TEMPLATE_LLAMA2;
+        /* Nemo: "[INST]" + content, where Mistral 7B v0.3's template has "[INST] " */
+        if (find(jinja, len, "[TOOL_CALLS]") && find(jinja, len, "[AVAILABLE_TOOLS]") &&
+            !find(jinja, len, "[INST] ") && !find(jinja, len, "[SYSTEM_PROMPT]") &&
+            !find(jinja, len, "[ARGS]")) {
+            out->kind = CHAT_TEMPLATE_MISTRAL;
+            out->tools = CHAT_TOOLS_MISTRAL;
+        }
     }
 }
 
+#define QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+static const struct {
+    const char *name;
+    chat_template_kind kind;
+    chat_tool_format tools;
+    const char *default_system;
+} TEMPLATE_NAMES[] = {
+    /* chat_template_name gives the first name of each kind */
+    {"chatml", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_GENERIC, NULL},
+    {"llama3", CHAT_TEMPLATE_LLAMA3, CHAT_TOOLS_GENERIC, NULL},
+    {"llama2", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, NULL},
+    {"llama3.1", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
+    {"mistral-nemo", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, NULL},
+    {"qwen2.5", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, QWEN25_SYSTEM},
+    {"hermes", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, NULL},
+    {"llama3.2", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
+    {"llama3.3", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
+    {"mistral", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, NULL},
+    {"mistral-v3-tekken", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, NULL},
+};
+
+#define N_TEMPLATE_NAMES (int)(sizeof TEMPLATE_NAMES / sizeof TEMPLATE_NAMES[0])
+
 int chat_template_from_name(const char *name, chat_template *out) {
-    out->kind = CHAT_TEMPLATE_UNKNOWN;
-    out->default_system = NULL;
-    if (!name) return -1;
-    if (strcmp(name, "chatml") == 0)
-        out->kind = CHAT_TEMPLATE_CHATML;
-    else if (strcmp(name, "llama3") == 0)
-        out->kind = CHAT_TEMPLATE_LLAMA3;
-    else if (strcmp(name, "llama2") == 0 || strcmp(name, "mistral") == 0)
-        out->kind = CHAT_TEMPLATE_LLAMA2;
-    else
-        return -1;
-    return 0;
+    *out = (chat_template){0};
+    for (int i = 0; name && i < N_TEMPLATE_NAMES; i++) {
+        if (strcmp(name, TEMPLATE_NAMES[i].name) != 0) continue;
+        const char *sys = TEMPLATE_NAMES[i].default_system;
+        if (sys && !(out->default_system = strdup(sys))) return -1;
+        out->kind = TEMPLATE_NAMES[i].kind;
+        out->tools = TEMPLATE_NAMES[i].tools;
+        return 0;
+    }
+    return -1;
 }
 
 const char *chat_template_name(chat_template_kind kind) {
-    switch (kind) {
-    case CHAT_TEMPLATE_CHATML:
-        return "chatml";
-    case CHAT_TEMPLATE_LLAMA3:
-        return "llama3";
-    case CHAT_TEMPLATE_LLAMA2:
-        return "llama2";
-    case CHAT_TEMPLATE_UNKNOWN:
-        break;
-    }
+    for (int i = 0; i < N_TEMPLATE_NAMES; i++)
+        if (TEMPLATE_NAMES[i].kind == kind) return TEMPLATE_NAMES[i].name;
     return "unknown";
 }
 
 void chat_template_free(chat_template *t) {
     if (!t) return;
     free(t->default_system);
-    t->default_system = NULL;
-    t->kind = CHAT_TEMPLATE_UNKNOWN;
+    *t = (chat_template){0};
 }
 
 /* ---------------------------------------------------------------- rendering */
@@ -322,34 +348,147 @@ static bool is_role(const chat_message *m, const char *role) { return strcmp(m->
 
 static const char *content_of(const chat_message *m) { return m->content ? m->content : ""; }
 
-/* SmolLM2 / Qwen2: {% if loop.first and messages[0]['role'] != 'system' %} default system. */
-static void render_chatml(strbuf *b, const chat_template *t, const chat_message *msgs, int n,
-                          bool gen) {
-    if (n > 0 && t->default_system && !is_role(&msgs[0], "system")) {
+static void append_tools_json(strbuf *b, const chat_tool *tools, int n, const char *before,
+                              const char *after, int indent) {
+    for (int i = 0; i < n; i++) {
+        json_t *t = chat_tool_json(&tools[i]);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        sb_puts(b, before);
+        pyjson_append(b, t, indent);
+        sb_puts(b, after);
+        json_decref(t);
+    }
+}
+
+/* Qwen 2.5's system turn with tools: the system message (or the default) and the tool list. */
+#define HERMES_TOOLS_HEAD                                                                          \
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are " \
+    "provided with function signatures within <tools></tools> XML tags:\n<tools>"
+#define HERMES_TOOLS_TAIL                                                                          \
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments " \
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "          \
+    "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+
+/* SmolLM2 / Qwen2: {% if loop.first and messages[0]['role'] != 'system' %} default system.
+ * With the Hermes tool format, as Qwen 2.5's template: tools in the system turn, calls after the
+ * assistant's content, consecutive tool results in one user turn. */
+static int render_chatml(strbuf *b, const chat_template *t, const chat_message *msgs, int n,
+                         const chat_tool *tools, int n_tools, bool gen, kv_error *err) {
+    bool own_system = n > 0 && is_role(&msgs[0], "system");
+    if (t->tools == CHAT_TOOLS_HERMES && n == 0)
+        return kv_fail(err, "chat (qwen2.5): no messages (its template reads the first)");
+    int first = 0;
+    if (n_tools > 0) {
+        sb_puts(b, "<|im_start|>system\n");
+        sb_puts(b, own_system          ? content_of(&msgs[first++])
+                   : t->default_system ? t->default_system
+                                       : "");
+        sb_puts(b, HERMES_TOOLS_HEAD);
+        append_tools_json(b, tools, n_tools, "\n", "", PYJSON_NO_INDENT);
+        sb_puts(b, HERMES_TOOLS_TAIL);
+    } else if (n > 0 && t->default_system && !own_system) {
         sb_puts(b, "<|im_start|>system\n");
         sb_puts(b, t->default_system);
         sb_puts(b, "<|im_end|>\n");
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = first; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "tool")) {
+            if (i == 0 || !is_role(&msgs[i - 1], "tool")) sb_puts(b, "<|im_start|>user");
+            sb_puts(b, "\n<tool_response>\n");
+            sb_puts(b, content_of(m));
+            sb_puts(b, "\n</tool_response>");
+            if (i == n - 1 || !is_role(&msgs[i + 1], "tool")) sb_puts(b, "<|im_end|>\n");
+            continue;
+        }
         sb_puts(b, "<|im_start|>");
-        sb_puts(b, msgs[i].role);
-        sb_puts(b, "\n");
-        sb_puts(b, content_of(&msgs[i]));
+        sb_puts(b, m->role);
+        if (m->n_tool_calls > 0) {
+            if (*content_of(m)) sb_puts(b, "\n");
+            sb_puts(b, content_of(m));
+            sb_puts(b, "\n");
+            if (chat_tools_append_calls(b, CHAT_TOOLS_HERMES, m->tool_calls, m->n_tool_calls, i,
+                                        err))
+                return -1;
+        } else {
+            sb_puts(b, "\n");
+            sb_puts(b, content_of(m));
+        }
         sb_puts(b, "<|im_end|>\n");
     }
     if (gen) sb_puts(b, "<|im_start|>assistant\n");
+    return 0;
 }
+
+static void llama3_turn(strbuf *b, const char *role, const char *content) {
+    sb_puts(b, "<|start_header_id|>");
+    sb_puts(b, role);
+    sb_puts(b, "<|end_header_id|>\n\n");
+    sb_append_stripped(b, content);
+    sb_puts(b, "<|eot_id|>");
+}
+
+#define LLAMA3_GEN "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
 static void render_llama3(strbuf *b, const chat_message *msgs, int n, bool gen, const char *bos) {
     for (int i = 0; i < n; i++) {
         if (i == 0) sb_puts(b, bos);
-        sb_puts(b, "<|start_header_id|>");
-        sb_puts(b, msgs[i].role);
-        sb_puts(b, "<|end_header_id|>\n\n");
-        sb_append_stripped(b, content_of(&msgs[i]));
+        llama3_turn(b, msgs[i].role, content_of(&msgs[i]));
+    }
+    if (gen) sb_puts(b, LLAMA3_GEN);
+}
+
+/* Llama 3.1's template (3.2's and 3.3's write the same, given no builtin_tools and no
+ * strftime_now): a system header always, the tools in the first user turn after the system
+ * message, one call per assistant turn, results (JSON-quoted, as its `is iterable` test sends
+ * strings through tojson) in "ipython" turns. */
+#define LLAMA31_TOOLS_INTRO                                                                        \
+    "Given the following functions, please respond with a JSON for a function call with its "      \
+    "proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": "    \
+    "function name, \"parameters\": dictionary of argument name and its value}.Do not use "        \
+    "variables.\n\n"
+
+static int render_llama31(strbuf *b, const chat_message *msgs, int n, const chat_tool *tools,
+                          int n_tools, bool gen, const char *bos, kv_error *err) {
+    if (n == 0) return kv_fail(err, "chat (llama3.1): no messages (its template reads the first)");
+    int i = 0;
+    const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[i++]) : "";
+    sb_puts(b, bos);
+    sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (n_tools > 0) sb_puts(b, "Environment: ipython\n");
+    sb_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    sb_append_stripped(b, sys);
+    sb_puts(b, "<|eot_id|>");
+    if (n_tools > 0) {
+        if (i == n)
+            return kv_fail(err, "chat (llama3.1): the tools go into the first user message, and "
+                                "there is none");
+        sb_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n" LLAMA31_TOOLS_INTRO);
+        append_tools_json(b, tools, n_tools, "", "\n\n", 4);
+        sb_append_stripped(b, content_of(&msgs[i++]));
         sb_puts(b, "<|eot_id|>");
     }
-    if (gen) sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    for (; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "tool")) {
+            sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            pyjson_append_string(b, content_of(m));
+            sb_puts(b, "<|eot_id|>");
+        } else if (m->n_tool_calls > 0) {
+            sb_puts(b, LLAMA3_GEN);
+            if (chat_tools_append_calls(b, CHAT_TOOLS_LLAMA3, m->tool_calls, m->n_tool_calls, i,
+                                        err))
+                return -1;
+            sb_puts(b, "<|eot_id|>");
+        } else {
+            llama3_turn(b, m->role, content_of(m));
+        }
+    }
+    if (gen) sb_puts(b, LLAMA3_GEN);
+    return 0;
 }
 
 /* The template ignores add_generation_prompt: " [/INST]" already opens the answer. Its eos_token
@@ -400,43 +539,163 @@ static int render_llama2(strbuf *b, const chat_message *msgs, int n, const char 
     return 0;
 }
 
+/* Mistral Nemo's template: tools before the last user turn, each function's string fields
+ * written raw and the others through tojson; the system message only in the last message, and
+ * only when that is the user's; add_generation_prompt ignored ("[/INST]" opens the answer). */
+static void append_mistral_tools(strbuf *b, const chat_tool *tools, int n) {
+    sb_puts(b, "[AVAILABLE_TOOLS][");
+    for (int i = 0; i < n; i++) {
+        json_t *t = chat_tool_json(&tools[i]);
+        if (!t) {
+            b->oom = true;
+            return;
+        }
+        sb_puts(b, i > 0 ? ", " : "");
+        sb_puts(b, "{\"type\": \"function\", \"function\": {");
+        const char *key;
+        json_t *v;
+        const char *sep = "";
+        json_object_foreach(json_object_get(t, "function"), key, v) {
+            sb_puts(b, sep);
+            sb_puts(b, "\"");
+            sb_puts(b, key);
+            sb_puts(b, "\": ");
+            if (json_is_string(v)) {
+                sb_puts(b, "\"");
+                sb_puts(b, json_string_value(v));
+                sb_puts(b, "\"");
+            } else {
+                pyjson_append(b, v, PYJSON_NO_INDENT);
+            }
+            sep = ", ";
+        }
+        sb_puts(b, "}}");
+        json_decref(t);
+    }
+    sb_puts(b, "][/AVAILABLE_TOOLS]");
+}
+
+static int render_mistral(strbuf *b, const chat_message *msgs, int n, const chat_tool *tools,
+                          int n_tools, const char *bos, kv_error *err) {
+    if (n == 0)
+        return kv_fail(err, "chat (mistral-nemo): no messages (its template reads the first)");
+    int first = 0;
+    const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[first++]) : NULL;
+    const char *last_user = NULL;
+    for (int i = first, turn = 0; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "user")) last_user = content_of(m);
+        if (is_role(m, "tool") || m->n_tool_calls > 0) continue;
+        if (is_role(m, "user") != (turn++ % 2 == 0))
+            return kv_fail(err,
+                           "chat (mistral-nemo): message %d: after the optional system message, "
+                           "roles must alternate user/assistant (calls and results aside)",
+                           i);
+    }
+    sb_puts(b, bos);
+    for (int i = first; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        char id[10];
+        if (is_role(m, "user")) {
+            /* the template compares the messages (dicts): the last user turn's equals */
+            if (n_tools > 0 && !strcmp(content_of(m), last_user))
+                append_mistral_tools(b, tools, n_tools);
+            sb_puts(b, "[INST]");
+            if (i == n - 1 && sys) {
+                sb_puts(b, sys);
+                sb_puts(b, "\n\n");
+            }
+            sb_puts(b, content_of(m));
+            sb_puts(b, "[/INST]");
+        } else if (m->n_tool_calls > 0) {
+            if (chat_tools_append_calls(b, CHAT_TOOLS_MISTRAL, m->tool_calls, m->n_tool_calls, i,
+                                        err))
+                return -1;
+            sb_puts(b, "</s>");
+        } else if (is_role(m, "assistant")) {
+            sb_puts(b, content_of(m));
+            sb_puts(b, "</s>");
+        } else if (is_role(m, "tool")) {
+            chat_tools_mistral_id(m->tool_call_id, id);
+            sb_puts(b, "[TOOL_RESULTS]{\"content\": ");
+            sb_puts(b, content_of(m));
+            sb_puts(b, ", \"call_id\": \"");
+            sb_puts(b, id);
+            sb_puts(b, "\"}[/TOOL_RESULTS]");
+        } else {
+            return kv_fail(err, "chat (mistral-nemo): message %d: a system message must come first",
+                           i);
+        }
+    }
+    return 0;
+}
+
+/* Whether the generic tool format must rewrite the conversation (tools, calls or results). */
+static bool has_tool_parts(const chat_message *msgs, int n, int n_tools) {
+    for (int i = 0; i < n; i++)
+        if (msgs[i].n_tool_calls > 0 || is_role(&msgs[i], "tool")) return true;
+    return n_tools > 0;
+}
+
 char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
-                  bool add_generation_prompt, const char *bos, kv_error *err) {
+                  const chat_tool *tools, int n_tools, bool add_generation_prompt, const char *bos,
+                  kv_error *err) {
     if (!t) {
         kv_fail(err, "chat: no template");
         return NULL;
     }
-    if (n_msgs < 0 || (n_msgs > 0 && !msgs)) {
-        kv_fail(err, "chat: invalid message list (%d messages)", n_msgs);
+    if (n_msgs < 0 || (n_msgs > 0 && !msgs) || n_tools < 0 || (n_tools > 0 && !tools)) {
+        kv_fail(err, "chat: invalid message list (%d messages, %d tools)", n_msgs, n_tools);
         return NULL;
     }
     for (int i = 0; i < n_msgs; i++) {
         const char *r = msgs[i].role;
-        if (!r ||
-            (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0)) {
-            kv_fail(err, "chat: message %d has unknown role '%s' (system, user, assistant)", i,
-                    r ? r : "(null)");
+        if (!r || (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+                   strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)) {
+            kv_fail(err, "chat: message %d has unknown role '%s' (system, user, assistant, tool)",
+                    i, r ? r : "(null)");
+            return NULL;
+        }
+        if (msgs[i].n_tool_calls < 0 || (msgs[i].n_tool_calls > 0 && !msgs[i].tool_calls)) {
+            kv_fail(err, "chat: message %d: invalid tool call list", i);
             return NULL;
         }
     }
     if (!bos) bos = "";
+    chat_message *own = NULL;
+    int n_own = 0;
+    if (t->tools == CHAT_TOOLS_GENERIC && has_tool_parts(msgs, n_msgs, n_tools)) {
+        if (chat_tools_generic_messages(msgs, n_msgs, tools, n_tools, &own, &n_own, err))
+            return NULL;
+        msgs = own;
+        n_msgs = n_own;
+        n_tools = 0;
+    }
     strbuf b = {0};
     sb_append(&b, "", 0); /* an empty conversation still renders to "" rather than NULL */
     int rc = 0;
     switch (t->kind) {
     case CHAT_TEMPLATE_CHATML:
-        render_chatml(&b, t, msgs, n_msgs, add_generation_prompt);
+        rc = render_chatml(&b, t, msgs, n_msgs, tools, n_tools, add_generation_prompt, err);
         break;
     case CHAT_TEMPLATE_LLAMA3:
         render_llama3(&b, msgs, n_msgs, add_generation_prompt, bos);
         break;
+    case CHAT_TEMPLATE_LLAMA31:
+        rc = render_llama31(&b, msgs, n_msgs, tools, n_tools, add_generation_prompt, bos, err);
+        break;
     case CHAT_TEMPLATE_LLAMA2:
         rc = render_llama2(&b, msgs, n_msgs, bos, err);
         break;
+    case CHAT_TEMPLATE_MISTRAL:
+        rc = render_mistral(&b, msgs, n_msgs, tools, n_tools, bos, err);
+        break;
     case CHAT_TEMPLATE_UNKNOWN:
     default:
-        rc = kv_fail(err, "chat: unknown chat template; name one (chatml, llama3, llama2)");
+        rc = kv_fail(err, "chat: unknown chat template; name one (chatml, llama3, llama3.1, "
+                          "llama2, mistral-nemo, qwen2.5)");
     }
+    chat_messages_free(own, n_own);
     if (rc == 0 && b.oom) rc = kv_fail(err, "chat: out of memory rendering %d messages", n_msgs);
     if (rc != 0) {
         free(b.p);

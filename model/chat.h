@@ -10,52 +10,109 @@
 
 typedef enum chat_template_kind {
     CHAT_TEMPLATE_UNKNOWN = 0,
-    CHAT_TEMPLATE_CHATML, /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen) */
+    CHAT_TEMPLATE_CHATML, /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen, Hermes) */
     CHAT_TEMPLATE_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
     CHAT_TEMPLATE_LLAMA2, /* <s>[INST] <<SYS>>...<</SYS>> user [/INST] answer </s> (and Mistral) */
+    /* Llama 3.1 / 3.2 / 3.3: Llama 3's turns after a system header that carries "Cutting
+     * Knowledge Date: December 2023" and "Today Date: 26 Jul 2024" (the templates' fallback
+     * date: kvserve passes no date_string, so a prompt's text, and its cached KV, do not change
+     * at midnight); tool results in "ipython" turns. */
+    CHAT_TEMPLATE_LLAMA31,
+    /* Mistral Nemo (v3-tekken): <s>[INST]user[/INST]answer</s>, no spaces, no trimming; the
+     * system message goes into the last turn when that turn is the user's. */
+    CHAT_TEMPLATE_MISTRAL,
 } chat_template_kind;
+
+/* How a template writes tools, calls and results (see "tools" below). */
+typedef enum chat_tool_format {
+    CHAT_TOOLS_GENERIC = 0, /* kvserve's own, for templates without a tool format */
+    CHAT_TOOLS_HERMES,      /* Qwen 2.5 / Hermes: <tools> in the system turn, <tool_call> */
+    CHAT_TOOLS_LLAMA3,  /* Llama 3.1+: JSON tools in the first user turn, {"name", "parameters"} */
+    CHAT_TOOLS_MISTRAL, /* Mistral Nemo: [AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS] */
+} chat_tool_format;
 
 typedef struct chat_template {
     chat_template_kind kind;
     /* A system message the template inserts when the conversation has none (SmolLM2's
      * "You are a helpful AI assistant named SmolLM, ..."), malloc'd, or NULL. */
     char *default_system;
+    chat_tool_format tools;
 } chat_template;
 
+/* One call of an assistant turn, as OpenAI sends it back. */
+typedef struct chat_tool_call {
+    const char *id;        /* the call's id (tool messages answer it), or NULL */
+    const char *name;      /* the function */
+    const char *arguments; /* JSON text; NULL or "": {} */
+} chat_tool_call;
+
 typedef struct chat_message {
-    const char *role;    /* "system", "user", "assistant" */
-    const char *content; /* UTF-8 */
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* UTF-8, or NULL for "" */
+    /* assistant: the calls it made (n_tool_calls > 0), written after (or instead of) content */
+    const chat_tool_call *tool_calls;
+    int n_tool_calls;
+    /* tool: the call answered, and its function's name (the generic format shows it) */
+    const char *tool_call_id;
+    const char *name;
 } chat_message;
 
-/* Recognises the template from its Jinja source. Unknown sources give CHAT_TEMPLATE_UNKNOWN. */
-void chat_template_detect(const char *jinja, size_t len, chat_template *out);
-/* "chatml", "llama3", "llama2" (also "mistral"); -1 for any other name. */
-int chat_template_from_name(const char *name, chat_template *out);
-const char *chat_template_name(chat_template_kind kind);
-void chat_template_free(chat_template *t);
-
-/* Renders messages (and, with add_generation_prompt, the assistant turn's opening) as text whose
- * special tokens are spelled out, for tokenizer_encode(parse_special = true). bos is the BOS
- * token's text (or NULL) for templates that spell it. Returns a malloc'd string or NULL with err
- * (unknown role, UNKNOWN kind, roles out of order where the format requires alternation). */
-char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
-                  bool add_generation_prompt, const char *bos, kv_error *err);
-
-/* ---------------------------------------------------------------- tools (chat_tools.c)
- *
- * The generic tool format, for templates without one of their own (SmolLM2's has none): the
- * functions are listed in the system prompt as JSON, and a call is written the way Hermes and
- * Qwen 2.5 write theirs,
- *   <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
- * several calls separated by a newline; a tool's result goes back in a user turn as
- *   <tool_response>{"name": "NAME", "content": RESULT}</tool_response>
- * The answer is constrained by a grammar built from the functions' parameter schemas. */
-
+/* A function the model may call (OpenAI's tools[].function). */
 typedef struct chat_tool {
     const char *name;        /* [a-zA-Z0-9_-]{1,64}, as OpenAI requires */
     const char *description; /* or NULL */
     const char *parameters;  /* JSON Schema text, or NULL (any object) */
 } chat_tool;
+
+/* Recognises the template from its Jinja source by the formats' own markers (special tokens,
+ * Llama 3.1's date header, Qwen's <tool_call>, Mistral's [TOOL_CALLS]). Unknown sources give
+ * CHAT_TEMPLATE_UNKNOWN. */
+void chat_template_detect(const char *jinja, size_t len, chat_template *out);
+/* By name: "chatml"; "qwen2.5" (ChatML, Hermes tools, Qwen's default system message) and
+ * "hermes" (the same without it); "llama3"; "llama3.1" (also "llama3.2", "llama3.3");
+ * "llama2" (also "mistral": Mistral 7B v0.1/v0.2 use Llama 2's format); "mistral-nemo" (also
+ * "mistral-v3-tekken"). -1 for any other name. */
+int chat_template_from_name(const char *name, chat_template *out);
+#define CHAT_TEMPLATE_NAMES                                                                        \
+    "chatml, qwen2.5, hermes, llama3, llama3.1 (.2, .3), llama2, mistral, mistral-nemo"
+const char *chat_template_name(chat_template_kind kind);
+const char *chat_tools_format_name(chat_tool_format f);
+void chat_template_free(chat_template *t);
+
+/* Renders messages (and, with add_generation_prompt, the assistant turn's opening) as text whose
+ * special tokens are spelled out, for tokenizer_encode(parse_special = true). tools (n_tools > 0)
+ * are listed the way the template's tool format does; assistant turns' calls and tool messages
+ * are written in that format whether or not tools are given. bos is the BOS token's text (or
+ * NULL) for templates that spell it. Returns a malloc'd string or NULL with err (unknown role,
+ * UNKNOWN kind, roles out of order where the format requires alternation, call arguments that
+ * are not JSON, anything else the template itself refuses). */
+char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
+                  const chat_tool *tools, int n_tools, bool add_generation_prompt, const char *bos,
+                  kv_error *err);
+
+/* ---------------------------------------------------------------- tools (chat_tools.c)
+ *
+ * Each tool format, as its template writes it (tools, the answer's calls, results); the
+ * answer's syntax is also what the grammar allows and the parser reads:
+ *
+ *   generic  kvserve's, for templates without a format of their own (SmolLM2's): the tools as
+ *            JSON lines in the system message (appended to the conversation's own); calls
+ *              <tool_call>{"name": "NAME", "arguments": {...}}</tool_call>
+ *            one a line; a result as a user turn holding
+ *              <tool_response>{"name": "NAME", "content": RESULT}</tool_response>
+ *   hermes   Qwen 2.5's template: <tools> in the system turn; calls
+ *              <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>
+ *            one a line; results as <tool_response>\nRESULT\n</tool_response> in a user turn
+ *   llama3   Llama 3.1+'s template: the tools (JSON, indented) in the first user turn; one call
+ *            per turn, {"name": "NAME", "parameters": {...}}; results in "ipython" turns
+ *   mistral  Mistral Nemo's template: [AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS] before the last
+ *            user turn; calls
+ *              [TOOL_CALLS][{"name": "NAME", "arguments": {...}, "id": "ID"}, ...]
+ *            with 9-character alphanumeric ids; results [TOOL_RESULTS]{"content": RESULT,
+ *            "call_id": "ID"}[/TOOL_RESULTS]
+ *
+ * Arguments are written in Python's JSON layout (", " and ": "), as the templates' tojson does
+ * and as the grammar's JSON Schema rules generate them. */
 
 typedef enum chat_tool_choice {
     CHAT_TOOL_NONE = 0, /* no tools rendered, no call */
@@ -64,27 +121,33 @@ typedef enum chat_tool_choice {
     CHAT_TOOL_NAMED,    /* one call of the named function */
 } chat_tool_choice;
 
-/* The system prompt text listing the tools and the call format (malloc'd). */
-char *chat_tools_system(const chat_tool *tools, int n, kv_error *err);
-/* GBNF for the answer: calls of the tools (named: only that one; parallel: one or more), or for
- * auto also plain text that does not start with '<'. NULL with err (a schema that does not
- * compile names the tool). */
-char *chat_tools_gbnf(const chat_tool *tools, int n, chat_tool_choice choice, const char *named,
-                      bool parallel, kv_error *err);
-/* An assistant's earlier call as the format writes it (arguments: the JSON text as sent). */
-char *chat_tools_render_call(const char *name, const char *arguments);
-/* A tool's result as the user turn's content. */
-char *chat_tools_render_result(const char *name, const char *content);
+/* GBNF for the answer in format f: calls of the tools (named: one call of that one; parallel:
+ * one or more where the format allows several, Llama 3.1's does not), or for auto also plain
+ * text that does not start as calls do. NULL with err (a schema that does not compile names the
+ * tool). */
+char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_tool_choice choice,
+                      const char *named, bool parallel, kv_error *err);
+
+/* Mistral's call ids are 9 characters of [a-zA-Z0-9]; a client's id that is not is replaced by
+ * one derived from it (FNV-1a, base 62), the same wherever the id appears, so a call and the
+ * result that answers it keep matching. NULL gives the id of "". */
+void chat_tools_mistral_id(const char *id, char out[10]);
 
 /* Incremental parsing of an answer into content or calls, for streaming and whole replies
- * alike: feed the whole text so far each time; events point into that text. */
+ * alike: feed the whole text so far each time; events point into that text. A split anywhere
+ * (inside a marker, a name, a UTF-8 character) gives the same events as the whole text. */
 typedef struct chat_tool_parser {
+    chat_tool_format format;
     int mode;      /* 0 undecided, 1 content, 2 calls */
     size_t cur;    /* bytes of the text consumed */
     int n_calls;   /* calls begun */
-    bool in_args;  /* inside the current call's arguments */
-    bool complete; /* every call begun has ended */
+    bool complete; /* every call begun has ended (and the format's closing, if any, came) */
+    /* internal: where in the calls' syntax, and the arguments' JSON nesting */
+    int phase, depth;
+    bool in_string, escaped;
 } chat_tool_parser;
+
+void chat_tool_parser_init(chat_tool_parser *p, chat_tool_format f);
 
 typedef enum chat_tool_event_kind {
     CHAT_TOOL_EVENT_CONTENT = 0, /* s[0..n) is content */
@@ -100,7 +163,8 @@ typedef struct chat_tool_event {
 } chat_tool_event;
 
 /* Consumes what can be decided of text[0..len) (final: nothing more will come), writing up to
- * max events; returns their count (call again while it returns max). */
+ * max events; returns their count (call again while it returns max). Text that leaves the
+ * format's syntax is content from there on (complete is then false). */
 int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
                      chat_tool_event *ev, int max);
 

@@ -1,152 +1,334 @@
-/* The generic tool-call format (see chat.h): the system prompt that lists the tools, the
- * grammar that constrains an answer to calls of them, and the parser that turns an answer back
- * into content or calls as it streams. */
-#include "model/chat.h"
+/* The tool formats (see chat.h): one table of each format's call syntax, from which come the
+ * calls written into a prompt, the grammar that constrains an answer to calls, and the parser
+ * that turns an answer back into content or calls as it streams; and the generic format's
+ * system prompt and message rewriting. The templates that list tools their own way (Qwen 2.5,
+ * Llama 3.1, Mistral Nemo) do so in chat.c. */
+#include "model/chat_impl.h"
 #include "model/grammar.h"
 
-#include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define CALL_OPEN "<tool_call>{\"name\": \""
-#define CALL_ARGS "\", \"arguments\": "
-#define CALL_CLOSE "}</tool_call>"
+/* ---------------------------------------------------------------- call syntax */
 
-typedef struct tbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} tbuf;
+/* A turn's calls: open, then each call as
+ *   call NAME args ARGUMENTS end [ID id_end]
+ * separated by sep, then close. */
+typedef struct tool_syntax {
+    const char *open;   /* before the first call */
+    const char *call;   /* a call, up to its name */
+    const char *args;   /* between the name and the arguments */
+    const char *end;    /* after the arguments */
+    int id_len;         /* then the call's own id, [a-zA-Z0-9]{id_len} (0: none) */
+    const char *id_end; /* after the id */
+    const char *sep;    /* between calls; NULL: one call per turn */
+    const char *close;  /* after the last call */
+} tool_syntax;
 
-static void tb_put(tbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *t = realloc(b->s, cap);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
+static const tool_syntax SYNTAX[] = {
+    [CHAT_TOOLS_GENERIC] = {"", "<tool_call>{\"name\": \"", "\", \"arguments\": ", "}</tool_call>",
+                            0, "", "\n", ""},
+    /* Qwen 2.5's template: '\n<tool_call>\n{"name": "' + name + '", "arguments": ' + tojson +
+     * '}\n</tool_call>' per call; the answer begins after "assistant\n", so the newline before
+     * each call but the first is the separator. */
+    [CHAT_TOOLS_HERMES] = {"", "<tool_call>\n{\"name\": \"",
+                           "\", \"arguments\": ", "}\n</tool_call>", 0, "", "\n", ""},
+    /* Llama 3.1's template: '{"name": "' + name + '", "parameters": ' + tojson + '}', and it
+     * refuses a turn with more than one call. */
+    [CHAT_TOOLS_LLAMA3] = {"", "{\"name\": \"", "\", \"parameters\": ", "}", 0, "", NULL, ""},
+    /* Mistral Nemo's template: "[TOOL_CALLS][" + (function|tojson)[:-1] + ', "id": "' + id +
+     * '"}' joined by ", ", then "]" (and EOS). */
+    [CHAT_TOOLS_MISTRAL] = {"[TOOL_CALLS][", "{\"name\": \"", "\", \"arguments\": ", ", \"id\": \"",
+                            9, "\"}", ", ", "]"},
+};
+
+static const tool_syntax *syntax_of(chat_tool_format f) {
+    return (unsigned)f < sizeof SYNTAX / sizeof SYNTAX[0] ? &SYNTAX[f]
+                                                          : &SYNTAX[CHAT_TOOLS_GENERIC];
 }
 
-static void tb_str(tbuf *b, const char *s) { tb_put(b, s, strlen(s)); }
-
-static char *tb_done(tbuf *b, kv_error *err) {
-    if (b->oom || !b->s) {
-        free(b->s);
-        kv_fail(err, "out of memory");
-        return NULL;
-    }
-    return b->s;
+const char *chat_tools_format_name(chat_tool_format f) {
+    static const char *const names[] = {"generic", "hermes", "llama3", "mistral"};
+    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "generic";
 }
 
-char *chat_tools_system(const chat_tool *tools, int n, kv_error *err) {
-    tbuf b = {0};
-    tb_str(&b, "You can call these functions. Each is given as JSON with the JSON Schema of its "
-               "arguments:\n");
+static bool is_alnum(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+void chat_tools_mistral_id(const char *id, char out[10]) {
+    static const char B62[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    size_t n = id ? strlen(id) : 0;
+    bool ok = n == 9;
+    for (size_t i = 0; ok && i < n; i++) ok = is_alnum(id[i]);
+    if (ok) {
+        memcpy(out, id, 10);
+        return;
+    }
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)id[i]) * 0x100000001b3ull;
+    for (int i = 0; i < 9; i++, h /= 62) out[i] = B62[h % 62];
+    out[9] = '\0';
+}
+
+int chat_tools_append_calls(strbuf *b, chat_tool_format f, const chat_tool_call *calls, int n,
+                            int msg_index, kv_error *err) {
+    const tool_syntax *x = syntax_of(f);
+    if (!x->sep && n != 1)
+        return kv_fail(err,
+                       "chat: message %d has %d tool calls; this model's template takes one "
+                       "call per turn",
+                       msg_index, n);
+    sb_puts(b, x->open);
     for (int i = 0; i < n; i++) {
-        json_t *o = json_object();
-        json_object_set_new(o, "name", json_string(tools[i].name));
-        if (tools[i].description)
-            json_object_set_new(o, "description", json_string(tools[i].description));
-        json_t *params = tools[i].parameters ? json_loads(tools[i].parameters, 0, NULL) : NULL;
-        if (params) json_object_set_new(o, "parameters", params);
-        char *t = json_dumps(o, JSON_COMPACT);
-        json_decref(o);
-        if (!t) {
+        if (i > 0) sb_puts(b, x->sep);
+        sb_puts(b, x->call);
+        sb_puts(b, calls[i].name ? calls[i].name : "");
+        sb_puts(b, x->args);
+        const char *a = calls[i].arguments && *calls[i].arguments ? calls[i].arguments : "{}";
+        if (pyjson_append_text(b, a, PYJSON_NO_INDENT))
+            return kv_fail(err, "chat: message %d: tool call %d: the arguments are not JSON",
+                           msg_index, i);
+        sb_puts(b, x->end);
+        if (x->id_len > 0) {
+            char id[10];
+            chat_tools_mistral_id(calls[i].id, id);
+            sb_puts(b, id);
+        }
+        sb_puts(b, x->id_end);
+    }
+    sb_puts(b, x->close);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the generic format */
+
+static char *generic_system(const chat_tool *tools, int n) {
+    strbuf b = {0};
+    sb_puts(&b, "You can call these functions. Each is given as JSON with the JSON Schema of its "
+                "arguments:\n");
+    for (int i = 0; i < n; i++) {
+        json_t *t = chat_tool_json(&tools[i]);
+        char *s = t ? json_dumps(json_object_get(t, "function"), JSON_COMPACT) : NULL;
+        json_decref(t);
+        if (!s) {
             b.oom = true;
             break;
         }
-        tb_str(&b, t);
-        tb_str(&b, "\n");
-        free(t);
+        sb_puts(&b, s);
+        sb_puts(&b, "\n");
+        free(s);
     }
-    tb_str(&b, "To call a function, answer with " CALL_OPEN "<function name>" CALL_ARGS
-               "<arguments as a JSON object>" CALL_CLOSE
-               ", one per line for several calls, and nothing else.");
-    return tb_done(&b, err);
-}
-
-char *chat_tools_gbnf(const chat_tool *tools, int n, chat_tool_choice choice, const char *named,
-                      bool parallel, kv_error *err) {
-    tbuf b = {0};
-    if (choice == CHAT_TOOL_AUTO)
-        tb_str(&b, "root ::= calls | [^<] .*\n");
-    else
-        tb_str(&b, "root ::= calls\n");
-    tb_str(&b, parallel && choice != CHAT_TOOL_NAMED ? "calls ::= call (\"\\n\" call)*\n"
-                                                     : "calls ::= call\n");
-    tb_str(&b, "call ::= \"<tool_call>{\\\"name\\\": \\\"\" (");
-    bool first = true;
-    for (int i = 0; i < n; i++) {
-        if (choice == CHAT_TOOL_NAMED && strcmp(tools[i].name, named) != 0) continue;
-        char alt[160];
-        snprintf(alt, sizeof alt, "%s\"%s\\\", \\\"arguments\\\": \" tool%d-args",
-                 first ? "" : " | ", tools[i].name, i);
-        tb_str(&b, alt);
-        first = false;
-    }
-    if (first) {
-        free(b.s);
-        kv_fail(err, "tool_choice names '%s', which is not among the tools", named);
+    const tool_syntax *x = &SYNTAX[CHAT_TOOLS_GENERIC];
+    sb_puts(&b, "To call a function, answer with ");
+    sb_puts(&b, x->call);
+    sb_puts(&b, "<function name>");
+    sb_puts(&b, x->args);
+    sb_puts(&b, "<arguments as a JSON object>");
+    sb_puts(&b, x->end);
+    sb_puts(&b, ", one per line for several calls, and nothing else.");
+    if (b.oom) {
+        free(b.p);
         return NULL;
     }
-    tb_str(&b, ") \"}</tool_call>\"\n");
+    return b.p;
+}
+
+void chat_messages_free(chat_message *msgs, int n) {
+    for (int i = 0; msgs && i < n; i++) free((char *)msgs[i].content);
+    free(msgs);
+}
+
+/* A tool message's function: its own name, or that of the earlier call its id answers. */
+static const char *result_name(const chat_message *msgs, int i) {
+    const char *id = msgs[i].tool_call_id;
+    for (int j = i - 1; j >= 0 && !msgs[i].name && id; j--)
+        for (int k = 0; k < msgs[j].n_tool_calls; k++)
+            if (msgs[j].tool_calls[k].id && !strcmp(msgs[j].tool_calls[k].id, id))
+                return msgs[j].tool_calls[k].name;
+    return msgs[i].name ? msgs[i].name : "";
+}
+
+/* Message i of the generic format's conversation into *out (content malloc'd). */
+static int generic_message(const chat_message *msgs, int i, chat_message *out, kv_error *err) {
+    const chat_message *m = &msgs[i];
+    strbuf b = {0};
+    sb_append(&b, "", 0);
+    out->role = m->role;
+    if (!strcmp(m->role, "tool")) {
+        out->role = "user";
+        sb_puts(&b, "<tool_response>{\"name\": ");
+        pyjson_append_string(&b, result_name(msgs, i));
+        sb_puts(&b, ", \"content\": ");
+        pyjson_append_string(&b, m->content ? m->content : "");
+        sb_puts(&b, "}</tool_response>");
+    } else {
+        sb_puts(&b, m->content ? m->content : "");
+    }
+    if (m->n_tool_calls > 0) {
+        if (b.len > 0) sb_puts(&b, "\n");
+        if (chat_tools_append_calls(&b, CHAT_TOOLS_GENERIC, m->tool_calls, m->n_tool_calls, i,
+                                    err)) {
+            free(b.p);
+            return -1;
+        }
+    }
+    out->content = b.p;
+    if (b.oom) return kv_fail(err, "chat: out of memory");
+    return 0;
+}
+
+int chat_tools_generic_messages(const chat_message *msgs, int n, const chat_tool *tools,
+                                int n_tools, chat_message **out, int *n_out, kv_error *err) {
+    *out = NULL;
+    *n_out = 0;
+    chat_message *m = calloc((size_t)n + 1, sizeof *m);
+    char *sys = n_tools > 0 ? generic_system(tools, n_tools) : NULL;
+    if (!m || (n_tools > 0 && !sys)) {
+        free(m);
+        free(sys);
+        return kv_fail(err, "chat: out of memory");
+    }
+    int k = 0, first = 0;
+    if (sys) {
+        if (n > 0 && !strcmp(msgs[0].role, "system") && msgs[0].n_tool_calls == 0) {
+            /* the conversation's own system message, then the tools */
+            strbuf b = {0};
+            sb_puts(&b, msgs[0].content ? msgs[0].content : "");
+            sb_puts(&b, "\n\n");
+            sb_puts(&b, sys);
+            free(sys);
+            sys = b.p;
+            first = 1;
+        }
+        m[k++] = (chat_message){.role = "system", .content = sys};
+        if (!sys) {
+            chat_messages_free(m, k);
+            return kv_fail(err, "chat: out of memory");
+        }
+    }
+    for (int i = first; i < n; i++) {
+        if (generic_message(msgs, i, &m[k], err)) {
+            chat_messages_free(m, k + 1);
+            return -1;
+        }
+        k++;
+    }
+    *out = m;
+    *n_out = k;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- grammar */
+
+/* A GBNF string literal of s. */
+static void gbnf_literal(strbuf *b, const char *s) {
+    sb_puts(b, " \"");
+    for (; *s; s++) {
+        const char *e = *s == '"' ? "\\\"" : *s == '\\' ? "\\\\" : *s == '\n' ? "\\n" : NULL;
+        if (e)
+            sb_puts(b, e);
+        else
+            sb_append(b, s, 1);
+    }
+    sb_puts(b, "\"");
+}
+
+char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_tool_choice choice,
+                      const char *named, bool parallel, kv_error *err) {
+    const tool_syntax *x = syntax_of(f);
+    strbuf b = {0};
+    char line[96];
+    if (choice == CHAT_TOOL_AUTO) {
+        /* content: anything that does not begin the way calls do */
+        unsigned char first = (unsigned char)(*x->open ? x->open[0] : x->call[0]);
+        snprintf(line, sizeof line, "root ::= calls | [^\\x%02X] .*\n", first);
+        sb_puts(&b, line);
+    } else {
+        sb_puts(&b, "root ::= calls\n");
+    }
+    sb_puts(&b, "calls ::=");
+    if (*x->open) gbnf_literal(&b, x->open);
+    sb_puts(&b, " call");
+    if (parallel && choice != CHAT_TOOL_NAMED && x->sep) {
+        sb_puts(&b, " (");
+        gbnf_literal(&b, x->sep);
+        sb_puts(&b, " call )*");
+    }
+    if (*x->close) gbnf_literal(&b, x->close);
+    sb_puts(&b, "\ncall ::=");
+    gbnf_literal(&b, x->call);
+    sb_puts(&b, " (");
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        if (choice == CHAT_TOOL_NAMED && strcmp(tools[i].name, named) != 0) continue;
+        if (any) sb_puts(&b, " |");
+        gbnf_literal(&b, tools[i].name);
+        gbnf_literal(&b, x->args);
+        snprintf(line, sizeof line, " tool%d-args", i);
+        sb_puts(&b, line);
+        any = true;
+    }
+    if (!any) {
+        free(b.p);
+        kv_fail(err, "tool_choice names '%s', which is not among the tools", named ? named : "");
+        return NULL;
+    }
+    sb_puts(&b, " )");
+    gbnf_literal(&b, x->end);
+    if (x->id_len > 0) {
+        snprintf(line, sizeof line, " [a-zA-Z0-9]{%d}", x->id_len);
+        sb_puts(&b, line);
+        gbnf_literal(&b, x->id_end);
+    }
+    sb_puts(&b, "\n");
     for (int i = 0; i < n; i++) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "tool%d-args", i);
         if (!tools[i].parameters) {
-            tb_str(&b, prefix);
-            tb_str(&b, " ::= object\n");
+            sb_puts(&b, prefix);
+            sb_puts(&b, " ::= object\n");
             continue;
         }
         char *rules = json_schema_to_gbnf_rules(tools[i].parameters, strlen(tools[i].parameters),
                                                 prefix, err);
         if (!rules) {
-            free(b.s);
+            free(b.p);
             kv_fail_wrap(err, "tool '%s' parameters", tools[i].name);
             return NULL;
         }
-        tb_str(&b, rules);
+        sb_puts(&b, rules);
         free(rules);
     }
-    tb_str(&b, json_schema_primitives());
-    return tb_done(&b, err);
-}
-
-char *chat_tools_render_call(const char *name, const char *arguments) {
-    tbuf b = {0};
-    tb_str(&b, CALL_OPEN);
-    tb_str(&b, name);
-    tb_str(&b, CALL_ARGS);
-    tb_str(&b, arguments && *arguments ? arguments : "{}");
-    tb_str(&b, CALL_CLOSE);
-    kv_error err;
-    return tb_done(&b, &err);
-}
-
-char *chat_tools_render_result(const char *name, const char *content) {
-    json_t *o = json_pack("{s:s,s:s}", "name", name ? name : "", "content", content);
-    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    json_decref(o);
-    if (!t) return NULL;
-    tbuf b = {0};
-    tb_str(&b, "<tool_response>");
-    tb_str(&b, t);
-    tb_str(&b, "</tool_response>");
-    free(t);
-    kv_error err;
-    return tb_done(&b, &err);
+    sb_puts(&b, json_schema_primitives());
+    if (b.oom) {
+        free(b.p);
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    return b.p;
 }
 
 /* ---------------------------------------------------------------- parsing */
+
+enum {
+    PH_OPEN = 0, /* before the calls' opening */
+    PH_CALL,     /* before a call */
+    PH_ARGS,     /* inside a call's arguments */
+    PH_END,      /* after the arguments */
+    PH_ID,       /* the call's own id */
+    PH_ID_END,   /* after it */
+    PH_NEXT,     /* after a call: a separator, the closing, or the end */
+    PH_DONE,     /* after the closing: nothing may follow */
+    PH_BROKEN,   /* left the syntax: the rest is content */
+};
+
+void chat_tool_parser_init(chat_tool_parser *p, chat_tool_format f) {
+    memset(p, 0, sizeof *p);
+    p->format = f;
+}
 
 /* How many bytes of text[0..len) can be released without cutting a UTF-8 character. */
 static size_t utf8_cut(const char *text, size_t len) {
@@ -158,68 +340,134 @@ static size_t utf8_cut(const char *text, size_t len) {
     return len - (i - 1) >= need ? len : i - 1;
 }
 
+/* s[0..left) against the literal lit: 1 it begins with lit, 0 it is a shorter piece of lit
+ * (more text may decide), -1 it is not lit. */
+static int literal(const char *s, size_t left, const char *lit) {
+    size_t k = strlen(lit), m = left < k ? left : k;
+    if (memcmp(s, lit, m) != 0) return -1;
+    return left >= k ? 1 : 0;
+}
+
+/* Scans n bytes of a JSON value's text from where p's state left off; returns the bytes that
+ * belong to the value (all n unless it ended), *done when it ended, or -1 when the text cannot
+ * be a value the arguments may be (an object, an array or a string). */
+static long scan_json(chat_tool_parser *p, const char *s, size_t n, bool at_start, bool *done) {
+    *done = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (at_start && i == 0 && c != '{' && c != '[' && c != '"') return -1;
+        if (p->in_string) {
+            if (p->escaped)
+                p->escaped = false;
+            else if (c == '\\')
+                p->escaped = true;
+            else if (c == '"')
+                p->in_string = false;
+        } else if (c == '"') {
+            p->in_string = true;
+        } else if (c == '{' || c == '[') {
+            p->depth++;
+        } else if (c == '}' || c == ']') {
+            p->depth--;
+        }
+        if (p->depth == 0 && !p->in_string) {
+            *done = true;
+            return (long)i + 1;
+        }
+    }
+    return (long)n;
+}
+
 int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
                      chat_tool_event *ev, int max) {
+    const tool_syntax *x = syntax_of(p->format);
     int k = 0;
     while (k < max && p->cur < len) {
         const char *s = text + p->cur;
         size_t left = len - p->cur;
-        if (p->mode == 0) p->mode = s[0] == '<' ? 2 : 1;
-        if (p->mode == 1) {
+        if (p->mode == 0) p->mode = s[0] == (*x->open ? x->open[0] : x->call[0]) ? 2 : 1;
+        if (p->mode == 1 || p->phase == PH_BROKEN) {
             ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_CONTENT, 0, s, left};
             p->cur = len;
+            p->complete = false;
             break;
         }
-        if (p->in_args) {
-            const char *end = NULL;
-            for (size_t i = 0; i + strlen(CALL_CLOSE) <= left && !end; i++)
-                if (!memcmp(s + i, CALL_CLOSE, strlen(CALL_CLOSE))) end = s + i;
-            size_t n;
-            if (end) {
-                n = (size_t)(end - s);
+        int r = -1; /* the phase's verdict: 1 moved on, 0 wait for more text, -1 broken */
+        const char *lit = NULL, *lit2 = NULL;
+        int next = 0, next2 = 0;
+        switch (p->phase) {
+        case PH_OPEN:
+            lit = x->open, next = PH_CALL;
+            break;
+        case PH_END:
+            lit = x->end, next = x->id_len > 0 ? PH_ID : PH_ID_END;
+            break;
+        case PH_ID_END:
+            lit = x->id_end, next = PH_NEXT;
+            break;
+        case PH_NEXT:
+            lit = x->sep, next = PH_CALL;
+            lit2 = *x->close ? x->close : NULL, next2 = PH_DONE;
+            break;
+        case PH_ID: {
+            size_t have = left < (size_t)x->id_len ? left : (size_t)x->id_len;
+            r = left >= (size_t)x->id_len ? 1 : 0;
+            for (size_t i = 0; i < have; i++)
+                if (!is_alnum(s[i])) r = -1;
+            if (r == 1) p->cur += (size_t)x->id_len, p->phase = PH_ID_END;
+            break;
+        }
+        case PH_CALL: {
+            r = literal(s, left, x->call);
+            if (r != 1) break;
+            const char *name = s + strlen(x->call);
+            const char *q = memchr(name, '"', left - strlen(x->call));
+            r = q ? literal(q, left - (size_t)(q - s), x->args) : 0;
+            if (r != 1) break;
+            ev[k++] =
+                (chat_tool_event){CHAT_TOOL_EVENT_CALL, p->n_calls++, name, (size_t)(q - name)};
+            p->cur = (size_t)(q - text) + strlen(x->args);
+            p->phase = PH_ARGS;
+            p->depth = 0;
+            p->in_string = p->escaped = false;
+            p->complete = false;
+            continue;
+        }
+        case PH_ARGS: {
+            bool at_start = p->depth == 0 && !p->in_string, done;
+            chat_tool_parser probe = *p;
+            long n = scan_json(&probe, s, left, at_start, &done);
+            if (n < 0) break;
+            if (!done && !final) n = (long)utf8_cut(s, (size_t)n); /* hold back a split char */
+            scan_json(p, s, (size_t)n, at_start, &done);
+            if (n > 0)
+                ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_ARGS, p->n_calls - 1, s, (size_t)n};
+            p->cur += (size_t)n;
+            if (done) p->phase = PH_END;
+            if (!done && p->cur < len) return k; /* a held-back character: wait */
+            continue;
+        }
+        default: /* PH_DONE: nothing may follow the closing */
+            break;
+        }
+        if (lit || lit2) {
+            int r1 = lit ? literal(s, left, lit) : -1, r2 = lit2 ? literal(s, left, lit2) : -1;
+            if (r1 == 1 || r2 == 1) {
+                p->cur += strlen(r1 == 1 ? lit : lit2);
+                p->phase = r1 == 1 ? next : next2;
+                r = 1;
             } else {
-                /* hold back what could be the start of the closing marker */
-                n = left > strlen(CALL_CLOSE) ? left - strlen(CALL_CLOSE) : 0;
-                if (final) n = left;
-                n = utf8_cut(s, n);
+                r = r1 == 0 || r2 == 0 ? 0 : -1;
             }
-            if (n > 0) ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_ARGS, p->n_calls - 1, s, n};
-            p->cur += n;
-            if (!end) break;
-            p->cur += strlen(CALL_CLOSE);
-            p->in_args = false;
-            p->complete = true;
+        }
+        if (r == 1) {
+            if (p->phase == PH_ID_END && !*x->id_end) p->phase = PH_NEXT;
+            /* after a call the calls are complete unless the format still owes its closing */
+            p->complete = p->phase == PH_DONE || (p->phase == PH_NEXT && !*x->close);
             continue;
         }
-        if (s[0] == '\n') { /* between calls */
-            p->cur++;
-            continue;
-        }
-        size_t open = strlen(CALL_OPEN);
-        if (left < open || memcmp(s, CALL_OPEN, open) != 0) {
-            /* not (or not yet) a call: wait unless it cannot become one */
-            if (!final && left < open && !memcmp(s, CALL_OPEN, left)) break;
-            ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_CONTENT, 0, s, left};
-            p->cur = len;
-            p->complete = false;
-            break;
-        }
-        const char *name = s + open;
-        const char *q = memchr(name, '"', left - open);
-        size_t args = strlen(CALL_ARGS);
-        if (!q || (size_t)(q - s) + args > left) {
-            if (final) p->complete = false, p->cur = len;
-            break;
-        }
-        if (memcmp(q, CALL_ARGS, args) != 0) {
-            p->complete = false;
-            p->cur = len;
-            break;
-        }
-        ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_CALL, p->n_calls++, name, (size_t)(q - name)};
-        p->in_args = true;
-        p->complete = false;
-        p->cur = (size_t)(q - text) + args;
+        if (r == 0 && !final) break;
+        p->phase = PH_BROKEN;
     }
     return k;
 }

@@ -84,9 +84,10 @@ void gmatch_stats(const gmatch *m, int64_t *n_states, int64_t *n_masks, int64_t 
 /* ---------------------------------------------------------------- JSON Schema */
 
 /* Compiles a JSON Schema (given as JSON text) to GBNF whose root matches exactly the JSON values
- * the schema accepts (compact: no whitespace between tokens), within what is expressible. The
- * supported keywords are listed in json_schema.c; any other is an error that names it (and its
- * path), never silently dropped. Returns malloc'd GBNF, or NULL with err. */
+ * the schema accepts, laid out as Python's json.dumps writes them (", " and ": ", no other
+ * whitespace), within what is expressible. The supported keywords are listed in json_schema.c;
+ * any other is an error that names it (and its path), never silently dropped. Returns malloc'd
+ * GBNF, or NULL with err. */
 char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err);
 /* The same schema's rules only, to combine several schemas in one grammar: its start rule is
  * named prefix and its other rules prefix-rN; they refer to the shared rules of

@@ -330,7 +330,7 @@ model *model_load(const char *path, const model_load_opts *opts, kv_error *err) 
     }
     if (opts && opts->chat_template) {
         if (chat_template_from_name(opts->chat_template, &m->chat) != 0) {
-            kv_fail(err, "unknown chat template '%s' (chatml, llama3, llama2, mistral)",
+            kv_fail(err, "unknown chat template '%s' (" CHAT_TEMPLATE_NAMES ")",
                     opts->chat_template);
             goto fail;
         }
@@ -348,6 +348,8 @@ model *model_load(const char *path, const model_load_opts *opts, kv_error *err) 
             chat_template_from_name("chatml", &m->chat);
         }
     }
+    log_info("%s: chat template %s, tool format %s", path, chat_template_name(m->chat.kind),
+             chat_tools_format_name(m->chat.tools));
     const char *name;
     size_t name_len;
     if (gguf_has_key(m->gguf, "general.name") &&

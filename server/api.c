@@ -270,68 +270,60 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-/* Appends each of an assistant turn's tool_calls to its content in the tool format. */
-static int render_tool_calls(const json_t *calls, int i, chat_message *msg, api_error *err) {
-    char param[80];
+/* OpenAI's function names: 1 to 64 of a-z, A-Z, 0-9, _ and -. */
+static bool tool_name_ok(const char *s, size_t len) {
+    if (len == 0 || len > 64) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+/* An assistant turn's tool_calls ({"id", "type": "function", "function": {"name", "arguments"}}),
+ * kept for the chat template to write in its tool format. The arguments stay the JSON text the
+ * client sent (templates receive them parsed, so they must parse); an empty list is no calls. */
+static int parse_tool_calls(const json_t *calls, int i, chat_message *msg, api_error *err) {
+    char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls", i);
     if (!json_is_array(calls)) return type_error(err, param, "an array", calls);
-    size_t k;
-    const json_t *c;
-    json_array_foreach(calls, k, c) {
+    size_t n = json_array_size(calls);
+    if (n > API_MAX_TOOLS)
+        return API_BAD(err, param, "'%s' has %zu calls, more than the limit of %d", param, n,
+                       API_MAX_TOOLS);
+    if (n == 0) return 0;
+    chat_tool_call *tc = calloc(n, sizeof *tc);
+    if (!tc) return oom(err);
+    msg->tool_calls = tc;
+    msg->n_tool_calls = (int)n;
+    for (size_t k = 0; k < n; k++) {
+        const json_t *c = json_array_get(calls, k);
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu]", i, k);
+        if (!json_is_object(c)) return type_error(err, param, "an object", c);
+        const json_t *id = field(c, "id");
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].id", i, k);
+        if (id && str_copy(id, param, (char **)&tc[k].id, err)) return -1;
+        const json_t *fn = json_object_get(c, "function");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function", i, k);
-        const json_t *fn = json_is_object(c) ? json_object_get(c, "function") : NULL;
-        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
-        const json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
-        if (!json_is_string(name))
-            return API_BAD(err, param, "'%s' must be an object with a string 'name'", param);
-        if (args && !json_is_string(args) && !json_is_null(args))
-            return API_BAD(err, param, "'%s.arguments' must be a string (JSON text)", param);
-        char *call = chat_tools_render_call(json_string_value(name),
-                                            json_is_string(args) ? json_string_value(args) : NULL);
-        if (!call) return oom(err);
-        const char *old = msg->content;
-        size_t lo = strlen(old), lc = strlen(call);
-        char *both = malloc(lo + lc + 2);
-        if (!both) {
-            free(call);
-            return oom(err);
-        }
-        memcpy(both, old, lo);
-        size_t n = lo;
-        if (lo > 0) both[n++] = '\n';
-        memcpy(both + n, call, lc + 1);
-        free(call);
-        free((char *)old);
-        msg->content = both;
+        if (!json_is_object(fn)) return type_error(err, param, "an object", fn);
+        const json_t *name = json_object_get(fn, "name");
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.name", i, k);
+        if (!json_is_string(name) ||
+            !tool_name_ok(json_string_value(name), json_string_length(name)))
+            return API_BAD(err, param, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", param);
+        if (str_copy(name, param, (char **)&tc[k].name, err)) return -1;
+        const json_t *args = field(fn, "arguments");
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.arguments", i, k);
+        if (!args) continue;
+        if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
+        if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
+        json_error_t je;
+        json_t *parsed =
+            *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je) : json_object();
+        if (!parsed) return API_BAD(err, param, "'%s' is not JSON: %s", param, je.text);
+        json_decref(parsed);
     }
-    return 0;
-}
-
-/* A tool message becomes a user turn holding the result; the function's name comes from its
- * "name" or from the assistant call its tool_call_id answers. */
-static int render_tool_result(const json_t *msgs, const json_t *m, int i, chat_message *msg,
-                              api_error *err) {
-    const json_t *name = field(m, "name");
-    const json_t *id = field(m, "tool_call_id");
-    for (int j = i - 1; j >= 0 && !name && json_is_string(id); j--) {
-        const json_t *calls = field(json_array_get(msgs, (size_t)j), "tool_calls");
-        size_t k;
-        const json_t *c;
-        json_array_foreach(calls, k, c) {
-            const json_t *cid = json_object_get(c, "id");
-            if (json_is_string(cid) && json_equal((json_t *)cid, (json_t *)id))
-                name = json_object_get(json_object_get(c, "function"), "name");
-        }
-    }
-    char *r =
-        chat_tools_render_result(json_is_string(name) ? json_string_value(name) : "", msg->content);
-    if (!r) return oom(err);
-    free((char *)msg->content);
-    msg->content = r;
-    free((char *)msg->role);
-    msg->role = malloc(5);
-    if (!msg->role) return oom(err);
-    memcpy((char *)msg->role, "user", 5);
     return 0;
 }
 
@@ -368,9 +360,9 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         } else if (!strcmp(r, "function")) {
             return API_BAD(err, param, "role 'function' is deprecated; use 'tool'");
         } else {
-            return API_BAD(err, param,
-                           "unknown role '%.40s' (expected system, developer, user or assistant)",
-                           r);
+            return API_BAD(
+                err, param,
+                "unknown role '%.40s' (expected system, developer, user, assistant or tool)", r);
         }
         bool assistant = !strcmp(canon, "assistant");
 
@@ -398,16 +390,31 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
             return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
         }
         (*msgs)[i].content = text;
-        if (calls && render_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
-        if (!strcmp(canon, "tool") && render_tool_result(v, m, i, &(*msgs)[i], err)) return -1;
+        if (calls && parse_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
+        if (strcmp(canon, "tool") != 0) continue;
+        const json_t *id = field(m, "tool_call_id");
+        snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+        if (id && str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
+        const json_t *name = field(m, "name"); /* else the template finds it by the id */
+        snprintf(param, sizeof param, "messages[%d].name", i);
+        if (name && str_copy(name, param, (char **)&(*msgs)[i].name, err)) return -1;
     }
     return 0;
 }
 
 static void messages_free(chat_message *msgs, int n) {
     for (int i = 0; i < n; i++) {
-        free((char *)msgs[i].role);
-        free((char *)msgs[i].content);
+        chat_message *m = &msgs[i];
+        free((char *)m->role);
+        free((char *)m->content);
+        for (int k = 0; k < m->n_tool_calls; k++) {
+            free((char *)m->tool_calls[k].id);
+            free((char *)m->tool_calls[k].name);
+            free((char *)m->tool_calls[k].arguments);
+        }
+        free((void *)m->tool_calls);
+        free((char *)m->tool_call_id);
+        free((char *)m->name);
     }
     free(msgs);
 }
@@ -765,17 +772,6 @@ static int parse_constraints(const json_t *root, api_request *r, api_error *err)
 
 /* ---------------------------------------------------------------- tools */
 
-static bool tool_name_ok(const char *s, size_t len) {
-    if (len == 0 || len > 64) return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || c == '-'))
-            return false;
-    }
-    return true;
-}
-
 static int parse_tools(const json_t *root, api_request *r, api_error *err) {
     const json_t *v = field(root, "tools");
     r->parallel_tool_calls = true;
@@ -919,17 +915,11 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
     if (parse_constraints(root, r, err)) return -1;
     if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
-    if (r->tool_choice != CHAT_TOOL_NONE) {
-        if (r->gbnf)
-            return API_BAD(err, "tool_choice",
-                           "tools may be called only without '%s' (or with tool_choice 'none')",
-                           r->gbnf_param);
-        kv_error ke = {{0}};
-        char *g = chat_tools_gbnf(r->tools, r->n_tools, r->tool_choice, r->tool_choice_name,
-                                  r->parallel_tool_calls, &ke);
-        if (!g) return API_BAD(err, "tools", "%s", ke.msg);
-        if (set_gbnf(r, "tools", g, err)) return -1;
-    }
+    /* The calls' grammar depends on the model's tool format: openai.c builds it. */
+    if (r->tool_choice != CHAT_TOOL_NONE && r->gbnf)
+        return API_BAD(err, "tool_choice",
+                       "tools may be called only without '%s' (or with tool_choice 'none')",
+                       r->gbnf_param);
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);

@@ -53,8 +53,10 @@ typedef struct api_prompt {
 typedef struct api_request {
     api_kind kind;
     char *model; /* required */
-    /* chat: messages with roles system/user/assistant (also "developer" mapped to system);
-     * content as a string or an array of {"type":"text","text":..} parts joined in order. */
+    /* chat: messages with roles system/user/assistant/tool (also "developer" mapped to
+     * system); content as a string or an array of {"type":"text","text":..} parts joined in
+     * order; an assistant's tool_calls (names checked, arguments JSON text that parses); a tool
+     * message's tool_call_id and name. */
     chat_message *messages; /* role and content strings owned by the request */
     int n_messages;
     /* completions: a string, an array of strings, an array of ids, or an array of id arrays.
@@ -90,8 +92,9 @@ typedef struct api_request {
     bool jump_forward;   /* kvserve's "jump_forward" (default true): forced text as prefill */
     /* chat: tools ({"type": "function", "function": {name, description, parameters}}), their
      * strings owned; tool_choice (default auto with tools); parallel_tool_calls (default true).
-     * Assistant turns' tool_calls and tool messages are rendered into the messages' content in
-     * the generic tool format (model/chat.h). */
+     * Assistant turns' tool_calls and tool messages stay in the messages (role "tool"), for the
+     * chat template to write in the model's tool format; so does the grammar of the calls
+     * (gbnf stays NULL for tools: openai.c builds it once the model is known). */
     chat_tool *tools;
     int n_tools;
     chat_tool_choice tool_choice;

@@ -22,7 +22,7 @@ static void generate_usage(FILE *out) {
         "  -f, --file PATH           read the prompt from a file\n"
         "      --chat                wrap the prompt as a user message in the chat template\n"
         "      --system TEXT         system message (with --chat)\n"
-        "      --chat-template NAME  chatml | llama3 | llama2 | mistral (default: from GGUF)\n"
+        "      --chat-template NAME  " CHAT_TEMPLATE_NAMES " (default: from GGUF)\n"
         "  -n, --max-tokens N        tokens to generate (default 256)\n"
         "  -c, --ctx N               context size in tokens (default min(model, 4096))\n"
         "  -t, --threads N           compute threads (default 2)\n"
@@ -176,11 +176,11 @@ int cli_generate(int argc, char **argv) {
     if (o.chat) {
         chat_message msgs[2];
         int n = 0;
-        if (o.system) msgs[n++] = (chat_message){"system", o.system};
-        msgs[n++] = (chat_message){"user", prompt};
+        if (o.system) msgs[n++] = (chat_message){.role = "system", .content = o.system};
+        msgs[n++] = (chat_message){.role = "user", .content = prompt};
         int32_t bos = tokenizer_bos(m->tok);
         const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
-        if (!(rendered = chat_render(&m->chat, msgs, n, true, bos_text, &err))) goto fail;
+        if (!(rendered = chat_render(&m->chat, msgs, n, NULL, 0, true, bos_text, &err))) goto fail;
         /* Templates that spell BOS out must not get a second one. */
         if (bos_text && strncmp(rendered, bos_text, strlen(bos_text)) == 0) add_bos = false;
         prompt = rendered;

@@ -21,14 +21,14 @@ static int fail_oom(api_error *err) {
     return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-/* Renders messages with the model's chat template and tokenizes them. Templates that spell
- * BOS out (Llama 3) must not get a second one from the tokenizer. */
-static int tokenize_messages(const model *m, const chat_message *msgs, int n, int32_t **ids,
-                             api_error *err) {
+/* Renders messages (with tools, when given) with the model's chat template and tokenizes them.
+ * Templates that spell BOS out (Llama 3) must not get a second one from the tokenizer. */
+static int tokenize_messages(const model *m, const chat_message *msgs, int n,
+                             const chat_tool *tools, int n_tools, int32_t **ids, api_error *err) {
     kv_error ke = {{0}};
     int32_t bos = tokenizer_bos(m->tok);
     const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
-    char *text = chat_render(&m->chat, msgs, n, true, bos_text, &ke);
+    char *text = chat_render(&m->chat, msgs, n, tools, n_tools, true, bos_text, &ke);
     if (!text) return fail_400(err, "messages", NULL, ke.msg);
     bool add_bos = tokenizer_add_bos(m->tok);
     if (bos_text && strncmp(text, bos_text, strlen(bos_text)) == 0) add_bos = false;
@@ -139,40 +139,6 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     return j;
 }
 
-/* The chat with the tools listed in its system message (prepended to the conversation's own
- * system message, or as a new first message). */
-static int tokenize_with_tools(const model *m, const api_request *rq, int32_t **ids,
-                               api_error *err) {
-    kv_error ke = {{0}};
-    char *sys = chat_tools_system(rq->tools, rq->n_tools, &ke);
-    chat_message *msgs = calloc((size_t)rq->n_messages + 1, sizeof *msgs);
-    char *joined = NULL;
-    if (!sys || !msgs) {
-        free(sys);
-        free(msgs);
-        return fail_oom(err);
-    }
-    int n = 0;
-    bool has_sys = rq->n_messages > 0 && !strcmp(rq->messages[0].role, "system");
-    if (has_sys) {
-        size_t a = strlen(rq->messages[0].content), b = strlen(sys);
-        if ((joined = malloc(a + b + 3))) {
-            memcpy(joined, rq->messages[0].content, a);
-            memcpy(joined + a, "\n\n", 2);
-            memcpy(joined + a + 2, sys, b + 1);
-        }
-        msgs[n++] = (chat_message){"system", joined ? joined : sys};
-    } else {
-        msgs[n++] = (chat_message){"system", sys};
-    }
-    for (int i = has_sys ? 1 : 0; i < rq->n_messages; i++) msgs[n++] = rq->messages[i];
-    int rc = tokenize_messages(m, msgs, n, ids, err);
-    free(joined);
-    free(sys);
-    free(msgs);
-    return rc;
-}
-
 /* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
  * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
  * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
@@ -181,9 +147,10 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
     *ids = NULL;
     if (rq->kind == API_CHAT) {
         snprintf(param, param_size, "messages");
-        if (rq->tool_choice == CHAT_TOOL_NONE)
-            return tokenize_messages(m, rq->messages, rq->n_messages, ids, err);
-        return tokenize_with_tools(m, rq, ids, err);
+        /* tool_choice none: no tools listed, earlier calls and results still written */
+        bool tools = rq->tool_choice != CHAT_TOOL_NONE;
+        return tokenize_messages(m, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
+                                 tools ? rq->n_tools : 0, ids, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
@@ -227,14 +194,25 @@ static int prompt_max_tokens(const server *s, const api_request *rq, int n_ids, 
     return max_tokens;
 }
 
-/* The request's grammar, parsed (again: api.c validated it) and bound to the vocabulary. */
+/* The request's grammar, parsed (again: api.c validated it) and bound to the vocabulary; with
+ * tools, the calls' grammar in the model's tool format. */
 static int request_grammar(const server *s, gen_request *r, const api_request *rq, api_error *err) {
     kv_error ke = {{0}};
-    if (!(r->grammar = grammar_parse(rq->gbnf, strlen(rq->gbnf), &ke)))
-        return fail_400(err, rq->gbnf_param, NULL, ke.msg);
+    const char *src = rq->gbnf, *param = rq->gbnf_param;
+    char *calls = NULL;
+    if (!src) {
+        calls = chat_tools_gbnf(s->m->chat.tools, rq->tools, rq->n_tools, rq->tool_choice,
+                                rq->tool_choice_name, rq->parallel_tool_calls, &ke);
+        if (!calls) return fail_400(err, "tools", NULL, ke.msg);
+        src = calls;
+        param = "tools";
+    }
+    r->grammar = grammar_parse(src, strlen(src), &ke);
+    free(calls);
+    if (!r->grammar) return fail_400(err, param, NULL, ke.msg);
     if (!(r->gm = gmatch_create(r->grammar, s->gvocab, &ke))) return fail_oom(err);
     if (gmatch_start(r->gm) < 0)
-        return fail_400(err, rq->gbnf_param, NULL, "the grammar is too complex to match");
+        return fail_400(err, param, NULL, "the grammar is too complex to match");
     /* Forced tokens have no sampled logprobs: jump-forward only without them. */
     r->jump_forward = rq->jump_forward && !rq->logprobs;
     return 0;
@@ -263,7 +241,8 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     kv_error ke = {{0}};
     if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
         return fail_400(err, "stop", NULL, ke.msg);
-    return rq->gbnf ? request_grammar(s, r, rq, err) : 0;
+    bool tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    return rq->gbnf || tools ? request_grammar(s, r, rq, err) : 0;
 }
 
 /* Tokenizes and checks prompt p and adds its gen_request to j. -1 with err; from the moment
@@ -333,6 +312,8 @@ static int job_submit(job *j, api_error *err) {
                      !(j->acc = calloc((size_t)n_choices, sizeof *j->acc)) ||
                      !(j->acc_len = calloc((size_t)n_choices, sizeof *j->acc_len))))
         return fail_oom(err);
+    for (int i = 0; j->tp && i < n_choices; i++)
+        chat_tool_parser_init(&j->tp[i], j->s->m->chat.tools);
     for (int p = 0; p < j->n_reqs; p++) {
         kv_error ke = {{0}};
         if (j->wake) gen_request_watch(j->reqs[p], job_notify, j);
@@ -518,7 +499,8 @@ void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
  * its text as content. */
 static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
     const char *text = c->text ? c->text : "";
-    chat_tool_parser tp = {0};
+    chat_tool_parser tp;
+    chat_tool_parser_init(&tp, j->s->m->chat.tools);
     chat_tool_event ev[16];
     json_t *calls = json_array();
     json_t *cur = NULL;
@@ -884,7 +866,7 @@ void openai_tokenize(server *s, const http_call *c, http_reply *out) {
     int n = -1;
     if (api_parse_tokenize(c->body, c->len, &t, &err) == 0) {
         if (t.messages)
-            n = tokenize_messages(s->m, t.messages, t.n_messages, &ids, &err);
+            n = tokenize_messages(s->m, t.messages, t.n_messages, NULL, 0, &ids, &err);
         else
             n = tokenize_text(s->m, t.text, t.add_special, &ids, "content", &err);
     }

@@ -67,6 +67,367 @@ LLAMA2 = (
     "{% endif %}{% endfor %}"
 )
 
+# meta-llama/Llama-3.1-8B-Instruct tokenizer_config.json (llama.cpp's copy: models/templates/
+# meta-llama-Llama-3.1-8B-Instruct.jinja). meta-llama/Llama-3.3-70B-Instruct's template is
+# byte-identical to this one.
+LLAMA31 = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+# meta-llama/Llama-3.2-3B-Instruct tokenizer_config.json (llama.cpp's copy: models/templates/
+# meta-llama-Llama-3.2-3B-Instruct.jinja): 3.1's without builtin_tools, the date from
+# strftime_now when the caller defines it.
+LLAMA32 = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+# Qwen/Qwen2.5-7B-Instruct tokenizer_config.json (llama.cpp's copy: models/templates/
+# Qwen-Qwen2.5-7B-Instruct.jinja): ChatML with the Hermes tool format.
+QWEN25 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+# mistralai/Mistral-Nemo-Instruct-2407 tokenizer_config.json (llama.cpp's copy: models/templates/
+# mistralai-Mistral-Nemo-Instruct-2407.jinja): Mistral's v3-tekken format with [TOOL_CALLS].
+MISTRAL_NEMO = r"""{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS][" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST]" + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST]" + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif (message.tool_calls is defined and message.tool_calls is not none) %}
+        {{- "[TOOL_CALLS][" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- message["content"] + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS]{"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
 # ---------------------------------------------------------------- conversations
 
 
@@ -114,6 +475,91 @@ CASES = [
 # user turns fall on even positions); chat_render rejects it instead, so no golden for it.
 SKIP = {"llama2": {"system_in_middle"}}
 
+# ---------------------------------------------------------------- conversations with tools
+#
+# As an OpenAI request becomes template variables in vLLM and llama-server: `tools` is the
+# request's list of {"type": "function", "function": {...}} dicts, and an assistant turn's call
+# arguments, which OpenAI sends as JSON text, are parsed into a dict (Hugging Face's tool-use
+# templates expect one). Mistral's template insists on 9-character alphanumeric call ids.
+
+
+def tool(name, description, parameters):
+    fn = {"name": name}
+    if description is not None:
+        fn["description"] = description
+    if parameters is not None:
+        fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+WEATHER = tool("get_weather", "Get the current weather in a city.", {
+    "type": "object",
+    "properties": {"city": {"type": "string", "description": "City name, e.g. \"Paris\""},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]})
+# Non-ASCII, <>&' (jinja2's own tojson would escape them), numbers of every form Python writes.
+SEARCH = tool("search_docs", "Search the docs \u2014 <b>naïve</b> & 'quoted', 日本語", {
+    "type": "object",
+    "properties": {"query": {"type": "string", "minLength": 1},
+                   "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+                   "score": {"type": "number", "minimum": 0, "maximum": 1.0,
+                             "examples": [1e-05, 0.0001, 1e16, 123456789012345.6, -0.0,
+                                          2.5e-300, 1e300, 0.1, 100.0]},
+                   "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+                   "opts": {"type": "object", "properties": {}},
+                   "exact": {"type": ["boolean", "null"]},
+                   "deep": {"type": "array"}},
+    "required": ["query"], "additionalProperties": False})
+PING = tool("ping", None, None)
+TOOLS = [WEATHER, SEARCH, PING]
+
+
+def call(id_, name, arguments):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def calls(content, *tool_calls):
+    return {"role": "assistant", "content": content, "tool_calls": list(tool_calls)}
+
+
+def result(id_, content):
+    return {"role": "tool", "tool_call_id": id_, "content": content}
+
+
+UW = msg("user", "What is the weather in Paris?")
+C_PARIS = call("a1B2c3D4e", "get_weather", {"city": "Paris", "unit": "celsius"})
+C_SEARCH = call("Zz9Yy8Xx7", "search_docs", {
+    "query": "naïve \"quotes\" <tag> & 'apostrophes'\nnew line\ttab \u2028 \x01",
+    "limit": 3, "score": 0.25, "tags": ["a", "b"], "opts": {}, "exact": None,
+    "deep": [[1, 2.5e-07], {"k": False}]})
+C_PING = call("000000001", "ping", {})
+R_PARIS = result("a1B2c3D4e", "18 degrees and sunny")
+R_SEARCH = result("Zz9Yy8Xx7", '{"hits": ["intro.md"], "note": "ünï"}')
+R_PING = result("000000001", "pong")
+
+TOOL_CASES = [
+    ("tools_listed", [UW], True, TOOLS),
+    ("tools_listed_system", [SYS, UW], True, TOOLS),
+    ("tools_one_tool", [SYS, U1, A1, UW], True, [WEATHER]),
+    ("tools_call_turn", [UW, calls(None, C_PARIS)], False, TOOLS),
+    ("tools_call_with_content", [UW, calls("Let me check.", C_PARIS)], False, TOOLS),
+    ("tools_result", [SYS, UW, calls(None, C_PARIS), R_PARIS], True, TOOLS),
+    ("tools_result_answered", [SYS, UW, calls(None, C_PARIS), R_PARIS,
+                               msg("assistant", "It is 18 degrees and sunny."), U3], True, TOOLS),
+    ("tools_arguments_escaped", [UW, calls(None, C_SEARCH), R_SEARCH], True, TOOLS),
+    ("tools_parallel", [SYS, UW, calls(None, C_PARIS, C_PING), R_PARIS, R_PING], True, TOOLS),
+    ("tools_three_parallel", [UW, calls("", C_PARIS, C_SEARCH, C_PING), R_PARIS, R_SEARCH,
+                              R_PING], True, TOOLS),
+    ("tools_two_rounds", [UW, calls(None, C_PARIS), R_PARIS, msg("assistant", "Sunny."), U2,
+                          calls(None, C_PING), R_PING], True, TOOLS),
+    ("tools_repeated_user", [UW, msg("assistant", "Which unit?"), UW], True, TOOLS),
+    # tool_choice "none": no tools listed, earlier calls and results still rendered
+    ("no_tools_call_history", [SYS, UW, calls(None, C_PARIS), R_PARIS], True, None),
+    ("no_tools_two_rounds", [UW, calls(None, C_PARIS), R_PARIS, msg("assistant", "Sunny."), U2],
+     True, None),
+    ("tools_no_user", [SYS], True, TOOLS),
+]
+
 # ---------------------------------------------------------------- rendering
 
 
@@ -126,23 +572,37 @@ def raise_exception(message):
 
 
 def make_env():
+    """transformers' environment: its tojson filter is json.dumps(ensure_ascii=False) with the
+    indent/separators/sort_keys options and no key sorting by default (jinja2's own tojson sorts
+    keys and escapes <>&'). transformers also defines strftime_now (today's date, which
+    Llama 3.2's template prefers to its fallback); kvserve renders the fallback date, so the
+    goldens are made without it."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
     return env
 
 
-def render_cases(env, name, source, bos, eos):
+def render_cases(env, name, source, bos, eos, cases):
     tmpl = env.from_string(source)
     out = []
-    for case_name, messages, gen in CASES:
+    for case_name, messages, gen, tools in cases:
         if case_name in SKIP.get(name, ()):
             continue
         case = {"name": case_name, "messages": messages, "add_generation_prompt": gen}
+        variables = {"messages": messages, "add_generation_prompt": gen, "bos_token": bos,
+                     "eos_token": eos}
+        if tools is not None:
+            case["tools"] = tools
+            variables["tools"] = tools
         try:
-            case["expected"] = tmpl.render(messages=messages, add_generation_prompt=gen,
-                                           bos_token=bos, eos_token=eos)
+            case["expected"] = tmpl.render(**variables)
         except (TemplateError, jinja2.exceptions.UndefinedError) as e:
             case["error"] = f"{type(e).__name__}: {e}"
         out.append(case)
@@ -163,22 +623,35 @@ def main():
     args = ap.parse_args()
 
     smollm2_default = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    plain = [(n, m, g, None) for n, m, g in CASES]
+    with_tools = plain + TOOL_CASES
+    llama3_bos, llama3_eos = "<|begin_of_text|>", "<|eot_id|>"
     templates = [
-        # name, origin, source, kind, default system, bos, eos
+        # name, origin, source, kind, default system, bos, eos, cases
         ("smollm2", f"{os.path.basename(args.model)}: tokenizer.chat_template",
-         smollm2_template(args.model), "chatml", smollm2_default, "<|im_start|>", "<|im_end|>"),
+         smollm2_template(args.model), "chatml", smollm2_default, "<|im_start|>", "<|im_end|>",
+         plain),
         ("chatml", "Hugging Face chat templating docs: ChatML", CHATML, "chatml", None, "<s>",
-         "</s>"),
+         "</s>", plain),
         ("qwen2", "Qwen/Qwen2-7B-Instruct tokenizer_config.json", QWEN2, "chatml",
-         "You are a helpful assistant.", "", "<|im_end|>"),
+         "You are a helpful assistant.", "", "<|im_end|>", plain),
         ("llama3", "meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json", LLAMA3, "llama3",
-         None, "<|begin_of_text|>", "<|eot_id|>"),
+         None, llama3_bos, llama3_eos, plain),
         ("llama2", "meta-llama/Llama-2-7b-chat-hf tokenizer_config.json", LLAMA2, "llama2", None,
-         "<s>", "</s>"),
+         "<s>", "</s>", plain),
+        ("llama3.1", "meta-llama/Llama-3.1-8B-Instruct tokenizer_config.json (also Llama 3.3)",
+         LLAMA31, "llama3.1", None, llama3_bos, llama3_eos, with_tools),
+        ("llama3.2", "meta-llama/Llama-3.2-3B-Instruct tokenizer_config.json", LLAMA32,
+         "llama3.1", None, llama3_bos, llama3_eos, with_tools),
+        ("qwen2.5", "Qwen/Qwen2.5-7B-Instruct tokenizer_config.json", QWEN25, "qwen2.5",
+         "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", "",
+         "<|im_end|>", with_tools),
+        ("mistral-nemo", "mistralai/Mistral-Nemo-Instruct-2407 tokenizer_config.json",
+         MISTRAL_NEMO, "mistral-nemo", None, "<s>", "</s>", with_tools),
     ]
     env = make_env()
     os.makedirs(args.out, exist_ok=True)
-    for name, origin, source, kind, default_system, bos, eos in templates:
+    for name, origin, source, kind, default_system, bos, eos, cases in templates:
         doc = {
             "name": name,
             "origin": origin,
@@ -188,7 +661,7 @@ def main():
             "bos_token": bos,
             "eos_token": eos,
             "template": source,
-            "cases": render_cases(env, name, source, bos, eos),
+            "cases": render_cases(env, name, source, bos, eos, cases),
         }
         path = os.path.join(args.out, f"{name}.json")
         with open(path, "w", encoding="utf-8") as f:

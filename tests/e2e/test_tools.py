@@ -2,11 +2,16 @@
 none; parallel_tool_calls; calls parsed into message.tool_calls (ids, names, arguments that
 validate against the function's parameter schema, finish_reason "tool_calls"), streamed as
 delta.tool_calls; a conversation holding an assistant tool_calls turn and a tool result is
-answered; the 400s for bad tools."""
+answered; the 400s for bad tools. The default model's template has no tool format (the generic
+one is used); the same checks run with --chat-template naming each family's own format (Qwen 2.5
+/ Hermes, Llama 3.1, Mistral Nemo), whose prompts the unit tests compare with the templates'
+renderings."""
 import json
 
 import jsonschema
 import pytest
+
+from conftest import KvServer
 
 WEATHER = {"type": "object",
            "properties": {"city": {"type": "string", "maxLength": 40},
@@ -60,12 +65,8 @@ def test_parallel_off_gives_one_call(client, server):
     assert len(r.choices[0].message.tool_calls) == 1
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "get_weather"}}])
-def test_streamed_calls_equal_whole(client, server, choice):
-    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice=choice,
-              max_tokens=150, temperature=0)
-    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+def stream_calls(client, **kw):
+    """The calls of a streamed answer, put together from its deltas, and its finish_reason."""
     calls, finish = {}, None
     for ch in client.chat.completions.create(stream=True, **kw):
         if not ch.choices:
@@ -75,12 +76,23 @@ def test_streamed_calls_equal_whole(client, server, choice):
         for tc in d.tool_calls or []:
             if tc.id:
                 assert tc.function.name and tc.index not in calls
-                calls[tc.index] = {"name": tc.function.name, "args": tc.function.arguments}
+                calls[tc.index] = {"id": tc.id, "name": tc.function.name,
+                                   "args": tc.function.arguments}
             else:
                 calls[tc.index]["args"] += tc.function.arguments
         finish = ch.choices[0].finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_streamed_calls_equal_whole(client, server, choice):
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice=choice,
+              max_tokens=150, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls, finish = stream_calls(client, **kw)
     assert finish == "tool_calls"
-    assert [(c["name"], c["args"]) for _, c in sorted(calls.items())] == \
+    assert [(c["name"], c["args"]) for c in calls] == \
         [(t.function.name, t.function.arguments) for t in whole]
 
 
@@ -126,3 +138,88 @@ def test_bad_tools_are_400(server, body, param):
                                  {"model": server.model_id, "messages": ASK, **body})
     assert status == 400, r
     assert r["error"]["param"] == param, r
+
+
+# ---------------------------------------------------------------- per-family tool formats
+
+FAMILIES = ["qwen2.5", "llama3.1", "mistral-nemo"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request):
+    """A server rendering and parsing with one family's template: (name, server, client)."""
+    s = KvServer(["-c", "2048", "--chat-template", request.param]).start()
+    yield request.param, s, s.client()
+    s.terminate()
+
+
+@pytest.mark.parametrize("choice,names", [
+    ("required", None),
+    ({"type": "function", "function": {"name": "get_time"}}, ["get_time"]),
+])
+def test_family_required_and_named(family, choice, names):
+    name, server, client = family
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice=choice,
+              max_tokens=150, temperature=0)
+    r = client.chat.completions.create(**kw)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", (name, c)
+    assert c.message.content is None
+    check_calls(c.message.tool_calls)
+    if names:
+        assert [t.function.name for t in c.message.tool_calls] == names
+    if name == "llama3.1":  # its template writes one call per turn
+        assert len(c.message.tool_calls) == 1
+    streamed, finish = stream_calls(client, **kw)
+    assert finish == "tool_calls"
+    assert [(x["name"], x["args"]) for x in streamed] == \
+        [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+
+
+def test_family_answers_a_tool_result(family):
+    """The model's own call and the result go back (ids mapped for Mistral's 9-character ones);
+    the prompt grows by them, and the answer comes back as text."""
+    name, server, client = family
+    first = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
+                                           tool_choice="required", max_tokens=150,
+                                           temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    for choice in ("none", "auto"):
+        kw = dict(model=server.model_id, tools=TOOLS, tool_choice=choice, temperature=0)
+        base = client.chat.completions.create(messages=ASK, max_tokens=1, **kw)
+        r = client.chat.completions.create(messages=history, max_tokens=30, **kw)
+        c = r.choices[0]
+        assert c.finish_reason in ("stop", "length", "tool_calls"), (name, c)
+        if c.finish_reason == "tool_calls":
+            assert choice == "auto"
+            check_calls(c.message.tool_calls)
+        else:
+            assert isinstance(c.message.content, str)
+        assert r.usage.prompt_tokens > base.usage.prompt_tokens + 10
+
+
+def test_family_template_refusals_are_400(family):
+    name, server, _ = family
+    two_calls = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{i}", "type": "function",
+         "function": {"name": "get_time", "arguments": json.dumps({"tz": "UTC"})}}
+        for i in range(2)]}]
+    status, r = server.post_json("/v1/chat/completions", {
+        "model": server.model_id, "messages": two_calls, "tools": TOOLS, "max_tokens": 5})
+    if name == "llama3.1":
+        assert status == 400 and r["error"]["param"] == "messages", r
+        assert "one call per turn" in r["error"]["message"], r
+    else:
+        assert status == 200, r
+    bad_args = ASK + [{"role": "assistant", "tool_calls": [
+        {"id": "x", "type": "function", "function": {"name": "get_time", "arguments": "{"}}]}]
+    status, r = server.post_json("/v1/chat/completions", {
+        "model": server.model_id, "messages": bad_args, "max_tokens": 5})
+    assert status == 400, r
+    assert r["error"]["param"] == "messages[1].tool_calls[0].function.arguments", r

@@ -30,9 +30,23 @@ static uint64_t use_messages(const chat_message *m, int n) {
     uint64_t sink = 0;
     CHECK(n >= 1 && m != NULL);
     for (int i = 0; i < n; i++) {
-        CHECK(!strcmp(m[i].role, "system") || !strcmp(m[i].role, "user") ||
-              !strcmp(m[i].role, "assistant"));
+        bool assistant = !strcmp(m[i].role, "assistant"), tool = !strcmp(m[i].role, "tool");
+        CHECK(!strcmp(m[i].role, "system") || !strcmp(m[i].role, "user") || assistant || tool);
         sink += use_str(m[i].content);
+        /* calls only on assistant turns, each with a name and arguments that are JSON text */
+        CHECK(m[i].n_tool_calls >= 0 && (m[i].n_tool_calls == 0 || assistant));
+        for (int k = 0; k < m[i].n_tool_calls; k++) {
+            const chat_tool_call *c = &m[i].tool_calls[k];
+            sink += use_str(c->name) + (c->id ? use_str(c->id) : 0);
+            if (c->arguments && *c->arguments) {
+                json_t *a = json_loads(c->arguments, JSON_DECODE_ANY, NULL);
+                CHECK(a != NULL);
+                json_decref(a);
+            }
+        }
+        CHECK(tool || (!m[i].tool_call_id && !m[i].name));
+        if (m[i].tool_call_id) sink += use_str(m[i].tool_call_id);
+        if (m[i].name) sink += use_str(m[i].name);
     }
     return sink;
 }

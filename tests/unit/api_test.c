@@ -437,37 +437,71 @@ Test(api, unknown_role) {
     fail(API_CHAT,
          "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,"
          "\"tool_calls\":[{\"id\":\"1\",\"type\":\"function\"}]}]}",
-         "messages[0].tool_calls[0].function", "string 'name'");
+         "messages[0].tool_calls[0].function", "is required: an object");
     fail(API_CHAT,
          "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\","
          "\"tool_calls\":[]}]}",
          "messages[0].tool_calls", "only assistant messages");
 }
 
-/* Tool turns are rendered in the generic tool format: the assistant's calls after its content,
- * the tool's result (named after the call it answers) in a user turn. */
-Test(api, tool_turns_rendered) {
+/* Tool turns stay structured for the chat template, which writes them in the model's tool
+ * format: the assistant's calls (arguments as the JSON text sent), the tool's result with the
+ * id it answers (and a name when the message gives one). */
+Test(api, tool_turns_kept) {
     api_request r;
     parse_ok(API_CHAT,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},"
              "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
              "\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
-             "\"{\\\"a\\\": 1}\"}}]},"
-             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"}],"
+             "\"{\\\"a\\\": 1}\"}},{\"id\":\"c2\",\"function\":{\"name\":\"put\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c9\",\"name\":\"lookup\",\"content\":\"?\"}],"
              "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\","
              "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
              "\"integer\"}}}}}],\"tool_choice\":\"required\"}",
              &r);
-    cr_assert_str_eq(r.messages[1].content,
-                     "<tool_call>{\"name\": \"get\", \"arguments\": {\"a\": 1}}</tool_call>");
-    cr_assert_str_eq(r.messages[2].role, "user");
-    cr_assert_str_eq(r.messages[2].content,
-                     "<tool_response>{\"name\":\"get\",\"content\":\"sunny\"}</tool_response>");
+    const chat_message *a = &r.messages[1], *t = &r.messages[2];
+    cr_assert_str_eq(a->content, "");
+    cr_assert_eq(a->n_tool_calls, 2);
+    cr_assert_str_eq(a->tool_calls[0].id, "c1");
+    cr_assert_str_eq(a->tool_calls[0].name, "get");
+    cr_assert_str_eq(a->tool_calls[0].arguments, "{\"a\": 1}");
+    cr_assert_str_eq(a->tool_calls[1].name, "put");
+    cr_assert_null(a->tool_calls[1].arguments);
+    cr_assert_str_eq(t->role, "tool");
+    cr_assert_str_eq(t->content, "sunny");
+    cr_assert_str_eq(t->tool_call_id, "c1");
+    cr_assert_null(t->name, "not given: the template looks the call up by its id");
+    cr_assert_str_eq(r.messages[3].tool_call_id, "c9");
+    cr_assert_str_eq(r.messages[3].name, "lookup");
     cr_assert_eq(r.n_tools, 1);
     cr_assert_eq(r.tool_choice, CHAT_TOOL_REQUIRED);
     cr_assert(r.parallel_tool_calls);
-    cr_assert_not_null(r.gbnf);
-    cr_assert_str_eq(r.gbnf_param, "tools");
+    cr_assert_null(r.gbnf, "the calls' grammar depends on the model: built when it is known");
+    api_request_free(&r);
+}
+
+Test(api, tool_calls_bad) {
+#define ASSISTANT_CALL(call)                                                                       \
+    "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[" call "]}]}"
+    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"a b\"}}"),
+         "messages[0].tool_calls[0].function.name", "1 to 64 of");
+    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"f\",\"arguments\":\"{nope\"}}"),
+         "messages[0].tool_calls[0].function.arguments", "is not JSON");
+    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"f\",\"arguments\":{}}}"),
+         "messages[0].tool_calls[0].function.arguments", "must be a string (JSON text)");
+    fail(API_CHAT, ASSISTANT_CALL("{\"id\":7,\"function\":{\"name\":\"f\"}}"),
+         "messages[0].tool_calls[0].id", "must be a string");
+    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"f\"}}, 3"),
+         "messages[0].tool_calls[1]", "must be an object");
+#undef ASSISTANT_CALL
+    /* an empty argument string is an empty object, as before */
+    api_request r;
+    parse_ok(API_CHAT,
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{"
+             "\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}]}",
+             &r);
+    cr_assert_str_eq(r.messages[0].tool_calls[0].arguments, "");
     api_request_free(&r);
 }
 

@@ -1,6 +1,7 @@
 /* Chat template tests. The goldens (tests/golden/chat, from scripts/ref/make_chat_goldens.py) hold
- * each template's Jinja source and conversations rendered by the jinja2 package: detection must
- * recognise every source and chat_render must reproduce jinja2's text byte for byte. */
+ * each template's Jinja source and conversations rendered by the jinja2 package, with tools,
+ * calls and results for the templates that have a tool format: detection must recognise every
+ * source and chat_render must reproduce jinja2's text byte for byte. */
 #include <criterion/criterion.h>
 #include <glob.h>
 #include <jansson.h>
@@ -9,6 +10,7 @@
 
 #include "model/chat.h"
 #include "model/grammar.h"
+#include "tests/unit/chat_golden.h"
 
 #define GOLDEN_GLOB "tests/golden/chat/*.json"
 
@@ -25,28 +27,20 @@ static const char *jstr(json_t *obj, const char *key) {
     return json_string_value(v);
 }
 
-static chat_template_kind kind_of_name(const char *name) {
+static chat_template template_of_name(const char *name) {
     chat_template t;
     cr_assert_eq(chat_template_from_name(name, &t), 0, "unknown kind name %s", name);
-    return t.kind;
+    return t;
 }
 
 /* Renders one golden case and compares it with jinja2's text (or its error). */
 static void check_case(const char *file, const chat_template *t, const char *bos, json_t *c) {
     const char *name = jstr(c, "name");
-    json_t *jm = json_object_get(c, "messages");
-    cr_assert(json_is_array(jm));
-    int n = (int)json_array_size(jm);
-    chat_message *msgs = calloc((size_t)n + 1, sizeof *msgs);
-    cr_assert_not_null(msgs);
-    for (int i = 0; i < n; i++) {
-        json_t *m = json_array_get(jm, (size_t)i);
-        msgs[i].role = jstr(m, "role");
-        msgs[i].content = jstr(m, "content");
-    }
+    golden_conv conv;
+    golden_conv_load(c, &conv);
     bool gen = json_is_true(json_object_get(c, "add_generation_prompt"));
     kv_error err = {{0}};
-    char *got = chat_render(t, msgs, n, gen, bos, &err);
+    char *got = chat_render(t, conv.msgs, conv.n_msgs, conv.tools, conv.n_tools, gen, bos, &err);
     json_t *expected = json_object_get(c, "expected");
     if (expected) {
         cr_assert_not_null(got, "%s/%s: render failed: %s", file, name, err.msg);
@@ -58,23 +52,26 @@ static void check_case(const char *file, const chat_template *t, const char *bos
         cr_assert_neq(err.msg[0], '\0', "%s/%s: no error message", file, name);
     }
     free(got);
-    free(msgs);
+    golden_conv_free(&conv);
 }
 
 Test(chat, goldens_match_jinja2) {
     glob_t g;
     cr_assert_eq(glob(GOLDEN_GLOB, 0, NULL, &g), 0, "no goldens at %s (run from the repo root)",
                  GOLDEN_GLOB);
-    cr_assert_geq(g.gl_pathc, 5, "expected >= 5 golden templates, found %zu", g.gl_pathc);
-    size_t n_cases = 0;
+    cr_assert_geq(g.gl_pathc, 9, "expected >= 9 golden templates, found %zu", g.gl_pathc);
+    size_t n_cases = 0, n_tool_cases = 0;
     for (size_t f = 0; f < g.gl_pathc; f++) {
         const char *path = g.gl_pathv[f];
         json_t *doc = golden_load(path);
         const char *src = jstr(doc, "template");
-        chat_template t;
+        chat_template t, want = template_of_name(jstr(doc, "kind"));
         chat_template_detect(src, strlen(src), &t);
-        cr_assert_eq(t.kind, kind_of_name(jstr(doc, "kind")), "%s: detected %s, want %s", path,
+        cr_assert_eq(t.kind, want.kind, "%s: detected %s, want %s", path,
                      chat_template_name(t.kind), jstr(doc, "kind"));
+        cr_assert_eq(t.tools, want.tools, "%s: detected tool format %s, want %s", path,
+                     chat_tools_format_name(t.tools), chat_tools_format_name(want.tools));
+        chat_template_free(&want);
         json_t *ds = json_object_get(doc, "default_system");
         if (json_is_string(ds)) {
             cr_assert_not_null(t.default_system, "%s: default system not found", path);
@@ -85,12 +82,17 @@ Test(chat, goldens_match_jinja2) {
         }
         json_t *cases = json_object_get(doc, "cases");
         cr_assert_geq(json_array_size(cases), 10, "%s: fewer than 10 cases", path);
-        for (size_t i = 0; i < json_array_size(cases); i++, n_cases++)
-            check_case(path, &t, jstr(doc, "bos_token"), json_array_get(cases, i));
+        for (size_t i = 0; i < json_array_size(cases); i++, n_cases++) {
+            json_t *c = json_array_get(cases, i);
+            check_case(path, &t, jstr(doc, "bos_token"), c);
+            n_tool_cases += json_object_get(c, "tools") != NULL;
+        }
         chat_template_free(&t);
         json_decref(doc);
     }
-    cr_log_info("%zu golden cases over %zu templates", n_cases, g.gl_pathc);
+    cr_assert_geq(n_tool_cases, 40, "only %zu cases with tools", n_tool_cases);
+    cr_log_info("%zu golden cases (%zu with tools) over %zu templates", n_cases, n_tool_cases,
+                g.gl_pathc);
     globfree(&g);
 }
 
@@ -149,23 +151,82 @@ Test(chat, default_system_extraction) {
 }
 
 Test(chat, from_name) {
+    static const struct {
+        const char *name;
+        chat_template_kind kind;
+        chat_tool_format tools;
+        bool default_system;
+    } names[] = {
+        {"chatml", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_GENERIC, false},
+        {"qwen2.5", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, true},
+        {"hermes", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, false},
+        {"llama3", CHAT_TEMPLATE_LLAMA3, CHAT_TOOLS_GENERIC, false},
+        {"llama3.1", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, false},
+        {"llama3.2", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, false},
+        {"llama3.3", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, false},
+        {"llama2", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, false},
+        {"mistral", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, false},
+        {"mistral-nemo", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
+        {"mistral-v3-tekken", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
+    };
     chat_template t;
-    cr_assert_eq(chat_template_from_name("chatml", &t), 0);
-    cr_assert_eq(t.kind, CHAT_TEMPLATE_CHATML);
-    cr_assert_null(t.default_system);
-    cr_assert_eq(chat_template_from_name("llama3", &t), 0);
-    cr_assert_eq(t.kind, CHAT_TEMPLATE_LLAMA3);
-    cr_assert_eq(chat_template_from_name("llama2", &t), 0);
-    cr_assert_eq(t.kind, CHAT_TEMPLATE_LLAMA2);
-    cr_assert_eq(chat_template_from_name("mistral", &t), 0);
-    cr_assert_eq(t.kind, CHAT_TEMPLATE_LLAMA2);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        cr_assert_eq(chat_template_from_name(names[i].name, &t), 0, "%s", names[i].name);
+        cr_assert_eq(t.kind, names[i].kind, "%s", names[i].name);
+        cr_assert_eq(t.tools, names[i].tools, "%s", names[i].name);
+        cr_assert_eq(t.default_system != NULL, names[i].default_system, "%s", names[i].name);
+        chat_template_free(&t);
+    }
+    cr_assert_eq(chat_template_from_name("qwen2.5", &t), 0);
+    cr_assert_str_eq(t.default_system,
+                     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    chat_template_free(&t);
     cr_assert_eq(chat_template_from_name("vicuna", &t), -1);
     cr_assert_eq(t.kind, CHAT_TEMPLATE_UNKNOWN);
     cr_assert_eq(chat_template_from_name("", &t), -1);
     cr_assert_eq(chat_template_from_name(NULL, &t), -1);
-    for (int k = CHAT_TEMPLATE_CHATML; k <= CHAT_TEMPLATE_LLAMA2; k++) {
+    for (int k = CHAT_TEMPLATE_CHATML; k <= CHAT_TEMPLATE_MISTRAL; k++) {
         cr_assert_eq(chat_template_from_name(chat_template_name((chat_template_kind)k), &t), 0);
         cr_assert_eq((int)t.kind, k);
+        chat_template_free(&t);
+    }
+}
+
+/* Sources that share a family's special tokens but write calls another way keep the generic
+ * tool format (their text is kept short here; the markers are what counts). */
+Test(chat, detect_tool_formats) {
+    static const struct {
+        const char *src;
+        chat_template_kind kind;
+        chat_tool_format tools;
+    } cases[] = {
+        /* Qwen3-Coder: <tool_call> around <function=NAME> */
+        {"<|im_start|>{{ '<tool_call>\\n<function=' + tool_call.name }}", CHAT_TEMPLATE_CHATML,
+         CHAT_TOOLS_GENERIC},
+        {"<|im_start|>{{ '<tool_call>\\n{\"name\": \"' }}{{ '\", \"arguments\": ' }}",
+         CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES},
+        /* functionary v3.1: Llama 3.1's header, calls as <function=NAME> */
+        {"<|start_header_id|>Cutting Knowledge Date: {\"parameters\": <function=",
+         CHAT_TEMPLATE_LLAMA3, CHAT_TOOLS_GENERIC},
+        {"<|start_header_id|>Cutting Knowledge Date: December 2023 '\"parameters\": '",
+         CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3},
+        /* Meta-Llama-3: no date header */
+        {"<|start_header_id|>{{ message['content'] }}", CHAT_TEMPLATE_LLAMA3, CHAT_TOOLS_GENERIC},
+        /* Mistral 7B v0.3: "[INST] " with a space */
+        {"{{ \"[INST] \" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_LLAMA2,
+         CHAT_TOOLS_GENERIC},
+        /* Mistral Small 3.x / Devstral: [SYSTEM_PROMPT], calls as [TOOL_CALLS]NAME[ARGS] */
+        {"[SYSTEM_PROMPT][INST][AVAILABLE_TOOLS][TOOL_CALLS][ARGS]", CHAT_TEMPLATE_LLAMA2,
+         CHAT_TOOLS_GENERIC},
+        {"{{ \"[INST]\" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_MISTRAL,
+         CHAT_TOOLS_MISTRAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        chat_template t;
+        chat_template_detect(cases[i].src, strlen(cases[i].src), &t);
+        cr_assert_eq(t.kind, cases[i].kind, "case %zu: %s", i, chat_template_name(t.kind));
+        cr_assert_eq(t.tools, cases[i].tools, "case %zu: %s", i, chat_tools_format_name(t.tools));
+        chat_template_free(&t);
     }
 }
 
@@ -174,42 +235,46 @@ Test(chat, from_name) {
 Test(chat, render_errors) {
     chat_template t;
     kv_error err = {{0}};
-    const chat_message bad_role[] = {{"user", "hi"}, {"tool", "{}"}};
+    const chat_message bad_role[] = {{.role = "user", .content = "hi"},
+                                     {.role = "function", .content = "{}"}};
     cr_assert_eq(chat_template_from_name("chatml", &t), 0);
-    cr_assert_null(chat_render(&t, bad_role, 2, true, NULL, &err));
-    cr_assert_not_null(strstr(err.msg, "tool"), "%s", err.msg);
-    const chat_message null_role[] = {{NULL, "hi"}};
-    cr_assert_null(chat_render(&t, null_role, 1, true, NULL, &err));
-    cr_assert_null(chat_render(&t, NULL, 3, true, NULL, &err));
-    cr_assert_null(chat_render(&t, bad_role, -1, true, NULL, &err));
+    cr_assert_null(chat_render(&t, bad_role, 2, NULL, 0, true, NULL, &err));
+    cr_assert_not_null(strstr(err.msg, "function"), "%s", err.msg);
+    const chat_message null_role[] = {{.role = NULL, .content = "hi"}};
+    cr_assert_null(chat_render(&t, null_role, 1, NULL, 0, true, NULL, &err));
+    cr_assert_null(chat_render(&t, NULL, 3, NULL, 0, true, NULL, &err));
+    cr_assert_null(chat_render(&t, bad_role, -1, NULL, 0, true, NULL, &err));
 
-    chat_template unknown = {CHAT_TEMPLATE_UNKNOWN, NULL};
-    const chat_message ok[] = {{"user", "hi"}};
+    chat_template unknown = {0};
+    const chat_message ok[] = {{.role = "user", .content = "hi"}};
     err.msg[0] = '\0';
-    cr_assert_null(chat_render(&unknown, ok, 1, true, NULL, &err));
+    cr_assert_null(chat_render(&unknown, ok, 1, NULL, 0, true, NULL, &err));
     cr_assert_not_null(strstr(err.msg, "unknown chat template"), "%s", err.msg);
 
     /* Llama 2: a system message after the first turn (its template would drop it silently) */
     cr_assert_eq(chat_template_from_name("llama2", &t), 0);
-    const chat_message mid_sys[] = {
-        {"user", "a"}, {"assistant", "b"}, {"system", "c"}, {"user", "d"}};
-    cr_assert_null(chat_render(&t, mid_sys, 4, true, "<s>", &err));
+    const chat_message mid_sys[] = {{.role = "user", .content = "a"},
+                                    {.role = "assistant", .content = "b"},
+                                    {.role = "system", .content = "c"},
+                                    {.role = "user", .content = "d"}};
+    cr_assert_null(chat_render(&t, mid_sys, 4, NULL, 0, true, "<s>", &err));
     cr_assert_not_null(strstr(err.msg, "system"), "%s", err.msg);
-    const chat_message two_sys[] = {{"system", "a"}, {"system", "b"}};
-    cr_assert_null(chat_render(&t, two_sys, 2, true, "<s>", &err));
+    const chat_message two_sys[] = {{.role = "system", .content = "a"},
+                                    {.role = "system", .content = "b"}};
+    cr_assert_null(chat_render(&t, two_sys, 2, NULL, 0, true, "<s>", &err));
 }
 
 Test(chat, render_null_content_and_bos) {
     chat_template t;
     kv_error err = {{0}};
-    const chat_message m[] = {{"user", NULL}};
+    const chat_message m[] = {{.role = "user", .content = NULL}};
     cr_assert_eq(chat_template_from_name("llama3", &t), 0);
-    char *out = chat_render(&t, m, 1, false, NULL, &err);
+    char *out = chat_render(&t, m, 1, NULL, 0, false, NULL, &err);
     cr_assert_not_null(out, "%s", err.msg);
     cr_assert_str_eq(out, "<|start_header_id|>user<|end_header_id|>\n\n<|eot_id|>");
     free(out);
     /* an empty conversation without a generation prompt is "" (not an error) */
-    out = chat_render(&t, NULL, 0, false, NULL, &err);
+    out = chat_render(&t, NULL, 0, NULL, 0, false, NULL, &err);
     cr_assert_not_null(out, "%s", err.msg);
     cr_assert_str_eq(out, "");
     free(out);
@@ -220,8 +285,8 @@ Test(chat, smollm2_default_system_from_name_is_absent) {
     chat_template t;
     kv_error err = {{0}};
     cr_assert_eq(chat_template_from_name("chatml", &t), 0);
-    const chat_message m[] = {{"user", "hi"}};
-    char *out = chat_render(&t, m, 1, true, NULL, &err);
+    const chat_message m[] = {{.role = "user", .content = "hi"}};
+    char *out = chat_render(&t, m, 1, NULL, 0, true, NULL, &err);
     cr_assert_str_eq(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     free(out);
     chat_template_free(&t);
@@ -232,80 +297,11 @@ Test(chat, strip_keeps_malformed_utf8_and_non_space) {
     kv_error err = {{0}};
     cr_assert_eq(chat_template_from_name("llama3", &t), 0);
     /* trailing lone continuation byte and a truncated 3-byte lead are not whitespace */
-    const chat_message m[] = {{"user", " \x80x\xe3\x80 "}, {"assistant", "\xe2\x80\x83y\xe2\x80"}};
-    char *out = chat_render(&t, m, 2, false, "", &err);
+    const chat_message m[] = {{.role = "user", .content = " \x80x\xe3\x80 "},
+                              {.role = "assistant", .content = "\xe2\x80\x83y\xe2\x80"}};
+    char *out = chat_render(&t, m, 2, NULL, 0, false, "", &err);
     cr_assert_not_null(out, "%s", err.msg);
     cr_assert_str_eq(out, "<|start_header_id|>user<|end_header_id|>\n\n\x80x\xe3\x80<|eot_id|>"
                           "<|start_header_id|>assistant<|end_header_id|>\n\ny\xe2\x80<|eot_id|>");
     free(out);
-}
-
-/* ---------------------------------------------------------------- tools */
-
-static const chat_tool TOOLS[] = {
-    {"get_weather", "Weather in a city",
-     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]"
-     "}"},
-    {"ping", NULL, NULL},
-};
-
-/* Calls and content recovered from text fed in pieces of `step` bytes. */
-static void parse_in_steps(const char *text, size_t step, char *out, size_t cap, bool *complete) {
-    chat_tool_parser p = {0};
-    size_t len = strlen(text), n = 0;
-    out[0] = '\0';
-    for (size_t have = step < len ? step : len;; have = have + step < len ? have + step : len) {
-        chat_tool_event ev[8];
-        int k;
-        while ((k = chat_tools_parse(&p, text, have, have == len, ev, 8)) > 0)
-            for (int i = 0; i < k; i++)
-                n += ev[i].kind == CHAT_TOOL_EVENT_CALL
-                         ? (size_t)snprintf(out + n, cap - n, "[call %d: %.*s]", ev[i].index,
-                                            (int)ev[i].n, ev[i].s)
-                         : (size_t)snprintf(out + n, cap - n, "%.*s", (int)ev[i].n, ev[i].s);
-        if (have == len) break;
-    }
-    *complete = p.mode == 2 && p.complete;
-}
-
-Test(chat_tools, parse_is_the_same_in_any_pieces) {
-    const char *calls =
-        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"N\xc3\xa9"
-        "a\"}}</tool_call>\n<tool_call>{\"name\": \"ping\", \"arguments\": "
-        "{}}</tool_call>";
-    char whole[512], part[512];
-    bool c1, c2;
-    parse_in_steps(calls, 1000, whole, sizeof whole, &c1);
-    cr_assert(c1);
-    cr_assert_str_eq(whole, "[call 0: get_weather]{\"city\": \"N\xc3\xa9"
-                            "a\"}[call 1: ping]{}");
-    for (size_t step = 1; step < 20; step++) {
-        parse_in_steps(calls, step, part, sizeof part, &c2);
-        cr_assert(c2);
-        cr_assert_str_eq(part, whole, "in pieces of %zu bytes", step);
-    }
-    parse_in_steps("Sunny, 20 degrees.", 3, part, sizeof part, &c2);
-    cr_assert_not(c2);
-    cr_assert_str_eq(part, "Sunny, 20 degrees.");
-    parse_in_steps("<tool_call>{\"name\": \"ping\", \"argu", 5, part, sizeof part, &c2);
-    cr_assert_not(c2, "a call cut short is not complete");
-}
-
-Test(chat_tools, grammar_accepts_rendered_calls) {
-    kv_error err = {{0}};
-    char *g = chat_tools_gbnf(TOOLS, 2, CHAT_TOOL_REQUIRED, NULL, true, &err);
-    cr_assert_not_null(g, "%s", err.msg);
-    grammar *gr = grammar_parse(g, strlen(g), &err);
-    cr_assert_not_null(gr, "%s\n%s", err.msg, g);
-    char *call = chat_tools_render_call("get_weather", "{\"city\": \"Oslo\"}");
-    cr_assert_str_eq(call, "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-                           "\"Oslo\"}}</tool_call>");
-    grammar_destroy(gr);
-    free(call);
-    free(g);
-    cr_assert_null(chat_tools_gbnf(TOOLS, 2, CHAT_TOOL_NAMED, "nope", false, &err));
-    cr_assert(strstr(err.msg, "'nope'"));
-    char *sys = chat_tools_system(TOOLS, 2, &err);
-    cr_assert(strstr(sys, "{\"name\":\"get_weather\",\"description\":\"Weather in a city\","));
-    free(sys);
 }

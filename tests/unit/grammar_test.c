@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/grammar.h"
+#include "tests/unit/byte_vocab.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -25,33 +26,6 @@ static void parse_fails(const char *src, const char *needle) {
     cr_assert(strstr(err.msg, needle), "error '%s' does not mention '%s'", err.msg, needle);
 }
 
-/* A vocabulary of the 256 single bytes plus extra tokens; the last token is end-of-generation. */
-static grammar_vocab *vocab_bytes(const char *const *extra, int n_extra) {
-    int n = 256 + n_extra + 1;
-    char **toks = calloc((size_t)n, sizeof *toks);
-    size_t *lens = calloc((size_t)n, sizeof *lens);
-    bool *eog = calloc((size_t)n, sizeof *eog);
-    char bytes[256];
-    for (int i = 0; i < 256; i++) {
-        bytes[i] = (char)i;
-        toks[i] = &bytes[i];
-        lens[i] = 1;
-    }
-    for (int i = 0; i < n_extra; i++) {
-        toks[256 + i] = (char *)extra[i];
-        lens[256 + i] = strlen(extra[i]);
-    }
-    eog[n - 1] = true;
-    kv_error err = {{0}};
-    grammar_vocab *v =
-        grammar_vocab_create_raw((const char *const *)toks, lens, eog, (int32_t)n, &err);
-    cr_assert_not_null(v, "%s", err.msg);
-    free(toks);
-    free(lens);
-    free(eog);
-    return v;
-}
-
 /* True when the grammar matches text completely. */
 static bool matches(gmatch *m, const char *text) {
     int32_t s = gmatch_accept_bytes(m, gmatch_start(m), text, strlen(text));
@@ -60,7 +34,7 @@ static bool matches(gmatch *m, const char *text) {
 
 static bool gbnf_matches(const char *src, const char *text) {
     grammar *g = parse_ok(src);
-    grammar_vocab *v = vocab_bytes(NULL, 0);
+    grammar_vocab *v = byte_vocab_create(NULL, 0);
     kv_error err = {{0}};
     gmatch *m = gmatch_create(g, v, &err);
     cr_assert_not_null(m);
@@ -120,7 +94,7 @@ Test(grammar, reports_errors) {
 
 Test(grammar, masks_tokens_spanning_elements) {
     const char *extra[] = {"{\"", "\":", "ab", "abc", "cd", "\xc3", "\xa9x"};
-    grammar_vocab *v = vocab_bytes(extra, 7);
+    grammar_vocab *v = byte_vocab_create(extra, 7);
     grammar *g = parse_ok("root ::= \"{\\\"\" [a-c]+ \"\\\":\" [0-9] \"}\"");
     kv_error err = {{0}};
     gmatch *m = gmatch_create(g, v, &err);
@@ -154,7 +128,7 @@ Test(grammar, masks_tokens_spanning_elements) {
 
 Test(grammar, utf8_split_across_tokens) {
     const char *extra[] = {"\xc3", "\xa9x", "\xa9"};
-    grammar_vocab *v = vocab_bytes(extra, 3);
+    grammar_vocab *v = byte_vocab_create(extra, 3);
     grammar *g = parse_ok("root ::= [\xc3\xa0-\xc3\xbf]+ \"x\"");
     kv_error err = {{0}};
     gmatch *m = gmatch_create(g, v, &err);
@@ -175,7 +149,7 @@ Test(grammar, utf8_split_across_tokens) {
 }
 
 Test(grammar, apply_and_forced_bytes) {
-    grammar_vocab *v = vocab_bytes(NULL, 0);
+    grammar_vocab *v = byte_vocab_create(NULL, 0);
     grammar *g = parse_ok("root ::= \"{\\\"name\\\": \\\"\" [a-z]+ \"\\\"}\"");
     kv_error err = {{0}};
     gmatch *m = gmatch_create(g, v, &err);
@@ -222,7 +196,7 @@ static void check_schema(const schema_case *c) {
     char *gbnf = json_schema_to_gbnf(c->schema, strlen(c->schema), &err);
     cr_assert_not_null(gbnf, "schema %s: %s", c->schema, err.msg);
     grammar *g = parse_ok(gbnf);
-    grammar_vocab *v = vocab_bytes(NULL, 0);
+    grammar_vocab *v = byte_vocab_create(NULL, 0);
     gmatch *m = gmatch_create(g, v, &err);
     for (int i = 0; i < 6 && c->good[i]; i++)
         cr_assert(matches(m, c->good[i]), "schema %s should accept %s\n%s", c->schema, c->good[i],
@@ -343,7 +317,7 @@ Test(json_schema, unsupported_keywords_are_named) {
 
 Test(json_schema, json_object_grammar) {
     grammar *g = parse_ok(json_object_gbnf());
-    grammar_vocab *v = vocab_bytes(NULL, 0);
+    grammar_vocab *v = byte_vocab_create(NULL, 0);
     kv_error err = {{0}};
     gmatch *m = gmatch_create(g, v, &err);
     cr_assert(matches(m, "{\"a\": [1, 2.5e3, \"x\", true, null, {}]}"));
