@@ -67,7 +67,12 @@ void schema_chat_init(schema_chat *c, const model *m) {
     /* the BOS a template spells (Llama 3) is not part of the system turn */
     int32_t bos = c->bos;
     const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
-    size_t nb = bos_text && strncmp(w1, bos_text, strlen(bos_text)) == 0 ? strlen(bos_text) : 0;
+    /* spelled once before the first turn (Llama 3), not a marker every turn opens with (ChatML,
+     * whose BOS is <|im_start|>) */
+    size_t nb = bos_text && strncmp(w1, bos_text, strlen(bos_text)) == 0 &&
+                        strncmp(w2 + strlen(w1), bos_text, strlen(bos_text)) != 0
+                    ? strlen(bos_text)
+                    : 0;
     if (!(c->start = dupn(w1, nb))) goto oom;
     char *sys_pre = NULL, *sys_suf = NULL;
     if (!split_turn(w1, c->start, MARK[0], &sys_pre, &sys_suf)) {
