@@ -26,7 +26,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench \
-        bench-serve bench-ttft bench-codec bench-blend bench-grammar
+        bench-serve bench-ttft bench-codec bench-blend bench-grammar bench-schema
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -82,6 +82,11 @@ bench-ttft: $(MODEL) $(BUILD)/kvserve
 # CacheBlend on a RAG set from local texts: quality against full prefill and TTFT per method.
 bench-blend: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/blend.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
+# Prompt Cache: TTFT with a schema's modules reused vs full prefill at 1K/4K/8K tokens of
+# modules, and the answers' quality (plain and with the fix-up) against full prefill.
+bench-schema: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/schema.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
 # The CacheGen codec: bytes/token, speed and quality of every level and baseline (codec-eval).
 bench-codec: $(MODEL) $(BUILD)/kvserve

@@ -133,6 +133,15 @@ void backend_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, co
 void backend_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks,
                              int n, const void *host);
 
+/* Copies n token rows (every layer's K and V, bit for bit) between the pool's slots
+ * slot.. of a sequence (block_table) and host blocks in the pool's layout back to back (a cache
+ * record's payload), host slot h being slot h % block_tokens of block h / block_tokens: read
+ * goes pool to host, write host to pool. Prompt Cache places module KV at any slot this way. */
+void backend_kv_read_rows(backend *b, const void *pool, const kv_layout *l,
+                          const int32_t *block_table, int slot, int n, void *host, int host_slot);
+void backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                           int slot, int n, const void *host, int host_slot);
+
 /* Reads K or V rows back as f32 (for cache export, CacheBlend deviation, tests). */
 void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                      const int32_t *block_table, const int32_t *slots, int n_tok, float *out);

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/quant.h"
 #include "model/model.h"
 
 struct kv_pool {
@@ -195,59 +194,12 @@ void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *h
 /* ---------------------------------------------------------------- token rows */
 
 /* Host blocks are a record payload: blocks in the pool's layout back to back, host slot h in
- * block h / block_tokens at slot h % block_tokens. A row is one token's K or V of one layer:
- * [n_kv_head][head_dim], K transposed in its region ([head_dim][block_tokens]), V not. */
-static void host_row_ptrs(const kv_layout *l, size_t block_bytes, int layer, int kv, int h,
-                          uint8_t *host, uint16_t **region, int *off) {
-    uint8_t *blk = host + (size_t)(h / l->block_tokens) * block_bytes;
-    *region = (uint16_t *)(void *)(blk + kv_layout_offset(l, layer, kv, 0));
-    *off = h % l->block_tokens;
-}
-
-/* Slots [slot, slot + n) of s, the same rows of host from host_slot on. dir 0: pool to host,
- * 1: host to pool. Rows go through f32 (an f16 value survives the round trip exactly). */
+ * block h / block_tokens at slot h % block_tokens. dir 0: pool to host, 1: host to pool. */
 static int seq_rows(kv_pool *p, kv_seq *s, int slot, int n, uint8_t *host, int host_slot, int dir) {
-    const kv_layout *l = &p->layout;
-    int kvd = l->n_kv_head * l->head_dim, bt = l->block_tokens, hd = l->head_dim;
-    size_t bb = kv_layout_block_bytes(l), region = (size_t)bt * hd; /* halves per head region */
-    float *k = malloc(sizeof *k * (size_t)n * kvd), *v = malloc(sizeof *v * (size_t)n * kvd);
-    int32_t *slots = malloc(sizeof *slots * (size_t)n);
-    if (!k || !v || !slots) {
-        free(k);
-        free(v);
-        free(slots);
-        return -1;
-    }
-    for (int i = 0; i < n; i++) slots[i] = slot + i;
-    for (int il = 0; il < l->n_layer; il++) {
-        if (dir == 0) {
-            backend_kv_load(p->b, p->mem, l, il, 0, s->blocks, slots, n, k);
-            backend_kv_load(p->b, p->mem, l, il, 1, s->blocks, slots, n, v);
-        }
-        for (int i = 0; i < n; i++) {
-            uint16_t *rk, *rv;
-            int off;
-            host_row_ptrs(l, bb, il, 0, host_slot + i, host, &rk, &off);
-            host_row_ptrs(l, bb, il, 1, host_slot + i, host, &rv, &off);
-            float *ki = k + (size_t)i * kvd, *vi = v + (size_t)i * kvd;
-            for (int h = 0; h < l->n_kv_head; h++) {
-                uint16_t *kh = rk + (size_t)h * region, *vh = rv + (size_t)h * region;
-                for (int d = 0; d < hd; d++) {
-                    if (dir == 0) {
-                        kh[(size_t)d * bt + off] = fp32_to_fp16(ki[h * hd + d]);
-                        vh[(size_t)off * hd + d] = fp32_to_fp16(vi[h * hd + d]);
-                    } else {
-                        ki[h * hd + d] = fp16_to_fp32(kh[(size_t)d * bt + off]);
-                        vi[h * hd + d] = fp16_to_fp32(vh[(size_t)off * hd + d]);
-                    }
-                }
-            }
-        }
-        if (dir == 1) backend_kv_store(p->b, p->mem, l, il, s->blocks, slots, n, k, v);
-    }
-    free(k);
-    free(v);
-    free(slots);
+    if (dir == 0)
+        backend_kv_read_rows(p->b, p->mem, &p->layout, s->blocks, slot, n, host, host_slot);
+    else
+        backend_kv_write_rows(p->b, p->mem, &p->layout, s->blocks, slot, n, host, host_slot);
     return 0;
 }
 

@@ -1098,10 +1098,13 @@ static void schema_start(engine *e, eseq *s) {
     int64_t need = blocks_for(e, s->n_hist + 1);
     if (room(e, need) < blocks_for(e, k->n_slots)) return; /* tried again next step */
     kv_error err = {{0}};
+    uint64_t t0 = clock_now_ns();
     if (schema_kv_import(k, e->pool, &s->kv, &err)) {
         log_warn("schema: cannot import %d slots yet: %s", k->n_slots, err.msg);
         return;
     }
+    log_debug("schema: %d slots imported in %.2f ms", k->n_slots,
+              (double)(clock_now_ns() - t0) / 1e6);
     s->reuse_tried = true;
     s->n_computed = k->n_slots;
     atomic_fetch_add(&e->reused_tokens, k->n_slots);
