@@ -443,7 +443,8 @@ static int kv_add_rec(schema_kv *k, cache_chunk *c) {
     return 0;
 }
 
-static int kv_add_rows(schema_kv *k, const cache_chunk *rec, int src, int dst, int n) {
+static int kv_add_rows(schema_kv *k, const cache_chunk *rec, int src, int dst, int n,
+                       int32_t src_pos) {
     if (k->n_rows == k->cap_rows) {
         int cap = k->cap_rows ? 2 * k->cap_rows : 16;
         schema_rows *t = realloc(k->rows, sizeof *t * (size_t)cap);
@@ -451,7 +452,8 @@ static int kv_add_rows(schema_kv *k, const cache_chunk *rec, int src, int dst, i
         k->rows = t;
         k->cap_rows = cap;
     }
-    k->rows[k->n_rows++] = (schema_rows){.rec = rec, .src = src, .dst = dst, .n = n};
+    k->rows[k->n_rows++] =
+        (schema_rows){.rec = rec, .src = src, .dst = dst, .n = n, .src_pos = src_pos};
     return 0;
 }
 
@@ -486,7 +488,7 @@ static int node_rows(const schema *sc, int node, int a, int b, int dst, schema_k
     while (a < b) {
         int e = a + 1;
         while (e < b && e % ct != 0 && nd->pos[e] == nd->pos[e - 1] + 1) e++;
-        if (kv_add_rows(k, k->recs[recs0 + a / ct], a % ct, dst, e - a)) return -1;
+        if (kv_add_rows(k, k->recs[recs0 + a / ct], a % ct, dst, e - a, nd->pos[a])) return -1;
         dst += e - a;
         a = e;
     }
@@ -697,12 +699,13 @@ void schema_prompt_free(schema_prompt *p) {
 
 int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *chat,
                     const tokenizer *tok, const schema_turn *turns, int n_turns, bool gen,
-                    cache_store *st, bool fetch, schema_prompt *out, kv_error *err) {
+                    cache_store *st, bool fetch, bool compact, schema_prompt *out, kv_error *err) {
     memset(out, 0, sizeof *out);
     asm_state a = {.sc = sc, .tok = tok, .err = err};
     placed *pl = NULL;
     tokv free_text = {0}, val = {0};
     schema_kv *k = NULL;
+    int *flat_slot = NULL;
     int rc = -1;
     if (!doc->prompt)
         return kv_fail(err, "line %d, column %d: a <schema> where a <prompt> was expected",
@@ -798,17 +801,29 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
         out->pos[n + i] = last + 1 + i;
     }
     out->last_pos = out->pos[total - 1];
-    /* a full prefill: the placed tokens merged by position, then the free text */
+    /* a full prefill: the placed tokens merged by position, then the free text; flat_slot[i]
+     * is where cached entry i lands there */
+    if (!(flat_slot = malloc(sizeof *flat_slot * (size_t)(n_cached + 1)))) goto oom;
     {
         int i = 0, j = n_cached, o = 0;
-        while (i < n_cached || j < n)
-            out->flat[o++] =
-                j >= n || (i < n_cached && pl[i].pos < pl[j].pos) ? pl[i++].token : pl[j++].token;
+        while (i < n_cached || j < n) {
+            if (j >= n || (i < n_cached && pl[i].pos < pl[j].pos)) {
+                flat_slot[i] = o;
+                out->flat[o++] = pl[i++].token;
+            } else {
+                out->flat[o++] = pl[j++].token;
+            }
+        }
         memcpy(out->flat + o, free_text.ids, sizeof(int32_t) * (size_t)free_text.n);
+    }
+    if (compact) {
+        memcpy(out->tokens, out->flat, sizeof(int32_t) * (size_t)total);
+        for (int i = 0; i < total; i++) out->pos[i] = i;
+        out->last_pos = total - 1;
     }
     /* at least the last token is computed, for its logits */
     if (n_cached >= total) n_cached = total - 1;
-    out->n_cached = n_cached;
+    out->n_cached = compact ? 0 : n_cached;
     if (!fetch || n_cached == 0) {
         rc = 0;
         goto done;
@@ -833,20 +848,25 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
         schema_kv_free(k);
         k = NULL;
         out->n_cached = 0;
+        out->missing = true;
         rc = 0;
         goto done;
     }
+    /* runs of one node's consecutive tokens that land on consecutive slots (compact: a
+     * parameter's value may sit between) */
     for (int s = 0; s < n_cached;) {
-        int e = s + 1;
-        while (e < n_cached && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1) e++;
-        if (node_rows(sc, pl[s].node, pl[s].idx, pl[s].idx + (e - s), s, k, recs0[pl[s].node])) {
+        int e = s + 1, d0 = compact ? flat_slot[s] : s;
+        while (e < n_cached && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1 &&
+               (!compact || flat_slot[e] == flat_slot[e - 1] + 1))
+            e++;
+        if (node_rows(sc, pl[s].node, pl[s].idx, pl[s].idx + (e - s), d0, k, recs0[pl[s].node])) {
             free(recs0);
             goto oom;
         }
         s = e;
     }
     free(recs0);
-    k->n_slots = n_cached;
+    k->n_slots = compact ? 0 : n_cached;
     out->kv = k;
     k = NULL;
     rc = 0;
@@ -857,6 +877,7 @@ done:
     if (rc) schema_prompt_free(out);
     schema_kv_free(k);
     free(pl);
+    free(flat_slot);
     free(free_text.ids);
     free(val.ids);
     free(a.uses);

@@ -127,20 +127,23 @@ bool schema_stored(const schema *sc, cache_store *st);
 
 /* ---------------------------------------------------------------- KV handed to the engine */
 
-/* n rows of rec from its slot src on go to sequence slots dst.. */
+/* n rows of rec from its slot src on go to sequence slots dst..; they were computed at positions
+ * src_pos.. (consecutive) */
 typedef struct schema_rows {
     const cache_chunk *rec;
     int src, dst, n;
+    int32_t src_pos;
 } schema_rows;
 
 typedef struct schema_kv {
-    schema_rows *rows; /* in slot order, covering slots [0, n_slots) */
+    schema_rows *rows; /* in slot order; without the fix-up they cover slots [0, n_slots) */
     int n_rows, cap_rows;
     cache_chunk **recs; /* the records rows point into, one reference each */
     int n_recs, cap_recs;
     int n_slots;
-    /* fix-up: < 0 imports the rows as they are; else they are blended (cache/blend.h) at this
-     * recompute ratio, restoring attention between modules computed apart */
+    /* fix-up: < 0 imports the rows as they are; else the prompt is laid out as a full prefill
+     * (schema_assemble's compact) and the rows are blended (cache/blend.h) at this recompute
+     * ratio: K moved to the new positions, the most deviating tokens recomputed */
     float fixup;
     /* a precompute: slots [export_from, export_from + export_n) are stored as records under
      * export_bkeys (one per block) in namespace export_ns and pinned, once computed */
@@ -157,11 +160,11 @@ int schema_kv_import(const schema_kv *k, kv_pool *pool, kv_seq *seq, kv_error *e
  * -1 with err when out of memory or the pins do not fit. */
 int schema_kv_export(const schema_kv *k, cache_store *st, kv_pool *pool, const kv_seq *seq,
                      kv_error *err);
-/* Fix-up: the rows as blend spans over content records (their KV converted to the fusor's
- * rows), each span's tokens at consecutive positions starting where pos says, so the fusor moves
- * nothing. *spans is malloc'd, each span holds a record reference. -1 with err. */
-int schema_kv_blend_spans(const schema_kv *k, const kv_layout *l, const int32_t *pos,
-                          blend_span **spans, int *n_spans, kv_error *err);
+/* Fix-up: the rows as blend spans over content records (their KV converted to the fusor's rows,
+ * computed at src_pos..), which the fusor moves to the positions the batch gives their slots.
+ * *spans is malloc'd, each span holds a record reference. -1 with err. */
+int schema_kv_blend_spans(const schema_kv *k, const kv_layout *l, blend_span **spans, int *n_spans,
+                          kv_error *err);
 
 /* What precomputing node needs: its context's tokens (imported from its ancestors' records)
  * then its own, with their positions, and the export of its own. -1 with err when an
@@ -190,17 +193,20 @@ typedef struct schema_prompt {
     int n_cached;  /* leading slots whose KV the records hold */
     int n_modules; /* modules imported */
     int32_t last_pos;
-    schema_kv *kv; /* NULL when a record was missing: computed as a full prefill */
+    schema_kv *kv; /* NULL when nothing is imported, or a record was missing (missing) */
+    bool missing;
 } schema_prompt;
 
 /* Assembles doc (a <prompt>) over sc, with turns after it and (gen) the answer's opening, and
- * (fetch) fetches the records from the store (RAM, or disk: this blocks on I/O). -1 with err
+ * (fetch) fetches the records from the store (RAM, or disk: this blocks on I/O). compact lays
+ * the prompt out as a full prefill instead (the flat order at positions 0..n-1, n_cached 0) with
+ * rows for every imported token wherever it lands: the fix-up's layout. -1 with err
  * for a prompt that does not fit the schema (line and column where they apply): an unknown
  * module, one referenced outside its parent or twice, two members of one union, an unknown
  * parameter, a value longer than its length, role tags the template cannot render. */
 int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *chat,
                     const tokenizer *tok, const schema_turn *turns, int n_turns, bool gen,
-                    cache_store *st, bool fetch, schema_prompt *out, kv_error *err);
+                    cache_store *st, bool fetch, bool compact, schema_prompt *out, kv_error *err);
 void schema_prompt_free(schema_prompt *p);
 
 /* ---------------------------------------------------------------- definitions on disk */

@@ -86,15 +86,15 @@ static void rec_row(const kv_layout *l, const uint8_t *data, int slot, int layer
     }
 }
 
-int schema_kv_blend_spans(const schema_kv *k, const kv_layout *l, const int32_t *pos,
-                          blend_span **spans, int *n_spans, kv_error *err) {
+int schema_kv_blend_spans(const schema_kv *k, const kv_layout *l, blend_span **spans, int *n_spans,
+                          kv_error *err) {
     int kvd = l->n_kv_head * l->head_dim;
     blend_span *sp = calloc((size_t)(k->n_rows + 1), sizeof *sp);
     if (!sp) return kv_fail(err, "out of memory");
     for (int i = 0; i < k->n_rows; i++) {
         const schema_rows *r = &k->rows[i];
         cache_key ckey = {{0}};
-        content_rec *c = content_rec_create(l->n_layer, kvd, r->n, &ckey, &r->rec->ns, pos[r->dst]);
+        content_rec *c = content_rec_create(l->n_layer, kvd, r->n, &ckey, &r->rec->ns, r->src_pos);
         if (!c) {
             for (int j = 0; j < i; j++) content_rec_unref(sp[j].rec);
             free(sp);

@@ -1067,45 +1067,43 @@ static int blend_entries(engine *e, int n_b) {
  * tokens may be computed before, or it would become a full prefill. */
 static bool schema_waiting(const eseq *s) {
     const schema_kv *k = s->req->skv;
-    return k && k->n_slots > 0 && s->n_computed == 0 && s->n_spans == 0;
+    return k && k->fixup < 0 && k->n_slots > 0 && s->n_computed == 0;
 }
 
 /* A Prompt Cache sequence starting (or restarting after preemption): its first slots get the
- * modules' KV from their records, copied into fresh blocks; with the fix-up they become blend
- * spans instead (the fusor loads them layer by layer and recomputes the most deviating). */
+ * modules' KV from their records, copied into fresh blocks. With the fix-up its prompt is laid
+ * out as a full prefill's and the modules' KV become blend spans instead (the fusor loads them
+ * layer by layer, moved to their new positions, and recomputes the most deviating tokens). */
 static void schema_start(engine *e, eseq *s) {
     gen_request *r = s->req;
     const schema_kv *k = r->skv;
-    if (k->n_slots == 0) {
-        s->reuse_tried = true;
-        return;
-    }
-    if (k->fixup >= 0 && e->fus && !s->spans) {
+    s->reuse_tried = true;
+    if (k->fixup >= 0) {
+        if (s->spans) return; /* after a preemption: the spans are still there */
         kv_error err = {{0}};
-        if (schema_kv_blend_spans(k, kv_pool_layout(e->pool), s->pos, &s->spans, &s->n_spans,
-                                  &err) == 0) {
+        int rc =
+            e->fus ? schema_kv_blend_spans(k, kv_pool_layout(e->pool), &s->spans, &s->n_spans, &err)
+                   : kv_fail(&err, "blend is off");
+        if (rc == 0) {
             s->blend_ratio = k->fixup;
             s->exact_end = 0;
-            s->reuse_tried = true;
-            return;
+        } else {
+            /* its layout is a full prefill's: computed in full, slower but right */
+            log_warn("schema: no fix-up (%s): computing the prompt in full", err.msg);
         }
-        log_warn("schema: no fix-up (%s): importing as is", err.msg);
-    }
-    if (s->n_spans > 0) {
-        s->reuse_tried = true;
         return;
     }
+    if (k->n_slots == 0) return;
     int64_t need = blocks_for(e, s->n_hist + 1);
-    if (room(e, need) < blocks_for(e, k->n_slots)) return; /* tried again next step */
     kv_error err = {{0}};
     uint64_t t0 = clock_now_ns();
-    if (schema_kv_import(k, e->pool, &s->kv, &err)) {
-        log_warn("schema: cannot import %d slots yet: %s", k->n_slots, err.msg);
+    if (room(e, need) < blocks_for(e, k->n_slots) || schema_kv_import(k, e->pool, &s->kv, &err)) {
+        if (err.msg[0]) log_warn("schema: cannot import %d slots yet: %s", k->n_slots, err.msg);
+        s->reuse_tried = false; /* tried again next step */
         return;
     }
     log_debug("schema: %d slots imported in %.2f ms", k->n_slots,
               (double)(clock_now_ns() - t0) / 1e6);
-    s->reuse_tried = true;
     s->n_computed = k->n_slots;
     atomic_fetch_add(&e->reused_tokens, k->n_slots);
     if (s->choice == 0 && !s->preempted) {
@@ -1653,7 +1651,7 @@ static void prefetch(engine *e, gen_request *r) {
 
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
     /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
-    r->cache = e->o.chunk_tokens > 0 && !r->pos;
+    r->cache = e->o.chunk_tokens > 0 && !r->pos && !r->skv;
     if (!r->cache) return 0;
     r->ns = *ns;
     int bt = kv_pool_layout(e->pool)->block_tokens;

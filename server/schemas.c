@@ -476,7 +476,8 @@ fail:
 
 /* The live entry of name in the caller's namespace, loading a definition another instance (or
  * an earlier run) stored when it is not registered here. Returns it with a schema reference in
- * *sc and its status, or NULL. */
+ * *sc and its status, or NULL; the entry itself may be freed as soon as this returns (compare,
+ * never dereference). */
 static entry *lookup(server *s, const cache_key *ns, const char *name, schema **sc,
                      entry_status *st, char *error, size_t cap) {
     schema_registry *g = s->schemas;
@@ -535,14 +536,11 @@ void schemas_api(server *s, const http_call *c, const char *method, const char *
     }
     schema *sc = NULL;
     entry_status st;
-    entry *e = lookup(s, &ns, name, &sc, &st, NULL, 0);
-    if (!e) {
-        not_found(name, out);
-        return;
-    }
-    schema_unref(sc);
+    if (lookup(s, &ns, name, &sc, &st, NULL, 0)) schema_unref(sc);
+    /* found again under the lock: a concurrent DELETE may have freed what lookup saw */
     pthread_mutex_lock(&g->mu);
-    if (e->deleted) {
+    entry *e = find_locked(g, &ns, name);
+    if (!e) {
         pthread_mutex_unlock(&g->mu);
         not_found(name, out);
         return;
@@ -780,17 +778,18 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
     for (int i = 0; i < doc->root.n_kids && !roles; i++)
         roles = doc->root.kids[i]->kind == PML_ROLE;
     bool gen = rq->kind == API_CHAT || roles;
-    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, rq->cache, out,
-                        &ke)) {
+    /* the fix-up runs on blend's fusor (--no-blend: plain Prompt Cache) */
+    bool fixup = (rq->fixup >= 0 ? rq->fixup != 0 : s->cfg->schema_fixup) && s->cfg->blend;
+    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, rq->cache,
+                        fixup, out, &ke)) {
         fail_400(err, "schema_prompt", NULL, ke.msg);
         goto done;
     }
     if (out->kv) {
         float ratio =
             rq->fixup_ratio >= 0 ? rq->fixup_ratio : (float)s->cfg->schema_fixup_recompute / 100.0f;
-        bool fixup = rq->fixup >= 0 ? rq->fixup != 0 : s->cfg->schema_fixup;
         out->kv->fixup = fixup ? ratio : -1;
-    } else if (rq->cache && out->n_cached == 0 && st == ENTRY_READY) {
+    } else if (out->missing && st == ENTRY_READY) {
         /* a record is gone (cleared, evicted, corrupt): computed in full now, rebuilt after */
         log_warn("schemas: '%s': module KV missing; computing the prompt in full and "
                  "precomputing the schema again",

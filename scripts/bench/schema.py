@@ -8,15 +8,17 @@ and asks a question in a user turn. Each size is registered (precomputed once), 
 is timed with its modules reused and with "cache": false (the same tokens, computed in full),
 alternately, median of --reps. TTFT is from sending the request to the first streamed content.
 
-Quality: a RAG schema of --docs passages, each a module, and an "ask" module whose parameter is
-the question; --prompts prompts each import 3-4 passages and ask about one of them. Every prompt
-is answered (greedy, --max-tokens) by full prefill ("cache": false), by plain Prompt Cache, and
-with the fix-up at 15% and 30%: identical answers (%), identical first 8 tokens, token F1
+Quality: a RAG schema of up to --docs passages (about 7K tokens in all), each a module, and an
+"ask" module whose parameter may hold the question; --prompts prompts each import 3-4 passages
+and ask about one of them, in a user turn after the schema (--ask turn) or as the parameter
+(--ask parameter). Every prompt is answered (greedy, --max-tokens) by full prefill ("cache":
+false), by plain Prompt Cache, and with the fix-up at 15%, 30% and 100% (the last recomputes
+every token: it must equal full prefill, a check): identical answers (%), identical first 8 tokens, token F1
 against the full prefill's answer, mean KL(full || method) of the first token's distribution
 (top-20 logprobs), and mean TTFT with its ratio to full prefill.
 
     python3 scripts/bench/schema.py [--bin build/kvserve] [--model MODEL] [--threads 2]
-                                    [--sizes 1000,4000,8000] [--prompts 40] [--docs 16]
+                                    [--sizes 1000,4000,8000] [--prompts 40] [--docs 20]
 """
 import argparse
 import os
@@ -40,7 +42,8 @@ QUESTIONS = [
 ]
 METHODS = [("full prefill", {"cache": False}), ("Prompt Cache", {"fixup": False}),
            ("fix-up 15%", {"fixup": True, "fixup_ratio": 0.15}),
-           ("fix-up 30%", {"fixup": True, "fixup_ratio": 0.30})]
+           ("fix-up 30%", {"fixup": True, "fixup_ratio": 0.30}),
+           ("fix-up 100%", {"fixup": True, "fixup_ratio": 1.0})]
 
 
 class Server(benchlib.Server):
@@ -133,8 +136,15 @@ def ttft_table(srv, pool, sizes, reps):
               f"{tw * 1000:.1f} ms | {tc / tw:.1f}x | {tf * 1000:.0f} ms | {tc / tf:.1f}x |")
 
 
-def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng):
-    docs = rng.sample(range(len(pool)), n_docs)
+def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
+    # documents drawn at random while the schema stays within the context (about 7K tokens)
+    docs, total = [], 0
+    for d in rng.sample(range(len(pool)), len(pool)):
+        n = n_tokens(srv, f"Document:\n{pool[d]}\n\n")
+        if len(docs) < n_docs and total + n <= 7000:
+            docs.append(d)
+            total += n
+    n_docs = len(docs)
     pml = (f'<schema name="rag"><system>{escape(SYSTEM)}</system><user>' +
            "".join(doc_module(k, pool[d]) for k, d in enumerate(docs)) +
            '<module name="ask">Question: <parameter name="q" length="64"/></module>'
@@ -152,8 +162,9 @@ def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng):
         frag = " ".join(words[:min(len(words) - 1, 6)])
         word = rng.choice([w.strip(".,;:()\"") for w in words if len(w) > 5] or ["the licence"])
         q = rng.choice(QUESTIONS).format(frag=frag, word=word)
-        prompt = ('<prompt schema="rag">' + "".join(f"<d{k}/>" for k in pick) +
-                  f"<ask q={quoteattr(q)}/></prompt>")
+        ask = (f"<ask q={quoteattr(q)}/>" if param else
+               f"<user>Question: {escape(q)}</user>")
+        prompt = '<prompt schema="rag">' + "".join(f"<d{k}/>" for k in pick) + ask + "</prompt>"
         ref = None
         for name, extra in METHODS:
             t, text, lp, usage, toks = srv.ask(prompt, max_tokens, extra)
@@ -195,9 +206,11 @@ def main():
     ap.add_argument("--sizes", default="1000,4000,8000")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=40)
-    ap.add_argument("--docs", type=int, default=16)
+    ap.add_argument("--docs", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ask", choices=["parameter", "turn"], default="turn",
+                    help="the question: the ask module's parameter, or a user turn after")
     args = ap.parse_args()
     srv = Server(args)
     try:
@@ -207,7 +220,7 @@ def main():
             ttft_table(srv, pool, [int(s) for s in args.sizes.split(",")], args.reps)
         if args.prompts > 0:
             quality_table(srv, pool, args.docs, args.prompts, args.max_tokens,
-                          random.Random(args.seed))
+                          random.Random(args.seed), args.ask == "parameter")
     finally:
         srv.stop()
 

@@ -279,3 +279,18 @@ def test_namespaces_keep_schemas_apart(start_server):
     assert status == 404
     status, r = call(s, "GET", "/v1/schemas/travel", api_key="alice")
     assert status == 200
+
+
+def test_fixup_at_ratio_one_is_a_full_prefill(server):
+    """The fix-up lays the prompt out as a full prefill and blends the modules' KV in; at ratio
+    1 every token is recomputed: the full prefill's answer, bit for bit."""
+    register(server, TRAVEL)
+    p = '<prompt schema="travel"><plan days="3"/><miami><surf/></miami><user>When?</user></prompt>'
+    cold, _ = answer(server, p, cache=False)
+    full, usage = answer(server, p, fixup=True, fixup_ratio=1.0)
+    assert full == cold
+    assert usage["prompt_tokens_details"]["blended_tokens"] > 0
+    some, usage = answer(server, p, fixup=True, fixup_ratio=0.15)
+    det = usage["prompt_tokens_details"]
+    assert 0 < det["recomputed_tokens"] < det["blended_tokens"]
+    assert det["cached_tokens"] == det["blended_tokens"] - det["recomputed_tokens"]
