@@ -117,14 +117,19 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
 void blend_fusor_destroy(blend_fusor *f);
 /* Readies the hooks for one model_forward over seqs (whose blended entries are listed; the
  * others pass through untouched): before layer l, the spans' layer-l KV is written into the
- * pool (K re-rotated); after layer l, the reused rows the layer computed are ranked by the
- * deviation of their fresh K and V from the reused ones and the most deviating are kept for
- * layer l + 1: every reused token through layer 1 (layer 0's KV does not depend on the
- * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)) of them at layer
- * l >= 2 (gradual filtering, never more than the layer before computed), so the last layers
- * compute about ratio of them. -1 with err when the spans do not fit. */
+ * pool (K re-rotated); once layer l has written the fresh K and V of the reused rows it computes,
+ * they are ranked by the deviation from the reused ones and the most deviating go on through
+ * the layer to layer l + 1: every reused token through layer 1 (layer 0's KV does not depend on the
+ * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)^2) of them at
+ * layer l >= 2 (gradual filtering, never more than the layer before computed), so from layer 5
+ * on about ratio of them are computed (rows dropped at layer l skip its attention and
+ * feed-forward: after_kv). A loader thread writes layer l + 1's reused KV into the pool while
+ * layer l computes (CacheBlend's pipelining). -1 with err when the spans do not fit. */
 int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
                       int n_entries, forward_hooks *hooks, kv_error *err);
+/* Ends the pass begun last (after model_forward, whether it succeeded or not): waits for the
+ * loader thread to finish the layer it is writing, so the spans' records may be released. */
+void blend_fusor_end(blend_fusor *f);
 /* Measured time to load one reused token's KV for one layer (conversion, rotation, pool
  * write), in nanoseconds, averaged over recent passes; 0 before the first. */
 double blend_fusor_load_ns(const blend_fusor *f);

@@ -1195,6 +1195,7 @@ static void step(engine *e) {
         .ud = &sh, .before_layer = step_before, .after_kv = step_kv, .after_layer = step_after};
     e->n_batch = n_b;
     int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, &err);
+    if (hk) blend_fusor_end(e->fus);
     uint64_t dt = clock_now_ns() - t0;
     log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
               (double)dt / 1e6);
@@ -1205,9 +1206,10 @@ static void step(engine *e) {
     }
     for (int k = 0; k < n_be && n_out >= 0; k++) {
         eseq *s = e->batch_seqs[e->bents[k].entry];
-        log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f)",
+        log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f); loading "
+                  "%.0f ns, compute %.0f ns per token and layer",
                   e->batch[e->bents[k].entry].n_tok, e->bents[k].n_reused, e->bents[k].n_recomputed,
-                  e->bents[k].ratio);
+                  e->bents[k].ratio, blend_fusor_load_ns(e->fus), e->ns_token_layer);
         s->blended += e->bents[k].n_reused;
         s->recomputed += e->bents[k].n_recomputed;
         atomic_fetch_add(&e->blended_tokens, e->bents[k].n_reused);

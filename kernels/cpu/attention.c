@@ -113,6 +113,21 @@ void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
         threadpool_run(b->tp, kv_store_task, &j);
 }
 
+void backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                             const int32_t *block_table, const int32_t *slots, int n_tok,
+                             const float *k, const float *v) {
+    (void)b;
+    kv_copy_job j = {.pool = pool,
+                     .l = l,
+                     .layer = layer,
+                     .block_table = block_table,
+                     .slots = slots,
+                     .n_tok = n_tok,
+                     .k = k,
+                     .v = v};
+    kv_store_task(&j, 0, 1);
+}
+
 void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                      const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
     kv_copy_job j = {.pool = (void *)(uintptr_t)pool,
