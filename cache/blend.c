@@ -17,15 +17,19 @@
 
 #include "kernels/quant.h"
 
+/* Layers the loader may run ahead of the computing one: reads from disk come in bursts. */
+#define BLEND_AHEAD 3
+
 struct blend_fusor {
     const model *m;
     backend *b;
     kv_pool *pool;
     int max_tokens;
     int kvd;
-    /* [2][max_tokens][kvd] reused K (rotated to its slot) and V of layer l in buffer l % 2: the
-     * loader fills the next layer's while this layer's are ranked against */
-    float *rk[2], *rv[2];
+    /* [BLEND_AHEAD + 1][max_tokens][kvd] reused K (rotated to its slot) and V of layer l in
+     * buffer l % (BLEND_AHEAD + 1): the loader fills the next layers' while this layer's are
+     * ranked against */
+    float *rk[BLEND_AHEAD + 1], *rv[BLEND_AHEAD + 1];
     float *fk, *fv;   /* [max_tokens][kvd] the fresh rows read back */
     int32_t *slots;   /* [max_tokens] slot of each reused token */
     int32_t *delta;   /* [max_tokens] position shift of each reused token */
@@ -46,14 +50,16 @@ struct blend_fusor {
     int n_reused;
     double load_ns; /* per token and layer, moving average */
     /* The loader thread (CacheBlend section 5.2, pipelining): while layer l computes, it writes
-     * layer l + 1's reused KV into the pool. */
+     * the reused KV of layers l + 1 .. l + BLEND_AHEAD into the pool (a layer's compute touches
+     * only that layer's regions), reading it from disk first where a record is there. */
     pthread_t loader;
     bool loader_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int want;   /* layer asked of the loader, -1: none */
-    int loaded; /* last layer written this pass, -1: none */
-    bool busy;  /* the loader is writing a layer */
+    bool active;   /* a pass is under way: the loader may run ahead of `computing` */
+    int computing; /* layer the pass is at */
+    int loaded;    /* last layer written this pass, -1: none */
+    bool busy;     /* the loader is writing a layer */
     bool quit;
 };
 
@@ -86,9 +92,11 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->max_tokens = max_tokens;
     f->kvd = m->hp.n_kv_head * m->hp.head_dim;
     size_t nt = (size_t)max_tokens, rows = nt * (size_t)f->kvd;
-    for (int i = 0; i < 2; i++) {
+    bool bufs = true;
+    for (int i = 0; i <= BLEND_AHEAD; i++) {
         f->rk[i] = kv_aligned_alloc(sizeof(float) * rows);
         f->rv[i] = kv_aligned_alloc(sizeof(float) * rows);
+        bufs = bufs && f->rk[i] && f->rv[i];
     }
     f->fk = kv_aligned_alloc(sizeof(float) * rows);
     f->fv = kv_aligned_alloc(sizeof(float) * rows);
@@ -102,9 +110,8 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->keep = malloc(sizeof(int) * nt);
     f->ridx = malloc(sizeof(int32_t) * nt);
     f->tok_ent = malloc(sizeof(int32_t) * nt);
-    if (!f->rk[0] || !f->rv[0] || !f->rk[1] || !f->rv[1] || !f->fk || !f->fv || !f->slots ||
-        !f->delta || !f->dcs || !f->cand || !f->c_slots || !f->dev || !f->order || !f->keep ||
-        !f->ridx || !f->tok_ent)
+    if (!bufs || !f->fk || !f->fv || !f->slots || !f->delta || !f->dcs || !f->cand || !f->c_slots ||
+        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
         goto oom;
     return f;
 oom:
@@ -124,7 +131,7 @@ void blend_fusor_destroy(blend_fusor *f) {
         pthread_mutex_destroy(&f->mu);
         pthread_cond_destroy(&f->cv);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i <= BLEND_AHEAD; i++) {
         kv_aligned_free(f->rk[i]);
         kv_aligned_free(f->rv[i]);
     }
@@ -152,12 +159,21 @@ static void load_layer(blend_fusor *f, int il) {
     const model_hparams *hp = &f->m->hp;
     void *pool = kv_pool_memory(f->pool);
     int kvd = f->kvd;
-    float *rk = f->rk[il % 2], *rv = f->rv[il % 2];
+    float *rk = f->rk[il % (BLEND_AHEAD + 1)], *rv = f->rv[il % (BLEND_AHEAD + 1)];
     for (int e = 0; e < f->n_ents; e++) {
-        const blend_entry *be = &f->ents[e];
+        blend_entry *be = &f->ents[e];
         int k = f->first[e];
+        bool skipped = false;
         for (int s = 0; s < be->n_spans; s++) {
             const blend_span *sp = &be->spans[s];
+            if (content_rec_read_layer(sp->rec, il) != 0) {
+                /* Not in the pool: the pass goes on (the other entries are right), the caller
+                 * runs this entry's tokens again without the span. */
+                be->failed = true;
+                skipped = true;
+                k += sp->n;
+                continue;
+            }
             const uint16_t *K = content_rec_rows(sp->rec, il, 0) + (size_t)sp->off * kvd;
             const uint16_t *V = content_rec_rows(sp->rec, il, 1) + (size_t)sp->off * kvd;
             fp16_to_fp32_row(K, rk + (size_t)k * kvd, (int64_t)sp->n * kvd);
@@ -168,8 +184,10 @@ static void load_layer(blend_fusor *f, int il) {
             k += sp->n;
         }
         k = f->first[e];
-        backend_kv_store_serial(f->b, pool, kl, il, f->seqs[be->entry].seq->blocks, f->slots + k,
-                                be->n_reused, rk + (size_t)k * kvd, rv + (size_t)k * kvd);
+        if (!skipped)
+            backend_kv_store_serial(f->b, pool, kl, il, f->seqs[be->entry].seq->blocks,
+                                    f->slots + k, be->n_reused, rk + (size_t)k * kvd,
+                                    rv + (size_t)k * kvd);
     }
     if (f->n_reused > 0) {
         double ns = (double)(clock_now_ns() - t0) / f->n_reused;
@@ -177,14 +195,19 @@ static void load_layer(blend_fusor *f, int il) {
     }
 }
 
+/* The next layer the loader may write, or -1 (under mu). */
+static int loader_next(const blend_fusor *f) {
+    int next = f->loaded + 1;
+    return f->active && next < f->m->hp.n_layer && next <= f->computing + BLEND_AHEAD ? next : -1;
+}
+
 static void *loader_main(void *arg) {
     blend_fusor *f = arg;
     pthread_mutex_lock(&f->mu);
     for (;;) {
-        while (f->want < 0 && !f->quit) pthread_cond_wait(&f->cv, &f->mu);
+        int il;
+        while ((il = loader_next(f)) < 0 && !f->quit) pthread_cond_wait(&f->cv, &f->mu);
         if (f->quit) break;
-        int il = f->want;
-        f->want = -1;
         f->busy = true;
         pthread_mutex_unlock(&f->mu);
         load_layer(f, il);
@@ -197,17 +220,13 @@ static void *loader_main(void *arg) {
     return NULL;
 }
 
-/* Asks the loader for layer il (it starts at once when idle). */
-static void loader_ask(blend_fusor *f, int il) {
+/* The pass is at layer il: waits until its reused KV is in the pool, and lets the loader run
+ * on to il + BLEND_AHEAD. */
+static void loader_reach(blend_fusor *f, int il) {
     pthread_mutex_lock(&f->mu);
-    f->want = il;
+    f->active = true;
+    f->computing = il;
     pthread_cond_broadcast(&f->cv);
-    pthread_mutex_unlock(&f->mu);
-}
-
-/* Waits until layer il is in the pool (asked for, or already being written). */
-static void loader_wait(blend_fusor *f, int il) {
-    pthread_mutex_lock(&f->mu);
     while (f->loaded < il) pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
 }
@@ -215,7 +234,7 @@ static void loader_wait(blend_fusor *f, int il) {
 void blend_fusor_end(blend_fusor *f) {
     if (!f || !f->loader_started) return;
     pthread_mutex_lock(&f->mu);
-    f->want = -1; /* a layer not started is not needed: the pass is over */
+    f->active = false; /* no further layer: the pass is over */
     while (f->busy) pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
 }
@@ -259,8 +278,8 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
             backend_kv_load(f->b, pool, kl, il, 0, bt, f->c_slots, n_c, f->fk);
             backend_kv_load(f->b, pool, kl, il, 1, bt, f->c_slots, n_c, f->fv);
             for (int c = 0; c < n_c; c++) {
-                const float *rk = f->rk[il % 2] + (size_t)f->cand[c] * kvd,
-                            *rv = f->rv[il % 2] + (size_t)f->cand[c] * kvd;
+                const float *rk = f->rk[il % (BLEND_AHEAD + 1)] + (size_t)f->cand[c] * kvd,
+                            *rv = f->rv[il % (BLEND_AHEAD + 1)] + (size_t)f->cand[c] * kvd;
                 const float *fk = f->fk + (size_t)c * kvd, *fv = f->fv + (size_t)c * kvd;
                 double d = 0;
                 for (int j = 0; j < kvd; j++) {
@@ -287,10 +306,7 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
 
 static int before_layer(void *ud, forward_state *st, int il) {
     blend_fusor *f = ud;
-    if (il == 0) loader_ask(f, 0);
-    loader_wait(f, il);
-    /* the next layer loads while this one computes */
-    if (il + 1 < f->m->hp.n_layer) loader_ask(f, il + 1);
+    loader_reach(f, il);
     /* full reuse: not even layer 0 recomputes a reused token */
     bool any_zero = false;
     for (int e = 0; e < f->n_ents; e++) any_zero |= f->ents[e].ratio <= 0;
@@ -336,6 +352,7 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
         for (int i = 0; i < bs->n_tok; i++) f->tok_ent[t0 + i] = e;
         f->first[e] = k;
         be->n_reused = be->n_recomputed = 0;
+        be->failed = false;
         int prev_end = bs->kv_start;
         for (int s = 0; s < be->n_spans; s++) {
             const blend_span *sp = &be->spans[s];
@@ -371,7 +388,6 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
             pthread_mutex_destroy(&f->mu);
             return kv_fail(err, "blend loader: condition variable");
         }
-        f->want = -1;
         if (pthread_create(&f->loader, NULL, loader_main, f)) {
             pthread_cond_destroy(&f->cv);
             pthread_mutex_destroy(&f->mu);
@@ -380,7 +396,8 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
         f->loader_started = true;
     }
     pthread_mutex_lock(&f->mu);
-    f->want = -1;
+    f->active = false;
+    f->computing = 0;
     f->loaded = -1;
     pthread_mutex_unlock(&f->mu);
     *hooks = (forward_hooks){.ud = f, .before_layer = before_layer, .after_kv = after_kv};
