@@ -267,7 +267,10 @@ static void disk_write(content_disk *d, content_rec *r) {
     fd = -1;
     why = "cannot rename";
     if (renameat(d->dir_fd, part, d->dir_fd, name) != 0) goto fail;
-    *e = (cd_entry){.key = r->key, .ns = r->ns, .pos0 = r->pos0, .n_tok = r->n_tok,
+    *e = (cd_entry){.key = r->key,
+                    .ns = r->ns,
+                    .pos0 = r->pos0,
+                    .n_tok = r->n_tok,
                     .bytes = (int64_t)(hb + (size_t)d->n_layer * lb)};
     pthread_mutex_lock(&d->mu);
     cd_entry *old = find(d, &r->key);
@@ -364,8 +367,7 @@ static int disk_scan(content_disk *d, kv_error *err) {
             rc = kv_fail(err, "out of memory");
             break;
         }
-        if (got < 0 ||
-            check_header(d, hdr, (size_t)got, (int64_t)sb.st_size, &key, e, &why) != 0) {
+        if (got < 0 || check_header(d, hdr, (size_t)got, (int64_t)sb.st_size, &key, e, &why) != 0) {
             log_warn("blend: disk %s: deleting %s: %s", d->path, name,
                      got < 0 ? strerror(errno) : why.msg);
             if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
@@ -480,8 +482,7 @@ void content_disk_close(content_disk *d) {
         pthread_mutex_unlock(&d->mu);
         pthread_join(d->thread, NULL);
     }
-    for (int i = 0; i < d->wq_len; i++)
-        content_rec_unref(d->wq[(d->wq_head + i) % CD_WRITE_QUEUE]);
+    for (int i = 0; i < d->wq_len; i++) content_rec_unref(d->wq[(d->wq_head + i) % CD_WRITE_QUEUE]);
     if (d->table.buckets) keytable_each(&d->table, free_entry, NULL);
     keytable_free(&d->table);
     if (d->dir_fd >= 0) close(d->dir_fd);
@@ -571,8 +572,8 @@ int content_rec_read_layer(content_rec *r, int layer) {
         cd_entry got;
         kv_error why = {{0}};
         ssize_t n = hdr && fstat(src->fd, &sb) == 0 ? pread(src->fd, hdr, hb, 0) : -1;
-        int bad = n < 0 || check_header(d, hdr, (size_t)n, (int64_t)sb.st_size, &r->key, &got,
-                                        &why) != 0 ||
+        int bad = n < 0 ||
+                  check_header(d, hdr, (size_t)n, (int64_t)sb.st_size, &r->key, &got, &why) != 0 ||
                   got.n_tok != r->n_tok || got.pos0 != r->pos0;
         if (!bad && !(src->layer_sha = malloc(32 * (size_t)d->n_layer))) bad = 1;
         if (!bad) memcpy(src->layer_sha, hdr + OFF_LAYER_SHA, 32 * (size_t)d->n_layer);

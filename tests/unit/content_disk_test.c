@@ -69,8 +69,8 @@ Test(content_disk, records_survive_a_reopen_and_read_back_layer_by_layer) {
     cache_tier_stats st;
     content_disk_stats(d, &st);
     cr_assert_eq(st.entries, 2);
-    cr_assert_eq(st.bytes, (int64_t)(2 * header_bytes() + N_LAYER * (layer_bytes(17) +
-                                                                      layer_bytes(40))));
+    cr_assert_eq(st.bytes,
+                 (int64_t)(2 * header_bytes() + N_LAYER * (layer_bytes(17) + layer_bytes(40))));
     content_disk_close(d);
 
     d = open_dir(dir, 1 << 20);
