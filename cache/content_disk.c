@@ -2,20 +2,7 @@
  * read layer by layer by the fusor's loader while the forward pass computes.
  *
  * One file per record, <dir>/<content key hex>.kvb, written by a background thread to a
- * temporary name and renamed into place when whole:
- *
- *   offset  size  field (integers little-endian)
- *   0       8     magic "KVSBLEND"
- *   8       4     format version (CONTENT_DISK_VERSION)
- *   12      4     header bytes: 168 + 32 * n_layer
- *   16      32    model identity
- *   48      32    content key (also the file's name)
- *   80      32    namespace
- *   112     4x4   n_layer, kv_dim, n_tok, pos0 (K was rotated at pos0 + i)
- *   128     8     layer bytes: 2 * n_tok * kv_dim f16 (K rows, then V rows)
- *   136     32    SHA-256 of the header without this field (bytes 0..135 and 168..end)
- *   168     32xL  SHA-256 of each layer's bytes
- *   then    the layers, back to back
+ * temporary name and renamed into place when whole; the format is cache/content_disk.h's.
  *
  * A layer is checked when it is read, so a record damaged on disk is found at the layer it
  * breaks: the fusor then falls back to computing its tokens (the engine redoes the step), the
@@ -33,10 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/blend.h"
+#include "cache/content_disk.h"
 #include "util/keytable.h"
 
-#define CONTENT_DISK_VERSION 1
 #define CD_MAGIC "KVSBLEND"
 #define OFF_VERSION 8
 #define OFF_HEADER_BYTES 12
@@ -48,7 +34,6 @@
 #define OFF_HEADER_SHA 136
 #define OFF_LAYER_SHA 168
 #define CD_WRITE_QUEUE 256 /* pending writes at most; beyond, a write is dropped and counted */
-#define CD_MAX_TOKENS 4096 /* the most tokens a content record holds (chunks are far smaller) */
 
 typedef struct cd_entry {
     kt_node node;
@@ -104,7 +89,7 @@ static uint64_t get_u64(const uint8_t *p) {
     return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
-static size_t header_bytes(int n_layer) { return OFF_LAYER_SHA + 32 * (size_t)n_layer; }
+size_t content_record_header_bytes(int n_layer) { return OFF_LAYER_SHA + 32 * (size_t)n_layer; }
 
 static int sha256(const void *data, size_t len, uint8_t out[32]) {
     unsigned n = 0;
@@ -122,18 +107,18 @@ static int header_sha(const uint8_t *hdr, size_t hb, uint8_t out[32]) {
     return ok ? 0 : -1;
 }
 
-static size_t layer_bytes(const content_disk *d, int n_tok) {
-    return 2 * sizeof(uint16_t) * (size_t)n_tok * (size_t)d->kv_dim;
+size_t content_record_layer_bytes(int kv_dim, int n_tok) {
+    return 2 * sizeof(uint16_t) * (size_t)n_tok * (size_t)kv_dim;
 }
 
-/* Fills hdr[header_bytes] for r (hashes its layers). */
-static int encode_header(const content_disk *d, const content_rec *r, uint8_t *hdr) {
-    size_t hb = header_bytes(d->n_layer), lb = layer_bytes(d, r->n_tok);
+int content_record_encode_header(const uint8_t model_id[32], const content_rec *r, uint8_t *hdr) {
+    size_t hb = content_record_header_bytes(r->n_layer),
+           lb = content_record_layer_bytes(r->kv_dim, r->n_tok);
     memset(hdr, 0, hb);
     memcpy(hdr, CD_MAGIC, 8);
-    put_u32(hdr + OFF_VERSION, CONTENT_DISK_VERSION);
+    put_u32(hdr + OFF_VERSION, CONTENT_RECORD_VERSION);
     put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)hb);
-    memcpy(hdr + OFF_MODEL, d->model_id, 32);
+    memcpy(hdr + OFF_MODEL, model_id, 32);
     memcpy(hdr + OFF_KEY, r->key.b, 32);
     memcpy(hdr + OFF_NS, r->ns.b, 32);
     put_u32(hdr + OFF_DIMS, (uint32_t)r->n_layer);
@@ -141,41 +126,41 @@ static int encode_header(const content_disk *d, const content_rec *r, uint8_t *h
     put_u32(hdr + OFF_DIMS + 8, (uint32_t)r->n_tok);
     put_u32(hdr + OFF_DIMS + 12, (uint32_t)r->pos0);
     put_u64(hdr + OFF_LAYER_BYTES, lb);
-    for (int l = 0; l < d->n_layer; l++)
+    for (int l = 0; l < r->n_layer; l++)
         if (sha256(content_rec_rows(r, l, 0), lb, hdr + OFF_LAYER_SHA + 32 * (size_t)l)) return -1;
     return header_sha(hdr, hb, hdr + OFF_HEADER_SHA);
 }
 
-/* Checks a header read from a file of file_bytes whose name says `key`: every field before it
- * is trusted. Fills the entry's fields. -1 with err. */
-static int check_header(const content_disk *d, const uint8_t *hdr, size_t len, int64_t file_bytes,
-                        const cache_key *key, cd_entry *out, kv_error *err) {
-    size_t hb = header_bytes(d->n_layer);
+int content_record_check_header(const uint8_t model_id[32], int n_layer, int kv_dim,
+                                const uint8_t *hdr, size_t len, int64_t file_bytes,
+                                const cache_key *key, content_record_info *out, kv_error *err) {
+    size_t hb = content_record_header_bytes(n_layer);
     if (len < hb || memcmp(hdr, CD_MAGIC, 8) != 0) return kv_fail(err, "not a content record");
-    if (get_u32(hdr + OFF_VERSION) != CONTENT_DISK_VERSION)
+    if (get_u32(hdr + OFF_VERSION) != CONTENT_RECORD_VERSION)
         return kv_fail(err, "content record version %u", get_u32(hdr + OFF_VERSION));
     if (get_u32(hdr + OFF_HEADER_BYTES) != hb) return kv_fail(err, "header size");
     uint8_t sha[32];
     if (header_sha(hdr, hb, sha) || memcmp(sha, hdr + OFF_HEADER_SHA, 32) != 0)
         return kv_fail(err, "header checksum");
-    if (memcmp(hdr + OFF_MODEL, d->model_id, 32) != 0) return kv_fail(err, "another model");
+    if (memcmp(hdr + OFF_MODEL, model_id, 32) != 0) return kv_fail(err, "another model");
     if (memcmp(hdr + OFF_KEY, key->b, 32) != 0) return kv_fail(err, "key differs from name");
-    uint32_t n_layer = get_u32(hdr + OFF_DIMS), kv_dim = get_u32(hdr + OFF_DIMS + 4),
+    uint32_t nl = get_u32(hdr + OFF_DIMS), kd = get_u32(hdr + OFF_DIMS + 4),
              n_tok = get_u32(hdr + OFF_DIMS + 8), pos0 = get_u32(hdr + OFF_DIMS + 12);
-    if (n_layer != (uint32_t)d->n_layer || kv_dim != (uint32_t)d->kv_dim)
-        return kv_fail(err, "layout %u layers x %u differs", n_layer, kv_dim);
-    if (n_tok < 1 || n_tok > CD_MAX_TOKENS || pos0 > INT32_MAX - n_tok)
+    if (nl != (uint32_t)n_layer || kd != (uint32_t)kv_dim)
+        return kv_fail(err, "layout %u layers x %u differs", nl, kd);
+    if (n_tok < 1 || n_tok > CONTENT_RECORD_MAX_TOKENS || pos0 > (uint32_t)INT32_MAX - n_tok)
         return kv_fail(err, "%u tokens at %u", n_tok, pos0);
-    size_t lb = layer_bytes(d, (int)n_tok);
+    size_t lb = content_record_layer_bytes(kv_dim, (int)n_tok);
     if (get_u64(hdr + OFF_LAYER_BYTES) != lb) return kv_fail(err, "layer size");
-    if (file_bytes != (int64_t)(hb + (size_t)d->n_layer * lb))
+    if (file_bytes != (int64_t)(hb + (size_t)n_layer * lb))
         return kv_fail(err, "file of %lld bytes, not %zu", (long long)file_bytes,
-                       hb + (size_t)d->n_layer * lb);
+                       hb + (size_t)n_layer * lb);
     out->key = *key;
     memcpy(out->ns.b, hdr + OFF_NS, 32);
     out->pos0 = (int32_t)pos0;
     out->n_tok = (int)n_tok;
-    out->bytes = file_bytes;
+    out->file_bytes = file_bytes;
+    out->layer_sha = hdr + OFF_LAYER_SHA;
     return 0;
 }
 
@@ -250,12 +235,13 @@ static void disk_write(content_disk *d, content_rec *r) {
     char name[2 * CACHE_KEY_BYTES + 5], part[2 * CACHE_KEY_BYTES + 10];
     record_name(&r->key, name);
     snprintf(part, sizeof part, "%s.part", name);
-    size_t hb = header_bytes(d->n_layer), lb = layer_bytes(d, r->n_tok);
+    size_t hb = content_record_header_bytes(d->n_layer),
+           lb = content_record_layer_bytes(d->kv_dim, r->n_tok);
     uint8_t *hdr = malloc(hb);
     cd_entry *e = calloc(1, sizeof *e);
     int fd = -1;
     const char *why = "out of memory";
-    if (!hdr || !e || encode_header(d, r, hdr)) goto fail;
+    if (!hdr || !e || content_record_encode_header(d->model_id, r, hdr)) goto fail;
     why = "cannot create";
     if ((fd = openat(d->dir_fd, part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
         goto fail;
@@ -340,7 +326,7 @@ static int disk_scan(content_disk *d, kv_error *err) {
         if (fd >= 0) close(fd);
         return kv_fail(err, "cannot list %s: %s", d->path, strerror(errno));
     }
-    size_t hb = header_bytes(d->n_layer);
+    size_t hb = content_record_header_bytes(d->n_layer);
     uint8_t *hdr = malloc(hb);
     scan_item *items = NULL;
     size_t n_items = 0, cap_items = 0;
@@ -367,13 +353,21 @@ static int disk_scan(content_disk *d, kv_error *err) {
             rc = kv_fail(err, "out of memory");
             break;
         }
-        if (got < 0 || check_header(d, hdr, (size_t)got, (int64_t)sb.st_size, &key, e, &why) != 0) {
+        content_record_info info;
+        if (got < 0 ||
+            content_record_check_header(d->model_id, d->n_layer, d->kv_dim, hdr, (size_t)got,
+                                        (int64_t)sb.st_size, &key, &info, &why) != 0) {
             log_warn("blend: disk %s: deleting %s: %s", d->path, name,
                      got < 0 ? strerror(errno) : why.msg);
             if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
             free(e);
             continue;
         }
+        *e = (cd_entry){.key = key,
+                        .ns = info.ns,
+                        .pos0 = info.pos0,
+                        .n_tok = info.n_tok,
+                        .bytes = info.file_bytes};
         if (n_items == cap_items) {
             size_t cap = cap_items ? 2 * cap_items : 64;
             scan_item *v = realloc(items, cap * sizeof *v);
@@ -561,7 +555,8 @@ int content_rec_read_layer(content_rec *r, int layer) {
     if (src->failed) return -1;
     content_disk *d = src->d;
     if (layer != src->n_read) return src_fail(r, "layers read out of order");
-    size_t hb = header_bytes(d->n_layer), lb = layer_bytes(d, r->n_tok);
+    size_t hb = content_record_header_bytes(d->n_layer),
+           lb = content_record_layer_bytes(d->kv_dim, r->n_tok);
     if (src->fd < 0) {
         char name[2 * CACHE_KEY_BYTES + 5];
         record_name(&r->key, name);
@@ -569,14 +564,15 @@ int content_rec_read_layer(content_rec *r, int layer) {
         if (src->fd < 0) return src_fail(r, strerror(errno));
         uint8_t *hdr = malloc(hb);
         struct stat sb;
-        cd_entry got;
+        content_record_info got;
         kv_error why = {{0}};
         ssize_t n = hdr && fstat(src->fd, &sb) == 0 ? pread(src->fd, hdr, hb, 0) : -1;
         int bad = n < 0 ||
-                  check_header(d, hdr, (size_t)n, (int64_t)sb.st_size, &r->key, &got, &why) != 0 ||
+                  content_record_check_header(d->model_id, d->n_layer, d->kv_dim, hdr, (size_t)n,
+                                              (int64_t)sb.st_size, &r->key, &got, &why) != 0 ||
                   got.n_tok != r->n_tok || got.pos0 != r->pos0;
         if (!bad && !(src->layer_sha = malloc(32 * (size_t)d->n_layer))) bad = 1;
-        if (!bad) memcpy(src->layer_sha, hdr + OFF_LAYER_SHA, 32 * (size_t)d->n_layer);
+        if (!bad) memcpy(src->layer_sha, got.layer_sha, 32 * (size_t)d->n_layer);
         free(hdr);
         if (bad) return src_fail(r, n < 0 ? "unreadable" : why.msg[0] ? why.msg : "header");
     }
