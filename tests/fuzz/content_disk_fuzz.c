@@ -52,8 +52,8 @@ static void check(const uint8_t *buf, size_t len) {
     if (info.n_tok < 1 || info.n_tok > CONTENT_RECORD_MAX_TOKENS || info.pos0 < 0 ||
         len != HB + N_LAYER * lb || memcmp(info.key.b, key.b, 32) != 0)
         abort();
-    content_rec *r = content_rec_create(N_LAYER, KV_DIM, info.n_tok, &info.key, &info.ns,
-                                        info.pos0);
+    content_rec *r =
+        content_rec_create(N_LAYER, KV_DIM, info.n_tok, &info.key, &info.ns, info.pos0);
     if (!r) abort();
     memcpy(r->data, buf + HB, r->bytes);
     uint8_t again[HB];
