@@ -76,19 +76,6 @@ struct content_src {
 
 /* ---------------------------------------------------------------- format */
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
-
 size_t content_record_header_bytes(int n_layer) { return OFF_LAYER_SHA + 32 * (size_t)n_layer; }
 
 static int sha256(const void *data, size_t len, uint8_t out[32]) {
@@ -116,16 +103,16 @@ int content_record_encode_header(const uint8_t model_id[32], const content_rec *
            lb = content_record_layer_bytes(r->kv_dim, r->n_tok);
     memset(hdr, 0, hb);
     memcpy(hdr, CD_MAGIC, 8);
-    put_u32(hdr + OFF_VERSION, CONTENT_RECORD_VERSION);
-    put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)hb);
+    le_put_u32(hdr + OFF_VERSION, CONTENT_RECORD_VERSION);
+    le_put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)hb);
     memcpy(hdr + OFF_MODEL, model_id, 32);
     memcpy(hdr + OFF_KEY, r->key.b, 32);
     memcpy(hdr + OFF_NS, r->ns.b, 32);
-    put_u32(hdr + OFF_DIMS, (uint32_t)r->n_layer);
-    put_u32(hdr + OFF_DIMS + 4, (uint32_t)r->kv_dim);
-    put_u32(hdr + OFF_DIMS + 8, (uint32_t)r->n_tok);
-    put_u32(hdr + OFF_DIMS + 12, (uint32_t)r->pos0);
-    put_u64(hdr + OFF_LAYER_BYTES, lb);
+    le_put_u32(hdr + OFF_DIMS, (uint32_t)r->n_layer);
+    le_put_u32(hdr + OFF_DIMS + 4, (uint32_t)r->kv_dim);
+    le_put_u32(hdr + OFF_DIMS + 8, (uint32_t)r->n_tok);
+    le_put_u32(hdr + OFF_DIMS + 12, (uint32_t)r->pos0);
+    le_put_u64(hdr + OFF_LAYER_BYTES, lb);
     for (int l = 0; l < r->n_layer; l++)
         if (sha256(content_rec_rows(r, l, 0), lb, hdr + OFF_LAYER_SHA + 32 * (size_t)l)) return -1;
     return header_sha(hdr, hb, hdr + OFF_HEADER_SHA);
@@ -136,22 +123,22 @@ int content_record_check_header(const uint8_t model_id[32], int n_layer, int kv_
                                 const cache_key *key, content_record_info *out, kv_error *err) {
     size_t hb = content_record_header_bytes(n_layer);
     if (len < hb || memcmp(hdr, CD_MAGIC, 8) != 0) return kv_fail(err, "not a content record");
-    if (get_u32(hdr + OFF_VERSION) != CONTENT_RECORD_VERSION)
-        return kv_fail(err, "content record version %u", get_u32(hdr + OFF_VERSION));
-    if (get_u32(hdr + OFF_HEADER_BYTES) != hb) return kv_fail(err, "header size");
+    if (le_get_u32(hdr + OFF_VERSION) != CONTENT_RECORD_VERSION)
+        return kv_fail(err, "content record version %u", le_get_u32(hdr + OFF_VERSION));
+    if (le_get_u32(hdr + OFF_HEADER_BYTES) != hb) return kv_fail(err, "header size");
     uint8_t sha[32];
     if (header_sha(hdr, hb, sha) || memcmp(sha, hdr + OFF_HEADER_SHA, 32) != 0)
         return kv_fail(err, "header checksum");
     if (memcmp(hdr + OFF_MODEL, model_id, 32) != 0) return kv_fail(err, "another model");
     if (memcmp(hdr + OFF_KEY, key->b, 32) != 0) return kv_fail(err, "key differs from name");
-    uint32_t nl = get_u32(hdr + OFF_DIMS), kd = get_u32(hdr + OFF_DIMS + 4),
-             n_tok = get_u32(hdr + OFF_DIMS + 8), pos0 = get_u32(hdr + OFF_DIMS + 12);
+    uint32_t nl = le_get_u32(hdr + OFF_DIMS), kd = le_get_u32(hdr + OFF_DIMS + 4),
+             n_tok = le_get_u32(hdr + OFF_DIMS + 8), pos0 = le_get_u32(hdr + OFF_DIMS + 12);
     if (nl != (uint32_t)n_layer || kd != (uint32_t)kv_dim)
         return kv_fail(err, "layout %u layers x %u differs", nl, kd);
     if (n_tok < 1 || n_tok > CONTENT_RECORD_MAX_TOKENS || pos0 > (uint32_t)INT32_MAX - n_tok)
         return kv_fail(err, "%u tokens at %u", n_tok, pos0);
     size_t lb = content_record_layer_bytes(kv_dim, (int)n_tok);
-    if (get_u64(hdr + OFF_LAYER_BYTES) != lb) return kv_fail(err, "layer size");
+    if (le_get_u64(hdr + OFF_LAYER_BYTES) != lb) return kv_fail(err, "layer size");
     if (file_bytes != (int64_t)(hb + (size_t)n_layer * lb))
         return kv_fail(err, "file of %lld bytes, not %zu", (long long)file_bytes,
                        hb + (size_t)n_layer * lb);
@@ -395,26 +382,6 @@ static int disk_scan(content_disk *d, kv_error *err) {
     return rc;
 }
 
-static int mkdir_p(const char *path, kv_error *err) {
-    char *p = strdup(path);
-    if (!p) return kv_fail(err, "out of memory");
-    for (char *s = p + 1;; s++) {
-        bool end = *s == '\0';
-        if (*s == '/' || end) {
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                int e = errno;
-                free(p);
-                return kv_fail(err, "cannot create %s: %s", path, strerror(e));
-            }
-            if (end) break;
-            *s = '/';
-        }
-    }
-    free(p);
-    return 0;
-}
-
 static void free_entry(void *ud, kt_node *n) {
     (void)ud;
     free(KT_ENTRY(n, cd_entry, node));
@@ -446,7 +413,7 @@ content_disk *content_disk_open(const char *dir, const uint8_t model_id[32], int
         kv_fail(err, "blend disk: out of memory");
         goto fail;
     }
-    if (mkdir_p(d->path, err) != 0) goto fail;
+    if (kv_mkdir_p(d->path, err) != 0) goto fail;
     d->dir_fd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d->dir_fd < 0 || faccessat(d->dir_fd, ".", W_OK | X_OK, AT_EACCESS) != 0) {
         kv_fail(err, "cannot use %s: %s", d->path, strerror(errno));
