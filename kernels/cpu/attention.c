@@ -96,9 +96,9 @@ static void kv_load_task(void *ctx, int ith, int nth) {
 /* Fewer tokens than this are copied on the calling thread (a decode step's row). */
 #define KV_COPY_SERIAL 32
 
-void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
-                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
-                      const float *v) {
+static void kv_store_run(backend *b, void *pool, const kv_layout *l, int layer,
+                         const int32_t *block_table, const int32_t *slots, int n_tok,
+                         const float *k, const float *v, bool serial) {
     kv_copy_job j = {.pool = pool,
                      .l = l,
                      .layer = layer,
@@ -107,10 +107,22 @@ void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
                      .n_tok = n_tok,
                      .k = k,
                      .v = v};
-    if (n_tok < KV_COPY_SERIAL)
+    if (serial || n_tok < KV_COPY_SERIAL)
         kv_store_task(&j, 0, 1);
     else
         threadpool_run(b->tp, kv_store_task, &j);
+}
+
+void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
+                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                      const float *v) {
+    kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, false);
+}
+
+void backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                             const int32_t *block_table, const int32_t *slots, int n_tok,
+                             const float *k, const float *v) {
+    kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, true);
 }
 
 void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
