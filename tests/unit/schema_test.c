@@ -165,8 +165,9 @@ static void assemble_fails(const schema *sc, const char *src, const char *want) 
     pml_doc *d = prompt(src);
     schema_prompt sp;
     kv_error err = {{0}};
-    cr_assert_eq(schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, &sp, &err),
-                 -1, "accepted: %s", src);
+    cr_assert_eq(
+        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), -1,
+        "accepted: %s", src);
     cr_assert(strstr(err.msg, want), "%s\n  got: %s\n  want: %s", src, err.msg, want);
     pml_free(d);
 }
@@ -196,8 +197,9 @@ Test(schema, a_prompt_assembles_in_slot_order) {
                         "<user>Where?</user></prompt>");
     schema_prompt sp;
     kv_error err = {{0}};
-    cr_assert_eq(schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, &sp, &err),
-                 0, "%s", err.msg);
+    cr_assert_eq(
+        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), 0,
+        "%s", err.msg);
     const schema_node *root = &sc->nodes[0], *plan = &sc->nodes[1], *miami = &sc->nodes[3],
                       *beach = &sc->nodes[4];
     int cached = root->n_tok + plan->n_tok + miami->n_tok + beach->n_tok;
