@@ -188,11 +188,11 @@ static const opt_row OPTIONS[] = {
     NUM(blend_chunk, 0, OPT_INT, 16, 16384, false, false, "2048", "N",
         "most prompt tokens in one blended prefill step"),
     BOOL(schema_fixup, "false",
-         "Prompt Cache: recompute the most deviating module tokens (requests: \"fixup\")"),
+         "Prompt Cache's fix-up by default"),
     NUM(schema_fixup_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",
-        "Prompt Cache fix-up: percentage of module tokens recomputed"),
+        "fix-up: percentage of module tokens recomputed"),
     NUM(schema_max, 0, OPT_INT, 1, 100000, false, false, "256", "N",
-        "Prompt Cache: schemas registered at most (all namespaces)"),
+        "Prompt Cache schemas kept (all namespaces)"),
 #undef GROUP
 #define GROUP GROUP_LOGGING
     {.key = "log_level", .type = OPT_ENUM, .group = GROUP,
