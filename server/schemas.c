@@ -190,9 +190,10 @@ static void build(schema_registry *g, entry *e) {
         for (int b = 0; b < nd->n_blocks && held; b++) held = cache_store_holds(st, &nd->bkeys[b]);
         if (held) {
             /* stored before (a restart, another schema with the same text): pinned again */
-            cache_key keys[64];
-            int n = schema_node_records(sc, i, keys, 64);
-            cache_store_pin(st, keys, n, true);
+            int cb = sc->chunk_tokens / sc->block_tokens, max = (nd->n_blocks + cb - 1) / cb;
+            cache_key *keys = malloc(sizeof *keys * (size_t)max);
+            if (keys) cache_store_pin(st, keys, schema_node_records(sc, i, keys, max), true);
+            free(keys);
         } else if (build_node(g, e, i, msg, sizeof msg)) {
             if (!abandoned(g, e)) set_status(g, e, ENTRY_FAILED, msg);
             return;
