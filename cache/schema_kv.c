@@ -140,21 +140,9 @@ static void sha_hex(const char *src, size_t len, char hex[65]) {
     cache_key_hex(&k, hex);
 }
 
-static int mkdir_p(const char *path) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
-            *s = '/';
-        }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 int schema_def_save(const char *dir, const cache_key *ns, const char *name, const char *src,
                     size_t len, kv_error *err) {
-    if (mkdir_p(dir)) return kv_fail(err, "cannot create %s: %s", dir, strerror(errno));
+    if (kv_mkdir_p(dir, err)) return -1;
     char file[80], path[4200], tmp[4220], nshex[65], sha[65];
     def_file(ns, name, file);
     snprintf(path, sizeof path, "%s/%s", dir, file);
