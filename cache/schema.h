@@ -10,9 +10,11 @@
  * A node's KV is computed once, at its schema positions, after its context: the tokens of its
  * ancestors that precede it (what every prompt that imports it also holds), but not its
  * siblings, which a prompt may leave out. This is the paper's modular attention (3.3) with the
- * always-present text before a module in view: it is exact for a prompt that imports one module,
- * and where several are imported they miss attention to each other (the fix-up recomputes the
- * most deviating tokens, CacheBlend-style). Keys (cache_schema_key) chain over the context and
+ * always-present text before a module in view: where a prompt's layout is a prefix's (text only,
+ * or one module after all of the text) its KV is a full prefill's; elsewhere modules miss
+ * attention to each other and the positions keep the gaps of the modules left out (the fix-up
+ * lays the prompt out as a full prefill and recomputes the most deviating tokens, CacheBlend's
+ * way). Keys (cache_schema_key) chain over the context and
  * the node's tokens and positions, so a node's records are found again by any schema that lays
  * out the same text at the same positions, and never for another layout.
  *
