@@ -21,7 +21,8 @@ LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c mod
              $(filter-out server/main.c,$(wildcard server/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(sort $(wildcard tests/unit/*_test.c))
-TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_CU_SRC := $(sort $(wildcard tests/unit/*_test.cu))
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CU_SRC:tests/unit/%.cu=$(BUILD)/tests/%)
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -46,9 +47,32 @@ $(BUILD)/libkvserve.a: $(LIB_OBJ)
 $(BUILD)/kvserve: $(BUILD)/obj/server/main.o $(BUILD)/libkvserve.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_HELPER_OBJ) $(BUILD)/libkvserve.a
+# ---------------------------------------------------------------- CUDA under emulation
+
+# The CUDA backend's sources compiled as C++ against the emulator (kernels/cuda/emu.h): every
+# kernel runs on the CPU in the unit tests, compared with the CPU backend. Tests only.
+CXX      ?= g++
+CXXFLAGS := -std=c++17 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
+CUDA_SRC := $(sort $(wildcard kernels/cuda/*.cu))
+EMU_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.emu.o) $(BUILD)/obj/kernels/cuda/emu.o
+
+$(BUILD)/obj/%.emu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+	$(CXX) $(CXXFLAGS) -DKVSERVE_CUDA_EMU -x c++ -MMD -MP -c $< -o $@
+$(BUILD)/obj/kernels/cuda/emu.o: kernels/cuda/emu.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DKVSERVE_CUDA_EMU -MMD -MP -c $< -o $@
+$(BUILD)/libkvserve_emu.a: $(EMU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+TEST_LIBS := $(BUILD)/libkvserve_emu.a $(BUILD)/libkvserve.a
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_HELPER_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion -lstdc++
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.emu.o $(TEST_HELPER_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion -lstdc++
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
@@ -151,7 +175,7 @@ fuzz: $(FUZZ_BIN)
 
 # ---------------------------------------------------------------- style
 
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h')
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cc')
 format:
 	clang-format -i $(FORMAT_SRC)
 format-check:
