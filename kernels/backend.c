@@ -53,6 +53,9 @@ void backend_free(backend *b, void *p) {
 const void *backend_weight_data(backend *b, const void *host, size_t bytes, kv_error *err) {
     return b->ops->weight_data(b, host, bytes, err);
 }
+void backend_weight_release(backend *b, const void *host) {
+    if (host) b->ops->weight_release(b, host);
+}
 int backend_upload(backend *b, void *dst, const void *src, size_t bytes) {
     return bytes ? b->ops->upload(b, dst, src, bytes) : 0;
 }

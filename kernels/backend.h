@@ -117,6 +117,9 @@ backend *backend_cpu_create(int n_threads, kv_error *err);
 /* The CUDA backend on device 0 (kernels/cuda/); NULL with err when kvserve was built without
  * nvcc, no device is present or cuBLAS cannot be loaded. */
 backend *backend_cuda_create(kv_error *err);
+/* The CUDA backend's kernels run by the CPU emulator (kernels/cuda/emu.h): in the test programs
+ * only (build/libkvserve_emu.a), to compare every kernel with the CPU backend without a GPU. */
+backend *backend_cuda_emu_create(kv_error *err);
 /* By name: "cpu", "cuda", or "auto"/NULL (CUDA when a device is present, else the CPU with a log
  * line saying why). n_threads is the CPU backend's. */
 backend *backend_create(const char *device, int n_threads, kv_error *err);
@@ -160,9 +163,12 @@ void *backend_alloc(backend *b, size_t bytes);
 void backend_free(backend *b, void *p);
 
 /* The backend's copy of constant host data (weights, norms, RoPE frequencies): made on the first
- * request for a host range, shared by every later request for it, freed with the backend. The
- * CPU backend returns host itself (the mmapped file). NULL with err when out of memory. */
+ * request for a host range, shared by every later request for it (a model's weights are uploaded
+ * once however many forward contexts use them), freed when each request has been released (the
+ * host memory may then go: a freed model's address can come back holding another). The CPU
+ * backend returns host itself (the mmapped file). NULL with err when out of memory. */
 const void *backend_weight_data(backend *b, const void *host, size_t bytes, kv_error *err);
+void backend_weight_release(backend *b, const void *host);
 
 /* host -> backend memory, queued on the compute stream; src (host) may be reused on return. */
 int backend_upload(backend *b, void *dst, const void *src, size_t bytes);

@@ -24,6 +24,7 @@ typedef struct backend_ops {
     void *(*alloc)(backend *b, size_t bytes);
     void (*free)(backend *b, void *p);
     const void *(*weight_data)(backend *b, const void *host, size_t bytes, kv_error *err);
+    void (*weight_release)(backend *b, const void *host);
     int (*upload)(backend *b, void *dst, const void *src, size_t bytes);
     int (*download)(backend *b, void *dst, const void *src, size_t bytes);
     int (*sync)(backend *b);

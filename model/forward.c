@@ -44,8 +44,10 @@ struct forward_ctx {
      * the CPU, uploaded once on CUDA and shared by every context of that backend) */
     weight tok_embd, output;
     const float *output_norm;
-    layer_weights *lw; /* [n_layer] */
-    rope_table rope;   /* inv_freq: backend */
+    layer_weights *lw;  /* [n_layer] */
+    rope_table rope;    /* inv_freq: backend */
+    const void **bound; /* [n_bound] host ranges acquired with backend_weight_data */
+    int n_bound;
     /* host, per flattened token */
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
@@ -121,42 +123,48 @@ int forward_state_keep_rows(forward_state *st, const int *keep, int n_keep) {
 
 /* ---------------------------------------------------------------- context */
 
-/* The backend's copy of a weight (backend_weight_data). */
-static int bind_weight(backend *b, const weight *host, weight *out, kv_error *err) {
+/* The backend's copy of host data (backend_weight_data), released with the context. */
+static const void *bind(forward_ctx *f, const void *host, size_t bytes, kv_error *err) {
+    const void *d = backend_weight_data(f->b, host, bytes, err);
+    if (d) f->bound[f->n_bound++] = host;
+    return d;
+}
+
+static int bind_weight(forward_ctx *f, const weight *host, weight *out, kv_error *err) {
     *out = *host;
-    out->data = backend_weight_data(b, host->data, host->row_bytes * (size_t)host->n_out, err);
+    out->data = bind(f, host->data, host->row_bytes * (size_t)host->n_out, err);
     return out->data ? 0 : -1;
 }
 
-static int bind_norm(backend *b, const float *host, int dim, const float **out, kv_error *err) {
-    *out = backend_weight_data(b, host, sizeof(float) * (size_t)dim, err);
+static int bind_norm(forward_ctx *f, const float *host, int dim, const float **out, kv_error *err) {
+    *out = bind(f, host, sizeof(float) * (size_t)dim, err);
     return *out ? 0 : -1;
 }
 
 static int bind_weights(forward_ctx *f, kv_error *err) {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
-    backend *b = f->b;
     f->lw = calloc((size_t)hp->n_layer, sizeof *f->lw);
-    if (!f->lw) return kv_fail(err, "out of memory");
-    if (bind_weight(b, &m->tok_embd, &f->tok_embd, err) ||
-        bind_weight(b, &m->output, &f->output, err) ||
-        bind_norm(b, m->output_norm, hp->dim, &f->output_norm, err))
+    f->bound = malloc(sizeof *f->bound * (size_t)(4 + 9 * hp->n_layer));
+    if (!f->lw || !f->bound) return kv_fail(err, "out of memory");
+    if (bind_weight(f, &m->tok_embd, &f->tok_embd, err) ||
+        bind_weight(f, &m->output, &f->output, err) ||
+        bind_norm(f, m->output_norm, hp->dim, &f->output_norm, err))
         return -1;
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
         layer_weights *D = &f->lw[il];
-        if (bind_norm(b, L->attn_norm, hp->dim, &D->attn_norm, err) ||
-            bind_norm(b, L->ffn_norm, hp->dim, &D->ffn_norm, err) ||
-            bind_weight(b, &L->wq, &D->wq, err) || bind_weight(b, &L->wk, &D->wk, err) ||
-            bind_weight(b, &L->wv, &D->wv, err) || bind_weight(b, &L->wo, &D->wo, err) ||
-            bind_weight(b, &L->w_gate, &D->w_gate, err) ||
-            bind_weight(b, &L->w_up, &D->w_up, err) || bind_weight(b, &L->w_down, &D->w_down, err))
+        if (bind_norm(f, L->attn_norm, hp->dim, &D->attn_norm, err) ||
+            bind_norm(f, L->ffn_norm, hp->dim, &D->ffn_norm, err) ||
+            bind_weight(f, &L->wq, &D->wq, err) || bind_weight(f, &L->wk, &D->wk, err) ||
+            bind_weight(f, &L->wv, &D->wv, err) || bind_weight(f, &L->wo, &D->wo, err) ||
+            bind_weight(f, &L->w_gate, &D->w_gate, err) ||
+            bind_weight(f, &L->w_up, &D->w_up, err) || bind_weight(f, &L->w_down, &D->w_down, err))
             return -1;
     }
     f->rope.n_rot = m->rope.n_rot;
-    f->rope.inv_freq = (float *)backend_weight_data(
-        b, m->rope.inv_freq, sizeof(float) * (size_t)(m->rope.n_rot / 2), err);
+    f->rope.inv_freq =
+        (float *)bind(f, m->rope.inv_freq, sizeof(float) * (size_t)(m->rope.n_rot / 2), err);
     return f->rope.inv_freq ? 0 : -1;
 }
 
@@ -259,6 +267,8 @@ void forward_ctx_destroy(forward_ctx *f) {
     free(f->meta);
     free(f->table_off);
     free(f->aseq);
+    for (int i = 0; i < f->n_bound; i++) backend_weight_release(b, f->bound[i]);
+    free(f->bound);
     free(f->lw);
     free(f);
 }

@@ -101,6 +101,8 @@ static const void *cpu_weight_data(backend *b, const void *host, size_t bytes, k
     return host;
 }
 
+static void cpu_weight_release(backend *b, const void *host) { (void)b, (void)host; }
+
 static int cpu_copy(backend *b, void *dst, const void *src, size_t bytes) {
     (void)b;
     if (dst != src) memmove(dst, src, bytes);
@@ -544,6 +546,7 @@ static const backend_ops cpu_backend_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .weight_data = cpu_weight_data,
+    .weight_release = cpu_weight_release,
     .upload = cpu_copy,
     .download = cpu_copy,
     .sync = cpu_sync,
