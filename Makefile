@@ -175,7 +175,7 @@ fuzz: $(FUZZ_BIN)
 
 # ---------------------------------------------------------------- style
 
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cc')
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' '*.cc')
 format:
 	clang-format -i $(FORMAT_SRC)
 format-check:

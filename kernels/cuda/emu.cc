@@ -373,6 +373,9 @@ long live_allocations() { return __atomic_load_n(&g_live_allocs, __ATOMIC_RELAXE
 
 } // namespace emu
 
+/* For C tests (tests/unit/cuda_test.c). */
+extern "C" long cuda_emu_live_allocations(void) { return emu::live_allocations(); }
+
 /* ---------------------------------------------------------------- runtime API */
 
 static cudaError_t emu_fail(cudaError_t e) {
@@ -585,7 +588,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m)
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *(const float *)alpha, be = *(const float *)beta;
-    /* op(A) rows and op(B) columns converted once, then f32 dot products in k order */
+    /* op(A) rows and op(B) columns converted to f32 once, then dot products */
     std::vector<float> a((size_t)k), b((size_t)k * n);
     for (int j = 0; j < n; j++)
         for (int l = 0; l < k; l++)
@@ -600,8 +603,14 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                                                  : (size_t)l + (size_t)i * lda);
         for (int j = 0; j < n; j++) {
             const float *bj = b.data() + (size_t)j * k;
-            float acc = 0.0f;
-            for (int l = 0; l < k; l++) acc += a[l] * bj[l];
+            /* eight running sums, as a tensor core's products are not summed in k order
+             * either (and the emulated prefill's logits stay quick) */
+            float s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int l = 0;
+            for (; l + 8 <= k; l += 8)
+                for (int u = 0; u < 8; u++) s8[u] += a[l + u] * bj[l + u];
+            float acc = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+            for (; l < k; l++) acc += a[l] * bj[l];
             float *cij = c + (size_t)i + (size_t)j * ldc;
             *cij = al * acc + (be != 0.0f ? be * *cij : 0.0f);
         }

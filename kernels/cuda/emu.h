@@ -145,7 +145,7 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 /* Column-major C = alpha op(A) op(B) + beta C, as cuBLAS: A, B of type f16, bf16 or f32, C f32,
- * products summed in f32 in k order. */
+ * products summed in f32 (eight interleaved running sums). */
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                             int n, int k, const void *alpha, const void *A, cudaDataType at,
                             int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
@@ -282,6 +282,9 @@ template <class T> inline T atomicCAS(T *p, T compare, T v) {
 }
 
 /* ---------------------------------------------------------------- device math */
+
+using std::isinf;
+using std::isnan;
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
