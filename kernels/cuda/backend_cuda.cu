@@ -30,7 +30,7 @@ extern const backend_ops cuda_ops; /* the table, at the end */
 #ifdef KVSERVE_CUDA_EMU
 static int blas_load(cublas_api *a, kv_error *err) {
     (void)err;
-    *a = cublas_api{nullptr, cublasCreate, cublasDestroy, cublasSetStream, cublasGemmEx};
+    *a = cublas_api{nullptr, cublasCreate, cublasDestroy, cublasSetStream, nullptr, cublasGemmEx};
     return 0;
 }
 static void blas_unload(cublas_api *a) { (void)a; }
@@ -48,6 +48,8 @@ static int blas_load(cublas_api *a, kv_error *err) {
     a->destroy = reinterpret_cast<decltype(a->destroy)>(dlsym(a->lib, "cublasDestroy_v2"));
     a->set_stream = reinterpret_cast<decltype(a->set_stream)>(dlsym(a->lib, "cublasSetStream_v2"));
     a->gemm_ex = reinterpret_cast<decltype(a->gemm_ex)>(dlsym(a->lib, "cublasGemmEx"));
+    a->set_workspace =
+        reinterpret_cast<decltype(a->set_workspace)>(dlsym(a->lib, "cublasSetWorkspace_v2"));
     if (!a->create || !a->destroy || !a->set_stream || !a->gemm_ex) {
         dlclose(a->lib);
         a->lib = nullptr;
@@ -95,6 +97,7 @@ static void cuda_destroy(backend *b) {
         if (cb->up_done[i]) cudaEventDestroy(cb->up_done[i]);
     if (cb->xfer_after) cudaEventDestroy(cb->xfer_after);
     if (cb->handle) cb->blas.destroy(cb->handle);
+    cudaFree(cb->blas_ws);
     blas_unload(&cb->blas);
     if (cb->xfer) cudaStreamDestroy(cb->xfer);
     if (cb->compute) cudaStreamDestroy(cb->compute);
@@ -150,8 +153,12 @@ static backend *create(kv_error *err, bool emulated) {
     CREATE_CHECK(cudaHostAlloc((void **)&cb->xfer_host, XFER_BYTES, cudaHostAllocDefault));
     CREATE_CHECK(cudaMalloc((void **)&cb->xfer_dev, XFER_BYTES));
     if (blas_load(&cb->blas, err)) goto fail;
+    if (cb->blas.set_workspace) CREATE_CHECK(cudaMalloc(&cb->blas_ws, BLAS_WORKSPACE));
     if (cb->blas.create(&cb->handle) != CUBLAS_STATUS_SUCCESS ||
-        cb->blas.set_stream(cb->handle, cb->compute) != CUBLAS_STATUS_SUCCESS) {
+        cb->blas.set_stream(cb->handle, cb->compute) != CUBLAS_STATUS_SUCCESS ||
+        (cb->blas.set_workspace &&
+         cb->blas.set_workspace(cb->handle, cb->blas_ws, BLAS_WORKSPACE) !=
+             CUBLAS_STATUS_SUCCESS)) {
         cb->handle = nullptr;
         kv_fail(err, "cuBLAS cannot start on %s", cb->device);
         goto fail;
@@ -431,8 +438,8 @@ static int cuda_matmul_multi(backend *b, int n_w, const weight *const *w, const 
                              float *const *y) {
     cuda_backend *cb = cuda_of(b);
     if (n_tok == 0) return 0;
-    if ((uintptr_t)x % 16 != 0) {
-        log_error("cuda matmul: activations must be 16-byte aligned");
+    if ((uintptr_t)x % 16 != 0 || w[0]->n_in % 8 != 0) {
+        log_error("cuda matmul: activations must be 16-byte aligned, rows a multiple of 8 wide");
         return -1;
     }
     if (n_tok <= GEMV_MAX_TOKENS) {
@@ -455,6 +462,10 @@ static int cuda_matmul_multi(backend *b, int n_w, const weight *const *w, const 
 /* ---------------------------------------------------------------- row and elementwise ops */
 
 static int cuda_embed_op(backend *b, const weight *w, const int32_t *ids, int n, float *out) {
+    if (w->n_in % 8 != 0) {
+        log_error("cuda embed: rows must be a multiple of 8 wide");
+        return -1;
+    }
     return cuda_embed(cuda_of(b)->compute, w, ids, n, out);
 }
 

@@ -40,6 +40,8 @@ typedef struct cublas_api {
     cublasStatus_t (*create)(cublasHandle_t *h);
     cublasStatus_t (*destroy)(cublasHandle_t h);
     cublasStatus_t (*set_stream)(cublasHandle_t h, cudaStream_t s);
+    /* optional: cuBLAS then takes no device memory of its own while it runs */
+    cublasStatus_t (*set_workspace)(cublasHandle_t h, void *ws, size_t bytes);
     cublasStatus_t (*gemm_ex)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                               int n, int k, const void *alpha, const void *A, cudaDataType at,
                               int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
@@ -59,6 +61,9 @@ typedef struct weight_copy {
  * the copy stays asynchronous): slot i is reused once its event says the copy read it. */
 #define UPLOAD_SLOTS 16
 #define UPLOAD_SLOT_BYTES (256 * 1024)
+
+/* cuBLAS's workspace (what NVIDIA recommends for Hopper; Ampere needs less). */
+#define BLAS_WORKSPACE (32u << 20)
 
 /* Staging for the host-facing KV transfers (kv_store, kv_load), chunked through it. */
 #define XFER_BYTES (4 * 1024 * 1024)
@@ -85,6 +90,7 @@ typedef struct cuda_backend {
     cudaEvent_t xfer_after;
     cublas_api blas;
     cublasHandle_t handle;
+    void *blas_ws;              /* [BLAS_WORKSPACE] */
     matmul_precision precision; /* accepted, not used: see backend.h */
 
     pthread_mutex_t mu; /* weights table, transfers: callers on several host threads */

@@ -59,6 +59,10 @@ asm(".text\n"
 
 /* ---------------------------------------------------------------- the scheduler */
 
+/* A block's threads are fibers run in a fixed round-robin order. A fiber that waits at a barrier
+ * or finishes switches straight to the next runnable fiber (the launching thread only starts the
+ * block and gets it back at the end). A barrier is released, its waiters made runnable, by the
+ * fiber whose arrival (or exit) completes it: counters keep that O(1). */
 enum fiber_state { FIBER_RUNNABLE, FIBER_AT_BLOCK, FIBER_AT_WARP, FIBER_DONE };
 
 struct fiber {
@@ -76,6 +80,8 @@ struct fiber {
 struct warp_slots {
     uint64_t v[2][32]; /* exchange rows: a shuffle's phase picks one (see exchange) */
     unsigned n[2][32]; /* the phase each lane deposited at: who took part */
+    int alive;         /* lanes that have not exited */
+    int waiting;       /* lanes at the warp barrier */
 };
 
 /* The emulator of one host thread: fibers and stacks reused from launch to launch. */
@@ -89,6 +95,10 @@ struct scheduler {
     void (*fn)(void *) = nullptr;
     void *arg = nullptr;
     fiber *running = nullptr;
+    size_t n = 0;        /* threads of the block */
+    size_t live = 0;     /* not finished */
+    size_t at_block = 0; /* waiting at __syncthreads */
+    bool deadlock = false;
 #if defined(__x86_64__)
     void *main_sp = nullptr;
 #else
@@ -97,6 +107,7 @@ struct scheduler {
     void *main_fake = nullptr;
     const void *main_bottom = nullptr;
     size_t main_size = 0;
+    bool from_main = false; /* the switch in progress leaves the launching thread's stack */
 
     ~scheduler() {
         if (stacks) munmap(stacks, n_stacks * stride());
@@ -114,20 +125,20 @@ static scheduler &sched() {
     return s;
 }
 
-bool scheduler::reserve(size_t n) {
-    if (n <= n_stacks) return true;
+bool scheduler::reserve(size_t count) {
+    if (count <= n_stacks) return true;
     if (stacks) munmap(stacks, n_stacks * stride());
     stacks = nullptr;
     n_stacks = 0;
-    size_t bytes = n * stride();
+    size_t bytes = count * stride();
     void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return false;
     stacks = static_cast<unsigned char *>(p);
-    n_stacks = n;
-    for (size_t i = 0; i < n; i++) mprotect(stacks + i * stride(), page(), PROT_NONE);
-    fibers.resize(n);
-    for (size_t i = 0; i < n; i++) fibers[i].stack = stacks + i * stride() + page();
+    n_stacks = count;
+    for (size_t i = 0; i < count; i++) mprotect(stacks + i * stride(), page(), PROT_NONE);
+    fibers.resize(count);
+    for (size_t i = 0; i < count; i++) fibers[i].stack = stacks + i * stride() + page();
     return true;
 }
 
@@ -147,24 +158,83 @@ static void asan_finish(void *fake, const void **bottom, size_t *size) {
 #endif
 }
 
-/* fiber -> scheduler; returns when the scheduler resumes this fiber. */
+/* Makes the waiters of warp w's barrier (or the block's) runnable once all live members wait. */
+static void release_warp(scheduler &s, size_t w) {
+    warp_slots &ws = s.warps[w];
+    if (ws.waiting == 0 || ws.waiting != ws.alive) return;
+    size_t lo = w * 32, hi = lo + 32 < s.n ? lo + 32 : s.n;
+    for (size_t t = lo; t < hi; t++)
+        if (s.fibers[t].state == FIBER_AT_WARP) s.fibers[t].state = FIBER_RUNNABLE;
+    ws.waiting = 0;
+}
+
+static void release_block(scheduler &s) {
+    if (s.at_block == 0 || s.at_block != s.live) return;
+    for (size_t t = 0; t < s.n; t++)
+        if (s.fibers[t].state == FIBER_AT_BLOCK) s.fibers[t].state = FIBER_RUNNABLE;
+    s.at_block = 0;
+}
+
+/* The running fiber stops (waits or finishes) and the next runnable one after it in round-robin
+ * order runs; returns when this fiber is resumed. The launching thread resumes when none is left
+ * to run: the block is done, or deadlocked (s.deadlock). */
 static void yield_to_scheduler(fiber_state why) {
     scheduler &s = sched();
     fiber *f = s.running;
+    const size_t me = (size_t)(f - s.fibers.data()), w = (size_t)f->ts.warp;
     f->state = why;
-    bool last = why == FIBER_DONE;
-    asan_start(last ? nullptr : &f->asan_fake, s.main_bottom, s.main_size);
+    if (why == FIBER_AT_WARP) {
+        s.warps[w].waiting++;
+        release_warp(s, w);
+    } else if (why == FIBER_AT_BLOCK) {
+        s.at_block++;
+        release_block(s);
+    } else {
+        s.live--;
+        s.warps[w].alive--;
+        release_warp(s, w);
+        release_block(s);
+    }
+    fiber *next = nullptr;
+    for (size_t k = 1; k <= s.n; k++) {
+        fiber *c = &s.fibers[(me + k) % s.n];
+        if (c->state == FIBER_RUNNABLE) {
+            next = c;
+            break;
+        }
+    }
+    if (next == f) return; /* it released its own barrier and nobody else can run */
+    void **save = why == FIBER_DONE ? nullptr : &f->asan_fake;
+    if (!next) {
+        s.deadlock = s.live > 0;
+        s.running = nullptr;
+        asan_start(save, s.main_bottom, s.main_size);
 #if defined(__x86_64__)
-    emu_switch(&f->sp, s.main_sp);
+        emu_switch(&f->sp, s.main_sp);
 #else
-    swapcontext(&f->uc, &s.main_uc);
+        swapcontext(&f->uc, &s.main_uc);
 #endif
+    } else {
+        s.running = next;
+        cur_thread = &next->ts;
+        asan_start(save, next->stack, scheduler::stack_bytes());
+#if defined(__x86_64__)
+        emu_switch(&f->sp, next->sp);
+#else
+        swapcontext(&f->uc, &next->uc);
+#endif
+    }
     asan_finish(f->asan_fake, nullptr, nullptr);
 }
 
 static void fiber_body() {
     scheduler &s = sched();
-    asan_finish(nullptr, &s.main_bottom, &s.main_size);
+    /* the first fiber of a block learns the launching thread's stack, for switching back */
+    if (s.from_main)
+        asan_finish(nullptr, &s.main_bottom, &s.main_size);
+    else
+        asan_finish(nullptr, nullptr, nullptr);
+    s.from_main = false;
     s.fn(s.arg);
     yield_to_scheduler(FIBER_DONE); /* never resumed */
     std::abort();
@@ -186,10 +256,9 @@ static void *new_stack(unsigned char *stack, size_t size, size_t fiber_index) {
 }
 #endif
 
-/* Runs fibers until each has finished or waits at a barrier no further fiber will pass. */
+/* Runs a block's n threads to the end. */
 static void run_block(size_t n, unsigned warps) {
     scheduler &s = sched();
-    for (unsigned w = 0; w < warps; w++) std::memset(s.warps[w].n, 0, sizeof s.warps[w].n);
     uint3 tid = {0, 0, 0}; /* x-major, counted (a division per thread showed in profiles) */
     for (size_t t = 0; t < n; t++) {
         fiber &f = s.fibers[t];
@@ -217,54 +286,34 @@ static void run_block(size_t n, unsigned warps) {
         makecontext(&f.uc, fiber_body, 0);
 #endif
     }
-    size_t live = n;
-    while (live > 0) {
-        for (size_t t = 0; t < n; t++) {
-            fiber &f = s.fibers[t];
-            if (f.state != FIBER_RUNNABLE) continue;
-            s.running = &f;
-            cur_thread = &f.ts;
-            asan_start(&s.main_fake, f.stack, scheduler::stack_bytes());
+    for (unsigned w = 0; w < warps; w++) {
+        warp_slots &ws = s.warps[w];
+        std::memset(ws.n, 0, sizeof ws.n);
+        ws.alive = (int)(n - (size_t)w * 32 < 32 ? n - (size_t)w * 32 : 32);
+        ws.waiting = 0;
+    }
+    s.n = s.live = n;
+    s.at_block = 0;
+    s.deadlock = false;
+    fiber &first = s.fibers[0];
+    s.running = &first;
+    cur_thread = &first.ts;
+    s.from_main = true;
+    asan_start(&s.main_fake, first.stack, scheduler::stack_bytes());
 #if defined(__x86_64__)
-            emu_switch(&s.main_sp, f.sp);
+    emu_switch(&s.main_sp, first.sp);
 #else
-            swapcontext(&s.main_uc, &f.uc);
+    swapcontext(&s.main_uc, &first.uc);
 #endif
-            asan_finish(s.main_fake, nullptr, nullptr);
-            if (f.state == FIBER_DONE) live--;
-        }
-        if (live == 0) break;
-        /* every live fiber waits: release a barrier that all its members reached */
-        size_t at_block = 0;
-        for (size_t t = 0; t < n; t++) at_block += s.fibers[t].state == FIBER_AT_BLOCK;
-        bool released = false;
-        if (at_block == live) {
-            for (size_t t = 0; t < n; t++)
-                if (s.fibers[t].state == FIBER_AT_BLOCK) s.fibers[t].state = FIBER_RUNNABLE;
-            released = true;
-        } else {
-            for (unsigned w = 0; w < warps; w++) {
-                size_t lo = (size_t)w * 32, hi = lo + 32 < n ? lo + 32 : n, waiting = 0, alive = 0;
-                for (size_t t = lo; t < hi; t++) {
-                    alive += s.fibers[t].state != FIBER_DONE;
-                    waiting += s.fibers[t].state == FIBER_AT_WARP;
-                }
-                if (waiting > 0 && waiting == alive) {
-                    for (size_t t = lo; t < hi; t++)
-                        if (s.fibers[t].state == FIBER_AT_WARP) s.fibers[t].state = FIBER_RUNNABLE;
-                    released = true;
-                }
-            }
-        }
-        if (!released) {
-            const uint3 &b = s.block.bid;
-            std::fprintf(stderr,
-                         "cuda emulator: kernel %s deadlocks in block (%u,%u,%u): %zu of %zu live "
-                         "threads at __syncthreads, the others at warp barriers that part of their "
-                         "warp does not reach\n",
-                         s.block.kernel, b.x, b.y, b.z, at_block, live);
-            std::abort();
-        }
+    asan_finish(s.main_fake, nullptr, nullptr);
+    if (s.deadlock) {
+        const uint3 &b = s.block.bid;
+        std::fprintf(stderr,
+                     "cuda emulator: kernel %s deadlocks in block (%u,%u,%u): %zu of %zu live "
+                     "threads at __syncthreads, the others at warp barriers that part of their "
+                     "warp does not reach\n",
+                     s.block.kernel, b.x, b.y, b.z, s.at_block, s.live);
+        std::abort();
     }
     cur_thread = nullptr;
     s.running = nullptr;
