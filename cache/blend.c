@@ -11,10 +11,14 @@
 #include "cache/blend.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/quant.h"
+
+/* Layers the loader may run ahead of the computing one: reads from disk come in bursts. */
+#define BLEND_AHEAD 3
 
 struct blend_fusor {
     const model *m;
@@ -22,7 +26,10 @@ struct blend_fusor {
     kv_pool *pool;
     int max_tokens;
     int kvd;
-    float *rk, *rv;   /* [max_tokens][kvd] reused K (rotated to its slot) and V of this layer */
+    /* [BLEND_AHEAD + 1][max_tokens][kvd] reused K (rotated to its slot) and V of layer l in
+     * buffer l % (BLEND_AHEAD + 1): the loader fills the next layers' while this layer's are
+     * ranked against */
+    float *rk[BLEND_AHEAD + 1], *rv[BLEND_AHEAD + 1];
     float *fk, *fv;   /* [max_tokens][kvd] the fresh rows read back */
     int32_t *slots;   /* [max_tokens] slot of each reused token */
     int32_t *delta;   /* [max_tokens] position shift of each reused token */
@@ -42,6 +49,18 @@ struct blend_fusor {
     int n_ents;
     int n_reused;
     double load_ns; /* per token and layer, moving average */
+    /* The loader thread (CacheBlend section 5.2, pipelining): while layer l computes, it writes
+     * the reused KV of layers l + 1 .. l + BLEND_AHEAD into the pool (a layer's compute touches
+     * only that layer's regions), reading it from disk first where a record is there. */
+    pthread_t loader;
+    bool loader_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool active;   /* a pass is under way: the loader may run ahead of `computing` */
+    int computing; /* layer the pass is at */
+    int loaded;    /* last layer written this pass, -1: none */
+    bool busy;     /* the loader is writing a layer */
+    bool quit;
 };
 
 double blend_fusor_load_ns(const blend_fusor *f) { return f->load_ns; }
@@ -51,7 +70,13 @@ int blend_rows_at_layer(float ratio, int reused, int layer) {
      * any context (re-rotation aside), so its deviation says nothing. Layer 1 is the first whose
      * KV depends on the context: every reused token is computed through it and ranked there. */
     if (layer <= 1) return ratio > 0 ? reused : 0;
-    double r = (double)ratio * (1.0 + 1.0 / (layer - 1));
+    /* Gradual filtering (CacheBlend section 4.3): twice the ratio at layer 2, then down to it
+     * within a few layers, as 1 + 1 / (l - 1)^2: deviation ranks agree closely from one layer
+     * to the next (the paper's figure 8), so long tails of extra rows bought nothing measurable
+     * (bench-blend, 16 questions at 15%: first-token KL 0.101 with 1 + 1 / (l - 1), 0.104 with
+     * this, for 5% less time). */
+    double d = (double)(layer - 1);
+    double r = (double)ratio * (1.0 + 1.0 / (d * d));
     if (r >= 1) return reused;
     int n = (int)ceil(r * reused - 1e-9);
     return n < 0 ? 0 : n;
@@ -67,8 +92,12 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->max_tokens = max_tokens;
     f->kvd = m->hp.n_kv_head * m->hp.head_dim;
     size_t nt = (size_t)max_tokens, rows = nt * (size_t)f->kvd;
-    f->rk = kv_aligned_alloc(sizeof(float) * rows);
-    f->rv = kv_aligned_alloc(sizeof(float) * rows);
+    bool bufs = true;
+    for (int i = 0; i <= BLEND_AHEAD; i++) {
+        f->rk[i] = kv_aligned_alloc(sizeof(float) * rows);
+        f->rv[i] = kv_aligned_alloc(sizeof(float) * rows);
+        bufs = bufs && f->rk[i] && f->rv[i];
+    }
     f->fk = kv_aligned_alloc(sizeof(float) * rows);
     f->fv = kv_aligned_alloc(sizeof(float) * rows);
     f->slots = malloc(sizeof(int32_t) * nt);
@@ -81,8 +110,8 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->keep = malloc(sizeof(int) * nt);
     f->ridx = malloc(sizeof(int32_t) * nt);
     f->tok_ent = malloc(sizeof(int32_t) * nt);
-    if (!f->rk || !f->rv || !f->fk || !f->fv || !f->slots || !f->delta || !f->dcs || !f->cand ||
-        !f->c_slots || !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
+    if (!bufs || !f->fk || !f->fv || !f->slots || !f->delta || !f->dcs || !f->cand || !f->c_slots ||
+        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
         goto oom;
     return f;
 oom:
@@ -93,8 +122,19 @@ oom:
 
 void blend_fusor_destroy(blend_fusor *f) {
     if (!f) return;
-    kv_aligned_free(f->rk);
-    kv_aligned_free(f->rv);
+    if (f->loader_started) {
+        pthread_mutex_lock(&f->mu);
+        f->quit = true;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        pthread_join(f->loader, NULL);
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+    }
+    for (int i = 0; i <= BLEND_AHEAD; i++) {
+        kv_aligned_free(f->rk[i]);
+        kv_aligned_free(f->rv[i]);
+    }
     kv_aligned_free(f->fk);
     kv_aligned_free(f->fv);
     free(f->slots);
@@ -111,36 +151,92 @@ void blend_fusor_destroy(blend_fusor *f) {
     free(f);
 }
 
-/* Writes layer il of every span into the pool: f16 rows to f32, K turned by its delta. */
+/* Writes layer il of every span into the pool: f16 rows to f32 (kept in buffer il % 2 for the
+ * ranking), K turned by its delta. Runs on the loader thread, so it uses no backend thread. */
 static void load_layer(blend_fusor *f, int il) {
     uint64_t t0 = clock_now_ns();
     const kv_layout *kl = kv_pool_layout(f->pool);
+    const model_hparams *hp = &f->m->hp;
     void *pool = kv_pool_memory(f->pool);
     int kvd = f->kvd;
+    float *rk = f->rk[il % (BLEND_AHEAD + 1)], *rv = f->rv[il % (BLEND_AHEAD + 1)];
     for (int e = 0; e < f->n_ents; e++) {
-        const blend_entry *be = &f->ents[e];
+        blend_entry *be = &f->ents[e];
         int k = f->first[e];
+        bool skipped = false;
         for (int s = 0; s < be->n_spans; s++) {
             const blend_span *sp = &be->spans[s];
+            if (content_rec_read_layer(sp->rec, il) != 0) {
+                /* Not in the pool: the pass goes on (the other entries are right), the caller
+                 * runs this entry's tokens again without the span. */
+                be->failed = true;
+                skipped = true;
+                k += sp->n;
+                continue;
+            }
             const uint16_t *K = content_rec_rows(sp->rec, il, 0) + (size_t)sp->off * kvd;
             const uint16_t *V = content_rec_rows(sp->rec, il, 1) + (size_t)sp->off * kvd;
-            fp16_to_fp32_row(K, f->rk + (size_t)k * kvd, (int64_t)sp->n * kvd);
-            fp16_to_fp32_row(V, f->rv + (size_t)k * kvd, (int64_t)sp->n * kvd);
+            fp16_to_fp32_row(K, rk + (size_t)k * kvd, (int64_t)sp->n * kvd);
+            fp16_to_fp32_row(V, rv + (size_t)k * kvd, (int64_t)sp->n * kvd);
+            for (int i = k; i < k + sp->n; i++)
+                rope_rotate(rk + (size_t)i * kvd, hp->n_kv_head, hp->head_dim, hp->n_rot,
+                            f->dcs + (size_t)i * hp->n_rot, false);
             k += sp->n;
         }
-    }
-    const model_hparams *hp = &f->m->hp;
-    backend_rope_cs(f->b, f->rk, f->dcs, NULL, f->n_reused, hp->n_kv_head, hp->head_dim, hp->n_rot);
-    for (int e = 0; e < f->n_ents; e++) {
-        const blend_entry *be = &f->ents[e];
-        int k = f->first[e];
-        backend_kv_store(f->b, pool, kl, il, f->seqs[be->entry].seq->blocks, f->slots + k,
-                         be->n_reused, f->rk + (size_t)k * kvd, f->rv + (size_t)k * kvd);
+        k = f->first[e];
+        if (!skipped)
+            backend_kv_store_serial(f->b, pool, kl, il, f->seqs[be->entry].seq->blocks,
+                                    f->slots + k, be->n_reused, rk + (size_t)k * kvd,
+                                    rv + (size_t)k * kvd);
     }
     if (f->n_reused > 0) {
         double ns = (double)(clock_now_ns() - t0) / f->n_reused;
         f->load_ns = f->load_ns > 0 ? 0.9 * f->load_ns + 0.1 * ns : ns;
     }
+}
+
+/* The next layer the loader may write, or -1 (under mu). */
+static int loader_next(const blend_fusor *f) {
+    int next = f->loaded + 1;
+    return f->active && next < f->m->hp.n_layer && next <= f->computing + BLEND_AHEAD ? next : -1;
+}
+
+static void *loader_main(void *arg) {
+    blend_fusor *f = arg;
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        int il;
+        while ((il = loader_next(f)) < 0 && !f->quit) pthread_cond_wait(&f->cv, &f->mu);
+        if (f->quit) break;
+        f->busy = true;
+        pthread_mutex_unlock(&f->mu);
+        load_layer(f, il);
+        pthread_mutex_lock(&f->mu);
+        f->busy = false;
+        f->loaded = il;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* The pass is at layer il: waits until its reused KV is in the pool, and lets the loader run
+ * on to il + BLEND_AHEAD. */
+static void loader_reach(blend_fusor *f, int il) {
+    pthread_mutex_lock(&f->mu);
+    f->active = true;
+    f->computing = il;
+    pthread_cond_broadcast(&f->cv);
+    while (f->loaded < il) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+}
+
+void blend_fusor_end(blend_fusor *f) {
+    if (!f || !f->loader_started) return;
+    pthread_mutex_lock(&f->mu);
+    f->active = false; /* no further layer: the pass is over */
+    while (f->busy) pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
 }
 
 static int cmp_dev_desc(const void *a, const void *b, void *ud) {
@@ -182,8 +278,8 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
             backend_kv_load(f->b, pool, kl, il, 0, bt, f->c_slots, n_c, f->fk);
             backend_kv_load(f->b, pool, kl, il, 1, bt, f->c_slots, n_c, f->fv);
             for (int c = 0; c < n_c; c++) {
-                const float *rk = f->rk + (size_t)f->cand[c] * kvd,
-                            *rv = f->rv + (size_t)f->cand[c] * kvd;
+                const float *rk = f->rk[il % (BLEND_AHEAD + 1)] + (size_t)f->cand[c] * kvd,
+                            *rv = f->rv[il % (BLEND_AHEAD + 1)] + (size_t)f->cand[c] * kvd;
                 const float *fk = f->fk + (size_t)c * kvd, *fv = f->fv + (size_t)c * kvd;
                 double d = 0;
                 for (int j = 0; j < kvd; j++) {
@@ -210,7 +306,7 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
 
 static int before_layer(void *ud, forward_state *st, int il) {
     blend_fusor *f = ud;
-    load_layer(f, il);
+    loader_reach(f, il);
     /* full reuse: not even layer 0 recomputes a reused token */
     bool any_zero = false;
     for (int e = 0; e < f->n_ents; e++) any_zero |= f->ents[e].ratio <= 0;
@@ -256,6 +352,7 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
         for (int i = 0; i < bs->n_tok; i++) f->tok_ent[t0 + i] = e;
         f->first[e] = k;
         be->n_reused = be->n_recomputed = 0;
+        be->failed = false;
         int prev_end = bs->kv_start;
         for (int s = 0; s < be->n_spans; s++) {
             const blend_span *sp = &be->spans[s];
@@ -284,7 +381,31 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
     f->ents = entries;
     f->n_ents = n_entries;
     f->n_reused = k;
-    backend_rope_angles(f->b, &f->m->rope, f->delta, k, f->dcs);
+    /* the angles are the loader's (host) input: the backend's op where its memory is the host's,
+     * kernels/rope.c's loop otherwise (the same numbers) */
+    if (backend_host_memory(f->b))
+        backend_rope_angles(f->b, &f->m->rope, f->delta, k, f->dcs);
+    else
+        for (int i = 0; i < k; i++)
+            rope_angles(&f->m->rope, f->delta[i], f->dcs + (size_t)i * f->m->rope.n_rot);
+    if (!f->loader_started) {
+        if (pthread_mutex_init(&f->mu, NULL)) return kv_fail(err, "blend loader: mutex");
+        if (pthread_cond_init(&f->cv, NULL)) {
+            pthread_mutex_destroy(&f->mu);
+            return kv_fail(err, "blend loader: condition variable");
+        }
+        if (pthread_create(&f->loader, NULL, loader_main, f)) {
+            pthread_cond_destroy(&f->cv);
+            pthread_mutex_destroy(&f->mu);
+            return kv_fail(err, "blend loader: cannot start its thread");
+        }
+        f->loader_started = true;
+    }
+    pthread_mutex_lock(&f->mu);
+    f->active = false;
+    f->computing = 0;
+    f->loaded = -1;
+    pthread_mutex_unlock(&f->mu);
     *hooks = (forward_hooks){.ud = f, .before_layer = before_layer, .after_kv = after_kv};
     return 0;
 }

@@ -47,9 +47,13 @@ int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_voca
 
 /* ---------------------------------------------------------------- content records */
 
+/* A record still being read from the disk tier, layer by layer (content_disk.c). */
+typedef struct content_src content_src;
+
 /* One chunk's KV as some earlier context computed it: every layer's K (rotated at positions
  * pos0 .. pos0 + n_tok - 1) and V as f16, [n_layer][2 (K, V)][n_tok][kv_dim]. Immutable once
- * shared; reference counted. */
+ * shared; reference counted. A record found on disk (src set) fills its layers as the fusor's
+ * loader reads them, for the one request that holds it, and is shared once complete. */
 typedef struct content_rec {
     cache_key key; /* content key of its tokens */
     cache_key ns;
@@ -60,6 +64,7 @@ typedef struct content_rec {
     size_t bytes;
     uint16_t *data;
     atomic_int refs;
+    content_src *src; /* NULL: every layer is in data */
 } content_rec;
 
 /* A record with one reference and an uninitialised payload (NULL when out of memory). */
@@ -85,6 +90,42 @@ void content_store_put(content_store *s, content_rec *r);
 int64_t content_store_clear(content_store *s, const cache_key *ns);
 void content_store_stats(content_store *s, cache_tier_stats *out);
 
+/* ---------------------------------------------------------------- the disk tier
+ *
+ * Content records kept across restarts (content_disk.c): one checksummed file per record, each
+ * layer hashed on its own, written in the background, read layer by layer by the fusor's loader
+ * while earlier layers compute. */
+typedef struct content_disk content_disk;
+
+/* Opens (creating) the directory and indexes the records in it of this model and layout
+ * (others are left alone; torn or corrupt ones are deleted and counted). NULL with err. */
+content_disk *content_disk_open(const char *dir, const uint8_t model_id[32], int n_layer,
+                                int kv_dim, int64_t cap_bytes, kv_error *err);
+/* Finishes queued writes and frees everything. */
+void content_disk_close(content_disk *d);
+/* Queues a complete record for writing (the tier takes a reference). Never blocks on I/O; a
+ * write that cannot be queued is dropped and counted, one that fails costs only the copy. */
+void content_disk_put(content_disk *d, content_rec *r);
+/* A record of n_tok tokens under key, to be filled by content_rec_read_layer (src set), or NULL
+ * on a miss. No I/O: the index is in memory. */
+content_rec *content_disk_get(content_disk *d, const cache_key *key, int n_tok);
+/* Reads layer `layer` of a record found on disk into its data (layers in order; a no-op for a
+ * layer already read or a record in memory) and checks that layer's checksum. -1 when it fails:
+ * the record is then marked failed, deleted from the tier and counted as corrupt. */
+int content_rec_read_layer(content_rec *r, int layer);
+/* True when every layer is in data (always for a record in memory). */
+bool content_rec_complete(const content_rec *r);
+/* True when reading it from disk failed. */
+bool content_rec_failed(const content_rec *r);
+/* Drops a complete record's disk reader, so it can be shared (content_store_put). */
+void content_rec_settle(content_rec *r);
+void content_src_free(content_src *src);
+/* Deletes the records of namespace ns (NULL: all); returns how many. */
+int64_t content_disk_clear(content_disk *d, const cache_key *ns);
+void content_disk_stats(content_disk *d, cache_tier_stats *out);
+/* Waits until every queued write has finished (tests, shutdown). */
+void content_disk_flush(content_disk *d);
+
 /* ---------------------------------------------------------------- the fusor */
 
 /* Tokens at KV slots slot .. slot + n - 1 of a blended batch entry take their KV from rec's
@@ -107,6 +148,9 @@ typedef struct blend_entry {
     /* out */
     int n_reused;     /* tokens of the spans */
     int n_recomputed; /* of them, computed at the last layer */
+    /* A span's record could not be read from disk at some layer: the entry's KV and logits of
+     * this pass are wrong; the caller drops the failed spans and runs the tokens again. */
+    bool failed;
 } blend_entry;
 
 typedef struct blend_fusor blend_fusor;
@@ -117,14 +161,19 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
 void blend_fusor_destroy(blend_fusor *f);
 /* Readies the hooks for one model_forward over seqs (whose blended entries are listed; the
  * others pass through untouched): before layer l, the spans' layer-l KV is written into the
- * pool (K re-rotated); after layer l, the reused rows the layer computed are ranked by the
- * deviation of their fresh K and V from the reused ones and the most deviating are kept for
- * layer l + 1: every reused token through layer 1 (layer 0's KV does not depend on the
- * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)) of them at layer
- * l >= 2 (gradual filtering, never more than the layer before computed), so the last layers
- * compute about ratio of them. -1 with err when the spans do not fit. */
+ * pool (K re-rotated); once layer l has written the fresh K and V of the reused rows it computes,
+ * they are ranked by the deviation from the reused ones and the most deviating go on through
+ * the layer to layer l + 1: every reused token through layer 1 (layer 0's KV does not depend on the
+ * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)^2) of them at
+ * layer l >= 2 (gradual filtering, never more than the layer before computed), so from layer 5
+ * on about ratio of them are computed (rows dropped at layer l skip its attention and
+ * feed-forward: after_kv). A loader thread writes layer l + 1's reused KV into the pool while
+ * layer l computes (CacheBlend's pipelining). -1 with err when the spans do not fit. */
 int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
                       int n_entries, forward_hooks *hooks, kv_error *err);
+/* Ends the pass begun last (after model_forward, whether it succeeded or not): waits for the
+ * loader thread to finish the layer it is writing, so the spans' records may be released. */
+void blend_fusor_end(blend_fusor *f);
 /* Measured time to load one reused token's KV for one layer (conversion, rotation, pool
  * write), in nanoseconds, averaged over recent passes; 0 before the first. */
 double blend_fusor_load_ns(const blend_fusor *f);

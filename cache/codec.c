@@ -44,24 +44,13 @@ _Static_assert(2ull * CODEC_MAX_TOKENS * CODEC_MAX_CHANNELS * 2 + RANS_STATE_BYT
 
 /* ---------------------------------------------------------------- little-endian fields */
 
-static void put_u16(uint8_t *p, uint16_t v) {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 static uint32_t f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 static float get_f32(const uint8_t *p) {
-    uint32_t u = get_u32(p);
+    uint32_t u = le_get_u32(p);
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -209,8 +198,8 @@ static int write_model(table_writer *w, const rans_model *m, int n_symbols, kv_e
         return kv_fail(err, "codec: table model has %u symbols, expected %d", m->n_symbols,
                        n_symbols);
     uint8_t *p = writer_take(w, model_bytes(n_symbols));
-    put_u16(p, (uint16_t)n_symbols);
-    for (int s = 0; s < n_symbols; s++) put_u16(p + 2 + 2 * s, m->freq[s]);
+    le_put_u16(p, (uint16_t)n_symbols);
+    for (int s = 0; s < n_symbols; s++) le_put_u16(p + 2 + 2 * s, m->freq[s]);
     return 0;
 }
 
@@ -231,33 +220,34 @@ static int table_emit(const codec_table *t, uint8_t *out, uint8_t id[SHA_BYTES],
     const int nl = t->n_layer, nc = t->n_chan;
     uint8_t *p = writer_take(w, TABLE_HEADER);
     memcpy(p, "KVCT", 4);
-    put_u16(p + 4, TABLE_VERSION);
-    put_u16(p + 6, 0);
+    le_put_u16(p + 4, TABLE_VERSION);
+    le_put_u16(p + 6, 0);
     memcpy(p + 8, t->model_id, 32);
-    put_u32(p + 40, (uint32_t)nl);
-    put_u32(p + 44, (uint32_t)nc);
-    put_u32(p + 48, (uint32_t)t->n_levels);
-    put_u32(p + 52, (uint32_t)t->n_head);
-    put_u32(p + 56, (uint32_t)t->head_dim);
-    put_u32(p + 60, (uint32_t)t->n_rot);
+    le_put_u32(p + 40, (uint32_t)nl);
+    le_put_u32(p + 44, (uint32_t)nc);
+    le_put_u32(p + 48, (uint32_t)t->n_levels);
+    le_put_u32(p + 52, (uint32_t)t->n_head);
+    le_put_u32(p + 56, (uint32_t)t->head_dim);
+    le_put_u32(p + 60, (uint32_t)t->n_rot);
     for (int v = 0; v < t->n_levels; v++) {
         const codec_level *lv = &t->levels[v];
-        put_u32(writer_take(w, 4), (uint32_t)lv->group);
+        le_put_u32(writer_take(w, 4), (uint32_t)lv->group);
         for (int l = 0; l < nl; l++)
             for (int kv = 0; kv < 2; kv++)
-                put_u32(writer_take(w, 4), f32_bits(lv->anchor_bin[l][kv]));
+                le_put_u32(writer_take(w, 4), f32_bits(lv->anchor_bin[l][kv]));
         for (int l = 0; l < nl; l++)
             for (int kv = 0; kv < 2; kv++)
-                put_u32(writer_take(w, 4), f32_bits(lv->delta_bin[l][kv]));
+                le_put_u32(writer_take(w, 4), f32_bits(lv->delta_bin[l][kv]));
     }
     size_t n_scale = (size_t)nl * 2 * (size_t)nc;
-    for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->scale[i]));
-    for (size_t i = 0; i < n_scale; i++) put_u32(writer_take(w, 4), f32_bits(t->center[i]));
+    for (size_t i = 0; i < n_scale; i++) le_put_u32(writer_take(w, 4), f32_bits(t->scale[i]));
+    for (size_t i = 0; i < n_scale; i++) le_put_u32(writer_take(w, 4), f32_bits(t->center[i]));
     if (t->n_head) {
-        put_u32(writer_take(w, 4), f32_bits(t->margin));
-        for (int i = 0; i < t->n_rot / 2; i++) put_u32(writer_take(w, 4), f32_bits(t->inv_freq[i]));
+        le_put_u32(writer_take(w, 4), f32_bits(t->margin));
+        for (int i = 0; i < t->n_rot / 2; i++)
+            le_put_u32(writer_take(w, 4), f32_bits(t->inv_freq[i]));
         size_t n_dir = (size_t)nl * (size_t)t->n_head * (size_t)t->head_dim;
-        for (size_t i = 0; i < n_dir; i++) put_u32(writer_take(w, 4), f32_bits(t->qdir[i]));
+        for (size_t i = 0; i < n_dir; i++) le_put_u32(writer_take(w, 4), f32_bits(t->qdir[i]));
     }
     for (int v = 0; v < t->n_levels; v++) {
         for (int l = 0; l < nl; l++)
@@ -379,11 +369,11 @@ int codec_table_serialize(const codec_table *t, uint8_t **out, size_t *len, kv_e
 /* Reads one model of n_symbols at *p (the caller has checked the whole file's length). */
 static int read_model(const uint8_t **p, rans_model *m, int n_symbols, kv_error *err) {
     const uint8_t *q = *p;
-    int n = get_u16(q);
+    int n = le_get_u16(q);
     if (n != n_symbols)
         return kv_fail(err, "codec: table model has %d symbols, expected %d", n, n_symbols);
     uint16_t freq[RANS_MAX_SYMBOLS];
-    for (int s = 0; s < n; s++) freq[s] = get_u16(q + 2 + 2 * s);
+    for (int s = 0; s < n; s++) freq[s] = le_get_u16(q + 2 + 2 * s);
     if (rans_model_from_freqs(m, freq, n, err)) return kv_fail_wrap(err, "codec: table");
     *p = q + model_bytes(n);
     return 0;
@@ -396,11 +386,11 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
     if (len < TABLE_HEADER + SHA_BYTES)
         return kv_fail(err, "codec: table truncated (%zu bytes)", len);
     if (memcmp(buf, "KVCT", 4) != 0) return kv_fail(err, "codec: not a codec table (bad magic)");
-    if (get_u16(buf + 4) != TABLE_VERSION || get_u16(buf + 6) != 0)
+    if (le_get_u16(buf + 4) != TABLE_VERSION || le_get_u16(buf + 6) != 0)
         return kv_fail(err, "codec: table version %u.%u not supported (want %d.0)",
-                       get_u16(buf + 4), get_u16(buf + 6), TABLE_VERSION);
-    uint32_t nl = get_u32(buf + 40), nc = get_u32(buf + 44), nv = get_u32(buf + 48);
-    uint32_t nh = get_u32(buf + 52), hd = get_u32(buf + 56), nr = get_u32(buf + 60);
+                       le_get_u16(buf + 4), le_get_u16(buf + 6), TABLE_VERSION);
+    uint32_t nl = le_get_u32(buf + 40), nc = le_get_u32(buf + 44), nv = le_get_u32(buf + 48);
+    uint32_t nh = le_get_u32(buf + 52), hd = le_get_u32(buf + 56), nr = le_get_u32(buf + 60);
     if (nl < 1 || nl > CODEC_MAX_LAYERS || nc < 1 || nc > CODEC_MAX_CHANNELS || nv < 1 ||
         nv > CODEC_MAX_LEVELS)
         return kv_fail(err, "codec: table shape %u layers x %u channels x %u levels out of range",
@@ -424,7 +414,7 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
     codec_level *levels = calloc(nv, sizeof *levels);
     if (!levels) return kv_fail(err, "codec: out of memory");
     for (uint32_t v = 0; v < nv; v++) {
-        uint32_t group = get_u32(p);
+        uint32_t group = le_get_u32(p);
         levels[v].group = group > CODEC_MAX_TOKENS ? -1 : (int)group;
         p += 4;
         for (uint32_t l = 0; l < nl; l++)
@@ -1002,7 +992,7 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
             kv_fail(err, "codec: output capacity %zu too small (use codec_encode_bound)", cap);
             goto done;
         }
-        for (int64_t i = 0; i < n_esc; i++) put_u16(out + pos + 2 * (size_t)i, esc[i]);
+        for (int64_t i = 0; i < n_esc; i++) le_put_u16(out + pos + 2 * (size_t)i, esc[i]);
         pos += 2 * (size_t)n_esc;
         int64_t n_bytes = rans_encode(sym, ctx, e, codec_table_layer_models(t, level, l),
                                       CODEC_LAYER_MODELS(nc), out + pos, cap - pos, err);
@@ -1011,19 +1001,19 @@ int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int 
             goto done;
         }
         uint8_t *entry = out + CODEC_STREAM_HEADER + STREAM_LAYER_ENTRY * (size_t)l;
-        put_u32(entry, (uint32_t)n_esc);
-        put_u32(entry + 4, (uint32_t)n_bytes);
+        le_put_u32(entry, (uint32_t)n_esc);
+        le_put_u32(entry + 4, (uint32_t)n_bytes);
         pos += (size_t)n_bytes;
     }
     memcpy(out, "KVCG", 4);
-    put_u16(out + 4, CODEC_STREAM_VERSION);
-    put_u16(out + 6, (uint16_t)level);
+    le_put_u16(out + 4, CODEC_STREAM_VERSION);
+    le_put_u16(out + 6, (uint16_t)level);
     memcpy(out + 8, t->id, 32);
-    put_u16(out + 40, (uint16_t)nl);
-    put_u16(out + 42, (uint16_t)nc);
-    put_u32(out + 44, (uint32_t)n_tok);
-    put_u32(out + 48, (uint32_t)pos0);
-    put_u32(out + 52, 0);
+    le_put_u16(out + 40, (uint16_t)nl);
+    le_put_u16(out + 42, (uint16_t)nc);
+    le_put_u32(out + 44, (uint32_t)n_tok);
+    le_put_u32(out + 48, (uint32_t)pos0);
+    le_put_u32(out + 52, 0);
     if (stream_digest(out, pos, out + STREAM_CHECKSUM_AT, err)) goto done;
     rc = (int64_t)pos;
 done:
@@ -1055,9 +1045,9 @@ static int stream_open(const codec_table *t, const uint8_t *in, size_t len, stre
     if (!in || len < CODEC_STREAM_HEADER)
         return kv_fail(err, "codec: bitstream truncated (%zu bytes)", len);
     if (memcmp(in, "KVCG", 4) != 0) return kv_fail(err, "codec: not a KV bitstream (bad magic)");
-    if (get_u16(in + 4) != CODEC_STREAM_VERSION)
-        return kv_fail(err, "codec: bitstream version %u not supported (want %d)", get_u16(in + 4),
-                       CODEC_STREAM_VERSION);
+    if (le_get_u16(in + 4) != CODEC_STREAM_VERSION)
+        return kv_fail(err, "codec: bitstream version %u not supported (want %d)",
+                       le_get_u16(in + 4), CODEC_STREAM_VERSION);
     /* The checksum first: past it every field is what the encoder wrote, so the checks below
      * name real mismatches (another table, another shape) rather than corruption. */
     uint8_t sum[SHA_BYTES];
@@ -1066,15 +1056,15 @@ static int stream_open(const codec_table *t, const uint8_t *in, size_t len, stre
         return kv_fail(err, "codec: bitstream checksum mismatch (corrupt or truncated)");
     if (memcmp(in + 8, t->id, 32) != 0)
         return kv_fail(err, "codec: bitstream was encoded with another codec table");
-    int level = get_u16(in + 6), nl = get_u16(in + 40), nc = get_u16(in + 42);
-    uint32_t n_tok = get_u32(in + 44), pos0 = get_u32(in + 48);
+    int level = le_get_u16(in + 6), nl = le_get_u16(in + 40), nc = le_get_u16(in + 42);
+    uint32_t n_tok = le_get_u32(in + 44), pos0 = le_get_u32(in + 48);
     if (level >= t->n_levels)
         return kv_fail(err, "codec: bitstream level %d outside the table's %d", level, t->n_levels);
     if (nl != t->n_layer || nc != t->n_chan)
         return kv_fail(err, "codec: bitstream shape %d layers x %d channels, table has %d x %d", nl,
                        nc, t->n_layer, t->n_chan);
     if (n_tok < 1 || n_tok > CODEC_MAX_TOKENS || pos0 > (uint32_t)INT32_MAX ||
-        (uint64_t)pos0 + n_tok - 1 > (uint64_t)INT32_MAX || get_u32(in + 52) != 0)
+        (uint64_t)pos0 + n_tok - 1 > (uint64_t)INT32_MAX || le_get_u32(in + 52) != 0)
         return kv_fail(err, "codec: bitstream header out of range (%u tokens at %u)", n_tok, pos0);
     size_t pos = layer_table_end(nl);
     if (len < pos) return kv_fail(err, "codec: bitstream truncated in its layer table");
@@ -1085,7 +1075,7 @@ static int stream_open(const codec_table *t, const uint8_t *in, size_t len, stre
     v->max_esc = 0;
     for (int l = 0; l < nl; l++) {
         const uint8_t *entry = in + CODEC_STREAM_HEADER + STREAM_LAYER_ENTRY * (size_t)l;
-        uint32_t n_esc = get_u32(entry), n_bytes = get_u32(entry + 4);
+        uint32_t n_esc = le_get_u32(entry), n_bytes = le_get_u32(entry + 4);
         if (n_esc > v->layer_elems || n_bytes < RANS_STATE_BYTES)
             return kv_fail(err, "codec: layer %d: %u escapes and %u stream bytes out of range", l,
                            n_esc, n_bytes);
@@ -1145,7 +1135,7 @@ static int decode_layer(decode_job *j, int l, uint8_t *sym, uint16_t *esc, kv_er
                     codec_table_layer_models(t, v->level, l), CODEC_LAYER_MODELS(nc), sym, err))
         return -1;
     const uint8_t *e = j->in + v->esc_at[l];
-    for (uint32_t i = 0; i < v->n_esc[l]; i++) esc[i] = get_u16(e + 2 * (size_t)i);
+    for (uint32_t i = 0; i < v->n_esc[l]; i++) esc[i] = le_get_u16(e + 2 * (size_t)i);
     codec_level one;
     layer_level(&t->levels[v->level], l, &one);
     const codec_shape sh = {.n_layer = 1, .n_tok = v->n_tok, .n_chan = nc};

@@ -95,6 +95,7 @@ void content_rec_ref(content_rec *r) { atomic_fetch_add(&r->refs, 1); }
 
 void content_rec_unref(content_rec *r) {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    content_src_free(r->src);
     free(r->data);
     free(r);
 }
@@ -178,7 +179,8 @@ bool content_store_has(content_store *s, const cache_key *key) {
 
 void content_store_put(content_store *s, content_rec *r) {
     pthread_mutex_lock(&s->mu);
-    if ((int64_t)r->bytes > s->st.capacity || find(s, &r->key)) goto out;
+    /* a record still being read from disk is not shared until it is whole (settled) */
+    if (r->src || (int64_t)r->bytes > s->st.capacity || find(s, &r->key)) goto out;
     while (s->lru.oldest && s->st.bytes + (int64_t)r->bytes > s->st.capacity) {
         entry_remove(s, KT_ENTRY(s->lru.oldest, content_entry, lru));
         s->st.evictions++;

@@ -686,25 +686,6 @@ static void job_run_locked(cache_disk *d, disk_job *j) {
 /* ---------------------------------------------------------------- open */
 
 /* mkdir -p: every missing component of path, 0755. */
-static int mkdir_p(const char *path, kv_error *err) {
-    char *p = strdup(path);
-    if (!p) return kv_fail(err, "out of memory");
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0') continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            kv_fail(err, "cannot create directory %s: %s", p, strerror(errno));
-            free(p);
-            return -1;
-        }
-        *s = c;
-        if (!c) break;
-    }
-    free(p);
-    return 0;
-}
-
 static ssize_t read_full(int fd, uint8_t *buf, size_t len) {
     size_t got = 0;
     while (got < len) {
@@ -884,7 +865,7 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
         goto fail;
     }
     snprintf(d->path, n, "%s/%.16s", dir, model_hex);
-    if (mkdir_p(d->path, err) != 0) goto fail;
+    if (kv_mkdir_p(d->path, err) != 0) goto fail;
     d->dir_fd = open(d->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (d->dir_fd < 0 || faccessat(d->dir_fd, ".", W_OK | X_OK, AT_EACCESS) != 0) {
         kv_fail(err, "cannot use cache directory %s: %s", d->path, strerror(errno));

@@ -294,16 +294,12 @@ static inline int refill_checked(uint32_t *x, const uint8_t *in, size_t len, siz
     return 0;
 }
 
-static uint32_t read_le32(const uint8_t *b) {
-    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-
 int rans_decode(const uint8_t *in, size_t len, const uint32_t *ctx, size_t n,
                 const rans_model *models, size_t n_models, uint8_t *syms, kv_error *err) {
     if (len < RANS_STATE_BYTES)
         return kv_fail(err, "rans: decode: stream truncated (%zu bytes, states need %d)", len,
                        RANS_STATE_BYTES);
-    uint32_t x0 = read_le32(in), x1 = read_le32(in + 4);
+    uint32_t x0 = le_get_u32(in), x1 = le_get_u32(in + 4);
     /* Out-of-range states would break the step's arithmetic (and the two-byte refill bound). */
     if (x0 < RANS_L || x0 >= RANS_L << 8 || x1 < RANS_L || x1 >= RANS_L << 8)
         return kv_fail(err, "rans: decode: initial state out of range (corrupt stream)");

@@ -28,22 +28,6 @@ enum {
     OFF_BKEYS = 216, /* the block keys, then zero to the header's end */
 };
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
-
 /* SHA-256 of data[0..len); -1 only when OpenSSL cannot allocate its context. */
 static int sha256(const uint8_t *data, size_t len, uint8_t out[32]) {
     unsigned int n = 0;
@@ -78,17 +62,17 @@ void cache_record_encode_header(const cache_layout *l, const cache_chunk *c, uin
     size_t header_bytes = cache_record_header_bytes(l);
     memset(hdr, 0, header_bytes);
     memcpy(hdr + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC);
-    put_u32(hdr + OFF_VERSION, CACHE_RECORD_VERSION);
-    put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)header_bytes);
+    le_put_u32(hdr + OFF_VERSION, CACHE_RECORD_VERSION);
+    le_put_u32(hdr + OFF_HEADER_BYTES, (uint32_t)header_bytes);
     memcpy(hdr + OFF_MODEL, l->model_id, 32);
     memcpy(hdr + OFF_KEY, c->key.b, CACHE_KEY_BYTES);
     memcpy(hdr + OFF_NS, c->ns.b, CACHE_KEY_BYTES);
     const int dims[5] = {l->n_layer, l->n_kv_head, l->head_dim, l->block_tokens, l->chunk_tokens};
-    for (int i = 0; i < 5; i++) put_u32(hdr + OFF_LAYOUT + 4 * i, (uint32_t)dims[i]);
-    put_u32(hdr + OFF_POS0, (uint32_t)c->pos0);
-    put_u32(hdr + OFF_LEVEL, CACHE_RECORD_LEVEL_RAW);
-    put_u32(hdr + OFF_TOKENS, (uint32_t)(c->n_blocks * l->block_tokens));
-    put_u64(hdr + OFF_PAYLOAD_BYTES, c->bytes);
+    for (int i = 0; i < 5; i++) le_put_u32(hdr + OFF_LAYOUT + 4 * i, (uint32_t)dims[i]);
+    le_put_u32(hdr + OFF_POS0, (uint32_t)c->pos0);
+    le_put_u32(hdr + OFF_LEVEL, CACHE_RECORD_LEVEL_RAW);
+    le_put_u32(hdr + OFF_TOKENS, (uint32_t)(c->n_blocks * l->block_tokens));
+    le_put_u64(hdr + OFF_PAYLOAD_BYTES, c->bytes);
     memcpy(hdr + OFF_BKEYS, c->bkeys, (size_t)c->n_blocks * CACHE_KEY_BYTES);
     /* A checksum that cannot be computed (OpenSSL out of memory) leaves zeros: the record then
      * fails its check when read and is dropped, which costs a miss and nothing else. */
@@ -111,12 +95,12 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
     if (memcmp(buf + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC) != 0)
         return kv_fail(err, "not a cache record (bad magic)");
     if (need(len, OFF_VERSION + 4, "version", err)) return -1;
-    uint32_t version = get_u32(buf + OFF_VERSION);
+    uint32_t version = le_get_u32(buf + OFF_VERSION);
     if (version != CACHE_RECORD_VERSION)
         return kv_fail(err, "cache record version %u, expected %d", version, CACHE_RECORD_VERSION);
     if (need(len, OFF_HEADER_BYTES + 4, "header size", err)) return -1;
     size_t header_bytes = cache_record_header_bytes(l);
-    uint32_t got_header = get_u32(buf + OFF_HEADER_BYTES);
+    uint32_t got_header = le_get_u32(buf + OFF_HEADER_BYTES);
     if (got_header != header_bytes)
         return kv_fail(err, "cache record header size %u, expected %zu", got_header, header_bytes);
     /* The whole header, so the zero tail can be checked too: a reader must not accept bytes it
@@ -133,26 +117,26 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
                                              "chunk_tokens"};
     const int dims[5] = {l->n_layer, l->n_kv_head, l->head_dim, l->block_tokens, l->chunk_tokens};
     for (int i = 0; i < 5; i++) {
-        uint32_t v = get_u32(buf + OFF_LAYOUT + 4 * i);
+        uint32_t v = le_get_u32(buf + OFF_LAYOUT + 4 * i);
         if (v != (uint32_t)dims[i])
             return kv_fail(err, "cache record layout differs: %s %u, expected %d", dim_names[i], v,
                            dims[i]);
     }
-    uint32_t level = get_u32(buf + OFF_LEVEL);
+    uint32_t level = le_get_u32(buf + OFF_LEVEL);
     if (level != CACHE_RECORD_LEVEL_RAW)
         return kv_fail(err, "cache record level %u is not supported", level);
-    uint32_t n_tokens = get_u32(buf + OFF_TOKENS);
+    uint32_t n_tokens = le_get_u32(buf + OFF_TOKENS);
     if (n_tokens == 0 || n_tokens % (uint32_t)l->block_tokens ||
         n_tokens > (uint32_t)l->chunk_tokens)
         return kv_fail(err, "cache record of %u tokens: not 1 to %d whole blocks of %d", n_tokens,
                        cache_chunk_blocks(l), l->block_tokens);
     int n_blocks = (int)(n_tokens / (uint32_t)l->block_tokens);
-    uint64_t payload = get_u64(buf + OFF_PAYLOAD_BYTES);
+    uint64_t payload = le_get_u64(buf + OFF_PAYLOAD_BYTES);
     uint64_t want = (uint64_t)cache_block_bytes(l) * (uint64_t)n_blocks;
     if (payload != want)
         return kv_fail(err, "cache record payload size %llu, expected %llu",
                        (unsigned long long)payload, (unsigned long long)want);
-    int32_t pos0 = (int32_t)get_u32(buf + OFF_POS0);
+    int32_t pos0 = (int32_t)le_get_u32(buf + OFF_POS0);
     if (pos0 < 0 || pos0 % l->chunk_tokens)
         return kv_fail(err, "cache record position %d is not a chunk start", (int)pos0);
     const uint8_t *bkeys = buf + OFF_BKEYS;

@@ -187,6 +187,8 @@ static const opt_row OPTIONS[] = {
         "least percentage of blended tokens recomputed"),
     NUM(blend_ram_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 40, true, true, "0", "BYTES",
         "blend content store capacity (0: a quarter of cache-ram-bytes)"),
+    NUM(blend_disk_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 40, true, true, "0", "BYTES",
+        "blend records on disk (0: a quarter of cache-disk-bytes)"),
     NUM(blend_chunk, 0, OPT_INT, 16, 16384, false, false, "2048", "N",
         "most prompt tokens in one blended prefill step"),
 #undef GROUP

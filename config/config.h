@@ -53,6 +53,7 @@ typedef struct kv_config {
     bool blend;               /* reuse chunks found by content anywhere in a prompt (CacheBlend) */
     int blend_recompute;      /* least recompute ratio of blended tokens, percent */
     int64_t blend_ram_bytes;  /* content store cap */
+    int64_t blend_disk_bytes; /* content records on disk: cap (in the cache directory) */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */
     /* ---- logging */
     char *log_level; /* error|warn|info|debug */

@@ -150,6 +150,11 @@ int backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
                      const float *v) {
     return b->ops->kv_store(b, pool, l, layer, block_table, slots, n_tok, k, v);
 }
+int backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                            const int32_t *block_table, const int32_t *slots, int n_tok,
+                            const float *k, const float *v) {
+    return b->ops->kv_store_serial(b, pool, l, layer, block_table, slots, n_tok, k, v);
+}
 int backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                     const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
     return b->ops->kv_load(b, pool, l, layer, kv, block_table, slots, n_tok, out);

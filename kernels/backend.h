@@ -279,6 +279,14 @@ int backend_kv_rope(backend *b, void *pool, const kv_layout *l, int layer,
                     const int32_t *block_table, const int32_t *slots, int n_tok, const float *cs,
                     int n_rot);
 
+/* backend_kv_store on the calling thread alone, never the backend's threads: a loader thread
+ * writes a later layer's KV with it while the backend computes this one (the CPU's stand-in for
+ * a copy stream; a layer's compute reads and writes only that layer's regions). On CUDA it is
+ * backend_kv_store, which runs on the backend's transfer stream. Host memory, synchronous. */
+int backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                            const int32_t *block_table, const int32_t *slots, int n_tok,
+                            const float *k, const float *v);
+
 /* Copies one whole block (every layer's K and V) inside the pool: copy on write. */
 int backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src);
 

@@ -66,6 +66,9 @@ typedef struct backend_ops {
     int (*kv_store)(backend *b, void *pool, const kv_layout *l, int layer,
                     const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
                     const float *v);
+    int (*kv_store_serial)(backend *b, void *pool, const kv_layout *l, int layer,
+                           const int32_t *block_table, const int32_t *slots, int n_tok,
+                           const float *k, const float *v);
     int (*kv_load)(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                    const int32_t *block_table, const int32_t *slots, int n_tok, float *out);
     int (*kv_rope)(backend *b, void *pool, const kv_layout *l, int layer,

@@ -128,6 +128,11 @@ typedef enum chat_tool_choice {
 char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_tool_choice choice,
                       const char *named, bool parallel, kv_error *err);
 
+/* The literal markers format f's calls are written with that a vocabulary may hold as control
+ * tokens (Mistral's [TOOL_CALLS]); NULL-terminated. The model makes such tokens decode to their
+ * text, so the grammar can ask for them and the parser sees them. */
+const char *const *chat_tools_markers(chat_tool_format f);
+
 /* Mistral's call ids are 9 characters of [a-zA-Z0-9]; a client's id that is not is replaced by
  * one derived from it (FNV-1a, base 62), the same wherever the id appears, so a call and the
  * result that answers it keep matching. NULL gives the id of "". */

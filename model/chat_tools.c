@@ -49,6 +49,23 @@ static const tool_syntax *syntax_of(chat_tool_format f) {
                                                           : &SYNTAX[CHAT_TOOLS_GENERIC];
 }
 
+const char *const *chat_tools_markers(chat_tool_format f) {
+    /* Hermes-style tokenizers (Qwen 2.5, Hermes 2 Pro) hold <tool_call> and </tool_call> as
+     * added tokens, some as control tokens; Mistral's [TOOL_CALLS] is one. */
+    static const char *const tool_call[] = {"<tool_call>", "</tool_call>", NULL};
+    static const char *const mistral[] = {"[TOOL_CALLS]", NULL};
+    static const char *const none[] = {NULL};
+    switch (f) {
+    case CHAT_TOOLS_GENERIC:
+    case CHAT_TOOLS_HERMES:
+        return tool_call;
+    case CHAT_TOOLS_MISTRAL:
+        return mistral;
+    default:
+        return none;
+    }
+}
+
 const char *chat_tools_format_name(chat_tool_format f) {
     static const char *const names[] = {"generic", "hermes", "llama3", "mistral"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "generic";

@@ -350,6 +350,11 @@ model *model_load(const char *path, const model_load_opts *opts, kv_error *err) 
     }
     log_info("%s: chat template %s, tool format %s", path, chat_template_name(m->chat.kind),
              chat_tools_format_name(m->chat.tools));
+    /* a control token that marks the format's calls decodes to its text, so the answer's
+     * grammar can ask for it and its parser sees it */
+    for (const char *const *mk = chat_tools_markers(m->chat.tools); *mk; mk++)
+        if (tokenizer_render_as_text(m->tok, *mk) >= 0)
+            log_info("%s: control token %s decodes as text (tool calls)", path, *mk);
     const char *name;
     size_t name_len;
     if (gguf_has_key(m->gguf, "general.name") &&

@@ -568,6 +568,7 @@ void tokenizer_destroy(tokenizer *t) {
     free(t->text_off);
     free(t->text_len);
     free(t->type);
+    free(t->shown);
     free(t->score);
     free(t->piece);
     free(t->piece_off);
@@ -773,7 +774,16 @@ done:
 /* ---------------------------------------------------------------- decoding */
 
 static bool piece_hidden(const tokenizer *t, int32_t id) {
-    return t->type[id] == TOKEN_TYPE_CONTROL || t->type[id] == TOKEN_TYPE_UNKNOWN;
+    return (t->type[id] == TOKEN_TYPE_CONTROL && !(t->shown && t->shown[id])) ||
+           t->type[id] == TOKEN_TYPE_UNKNOWN;
+}
+
+int32_t tokenizer_render_as_text(tokenizer *t, const char *text) {
+    int32_t id = tokenizer_find(t, text);
+    if (id < 0 || t->type[id] != TOKEN_TYPE_CONTROL) return -1;
+    if (!t->shown && !(t->shown = calloc((size_t)t->n_vocab, 1))) return -1;
+    t->shown[id] = 1;
+    return id;
 }
 
 static void piece_of(const tokenizer *t, int32_t id, bool render_special, const uint8_t **p,

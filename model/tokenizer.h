@@ -27,6 +27,12 @@ bool tokenizer_is_eog(const tokenizer *t, int32_t id);
 const char *tokenizer_token_text(const tokenizer *t, int32_t id);
 /* Id of a vocabulary entry by exact text (e.g. "<|im_end|>"), -1 when absent. */
 int32_t tokenizer_find(const tokenizer *t, const char *text);
+/* Makes the control token whose text is exactly `text` decode to that text from now on, as a
+ * normal token does (a tool format's call marker: Mistral's [TOOL_CALLS] is a control token, and
+ * the answer's grammar and parser must see it); encoding is unchanged. Returns its id, or -1
+ * when the vocabulary has no such control token (or memory runs out). Not thread-safe: call at
+ * load, before any decoding. */
+int32_t tokenizer_render_as_text(tokenizer *t, const char *text);
 
 /* Encodes len bytes of text (must be valid UTF-8; invalid sequences are an error). With
  * parse_special, control/special token texts in the input ("<|im_start|>") become their ids;

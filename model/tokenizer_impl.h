@@ -85,6 +85,7 @@ struct tokenizer {
     size_t *text_off;   /* [n_vocab] offset of token i's text in `text` */
     uint32_t *text_len; /* [n_vocab] its length in bytes (texts may hold NUL bytes) */
     uint8_t *type;      /* [n_vocab] TOKEN_TYPE_*, after llama.cpp's adjustments */
+    uint8_t *shown;     /* [n_vocab] control tokens that decode to their text, or NULL: none */
     float *score;       /* [n_vocab] SentencePiece scores, 0 when the file has none */
 
     uint8_t *piece;    /* arena of each token's decoded bytes (control tokens: their text) */

@@ -49,6 +49,13 @@ void cache_api_stats(server *s, http_reply *out) {
     json_t *disk = tier_json(&cs.disk, true);
     json_object_set_new(disk, "enabled", json_boolean(cs.disk_enabled));
     json_object_set_new(tiers, "disk", disk);
+    /* blend's content records, found by content anywhere in a prompt */
+    json_t *bram = tier_json(&es.content, false);
+    json_object_set_new(bram, "enabled", json_boolean(es.content.capacity > 0));
+    json_object_set_new(tiers, "blend_ram", bram);
+    json_t *bdisk = tier_json(&es.content_disk, true);
+    json_object_set_new(bdisk, "enabled", json_boolean(s->blend_disk != NULL));
+    json_object_set_new(tiers, "blend_disk", bdisk);
     http_reply_json(out, 200,
                     json_pack("{s:s,s:b,s:i,s:I,s:o}", "object", "cache.stats", "enabled",
                               es.enabled, "chunk_tokens", es.chunk_tokens, "reused_tokens",
@@ -125,15 +132,19 @@ void cache_api_clear(server *s, const http_call *c, http_reply *out) {
     server_cache_namespace(s, c, salt, &ns);
     const cache_key *scope = all ? NULL : &ns;
     int64_t n_pool = tier[0] ? engine_cache_clear(s->eng, scope) : 0, n_ram = 0, n_disk = 0;
+    int64_t b_ram = 0, b_disk = 0;
     if (s->store) cache_store_clear(s->store, scope, tier[1], tier[2], &n_ram, &n_disk);
-    log_info("cache: cleared %s: %lld pool, %lld RAM, %lld disk chunks",
+    engine_blend_clear(s->eng, scope, tier[1], tier[2], &b_ram, &b_disk);
+    log_info("cache: cleared %s: %lld pool, %lld RAM, %lld disk chunks; blend: %lld RAM, %lld "
+             "disk records",
              all ? "every namespace" : "one namespace", (long long)n_pool, (long long)n_ram,
-             (long long)n_disk);
+             (long long)n_disk, (long long)b_ram, (long long)b_disk);
     json_decref(root);
     http_reply_json(out, 200,
-                    json_pack("{s:s,s:{s:I,s:I,s:I}}", "object", "cache.clear", "cleared", "pool",
-                              (json_int_t)n_pool, "ram", (json_int_t)n_ram, "disk",
-                              (json_int_t)n_disk));
+                    json_pack("{s:s,s:{s:I,s:I,s:I,s:I,s:I}}", "object", "cache.clear", "cleared",
+                              "pool", (json_int_t)n_pool, "ram", (json_int_t)n_ram, "disk",
+                              (json_int_t)n_disk, "blend_ram", (json_int_t)b_ram, "blend_disk",
+                              (json_int_t)b_disk));
     return;
 fail:
     json_decref(root);
@@ -232,48 +243,55 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     engine_cache_stats_get(s->eng, &es);
     cache_stats cs = {0};
     if (s->store) cache_store_stats(s->store, &cs);
-    const cache_tier_stats *t[2] = {&cs.ram, &cs.disk};
-    const char *names[2] = {"ram", "disk"};
+    enum { NT = 4 };
+    const cache_tier_stats *t[NT] = {&cs.ram, &cs.disk, &es.content, &es.content_disk};
+    const char *names[NT] = {"ram", "disk", "blend_ram", "blend_disk"};
     metric(f, "kvserve_cache_reused_tokens_total", "counter",
            "Prompt tokens whose KV came from the context cache.");
     fprintf(f, "kvserve_cache_reused_tokens_total %lld\n", (long long)es.reused_tokens);
     metric(f, "kvserve_cache_hits_total", "counter", "Chunk lookups found, by tier.");
     fprintf(f, "kvserve_cache_hits_total{tier=\"pool\"} %lld\n", (long long)es.pool_hits);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_hits_total{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->hits);
     metric(f, "kvserve_cache_misses_total", "counter", "Chunk lookups not found, by tier.");
     fprintf(f, "kvserve_cache_misses_total{tier=\"pool\"} %lld\n", (long long)es.pool_misses);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_misses_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->misses);
     metric(f, "kvserve_cache_evictions_total", "counter", "Chunks evicted for room, by tier.");
     fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n", (long long)es.pool_evictions);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->evictions);
     metric(f, "kvserve_cache_bytes_in_total", "counter", "Bytes stored into a tier.");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_bytes_in_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->bytes_in);
     metric(f, "kvserve_cache_bytes_out_total", "counter", "Bytes loaded from a tier.");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_bytes_out_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->bytes_out);
     metric(f, "kvserve_cache_corrupt_total", "counter",
            "Records dropped as torn or corrupt (failed header or checksum).");
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"disk\"} %lld\n", (long long)cs.disk.corrupt);
+    fprintf(f, "kvserve_cache_corrupt_total{tier=\"blend_disk\"} %lld\n",
+            (long long)es.content_disk.corrupt);
     metric(f, "kvserve_cache_write_errors_total", "counter",
            "Failed or dropped write-backs (a full disk, a full queue).");
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",
             (long long)cs.disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"queue_full\"} %lld\n",
             (long long)cs.disk.dropped);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"io\"} %lld\n",
+            (long long)es.content_disk.write_errors);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"queue_full\"} %lld\n",
+            (long long)es.content_disk.dropped);
     metric(f, "kvserve_cache_entries", "gauge", "Chunks held, by tier.");
     fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es.pool_entries);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->entries);
     metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NT; i++)
         fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
     if (fclose(f) != 0) {
         free(buf);

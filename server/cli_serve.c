@@ -102,6 +102,32 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
     return st;
 }
 
+/* Blend's content records on disk, beside the chunk records of the same model
+ * (<cache dir>/<model>/blend). Like the disk tier, an automatic directory that cannot be used
+ * costs only the disk copy; a directory the operator named must work. */
+static int open_blend_disk(const kv_config *c, const model *m, content_disk **out, kv_error *err) {
+    *out = NULL;
+    char *dir = cache_dir_from(c);
+    if (!dir || c->cache_disk_bytes == 0) {
+        free(dir);
+        return 0;
+    }
+    cache_key id;
+    char hex[2 * CACHE_KEY_BYTES + 1], *path = NULL;
+    memcpy(id.b, m->identity, CACHE_KEY_BYTES);
+    cache_key_hex(&id, hex);
+    int64_t cap = c->blend_disk_bytes ? c->blend_disk_bytes : c->cache_disk_bytes / 4;
+    if (asprintf(&path, "%s/%.16s/blend", dir, hex) < 0) path = NULL;
+    free(dir);
+    if (!path) return kv_fail(err, "out of memory");
+    *out = content_disk_open(path, m->identity, m->hp.n_layer, m->hp.n_kv_head * m->hp.head_dim,
+                             cap, err);
+    free(path);
+    if (*out || strcmp(c->cache_dir, "auto") != 0) return *out ? 0 : -1;
+    log_warn("blend: no disk copy: %s", err->msg);
+    return 0;
+}
+
 /* Descriptors kept free of connections: the listener, the model, the disk tier's files,
  * io_uring, the ITC of each HTTP thread, logs; and per HTTP thread, room for the clients being
  * refused (accepted, then closed) when the limit is reached. */
@@ -269,6 +295,8 @@ int cli_serve(int argc, char **argv) {
     }
     if (cfg.cache && !(s.store = open_store(&cfg, m, &err))) goto done;
     eo.store = s.store;
+    if (eo.blend_bytes > 0 && open_blend_disk(&cfg, m, &s.blend_disk, &err)) goto done;
+    eo.blend_disk = s.blend_disk;
     if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
     if (!(s.gvocab = grammar_vocab_create(m->tok, &err))) goto done;
     s.pooling = embed_pooling(cfg.pooling, m);
@@ -305,6 +333,7 @@ done:
         cache_store_close(s.store);
         log_info("cache: queued writes flushed");
     }
+    content_disk_close(s.blend_disk);
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);

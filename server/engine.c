@@ -227,6 +227,40 @@ static void drop_spans(eseq *s) {
     s->exact_end = INT_MAX;
 }
 
+/* After a blended pass over s. Records the pass read whole from disk go to the RAM content
+ * store. When a record failed to read (its layer's checksum, a vanished file), the pass's KV
+ * and logits of s are wrong: its spans from failed records are dropped, and true is returned
+ * so that the step leaves s where it was (its tokens run again next step, the failed spans'
+ * computed in full): never wrong, one step slower. */
+static bool blend_settle(engine *e, eseq *s, bool failed) {
+    int kept = 0;
+    for (int i = 0; i < s->n_spans; i++) {
+        content_rec *rec = s->spans[i].rec;
+        if (content_rec_failed(rec)) {
+            content_rec_unref(rec);
+            continue;
+        }
+        if (rec->src && content_rec_complete(rec)) {
+            content_rec_settle(rec);
+            content_store_put(e->cs, rec);
+        }
+        s->spans[kept++] = s->spans[i];
+    }
+    if (!failed) return false;
+    log_warn("blend: %d chunks unreadable on disk; computing them instead", s->n_spans - kept);
+    s->n_spans = kept;
+    if (kept == 0) drop_spans(s);
+    s->exact_end = kept == 0 || s->blend_ratio >= 1 ? INT_MAX : s->spans[0].slot;
+    return true;
+}
+
+/* True when batch entry i blended in this step's pass and the pass failed it (blend_settle). */
+static bool blend_failed(const engine *e, int i, int n_be) {
+    for (int k = 0; k < n_be; k++)
+        if (e->bents[k].entry == i) return e->bents[k].failed;
+    return false;
+}
+
 static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
@@ -800,9 +834,10 @@ static void plan_blend(engine *e, eseq *s) {
         if (!(s->cuts = malloc(sizeof *s->cuts * (size_t)n))) return;
         s->n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, s->cuts, n);
     }
-    cache_tier_stats cst;
+    cache_tier_stats cst, dst;
     content_store_stats(e->cs, &cst);
-    if (cst.entries == 0) return;
+    content_disk_stats(e->o.blend_disk, &dst);
+    if (cst.entries == 0 && dst.entries == 0) return;
     int cap = 0;
     for (int i = 0, a = 0; i < s->n_cuts; a = s->cuts[i++]) {
         int b = s->cuts[i];
@@ -810,6 +845,8 @@ static void plan_blend(engine *e, eseq *s) {
         cache_key key;
         cache_content_key(e->m->identity, &r->ns, r->prompt + a, b - a, &key);
         content_rec *rec = content_store_get(e->cs, &key);
+        /* on disk: its layers are read by the fusor's loader as the pass reaches them */
+        if (!rec) rec = content_disk_get(e->o.blend_disk, &key, b - a);
         if (!rec) continue;
         if (rec->n_tok != b - a) {
             content_rec_unref(rec);
@@ -884,6 +921,7 @@ static void store_content(engine *e, eseq *s) {
                 fp32_to_fp16_row(rows, (uint16_t *)content_rec_rows(rec, l, kv), (int64_t)n * kvd);
             }
         content_store_put(e->cs, rec);
+        content_disk_put(e->o.blend_disk, rec);
         content_rec_unref(rec);
     }
     free(rows);
@@ -1195,6 +1233,7 @@ static void step(engine *e) {
         .ud = &sh, .before_layer = step_before, .after_kv = step_kv, .after_layer = step_after};
     e->n_batch = n_b;
     int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, &err);
+    if (hk) blend_fusor_end(e->fus);
     uint64_t dt = clock_now_ns() - t0;
     log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
               (double)dt / 1e6);
@@ -1205,9 +1244,11 @@ static void step(engine *e) {
     }
     for (int k = 0; k < n_be && n_out >= 0; k++) {
         eseq *s = e->batch_seqs[e->bents[k].entry];
-        log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f)",
+        if (blend_settle(e, s, e->bents[k].failed)) continue;
+        log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f); loading "
+                  "%.0f ns, compute %.0f ns per token and layer",
                   e->batch[e->bents[k].entry].n_tok, e->bents[k].n_reused, e->bents[k].n_recomputed,
-                  e->bents[k].ratio);
+                  e->bents[k].ratio, blend_fusor_load_ns(e->fus), e->ns_token_layer);
         s->blended += e->bents[k].n_reused;
         s->recomputed += e->bents[k].n_recomputed;
         atomic_fetch_add(&e->blended_tokens, e->bents[k].n_reused);
@@ -1231,6 +1272,7 @@ static void step(engine *e) {
         if (bs->all_logits) score_prompt_rows(e, s, bs->kv_start, bs->n_tok, rows);
         float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
         rows += (size_t)n_rows_i * n_vocab;
+        if (blend_failed(e, i, n_be)) continue; /* the same tokens again, next step */
         s->n_computed += bs->n_tok;
         if (!s->done && cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
@@ -1564,8 +1606,13 @@ int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fe
 }
 
 int64_t engine_cache_clear(engine *e, const cache_key *ns) {
-    int64_t n = e->cs ? content_store_clear(e->cs, ns) : 0;
-    return n + (e->pc ? pool_cache_clear(e->pc, ns) : 0);
+    return e->pc ? pool_cache_clear(e->pc, ns) : 0;
+}
+
+void engine_blend_clear(engine *e, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
+                        int64_t *n_disk) {
+    *n_ram = ram && e->cs ? content_store_clear(e->cs, ns) : 0;
+    *n_disk = disk ? content_disk_clear(e->o.blend_disk, ns) : 0;
 }
 
 void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
@@ -1576,6 +1623,7 @@ void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
     out->blended_tokens = atomic_load(&e->blended_tokens);
     out->recomputed_tokens = atomic_load(&e->recomputed_tokens);
     if (e->cs) content_store_stats(e->cs, &out->content);
+    content_disk_stats(e->o.blend_disk, &out->content_disk);
     if (!e->pc) return;
     pool_cache_stats ps;
     pool_cache_stats_get(e->pc, &ps);

@@ -156,6 +156,7 @@ typedef struct engine_opts {
     int64_t blend_bytes;
     float blend_ratio;
     int blend_chunk;
+    content_disk *blend_disk; /* content records on disk (the caller's), or NULL */
 } engine_opts;
 
 typedef struct engine engine;
@@ -186,13 +187,17 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch);
 /* Drops the pool tier's chunks of namespace ns (NULL: all); returns how many. */
 int64_t engine_cache_clear(engine *e, const cache_key *ns);
+/* Drops blend's content records of namespace ns (NULL: all) from RAM and/or disk. */
+void engine_blend_clear(engine *e, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
+                        int64_t *n_disk);
 typedef struct engine_cache_stats {
     bool enabled;
     int chunk_tokens;
     int64_t pool_entries, pool_blocks, pool_hits, pool_misses, pool_evictions;
     int64_t reused_tokens;
     int64_t blended_tokens, recomputed_tokens;
-    cache_tier_stats content; /* the blend content store */
+    cache_tier_stats content;      /* the blend content store (RAM) */
+    cache_tier_stats content_disk; /* its records on disk */
 } engine_cache_stats;
 void engine_cache_stats_get(engine *e, engine_cache_stats *out);
 

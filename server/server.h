@@ -34,6 +34,7 @@ struct server {
     int ctx;                    /* per-sequence context */
     int max_tokens_limit;       /* cap on max_tokens */
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
+    content_disk *blend_disk;   /* blend's content records on disk, or NULL */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
     long started;                    /* start time (Unix seconds) */

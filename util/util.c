@@ -1,10 +1,12 @@
 #include "util/util.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -124,4 +126,23 @@ void kv_zeroed_free(void *p) {
     size_t total;
     memcpy(&total, base, sizeof total);
     munmap(base, total);
+}
+
+int kv_mkdir_p(const char *path, kv_error *err) {
+    char *p = strdup(path);
+    if (!p) return kv_fail(err, "out of memory");
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            kv_fail(err, "cannot create directory %s: %s", p, strerror(errno));
+            free(p);
+            return -1;
+        }
+        *s = c;
+        if (!c) break;
+    }
+    free(p);
+    return 0;
 }

@@ -61,6 +61,29 @@ void kv_aligned_free(void *p);
 void *kv_zeroed_alloc(size_t size);
 void kv_zeroed_free(void *p);
 
+/* Little-endian integers in byte buffers (the cache's record and bitstream formats). */
+static inline void le_put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void le_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void le_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t le_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t le_get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t le_get_u64(const uint8_t *p) {
+    return (uint64_t)le_get_u32(p) | (uint64_t)le_get_u32(p + 4) << 32;
+}
+
+/* Makes a directory and its missing parents (mode 0755); -1 with err naming the one that
+ * could not be made. */
+int kv_mkdir_p(const char *path, kv_error *err);
+
 /* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
 static inline int size_mul(size_t a, size_t b, size_t *out) {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;

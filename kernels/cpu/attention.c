@@ -90,8 +90,9 @@ static void kv_load_task(void *ctx, int ith, int nth) {
 /* Fewer tokens than this are copied on the calling thread (a decode step's row). */
 #define KV_COPY_SERIAL 32
 
-int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
-                 const int32_t *slots, int n_tok, const float *k, const float *v) {
+static int kv_store_run(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v, bool serial) {
     kv_copy_job j = {.pool = pool,
                      .l = l,
                      .layer = layer,
@@ -100,11 +101,22 @@ int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const in
                      .n_tok = n_tok,
                      .k = k,
                      .v = v};
-    if (n_tok < KV_COPY_SERIAL)
+    if (serial || n_tok < KV_COPY_SERIAL)
         kv_store_task(&j, 0, 1);
     else
         threadpool_run(cpu_of(b)->tp, kv_store_task, &j);
     return 0;
+}
+
+int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
+                 const int32_t *slots, int n_tok, const float *k, const float *v) {
+    return kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, false);
+}
+
+int cpu_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v) {
+    return kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, true);
 }
 
 int cpu_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,

@@ -574,6 +574,7 @@ static const backend_ops cpu_backend_ops = {
     .kv_free = cpu_kv_free,
     .kv_write = cpu_kv_write,
     .kv_store = cpu_kv_write, /* host memory is backend memory */
+    .kv_store_serial = cpu_kv_store_serial,
     .kv_load = cpu_kv_load,
     .kv_rope = cpu_kv_rope,
     .kv_copy_block = cpu_kv_copy_block,

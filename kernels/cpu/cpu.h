@@ -57,6 +57,9 @@ void *cpu_kv_alloc(backend *b, const kv_layout *l);
 void cpu_kv_free(backend *b, void *pool);
 int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
                  const int32_t *slots, int n_tok, const float *k, const float *v);
+int cpu_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v);
 int cpu_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                 const int32_t *block_table, const int32_t *slots, int n_tok, float *out);
 int cpu_kv_rope(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,

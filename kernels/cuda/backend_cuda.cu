@@ -719,6 +719,7 @@ const backend_ops cuda_ops = {
     cuda_rmsnorm_op,      cuda_rope_op,       cuda_rope_angles_op, cuda_rope_cs_op,
     cuda_swiglu_op,       cuda_add_op,        cuda_softmax_op,     cuda_topk_op,
     cuda_kv_alloc,        cuda_kv_free,       cuda_kv_write_op,    cuda_kv_store,
+    cuda_kv_store, /* kv_store_serial: transfers run on their own stream already */
     cuda_kv_load,         cuda_kv_rope_op,    cuda_kv_copy_block,  cuda_kv_read_blocks,
     cuda_kv_write_blocks, cuda_attention_op,
 };

@@ -2,7 +2,12 @@
 reused by content in another that orders them differently behind another question, in one user
 string (transparent) and as content parts; usage and /metrics say so; "blend": false and
 --no-blend turn it off; ratio 1 answers exactly as a full prefill; blended requests in a
-concurrent batch answer as they do alone."""
+concurrent batch answer as they do alone; the passages' records survive a restart on disk, and
+one damaged on disk is found at the layer where it breaks and its tokens computed instead."""
+import glob
+import os
+import shutil
+import struct
 import threading
 
 import openai
@@ -144,3 +149,91 @@ def test_blended_requests_in_a_batch_answer_as_alone(blend_server):
     for (a_text, a_usage), (t_text, t_usage) in zip(alone, together):
         assert t_text == a_text
         assert details(t_usage) == details(a_usage)
+
+
+def blend_files(cache_dir):
+    return sorted(glob.glob(os.path.join(cache_dir, "*", "blend", "*.kvb")))
+
+
+def blend_tier(srv, name="blend_disk"):
+    return srv.get_json("/v1/cache/stats")["tiers"][name]
+
+
+def flip_layer_byte(path, layer):
+    """Flips one byte in the middle of `layer`'s K rows of a record file (its header says where:
+    168 + 32 * n_layer header bytes, then n_layer layers of layer_bytes)."""
+    with open(path, "r+b") as fh:
+        head = fh.read(136)
+        n_layer, = struct.unpack_from("<I", head, 112)
+        layer_bytes, = struct.unpack_from("<Q", head, 128)
+        off = 168 + 32 * n_layer + layer * layer_bytes + layer_bytes // 4
+        fh.seek(off)
+        b = fh.read(1)
+        fh.seek(off)
+        fh.write(bytes([b[0] ^ 0x20]))
+
+
+def test_records_survive_a_restart_and_a_damaged_one_is_computed_instead(start_server, tmp_dir):
+    base = tmp_dir("kvserve-blend-")
+    srv = start_server("-c", "2048", "--cache-dir", base)
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    srv.terminate()  # a clean stop finishes the queued writes
+    files = blend_files(base)
+    assert len(files) >= 3, files
+    # copies of the directory as it stands, for the damaged-record cases below
+    copies = {}
+    for name in ("damaged", "missing", "damaged1"):
+        copies[name] = tmp_dir(f"kvserve-blend-{name}-")
+        shutil.rmtree(copies[name])
+        shutil.copytree(base, copies[name])
+
+    # after a restart the passages come from disk, read layer by layer as the pass goes, and
+    # the records read whole are promoted to RAM; at ratio 1 the answer is a full prefill's
+    msgs = rag([2, 0, 1], "Who has responsibilities?")
+    srv = start_server("-c", "2048", "--cache-dir", base)
+    st = blend_tier(srv)
+    assert st["entries"] == len(files) and st["corrupt"] == 0, st
+    full, _ = ask(srv.client(), m, msgs, cache=False)
+    got, usage = ask(srv.client(), m, msgs, blend_ratio=1.0)
+    _, blended, _ = details(usage)
+    assert blended > 0.6 * usage.prompt_tokens, usage
+    assert got == full
+    st = blend_tier(srv)
+    assert st["hits"] > 0 and st["bytes_out"] > 0, st
+    assert blend_tier(srv, "blend_ram")["entries"] > 0
+    srv.terminate()
+
+    # the largest record damaged in its middle layer, in one copy of the directory; the same
+    # record simply missing in another: the damaged copy answers as the one without it (the
+    # step whose pass found the damage runs again, those tokens computed), and drops the file
+    rel = os.path.relpath(max(files, key=os.path.getsize), base)
+    damaged, missing = copies["damaged"], copies["missing"]
+    with open(os.path.join(damaged, rel), "rb") as fh:
+        n_layer, = struct.unpack_from("<I", fh.read(116), 112)
+    flip_layer_byte(os.path.join(damaged, rel), n_layer // 2)  # found mid-pass
+    os.remove(os.path.join(missing, rel))
+    srv = start_server("-c", "2048", "--cache-dir", missing)
+    want, usage_want = ask(srv.client(), m, msgs)
+    srv.terminate()
+    with open(os.path.join(damaged, rel), "rb") as fh:
+        bad_bytes = fh.read()
+    srv = start_server("-c", "2048", "--cache-dir", damaged)
+    got, usage_got = ask(srv.client(), m, msgs)
+    st = blend_tier(srv)
+    assert st["corrupt"] == 1, st
+    assert srv.metrics()['kvserve_cache_corrupt_total{tier="blend_disk"}'] == 1
+    assert (got, details(usage_got)) == (want, details(usage_want))
+    srv.terminate()
+    # the damaged file was deleted; the chunk, computed this time, may have been stored anew
+    path = os.path.join(damaged, rel)
+    assert not os.path.exists(path) or open(path, "rb").read() != bad_bytes
+
+    # and at ratio 1 the damaged record still leaves the answer a full prefill's
+    damaged = copies["damaged1"]
+    flip_layer_byte(os.path.join(damaged, rel), n_layer - 1)
+    srv = start_server("-c", "2048", "--cache-dir", damaged)
+    full, _ = ask(srv.client(), m, msgs, cache=False)
+    got, usage = ask(srv.client(), m, msgs, blend_ratio=1.0)
+    assert details(usage)[1] > 0 and blend_tier(srv)["corrupt"] == 1
+    assert got == full

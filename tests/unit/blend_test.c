@@ -79,7 +79,9 @@ static void run(kv_seq *s, const int32_t *ids, int n, const forward_hooks *hooks
         cr_assert_eq(blend_fusor_begin(g_fus, &bs, 1, ents, n_ents, &h, &err), 0, "%s", err.msg);
         hooks = &h;
     }
-    cr_assert_eq(model_forward(g_f, &bs, 1, hooks, g_logits, &err), 1, "%s", err.msg);
+    int n_out = model_forward(g_f, &bs, 1, hooks, g_logits, &err);
+    if (ents) blend_fusor_end(g_fus);
+    cr_assert_eq(n_out, 1, "%s", err.msg);
     free(pos);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/grammar.h"
 #include "model/tokenizer.h"
 #include "model/unicode.h"
 
@@ -539,5 +540,54 @@ Test(tokenizer_speed, encode_english, .timeout = 60) {
             t_load / 1e6);
     free(text);
     free_goldens(gv, n);
+    unload(&l);
+}
+
+/* A tool format's call marker that the vocabulary holds as a control token decodes to its text
+ * once made so (SmolLM2's <|im_start|> stands in for Mistral's [TOOL_CALLS]); encoding does not
+ * change, and a grammar over the vocabulary can then ask for the token. */
+Test(tokenizer, a_control_marker_rendered_as_text) {
+    loaded l = load(SMOLLM);
+    int32_t id = tokenizer_find(l.t, "<|im_start|>");
+    cr_assert_geq(id, 0);
+    char buf[64];
+    cr_assert_eq(tokenizer_token_bytes(l.t, id, false, buf, sizeof buf), 0, "hidden at first");
+    int32_t *before = NULL, *after = NULL;
+    kv_error err = {{0}};
+    const char *text = "<|im_start|>user";
+    int n0 = tokenizer_encode(l.t, text, strlen(text), false, false, &before, &err);
+    cr_assert_gt(n0, 2, "%s", err.msg);
+    cr_assert_eq(tokenizer_render_as_text(l.t, "<|im_start|>"), id);
+    cr_assert_eq(tokenizer_render_as_text(l.t, "user"), -1, "a normal token is left as it is");
+    cr_assert_eq(tokenizer_render_as_text(l.t, "<|no such token|>"), -1);
+    cr_assert_eq(tokenizer_token_bytes(l.t, id, false, buf, sizeof buf), 12);
+    cr_assert_eq(memcmp(buf, "<|im_start|>", 12), 0);
+    int n1 = tokenizer_encode(l.t, text, strlen(text), false, false, &after, &err);
+    cr_assert_eq(n1, n0);
+    cr_assert_eq(memcmp(before, after, sizeof(int32_t) * (size_t)n0), 0, "encoding unchanged");
+    int32_t ids[2] = {id, tokenizer_find(l.t, "user")};
+    size_t len = 0;
+    char *dec = tokenizer_decode(l.t, ids, 2, false, &len, &err);
+    cr_assert_str_eq(dec, "<|im_start|>user");
+    free(dec);
+
+    const char *gbnf = "root ::= \"<|im_start|>\" [a-z]+";
+    grammar *g = grammar_parse(gbnf, strlen(gbnf), &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    grammar_vocab *v = grammar_vocab_create(l.t, &err);
+    cr_assert_not_null(v, "%s", err.msg);
+    gmatch *m = gmatch_create(g, v, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    const uint64_t *mask = gmatch_mask(m, gmatch_start(m), &err);
+    cr_assert_not_null(mask, "%s", err.msg);
+    cr_assert(mask[id / 64] >> (id % 64) & 1, "the grammar may take the control token");
+    int32_t st = gmatch_accept_token(m, gmatch_start(m), id);
+    cr_assert_geq(st, 0);
+    cr_assert_geq(gmatch_accept_token(m, st, ids[1]), 0);
+    gmatch_destroy(m);
+    grammar_vocab_destroy(v);
+    grammar_destroy(g);
+    free(before);
+    free(after);
     unload(&l);
 }
