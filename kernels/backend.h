@@ -281,8 +281,8 @@ int backend_kv_rope(backend *b, void *pool, const kv_layout *l, int layer,
 
 /* backend_kv_store on the calling thread alone, never the backend's threads: a loader thread
  * writes a later layer's KV with it while the backend computes this one (the CPU's stand-in for
- * a copy stream; a layer's compute reads and writes only that layer's regions). On CUDA it is
- * backend_kv_store, which runs on the backend's transfer stream. Host memory, synchronous. */
+ * a copy stream; a layer's compute reads and writes only that layer's regions). On CUDA it runs
+ * on the transfer stream without waiting for queued compute. Host memory, synchronous. */
 int backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
                             const int32_t *block_table, const int32_t *slots, int n_tok,
                             const float *k, const float *v);

@@ -102,6 +102,7 @@ static void cuda_destroy(backend *b) {
     if (cb->xfer) cudaStreamDestroy(cb->xfer);
     if (cb->compute) cudaStreamDestroy(cb->compute);
     pthread_mutex_destroy(&cb->mu);
+    pthread_mutex_destroy(&cb->xfer_mu);
     free(cb);
 }
 
@@ -133,6 +134,7 @@ static backend *create(kv_error *err, bool emulated) {
     cb->base.host_memory = false;
     cb->emulated = emulated;
     pthread_mutex_init(&cb->mu, nullptr);
+    pthread_mutex_init(&cb->xfer_mu, nullptr);
     CREATE_CHECK(cudaSetDevice(0));
     CREATE_CHECK(cudaGetDeviceProperties(&prop, 0));
     snprintf(cb->device, sizeof cb->device, "%s (sm_%d%d, %.1f GiB)", prop.name, prop.major,
@@ -559,16 +561,18 @@ static int xfer_begin(cuda_backend *cb) {
 }
 
 /* Host rows to or from the pool through the pinned staging, a chunk of tokens at a time: the
- * block table (host) up to the chunk's last block, its slots, and its rows. */
+ * block table (host) up to the chunk's last block, its slots, and its rows. after_compute: the
+ * transfer starts once the compute stream's queued work is done (else at once: kv_store_serial,
+ * whose caller writes regions no queued op touches). */
 static int kv_transfer(cuda_backend *cb, void *pool, const kv_layout *l, int layer, int kv,
                        const int32_t *table, const int32_t *slots, int n_tok, const float *k,
-                       const float *v, float *out) {
+                       const float *v, float *out, bool after_compute) {
     const size_t kvd = (size_t)l->n_kv_head * l->head_dim;
     const bool load = out != nullptr;
     const size_t per_tok = 4 + kvd * 4 * (load ? 1 : 2);
     int rc = 0;
-    pthread_mutex_lock(&cb->mu);
-    if (xfer_begin(cb)) rc = -1;
+    pthread_mutex_lock(&cb->xfer_mu);
+    if (after_compute && xfer_begin(cb)) rc = -1;
     for (int t0 = 0; rc == 0 && t0 < n_tok;) {
         int max_slot = 0, n = 0;
         size_t table_bytes = 0;
@@ -614,7 +618,7 @@ static int kv_transfer(cuda_backend *cb, void *pool, const kv_layout *l, int lay
         if (rc == 0 && load) memcpy(out + (size_t)t0 * kvd, h + o_rows, rows);
         t0 += n;
     }
-    pthread_mutex_unlock(&cb->mu);
+    pthread_mutex_unlock(&cb->xfer_mu);
     if (rc) {
         cudaError_t e = cudaGetLastError();
         log_error("cuda kv transfer failed: %s", cudaGetErrorString(e));
@@ -625,13 +629,19 @@ static int kv_transfer(cuda_backend *cb, void *pool, const kv_layout *l, int lay
 static int cuda_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
                          const int32_t *table, const int32_t *slots, int n_tok, const float *k,
                          const float *v) {
-    return kv_transfer(cuda_of(b), pool, l, layer, 0, table, slots, n_tok, k, v, nullptr);
+    return kv_transfer(cuda_of(b), pool, l, layer, 0, table, slots, n_tok, k, v, nullptr, true);
+}
+
+static int cuda_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                                const int32_t *table, const int32_t *slots, int n_tok,
+                                const float *k, const float *v) {
+    return kv_transfer(cuda_of(b), pool, l, layer, 0, table, slots, n_tok, k, v, nullptr, false);
 }
 
 static int cuda_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
                         const int32_t *table, const int32_t *slots, int n_tok, float *out) {
     return kv_transfer(cuda_of(b), const_cast<void *>(pool), l, layer, kv, table, slots, n_tok,
-                       nullptr, nullptr, out);
+                       nullptr, nullptr, out, true);
 }
 
 /* Whole blocks between the pool and host memory: on stream s, or (s NULL, wait) on the transfer
@@ -642,7 +652,7 @@ static int kv_blocks(cuda_backend *cb, uint8_t *pool, const kv_layout *l, const 
     const bool own = s == nullptr;
     cudaStream_t st = own ? cb->xfer : reinterpret_cast<cudaStream_t>(s);
     int rc = 0;
-    if (own) pthread_mutex_lock(&cb->mu);
+    if (own) pthread_mutex_lock(&cb->xfer_mu);
     if (own && xfer_begin(cb)) rc = -1;
     for (int i = 0; rc == 0 && i < n; i++) {
         uint8_t *blk = pool + (size_t)blocks[i] * bb, *hb = host + (size_t)i * bb;
@@ -652,7 +662,7 @@ static int kv_blocks(cuda_backend *cb, uint8_t *pool, const kv_layout *l, const 
             rc = -1;
     }
     if (rc == 0 && wait && cudaStreamSynchronize(st) != cudaSuccess) rc = -1;
-    if (own) pthread_mutex_unlock(&cb->mu);
+    if (own) pthread_mutex_unlock(&cb->xfer_mu);
     if (rc) log_error("cuda kv block copy failed: %s", cudaGetErrorString(cudaGetLastError()));
     return rc;
 }
@@ -710,18 +720,49 @@ static int cuda_attention_op(backend *b, const void *pool, const kv_layout *l, i
 /* ---------------------------------------------------------------- the table */
 
 const backend_ops cuda_ops = {
-    cuda_destroy,         cuda_name,          cuda_n_threads,      cuda_set_precision,
-    cuda_reserve,         cuda_alloc,         cuda_free,           cuda_weight_data,
-    cuda_weight_release,  cuda_upload_op,     cuda_download,       cuda_sync,
-    cuda_host_alloc,      cuda_host_free,     cuda_stream_create,  cuda_stream_destroy,
-    cuda_event_create,    cuda_event_destroy, cuda_event_record,   cuda_stream_wait,
-    cuda_event_sync,      cuda_matmul_multi,  cuda_embed_op,       cuda_gather_op,
-    cuda_rmsnorm_op,      cuda_rope_op,       cuda_rope_angles_op, cuda_rope_cs_op,
-    cuda_swiglu_op,       cuda_add_op,        cuda_softmax_op,     cuda_topk_op,
-    cuda_kv_alloc,        cuda_kv_free,       cuda_kv_write_op,    cuda_kv_store,
-    cuda_kv_store, /* kv_store_serial: transfers run on their own stream already */
-    cuda_kv_load,         cuda_kv_rope_op,    cuda_kv_copy_block,  cuda_kv_read_blocks,
-    cuda_kv_write_blocks, cuda_attention_op,
+    cuda_destroy,
+    cuda_name,
+    cuda_n_threads,
+    cuda_set_precision,
+    cuda_reserve,
+    cuda_alloc,
+    cuda_free,
+    cuda_weight_data,
+    cuda_weight_release,
+    cuda_upload_op,
+    cuda_download,
+    cuda_sync,
+    cuda_host_alloc,
+    cuda_host_free,
+    cuda_stream_create,
+    cuda_stream_destroy,
+    cuda_event_create,
+    cuda_event_destroy,
+    cuda_event_record,
+    cuda_stream_wait,
+    cuda_event_sync,
+    cuda_matmul_multi,
+    cuda_embed_op,
+    cuda_gather_op,
+    cuda_rmsnorm_op,
+    cuda_rope_op,
+    cuda_rope_angles_op,
+    cuda_rope_cs_op,
+    cuda_swiglu_op,
+    cuda_add_op,
+    cuda_softmax_op,
+    cuda_topk_op,
+    cuda_kv_alloc,
+    cuda_kv_free,
+    cuda_kv_write_op,
+    cuda_kv_store,
+    cuda_kv_store_serial,
+    cuda_kv_load,
+    cuda_kv_rope_op,
+    cuda_kv_copy_block,
+    cuda_kv_read_blocks,
+    cuda_kv_write_blocks,
+    cuda_attention_op,
 };
 
 } // namespace KV_CUDA_NS

@@ -93,7 +93,8 @@ typedef struct cuda_backend {
     void *blas_ws;              /* [BLAS_WORKSPACE] */
     matmul_precision precision; /* accepted, not used: see backend.h */
 
-    pthread_mutex_t mu; /* weights table, transfers: callers on several host threads */
+    pthread_mutex_t mu;      /* the weights table and the upload slots (host threads share them) */
+    pthread_mutex_t xfer_mu; /* the transfer stream and its staging */
     weight_copy *weights;
     int n_weights, cap_weights;
 

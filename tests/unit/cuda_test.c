@@ -7,7 +7,8 @@
  *   matmul, GEMV path (<= 32 rows, f32 activations): |d| <= 1e-5 * sum|w x| + 1e-6 per output
  *   matmul, GEMM path (f16 tiles on tensor cores):   |d| <= 2e-3 * sum|w x| + 1e-6 (f16 rounding
  *       of activations and weights, 2^-11 each); F32 and BF16 weights (f32 GEMM) 1e-5
- *   embed, gather, add, rope_cs, kv_write / kv_load / kv_rope / block copies: bit for bit
+ *   embed, gather, add, rope_cs, kv_write / kv_store / kv_store_serial / kv_load / kv_rope /
+ *       block copies: bit for bit
  *   rope_angles, rope at positions: |d| <= 2e-7 (double cos/sin rounded once; bit for bit under
  *       emulation, where both call the same libm)
  *   rmsnorm: relative 1e-5; swiglu: relative 1e-5 (expf vs the CPU's vector exp); softmax:
@@ -428,15 +429,21 @@ static void pools_free(pools *p) {
     backend_kv_free(g_gpu, p->pg);
 }
 
+/* How pools_write reaches the CUDA pool: the op on backend memory, or a host-facing store. */
+typedef enum write_path { WRITE_OP, WRITE_STORE, WRITE_STORE_SERIAL } write_path;
+
 /* Writes n_tok rows of K and V at slots through a block table on both backends. */
 static void pools_write(pools *p, int layer, const int32_t *table, int n_table,
-                        const int32_t *slots, int n_tok, bool host_facing) {
+                        const int32_t *slots, int n_tok, write_path path) {
     size_t kvd = (size_t)p->l.n_kv_head * p->l.head_dim, bytes = sizeof(float) * n_tok * kvd;
     float *k = malloc(bytes), *v = malloc(bytes);
     for (size_t i = 0; i < n_tok * kvd; i++) k[i] = rndf(-1, 1), v[i] = rndf(-1, 1);
     cr_assert_eq(backend_kv_write(g_cpu, p->pc, &p->l, layer, table, slots, n_tok, k, v), 0);
-    if (host_facing) {
+    if (path == WRITE_STORE) {
         cr_assert_eq(backend_kv_store(g_gpu, p->pg, &p->l, layer, table, slots, n_tok, k, v), 0);
+    } else if (path == WRITE_STORE_SERIAL) {
+        cr_assert_eq(backend_kv_store_serial(g_gpu, p->pg, &p->l, layer, table, slots, n_tok, k, v),
+                     0);
     } else {
         int32_t *dt = put(g_gpu, table, sizeof(int32_t) * n_table);
         int32_t *ds = put(g_gpu, slots, sizeof(int32_t) * n_tok);
@@ -453,9 +460,10 @@ Test(cuda, kv_write_store_load_rope_and_blocks) {
     int32_t table[4] = {5, 2, 0, 3};
     int32_t slots[40];
     for (int i = 0; i < 40; i++) slots[i] = (i * 7) % 61; /* scattered over 4 blocks */
-    pools_write(&p, 1, table, 4, slots, 40, false);
-    pools_write(&p, 0, table, 4, slots, 23, true);
-    pools_expect_same("kv_write / kv_store", &p);
+    pools_write(&p, 1, table, 4, slots, 40, WRITE_OP);
+    pools_write(&p, 0, table, 4, slots, 23, WRITE_STORE);
+    pools_write(&p, 0, table, 4, slots + 23, 17, WRITE_STORE_SERIAL);
+    pools_expect_same("kv_write / kv_store / kv_store_serial", &p);
 
     size_t kvd = 3 * 64;
     float *lc = malloc(sizeof(float) * 40 * kvd), *lg = malloc(sizeof(float) * 40 * kvd);
@@ -542,7 +550,7 @@ static void check_attention(const char *what, const attn_case *c) {
         int nb = (c->n_kv[s] + bt - 1) / bt;
         int32_t *slots = malloc(sizeof(int32_t) * c->n_kv[s]);
         for (int i = 0; i < c->n_kv[s]; i++) slots[i] = i;
-        pools_write(&p, layer, tables[s], nb, slots, c->n_kv[s], s % 2 == 1);
+        pools_write(&p, layer, tables[s], nb, slots, c->n_kv[s], s % 2 ? WRITE_STORE : WRITE_OP);
         int nq = c->n_q[s];
         int32_t *q_slot = malloc(sizeof(int32_t) * nq);
         for (int r = 0; r < nq; r++)
