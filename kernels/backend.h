@@ -63,9 +63,9 @@ typedef struct weight {
  *   block: [n_layer][2 (K, V)][n_kv_head] regions of block_tokens * head_dim f16
  *   K region: [head_dim][block_tokens] (transposed: one vector load gives a dim of 16 keys)
  *   V region: [block_tokens][head_dim]
- * K is stored rotated (RoPE applied at the token's position). A layer's K and V regions of one
- * block are contiguous (kv_layout_offset(l, layer, 0, 0) .. + kv_layout_layer_bytes). Cache
- * records hold whole blocks in this layout and name it by KV_LAYOUT_VERSION. */
+ * K is stored rotated (RoPE applied at the token's position). Cache records hold whole blocks in
+ * this layout (their level 0, cache/record.h). The helpers below are the only definition of it: the
+ * CPU backend and the CUDA kernels both use them. */
 typedef struct kv_layout {
     int n_layer;
     int n_kv_head;
@@ -74,14 +74,9 @@ typedef struct kv_layout {
     int64_t n_blocks;
 } kv_layout;
 
-#define KV_LAYOUT_VERSION 1
-
-/* Bytes of one block; of one layer's K and V in a block. */
+/* Bytes of one block. */
 BACKEND_INLINE size_t kv_layout_block_bytes(const kv_layout *l) {
     return (size_t)l->n_layer * 2 * l->n_kv_head * l->block_tokens * l->head_dim * 2;
-}
-BACKEND_INLINE size_t kv_layout_layer_bytes(const kv_layout *l) {
-    return (size_t)2 * l->n_kv_head * l->block_tokens * l->head_dim * 2;
 }
 /* The offset of the region (layer, kv = 0 K / 1 V, head) inside a block. */
 BACKEND_INLINE size_t kv_layout_offset(const kv_layout *l, int layer, int kv, int head) {
