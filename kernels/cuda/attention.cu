@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         const float p = key < k1 ? expf(s - m_new) : 0.0f;
         const float corr = expf(m - m_new); /* 0 on the first tile */
         sum = sum * corr + warp_sum(p);
+        KV_UNROLL
         for (int i = 0; i < ATTN_DPL; i++) acc[i] *= corr;
         sp[wb][lane] = p;
         __syncwarp();
@@ -83,6 +84,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
             const int kj = kb + j;
             const uint16_t *vr = region(pool, l, layer, 1, g, d.table, kj) + (size_t)(kj % bt) * hd;
             const float pj = sp[wb][j];
+            KV_UNROLL
             for (int i = 0; i < ATTN_DPL; i++)
                 if (lane + 32 * i < hd) acc[i] += pj * h2f(vr[lane + 32 * i]);
         }

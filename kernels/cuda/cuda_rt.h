@@ -28,6 +28,14 @@
 #define KV_LAUNCH(k, grid, block, smem, stream, ...) k<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #endif
 
+/* Unrolls the next loop under nvcc (its trip count a compile-time constant: arrays indexed by it
+ * stay in registers); g++ knows no such pragma. */
+#ifdef KVSERVE_CUDA_EMU
+#define KV_UNROLL
+#else
+#define KV_UNROLL _Pragma("unroll")
+#endif
+
 /* T *name: the launch's dynamic shared memory, 16-byte aligned. */
 #ifdef KVSERVE_CUDA_EMU
 #define KV_DYNAMIC_SMEM(T, name) T *name = reinterpret_cast<T *>(emu::cur_block->dyn_smem)

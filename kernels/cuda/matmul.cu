@@ -22,8 +22,10 @@ namespace KV_CUDA_NS {
  * shuffles instead of 5 V. */
 template <int V> __device__ __forceinline__ float warp_sum_scatter(float (&acc)[V], int lane) {
     int o = 16;
+    KV_UNROLL
     for (int n = V; n > 1; n >>= 1, o >>= 1) {
         const bool upper = (lane & o) != 0;
+        KV_UNROLL
         for (int i = 0; i < n / 2; i++) {
             const float send = upper ? acc[i] : acc[i + n / 2];
             const float keep = upper ? acc[i + n / 2] : acc[i];
@@ -57,12 +59,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     const int nt = n_tok - t0 < NT ? n_tok - t0 : NT;
     const float *xr = x + (size_t)t0 * n_in;
     float acc[R * NT];
+    KV_UNROLL
     for (int i = 0; i < R * NT; i++) acc[i] = 0.0f;
     for (int u = lane; u < n_in / 8; u += 32) {
+        KV_UNROLL
         for (int r = 0; r < R; r++) {
             if (row0 + r >= n_out) break;
             float v[8];
             dq8<T>(w + (size_t)(row0 + r) * row_bytes, u, v);
+            KV_UNROLL
             for (int t = 0; t < NT; t++) {
                 if (t >= nt) break;
                 const float4 *xp = reinterpret_cast<const float4 *>(xr + (size_t)t * n_in + 8 * u);
