@@ -13,7 +13,7 @@ OPT     ?= -O2 -g
 # Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
-BASE_LDLIBS := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring
+BASE_LDLIBS := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring -lexpat
 LDLIBS  := $(BASE_LDLIBS)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
@@ -49,7 +49,8 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
-        format-check bench bench-serve bench-ttft bench-codec bench-blend bench-grammar bench-gpu
+        format-check bench bench-serve bench-ttft bench-codec bench-blend bench-grammar \
+        bench-schema bench-gpu
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -177,6 +178,11 @@ bench-ttft: $(MODEL) $(BUILD)/kvserve
 bench-blend: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/blend.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
+# Prompt Cache: TTFT with a schema's modules reused vs full prefill at 1K/4K/8K tokens of
+# modules, and the answers' quality (plain and with the fix-up) against full prefill.
+bench-schema: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/schema.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
 # The CacheGen codec: bytes/token, speed and quality of every level and baseline (codec-eval).
 bench-codec: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/codec.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
@@ -231,6 +237,7 @@ FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
+FUZZ_DEPS_pml_fuzz := cache/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c

@@ -364,11 +364,11 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
             prev_end = sp->slot + sp->n;
             for (int i = 0; i < sp->n; i++, k++) {
                 int t = t0 + sp->slot - bs->kv_start + i;
-                if (bs->pos[sp->slot - bs->kv_start + i] != sp->slot + i)
-                    return kv_fail(err, "blended tokens must sit at positions equal to slots");
                 f->ridx[t] = k;
                 f->slots[k] = sp->slot + i;
-                f->delta[k] = sp->slot - (r->pos0 + sp->off);
+                /* K moves from where the record computed it to the token's position (Prompt
+                 * Cache's fix-up reuses KV at the position it was computed at: delta 0) */
+                f->delta[k] = bs->pos[sp->slot - bs->kv_start + i] - (r->pos0 + sp->off + i);
             }
             be->n_reused += sp->n;
         }

@@ -52,6 +52,13 @@ int cache_record_keys(const cache_key *bkeys, int n_blocks, int chunk_blocks, ca
 void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
                        int n_tokens, cache_key *out);
 
+/* Schema keys (Prompt Cache, cache/schema.h) chain like prefix keys but over tokens and their
+ * RoPE positions: SHA-256(tag, model identity, namespace, previous key, n, tokens, positions).
+ * A module's KV depends on its tokens, their positions and the context it was computed after,
+ * all of which its chain covers, so a key never matches KV of another position layout. */
+void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
+                      const int32_t *tokens, const int32_t *pos, int n_tokens, cache_key *out);
+
 /* Lower-case hex of a key (65 bytes with the NUL). */
 void cache_key_hex(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 1]);
 

@@ -12,6 +12,7 @@
 static const char TAG_NAMESPACE[] = "kvserve.namespace.v1";
 static const char TAG_PREFIX[] = "kvserve.prefix.v1";
 static const char TAG_CONTENT[] = "kvserve.content.v1";
+static const char TAG_SCHEMA[] = "kvserve.schema.v1";
 
 /* Hashes tokens as little-endian int32 (the wire order on every supported host). */
 static void digest_tokens(EVP_MD_CTX *md, const int32_t *tokens, int n_tokens) {
@@ -64,6 +65,19 @@ void cache_namespace(const uint8_t *tenant, size_t tenant_len, const char *salt,
     if (tenant_len) EVP_DigestUpdate(md, tenant, tenant_len);
     if (salt_len) EVP_DigestUpdate(md, salt, salt_len);
     digest_end(md, ns);
+}
+
+void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
+                      const int32_t *tokens, const int32_t *pos, int n_tokens, cache_key *out) {
+    static const cache_key zero;
+    EVP_MD_CTX *md = digest_begin(TAG_SCHEMA);
+    EVP_DigestUpdate(md, model_id, 32);
+    EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
+    EVP_DigestUpdate(md, (prev ? prev : &zero)->b, CACHE_KEY_BYTES);
+    digest_u32(md, (uint32_t)n_tokens);
+    digest_tokens(md, tokens, n_tokens);
+    digest_tokens(md, pos, n_tokens);
+    digest_end(md, out);
 }
 
 void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,

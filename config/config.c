@@ -191,6 +191,12 @@ static const opt_row OPTIONS[] = {
         "blend records on disk (0: a quarter of cache-disk-bytes)"),
     NUM(blend_chunk, 0, OPT_INT, 16, 16384, false, false, "2048", "N",
         "most prompt tokens in one blended prefill step"),
+    BOOL(schema_fixup, "false",
+         "Prompt Cache's fix-up by default"),
+    NUM(schema_fixup_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",
+        "fix-up: percentage of module tokens recomputed"),
+    NUM(schema_max, 0, OPT_INT, 1, 100000, false, false, "256", "N",
+        "Prompt Cache schemas kept (all namespaces)"),
 #undef GROUP
 #define GROUP GROUP_LOGGING
     {.key = "log_level", .type = OPT_ENUM, .group = GROUP,

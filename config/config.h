@@ -55,6 +55,9 @@ typedef struct kv_config {
     int64_t blend_ram_bytes;  /* content store cap */
     int64_t blend_disk_bytes; /* content records on disk: cap (in the cache directory) */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */
+    bool schema_fixup;        /* Prompt Cache: the fix-up by default */
+    int schema_fixup_recompute; /* its recompute ratio, percent */
+    int schema_max;             /* schemas registered at most */
     /* ---- logging */
     char *log_level; /* error|warn|info|debug */
 } kv_config;

@@ -183,6 +183,14 @@ int backend_kv_write_blocks_async(backend *b, void *pool, const kv_layout *l, co
                                   int n, const void *host, backend_stream *s) {
     return b->ops->kv_write_blocks(b, pool, l, blocks, n, host, s, false);
 }
+int backend_kv_read_rows(backend *b, const void *pool, const kv_layout *l,
+                         const int32_t *block_table, int slot, int n, void *host, int host_slot) {
+    return b->ops->kv_read_rows(b, pool, l, block_table, slot, n, host, host_slot);
+}
+int backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                          int slot, int n, const void *host, int host_slot) {
+    return b->ops->kv_write_rows(b, pool, l, block_table, slot, n, host, host_slot);
+}
 int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                       float scale, const attn_seq *seqs, int n_seqs) {
     return b->ops->attention(b, pool, l, layer, n_head, scale, seqs, n_seqs);

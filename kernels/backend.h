@@ -300,6 +300,16 @@ int backend_kv_read_blocks_async(backend *b, const void *pool, const kv_layout *
 int backend_kv_write_blocks_async(backend *b, void *pool, const kv_layout *l, const int32_t *blocks,
                                   int n, const void *host, backend_stream *s);
 
+/* Copies n token rows (every layer's K and V, bit for bit) between the pool's slots
+ * slot.. of a sequence (block_table) and host blocks in the pool's layout back to back (a cache
+ * record's payload), host slot h being slot h % block_tokens of block h / block_tokens: read
+ * goes pool to host, write host to pool. Prompt Cache places module KV at any slot this way.
+ * block_table and host are host memory. Synchronous. */
+int backend_kv_read_rows(backend *b, const void *pool, const kv_layout *l,
+                         const int32_t *block_table, int slot, int n, void *host, int host_slot);
+int backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                          int slot, int n, const void *host, int host_slot);
+
 /* Attention for several sequences at one layer: softmax(q k^T * scale) v per head, GQA mapping
  * head h to kv head h / (n_head / n_kv_head). */
 int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,

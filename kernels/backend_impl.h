@@ -80,6 +80,10 @@ typedef struct backend_ops {
                           int n, void *host, backend_stream *s, bool wait);
     int (*kv_write_blocks)(backend *b, void *pool, const kv_layout *l, const int32_t *blocks, int n,
                            const void *host, backend_stream *s, bool wait);
+    int (*kv_read_rows)(backend *b, const void *pool, const kv_layout *l,
+                        const int32_t *block_table, int slot, int n, void *host, int host_slot);
+    int (*kv_write_rows)(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                         int slot, int n, const void *host, int host_slot);
     int (*attention)(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                      float scale, const attn_seq *seqs, int n_seqs);
 } backend_ops;

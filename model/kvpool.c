@@ -190,3 +190,62 @@ int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_erro
 void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host) {
     backend_kv_read_blocks(p->b, p->mem, &p->layout, s->blocks + first, n, host);
 }
+
+/* ---------------------------------------------------------------- token rows */
+
+/* Host blocks are a record payload: blocks in the pool's layout back to back, host slot h in
+ * block h / block_tokens at slot h % block_tokens. dir 0: pool to host, 1: host to pool. */
+static int seq_rows(kv_pool *p, kv_seq *s, int slot, int n, uint8_t *host, int host_slot, int dir) {
+    if (dir == 0)
+        backend_kv_read_rows(p->b, p->mem, &p->layout, s->blocks, slot, n, host, host_slot);
+    else
+        backend_kv_write_rows(p->b, p->mem, &p->layout, s->blocks, slot, n, host, host_slot);
+    return 0;
+}
+
+/* Rows one at a time at the edges, whole blocks (every layer at once, bit for bit) where the
+ * two sides line up on block boundaries. */
+static int seq_copy(kv_pool *p, kv_seq *s, int slot, int n, uint8_t *host, int host_slot, int dir) {
+    int bt = p->layout.block_tokens;
+    size_t bb = kv_layout_block_bytes(&p->layout);
+    if (slot % bt == host_slot % bt) {
+        int lead = (bt - slot % bt) % bt;
+        if (lead > n) lead = n;
+        if (lead > 0 && seq_rows(p, s, slot, lead, host, host_slot, dir)) return -1;
+        slot += lead, host_slot += lead, n -= lead;
+        int whole = n / bt;
+        if (whole > 0) {
+            uint8_t *hb = host + (size_t)(host_slot / bt) * bb;
+            if (dir == 0)
+                backend_kv_read_blocks(p->b, p->mem, &p->layout, s->blocks + slot / bt, whole, hb);
+            else
+                backend_kv_write_blocks(p->b, p->mem, &p->layout, s->blocks + slot / bt, whole, hb);
+        }
+        slot += whole * bt, host_slot += whole * bt, n -= whole * bt;
+    }
+    return n > 0 ? seq_rows(p, s, slot, n, host, host_slot, dir) : 0;
+}
+
+int kv_seq_export_rows(kv_pool *p, const kv_seq *s, int slot, int n, void *host, int host_slot,
+                       kv_error *err) {
+    if (slot < 0 || n < 0 || host_slot < 0 || slot + n > s->n_tokens)
+        return kv_fail(err, "exporting slots %d..%d of a sequence of %d", slot, slot + n,
+                       s->n_tokens);
+    if (seq_copy(p, (kv_seq *)s, slot, n, host, host_slot, 0))
+        return kv_fail(err, "out of memory exporting KV rows");
+    return 0;
+}
+
+int kv_seq_import_rows(kv_pool *p, kv_seq *s, int slot, int n, const void *host, int host_slot,
+                       kv_error *err) {
+    int bt = p->layout.block_tokens;
+    if (slot < 0 || n < 0 || host_slot < 0 || slot + n > s->n_blocks * bt)
+        return kv_fail(err, "importing slots %d..%d into %d reserved", slot, slot + n,
+                       s->n_blocks * bt);
+    for (int b = slot / bt; n > 0 && b <= (slot + n - 1) / bt; b++)
+        if (p->refs[s->blocks[b]] != 1)
+            return kv_fail(err, "importing KV rows into a shared block");
+    if (seq_copy(p, s, slot, n, (uint8_t *)(uintptr_t)host, host_slot, 1))
+        return kv_fail(err, "out of memory importing KV rows");
+    return 0;
+}

@@ -134,6 +134,16 @@ int kv_seq_append_blocks(kv_pool *p, kv_seq *s, const int32_t *blocks, int n, kv
 int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_error *err);
 /* Copies s's blocks [first, first + n) to host, bit for bit. */
 void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host);
+/* KV placed at any token slot (Prompt Cache assembles modules whose KV sits at other slots in
+ * the records that hold it). host is blocks in the pool's layout back to back (a cache record's
+ * payload); host slot h is slot h % block_tokens of its block h / block_tokens. Export copies
+ * s's slots [slot, slot + n) to host slots host_slot.., import the other way into s's slots
+ * (reserved, in blocks s alone holds). Bit for bit; whole blocks are copied as blocks where the
+ * two sides line up. -1 with err when a range is out of bounds or out of memory. */
+int kv_seq_export_rows(kv_pool *p, const kv_seq *s, int slot, int n, void *host, int host_slot,
+                       kv_error *err);
+int kv_seq_import_rows(kv_pool *p, kv_seq *s, int slot, int n, const void *host, int host_slot,
+                       kv_error *err);
 
 /* ---------------------------------------------------------------- forward pass */
 

@@ -868,14 +868,29 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (!model) return API_BAD(err, "model", "'model' is required");
     if (str_copy(model, "model", &r->model, err)) return -1;
 
+    /* Prompt Cache: a prompt in PML (a string) or its JSON form (an object); messages or prompt
+     * then add free text after it and may be left out */
+    const json_t *sp = field(root, "schema_prompt");
+    if (sp && json_is_string(sp)) {
+        if (str_copy(sp, "schema_prompt", &r->schema_prompt, err)) return -1;
+    } else if (sp && json_is_object(sp)) {
+        if (!(r->schema_prompt = json_dumps(sp, JSON_COMPACT | JSON_PRESERVE_ORDER)))
+            return api_fail(err, 500, "server_error", NULL, "schema_prompt", "out of memory");
+        r->schema_prompt_json = true;
+    } else if (sp) {
+        return type_error(err, "schema_prompt", "a PML string or an object", sp);
+    }
     if (r->kind == API_CHAT) {
         const json_t *msgs = field(root, "messages");
-        if (!msgs) return API_BAD(err, "messages", "'messages' is required");
-        if (parse_messages(msgs, &r->messages, &r->n_messages, err)) return -1;
+        if (!msgs && !sp) return API_BAD(err, "messages", "'messages' is required");
+        if (msgs && !(sp && json_is_array(msgs) && json_array_size(msgs) == 0) &&
+            parse_messages(msgs, &r->messages, &r->n_messages, err))
+            return -1;
     } else {
         const json_t *prompt = field(root, "prompt");
-        if (!prompt) return API_BAD(err, "prompt", "'prompt' is required");
-        if (parse_prompts(prompt, "prompt", API_MAX_PROMPTS, &r->prompts, &r->n_prompts, err))
+        if (!prompt && !sp) return API_BAD(err, "prompt", "'prompt' is required");
+        if (prompt &&
+            parse_prompts(prompt, "prompt", API_MAX_PROMPTS, &r->prompts, &r->n_prompts, err))
             return -1;
         if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
     }
@@ -913,6 +928,11 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    bool fixup = false;
+    int got_fixup = opt_bool(root, "fixup", &fixup, err);
+    if (got_fixup < 0) return -1;
+    if (got_fixup) r->fixup = fixup;
+    if (opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
     if (parse_constraints(root, r, err)) return -1;
     if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
     /* The calls' grammar depends on the model's tool format: openai.c builds it. */
@@ -935,6 +955,8 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->cache = true;
     out->blend = true;
     out->blend_ratio = -1;
+    out->fixup = -1;
+    out->fixup_ratio = -1;
     out->jump_forward = true;
     sampler_params_default(&out->sampling);
     if (kind != API_CHAT && kind != API_COMPLETION)
@@ -961,6 +983,7 @@ void api_request_free(api_request *r) {
     for (int i = 0; i < API_MAX_STOPS; i++) free(r->stops[i]);
     free(r->user);
     free(r->cache_salt);
+    free(r->schema_prompt);
     free(r->gbnf);
     for (int i = 0; i < r->n_tools; i++) {
         free((char *)r->tools[i].name);

@@ -84,6 +84,13 @@ typedef struct api_request {
     bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
     bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
+    /* Prompt Cache: "schema_prompt", a <prompt schema> in PML (a string) or its JSON form (an
+     * object, kept here as its JSON text), or NULL; "fixup" (-1: the server's default) and
+     * "fixup_ratio" (-1: the server's) for the cross-module fix-up */
+    char *schema_prompt;
+    bool schema_prompt_json;
+    int fixup;
+    float fixup_ratio;
     /* Constrained decoding: the GBNF every answer must match (validated), from one of
      * response_format (json_schema, json_object), grammar / json_schema (llama-server),
      * guided_grammar / guided_json / guided_choice (vLLM); NULL when the output is free. */

@@ -69,6 +69,23 @@ static char *cache_dir_from(const kv_config *c) {
     return dir;
 }
 
+/* Prompt Cache's schemas; their definitions go beside the disk tier's records (the model's
+ * directory under the cache directory), when there is a disk tier. */
+static int start_schemas(server *s, const kv_config *c, const model *m, kv_error *err) {
+    cache_stats st;
+    cache_store_stats(s->store, &st);
+    char *base = st.disk_enabled ? cache_dir_from(c) : NULL, *dir = NULL;
+    if (base) {
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        cache_key_hex((const cache_key *)(const void *)m->identity, hex);
+        if (asprintf(&dir, "%s/%.16s/schemas", base, hex) < 0) dir = NULL;
+    }
+    int rc = schemas_start(s, dir, err);
+    free(base);
+    free(dir);
+    return rc;
+}
+
 /* The RAM and disk tiers. An automatic directory that cannot be used costs only the disk tier
  * (a warning); a directory the operator named must work. */
 static cache_store *open_store(const kv_config *c, const model *m, kv_error *err) {
@@ -301,6 +318,7 @@ int cli_serve(int argc, char **argv) {
     if (!(s.gvocab = grammar_vocab_create(m->tok, &err))) goto done;
     s.pooling = embed_pooling(cfg.pooling, m);
     s.m = m;
+    if (s.store && start_schemas(&s, &cfg, m, &err)) goto done;
     atomic_store(&s.ready, true);
     int64_t pool = engine_kv_pool_tokens(s.eng);
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
@@ -327,6 +345,7 @@ done:
         wait_in_flight(&s, &sigs, 2.0);
     }
     server_stop(&s);
+    schemas_stop(&s);
     engine_destroy(s.eng);
     grammar_vocab_destroy(s.gvocab);
     if (s.store) {

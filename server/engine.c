@@ -65,6 +65,8 @@ void gen_request_unref(gen_request *r) {
     free(r->prompt_lps);
     free(r->prompt);
     free(r->keys);
+    free(r->pos);
+    schema_kv_free(r->skv);
     gen_request_drop_loaded(r);
     free(r->bias);
     free(r->embedding);
@@ -137,6 +139,7 @@ typedef struct eseq {
     bool wait_fork; /* a sibling choice waiting for the first choice's prompt KV */
     bool forked;    /* first choice: its siblings have been forked */
     int32_t *hist;  /* prompt + generated tokens */
+    int32_t *pos;   /* their positions (Prompt Cache), or NULL: token i at position i */
     int n_hist, cap_hist;
     int n_computed; /* leading tokens of hist whose KV is in the pool */
     sampler *smp;
@@ -270,6 +273,7 @@ static void eseq_destroy(engine *e, eseq *s) {
     free(s->pooled);
     free(s->keys);
     free(s->hist);
+    free(s->pos);
     free(s->gen);
     gen_request_unref(s->req);
     free(s);
@@ -288,6 +292,10 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     if (!(s->hist = malloc(sizeof(int32_t) * (size_t)s->cap_hist))) goto oom;
     memcpy(s->hist, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     s->n_hist = r->n_prompt;
+    if (r->pos) {
+        if (!(s->pos = malloc(sizeof(int32_t) * (size_t)s->cap_hist))) goto oom;
+        memcpy(s->pos, r->pos, sizeof(int32_t) * (size_t)r->n_prompt);
+    }
     if (r->n_keys > 0) {
         if (!(s->keys = malloc(sizeof *s->keys * (size_t)r->n_keys))) goto oom;
         memcpy(s->keys, r->keys, sizeof *s->keys * (size_t)r->n_keys);
@@ -418,8 +426,15 @@ static int hist_push(eseq *s, int32_t t) {
         int32_t *h = realloc(s->hist, sizeof(int32_t) * (size_t)cap);
         if (!h) return -1;
         s->hist = h;
+        if (s->pos) {
+            int32_t *p = realloc(s->pos, sizeof(int32_t) * (size_t)cap);
+            if (!p) return -1;
+            s->pos = p;
+        }
         s->cap_hist = cap;
     }
+    /* a generated token follows the last one's position */
+    if (s->pos) s->pos[s->n_hist] = s->n_hist ? s->pos[s->n_hist - 1] + 1 : 0;
     s->hist[s->n_hist++] = t;
     return 0;
 }
@@ -1084,6 +1099,86 @@ static int blend_entries(engine *e, int n_b) {
     return n_be;
 }
 
+/* ---------------------------------------------------------------- Prompt Cache */
+
+/* True while s waits for its schema KV (the import did not fit the pool yet): none of its
+ * tokens may be computed before, or it would become a full prefill. */
+static bool schema_waiting(const eseq *s) {
+    const schema_kv *k = s->req->skv;
+    return k && k->fixup < 0 && k->n_slots > 0 && s->n_computed == 0;
+}
+
+/* A Prompt Cache sequence starting (or restarting after preemption): its first slots get the
+ * modules' KV from their records, copied into fresh blocks. With the fix-up its prompt is laid
+ * out as a full prefill's and the modules' KV become blend spans instead (the fusor loads them
+ * layer by layer, moved to their new positions, and recomputes the most deviating tokens). */
+static void schema_start(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    const schema_kv *k = r->skv;
+    s->reuse_tried = true;
+    if (k->fixup >= 0) {
+        if (s->spans) return; /* after a preemption: the spans are still there */
+        kv_error err = {{0}};
+        int rc =
+            e->fus ? schema_kv_blend_spans(k, kv_pool_layout(e->pool), &s->spans, &s->n_spans, &err)
+                   : kv_fail(&err, "blend is off");
+        if (rc == 0) {
+            s->blend_ratio = k->fixup;
+            s->exact_end = 0;
+        } else {
+            /* its layout is a full prefill's: computed in full, slower but right */
+            log_warn("schema: no fix-up (%s): computing the prompt in full", err.msg);
+        }
+        return;
+    }
+    if (k->n_slots == 0) return;
+    int64_t need = blocks_for(e, s->n_hist + 1);
+    kv_error err = {{0}};
+    uint64_t t0 = clock_now_ns();
+    if (room(e, need) < blocks_for(e, k->n_slots) || schema_kv_import(k, e->pool, &s->kv, &err)) {
+        if (err.msg[0]) log_warn("schema: cannot import %d slots yet: %s", k->n_slots, err.msg);
+        s->reuse_tried = false; /* tried again next step */
+        return;
+    }
+    log_debug("schema: %d slots imported in %.2f ms", k->n_slots,
+              (double)(clock_now_ns() - t0) / 1e6);
+    s->n_computed = k->n_slots;
+    atomic_fetch_add(&e->reused_tokens, k->n_slots);
+    if (s->choice == 0 && !s->preempted) {
+        pthread_mutex_lock(&r->mu);
+        r->cached_tokens = k->n_slots;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+/* A Prompt Cache sequence's prompt is computed: a precompute stores its records; the fix-up's
+ * counts go to the request. */
+static void schema_done(engine *e, eseq *s) {
+    gen_request *r = s->req;
+    const schema_kv *k = r->skv;
+    if (s->choice != 0) return;
+    if (k->export_blocks > 0) {
+        kv_error err = {{0}};
+        int rc = e->o.store ? schema_kv_export(k, e->o.store, e->pool, &s->kv, &err)
+                            : kv_fail(&err, "the context cache has no RAM or disk tier");
+        if (rc) {
+            log_warn("schema: %s", err.msg);
+            pthread_mutex_lock(&r->mu);
+            r->export_failed = true;
+            snprintf(r->error, sizeof r->error, "%.200s", err.msg);
+            pthread_mutex_unlock(&r->mu);
+        }
+    }
+    if (s->blended > 0) {
+        pthread_mutex_lock(&r->mu);
+        r->blended_tokens = s->blended;
+        r->recomputed_tokens = s->recomputed;
+        r->blend_ratio_used = s->blend_ratio;
+        r->cached_tokens = s->blended - s->recomputed;
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
 /* ---------------------------------------------------------------- embeddings */
 
 /* After the last layer: each embedding sequence's rows, normed with the output norm as the
@@ -1160,6 +1255,9 @@ static void step(engine *e) {
     /* sequences starting (or restarting after preemption) take their cached prefix first */
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
+        if (s->req->skv && !s->done && !s->wait_fork && !s->reuse_tried && s->n_computed == 0 &&
+            s->kv.n_blocks == 0)
+            schema_start(e, s);
         if (s->done || s->wait_fork || s->reuse_tried || s->n_computed > 0 || s->kv.n_blocks > 0 ||
             !cache_on(e, s))
             continue;
@@ -1172,7 +1270,8 @@ static void step(engine *e) {
     /* decode: every sequence with exactly one pending token */
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
-        if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1) continue;
+        if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1 || schema_waiting(s))
+            continue;
         batch_add(e, s, 1, &n_b, &n_pos);
     }
     /* prefill: share the chunk among sequences with more pending, oldest first */
@@ -1180,7 +1279,7 @@ static void step(engine *e) {
     for (int i = 0; i < e->n_run && budget > 0; i++) {
         eseq *s = e->run[i];
         int pending = s->n_hist - s->n_computed;
-        if (s->done || s->wait_fork || pending <= 1) continue;
+        if (s->done || s->wait_fork || pending <= 1 || schema_waiting(s)) continue;
         /* A preempted sequence restarts only when its whole history fits, so it does not
          * step back again halfway. */
         if (s->preempted && s->n_computed == 0 &&
@@ -1204,11 +1303,14 @@ static void step(engine *e) {
     }
     if (n_b == 0) return;
 
-    /* positions are the slots: every sequence's tokens sit at 0..n_hist-1 */
+    /* positions are the slots (every sequence's tokens sit at 0..n_hist-1), except a Prompt
+     * Cache sequence's, which carries its own */
     int off = 0;
     for (int i = 0; i < n_b; i++) {
         batch_seq *bs = &e->batch[i];
-        for (int j = 0; j < bs->n_tok; j++) e->batch_pos[off + j] = bs->kv_start + j;
+        const int32_t *sp = e->batch_seqs[i]->pos;
+        for (int j = 0; j < bs->n_tok; j++)
+            e->batch_pos[off + j] = sp ? sp[bs->kv_start + j] : bs->kv_start + j;
         bs->pos = e->batch_pos + off;
         off += bs->n_tok;
     }
@@ -1276,6 +1378,7 @@ static void step(engine *e) {
         s->n_computed += bs->n_tok;
         if (!s->done && cache_on(e, s)) write_back(e, s);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
+        if (s->n_gen == 0 && !s->done && s->req->skv) schema_done(e, s);
         if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
             store_tail(e, s);
             store_content(e, s);
@@ -1589,7 +1692,8 @@ static void prefetch(engine *e, gen_request *r) {
 }
 
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
-    r->cache = e->o.chunk_tokens > 0;
+    /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
+    r->cache = e->o.chunk_tokens > 0 && !r->pos && !r->skv;
     if (!r->cache) return 0;
     r->ns = *ns;
     int bt = kv_pool_layout(e->pool)->block_tokens;

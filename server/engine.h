@@ -18,6 +18,7 @@
 
 #include "cache/blend.h"
 #include "cache/cache.h"
+#include "cache/schema.h"
 #include "model/model.h"
 #include "server/metrics.h"
 
@@ -99,6 +100,13 @@ typedef struct gen_request {
      * a share of them (blend_ratio in 0..1; negative: the engine's loading controller picks). */
     bool blend;
     float blend_ratio;
+    /* Prompt Cache (cache/schema.h): the prompt tokens' RoPE positions (NULL: token i at
+     * position i) and the KV its first skv->n_slots slots take from schema records at
+     * admission instead of computing it (or, with skv->fixup >= 0, blend). A precompute
+     * (max_tokens 0) stores its skv's export slots as records once computed; export_failed
+     * says it could not. A sequence with positions stores no prefix keys. Both owned. */
+    int32_t *pos;
+    schema_kv *skv;
     int64_t loaded_bytes;        /* their payload bytes, charged to *loaded_budget */
     atomic_llong *loaded_budget; /* the engine's count of fetched bytes not yet admitted (the
                                     engine must outlive the request) */
@@ -117,6 +125,7 @@ typedef struct gen_request {
     int blended_tokens;     /* of the prompt, tokens reused by content (blend) */
     int recomputed_tokens;  /* of those, recomputed up to the last layer */
     float blend_ratio_used; /* the recompute ratio the blend ran at */
+    bool export_failed;     /* a precompute's records could not be stored (error says why) */
     atomic_bool cancelled;  /* the client went away: the engine frees its sequences */
     atomic_int refs;
     /* Called (under mu, from the engine thread) after every change, beside the condition

@@ -298,6 +298,8 @@ typedef enum route_kind {
     ROUTE_CACHE_CLEAR,
     ROUTE_CACHE_PIN,
     ROUTE_CACHE_UNPIN,
+    ROUTE_SCHEMAS, /* /v1/schemas: GET lists, POST registers */
+    ROUTE_SCHEMA,  /* /v1/schemas/{name}: GET, DELETE */
 } route_kind;
 
 typedef struct route {
@@ -321,13 +323,35 @@ static const route ROUTES[] = {
     {"/v1/cache/clear", ROUTE_CACHE_CLEAR, true, false},
     {"/v1/cache/pin", ROUTE_CACHE_PIN, true, false},
     {"/v1/cache/unpin", ROUTE_CACHE_UNPIN, true, false},
+    {"/v1/schemas", ROUTE_SCHEMAS, true, false},
+    {"/v1/schemas/", ROUTE_SCHEMA, false, false},
 };
+
+/* Routes that take more than one method (the table's post flag aside). */
+static bool route_method_ok(const route *rt, const char *method) {
+    if (rt->kind == ROUTE_SCHEMAS)
+        return strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+               strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+    if (rt->kind == ROUTE_SCHEMA)
+        return strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
+               strcmp(method, MHD_HTTP_METHOD_DELETE) == 0;
+    return strcmp(method, rt->post ? MHD_HTTP_METHOD_POST : MHD_HTTP_METHOD_GET) == 0;
+}
+
+static const char *route_allow(const route *rt) {
+    if (rt->kind == ROUTE_SCHEMAS) return "GET, POST";
+    if (rt->kind == ROUTE_SCHEMA) return "GET, DELETE";
+    return rt->post ? "POST" : "GET";
+}
 
 static const route *route_find(const char *url) {
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
         if (strcmp(url, ROUTES[i].path) == 0) return &ROUTES[i];
     /* /v1/models/{id} */
     if (strncmp(url, "/v1/models/", 11) == 0) return &ROUTES[2];
+    /* /v1/schemas/{name} */
+    if (strncmp(url, "/v1/schemas/", 12) == 0 && url[12])
+        return &ROUTES[sizeof ROUTES / sizeof ROUTES[0] - 1];
     return NULL;
 }
 
@@ -386,6 +410,8 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
                       .len = cr->len,
                       .api_key = bearer_token(conn),
                       .request_id = cr->id,
+                      .query_salt =
+                          MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "cache_salt"),
                       .wake = conn_wake,
                       .wake_arg = cr};
     http_reply r = {0};
@@ -462,6 +488,10 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_CACHE_UNPIN:
         cache_api_pin(s, &call, &r, rt->kind == ROUTE_CACHE_PIN);
         return send_reply(conn, cr, &r);
+    case ROUTE_SCHEMAS:
+    case ROUTE_SCHEMA:
+        schemas_api(s, &call, cr->method, rt->kind == ROUTE_SCHEMA ? url + 12 : NULL, &r);
+        return send_reply(conn, cr, &r);
     default:
         return send_error(conn, cr, 500, "server_error", NULL, "unrouted request");
     }
@@ -486,17 +516,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->limit = s->cfg->max_body_bytes;
         const route *rt = route_find(url);
         cr->route = rt ? rt->path : "other";
-        cr->allow = rt ? (rt->post ? "POST" : "GET") : NULL;
+        cr->allow = rt ? route_allow(rt) : NULL;
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
-        bool post = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-        bool get = strcmp(method, MHD_HTTP_METHOD_GET) == 0;
         if (!rt)
             api_fail(&cr->early, 404, "invalid_request_error", "not_found", NULL,
                      "no endpoint %s %s", method, url);
-        else if ((rt->post && !post) || (!rt->post && !get))
+        else if (!route_method_ok(rt, method))
             api_fail(&cr->early, 405, "invalid_request_error", "method_not_allowed", NULL,
-                     "%s takes %s, not %s", rt->path, rt->post ? "POST" : "GET", method);
+                     "%s takes %s, not %s", rt->path, route_allow(rt), method);
         else if (!rt->public_ && !key_ok(s, bearer_token(conn)))
             api_fail(&cr->early, 401, "invalid_request_error", "invalid_api_key", NULL,
                      "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.");

@@ -245,19 +245,59 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     return rq->gbnf || tools ? request_grammar(s, r, rq, err) : 0;
 }
 
+/* A schema_prompt (Prompt Cache) as the prompt: its tokens in slot order with their positions
+ * and the module KV to import, or (cache false) the same text as a plain prompt in position
+ * order, computed in full. *span is the positions it takes (the context check's length). */
+static int schema_prompt_tokens(server *s, const api_request *rq, const http_call *c, int32_t **ids,
+                                int32_t **pos, schema_kv **skv, int *span, api_error *err) {
+    schema_prompt sp;
+    if (schemas_prompt(s, rq, c, &sp, err)) return -1;
+    int n = sp.n;
+    if (rq->cache && sp.kv) {
+        *ids = sp.tokens;
+        *pos = sp.pos;
+        *skv = sp.kv;
+        *span = sp.last_pos + 1;
+        sp.tokens = sp.pos = NULL;
+        sp.kv = NULL;
+    } else {
+        *ids = sp.flat;
+        *span = n;
+        sp.flat = NULL;
+    }
+    schema_prompt_free(&sp);
+    return n;
+}
+
 /* Tokenizes and checks prompt p and adds its gen_request to j. -1 with err; from the moment
  * the request is in j, job_free frees it, its prompt and its echo text. */
-static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, api_error *err) {
+static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int p, uint64_t seed,
+                          api_error *err) {
     const model *m = j->s->m;
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, *pos = NULL;
+    schema_kv *skv = NULL;
     char param[32];
-    int n_ids = prompt_tokens(m, rq, p, &ids, param, sizeof param, err);
+    int span = 0;
+    int n_ids;
+    if (rq->schema_prompt) {
+        snprintf(param, sizeof param, "schema_prompt");
+        if (rq->echo && rq->logprobs) {
+            fail_400(err, "echo", NULL,
+                     "a schema_prompt's modules are not computed, so they cannot be scored: "
+                     "'echo' with 'logprobs' is not available");
+            return -1;
+        }
+        n_ids = schema_prompt_tokens(j->s, rq, c, &ids, &pos, &skv, &span, err);
+    } else {
+        n_ids = prompt_tokens(m, rq, p, &ids, param, sizeof param, err);
+        span = n_ids;
+    }
     if (n_ids < 0) goto fail;
     if (n_ids == 0) {
         fail_400(err, param, NULL, "the prompt is empty (it has no tokens)");
         goto fail;
     }
-    int max_tokens = prompt_max_tokens(j->s, rq, n_ids, param, err);
+    int max_tokens = prompt_max_tokens(j->s, rq, span, param, err);
     if (max_tokens < 0) goto fail;
     gen_request *r = gen_request_create(rq->n);
     if (!r) {
@@ -267,10 +307,12 @@ static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, a
     j->reqs[j->n_reqs++] = r;
     r->prompt = ids;
     r->n_prompt = n_ids;
+    r->pos = pos;
+    r->skv = skv;
     if (j->echo) {
         kv_error ke = {{0}};
         size_t len;
-        j->echo[p] = rq->prompts[p].text
+        j->echo[p] = !rq->schema_prompt && rq->prompts[p].text
                          ? strdup(rq->prompts[p].text)
                          : tokenizer_decode(m->tok, ids, (size_t)n_ids, false, &len, &ke);
         if (!j->echo[p]) return fail_oom(err);
@@ -280,6 +322,8 @@ static int job_add_prompt(job *j, const api_request *rq, int p, uint64_t seed, a
     return 0;
 fail:
     free(ids);
+    free(pos);
+    schema_kv_free(skv);
     return -1;
 }
 
@@ -334,7 +378,7 @@ job *job_start(server *s, const api_request *rq, const http_call *c, bool submit
         model_not_found(s, rq->model, "model", err);
         return NULL;
     }
-    int n_prompts = rq->kind == API_CHAT ? 1 : rq->n_prompts;
+    int n_prompts = rq->kind == API_CHAT || rq->schema_prompt ? 1 : rq->n_prompts;
     job *j = job_create(s, rq, c, n_prompts);
     if (!j) {
         fail_oom(err);
@@ -342,7 +386,7 @@ job *job_start(server *s, const api_request *rq, const http_call *c, bool submit
     }
     uint64_t seed = rq->seed_given ? rq->sampling.seed : random_u64();
     for (int p = 0; p < n_prompts; p++)
-        if (job_add_prompt(j, rq, p, seed, err)) goto fail;
+        if (job_add_prompt(j, rq, c, p, seed, err)) goto fail;
     if (rq->cache && s->cfg->cache && job_prepare_cache(j, rq, c, submit)) {
         fail_oom(err);
         goto fail;

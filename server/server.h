@@ -21,6 +21,7 @@
 #include "server/metrics.h"
 
 typedef struct server server;
+typedef struct schema_registry schema_registry;
 
 struct server {
     const kv_config *cfg;
@@ -34,6 +35,7 @@ struct server {
     int ctx;                    /* per-sequence context */
     int max_tokens_limit;       /* cap on max_tokens */
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
+    schema_registry *schemas;   /* Prompt Cache schemas (schemas.c), or NULL */
     content_disk *blend_disk;   /* blend's content records on disk, or NULL */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
@@ -100,6 +102,7 @@ typedef struct http_call {
     size_t len;
     const char *api_key;    /* the Bearer token presented, or NULL */
     const char *request_id; /* never NULL */
+    const char *query_salt; /* the URL's ?cache_salt=, or NULL */
     void (*wake)(void *arg);
     void *wake_arg;
 } http_call;
@@ -133,6 +136,18 @@ void server_cache_namespace(const server *s, const http_call *c, const char *sal
 void cache_api_stats(server *s, http_reply *out);
 void cache_api_clear(server *s, const http_call *c, http_reply *out);
 void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin);
+/* Prompt Cache (schemas.c): the registry and its builder thread, started once the engine runs
+ * (dir: where definitions are kept, or NULL), stopped before the engine; /v1/schemas (name
+ * NULL: POST registers, GET lists) and /v1/schemas/{name} (GET, DELETE); and a request's
+ * schema_prompt assembled into out (-1 with err: 400 for a prompt that does not fit its
+ * schema, 404 for an unknown schema, 409 for one not ready). */
+int schemas_start(server *s, const char *dir, kv_error *err);
+void schemas_stop(server *s);
+void schemas_api(server *s, const http_call *c, const char *method, const char *name,
+                 http_reply *out);
+int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_prompt *out,
+                   api_error *err);
+
 /* Appends the cache's Prometheus metrics to text (malloc'd, len bytes; freed here). Returns the
  * new text, or NULL when out of memory. */
 char *cache_api_metrics(server *s, char *text, size_t *len);

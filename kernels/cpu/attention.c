@@ -183,6 +183,46 @@ int cpu_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_
     return 0;
 }
 
+/* One token's rows from block region a (slot sa) to b (slot sb), every layer, head and kv. */
+static void copy_token(const kv_layout *l, uint8_t *db, int sd, const uint8_t *sb_, int ss) {
+    int bt = l->block_tokens, hd = l->head_dim;
+    for (int il = 0; il < l->n_layer; il++)
+        for (int h = 0; h < l->n_kv_head; h++) {
+            uint16_t *dk = (uint16_t *)(void *)(db + kv_layout_offset(l, il, 0, h));
+            const uint16_t *sk =
+                (const uint16_t *)(const void *)(sb_ + kv_layout_offset(l, il, 0, h));
+            for (int d = 0; d < hd; d++) dk[(size_t)d * bt + sd] = sk[(size_t)d * bt + ss];
+            memcpy(db + kv_layout_offset(l, il, 1, h) + (size_t)sd * hd * 2,
+                   sb_ + kv_layout_offset(l, il, 1, h) + (size_t)ss * hd * 2, (size_t)hd * 2);
+        }
+}
+
+int cpu_kv_read_rows(backend *b, const void *pool, const kv_layout *l, const int32_t *block_table,
+                     int slot, int n, void *host, int host_slot) {
+    (void)b;
+    size_t bb = kv_layout_block_bytes(l);
+    int bt = l->block_tokens;
+    for (int i = 0; i < n; i++) {
+        int s = slot + i, h = host_slot + i;
+        copy_token(l, (uint8_t *)host + (size_t)(h / bt) * bb, h % bt,
+                   (const uint8_t *)pool + (size_t)block_table[s / bt] * bb, s % bt);
+    }
+    return 0;
+}
+
+int cpu_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                      int slot, int n, const void *host, int host_slot) {
+    (void)b;
+    size_t bb = kv_layout_block_bytes(l);
+    int bt = l->block_tokens;
+    for (int i = 0; i < n; i++) {
+        int s = slot + i, h = host_slot + i;
+        copy_token(l, (uint8_t *)pool + (size_t)block_table[s / bt] * bb, s % bt,
+                   (const uint8_t *)host + (size_t)(h / bt) * bb, h % bt);
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 static void attn_task(void *ctx, int ith, int nth) {

@@ -580,5 +580,7 @@ static const backend_ops cpu_backend_ops = {
     .kv_copy_block = cpu_kv_copy_block,
     .kv_read_blocks = cpu_kv_read_blocks,
     .kv_write_blocks = cpu_kv_write_blocks,
+    .kv_read_rows = cpu_kv_read_rows,
+    .kv_write_rows = cpu_kv_write_rows,
     .attention = cpu_attention,
 };

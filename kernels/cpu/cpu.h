@@ -69,6 +69,10 @@ int cpu_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const i
                        int n, void *host, backend_stream *s, bool wait);
 int cpu_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks, int n,
                         const void *host, backend_stream *s, bool wait);
+int cpu_kv_read_rows(backend *b, const void *pool, const kv_layout *l, const int32_t *block_table,
+                     int slot, int n, void *host, int host_slot);
+int cpu_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                      int slot, int n, const void *host, int host_slot);
 int cpu_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                   float scale, const attn_seq *seqs, int n_seqs);
 

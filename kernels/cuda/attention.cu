@@ -235,4 +235,42 @@ int cuda_kv_rope(cudaStream_t s, void *pool, const kv_layout *l, int layer, cons
     return 0;
 }
 
+/* One thread per (token, layer, K/V, head, dim): a 2-byte element between a pool slot and a
+ * stage slot, each in its block's region (K transposed, V by rows). */
+__global__ void kernel_kv_rows(uint8_t *pool, kv_layout l, const int32_t *table, int slot, int n,
+                               uint8_t *stage, int stage_slot, bool to_pool) {
+    const int hd = l.head_dim, bt = l.block_tokens;
+    const int64_t per_tok = (int64_t)l.n_layer * 2 * l.n_kv_head * hd;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)n * per_tok) return;
+    const int t = (int)(i / per_tok);
+    int64_t r = i % per_tok;
+    const int dd = (int)(r % hd);
+    r /= hd;
+    const int h = (int)(r % l.n_kv_head);
+    r /= l.n_kv_head;
+    const int kv = (int)(r % 2), layer = (int)(r / 2);
+    const int s = slot + t, g = stage_slot + t;
+    const size_t bb = kv_layout_block_bytes(&l), reg = kv_layout_offset(&l, layer, kv, h);
+    uint16_t *p = reinterpret_cast<uint16_t *>(pool + (size_t)table[s / bt] * bb + reg);
+    uint16_t *q = reinterpret_cast<uint16_t *>(stage + (size_t)(g / bt) * bb + reg);
+    const size_t ep = kv == 0 ? (size_t)dd * bt + s % bt : (size_t)(s % bt) * hd + dd;
+    const size_t eq = kv == 0 ? (size_t)dd * bt + g % bt : (size_t)(g % bt) * hd + dd;
+    if (to_pool)
+        p[ep] = q[eq];
+    else
+        q[eq] = p[ep];
+}
+
+int cuda_kv_rows(cudaStream_t s, void *pool, const kv_layout *l, const int32_t *table, int slot,
+                 int n, void *stage, int stage_slot, bool to_pool) {
+    const int64_t total = (int64_t)n * l->n_layer * 2 * l->n_kv_head * l->head_dim;
+    if (total == 0) return 0;
+    KV_LAUNCH(kernel_kv_rows, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, s,
+              static_cast<uint8_t *>(pool), *l, table, slot, n, static_cast<uint8_t *>(stage),
+              stage_slot, to_pool);
+    CUDA_CHECK_LAUNCH("kv_rows");
+    return 0;
+}
+
 } // namespace KV_CUDA_NS

@@ -680,6 +680,64 @@ static int cuda_kv_write_blocks(backend *b, void *pool, const kv_layout *l, cons
                      static_cast<uint8_t *>(const_cast<void *>(host)), false, s, wait);
 }
 
+/* Token rows between the pool and host blocks (a record's payload), through the staging: the
+ * block table up to the last slot, then as many of the host blocks the rows touch as fit. The
+ * staged host blocks go up first in both directions, so a read leaves the host's other rows as
+ * they were. */
+static int kv_rows(cuda_backend *cb, void *pool, const kv_layout *l, const int32_t *table, int slot,
+                   int n, uint8_t *host, int host_slot, bool to_pool) {
+    if (n <= 0) return 0;
+    const int bt = l->block_tokens;
+    const size_t bb = kv_layout_block_bytes(l);
+    const size_t tb = ((size_t)((slot + n - 1) / bt + 1) * 4 + 255) & ~(size_t)255;
+    const int64_t fit = tb < XFER_BYTES ? (int64_t)((XFER_BYTES - tb) / bb) : 0;
+    if (fit < 1) {
+        log_error("cuda kv rows: a %zu-byte block does not fit the transfer staging", bb);
+        return -1;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&cb->xfer_mu);
+    memcpy(cb->xfer_host, table, (size_t)((slot + n - 1) / bt + 1) * 4);
+    if (xfer_begin(cb) || cudaMemcpyAsync(cb->xfer_dev, cb->xfer_host, tb, cudaMemcpyHostToDevice,
+                                          cb->xfer) != cudaSuccess)
+        rc = -1;
+    const int32_t *dt = reinterpret_cast<const int32_t *>(cb->xfer_dev);
+    for (int i = 0; rc == 0 && i < n;) {
+        const int h0 = host_slot + i, b0 = h0 / bt;
+        const int cnt = (int)((int64_t)(b0 + fit) * bt - h0 < n - i ? (b0 + fit) * bt - h0 : n - i);
+        const int nb = (h0 + cnt - 1) / bt - b0 + 1;
+        uint8_t *hs = cb->xfer_host + tb, *ds = cb->xfer_dev + tb;
+        /* the previous chunk's copies are done (synchronised below) before its staging is reused */
+        memcpy(hs, host + (size_t)b0 * bb, (size_t)nb * bb);
+        if (cudaMemcpyAsync(ds, hs, (size_t)nb * bb, cudaMemcpyHostToDevice, cb->xfer) !=
+                cudaSuccess ||
+            cuda_kv_rows(cb->xfer, pool, l, dt, slot + i, cnt, ds, h0 - b0 * bt, to_pool) ||
+            (!to_pool && cudaMemcpyAsync(hs, ds, (size_t)nb * bb, cudaMemcpyDeviceToHost,
+                                         cb->xfer) != cudaSuccess) ||
+            cudaStreamSynchronize(cb->xfer) != cudaSuccess) {
+            rc = -1;
+            break;
+        }
+        if (!to_pool) memcpy(host + (size_t)b0 * bb, hs, (size_t)nb * bb);
+        i += cnt;
+    }
+    pthread_mutex_unlock(&cb->xfer_mu);
+    if (rc) log_error("cuda kv rows failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return rc;
+}
+
+static int cuda_kv_read_rows(backend *b, const void *pool, const kv_layout *l, const int32_t *table,
+                             int slot, int n, void *host, int host_slot) {
+    return kv_rows(cuda_of(b), const_cast<void *>(pool), l, table, slot, n,
+                   static_cast<uint8_t *>(host), host_slot, false);
+}
+
+static int cuda_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *table,
+                              int slot, int n, const void *host, int host_slot) {
+    return kv_rows(cuda_of(b), pool, l, table, slot, n,
+                   static_cast<uint8_t *>(const_cast<void *>(host)), host_slot, true);
+}
+
 /* ---------------------------------------------------------------- attention */
 
 /* Descriptors of the call's sequences (host, then up through a pinned slot), the warps each
@@ -762,6 +820,8 @@ const backend_ops cuda_ops = {
     cuda_kv_copy_block,
     cuda_kv_read_blocks,
     cuda_kv_write_blocks,
+    cuda_kv_read_rows,
+    cuda_kv_write_rows,
     cuda_attention_op,
 };
 

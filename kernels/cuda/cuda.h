@@ -156,6 +156,10 @@ int cuda_kv_gather(cudaStream_t s, const void *pool, const kv_layout *l, int lay
                    const int32_t *table, const int32_t *slots, int n_tok, float *out);
 int cuda_kv_rope(cudaStream_t s, void *pool, const kv_layout *l, int layer, const int32_t *table,
                  const int32_t *slots, int n_tok, const float *cs, int n_rot);
+/* Token rows slot.. (n) of the pool <-> stage, blocks in the pool's layout holding them from
+ * stage_slot on (stage slot h: slot h % block_tokens of stage block h / block_tokens). */
+int cuda_kv_rows(cudaStream_t s, void *pool, const kv_layout *l, const int32_t *table, int slot,
+                 int n, void *stage, int stage_slot, bool to_pool);
 int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int n_head,
                    float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
                    float *part);

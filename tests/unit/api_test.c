@@ -783,3 +783,38 @@ Test(api, embeddings_parse) {
         api_embeddings_free(&e);
     }
 }
+
+/* ---------------------------------------------------------------- Prompt Cache */
+
+Test(api, schema_prompt_as_pml_or_json_with_or_without_messages) {
+    api_request r;
+    parse_ok(API_CHAT,
+             "{\"model\":\"m\",\"messages\":[],\"schema_prompt\":\"<prompt schema='s'/>\","
+             "\"fixup\":true,\"fixup_ratio\":0.2}",
+             &r);
+    cr_assert_str_eq(r.schema_prompt, "<prompt schema='s'/>");
+    cr_assert_not(r.schema_prompt_json);
+    cr_assert_eq(r.n_messages, 0);
+    cr_assert_eq(r.fixup, 1);
+    cr_assert_float_eq(r.fixup_ratio, 0.2f, 1e-6);
+    api_request_free(&r);
+    parse_ok(API_COMPLETION,
+             "{\"model\":\"m\",\"schema_prompt\":{\"schema\":\"s\",\"modules\":[]}}", &r);
+    cr_assert(r.schema_prompt_json);
+    cr_assert(strstr(r.schema_prompt, "\"schema\":\"s\""), "%s", r.schema_prompt);
+    cr_assert_eq(r.n_prompts, 0);
+    cr_assert_eq(r.fixup, -1);
+    cr_assert_float_eq(r.fixup_ratio, -1.0f, 1e-6);
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(",\"schema_prompt\":\"<prompt schema='s'/>\""), &r);
+    cr_assert_eq(r.n_messages, 1);
+    api_request_free(&r);
+}
+
+Test(api, schema_prompt_refusals) {
+    fail(API_CHAT, chat_with(",\"schema_prompt\":3"), "schema_prompt", "a PML string or an object");
+    fail(API_CHAT, chat_with(",\"fixup\":\"yes\""), "fixup", "a boolean");
+    fail(API_CHAT, chat_with(",\"fixup_ratio\":2"), "fixup_ratio", "");
+    fail(API_CHAT, "{\"model\":\"m\",\"messages\":[]}", "messages", "must not be empty");
+    fail(API_COMPLETION, "{\"model\":\"m\"}", "prompt", "'prompt' is required");
+}

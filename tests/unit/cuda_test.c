@@ -8,7 +8,7 @@
  *   matmul, GEMM path (f16 tiles on tensor cores):   |d| <= 2e-3 * sum|w x| + 1e-6 (f16 rounding
  *       of activations and weights, 2^-11 each); F32 and BF16 weights (f32 GEMM) 1e-5
  *   embed, gather, add, rope_cs, kv_write / kv_store / kv_store_serial / kv_load / kv_rope /
- *       block copies: bit for bit
+ *       block and row copies: bit for bit
  *   rope_angles, rope at positions: |d| <= 2e-7 (double cos/sin rounded once; bit for bit under
  *       emulation, where both call the same libm)
  *   rmsnorm: relative 1e-5; swiglu: relative 1e-5 (expf vs the CPU's vector exp); softmax:
@@ -511,6 +511,20 @@ Test(cuda, kv_write_store_load_rope_and_blocks) {
     cr_assert_eq(backend_stream_wait(g_gpu, NULL, e), 0);
     cr_assert_eq(backend_sync(g_gpu), 0);
     pools_expect_same("kv_write_blocks_async", &p);
+
+    /* token rows at any slot to and from a record's blocks (Prompt Cache's placement): 30 rows
+     * from host slot 7 to pool slots 5.., then 25 rows from pool slot 3 into host slot 11.. of a
+     * buffer whose other rows must stay as they were */
+    uint8_t *rows = malloc(3 * bb), *rc = malloc(3 * bb), *rg = malloc(3 * bb);
+    for (size_t i = 0; i < 3 * bb; i++) rows[i] = (uint8_t)rnd(), rc[i] = rg[i] = (uint8_t)i;
+    for (size_t i = 0; i < 3 * bb; i += 2) rows[i + 1] &= 0x3b; /* finite f16 */
+    cr_assert_eq(backend_kv_write_rows(g_cpu, p.pc, &p.l, table, 5, 30, rows, 7), 0);
+    cr_assert_eq(backend_kv_write_rows(g_gpu, p.pg, &p.l, table, 5, 30, rows, 7), 0);
+    pools_expect_same("kv_write_rows", &p);
+    cr_assert_eq(backend_kv_read_rows(g_cpu, p.pc, &p.l, table, 3, 25, rc, 11), 0);
+    cr_assert_eq(backend_kv_read_rows(g_gpu, p.pg, &p.l, table, 3, 25, rg, 11), 0);
+    expect_same("kv_read_rows", rg, rc, 3 * bb);
+    free(rows), free(rc), free(rg);
 
     backend_host_free(g_gpu, pinned);
     backend_event_destroy(g_gpu, e);

@@ -1,0 +1,1 @@
+<prompt schema="travel"><plan days="3 &amp; more"/><miami><beach/></miami> text <user>Where?</user><![CDATA[x]]></prompt>

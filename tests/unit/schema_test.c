@@ -1,0 +1,296 @@
+/* cache/schema.c on the real model's tokenizer and template: role tags render as the chat
+ * template does, positions follow the schema (unions share a start, parameters reserve their
+ * length, nested modules sit inside their parent), keys change with positions, context and
+ * namespace but not with the schema's name, prompts assemble in slot order with free text after
+ * the last position and are refused where they do not fit the schema, and KV rows copied to a
+ * record and back at another slot are the same bits. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "cache/schema.h"
+
+#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static model *g_m;
+static schema_chat g_chat;
+static cache_key g_ns;
+
+static void setup(void) {
+    kv_error err = {{0}};
+    g_m = model_load(MODEL_PATH, NULL, &err);
+    cr_assert_not_null(g_m, "load: %s", err.msg);
+    schema_chat_init(&g_chat, g_m);
+    cache_namespace(NULL, 0, NULL, &g_ns);
+}
+
+static void teardown(void) {
+    schema_chat_free(&g_chat);
+    model_free(g_m);
+}
+
+TestSuite(schema, .init = setup, .fini = teardown);
+
+static schema *compile_ns(const char *src, const cache_key *ns, kv_error *err) {
+    pml_doc *d = pml_parse(src, strlen(src), NULL, err);
+    if (!d) return NULL;
+    schema_opts o = {.m = g_m,
+                     .chat = &g_chat,
+                     .block_tokens = 16,
+                     .chunk_tokens = 64,
+                     .max_positions = 2047,
+                     .max_modules = 64};
+    schema *sc = schema_compile(d, src, strlen(src), ns, &o, err);
+    pml_free(d);
+    return sc;
+}
+
+static schema *compile_ok(const char *src) {
+    kv_error err = {{0}};
+    schema *sc = compile_ns(src, &g_ns, &err);
+    cr_assert_not_null(sc, "%s: %s", src, err.msg);
+    return sc;
+}
+
+static int n_tokens(const char *text) {
+    int32_t *ids = NULL;
+    kv_error err = {{0}};
+    int n = tokenizer_encode(g_m->tok, text, strlen(text), false, true, &ids, &err);
+    free(ids);
+    return n;
+}
+
+Test(schema, role_tags_render_as_the_chat_template) {
+    cr_assert(g_chat.ok, "%s", g_chat.why);
+    cr_assert_str_eq(g_chat.pre[PML_ROLE_USER], "<|im_start|>user\n");
+    cr_assert_str_eq(g_chat.suf[PML_ROLE_USER], "<|im_end|>\n");
+    cr_assert_str_eq(g_chat.pre[PML_ROLE_SYSTEM], "<|im_start|>system\n");
+    cr_assert_str_eq(g_chat.gen, "<|im_start|>assistant\n");
+    cr_assert(strncmp(g_chat.implicit, "<|im_start|>system\nYou are a helpful", 36) == 0, "%s",
+              g_chat.implicit);
+    cr_assert_str_eq(g_chat.start, "");
+}
+
+static const char *TRAVEL = "<schema name=\"travel\">"
+                            "<system>You are a travel agent.</system>"
+                            "<user><module name=\"plan\">Plan a trip of <parameter name=\"days\" "
+                            "length=\"4\"/> days.</module>"
+                            "<union><module name=\"tokyo\">Tokyo has temples.</module>"
+                            "<module name=\"miami\">Miami<module name=\"beach\"> has beaches."
+                            "</module></module></union>"
+                            "</user></schema>";
+
+Test(schema, positions_follow_the_schema) {
+    schema *sc = compile_ok(TRAVEL);
+    cr_assert_eq(sc->n_nodes, 5);
+    const schema_node *root = &sc->nodes[0], *plan = &sc->nodes[1], *tokyo = &sc->nodes[2],
+                      *miami = &sc->nodes[3], *beach = &sc->nodes[4];
+    cr_assert(sc->roles);
+    int sys = n_tokens("<|im_start|>system\nYou are a travel agent.<|im_end|>\n<|im_start|>user\n");
+    cr_assert_eq(plan->start, sys);
+    cr_assert_eq(plan->n_params, 1);
+    int before = n_tokens("Plan a trip of ");
+    cr_assert_eq(plan->params[0].pos, plan->start + before);
+    cr_assert_eq(plan->n_tok, before + n_tokens(" days."));
+    cr_assert_eq(plan->pos[before], plan->params[0].pos + 4,
+                 "the parameter's 4 positions stay free");
+    cr_assert_eq(plan->end, plan->start + plan->n_tok + 4);
+    cr_assert_eq(tokyo->start, plan->end);
+    cr_assert_eq(miami->start, plan->end, "union members share their start");
+    cr_assert_eq(tokyo->union_id, miami->union_id);
+    cr_assert_eq(beach->parent, 3);
+    cr_assert_eq(beach->start, miami->start + miami->n_tok);
+    int32_t union_end = tokyo->end > miami->end ? tokyo->end : miami->end;
+    cr_assert_eq(root->pos[root->n_tok - 1], union_end + n_tokens("<|im_end|>\n") - 1,
+                 "the text after the union follows its longest member");
+    cr_assert_eq(sc->extent, root->pos[root->n_tok - 1] + 1);
+    cr_assert_eq(sc->own_tokens,
+                 root->n_tok + plan->n_tok + tokyo->n_tok + miami->n_tok + beach->n_tok);
+    schema_unref(sc);
+}
+
+Test(schema, declarations_that_clash_are_refused) {
+    kv_error err = {{0}};
+    cr_assert_null(compile_ns("<schema name=\"s\"><module name=\"a\">x</module>\n"
+                              "<module name=\"a\">y</module></schema>",
+                              &g_ns, &err));
+    cr_assert(strstr(err.msg, "line 2, column 1: module 'a' is declared twice"), "%s", err.msg);
+    cr_assert_null(
+        compile_ns("<schema name=\"s\"><module name=\"a\"><parameter name=\"p\" "
+                   "length=\"2\"/><parameter name=\"p\" length=\"3\"/></module></schema>",
+                   &g_ns, &err));
+    cr_assert(strstr(err.msg, "two parameters named 'p'"), "%s", err.msg);
+    cr_assert_null(compile_ns("<schema name=\"s\"><module name=\"a\"><parameter name=\"p\" "
+                              "length=\"4000\"/></module></schema>",
+                              &g_ns, &err));
+    cr_assert(strstr(err.msg, "more than 2047 positions"), "%s", err.msg);
+    cr_assert_null(compile_ns("<schema name=\"s\">\n  \n</schema>", &g_ns, &err));
+    cr_assert(strstr(err.msg, "the schema has no text"), "%s", err.msg);
+}
+
+Test(schema, keys_follow_positions_context_and_namespace_not_the_name) {
+    schema *a =
+        compile_ok("<schema name=\"a\">Intro.<module name=\"m\">Same text.</module></schema>");
+    schema *b =
+        compile_ok("<schema name=\"b\">Intro.<module name=\"m\">Same text.</module></schema>");
+    schema *c = compile_ok(
+        "<schema name=\"c\">Intro!<module name=\"m\">Same text.</module></schema>"); /* context */
+    schema *d = compile_ok("<schema name=\"d\">Intro.<module name=\"x\">Other</module><module "
+                           "name=\"m\">Same text.</module></schema>"); /* positions */
+    cache_key other;
+    cache_namespace((const uint8_t *)"tenant", 6, NULL, &other);
+    kv_error err = {{0}};
+    schema *e = compile_ns(
+        "<schema name=\"a\">Intro.<module name=\"m\">Same text.</module></schema>", &other, &err);
+    cr_assert_not_null(e, "%s", err.msg);
+    const cache_key *ka = &a->nodes[1].bkeys[0];
+    cr_assert_eq(memcmp(ka, &b->nodes[1].bkeys[0], 32), 0, "the schema's name is not in the key");
+    cr_assert_neq(memcmp(ka, &c->nodes[1].bkeys[0], 32), 0, "the context is");
+    cr_assert_neq(memcmp(ka, &d->nodes[2].bkeys[0], 32), 0, "the positions are");
+    cr_assert_neq(memcmp(ka, &e->nodes[1].bkeys[0], 32), 0, "the namespace is");
+    schema_unref(a);
+    schema_unref(b);
+    schema_unref(c);
+    schema_unref(d);
+    schema_unref(e);
+}
+
+static pml_doc *prompt(const char *src) {
+    kv_error err = {{0}};
+    pml_doc *d = pml_parse(src, strlen(src), NULL, &err);
+    cr_assert_not_null(d, "%s", err.msg);
+    return d;
+}
+
+static void assemble_fails(const schema *sc, const char *src, const char *want) {
+    pml_doc *d = prompt(src);
+    schema_prompt sp;
+    kv_error err = {{0}};
+    cr_assert_eq(
+        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), -1,
+        "accepted: %s", src);
+    cr_assert(strstr(err.msg, want), "%s\n  got: %s\n  want: %s", src, err.msg, want);
+    pml_free(d);
+}
+
+Test(schema, prompts_that_do_not_fit_are_refused) {
+    schema *sc = compile_ok(TRAVEL);
+    assemble_fails(sc, "<prompt schema=\"other\"/>", "names schema 'other', not 'travel'");
+    assemble_fails(sc, "<prompt schema=\"travel\"><rome/></prompt>", "has no module 'rome'");
+    assemble_fails(sc, "<prompt schema=\"travel\"><beach/></prompt>",
+                   "line 1, column 25: module 'beach' is inside 'miami' in schema 'travel': "
+                   "reference it inside <miami>");
+    assemble_fails(sc, "<prompt schema=\"travel\"><tokyo/><miami/></prompt>",
+                   "modules 'tokyo' and 'miami' are members of one <union>");
+    assemble_fails(sc, "<prompt schema=\"travel\"><plan/><plan/></prompt>",
+                   "module 'plan' is referenced twice");
+    assemble_fails(sc, "<prompt schema=\"travel\"><plan weeks=\"2\"/></prompt>",
+                   "module 'plan' has no parameter 'weeks'");
+    assemble_fails(sc,
+                   "<prompt schema=\"travel\"><plan days=\"one two three four five\"/></prompt>",
+                   "parameter 'days' of module 'plan' is 5 tokens; its length is 4");
+    schema_unref(sc);
+}
+
+Test(schema, a_prompt_assembles_in_slot_order) {
+    schema *sc = compile_ok(TRAVEL);
+    pml_doc *d = prompt("<prompt schema=\"travel\"><plan days=\"3\"/><miami><beach/></miami>"
+                        "<user>Where?</user></prompt>");
+    schema_prompt sp;
+    kv_error err = {{0}};
+    cr_assert_eq(
+        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), 0,
+        "%s", err.msg);
+    const schema_node *root = &sc->nodes[0], *plan = &sc->nodes[1], *miami = &sc->nodes[3],
+                      *beach = &sc->nodes[4];
+    int cached = root->n_tok + plan->n_tok + miami->n_tok + beach->n_tok;
+    cr_assert_eq(sp.n_cached, cached);
+    cr_assert_eq(sp.n_modules, 3);
+    for (int i = 1; i < sp.n_cached; i++)
+        cr_assert_lt(sp.pos[i - 1], sp.pos[i], "cached slots in position order");
+    /* then the parameter's value at its reserved position */
+    int n3 = n_tokens("3");
+    cr_assert_eq(sp.pos[cached], plan->params[0].pos);
+    /* then the free text after the last position used, and the answer's opening */
+    int free_n = n_tokens("<|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n");
+    cr_assert_eq(sp.n, cached + n3 + free_n);
+    cr_assert_eq(sp.pos[cached + n3], sc->extent);
+    cr_assert_eq(sp.last_pos, sc->extent + free_n - 1);
+    /* a full prefill's order: the same tokens by position (an insertion sort of the slots'),
+     * then the free text */
+    int m = sp.n - free_n;
+    int32_t *p = malloc(sizeof *p * (size_t)m), *t = malloc(sizeof *t * (size_t)m);
+    for (int i = 0; i < m; i++) {
+        int j = i;
+        while (j > 0 && p[j - 1] > sp.pos[i]) {
+            p[j] = p[j - 1];
+            t[j] = t[j - 1];
+            j--;
+        }
+        p[j] = sp.pos[i];
+        t[j] = sp.tokens[i];
+    }
+    cr_assert_eq(memcmp(t, sp.flat, sizeof *t * (size_t)m), 0);
+    cr_assert_eq(memcmp(sp.tokens + m, sp.flat + m, sizeof *t * (size_t)free_n), 0);
+    free(p);
+    free(t);
+    schema_prompt_free(&sp);
+    pml_free(d);
+    schema_unref(sc);
+}
+
+Test(schema, kv_rows_survive_a_record_at_another_slot) {
+    kv_error err = {{0}};
+    backend *b = backend_cpu_create(1, &err);
+    kv_pool *pool = kv_pool_create(b, g_m, 1024, 16, &err);
+    cr_assert_not_null(pool, "%s", err.msg);
+    const kv_layout *l = kv_pool_layout(pool);
+    int kvd = l->n_kv_head * l->head_dim, n = 45;
+    kv_seq src, dst;
+    kv_seq_init(&src);
+    kv_seq_init(&dst);
+    cr_assert_eq(kv_seq_reserve(pool, &src, 100, &err), 0);
+    src.n_tokens = 100;
+    float *k = malloc(sizeof *k * (size_t)100 * kvd), *v = malloc(sizeof *v * (size_t)100 * kvd);
+    int32_t slots[100];
+    for (int i = 0; i < 100; i++) slots[i] = i;
+    for (int il = 0; il < l->n_layer; il++) {
+        for (int i = 0; i < 100 * kvd; i++) {
+            k[i] = (float)((i * 31 + il * 7) % 1000) / 64.0f - 7.0f;
+            v[i] = (float)((i * 17 + il * 3) % 999) / 32.0f - 15.0f;
+        }
+        backend_kv_store(b, kv_pool_memory(pool), l, il, src.blocks, slots, 100, k, v);
+    }
+    /* slots 7..51 to host slots 3.. (unaligned), and back at slots 20.. of another sequence;
+     * then aligned: slots 16..63 to host 0.. and back at 32.. (whole blocks) */
+    size_t bb = kv_layout_block_bytes(l);
+    uint8_t *host = kv_aligned_alloc(bb * 8);
+    memset(host, 0, bb * 8);
+    cr_assert_eq(kv_seq_export_rows(pool, &src, 7, n, host, 3, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_seq_reserve(pool, &dst, 100, &err), 0);
+    cr_assert_eq(kv_seq_import_rows(pool, &dst, 20, n, host, 3, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_seq_export_rows(pool, &src, 16, 48, host, 0, &err), 0, "%s", err.msg);
+    cr_assert_eq(kv_seq_import_rows(pool, &dst, 32 + 48, 16, host, 32, &err), 0, "%s", err.msg);
+    float *a = malloc(sizeof *a * (size_t)n * kvd), *c = malloc(sizeof *c * (size_t)n * kvd);
+    int32_t s_src[64], s_dst[64];
+    for (int i = 0; i < n; i++) s_src[i] = 7 + i, s_dst[i] = 20 + i;
+    for (int il = 0; il < l->n_layer; il++)
+        for (int kv = 0; kv < 2; kv++) {
+            backend_kv_load(b, kv_pool_memory(pool), l, il, kv, src.blocks, s_src, n, a);
+            backend_kv_load(b, kv_pool_memory(pool), l, il, kv, dst.blocks, s_dst, n, c);
+            cr_assert_eq(memcmp(a, c, sizeof *a * (size_t)n * kvd), 0, "layer %d kv %d", il, kv);
+        }
+    for (int i = 0; i < 16; i++) s_src[i] = 48 + i, s_dst[i] = 80 + i;
+    backend_kv_load(b, kv_pool_memory(pool), l, 3, 0, src.blocks, s_src, 16, a);
+    backend_kv_load(b, kv_pool_memory(pool), l, 3, 0, dst.blocks, s_dst, 16, c);
+    cr_assert_eq(memcmp(a, c, sizeof *a * 16 * (size_t)kvd), 0, "whole blocks");
+    cr_assert_eq(kv_seq_import_rows(pool, &dst, 90, 30, host, 0, &err), -1, "out of bounds");
+    free(a);
+    free(c);
+    free(k);
+    free(v);
+    kv_aligned_free(host);
+    kv_seq_release(pool, &src);
+    kv_seq_release(pool, &dst);
+    kv_pool_destroy(pool);
+    backend_destroy(b);
+}
