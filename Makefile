@@ -13,20 +13,44 @@ OPT     ?= -O2 -g
 # Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
-LDLIBS  := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring -lexpat
+BASE_LDLIBS := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring -lexpat
+LDLIBS  := $(BASE_LDLIBS)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
 LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
              $(filter-out server/main.c,$(wildcard server/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+# The CUDA backend is built wherever nvcc is found (CUDA=0 leaves it out): device code for the
+# A40 (sm_86) and H100 (sm_90), plus compute_90 PTX for newer GPUs to compile at load. Without it
+# the build is the CPU build, and backend_cuda_create says why there is no CUDA.
+NVCC ?= $(shell command -v nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+CUDA_HOME   ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH   ?= -gencode arch=compute_86,code=sm_86 -gencode arch=compute_90,code=sm_90 \
+               -gencode arch=compute_90,code=compute_90
+NVCC_FLAGS  := -std=c++17 -O2 -lineinfo $(CUDA_ARCH) -Werror all-warnings -I. \
+               -Xcompiler "$(WARN) -D_GNU_SOURCE -pthread -fno-strict-aliasing"
+LIB_OBJ     += $(patsubst %.cu,$(BUILD)/obj/%.cuda.o,$(sort $(wildcard kernels/cuda/*.cu)))
+# static cudart: no library path to set at run time; cuBLAS is dlopened by the backend
+LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+$(BUILD)/obj/kernels/backend.o: CFLAGS += -DKVSERVE_CUDA
+endif
+# backend.o is rebuilt when CUDA changes (it holds the stub backend_cuda_create otherwise)
+$(BUILD)/cuda-$(CUDA).stamp:
+	@mkdir -p $(BUILD) && rm -f $(BUILD)/cuda-*.stamp && touch $@
+$(BUILD)/obj/kernels/backend.o: $(BUILD)/cuda-$(CUDA).stamp
 TEST_SRC := $(sort $(wildcard tests/unit/*_test.c))
-TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_CU_SRC := $(sort $(wildcard tests/unit/*_test.cu))
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CU_SRC:tests/unit/%.cu=$(BUILD)/tests/%)
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all run test test-unit test-e2e test-asan setup model fuzz clean format format-check bench \
-        bench-serve bench-ttft bench-codec bench-blend bench-grammar bench-schema
+.PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
+        format-check bench bench-serve bench-ttft bench-codec bench-blend bench-grammar \
+        bench-schema bench-gpu
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -39,6 +63,10 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+$(BUILD)/obj/%.cuda.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -c $< -o $@
+
 $(BUILD)/libkvserve.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -46,11 +74,78 @@ $(BUILD)/libkvserve.a: $(LIB_OBJ)
 $(BUILD)/kvserve: $(BUILD)/obj/server/main.o $(BUILD)/libkvserve.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_HELPER_OBJ) $(BUILD)/libkvserve.a
+# ---------------------------------------------------------------- CUDA under emulation
+
+# The CUDA backend's sources compiled as C++ against the emulator (kernels/cuda/emu.h): every
+# kernel runs on the CPU in the unit tests, compared with the CPU backend. Tests only.
+CXX      ?= g++
+CXXFLAGS := -std=c++17 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
+CUDA_SRC := $(sort $(wildcard kernels/cuda/*.cu))
+EMU_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.emu.o) $(BUILD)/obj/kernels/cuda/emu.o
+
+$(BUILD)/obj/%.emu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+	$(CXX) $(CXXFLAGS) -DKVSERVE_CUDA_EMU -x c++ -MMD -MP -c $< -o $@
+$(BUILD)/obj/kernels/cuda/emu.o: kernels/cuda/emu.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DKVSERVE_CUDA_EMU -MMD -MP -c $< -o $@
+$(BUILD)/libkvserve_emu.a: $(EMU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+TEST_LIBS := $(BUILD)/libkvserve_emu.a $(BUILD)/libkvserve.a
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.o $(TEST_HELPER_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion -lstdc++
+$(BUILD)/tests/%: $(BUILD)/obj/tests/unit/%.emu.o $(TEST_HELPER_OBJ) $(TEST_LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion -lstdc++
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---------------------------------------------------------------- CUDA on a GPU
+
+# test-gpu: the emulated comparisons (cuda_test, cuda_forward_test, cuda_emu_test) built against
+# the device build (-DKVSERVE_TEST_GPU) and run on the GPU, then under compute-sanitizer's
+# memcheck and racecheck. bench-gpu: scripts/bench/gpu_bench.c. Both skip, saying why, where
+# there is no nvcc or no device.
+GPU_TESTS := cuda_test cuda_forward_test cuda_emu_test
+SANITIZER ?= $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_HOME)/bin/compute-sanitizer))
+ifeq ($(CUDA),1)
+GPU_TEST_BIN := $(GPU_TESTS:%=$(BUILD)/gpu-tests/%)
+$(BUILD)/obj/gpu-tests/%.o: tests/unit/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKVSERVE_TEST_GPU -MMD -MP -c $< -o $@
+$(BUILD)/obj/gpu-tests/%.o: tests/unit/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -DKVSERVE_TEST_GPU -MMD -MP -c $< -o $@
+$(BUILD)/gpu-tests/%: $(BUILD)/obj/gpu-tests/%.o $(TEST_HELPER_OBJ) $(BUILD)/libkvserve.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lcriterion
+$(BUILD)/gpu_bench: $(BUILD)/obj/scripts/bench/gpu_bench.o $(BUILD)/libkvserve.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/obj/scripts/bench/gpu_bench.o: CFLAGS += -I$(CUDA_HOME)/include
+
+test-gpu: $(GPU_TEST_BIN) $(BUILD)/gpu_bench $(MODEL)
+	@if ! $(BUILD)/gpu_bench --probe; then \
+	    echo "test-gpu: SKIPPED: no usable CUDA device (the same comparisons ran under emulation in make test)"; \
+	    exit 0; fi; \
+	set -e; for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t --jobs 1; done; \
+	if [ -z "$(SANITIZER)" ]; then echo "test-gpu: compute-sanitizer not found: memcheck and racecheck SKIPPED"; exit 0; fi; \
+	for tool in memcheck racecheck; do echo "== compute-sanitizer $$tool"; \
+	    $(SANITIZER) --tool $$tool --target-processes all --error-exitcode 1 \
+	        $(BUILD)/gpu-tests/cuda_test --jobs 1; done; \
+	echo "== compute-sanitizer memcheck (forward pass)"; \
+	$(SANITIZER) --tool memcheck --leak-check full --target-processes all --error-exitcode 1 \
+	    $(BUILD)/gpu-tests/cuda_forward_test --jobs 1 --filter 'cuda_forward/tiny*'
+
+bench-gpu: $(BUILD)/gpu_bench
+	@if $(BUILD)/gpu_bench --probe; then $(BUILD)/gpu_bench; \
+	else echo "bench-gpu: SKIPPED: no usable CUDA device"; fi
+else
+test-gpu bench-gpu:
+	@echo "$@: SKIPPED: kvserve is built without CUDA (no nvcc found, or CUDA=0)"
+endif
 
 # ---------------------------------------------------------------- set-up
 
@@ -120,9 +215,11 @@ test-e2e: $(BUILD)/kvserve
 
 # The same unit and end-to-end tests, built with AddressSanitizer and UBSan in build-asan/.
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# The CUDA backend's host code is left out (CUDA=0): its kernels are covered under the sanitizers
+# by the emulated build the unit tests use (device memory is then malloc'd: ASan checks bounds).
 test-asan: setup $(MODEL)
-	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 \
-	    LDLIBS="$(LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
+	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 CUDA=0 \
+	    LDLIBS="$(BASE_LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
 
 # ---------------------------------------------------------------- fuzzing (clang + libFuzzer)
 
@@ -159,7 +256,7 @@ fuzz: $(FUZZ_BIN)
 
 # ---------------------------------------------------------------- style
 
-FORMAT_SRC = $(shell git ls-files '*.c' '*.h')
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' '*.cc')
 format:
 	clang-format -i $(FORMAT_SRC)
 format-check:

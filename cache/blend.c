@@ -381,7 +381,13 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
     f->ents = entries;
     f->n_ents = n_entries;
     f->n_reused = k;
-    backend_rope_angles(f->b, &f->m->rope, f->delta, k, f->dcs);
+    /* the angles are the loader's (host) input: the backend's op where its memory is the host's,
+     * kernels/rope.c's loop otherwise (the same numbers) */
+    if (backend_host_memory(f->b))
+        backend_rope_angles(f->b, &f->m->rope, f->delta, k, f->dcs);
+    else
+        for (int i = 0; i < k; i++)
+            rope_angles(&f->m->rope, f->delta[i], f->dcs + (size_t)i * f->m->rope.n_rot);
     if (!f->loader_started) {
         if (pthread_mutex_init(&f->mu, NULL)) return kv_fail(err, "blend loader: mutex");
         if (pthread_cond_init(&f->cv, NULL)) {

@@ -78,6 +78,7 @@ typedef struct opt_row {
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
+static const char *const DEVICES[] = {"auto", "cuda", "cpu", NULL};
 
 /* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the
  * message never quotes one. */
@@ -132,6 +133,9 @@ static const opt_row OPTIONS[] = {
     {.key = "simd", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, simd),
      .choices = SIMD_LEVELS, .def = "auto", .metavar = "LEVEL",
      .help = "CPU kernels: auto (the CPU's best), avx512, avx2, scalar"},
+    {.key = "device", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, device),
+     .choices = DEVICES, .def = "auto", .metavar = "DEV",
+     .help = "compute backend: auto (CUDA if a GPU is present), cuda, cpu"},
 #undef GROUP
 #define GROUP GROUP_HTTP
     STR(host, 0, "127.0.0.1", false, "ADDR", "address to listen on"),

@@ -11,6 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Values are GGML's type ids, as written in GGUF tensor infos. */
 typedef enum tensor_type {
     TENSOR_TYPE_F32 = 0,
@@ -101,5 +105,9 @@ void dequantize_row_act(tensor_type act_type, const void *src, float *dst, int64
  * transposed into the kernel's lane order once per call, so the larger nx the better). */
 void dot_tile(tensor_type wt, int64_t n, const void *w, size_t w_stride, int nw, const void *x,
               size_t x_stride, int nx, float *out, size_t out_stride);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* RoPE frequencies: inv_freq[i] for the pair (2i, 2i+1) of the first n_rot dims of a head
  * (GGML's "normal" rope, as GGUF llama models need). Scaling is folded into inv_freq. */
 typedef struct rope_table {
@@ -21,5 +25,9 @@ typedef struct rope_table {
  * (x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos), or back by them when inverse. */
 void rope_angles(const rope_table *r, int64_t pos, float *cs);
 void rope_rotate(float *x, int n_head, int head_dim, int n_rot, const float *cs, bool inverse);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,16 +8,29 @@
 
 #include "model/model.h"
 
+/* Where things live. The hidden states, the activations of a layer and the tables ops read
+ * (token ids, positions, row slots, block tables) are backend memory (device memory on CUDA);
+ * the host keeps its own copy of the small integer tables (which rows, which slots) and uploads
+ * them once per pass, and again only when a hook drops rows: no op waits for a host round trip.
+ * Row compaction is a gather into a second buffer (a GPU cannot move rows in place in
+ * parallel). */
 struct forward_state {
+    backend *b;
     int n_rows;
-    int32_t *rows; /* [n_rows] index of each computed row in the flattened batch */
-    float *x;      /* [n_rows][dim] hidden state, row-compacted */
     int dim;
-    /* Inside a layer (after_kv), the rows' queries and slots are compacted with them. */
+    int32_t *rows;     /* host: [n_rows] index of each computed row in the flattened batch */
+    int32_t *row_slot; /* host: [n_rows] its KV slot */
+    float *x;          /* backend: [n_rows][dim] hidden state, row-compacted */
+    float *x_alt;      /* backend: the gather target that becomes x */
+    /* Inside a layer (after_kv), the rows' queries are compacted with them. */
     bool in_layer;
-    float *q;          /* forward_ctx's q: [n_rows][q_dim] */
-    int q_dim;         /* n_head * head_dim */
-    int32_t *row_slot; /* forward_ctx's row_slot: [n_rows] */
+    float *q, *q_alt;    /* backend: [n_rows][q_dim], the layer's rotated queries */
+    int q_dim;           /* n_head * head_dim */
+    int32_t *d_rows;     /* backend copies of rows and row_slot */
+    int32_t *d_row_slot; /* backend */
+    int32_t *d_keep;     /* backend: [max_tokens] gather indices */
+    float *host_x;       /* host: [max_tokens][dim] rows read back by forward_state_hidden (only
+                            when backend memory is not host memory) */
 };
 
 struct forward_ctx {
@@ -27,31 +40,59 @@ struct forward_ctx {
     int max_tokens;
     int max_seqs;
     forward_state st;
-    /* per flattened token */
+    /* the model's weights where the backend reads them (backend_weight_data: the mmapped file on
+     * the CPU, uploaded once on CUDA and shared by every context of that backend) */
+    weight tok_embd, output;
+    const float *output_norm;
+    layer_weights *lw;  /* [n_layer] */
+    rope_table rope;    /* inv_freq: backend */
+    const void **bound; /* [n_bound] host ranges acquired with backend_weight_data */
+    int n_bound;
+    /* host, per flattened token */
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
-    int32_t *tok_pos;  /* [max_tokens] RoPE position */
-    float *tok_cs;     /* [max_tokens][n_rot] its RoPE angles (cos, sin), shared by every layer */
-    /* per computed row, row-compacted like st.x; all f32, host */
-    int32_t *row_slot; /* [max_tokens] */
     int *keep;         /* [max_tokens] rows kept at the last layer */
-    float *xn;         /* [max_tokens][dim] normalised input */
-    float *q;          /* [max_tokens][n_head * head_dim] */
-    float *k;          /* [max_tokens][n_kv_head * head_dim] */
-    float *v;          /* [max_tokens][n_kv_head * head_dim] */
-    float *att;        /* [max_tokens][n_head * head_dim] */
-    float *tmp;        /* [max_tokens][dim] */
-    float *gate;       /* [max_tokens][ffn_dim] */
-    float *up;         /* [max_tokens][ffn_dim] */
-    attn_seq *aseq;    /* [max_seqs] */
+    int32_t *meta;     /* [meta_len] what goes up per pass: ids | pos | block tables */
+    int32_t meta_len;
+    int32_t *table_off; /* [max_seqs] offset of each sequence's block table in meta's tables */
+    int32_t max_table;  /* block table entries the tables hold */
+    /* backend memory */
+    int32_t *d_meta; /* [meta_len] meta's backend copy: ids | pos | tables */
+    float *tok_cs;   /* [max_tokens][n_rot] each token's RoPE angles (cos, sin), every layer's */
+    float *xn;       /* [max_tokens][dim] normalised input */
+    float *k;        /* [max_tokens][n_kv_head * head_dim] */
+    float *v;        /* [max_tokens][n_kv_head * head_dim] */
+    float *att;      /* [max_tokens][n_head * head_dim] */
+    float *tmp;      /* [max_tokens][dim] */
+    float *gate;     /* [max_tokens][ffn_dim] */
+    float *up;       /* [max_tokens][ffn_dim] */
+    float *d_logits; /* [LOGIT_ROWS][n_vocab] (when backend memory is not host memory) */
+    attn_seq *aseq;  /* host: [max_seqs] */
 };
+
+/* keep lists (int, from hooks) are gather indices (int32_t) as they are */
+_Static_assert(sizeof(int) == sizeof(int32_t), "int is not 32 bits");
+
+/* Logit rows computed per matmul when they go through backend memory to the caller's. */
+#define LOGIT_ROWS 64
 
 /* ---------------------------------------------------------------- state */
 
 int forward_state_n_rows(const forward_state *st) { return st->n_rows; }
 const int32_t *forward_state_rows(const forward_state *st) { return st->rows; }
 const float *forward_state_hidden(const forward_state *st, int r) {
-    return st->x + (size_t)r * st->dim;
+    const float *x = st->x + (size_t)r * st->dim;
+    if (!st->host_x) return x;
+    float *h = st->host_x + (size_t)r * st->dim;
+    if (backend_download(st->b, h, x, sizeof(float) * st->dim))
+        log_error("forward: reading back hidden row %d failed", r);
+    return h;
+}
+
+/* Uploads the host's rows and row_slot tables after they change. */
+static int state_upload_rows(forward_state *st) {
+    return backend_upload(st->b, st->d_rows, st->rows, sizeof(int32_t) * st->n_rows) ||
+           backend_upload(st->b, st->d_row_slot, st->row_slot, sizeof(int32_t) * st->n_rows);
 }
 
 int forward_state_keep_rows(forward_state *st, const int *keep, int n_keep) {
@@ -59,22 +100,73 @@ int forward_state_keep_rows(forward_state *st, const int *keep, int n_keep) {
     for (int i = 0; i < n_keep; i++) {
         int r = keep[i];
         if (r < 0 || r >= st->n_rows || (i > 0 && r <= keep[i - 1])) return -1;
-        if (r != i) {
-            st->rows[i] = st->rows[r];
-            memmove(st->x + (size_t)i * st->dim, st->x + (size_t)r * st->dim,
-                    sizeof(float) * st->dim);
-            if (st->in_layer) {
-                memmove(st->q + (size_t)i * st->q_dim, st->q + (size_t)r * st->q_dim,
-                        sizeof(float) * st->q_dim);
-                st->row_slot[i] = st->row_slot[r];
-            }
-        }
+    }
+    /* keep[i] >= i: the host tables compact in place */
+    for (int i = 0; i < n_keep; i++) {
+        st->rows[i] = st->rows[keep[i]];
+        st->row_slot[i] = st->row_slot[keep[i]];
     }
     st->n_rows = n_keep;
-    return 0;
+    if (n_keep == 0) return 0;
+    backend *b = st->b;
+    float *t;
+    if (backend_upload(b, st->d_keep, keep, sizeof(int32_t) * n_keep) ||
+        backend_gather_rows(b, st->x_alt, st->x, st->d_keep, n_keep, st->dim))
+        return -1;
+    t = st->x, st->x = st->x_alt, st->x_alt = t;
+    if (st->in_layer) {
+        if (backend_gather_rows(b, st->q_alt, st->q, st->d_keep, n_keep, st->q_dim)) return -1;
+        t = st->q, st->q = st->q_alt, st->q_alt = t;
+    }
+    return state_upload_rows(st) ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- context */
+
+/* The backend's copy of host data (backend_weight_data), released with the context. */
+static const void *bind(forward_ctx *f, const void *host, size_t bytes, kv_error *err) {
+    const void *d = backend_weight_data(f->b, host, bytes, err);
+    if (d) f->bound[f->n_bound++] = host;
+    return d;
+}
+
+static int bind_weight(forward_ctx *f, const weight *host, weight *out, kv_error *err) {
+    *out = *host;
+    out->data = bind(f, host->data, host->row_bytes * (size_t)host->n_out, err);
+    return out->data ? 0 : -1;
+}
+
+static int bind_norm(forward_ctx *f, const float *host, int dim, const float **out, kv_error *err) {
+    *out = bind(f, host, sizeof(float) * (size_t)dim, err);
+    return *out ? 0 : -1;
+}
+
+static int bind_weights(forward_ctx *f, kv_error *err) {
+    const model *m = f->m;
+    const model_hparams *hp = &m->hp;
+    f->lw = calloc((size_t)hp->n_layer, sizeof *f->lw);
+    f->bound = malloc(sizeof *f->bound * (size_t)(4 + 9 * hp->n_layer));
+    if (!f->lw || !f->bound) return kv_fail(err, "out of memory");
+    if (bind_weight(f, &m->tok_embd, &f->tok_embd, err) ||
+        bind_weight(f, &m->output, &f->output, err) ||
+        bind_norm(f, m->output_norm, hp->dim, &f->output_norm, err))
+        return -1;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const layer_weights *L = &m->layers[il];
+        layer_weights *D = &f->lw[il];
+        if (bind_norm(f, L->attn_norm, hp->dim, &D->attn_norm, err) ||
+            bind_norm(f, L->ffn_norm, hp->dim, &D->ffn_norm, err) ||
+            bind_weight(f, &L->wq, &D->wq, err) || bind_weight(f, &L->wk, &D->wk, err) ||
+            bind_weight(f, &L->wv, &D->wv, err) || bind_weight(f, &L->wo, &D->wo, err) ||
+            bind_weight(f, &L->w_gate, &D->w_gate, err) ||
+            bind_weight(f, &L->w_up, &D->w_up, err) || bind_weight(f, &L->w_down, &D->w_down, err))
+            return -1;
+    }
+    f->rope.n_rot = m->rope.n_rot;
+    f->rope.inv_freq =
+        (float *)bind(f, m->rope.inv_freq, sizeof(float) * (size_t)(m->rope.n_rot / 2), err);
+    return f->rope.inv_freq ? 0 : -1;
+}
 
 forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int max_tokens,
                                 int max_seqs, kv_error *err) {
@@ -92,57 +184,92 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     f->pool = pool;
     f->max_tokens = max_tokens;
     f->max_seqs = max_seqs;
-    f->st.dim = hp->dim;
-    f->st.rows = malloc(sizeof(int32_t) * nt);
-    f->st.x = kv_aligned_alloc(sizeof(float) * nt * hp->dim);
+    if (bind_weights(f, err)) goto fail;
+    int64_t max_in = hp->dim > hp->ffn_dim ? hp->dim : hp->ffn_dim;
+    max_in = (int64_t)qd > max_in ? (int64_t)qd : max_in;
+    backend_limits lim = {.max_tokens = max_tokens,
+                          .max_seqs = max_seqs,
+                          .max_n_in = max_in,
+                          .n_head = hp->n_head,
+                          .head_dim = hp->head_dim};
+    if (backend_reserve(b, &lim, err)) goto fail;
+
+    forward_state *st = &f->st;
+    st->b = b;
+    st->dim = hp->dim;
+    st->q_dim = (int)qd;
+    st->rows = malloc(sizeof(int32_t) * nt);
+    st->row_slot = malloc(sizeof(int32_t) * nt);
     f->tok_seq = malloc(sizeof(int32_t) * nt);
     f->tok_slot = malloc(sizeof(int32_t) * nt);
-    f->tok_pos = malloc(sizeof(int32_t) * nt);
-    f->tok_cs = malloc(sizeof(float) * nt * (size_t)hp->n_rot);
-    f->row_slot = malloc(sizeof(int32_t) * nt);
     f->keep = malloc(sizeof(int) * nt);
-    f->xn = kv_aligned_alloc(sizeof(float) * nt * hp->dim);
-    f->q = kv_aligned_alloc(sizeof(float) * nt * qd);
-    f->k = kv_aligned_alloc(sizeof(float) * nt * kvd);
-    f->v = kv_aligned_alloc(sizeof(float) * nt * kvd);
-    f->att = kv_aligned_alloc(sizeof(float) * nt * qd);
-    f->tmp = kv_aligned_alloc(sizeof(float) * nt * hp->dim);
-    f->gate = kv_aligned_alloc(sizeof(float) * nt * hp->ffn_dim);
-    f->up = kv_aligned_alloc(sizeof(float) * nt * hp->ffn_dim);
+    f->table_off = malloc(sizeof(int32_t) * (size_t)max_seqs);
     f->aseq = calloc((size_t)max_seqs, sizeof *f->aseq);
-    f->st.q = f->q;
-    f->st.q_dim = (int)qd;
-    f->st.row_slot = f->row_slot;
-    if (!f->st.rows || !f->st.x || !f->tok_seq || !f->tok_slot || !f->tok_pos || !f->tok_cs ||
-        !f->row_slot || !f->keep || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->tmp ||
-        !f->gate || !f->up || !f->aseq)
+    /* a sequence's table never exceeds the pool's blocks */
+    int64_t tables = (int64_t)max_seqs * kv_pool_total_blocks(pool);
+    if (tables > INT32_MAX / 2) tables = INT32_MAX / 2;
+    f->max_table = (int32_t)tables;
+    f->meta_len = 2 * max_tokens + f->max_table;
+    f->meta = malloc(sizeof(int32_t) * (size_t)f->meta_len);
+    if (!st->rows || !st->row_slot || !f->tok_seq || !f->tok_slot || !f->keep || !f->table_off ||
+        !f->aseq || !f->meta)
+        goto oom;
+    if (!backend_host_memory(b)) {
+        st->host_x = malloc(sizeof(float) * nt * hp->dim);
+        f->d_logits = backend_alloc(b, sizeof(float) * LOGIT_ROWS * (size_t)hp->n_vocab);
+        if (!st->host_x || !f->d_logits) goto oom;
+    }
+    st->x = backend_alloc(b, sizeof(float) * nt * hp->dim);
+    st->x_alt = backend_alloc(b, sizeof(float) * nt * hp->dim);
+    st->q = backend_alloc(b, sizeof(float) * nt * qd);
+    st->q_alt = backend_alloc(b, sizeof(float) * nt * qd);
+    st->d_rows = backend_alloc(b, sizeof(int32_t) * nt);
+    st->d_row_slot = backend_alloc(b, sizeof(int32_t) * nt);
+    st->d_keep = backend_alloc(b, sizeof(int32_t) * nt);
+    f->d_meta = backend_alloc(b, sizeof(int32_t) * (size_t)f->meta_len);
+    f->tok_cs = backend_alloc(b, sizeof(float) * nt * (size_t)hp->n_rot);
+    f->xn = backend_alloc(b, sizeof(float) * nt * hp->dim);
+    f->k = backend_alloc(b, sizeof(float) * nt * kvd);
+    f->v = backend_alloc(b, sizeof(float) * nt * kvd);
+    f->att = backend_alloc(b, sizeof(float) * nt * qd);
+    f->tmp = backend_alloc(b, sizeof(float) * nt * hp->dim);
+    f->gate = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
+    f->up = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
+    if (!st->x || !st->x_alt || !st->q || !st->q_alt || !st->d_rows || !st->d_row_slot ||
+        !st->d_keep || !f->d_meta || !f->tok_cs || !f->xn || !f->k || !f->v || !f->att || !f->tmp ||
+        !f->gate || !f->up)
         goto oom;
     return f;
 oom:
-    forward_ctx_destroy(f);
     kv_fail(err, "out of memory for a forward context of %d tokens", max_tokens);
+fail:
+    forward_ctx_destroy(f);
     return NULL;
 }
 
 void forward_ctx_destroy(forward_ctx *f) {
     if (!f) return;
-    free(f->st.rows);
-    kv_aligned_free(f->st.x);
+    backend *b = f->b;
+    forward_state *st = &f->st;
+    free(st->rows);
+    free(st->row_slot);
+    free(st->host_x);
+    float *bufs[] = {st->x, st->x_alt, st->q,  st->q_alt, f->tok_cs, f->xn,      f->k,
+                     f->v,  f->att,    f->tmp, f->gate,   f->up,     f->d_logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) backend_free(b, bufs[i]);
+    backend_free(b, st->d_rows);
+    backend_free(b, st->d_row_slot);
+    backend_free(b, st->d_keep);
+    backend_free(b, f->d_meta);
     free(f->tok_seq);
     free(f->tok_slot);
-    free(f->tok_pos);
-    free(f->tok_cs);
-    free(f->row_slot);
     free(f->keep);
-    kv_aligned_free(f->xn);
-    kv_aligned_free(f->q);
-    kv_aligned_free(f->k);
-    kv_aligned_free(f->v);
-    kv_aligned_free(f->att);
-    kv_aligned_free(f->tmp);
-    kv_aligned_free(f->gate);
-    kv_aligned_free(f->up);
+    free(f->meta);
+    free(f->table_off);
     free(f->aseq);
+    for (int i = 0; i < f->n_bound; i++) backend_weight_release(b, f->bound[i]);
+    free(f->bound);
+    free(f->lw);
     free(f);
 }
 
@@ -211,6 +338,11 @@ static void seq_rows(const forward_ctx *f, int s, int *lo, int *hi) {
     *hi = r;
 }
 
+/* Sequence s's block table in backend memory. */
+static const int32_t *seq_table(const forward_ctx *f, int s) {
+    return f->d_meta + 2 * f->max_tokens + f->table_off[s];
+}
+
 /* ---------------------------------------------------------------- one layer */
 
 /* At the last layer, the rows that give logits (or whose hidden state a hook reads): the
@@ -227,12 +359,11 @@ static int keep_output_rows(forward_ctx *f, const batch_seq *seqs) {
     return n_keep == st->n_rows ? 0 : forward_state_keep_rows(st, f->keep, n_keep);
 }
 
-/* Returns -1 when the backend runs out of scratch memory, -2 when a hook aborts. */
+/* Returns -1 when the backend fails, -2 when a hook aborts. */
 static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il,
                          const forward_hooks *hooks) {
-    const model *m = f->m;
-    const model_hparams *hp = &m->hp;
-    const layer_weights *L = &m->layers[il];
+    const model_hparams *hp = &f->m->hp;
+    const layer_weights *L = &f->lw[il];
     backend *b = f->b;
     forward_state *st = &f->st;
     int n = st->n_rows;
@@ -240,21 +371,20 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
     const kv_layout *kl = kv_pool_layout(f->pool);
     void *pool = kv_pool_memory(f->pool);
 
-    for (int r = 0; r < n; r++) f->row_slot[r] = f->tok_slot[st->rows[r]];
-
     /* attention block: this layer's K and V of every row go to the pool first */
-    backend_rmsnorm(b, st->x, L->attn_norm, f->xn, n, hp->dim, hp->norm_eps);
     const weight *qkv[3] = {&L->wq, &L->wk, &L->wv};
-    float *qkv_out[3] = {f->q, f->k, f->v};
-    if (matmul_group(b, 3, qkv, f->xn, n, qkv_out)) return -1;
-    backend_rope_cs(b, f->q, f->tok_cs, st->rows, n, hp->n_head, hp->head_dim, hp->n_rot);
-    backend_rope_cs(b, f->k, f->tok_cs, st->rows, n, hp->n_kv_head, hp->head_dim, hp->n_rot);
+    float *qkv_out[3] = {st->q, f->k, f->v};
+    if (backend_rmsnorm(b, st->x, L->attn_norm, f->xn, n, hp->dim, hp->norm_eps) ||
+        matmul_group(b, 3, qkv, f->xn, n, qkv_out) ||
+        backend_rope_cs(b, st->q, f->tok_cs, st->d_rows, n, hp->n_head, hp->head_dim, hp->n_rot) ||
+        backend_rope_cs(b, f->k, f->tok_cs, st->d_rows, n, hp->n_kv_head, hp->head_dim, hp->n_rot))
+        return -1;
     for (int s = 0; s < n_seqs; s++) {
         int lo, hi;
         seq_rows(f, s, &lo, &hi);
-        if (hi > lo)
-            backend_kv_store(b, pool, kl, il, seqs[s].seq->blocks, f->row_slot + lo, hi - lo,
-                             f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd);
+        if (hi > lo && backend_kv_write(b, pool, kl, il, seq_table(f, s), st->d_row_slot + lo,
+                                        hi - lo, f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd))
+            return -1;
     }
     /* rows dropped from here on skip the rest of the layer (their queries and slots move with
      * the rows that stay) */
@@ -274,57 +404,101 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
         if (hi == lo) continue;
         int max_slot = 0;
         for (int r = lo; r < hi; r++)
-            max_slot = f->row_slot[r] > max_slot ? f->row_slot[r] : max_slot;
-        f->aseq[n_attn++] = (attn_seq){.block_table = seqs[s].seq->blocks,
+            max_slot = st->row_slot[r] > max_slot ? st->row_slot[r] : max_slot;
+        f->aseq[n_attn++] = (attn_seq){.block_table = seq_table(f, s),
                                        .n_kv = max_slot + 1,
                                        .n_q = hi - lo,
-                                       .q_slot = f->row_slot + lo,
-                                       .q = f->q + (size_t)lo * qd,
+                                       .q_slot = st->d_row_slot + lo,
+                                       .q = st->q + (size_t)lo * qd,
                                        .out = f->att + (size_t)lo * qd,
                                        .split_keys = seqs[s].decode};
     }
     if (backend_attention(b, pool, kl, il, hp->n_head, 1.0f / sqrtf((float)hp->head_dim), f->aseq,
                           n_attn) ||
-        backend_matmul(b, &L->wo, f->att, n, f->tmp))
+        backend_matmul(b, &L->wo, f->att, n, f->tmp) ||
+        backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim))
         return -1;
-    backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim);
 
     /* feed-forward block: down(silu(gate(x)) * up(x)) */
-    backend_rmsnorm(b, st->x, L->ffn_norm, f->xn, n, hp->dim, hp->norm_eps);
     const weight *gu[2] = {&L->w_gate, &L->w_up};
     float *gu_out[2] = {f->gate, f->up};
-    if (matmul_group(b, 2, gu, f->xn, n, gu_out)) return -1;
-    backend_swiglu(b, f->gate, f->up, f->gate, (int64_t)n * hp->ffn_dim);
-    if (backend_matmul(b, &L->w_down, f->gate, n, f->tmp)) return -1;
-    backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim);
+    if (backend_rmsnorm(b, st->x, L->ffn_norm, f->xn, n, hp->dim, hp->norm_eps) ||
+        matmul_group(b, 2, gu, f->xn, n, gu_out) ||
+        backend_swiglu(b, f->gate, f->up, f->gate, (int64_t)n * hp->ffn_dim) ||
+        backend_matmul(b, &L->w_down, f->gate, n, f->tmp) ||
+        backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim))
+        return -1;
     return 0;
 }
 
 /* ---------------------------------------------------------------- the pass */
 
+/* The batch's token ids, positions and block tables (host), uploaded at once with the rows. */
+static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n_total,
+                        kv_error *err) {
+    forward_state *st = &f->st;
+    int bt = kv_pool_layout(f->pool)->block_tokens;
+    int32_t *ids = f->meta, *pos = f->meta + f->max_tokens, *tables = pos + f->max_tokens;
+    int t = 0, n_table = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const batch_seq *bs = &seqs[s];
+        int nb = (bs->kv_start + bs->n_tok + bt - 1) / bt;
+        if (nb > f->max_table - n_table)
+            return kv_fail(err, "the batch's block tables exceed %d entries", f->max_table);
+        f->table_off[s] = n_table;
+        memcpy(tables + n_table, bs->seq->blocks, sizeof(int32_t) * nb);
+        n_table += nb;
+        for (int i = 0; i < bs->n_tok; i++, t++) {
+            f->tok_seq[t] = s;
+            f->tok_slot[t] = bs->kv_start + i;
+            ids[t] = bs->tokens[i];
+            pos[t] = bs->pos[i];
+            st->rows[t] = t;
+            st->row_slot[t] = f->tok_slot[t];
+        }
+    }
+    st->n_rows = n_total;
+    if (backend_upload(f->b, f->d_meta, ids, sizeof(int32_t) * n_total) ||
+        backend_upload(f->b, f->d_meta + f->max_tokens, pos, sizeof(int32_t) * n_total) ||
+        backend_upload(f->b, f->d_meta + 2 * f->max_tokens, tables, sizeof(int32_t) * n_table))
+        return kv_fail(err, "uploading the batch failed");
+    return state_upload_rows(st) ? kv_fail(err, "uploading the batch failed") : 0;
+}
+
+/* The final norm and the output matmul for rows idx[0..n_out) of the hidden state, into the
+ * caller's host logits: straight there when backend memory is host memory, else LOGIT_ROWS rows
+ * at a time through backend memory. */
+static int compute_logits(forward_ctx *f, int n_out, float *logits) {
+    const model_hparams *hp = &f->m->hp;
+    backend *b = f->b;
+    forward_state *st = &f->st;
+    if (backend_upload(b, st->d_keep, f->keep, sizeof(int32_t) * n_out) ||
+        backend_gather_rows(b, f->tmp, st->x, st->d_keep, n_out, hp->dim) ||
+        backend_rmsnorm(b, f->tmp, f->output_norm, f->xn, n_out, hp->dim, hp->norm_eps))
+        return -1;
+    if (!f->d_logits) return backend_matmul(b, &f->output, f->xn, n_out, logits);
+    for (int r = 0; r < n_out; r += LOGIT_ROWS) {
+        int n = n_out - r < LOGIT_ROWS ? n_out - r : LOGIT_ROWS;
+        size_t bytes = sizeof(float) * (size_t)n * hp->n_vocab;
+        if (backend_matmul(b, &f->output, f->xn + (size_t)r * hp->dim, n, f->d_logits) ||
+            backend_download(b, logits + (size_t)r * hp->n_vocab, f->d_logits, bytes))
+            return -1;
+    }
+    return 0;
+}
+
 int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forward_hooks *hooks,
                   float *logits, kv_error *err) {
-    const model *m = f->m;
-    const model_hparams *hp = &m->hp;
+    const model_hparams *hp = &f->m->hp;
     int n_total = 0;
     if (validate_batch(f, seqs, n_seqs, &n_total, err)) return -1;
 
-    /* flatten the batch; embed every token */
+    /* flatten the batch; embed every token; every layer's RoPE angles */
     forward_state *st = &f->st;
-    int t = 0;
-    for (int s = 0; s < n_seqs; s++)
-        for (int i = 0; i < seqs[s].n_tok; i++, t++) {
-            f->tok_seq[t] = s;
-            f->tok_slot[t] = seqs[s].kv_start + i;
-            f->tok_pos[t] = seqs[s].pos[i];
-            st->rows[t] = t;
-            const weight *e = &m->tok_embd;
-            dequantize_row(e->type,
-                           (const uint8_t *)e->data + (size_t)seqs[s].tokens[i] * e->row_bytes,
-                           st->x + (size_t)t * hp->dim, hp->dim);
-        }
-    st->n_rows = n_total;
-    backend_rope_angles(f->b, &m->rope, f->tok_pos, n_total, f->tok_cs);
+    if (upload_batch(f, seqs, n_seqs, n_total, err)) return -1;
+    if (backend_embed(f->b, &f->tok_embd, f->d_meta, n_total, st->x) ||
+        backend_rope_angles(f->b, &f->rope, f->d_meta + f->max_tokens, n_total, f->tok_cs))
+        return kv_fail(err, "embedding the batch failed");
 
     for (int il = 0; il < hp->n_layer; il++) {
         if (hooks && hooks->before_layer && hooks->before_layer(hooks->ud, st, il) != 0)
@@ -333,7 +507,7 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
          * not advanced, so nothing reads them as valid. */
         int rc = st->n_rows > 0 ? layer_forward(f, seqs, n_seqs, il, hooks) : 0;
         if (rc == -2) return kv_fail(err, "forward aborted by a hook in layer %d", il);
-        if (rc) return kv_fail(err, "out of memory in layer %d of the forward pass", il);
+        if (rc) return kv_fail(err, "the backend failed in layer %d of the forward pass", il);
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }
@@ -349,16 +523,10 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
     for (int s = 0, r = 0; s < n_seqs; s++) {
         int t_last = t_first + seqs[s].n_tok - 1;
         for (; r < st->n_rows && f->tok_seq[st->rows[r]] == s; r++)
-            if (seqs[s].all_logits || st->rows[r] == t_last) {
-                memcpy(f->tmp + (size_t)n_out * hp->dim, st->x + (size_t)r * hp->dim,
-                       sizeof(float) * hp->dim);
-                n_out++;
-            }
+            if (seqs[s].all_logits || st->rows[r] == t_last) f->keep[n_out++] = r;
         t_first += seqs[s].n_tok;
     }
     if (n_out == 0 || !logits) return n_out;
-    backend_rmsnorm(f->b, f->tmp, m->output_norm, f->xn, n_out, hp->dim, hp->norm_eps);
-    if (backend_matmul(f->b, &m->output, f->xn, n_out, logits))
-        return kv_fail(err, "out of memory computing logits");
+    if (compute_logits(f, n_out, logits)) return kv_fail(err, "the backend failed on the logits");
     return n_out;
 }

@@ -141,14 +141,15 @@ static int parse_test(void *dst, const char *arg, kv_error *err) {
 
 static void usage(FILE *out) {
     fprintf(out, "usage: kvserve bench -m MODEL [-t THREADS] [-r REPETITIONS] [-T TEST] "
-                 "[--precise] [--simd auto|avx512|avx2|scalar] [--read-bandwidth]\n"
+                 "[--precise] [--simd auto|avx512|avx2|scalar] [--device auto|cuda|cpu] "
+                 "[--read-bandwidth]\n"
                  "tests: pp512 pp2048 tg128 tg64@4096 (default), or any ppN, tgN, ppN@D, tgN@D\n"
                  "--read-bandwidth: also the memory's read bandwidth with THREADS threads\n");
 }
 
 int cli_bench(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
-    cli_model_opts mo = {.threads = 2};
+    cli_model_opts mo = {.threads = 2, .device = "auto"};
     bench_test only = {0};
     int reps = 3;
     bool read_bw = false;
@@ -159,6 +160,7 @@ int cli_bench(int argc, char **argv) {
         {"test", 'T', CLI_OPT_FN, .dst = &only, .fn = parse_test},
         {"precise", 'P', CLI_OPT_FLAG, .dst = &mo.precise},
         CLI_SIMD_OPT(&mo),
+        CLI_DEVICE_OPT(&mo),
         {"read-bandwidth", 0, CLI_OPT_FLAG, .dst = &read_bw},
     };
     const cli_command cmd = {"kvserve bench", usage, opts, sizeof opts / sizeof opts[0]};
@@ -202,8 +204,8 @@ int cli_bench(int argc, char **argv) {
         }
         double mean = sum / reps,
                sd = reps > 1 ? sqrt(fmax(0, (sum2 - sum * mean) / (reps - 1))) : 0;
-        printf("| %s | %.1f MiB | %.1f M | cpu | %d | %s | %s | %.2f ± %.2f |\n", m->name,
-               model_weight_bytes(m) / 1048576.0, n_params / 1e6, mo.threads,
+        printf("| %s | %.1f MiB | %.1f M | %s | %d | %s | %s | %.2f ± %.2f |\n", m->name,
+               model_weight_bytes(m) / 1048576.0, n_params / 1e6, backend_name(e.b), mo.threads,
                simd_level_name(simd_level_get()), t->name, mean, sd);
         fflush(stdout);
     }

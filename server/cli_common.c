@@ -178,6 +178,13 @@ char *cli_read_file(const char *path, kv_error *err) {
     return buf;
 }
 
+int cli_parse_device(void *dst, const char *value, kv_error *err) {
+    if (strcmp(value, "auto") && strcmp(value, "cuda") && strcmp(value, "cpu"))
+        return kv_fail(err, "--device: '%s' is not auto, cuda or cpu", value);
+    *(const char **)dst = value;
+    return 0;
+}
+
 int cli_parse_simd(void *dst, const char *value, kv_error *err) {
     simd_level l;
     if (simd_level_from_name(value, &l) != 0)
@@ -205,6 +212,7 @@ int engine_single_load(engine_single *e, const cli_model_opts *o, kv_error *err)
     kv_seq_init(&e->seq);
     e->threads = o->threads;
     e->precise = o->precise;
+    e->device = o->device ? o->device : "cpu";
     if (cli_simd_apply(o->simd, err) != 0) return -1;
     model_load_opts lo = {.chat_template = o->chat_template};
     return (e->m = model_load(o->path, &lo, err)) ? 0 : -1;
@@ -213,7 +221,7 @@ int engine_single_load(engine_single *e, const cli_model_opts *o, kv_error *err)
 int engine_single_start(engine_single *e, int ctx, kv_error *err) {
     const model *m = e->m;
     e->ctx = ctx;
-    if (!(e->b = backend_cpu_create(e->threads, err))) return -1;
+    if (!(e->b = backend_create(e->device, e->threads, err))) return -1;
     backend_set_precision(e->b, e->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
     /* Round the pool up to whole blocks so ctx slots always fit. */
     if (!(e->pool = kv_pool_create(e->b, m, ((int64_t)ctx + 15) / 16 * 16, 16, err))) return -1;

@@ -62,6 +62,7 @@ typedef struct cli_model_opts {
     int threads;               /* -t, --threads */
     bool precise;              /* --precise: f32 matmuls instead of 8-bit activations */
     const char *simd;          /* --simd: auto|avx512|avx2|scalar (NULL: auto) */
+    const char *device;        /* --device: auto|cuda|cpu (NULL: cpu, for tools without it) */
 } cli_model_opts;
 
 /* Their table rows (--chat-template and --precise are the tool's own: not every tool has them). */
@@ -71,6 +72,10 @@ typedef struct cli_model_opts {
     { "threads", 't', CLI_OPT_INT, .dst = &(mo)->threads, .min = 1, .max = 256 }
 #define CLI_SIMD_OPT(mo)                                                                           \
     { "simd", 0, CLI_OPT_FN, .dst = &(mo)->simd, .fn = cli_parse_simd }
+#define CLI_DEVICE_OPT(mo)                                                                         \
+    { "device", 0, CLI_OPT_FN, .dst = &(mo)->device, .fn = cli_parse_device }
+/* --device's value: auto, cuda or cpu. */
+int cli_parse_device(void *dst, const char *value, kv_error *err);
 /* --simd's value: one simd_level_from_name knows. */
 int cli_parse_simd(void *dst, const char *value, kv_error *err);
 /* Makes `name`'s SIMD level (NULL: auto) the one the kernels use; a level the CPU cannot run is
@@ -86,6 +91,7 @@ typedef struct engine_single {
     model *m; /* owned */
     int threads;
     bool precise;
+    const char *device; /* backend_create's name */
     backend *b;
     kv_pool *pool;
     forward_ctx *fwd;

@@ -40,6 +40,7 @@ static void generate_usage(FILE *out) {
         "      --ignore-eos          keep generating past end-of-generation tokens\n"
         "      --precise             f32 activations and dequantized weights in matmuls\n"
         "      --simd LEVEL          kernels: auto (the CPU's best), avx512, avx2, scalar\n"
+        "      --device DEV          auto (CUDA when a GPU is present), cuda, cpu\n"
         "                            (float-accurate, 2-4x slower; default: 8-bit activations)\n"
         "      --log-level LEVEL     error | warn | info | debug (default warn)\n");
 }
@@ -104,6 +105,7 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 256;
     o->mo.threads = 2;
+    o->mo.device = "auto";
     sampler_params_default(&o->sp);
     /* llama.cpp's command-line defaults, which CLI users expect (the API keeps OpenAI's). */
     o->sp.temperature = 0.8f;
@@ -139,6 +141,7 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
         {"log-level", 0, CLI_OPT_FN, .fn = parse_log_level},
         {"precise", 0, CLI_OPT_FLAG, .dst = &o->mo.precise},
         CLI_SIMD_OPT(&o->mo),
+        CLI_DEVICE_OPT(&o->mo),
     };
     const cli_command cmd = {"kvserve generate", generate_usage, opts,
                              sizeof opts / sizeof opts[0]};

@@ -288,6 +288,7 @@ int cli_serve(int argc, char **argv) {
                  m->hp.n_ctx_train);
     s.max_tokens_limit = cfg.max_tokens_limit ? cfg.max_tokens_limit : s.ctx;
     engine_opts eo = {
+        .device = cfg.device,
         .threads = cfg.threads,
         .precise = cfg.precise,
         .ctx = s.ctx,

@@ -1486,7 +1486,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     e->mx = mx;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    if (!(e->b = backend_cpu_create(o->threads, err))) goto fail;
+    if (!(e->b = backend_create(o->device, o->threads, err))) goto fail;
     backend_set_precision(e->b, o->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
     if (!(e->pool = kv_pool_create(e->b, m, (o->kv_pool_tokens + 15) / 16 * 16, 16, err)))
         goto fail;

@@ -145,6 +145,7 @@ void gen_request_wait(gen_request *r, int timeout_ms);
 void gen_request_watch(gen_request *r, void (*fn)(void *arg, const gen_request *r), void *arg);
 
 typedef struct engine_opts {
+    const char *device; /* backend_create's name: auto|cuda|cpu (NULL: auto) */
     int threads;
     bool precise;
     int ctx;                /* per-sequence context in tokens */

@@ -7,6 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---------------------------------------------------------------- errors */
 
 /* Functions that can fail on input data return a status (0 ok, -1 error) or NULL and fill a
@@ -87,5 +91,9 @@ static inline int size_mul(size_t a, size_t b, size_t *out) {
 static inline int size_add(size_t a, size_t b, size_t *out) {
     return __builtin_add_overflow(a, b, out) ? -1 : 0;
 }
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,15 +12,7 @@
 
 #define ATTN_MIN_SPLIT 256 /* fewest keys worth a separate work item (decode) */
 
-size_t kv_layout_block_bytes(const kv_layout *l) {
-    return (size_t)l->n_layer * 2 * l->n_kv_head * l->block_tokens * l->head_dim * 2;
-}
-
-size_t kv_layout_offset(const kv_layout *l, int layer, int kv, int head) {
-    return ((((size_t)layer * 2 + kv) * l->n_kv_head + head) * l->block_tokens) * l->head_dim * 2;
-}
-
-void *backend_kv_alloc(backend *b, const kv_layout *l) {
+void *cpu_kv_alloc(backend *b, const kv_layout *l) {
     (void)b;
     size_t bytes;
     if (size_mul(kv_layout_block_bytes(l), (size_t)l->n_blocks, &bytes)) return NULL;
@@ -29,7 +21,7 @@ void *backend_kv_alloc(backend *b, const kv_layout *l) {
     return kv_zeroed_alloc(bytes);
 }
 
-void backend_kv_free(backend *b, void *pool) {
+void cpu_kv_free(backend *b, void *pool) {
     (void)b;
     kv_zeroed_free(pool);
 }
@@ -61,10 +53,12 @@ static void kv_store_task(void *ctx, int ith, int nth) {
         int off = j->slots[t] % bt;
         for (int h = 0; h < l->n_kv_head; h++) {
             size_t src = ((size_t)t * l->n_kv_head + h) * hd;
-            uint16_t *kr = kv_region(j->pool, l, j->layer, 0, h, j->block_table, j->slots[t]);
+            uint16_t *kr =
+                kv_layout_region(j->pool, l, j->layer, 0, h, j->block_table, j->slots[t]);
             fp32_to_fp16_row(j->k + src, row, hd);
             for (int d = 0; d < hd; d++) kr[(size_t)d * bt + off] = row[d];
-            uint16_t *vr = kv_region(j->pool, l, j->layer, 1, h, j->block_table, j->slots[t]);
+            uint16_t *vr =
+                kv_layout_region(j->pool, l, j->layer, 1, h, j->block_table, j->slots[t]);
             fp32_to_fp16_row(j->v + src, vr + (size_t)off * hd, hd);
         }
     }
@@ -81,7 +75,7 @@ static void kv_load_task(void *ctx, int ith, int nth) {
         int off = j->slots[t] % bt;
         for (int h = 0; h < l->n_kv_head; h++) {
             const uint16_t *r =
-                kv_region(j->pool, l, j->layer, j->kv, h, j->block_table, j->slots[t]);
+                kv_layout_region(j->pool, l, j->layer, j->kv, h, j->block_table, j->slots[t]);
             float *o = j->out + ((size_t)t * l->n_kv_head + h) * hd;
             if (j->kv == 0) {
                 for (int d = 0; d < hd; d++) row[d] = r[(size_t)d * bt + off];
@@ -96,9 +90,9 @@ static void kv_load_task(void *ctx, int ith, int nth) {
 /* Fewer tokens than this are copied on the calling thread (a decode step's row). */
 #define KV_COPY_SERIAL 32
 
-static void kv_store_run(backend *b, void *pool, const kv_layout *l, int layer,
-                         const int32_t *block_table, const int32_t *slots, int n_tok,
-                         const float *k, const float *v, bool serial) {
+static int kv_store_run(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v, bool serial) {
     kv_copy_job j = {.pool = pool,
                      .l = l,
                      .layer = layer,
@@ -110,23 +104,23 @@ static void kv_store_run(backend *b, void *pool, const kv_layout *l, int layer,
     if (serial || n_tok < KV_COPY_SERIAL)
         kv_store_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, kv_store_task, &j);
+        threadpool_run(cpu_of(b)->tp, kv_store_task, &j);
+    return 0;
 }
 
-void backend_kv_store(backend *b, void *pool, const kv_layout *l, int layer,
-                      const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
-                      const float *v) {
-    kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, false);
+int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
+                 const int32_t *slots, int n_tok, const float *k, const float *v) {
+    return kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, false);
 }
 
-void backend_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
-                             const int32_t *block_table, const int32_t *slots, int n_tok,
-                             const float *k, const float *v) {
-    kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, true);
+int cpu_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v) {
+    return kv_store_run(b, pool, l, layer, block_table, slots, n_tok, k, v, true);
 }
 
-void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
-                     const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
+int cpu_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
+                const int32_t *block_table, const int32_t *slots, int n_tok, float *out) {
     kv_copy_job j = {.pool = (void *)(uintptr_t)pool,
                      .l = l,
                      .layer = layer,
@@ -138,31 +132,55 @@ void backend_kv_load(backend *b, const void *pool, const kv_layout *l, int layer
     if (n_tok < KV_COPY_SERIAL)
         kv_load_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, kv_load_task, &j);
+        threadpool_run(cpu_of(b)->tp, kv_load_task, &j);
+    return 0;
 }
 
-void backend_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src) {
+/* CacheBlend's re-rotation in place: a token's K column of each head gathered to f32, turned
+ * (kernels/rope.c) and written back rounded as kv_write rounds. */
+int cpu_kv_rope(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
+                const int32_t *slots, int n_tok, const float *cs, int n_rot) {
+    (void)b;
+    int hd = l->head_dim, bt = l->block_tokens;
+    float row[MAX_KV_HEAD_DIM];
+    for (int t = 0; t < n_tok; t++) {
+        int off = slots[t] % bt;
+        for (int h = 0; h < l->n_kv_head; h++) {
+            uint16_t *kr = kv_layout_region(pool, l, layer, 0, h, block_table, slots[t]);
+            for (int d = 0; d < hd; d++) row[d] = fp16_to_fp32(kr[(size_t)d * bt + off]);
+            rope_rotate(row, 1, hd, n_rot, cs + (size_t)t * n_rot, false);
+            for (int d = 0; d < hd; d++) kr[(size_t)d * bt + off] = fp32_to_fp16(row[d]);
+        }
+    }
+    return 0;
+}
+
+int cpu_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src) {
     (void)b;
     size_t bb = kv_layout_block_bytes(l);
     memcpy((uint8_t *)pool + (size_t)dst * bb, (const uint8_t *)pool + (size_t)src * bb, bb);
+    return 0;
 }
 
-void backend_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const int32_t *blocks,
-                            int n, void *host) {
-    (void)b;
+/* Streams do not exist on the CPU: every copy is done when queued. */
+int cpu_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const int32_t *blocks,
+                       int n, void *host, backend_stream *s, bool wait) {
+    (void)b, (void)s, (void)wait;
     size_t bb = kv_layout_block_bytes(l);
     for (int i = 0; i < n; i++)
         memcpy((uint8_t *)host + (size_t)i * bb, (const uint8_t *)pool + (size_t)blocks[i] * bb,
                bb);
+    return 0;
 }
 
-void backend_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks,
-                             int n, const void *host) {
-    (void)b;
+int cpu_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks, int n,
+                        const void *host, backend_stream *s, bool wait) {
+    (void)b, (void)s, (void)wait;
     size_t bb = kv_layout_block_bytes(l);
     for (int i = 0; i < n; i++)
         memcpy((uint8_t *)pool + (size_t)blocks[i] * bb, (const uint8_t *)host + (size_t)i * bb,
                bb);
+    return 0;
 }
 
 /* One token's rows from block region a (slot sa) to b (slot sb), every layer, head and kv. */
@@ -179,8 +197,8 @@ static void copy_token(const kv_layout *l, uint8_t *db, int sd, const uint8_t *s
         }
 }
 
-void backend_kv_read_rows(backend *b, const void *pool, const kv_layout *l,
-                          const int32_t *block_table, int slot, int n, void *host, int host_slot) {
+int cpu_kv_read_rows(backend *b, const void *pool, const kv_layout *l, const int32_t *block_table,
+                     int slot, int n, void *host, int host_slot) {
     (void)b;
     size_t bb = kv_layout_block_bytes(l);
     int bt = l->block_tokens;
@@ -189,10 +207,11 @@ void backend_kv_read_rows(backend *b, const void *pool, const kv_layout *l,
         copy_token(l, (uint8_t *)host + (size_t)(h / bt) * bb, h % bt,
                    (const uint8_t *)pool + (size_t)block_table[s / bt] * bb, s % bt);
     }
+    return 0;
 }
 
-void backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
-                           int slot, int n, const void *host, int host_slot) {
+int cpu_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                      int slot, int n, const void *host, int host_slot) {
     (void)b;
     size_t bb = kv_layout_block_bytes(l);
     int bt = l->block_tokens;
@@ -201,6 +220,7 @@ void backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int
         copy_token(l, (uint8_t *)pool + (size_t)block_table[s / bt] * bb, s % bt,
                    (const uint8_t *)host + (size_t)(h / bt) * bb, h % bt);
     }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -240,8 +260,9 @@ static void attn_merge(const attn_job *j, int si) {
         }
 }
 
-int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
-                      float scale, const attn_seq *seqs, int n_seqs) {
+int cpu_attention(backend *bk, const void *pool, const kv_layout *l, int layer, int n_head,
+                  float scale, const attn_seq *seqs, int n_seqs) {
+    cpu_backend *b = cpu_of(bk);
     attn_job j = {
         .pool = pool, .l = l, .layer = layer, .n_head = n_head, .scale = scale, .seqs = seqs};
     int gs = n_head / l->n_kv_head;

@@ -12,12 +12,16 @@
 
 /* ---------------------------------------------------------------- lifetime */
 
+static const backend_ops cpu_backend_ops;
+
 backend *backend_cpu_create(int n_threads, kv_error *err) {
-    backend *b = calloc(1, sizeof *b);
+    cpu_backend *b = calloc(1, sizeof *b);
     if (!b) {
         kv_fail(err, "out of memory creating the CPU backend");
         return NULL;
     }
+    b->base.ops = &cpu_backend_ops;
+    b->base.host_memory = true;
     b->n_threads = n_threads;
     b->tp = threadpool_create(n_threads, err);
     if (!b->tp) goto fail;
@@ -28,14 +32,14 @@ backend *backend_cpu_create(int n_threads, kv_error *err) {
         goto fail;
     }
     log_debug("cpu backend: %d threads, SIMD %s", n_threads, simd_level_name(simd_level_get()));
-    return b;
+    return &b->base;
 fail:
-    backend_destroy(b);
+    backend_destroy(&b->base);
     return NULL;
 }
 
-void backend_destroy(backend *b) {
-    if (!b) return;
+static void cpu_destroy(backend *bk) {
+    cpu_backend *b = cpu_of(bk);
     threadpool_destroy(b->tp);
     if (b->attn_scratch)
         for (int i = 0; i < b->n_threads; i++) kv_aligned_free(b->attn_scratch[i]);
@@ -47,22 +51,112 @@ void backend_destroy(backend *b) {
     free(b);
 }
 
-const char *backend_name(const backend *b) {
+static const char *cpu_name(const backend *b) {
     (void)b;
     return "cpu";
 }
 
-int backend_n_threads(const backend *b) { return b->n_threads; }
+static int cpu_n_threads(const backend *b) { return ((const cpu_backend *)b)->n_threads; }
 
-void backend_set_precision(backend *b, matmul_precision p) { b->precision = p; }
+static void cpu_set_precision(backend *b, matmul_precision p) { cpu_of(b)->precision = p; }
 
-int cpu_act_reserve(backend *b, size_t n) {
+int cpu_act_reserve(cpu_backend *b, size_t n) {
     if (n <= b->act_cap) return 0;
     void *p = kv_aligned_alloc(n);
     if (!p) return -1;
     kv_aligned_free(b->act_buf);
     b->act_buf = p;
     b->act_cap = n;
+    return 0;
+}
+
+/* The activation buffer for the widest matmul at once (the other scratch grows with its first
+ * use: attention's with the context, which no limit bounds). */
+static int cpu_reserve(backend *bk, const backend_limits *lim, kv_error *err) {
+    size_t row = tensor_row_size(TENSOR_TYPE_Q8_1, lim->max_n_in);
+    size_t rowk = tensor_row_size(TENSOR_TYPE_Q8_K, lim->max_n_in);
+    row = rowk > row ? rowk : row;
+    if (cpu_act_reserve(cpu_of(bk), row * (size_t)lim->max_tokens) != 0)
+        return kv_fail(err, "out of memory reserving matmul scratch for %d tokens",
+                       lim->max_tokens);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+/* Backend memory is host memory: uploads and downloads are copies, streams and events are
+ * placeholders (every op has finished when it returns). */
+static void *cpu_alloc(backend *b, size_t bytes) {
+    (void)b;
+    return kv_aligned_alloc(bytes);
+}
+
+static void cpu_free(backend *b, void *p) {
+    (void)b;
+    kv_aligned_free(p);
+}
+
+static const void *cpu_weight_data(backend *b, const void *host, size_t bytes, kv_error *err) {
+    (void)b, (void)bytes, (void)err;
+    return host;
+}
+
+static void cpu_weight_release(backend *b, const void *host) { (void)b, (void)host; }
+
+static int cpu_copy(backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (dst != src) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_sync(backend *b) {
+    (void)b;
+    return 0;
+}
+
+struct backend_stream {
+    int unused;
+};
+struct backend_event {
+    int unused;
+};
+
+static backend_stream *cpu_stream_create(backend *b, kv_error *err) {
+    (void)b;
+    backend_stream *s = calloc(1, sizeof *s);
+    if (!s) kv_fail(err, "out of memory for a stream");
+    return s;
+}
+
+static void cpu_stream_destroy(backend *b, backend_stream *s) {
+    (void)b;
+    free(s);
+}
+
+static backend_event *cpu_event_create(backend *b, kv_error *err) {
+    (void)b;
+    backend_event *e = calloc(1, sizeof *e);
+    if (!e) kv_fail(err, "out of memory for an event");
+    return e;
+}
+
+static void cpu_event_destroy(backend *b, backend_event *e) {
+    (void)b;
+    free(e);
+}
+
+static int cpu_event_record(backend *b, backend_event *e, backend_stream *s) {
+    (void)b, (void)e, (void)s;
+    return 0;
+}
+
+static int cpu_stream_wait(backend *b, backend_stream *s, backend_event *e) {
+    (void)b, (void)e, (void)s;
+    return 0;
+}
+
+static int cpu_event_sync(backend *b, backend_event *e) {
+    (void)b, (void)e;
     return 0;
 }
 
@@ -149,8 +243,9 @@ static void matmul_task(void *ctx, int ith, int nth) {
     }
 }
 
-int backend_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
-                         float *const *y) {
+static int cpu_matmul_multi(backend *bk, int n_w, const weight *const *w, const float *x, int n_tok,
+                            float *const *y) {
+    cpu_backend *b = cpu_of(bk);
     matmul_job j = {.n_w = n_w, .w = w, .y = y, .x = x, .n_tok = n_tok};
     j.f32 = b->precision == MATMUL_PRECISION_F32;
     if (j.f32) {
@@ -205,8 +300,22 @@ int backend_matmul_multi(backend *b, int n_w, const weight *const *w, const floa
     return 0;
 }
 
-int backend_matmul(backend *b, const weight *w, const float *x, int n_tok, float *y) {
-    return backend_matmul_multi(b, 1, &w, x, n_tok, &y);
+/* ---------------------------------------------------------------- rows */
+
+static int cpu_embed(backend *b, const weight *w, const int32_t *ids, int n, float *out) {
+    (void)b;
+    for (int t = 0; t < n; t++)
+        dequantize_row(w->type, (const uint8_t *)w->data + (size_t)ids[t] * w->row_bytes,
+                       out + (size_t)t * w->n_in, w->n_in);
+    return 0;
+}
+
+static int cpu_gather_rows(backend *b, float *dst, const float *src, const int32_t *idx, int n,
+                           int width) {
+    (void)b;
+    for (int t = 0; t < n; t++)
+        memcpy(dst + (size_t)t * width, src + (size_t)idx[t] * width, sizeof(float) * width);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- RMSNorm */
@@ -229,13 +338,14 @@ static void rmsnorm_task(void *ctx, int ith, int nth) {
         ops->rmsnorm_row(j->x + t * j->dim, j->g, j->y + t * j->dim, j->dim, j->eps);
 }
 
-void backend_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
-                     float eps) {
+static int cpu_rmsnorm(backend *b, const float *x, const float *gamma, float *y, int n_tok, int dim,
+                       float eps) {
     rows_job j = {x, gamma, y, n_tok, dim, eps};
     if ((int64_t)n_tok * dim < SERIAL_ELEMS)
         rmsnorm_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, rmsnorm_task, &j);
+        threadpool_run(cpu_of(b)->tp, rmsnorm_task, &j);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- RoPE */
@@ -269,15 +379,16 @@ static void rope_task(void *ctx, int ith, int nth) {
     }
 }
 
-static void rope_run(backend *b, rope_job *j) {
+static int rope_run(backend *b, rope_job *j) {
     if (j->n_tok < 8)
         rope_task(j, 0, 1);
     else
-        threadpool_run(b->tp, rope_task, j);
+        threadpool_run(cpu_of(b)->tp, rope_task, j);
+    return 0;
 }
 
-void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
-                  const rope_table *rope) {
+static int cpu_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_head, int head_dim,
+                    const rope_table *rope) {
     rope_job j = {.x = x,
                   .pos = pos,
                   .n_tok = n_tok,
@@ -285,11 +396,11 @@ void backend_rope(backend *b, float *x, const int32_t *pos, int n_tok, int n_hea
                   .head_dim = head_dim,
                   .n_rot = rope->n_rot,
                   .rope = rope};
-    rope_run(b, &j);
+    return rope_run(b, &j);
 }
 
-void backend_rope_cs(backend *b, float *x, const float *cs, const int32_t *idx, int n_tok,
-                     int n_head, int head_dim, int n_rot) {
+static int cpu_rope_cs(backend *b, float *x, const float *cs, const int32_t *idx, int n_tok,
+                       int n_head, int head_dim, int n_rot) {
     rope_job j = {.x = x,
                   .cs = cs,
                   .idx = idx,
@@ -297,7 +408,7 @@ void backend_rope_cs(backend *b, float *x, const float *cs, const int32_t *idx, 
                   .n_head = n_head,
                   .head_dim = head_dim,
                   .n_rot = n_rot};
-    rope_run(b, &j);
+    return rope_run(b, &j);
 }
 
 typedef struct angles_job {
@@ -315,13 +426,14 @@ static void angles_task(void *ctx, int ith, int nth) {
         rope_angles(j->rope, j->pos[t], j->cs + (size_t)t * j->rope->n_rot);
 }
 
-void backend_rope_angles(backend *b, const rope_table *rope, const int32_t *pos, int n_tok,
-                         float *cs) {
+static int cpu_rope_angles(backend *b, const rope_table *rope, const int32_t *pos, int n_tok,
+                           float *cs) {
     angles_job j = {rope, pos, n_tok, cs};
     if (n_tok < 8)
         angles_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, angles_task, &j);
+        threadpool_run(cpu_of(b)->tp, angles_task, &j);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -342,15 +454,133 @@ static void swiglu_task(void *ctx, int ith, int nth) {
     cpu_float_ops_get()->swiglu_range(j->a + lo, j->b + lo, j->out + lo, hi - lo);
 }
 
-void backend_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n) {
+static int cpu_swiglu(backend *b, const float *gate, const float *up, float *out, int64_t n) {
     ew_job j = {gate, up, out, n};
     if (n < SERIAL_ELEMS)
         swiglu_task(&j, 0, 1);
     else
-        threadpool_run(b->tp, swiglu_task, &j);
+        threadpool_run(cpu_of(b)->tp, swiglu_task, &j);
+    return 0;
 }
 
-void backend_add(backend *b, float *y, const float *x, int64_t n) {
+static int cpu_add(backend *b, float *y, const float *x, int64_t n) {
     (void)b; /* memory-bound and short: one thread saturates it */
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    return 0;
 }
+
+/* ---------------------------------------------------------------- sampling */
+
+static int cpu_softmax(backend *b, float *x, int n_rows, int n) {
+    (void)b;
+    for (int r = 0; r < n_rows; r++) {
+        float *v = x + (size_t)r * n, m = -INFINITY;
+        for (int i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
+        double sum = 0;
+        for (int i = 0; i < n; i++) {
+            v[i] = expf(v[i] - m);
+            sum += v[i];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int i = 0; i < n; i++) v[i] *= inv;
+    }
+    return 0;
+}
+
+/* (a, ia) ranks above (b, ib): the larger value, NaN below everything, ties to the lower index. */
+static inline bool topk_above(float a, int32_t ia, float b, int32_t ib) {
+    if (isnan(b)) return !isnan(a) || ia < ib;
+    if (isnan(a)) return false;
+    return a > b || (a == b && ia < ib);
+}
+
+/* A min-heap of the k best so far (its root the worst kept), then sorted best first. */
+static void topk_sift(float *hv, int32_t *hi, int k, int i) {
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= k) return;
+        if (c + 1 < k && topk_above(hv[c], hi[c], hv[c + 1], hi[c + 1])) c++;
+        if (!topk_above(hv[i], hi[i], hv[c], hi[c])) return;
+        float tv = hv[i];
+        int32_t ti = hi[i];
+        hv[i] = hv[c], hi[i] = hi[c];
+        hv[c] = tv, hi[c] = ti;
+        i = c;
+    }
+}
+
+static int cpu_topk(backend *b, const float *x, int n_rows, int n, int k, float *val,
+                    int32_t *idx) {
+    (void)b;
+    for (int r = 0; r < n_rows; r++) {
+        const float *v = x + (size_t)r * n;
+        float *hv = val + (size_t)r * k;
+        int32_t *hi = idx + (size_t)r * k;
+        for (int i = 0; i < k; i++) hv[i] = v[i], hi[i] = i;
+        for (int i = k / 2 - 1; i >= 0; i--) topk_sift(hv, hi, k, i);
+        for (int i = k; i < n; i++)
+            if (topk_above(v[i], i, hv[0], hi[0])) {
+                hv[0] = v[i], hi[0] = i;
+                topk_sift(hv, hi, k, 0);
+            }
+        /* heap sort: the worst goes to the end */
+        for (int m = k - 1; m > 0; m--) {
+            float tv = hv[0];
+            int32_t ti = hi[0];
+            hv[0] = hv[m], hi[0] = hi[m];
+            hv[m] = tv, hi[m] = ti;
+            topk_sift(hv, hi, m, 0);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the table */
+
+static const backend_ops cpu_backend_ops = {
+    .destroy = cpu_destroy,
+    .name = cpu_name,
+    .n_threads = cpu_n_threads,
+    .set_precision = cpu_set_precision,
+    .reserve = cpu_reserve,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .weight_data = cpu_weight_data,
+    .weight_release = cpu_weight_release,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_sync = cpu_event_sync,
+    .matmul_multi = cpu_matmul_multi,
+    .embed = cpu_embed,
+    .gather_rows = cpu_gather_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .rope_angles = cpu_rope_angles,
+    .rope_cs = cpu_rope_cs,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .softmax = cpu_softmax,
+    .topk = cpu_topk,
+    .kv_alloc = cpu_kv_alloc,
+    .kv_free = cpu_kv_free,
+    .kv_write = cpu_kv_write,
+    .kv_store = cpu_kv_write, /* host memory is backend memory */
+    .kv_store_serial = cpu_kv_store_serial,
+    .kv_load = cpu_kv_load,
+    .kv_rope = cpu_kv_rope,
+    .kv_copy_block = cpu_kv_copy_block,
+    .kv_read_blocks = cpu_kv_read_blocks,
+    .kv_write_blocks = cpu_kv_write_blocks,
+    .kv_read_rows = cpu_kv_read_rows,
+    .kv_write_rows = cpu_kv_write_rows,
+    .attention = cpu_attention,
+};

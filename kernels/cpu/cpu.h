@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "kernels/backend.h"
+#include "kernels/backend_impl.h"
 
 /* ---------------------------------------------------------------- thread pool */
 
@@ -31,7 +31,8 @@ static inline void split_range(int64_t n, int ith, int nth, int64_t *lo, int64_t
 
 /* ---------------------------------------------------------------- the backend */
 
-struct backend {
+typedef struct cpu_backend {
+    backend base; /* ops: cpu_backend_ops */
     threadpool *tp;
     int n_threads;
     /* matmul: activations converted to the weight type's activation format */
@@ -44,10 +45,36 @@ struct backend {
     /* attention: per-thread f32 scratch for K and V rows */
     float **attn_scratch;
     size_t attn_scratch_floats;
-};
+} cpu_backend;
+
+static inline cpu_backend *cpu_of(backend *b) { return (cpu_backend *)b; }
 
 /* Grows b->act_buf to at least n bytes; -1 when out of memory. */
-int cpu_act_reserve(backend *b, size_t n);
+int cpu_act_reserve(cpu_backend *b, size_t n);
+
+/* The KV pool's ops (attention.c), entries of cpu_backend_ops (backend_cpu.c). */
+void *cpu_kv_alloc(backend *b, const kv_layout *l);
+void cpu_kv_free(backend *b, void *pool);
+int cpu_kv_write(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
+                 const int32_t *slots, int n_tok, const float *k, const float *v);
+int cpu_kv_store_serial(backend *b, void *pool, const kv_layout *l, int layer,
+                        const int32_t *block_table, const int32_t *slots, int n_tok, const float *k,
+                        const float *v);
+int cpu_kv_load(backend *b, const void *pool, const kv_layout *l, int layer, int kv,
+                const int32_t *block_table, const int32_t *slots, int n_tok, float *out);
+int cpu_kv_rope(backend *b, void *pool, const kv_layout *l, int layer, const int32_t *block_table,
+                const int32_t *slots, int n_tok, const float *cs, int n_rot);
+int cpu_kv_copy_block(backend *b, void *pool, const kv_layout *l, int32_t dst, int32_t src);
+int cpu_kv_read_blocks(backend *b, const void *pool, const kv_layout *l, const int32_t *blocks,
+                       int n, void *host, backend_stream *s, bool wait);
+int cpu_kv_write_blocks(backend *b, void *pool, const kv_layout *l, const int32_t *blocks, int n,
+                        const void *host, backend_stream *s, bool wait);
+int cpu_kv_read_rows(backend *b, const void *pool, const kv_layout *l, const int32_t *block_table,
+                     int slot, int n, void *host, int host_slot);
+int cpu_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int32_t *block_table,
+                      int slot, int n, const void *host, int host_slot);
+int cpu_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
+                  float scale, const attn_seq *seqs, int n_seqs);
 
 /* ---------------------------------------------------------------- attention work items */
 
@@ -79,14 +106,6 @@ typedef struct attn_job {
 #define ATTN_SPAN 64 /* most slots between the first and last row of a prefill work item */
 /* The widest head the KV copies stage on the stack (model/llama.c refuses wider heads). */
 #define MAX_KV_HEAD_DIM 128
-
-/* The f16 region of (layer, kv, head) in the block holding a sequence's slot. */
-static inline uint16_t *kv_region(const void *pool, const kv_layout *l, int layer, int kv, int head,
-                                  const int32_t *block_table, int32_t slot) {
-    int32_t blk = block_table[slot / l->block_tokens];
-    return (uint16_t *)((uint8_t *)pool + (size_t)blk * kv_layout_block_bytes(l) +
-                        kv_layout_offset(l, layer, kv, head));
-}
 
 /* ---------------------------------------------------------------- float kernels */
 

@@ -41,9 +41,12 @@ DEFAULT_CTX = 2048
 
 def server_env(extra=None):
     """The environment for kvserve: this one without the KVSERVE_* option variables (a
-    developer's KVSERVE_API_KEY must not leak into the tests), plus `extra`."""
+    developer's KVSERVE_API_KEY must not leak into the tests), plus `extra`. The server computes
+    on the CPU backend, whose answers the tests expect, also where a GPU is present (the CUDA
+    backend is compared with it by the unit tests and make test-gpu)."""
     keep = ("KVSERVE_BIN", "KVSERVE_TEST_MODEL", "KVSERVE_SANITIZED")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSERVE_") or k in keep}
+    env["KVSERVE_DEVICE"] = "cpu"
     env.update(extra or {})
     return env
 

@@ -630,6 +630,7 @@ Test(config, unknown_env_warns_once_per_name) {
 /* Every option's flag and variable, written out here so a renamed option fails the test. */
 static const char *const ALL_FLAGS[] = {
     "--simd",
+    "--device",
     "--cache",
     "--no-cache",
     "--cache-chunk-tokens",
@@ -670,6 +671,7 @@ static const char *const ALL_FLAGS[] = {
 };
 static const char *const ALL_ENV[] = {
     "KVSERVE_SIMD",
+    "KVSERVE_DEVICE",
     "KVSERVE_CACHE",
     "KVSERVE_CACHE_CHUNK_TOKENS",
     "KVSERVE_CACHE_RAM_BYTES",

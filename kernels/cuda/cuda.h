@@ -1,0 +1,175 @@
+/* Internals of the CUDA backend (kernels/cuda/): the backend's struct, error checks, and the
+ * launch wrappers each .cu file gives the others. Not part of the kernels/ contract (that is
+ * kernels/backend.h). Everything here lives in KV_CUDA_NS (kvcuda, or kvcuda_emu in the
+ * emulation build), so both builds can sit in one program. */
+#ifndef KVSERVE_CUDA_H
+#define KVSERVE_CUDA_H
+
+#include <pthread.h>
+
+#include "kernels/cuda/cuda_rt.h"
+
+#ifndef KVSERVE_CUDA_EMU
+#include <cublas_v2.h>
+#endif
+
+namespace KV_CUDA_NS {
+
+/* ---------------------------------------------------------------- errors */
+
+/* Logs a failed runtime call and makes the enclosing function return -1. */
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            log_error("cuda: %s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);  \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* After a launch: a configuration error shows at once; faults inside a kernel show at the next
+ * synchronising call. */
+#define CUDA_CHECK_LAUNCH(what) CUDA_CHECK(cudaGetLastError())
+
+/* ---------------------------------------------------------------- the backend */
+
+/* cuBLAS, loaded when the backend starts (dlopen: linking it costs every kvserve process ~200 MiB
+ * of relocated pages, GPU or not); the emulator's reference GEMM in the emulation build. */
+typedef struct cublas_api {
+    void *lib;
+    cublasStatus_t (*create)(cublasHandle_t *h);
+    cublasStatus_t (*destroy)(cublasHandle_t h);
+    cublasStatus_t (*set_stream)(cublasHandle_t h, cudaStream_t s);
+    /* optional: cuBLAS then takes no device memory of its own while it runs */
+    cublasStatus_t (*set_workspace)(cublasHandle_t h, void *ws, size_t bytes);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const void *alpha, const void *A, cudaDataType at,
+                              int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                              void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                              cublasGemmAlgo_t algo);
+} cublas_api;
+
+/* A weight range uploaded once: host (the mmapped file) -> device, while refs > 0. */
+typedef struct weight_copy {
+    const void *host;
+    size_t bytes;
+    void *dev;
+    int refs;
+} weight_copy;
+
+/* Host -> device uploads go through pinned slots (the host may reuse its buffer at once, and
+ * the copy stays asynchronous): slot i is reused once its event says the copy read it. */
+#define UPLOAD_SLOTS 16
+#define UPLOAD_SLOT_BYTES (256 * 1024)
+
+/* cuBLAS's workspace (what NVIDIA recommends for Hopper; Ampere needs less). */
+#define BLAS_WORKSPACE (32u << 20)
+
+/* Staging for the host-facing KV transfers (kv_store, kv_load), chunked through it. */
+#define XFER_BYTES (4 * 1024 * 1024)
+
+/* One sequence of an attention call, as the kernels read it (device memory). */
+typedef struct attn_desc {
+    const int32_t *table;
+    const int32_t *q_slot;
+    const float *q;
+    float *out;
+    int n_q;
+    int n_split;   /* key ranges per query row (flash-decoding); 1: not split */
+    int warp0;     /* first warp of the attention kernel: n_q * n_head * n_split warps */
+    int mwarp0;    /* first warp of the merge kernel: n_q * n_head when split, else none */
+    int64_t part0; /* first partial state (of head_dim + 2 floats) when split */
+} attn_desc;
+
+typedef struct cuda_backend {
+    backend base; /* ops: the table in backend_cuda.cu */
+    bool emulated;
+    char device[320];     /* name, compute capability, memory */
+    cudaStream_t compute; /* every op */
+    cudaStream_t xfer;    /* the host-facing KV transfers, ordered after compute by events */
+    cudaEvent_t xfer_after;
+    cublas_api blas;
+    cublasHandle_t handle;
+    void *blas_ws;              /* [BLAS_WORKSPACE] */
+    matmul_precision precision; /* accepted, not used: see backend.h */
+
+    pthread_mutex_t mu;      /* the weights table and the upload slots (host threads share them) */
+    pthread_mutex_t xfer_mu; /* the transfer stream and its staging */
+    weight_copy *weights;
+    int n_weights, cap_weights;
+
+    /* uploads */
+    unsigned char *up_host; /* pinned: [UPLOAD_SLOTS][UPLOAD_SLOT_BYTES] */
+    cudaEvent_t up_done[UPLOAD_SLOTS];
+    int up_next;
+
+    /* host-facing transfers */
+    unsigned char *xfer_host; /* pinned [XFER_BYTES] */
+    unsigned char *xfer_dev;  /* [XFER_BYTES] */
+
+    /* scratch reserved by backend_reserve */
+    backend_limits lim;
+    uint16_t *x16; /* [max_tokens][max_n_in] f16 activations of a GEMM */
+    size_t x16_elems;
+    void *wtile; /* dequantized weight rows for a GEMM, f16 or f32 */
+    size_t wtile_bytes;
+    float *part; /* attention partial states of split rows */
+    size_t part_floats;
+    attn_desc *desc;  /* [desc_cap] device */
+    attn_desc *hdesc; /* [desc_cap] host */
+    int desc_cap;
+} cuda_backend;
+
+static inline cuda_backend *cuda_of(backend *b) { return (cuda_backend *)b; }
+
+/* Queues a host -> device copy on stream s through a pinned slot (large copies wait). */
+int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaStream_t s);
+
+/* ---------------------------------------------------------------- launch wrappers */
+
+/* matmul.cu */
+#define GEMV_MAX_TOKENS 32 /* matmuls of up to this many rows use the GEMV kernels */
+int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y);
+/* W rows [r0, r0 + rows) as f16 (or f32 when f32) rows of n_in. */
+int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32);
+int cuda_to_f16(cudaStream_t s, const float *x, uint16_t *y, int64_t n);
+int cuda_embed(cudaStream_t s, const weight *w, const int32_t *ids, int n, float *out);
+
+/* ops.cu */
+int cuda_rmsnorm(cudaStream_t s, const float *x, const float *g, float *y, int n_tok, int dim,
+                 float eps);
+int cuda_rope_angles(cudaStream_t s, const float *inv_freq, int n_rot, const int32_t *pos,
+                     int n_tok, float *cs);
+int cuda_rope(cudaStream_t s, float *x, const int32_t *pos, const float *inv_freq, const float *cs,
+              const int32_t *idx, int n_tok, int n_head, int head_dim, int n_rot);
+int cuda_swiglu(cudaStream_t s, const float *g, const float *u, float *o, int64_t n);
+int cuda_add(cudaStream_t s, float *y, const float *x, int64_t n);
+int cuda_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *idx, int n,
+                     int width);
+int cuda_softmax(cudaStream_t s, float *x, int n_rows, int n);
+int cuda_topk(cudaStream_t s, const float *x, int n_rows, int n, int k, float *val, int32_t *idx);
+
+/* attention.cu */
+int cuda_kv_write(cudaStream_t s, void *pool, const kv_layout *l, int layer, const int32_t *table,
+                  const int32_t *slots, int n_tok, const float *k, const float *v);
+int cuda_kv_gather(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int kv,
+                   const int32_t *table, const int32_t *slots, int n_tok, float *out);
+int cuda_kv_rope(cudaStream_t s, void *pool, const kv_layout *l, int layer, const int32_t *table,
+                 const int32_t *slots, int n_tok, const float *cs, int n_rot);
+/* Token rows slot.. (n) of the pool <-> stage, blocks in the pool's layout holding them from
+ * stage_slot on (stage slot h: slot h % block_tokens of stage block h / block_tokens). */
+int cuda_kv_rows(cudaStream_t s, void *pool, const kv_layout *l, const int32_t *table, int slot,
+                 int n, void *stage, int stage_slot, bool to_pool);
+int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int n_head,
+                   float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
+                   float *part);
+
+/* Split decode rows into key ranges of at least this many keys, at most ATTN_MAX_SPLIT. */
+#define ATTN_MIN_SPLIT_KEYS 256
+#define ATTN_MAX_SPLIT 16
+/* Rows of a sequence that may split (decode steps): at most this many per sequence. */
+#define ATTN_SPLIT_ROWS 4
+
+} // namespace KV_CUDA_NS
+
+#endif

@@ -1,0 +1,314 @@
+/* The CUDA emulator: CUDA's execution model on the CPU, so the CUDA backend's kernels
+ * (kernels/cuda/ .cu files) run and are checked where no GPU is (DESIGN.md, "CUDA without a GPU").
+ * The .cu files compile as C++ (g++, -DKVSERVE_CUDA_EMU) against this header instead of the CUDA
+ * toolkit's; kernels/cuda/cuda_rt.h chooses.
+ *
+ * What is emulated, and how (emu.cc):
+ * - A launch runs its blocks one after another on the calling thread. Each CUDA thread of a
+ *   block is a fiber (its own stack, switched by a few instructions of assembly): a thread runs
+ *   until it finishes or waits at a barrier, then the next runnable one runs. The order is fixed
+ *   (thread 0 first, round robin), so a run is deterministic.
+ * - __syncthreads: a block-wide barrier over the threads that have not exited. __syncwarp, and
+ *   every warp shuffle and vote, a barrier over the non-exited lanes of the warp (32 consecutive
+ *   threads in x-major order): a shuffle deposits the lane's value, waits for the warp, then reads
+ *   the source lane's. A barrier no thread can pass (threads of one warp at different barriers,
+ *   __syncthreads in code some live threads skip) stops the process with the kernel's name.
+ * - Atomics are plain read-modify-writes: fibers never preempt each other.
+ * - __shared__ variables are function statics, one copy per host thread (blocks run one at a
+ *   time); dynamic shared memory (KV_DYNAMIC_SMEM) is a per-launch buffer. Shared memory is not
+ *   cleared between blocks, as on a GPU.
+ * - Device memory, pinned memory, streams and events are host memory and no-ops: every copy and
+ *   launch has finished when its call returns, whatever stream it names. Launch configurations
+ *   are checked as the device checks them (block size, grid size, dynamic shared memory).
+ * - cuBLAS's GemmEx is a reference GEMM in f32 (emu.cc).
+ * What it cannot see: races between threads (a fiber runs until it waits, so a missing barrier
+ *   usually still gives the right answer), between streams, and device-only faults (a host
+ *   pointer passed to a kernel works here). Those are `make test-gpu`'s (compute-sanitizer). */
+#ifndef KVSERVE_CUDA_EMU_H
+#define KVSERVE_CUDA_EMU_H
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/quant.h"
+
+/* ---------------------------------------------------------------- qualifiers and types */
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+/* One copy per host thread: the blocks of a launch run one at a time on it. */
+#define __shared__ static thread_local
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+
+/* ---------------------------------------------------------------- runtime API */
+
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+} cudaError_t;
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+
+typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    size_t sharedMemPerBlock;
+    int multiProcessorCount;
+    int major, minor;
+    int memoryBusWidth; /* bits */
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaMalloc(void **p, size_t bytes);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s);
+cudaError_t cudaMemset(void *p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* ---------------------------------------------------------------- cuBLAS (GemmEx only) */
+
+typedef struct emu_cublas *cublasHandle_t;
+typedef enum cublasStatus {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+} cublasStatus_t;
+typedef enum cublasOperation { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum cublasComputeType { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum cublasGemmAlgo { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+
+cublasStatus_t cublasCreate(cublasHandle_t *h);
+cublasStatus_t cublasDestroy(cublasHandle_t h);
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+/* Column-major C = alpha op(A) op(B) + beta C, as cuBLAS: A, B of type f16, bf16 or f32, C f32,
+ * products summed in f32 (eight interleaved running sums). */
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                            int n, int k, const void *alpha, const void *A, cudaDataType at,
+                            int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo);
+
+/* ---------------------------------------------------------------- the execution model */
+
+namespace emu {
+
+/* One CUDA thread (a fiber). */
+struct thread_state {
+    uint3 tid;
+    int lane;       /* tid's linear index % 32 */
+    int warp;       /* tid's linear index / 32 */
+    unsigned phase; /* shuffles done: which of the warp's two exchange rows this one uses */
+};
+
+/* The block being run and its launch. */
+struct block_state {
+    uint3 bid;
+    uint3 grid; /* gridDim */
+    uint3 dim;  /* blockDim */
+    unsigned char *dyn_smem;
+    const char *kernel;
+};
+
+extern thread_local thread_state *cur_thread;
+extern thread_local block_state *cur_block;
+
+void sync_block();
+void sync_warp();
+/* Deposits v for the warp, waits for every live lane, returns lane src's value. */
+uint64_t exchange(uint64_t v, int src);
+/* The warp's live lanes whose pred is true (waits for the warp). */
+unsigned ballot(bool pred);
+/* The warp's lanes that have not exited, after a warp barrier (see emu.cc). */
+unsigned active_mask();
+
+/* Runs fn(arg) as every thread of every block; false when the configuration is invalid (the
+ * launch then sets cudaErrorInvalidConfiguration, as the device does). */
+bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg);
+
+/* Live cudaMalloc allocations (tests check a backend frees what it allocated). */
+long live_allocations();
+
+template <class T> inline T exchange_as(T v, int src) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a wide type");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof v);
+    bits = exchange(bits, src);
+    T r;
+    std::memcpy(&r, &bits, sizeof r);
+    return r;
+}
+
+template <class... P, class... A>
+void launch_kernel(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   void (*kernel)(P...), A &&...args) {
+    (void)stream; /* every stream is the host thread: in order, done on return */
+    auto call = [&]() { kernel(args...); };
+    launch(
+        name, grid, block, smem, [](void *c) { (*static_cast<decltype(call) *>(c))(); }, &call);
+}
+
+} // namespace emu
+
+#define threadIdx (emu::cur_thread->tid)
+#define blockIdx (emu::cur_block->bid)
+#define blockDim (emu::cur_block->dim)
+#define gridDim (emu::cur_block->grid)
+#define warpSize 32
+
+inline void __syncthreads() { emu::sync_block(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    (void)mask;
+    emu::sync_warp();
+}
+
+template <class T> inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+    (void)mask;
+    int lane = emu::cur_thread->lane;
+    return emu::exchange_as(v, (lane & ~(width - 1)) | (src & (width - 1)));
+}
+template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    (void)mask;
+    int lane = emu::cur_thread->lane, src = lane ^ lane_mask;
+    return emu::exchange_as(v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : lane);
+}
+template <class T> inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    (void)mask;
+    int lane = emu::cur_thread->lane;
+    int src = (lane & (width - 1)) + (int)delta < width ? lane + (int)delta : lane;
+    return emu::exchange_as(v, src);
+}
+template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    (void)mask;
+    int lane = emu::cur_thread->lane;
+    return emu::exchange_as(v, (lane & (width - 1)) >= (int)delta ? lane - (int)delta : lane);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) { return emu::ballot(pred != 0) & mask; }
+inline int __any_sync(unsigned mask, int pred) { return (emu::ballot(pred != 0) & mask) != 0; }
+inline int __all_sync(unsigned mask, int pred) {
+    return (emu::ballot(pred != 0) & mask) == (emu::ballot(true) & mask);
+}
+inline unsigned __activemask() { return emu::active_mask(); }
+
+/* ---------------------------------------------------------------- atomics */
+
+template <class T> inline T atomicAdd(T *p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+template <class T> inline T atomicMax(T *p, T v) {
+    T old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+template <class T> inline T atomicMin(T *p, T v) {
+    T old = *p;
+    *p = old < v ? old : v;
+    return old;
+}
+template <class T> inline T atomicExch(T *p, T v) {
+    T old = *p;
+    *p = v;
+    return old;
+}
+template <class T> inline T atomicCAS(T *p, T compare, T v) {
+    T old = *p;
+    if (old == compare) *p = v;
+    return old;
+}
+
+/* ---------------------------------------------------------------- device math */
+
+using std::isinf;
+using std::isnan;
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+/* byte-wise dot product of a and b (signed), plus c */
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+template <class T> inline T __ldg(const T *p) { return *p; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+#endif

@@ -1,0 +1,227 @@
+/* Matmul kernels of the CUDA backend, per weight type (quant.cuh):
+ * - kernel_gemv: decode-sized matmuls (up to GEMV_MAX_TOKENS rows) read each weight row once from
+ *   its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows at a time: a warp
+ *   per 1-4 output rows, lanes over 8-element groups, one scattering warp reduction for all its
+ *   sums. Bandwidth-bound, as decode is.
+ * - kernel_dequant: prefill's weight rows dequantized to f16 (f32 for F32/BF16 weights) tiles that
+ *   cuBLAS multiplies on tensor cores (backend_cuda.cu), with the activations converted once by
+ *   kernel_to_f16.
+ * - kernel_embed: rows of a weight by token id (the embedding lookup), the CPU's values bit for
+ *   bit. */
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/quant.cuh"
+
+namespace KV_CUDA_NS {
+
+#define GEMV_TOKENS 8 /* activation rows per warp pass */
+#define GEMV_WARPS 4  /* warps per block */
+
+/* Sums V values over a warp's lanes (V a power of two <= 32): every lane ends with the total of
+ * value vi(lane) (gemv_value). Each step halves the values a lane holds: lanes send the half
+ * their partner keeps and add the half it sends back, so V values take V - 1 + log2(32 / V)
+ * shuffles instead of 5 V. */
+template <int V> __device__ __forceinline__ float warp_sum_scatter(float (&acc)[V], int lane) {
+    int o = 16;
+    KV_UNROLL
+    for (int n = V; n > 1; n >>= 1, o >>= 1) {
+        const bool upper = (lane & o) != 0;
+        KV_UNROLL
+        for (int i = 0; i < n / 2; i++) {
+            const float send = upper ? acc[i] : acc[i + n / 2];
+            const float keep = upper ? acc[i + n / 2] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float v = acc[0];
+    for (; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Which value a lane holds after warp_sum_scatter<V>; lanes with lane % (32 / V) == 0 hold each
+ * value once. */
+template <int V> __device__ __forceinline__ int gemv_value(int lane) {
+    int vi = 0, o = 16;
+    for (int n = V; n > 1; n >>= 1, o >>= 1)
+        if (lane & o) vi += n / 2;
+    return vi;
+}
+
+/* A warp computes R weight rows against NT activation rows; lanes take 8-element groups of the
+ * rows in turn. y[t][row] for the block's rows, tokens t0 + t. */
+template <int T, int NT, int R>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    kernel_gemv(const uint8_t *w, size_t row_bytes, int n_in, int n_out, const float *x, int n_tok,
+                float *y) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * R;
+    const int t0 = blockIdx.y * NT;
+    if (row0 >= n_out) return; /* the whole warp: no barrier follows that it would miss */
+    const int nt = n_tok - t0 < NT ? n_tok - t0 : NT;
+    const float *xr = x + (size_t)t0 * n_in;
+    float acc[R * NT];
+    KV_UNROLL
+    for (int i = 0; i < R * NT; i++) acc[i] = 0.0f;
+    for (int u = lane; u < n_in / 8; u += 32) {
+        KV_UNROLL
+        for (int r = 0; r < R; r++) {
+            if (row0 + r >= n_out) break;
+            float v[8];
+            dq8<T>(w + (size_t)(row0 + r) * row_bytes, u, v);
+            KV_UNROLL
+            for (int t = 0; t < NT; t++) {
+                if (t >= nt) break;
+                const float4 *xp = reinterpret_cast<const float4 *>(xr + (size_t)t * n_in + 8 * u);
+                const float4 a = xp[0], b = xp[1];
+                acc[r * NT + t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x +
+                                   v[5] * b.y + v[6] * b.z + v[7] * b.w;
+            }
+        }
+    }
+    const float s = warp_sum_scatter<R * NT>(acc, lane);
+    const int vi = gemv_value<R * NT>(lane), r = vi / NT, t = vi % NT;
+    if (lane % (32 / (R * NT)) == 0 && row0 + r < n_out && t < nt)
+        y[(size_t)(t0 + t) * n_out + row0 + r] = s;
+}
+
+/* out[r][i] = W[r0 + r][i] as f16 (or f32): one thread per 8 elements. */
+template <int T, typename O>
+__global__ void kernel_dequant(const uint8_t *w, size_t row_bytes, int n_in, int64_t r0,
+                               int64_t rows, O *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t upr = n_in / 8;
+    if (i >= rows * upr) return;
+    const int64_t r = i / upr, u = i % upr;
+    float v[8];
+    dq8<T>(w + (size_t)(r0 + r) * row_bytes, u, v);
+    O *o = out + r * n_in + 8 * u;
+    for (int j = 0; j < 8; j++) {
+        if (sizeof(O) == 2)
+            o[j] = (O)f2h(v[j]);
+        else
+            o[j] = (O)v[j];
+    }
+}
+
+template <int T>
+__global__ void kernel_embed(const uint8_t *w, size_t row_bytes, int n_in, const int32_t *ids,
+                             int n, float *out) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t upr = n_in / 8;
+    if (i >= (int64_t)n * upr) return;
+    const int64_t t = i / upr, u = i % upr;
+    float v[8];
+    dq8<T>(w + (size_t)ids[t] * row_bytes, u, v);
+    for (int j = 0; j < 8; j++) out[t * n_in + 8 * u + j] = v[j];
+}
+
+__global__ void kernel_to_f16(const float *x, uint16_t *y, int64_t n) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2h(x[i]);
+}
+
+/* ---------------------------------------------------------------- launch wrappers */
+
+/* Rows per warp: 4 for one token, 2 for up to 4, 1 for up to 8 (8 sums per warp at most). */
+template <int T, int NT, int R>
+static void gemv_launch_nt(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
+    const int n_out = (int)w->n_out;
+    const int rows_per_block = GEMV_WARPS * R;
+    dim3 grid((n_out + rows_per_block - 1) / rows_per_block, (n_tok + NT - 1) / NT);
+    void (*k)(const uint8_t *, size_t, int, int, const float *, int, float *) =
+        kernel_gemv<T, NT, R>;
+    KV_LAUNCH(k, grid, dim3(GEMV_WARPS * 32), 0, s, static_cast<const uint8_t *>(w->data),
+              w->row_bytes, (int)w->n_in, n_out, x, n_tok, y);
+}
+
+template <int T>
+static void gemv_launch(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
+    if (n_tok == 1)
+        gemv_launch_nt<T, 1, 4>(s, w, x, n_tok, y);
+    else if (n_tok <= 4)
+        gemv_launch_nt<T, 4, 2>(s, w, x, n_tok, y);
+    else
+        gemv_launch_nt<T, GEMV_TOKENS, 1>(s, w, x, n_tok, y);
+}
+
+int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
+    switch ((int)w->type) {
+#define X(T)                                                                                       \
+    case T:                                                                                        \
+        gemv_launch<T>(s, w, x, n_tok, y);                                                         \
+        break;
+        KV_WEIGHT_TYPES(X)
+#undef X
+    default:
+        log_error("cuda matmul: no kernel for weight type %d", (int)w->type);
+        return -1;
+    }
+    CUDA_CHECK_LAUNCH("gemv");
+    return 0;
+}
+
+template <int T>
+static void dequant_launch(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out,
+                           bool f32) {
+    const uint8_t *wd = static_cast<const uint8_t *>(w->data);
+    const int64_t units = rows * (w->n_in / 8);
+    dim3 grid((unsigned)((units + 255) / 256)), block(256);
+    if (f32) {
+        void (*k)(const uint8_t *, size_t, int, int64_t, int64_t, float *) =
+            kernel_dequant<T, float>;
+        KV_LAUNCH(k, grid, block, 0, s, wd, w->row_bytes, (int)w->n_in, r0, rows,
+                  static_cast<float *>(out));
+    } else {
+        void (*k)(const uint8_t *, size_t, int, int64_t, int64_t, uint16_t *) =
+            kernel_dequant<T, uint16_t>;
+        KV_LAUNCH(k, grid, block, 0, s, wd, w->row_bytes, (int)w->n_in, r0, rows,
+                  static_cast<uint16_t *>(out));
+    }
+}
+
+int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32) {
+    switch ((int)w->type) {
+#define X(T)                                                                                       \
+    case T:                                                                                        \
+        dequant_launch<T>(s, w, r0, rows, out, f32);                                               \
+        break;
+        KV_WEIGHT_TYPES(X)
+#undef X
+    default:
+        log_error("cuda matmul: no kernel for weight type %d", (int)w->type);
+        return -1;
+    }
+    CUDA_CHECK_LAUNCH("dequant");
+    return 0;
+}
+
+int cuda_to_f16(cudaStream_t s, const float *x, uint16_t *y, int64_t n) {
+    KV_LAUNCH(kernel_to_f16, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, s, x, y, n);
+    CUDA_CHECK_LAUNCH("to_f16");
+    return 0;
+}
+
+template <int T>
+static void embed_launch(cudaStream_t s, const weight *w, const int32_t *ids, int n, float *out) {
+    const int64_t units = (int64_t)n * (w->n_in / 8);
+    void (*k)(const uint8_t *, size_t, int, const int32_t *, int, float *) = kernel_embed<T>;
+    KV_LAUNCH(k, dim3((unsigned)((units + 255) / 256)), dim3(256), 0, s,
+              static_cast<const uint8_t *>(w->data), w->row_bytes, (int)w->n_in, ids, n, out);
+}
+
+int cuda_embed(cudaStream_t s, const weight *w, const int32_t *ids, int n, float *out) {
+    switch ((int)w->type) {
+#define X(T)                                                                                       \
+    case T:                                                                                        \
+        embed_launch<T>(s, w, ids, n, out);                                                        \
+        break;
+        KV_WEIGHT_TYPES(X)
+#undef X
+    default:
+        log_error("cuda embed: no kernel for weight type %d", (int)w->type);
+        return -1;
+    }
+    CUDA_CHECK_LAUNCH("embed");
+    return 0;
+}
+
+} // namespace KV_CUDA_NS

@@ -1,0 +1,133 @@
+/* GGML's weight formats on the device: dq8<T>(row, u, v) dequantizes elements 8u .. 8u + 7 of a
+ * row of type T (a tensor_type) into v, with the CPU's float operations in the CPU's order
+ * (kernels/cpu/quant.c, as GGML's dequantize_row_*): __fmul_rn / __fadd_rn keep nvcc from
+ * fusing them into FMAs, so a dequantized weight is the CPU's bit for bit. Block layouts as in
+ * ggml-common.h (kernels/quant_traits.c gives their sizes); fields are read byte by byte (rows
+ * are only 2-byte aligned). */
+#ifndef KVSERVE_CUDA_QUANT_CUH
+#define KVSERVE_CUDA_QUANT_CUH
+
+#include "kernels/cuda/cuda_rt.h"
+
+namespace KV_CUDA_NS {
+
+__device__ __forceinline__ uint16_t ld16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+/* GGML's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K / Q5_K block. */
+__device__ __forceinline__ void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Block bytes and elements per block of each weight type. */
+template <int T> struct qtraits;
+template <> struct qtraits<TENSOR_TYPE_F32> { static const int bytes = 4, elems = 1; };
+template <> struct qtraits<TENSOR_TYPE_F16> { static const int bytes = 2, elems = 1; };
+template <> struct qtraits<TENSOR_TYPE_BF16> { static const int bytes = 2, elems = 1; };
+template <> struct qtraits<TENSOR_TYPE_Q4_0> { static const int bytes = 18, elems = 32; };
+template <> struct qtraits<TENSOR_TYPE_Q4_1> { static const int bytes = 20, elems = 32; };
+template <> struct qtraits<TENSOR_TYPE_Q5_0> { static const int bytes = 22, elems = 32; };
+template <> struct qtraits<TENSOR_TYPE_Q5_1> { static const int bytes = 24, elems = 32; };
+template <> struct qtraits<TENSOR_TYPE_Q8_0> { static const int bytes = 34, elems = 32; };
+template <> struct qtraits<TENSOR_TYPE_Q4_K> { static const int bytes = 144, elems = 256; };
+template <> struct qtraits<TENSOR_TYPE_Q5_K> { static const int bytes = 176, elems = 256; };
+template <> struct qtraits<TENSOR_TYPE_Q6_K> { static const int bytes = 210, elems = 256; };
+
+/* Elements 8u .. 8u + 7 of a row. */
+template <int T> __device__ __forceinline__ void dq8(const uint8_t *row, int64_t u, float v[8]) {
+    if (T == TENSOR_TYPE_F32) {
+        const float *r = reinterpret_cast<const float *>(row) + 8 * u;
+        for (int j = 0; j < 8; j++) v[j] = r[j];
+    } else if (T == TENSOR_TYPE_F16 || T == TENSOR_TYPE_BF16) {
+        const uint16_t *r = reinterpret_cast<const uint16_t *>(row) + 8 * u;
+        for (int j = 0; j < 8; j++) v[j] = T == TENSOR_TYPE_F16 ? h2f(r[j]) : bf2f(r[j]);
+    } else if (T == TENSOR_TYPE_Q4_0 || T == TENSOR_TYPE_Q4_1) {
+        /* half d[, m]; nibbles[16]: element j low nibble of qs[j], element 16 + j high */
+        const bool has_min = T == TENSOR_TYPE_Q4_1;
+        const uint8_t *b = row + (u >> 2) * qtraits<T>::bytes;
+        const int g = (int)(u & 3), shift = g < 2 ? 0 : 4;
+        const uint8_t *qs = b + (has_min ? 4 : 2) + 8 * (g & 1);
+        const float d = h2f(ld16(b));
+        const float m = has_min ? h2f(ld16(b + 2)) : 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int q = (qs[j] >> shift) & 0xF;
+            v[j] = has_min ? __fadd_rn(__fmul_rn(d, (float)q), m) : __fmul_rn(d, (float)(q - 8));
+        }
+    } else if (T == TENSOR_TYPE_Q5_0 || T == TENSOR_TYPE_Q5_1) {
+        /* half d[, m]; qh u32 (bit e = bit 4 of element e); nibbles[16] as Q4 */
+        const bool has_min = T == TENSOR_TYPE_Q5_1;
+        const uint8_t *b = row + (u >> 2) * qtraits<T>::bytes;
+        const int g = (int)(u & 3), shift = g < 2 ? 0 : 4;
+        const uint8_t *qh = b + (has_min ? 4 : 2);
+        const uint8_t *qs = qh + 4 + 8 * (g & 1);
+        const uint32_t h =
+            (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+        const float d = h2f(ld16(b));
+        const float m = has_min ? h2f(ld16(b + 2)) : 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int e = 8 * g + j;
+            int q = ((qs[j] >> shift) & 0xF) | (int)((h >> e) & 1) << 4;
+            v[j] = has_min ? __fadd_rn(__fmul_rn(d, (float)q), m) : __fmul_rn(d, (float)(q - 16));
+        }
+    } else if (T == TENSOR_TYPE_Q8_0) {
+        const uint8_t *b = row + (u >> 2) * qtraits<T>::bytes;
+        const int8_t *qs = reinterpret_cast<const int8_t *>(b + 2) + 8 * (u & 3);
+        const float d = h2f(ld16(b));
+        for (int j = 0; j < 8; j++) v[j] = __fmul_rn(d, (float)qs[j]);
+    } else if (T == TENSOR_TYPE_Q4_K || T == TENSOR_TYPE_Q5_K) {
+        /* half d, dmin; scales[12]; [Q5_K: qh[32]]; nibbles[128]: sub-block s (32 elements)
+         * is the low (even s) or high (odd s) nibbles of qs[32 (s / 2) ..] */
+        const bool five = T == TENSOR_TYPE_Q5_K;
+        const uint8_t *b = row + (u >> 5) * qtraits<T>::bytes;
+        const int e0 = (int)(u & 31) * 8, s = e0 / 32, l0 = e0 % 32;
+        const uint8_t *qs = b + (five ? 48 : 16) + 32 * (s / 2) + l0;
+        int sc, mn;
+        k4_scale_min(b + 4, s, &sc, &mn);
+        const float d1 = __fmul_rn(h2f(ld16(b)), (float)sc);
+        const float m1 = __fmul_rn(h2f(ld16(b + 2)), (float)mn);
+        for (int j = 0; j < 8; j++) {
+            int q = (qs[j] >> (4 * (s & 1))) & 0xF;
+            if (five) q |= ((b[16 + l0 + j] >> s) & 1) << 4;
+            v[j] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        }
+    } else if (T == TENSOR_TYPE_Q6_K) {
+        /* ql[128]; qh[64]; int8 scales[16]; half d: element e of a half h = e / 128, quarter
+         * k = (e % 128) / 32, l = e % 32: low 4 bits from ql[64 h + l + 32 (k & 1)] (low nibble
+         * for k < 2), high 2 bits from qh[32 h + l] >> 2k; value d * scale[e / 16] * (q - 32) */
+        const uint8_t *b = row + (u >> 5) * qtraits<T>::bytes;
+        const int e0 = (int)(u & 31) * 8, h = e0 / 128, k = (e0 % 128) / 32, l0 = e0 % 32;
+        const uint8_t *ql = b + 64 * h + l0 + 32 * (k & 1), *qh = b + 128 + 32 * h + l0;
+        const float d = h2f(ld16(b + 208));
+        const float ds = __fmul_rn(d, (float)(int8_t)b[192 + e0 / 16]);
+        for (int j = 0; j < 8; j++) {
+            int lo = k < 2 ? (ql[j] & 0xF) : (ql[j] >> 4);
+            int q = lo | ((qh[j] >> (2 * k)) & 3) << 4;
+            v[j] = __fmul_rn(ds, (float)(q - 32));
+        }
+    }
+}
+
+/* Calls F::template run<T>(args...) for the weight type t; -1 for a type without kernels. */
+#define KV_WEIGHT_TYPES(X)                                                                         \
+    X(TENSOR_TYPE_F32)                                                                             \
+    X(TENSOR_TYPE_F16)                                                                             \
+    X(TENSOR_TYPE_BF16)                                                                            \
+    X(TENSOR_TYPE_Q4_0)                                                                            \
+    X(TENSOR_TYPE_Q4_1)                                                                            \
+    X(TENSOR_TYPE_Q5_0)                                                                            \
+    X(TENSOR_TYPE_Q5_1)                                                                            \
+    X(TENSOR_TYPE_Q8_0)                                                                            \
+    X(TENSOR_TYPE_Q4_K)                                                                            \
+    X(TENSOR_TYPE_Q5_K)                                                                            \
+    X(TENSOR_TYPE_Q6_K)
+
+} // namespace KV_CUDA_NS
+
+#endif

@@ -1,0 +1,324 @@
+/* The CUDA backend's speed against the device's limits (make bench-gpu), on a synthesized model
+ * of Llama 3 8B's shape (dim 4096, 32 layers, 32/8 heads of 128, FFN 14336, vocabulary 128256;
+ * Q4_K weights and a Q6_K output, as a Q4_K_M file has them; random codes, so the text is
+ * noise and the speed is real):
+ *   decode tokens/s at batch 1 and 32, against the bandwidth roofline (the weights read once per
+ *     step at the device's measured copy bandwidth);
+ *   prefill tokens/s of a 2048-token prompt, against the measured f16 GEMM rate (the backend's
+ *     own F16 matmul of 4096 x 4096 x 2048, which is cuBLAS GemmEx on tensor cores).
+ * `gpu_bench --probe` only says whether a usable CUDA device is there (exit 0) or why not (1):
+ * make test-gpu and bench-gpu skip, visibly, without one.
+ *
+ *   make bench-gpu        (or: build/gpu_bench [--layers N] [--steps N])
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+typedef struct synth {
+    model m;
+    uint8_t **blobs; /* every weight's host bytes */
+    int n_blobs;
+    float *norms; /* [2 n_layer + 1][dim] ones */
+    float inv_freq[64];
+} synth;
+
+static uint64_t g_state = 0x2545f4914f6cdd1dull;
+static uint64_t next64(void) {
+    g_state ^= g_state << 13;
+    g_state ^= g_state >> 7;
+    g_state ^= g_state << 17;
+    return g_state;
+}
+
+/* Random codes with small positive scales in every block's d (and dmin). */
+static int synth_weight(synth *s, tensor_type t, int64_t n_in, int64_t n_out, weight *w) {
+    const tensor_type_traits *tr = tensor_type_get((int)t);
+    size_t rb = tensor_row_size(t, n_in), bytes = rb * (size_t)n_out;
+    uint8_t *p = malloc(bytes);
+    if (!p) return -1;
+    uint64_t *q = (uint64_t *)p;
+    for (size_t i = 0; i < bytes / 8; i++) q[i] = next64();
+    uint16_t d = fp32_to_fp16(0.002f), dmin = fp32_to_fp16(0.001f);
+    for (size_t b = 0; b < bytes / tr->type_size; b++) {
+        uint8_t *blk = p + b * tr->type_size;
+        if (t == TENSOR_TYPE_Q6_K) {
+            memcpy(blk + 208, &d, 2);
+        } else {
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+        }
+    }
+    s->blobs[s->n_blobs++] = p;
+    *w = (weight){t, n_in, n_out, rb, p};
+    return 0;
+}
+
+static int synth_create(synth *s, int n_layer) {
+    memset(s, 0, sizeof *s);
+    model_hparams *hp = &s->m.hp;
+    *hp = (model_hparams){.n_vocab = 128256,
+                          .n_ctx_train = 8192,
+                          .dim = 4096,
+                          .n_layer = n_layer,
+                          .n_head = 32,
+                          .n_kv_head = 8,
+                          .head_dim = 128,
+                          .ffn_dim = 14336,
+                          .n_rot = 128,
+                          .norm_eps = 1e-5f,
+                          .rope_base = 500000.0f};
+    s->m.name = "synthetic llama-3-8B shape";
+    s->blobs = calloc((size_t)(9 * n_layer + 2), sizeof *s->blobs);
+    s->m.layers = calloc((size_t)n_layer, sizeof *s->m.layers);
+    s->norms = malloc(sizeof(float) * (size_t)(2 * n_layer + 1) * hp->dim);
+    if (!s->blobs || !s->m.layers || !s->norms) return -1;
+    for (int64_t i = 0; i < (int64_t)(2 * n_layer + 1) * hp->dim; i++) s->norms[i] = 1.0f;
+    const tensor_type q = TENSOR_TYPE_Q4_K;
+    int qd = hp->n_head * hp->head_dim, kvd = hp->n_kv_head * hp->head_dim;
+    if (synth_weight(s, q, hp->dim, hp->n_vocab, &s->m.tok_embd) ||
+        synth_weight(s, TENSOR_TYPE_Q6_K, hp->dim, hp->n_vocab, &s->m.output))
+        return -1;
+    s->m.output_norm = s->norms + (size_t)2 * n_layer * hp->dim;
+    for (int l = 0; l < n_layer; l++) {
+        layer_weights *L = &s->m.layers[l];
+        L->attn_norm = s->norms + (size_t)2 * l * hp->dim;
+        L->ffn_norm = s->norms + (size_t)(2 * l + 1) * hp->dim;
+        if (synth_weight(s, q, hp->dim, qd, &L->wq) || synth_weight(s, q, hp->dim, kvd, &L->wk) ||
+            synth_weight(s, q, hp->dim, kvd, &L->wv) || synth_weight(s, q, qd, hp->dim, &L->wo) ||
+            synth_weight(s, q, hp->dim, hp->ffn_dim, &L->w_gate) ||
+            synth_weight(s, q, hp->dim, hp->ffn_dim, &L->w_up) ||
+            synth_weight(s, q, hp->ffn_dim, hp->dim, &L->w_down))
+            return -1;
+    }
+    for (int i = 0; i < hp->n_rot / 2; i++)
+        s->inv_freq[i] = (float)pow(hp->rope_base, -2.0 * i / hp->n_rot);
+    s->m.rope = (rope_table){hp->n_rot, s->inv_freq};
+    return 0;
+}
+
+static void synth_free(synth *s) {
+    for (int i = 0; i < s->n_blobs; i++) free(s->blobs[i]);
+    free(s->blobs);
+    free(s->m.layers);
+    free(s->norms);
+}
+
+/* Bytes a decode step reads: every layer's matrices and the output head. */
+static double step_bytes(const synth *s) {
+    double b = (double)s->m.output.row_bytes * s->m.output.n_out;
+    for (int l = 0; l < s->m.hp.n_layer; l++) {
+        const layer_weights *L = &s->m.layers[l];
+        const weight *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) b += (double)w[i]->row_bytes * w[i]->n_out;
+    }
+    return b;
+}
+
+/* Device copy bandwidth (read + write), GB/s: the decode roofline. */
+static double copy_bandwidth(void) {
+    size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    float ms = 0;
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess) return -1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); /* warm-up */
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < 10; i++) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 10.0 * 2.0 * (double)bytes / (ms / 1e3) / 1e9;
+}
+
+/* The backend's F16 matmul (x 4096 -> 4096 for 2048 rows: cuBLAS GemmEx), TFLOP/s. */
+static double gemm_rate(backend *b) {
+    const int n = 4096, t = 2048;
+    kv_error err = {{0}};
+    uint16_t *w = malloc(sizeof(uint16_t) * n * n);
+    if (!w) return -1;
+    for (size_t i = 0; i < (size_t)n * n; i++) w[i] = fp32_to_fp16((float)(i % 13) * 0.01f);
+    backend_limits lim = {
+        .max_tokens = t, .max_seqs = 1, .max_n_in = n, .n_head = 1, .head_dim = 128};
+    weight wt = {TENSOR_TYPE_F16, n, n, (size_t)n * 2, NULL};
+    float *x = backend_alloc(b, sizeof(float) * (size_t)t * n);
+    float *y = backend_alloc(b, sizeof(float) * (size_t)t * n);
+    double best = -1;
+    if (backend_reserve(b, &lim, &err) == 0 && x && y &&
+        (wt.data = backend_weight_data(b, w, (size_t)n * n * 2, &err))) {
+        for (int r = 0; r < 4; r++) {
+            backend_sync(b);
+            uint64_t t0 = clock_now_ns();
+            if (backend_matmul(b, &wt, x, t, y) || backend_sync(b)) break;
+            double s = (double)(clock_now_ns() - t0) / 1e9;
+            double tf = 2.0 * n * (double)n * t / s / 1e12;
+            if (r > 0 && tf > best) best = tf; /* the first run warms up */
+        }
+        backend_weight_release(b, w);
+    }
+    backend_free(b, x);
+    backend_free(b, y);
+    free(w);
+    return best;
+}
+
+typedef struct engine {
+    backend *b;
+    kv_pool *pool;
+    forward_ctx *f;
+    kv_seq seq[32];
+    float *logits;
+} engine;
+
+/* n_seqs sequences that hold ctx tokens each, then `steps` decode steps of all of them in one
+ * batch: tokens/s. */
+static double decode_rate(engine *e, const model *m, int n_seqs, int ctx, int steps) {
+    kv_error err = {{0}};
+    int32_t tok[512], pos[512];
+    for (int i = 0; i < 512; i++)
+        tok[i] = (int32_t)(next64() % (uint64_t)m->hp.n_vocab), pos[i] = i;
+    batch_seq bs[32];
+    for (int s = 0; s < n_seqs; s++) {
+        kv_seq_truncate(e->pool, &e->seq[s], 0);
+        if (kv_seq_reserve(e->pool, &e->seq[s], ctx + steps, &err)) goto fail;
+        bs[0] = (batch_seq){.seq = &e->seq[s], .n_tok = ctx, .tokens = tok, .pos = pos};
+        if (model_forward(e->f, bs, 1, NULL, e->logits, &err) < 0) goto fail;
+    }
+    double best = 0;
+    for (int r = 0; r < steps; r++) {
+        for (int s = 0; s < n_seqs; s++)
+            bs[s] = (batch_seq){.seq = &e->seq[s],
+                                .n_tok = 1,
+                                .tokens = tok + r,
+                                .pos = pos + ctx + r,
+                                .kv_start = ctx + r,
+                                .decode = true};
+        uint64_t t0 = clock_now_ns();
+        if (model_forward(e->f, bs, n_seqs, NULL, e->logits, &err) < 0) goto fail;
+        double tps = n_seqs / ((double)(clock_now_ns() - t0) / 1e9);
+        best = r > 0 && tps > best ? tps : best; /* logits are downloaded: the step is done */
+    }
+    return best;
+fail:
+    fprintf(stderr, "gpu_bench: %s\n", err.msg);
+    return -1;
+}
+
+static double prefill_rate(engine *e, const model *m, int n) {
+    kv_error err = {{0}};
+    int32_t *tok = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * n);
+    double best = -1;
+    if (!tok || !pos) goto done;
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(next64() % (uint64_t)m->hp.n_vocab), pos[i] = i;
+    for (int r = 0; r < 3; r++) {
+        kv_seq_truncate(e->pool, &e->seq[0], 0);
+        if (kv_seq_reserve(e->pool, &e->seq[0], n, &err)) break;
+        batch_seq bs = {.seq = &e->seq[0], .n_tok = n, .tokens = tok, .pos = pos};
+        uint64_t t0 = clock_now_ns();
+        if (model_forward(e->f, &bs, 1, NULL, e->logits, &err) < 0) break;
+        double tps = n / ((double)(clock_now_ns() - t0) / 1e9);
+        if (r > 0 && tps > best) best = tps;
+    }
+    if (best < 0) fprintf(stderr, "gpu_bench: %s\n", err.msg);
+done:
+    free(tok);
+    free(pos);
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int n_layer = 32, steps = 16;
+    bool probe = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--probe"))
+            probe = true;
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            n_layer = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: gpu_bench [--probe] [--layers N] [--steps N]\n");
+            return 2;
+        }
+    }
+    if (n_layer < 1 || n_layer > 128 || steps < 2 || steps > 256) {
+        fprintf(stderr, "gpu_bench: --layers 1..128, --steps 2..256\n");
+        return 2;
+    }
+    log_set_level(LOG_LEVEL_WARN);
+    kv_error err = {{0}};
+    backend *b = backend_cuda_create(&err);
+    if (!b) {
+        printf("no usable CUDA device: %s\n", err.msg);
+        return 1;
+    }
+    if (probe) {
+        log_set_level(LOG_LEVEL_INFO);
+        backend_destroy(b);
+        b = backend_cuda_create(&err); /* the log line names the device */
+        backend_destroy(b);
+        return 0;
+    }
+
+    int rc = 1;
+    synth s;
+    memset(&s, 0, sizeof s);
+    engine e = {.b = b};
+    double bw = copy_bandwidth(), tf = gemm_rate(b);
+    printf("device copy bandwidth %.0f GB/s, f16 GEMM (4096 x 4096 x 2048) %.1f TFLOP/s\n", bw, tf);
+    if (synth_create(&s, n_layer)) {
+        fprintf(stderr, "gpu_bench: out of host memory for the model\n");
+        goto done;
+    }
+    const model *m = &s.m;
+    double bytes = step_bytes(&s);
+    /* 32 sequences of up to 512 + steps tokens, or one of 2048 */
+    if (!(e.pool = kv_pool_create(b, m, 32 * 640, 16, &err)) ||
+        !(e.f = forward_ctx_create(m, b, e.pool, 2048, 32, &err)) ||
+        !(e.logits = malloc(sizeof(float) * 32 * (size_t)m->hp.n_vocab))) {
+        fprintf(stderr, "gpu_bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < 32; i++) kv_seq_init(&e.seq[i]);
+    double params = 0;
+    for (int l = 0; l < n_layer; l++) {
+        const layer_weights *L = &m->layers[l];
+        params += (double)L->wq.n_in * (L->wq.n_out + L->wk.n_out + L->wv.n_out) +
+                  (double)L->wo.n_in * L->wo.n_out + 3.0 * L->w_gate.n_in * L->w_gate.n_out;
+    }
+    printf("model: %s, %d layers, %.2f GB of weights read per decode step\n\n", m->name, n_layer,
+           bytes / 1e9);
+    printf("| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
+    for (int batch = 1; batch <= 32; batch *= 32) {
+        double tps = decode_rate(&e, m, batch, 512, steps);
+        double roof = batch * bw * 1e9 / bytes;
+        printf("| decode, batch %d, context 512 | %.1f | %.1f (bandwidth) | %.0f%% |\n", batch, tps,
+               roof, 100 * tps / roof);
+    }
+    double pp = prefill_rate(&e, m, 2048);
+    /* the matmuls' FLOPs per token (the output head only for the last row) and attention's */
+    double flops = 2 * params * 2048 + 2.0 * (double)m->hp.dim * m->hp.n_vocab +
+                   2.0 * 2 * n_layer * (double)m->hp.n_head * m->hp.head_dim * 2048.0 * 2048 / 2;
+    double roof_pp = tf * 1e12 / (flops / 2048);
+    printf("| prefill, 2048 tokens | %.1f | %.1f (f16 GEMM rate) | %.0f%% |\n", pp, roof_pp,
+           100 * pp / roof_pp);
+    rc = pp > 0 ? 0 : 1;
+done:
+    for (int i = 0; e.pool && i < 32; i++) kv_seq_release(e.pool, &e.seq[i]);
+    forward_ctx_destroy(e.f);
+    kv_pool_destroy(e.pool);
+    free(e.logits);
+    synth_free(&s);
+    backend_destroy(b);
+    return rc;
+}

@@ -1,0 +1,269 @@
+/* The CUDA emulator (kernels/cuda/emu.h) against CUDA's documented semantics: barriers order
+ * shared-memory writes before reads, shuffles and votes exchange among a warp's lanes (partial
+ * warps too), atomics, static and dynamic shared memory per block, 3-D indices, launch
+ * configuration errors, a deadlocked barrier, and the reference GemmEx. The same file builds
+ * with nvcc (make test-gpu), where it checks the device instead; the emulator-only cases are
+ * skipped there. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_rt.h"
+
+using namespace KV_CUDA_NS;
+
+/* A device buffer of n T, freed at scope end. */
+template <class T> struct dbuf {
+    T *p = nullptr;
+    size_t n;
+    explicit dbuf(size_t count) : n(count) {
+        cr_assert_eq(cudaMalloc((void **)&p, sizeof(T) * n), cudaSuccess);
+        cr_assert_eq(cudaMemset(p, 0, sizeof(T) * n), cudaSuccess);
+    }
+    ~dbuf() { cudaFree(p); }
+    void get(T *host) const {
+        cr_assert_eq(cudaMemcpy(host, p, sizeof(T) * n, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    void put(const T *host) {
+        cr_assert_eq(cudaMemcpy(p, host, sizeof(T) * n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+};
+
+static void check_launch() {
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+/* ---------------------------------------------------------------- barriers */
+
+/* Each thread reads the slot its right neighbour wrote before the barrier: a serial run without
+ * the barrier would read slots not yet written. Two rounds reuse the array across a second
+ * barrier. */
+__global__ void kernel_rotate(int *out) {
+    __shared__ int s[256];
+    int t = threadIdx.x;
+    s[t] = t + 1000 * (int)blockIdx.x;
+    __syncthreads();
+    int v = s[(t + 1) % blockDim.x];
+    __syncthreads();
+    s[t] = v * 2;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = s[(t + blockDim.x - 1) % blockDim.x];
+}
+
+Test(cuda_emu, syncthreads_orders_shared_memory) {
+    const int nb = 3, nt = 256;
+    dbuf<int> d(nb * nt);
+    KV_LAUNCH(kernel_rotate, dim3(nb), dim3(nt), 0, 0, d.p);
+    check_launch();
+    int h[nb * nt];
+    d.get(h);
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++) {
+            /* thread t reads what thread t-1 stored: 2 * s[t] from the first round */
+            int want = 2 * (t + 1000 * b);
+            cr_assert_eq(h[b * nt + t], want, "block %d thread %d: %d != %d", b, t, h[b * nt + t],
+                         want);
+        }
+}
+
+/* ---------------------------------------------------------------- shuffles and votes */
+
+__global__ void kernel_shuffles(int *out, int n) {
+    int t = threadIdx.x, lane = t % 32;
+    int *o = out + t * 8;
+    o[0] = __shfl_xor_sync(0xffffffffu, t, 5);
+    o[1] = __shfl_down_sync(0xffffffffu, t, 3);
+    o[2] = __shfl_up_sync(0xffffffffu, t, 2);
+    o[3] = __shfl_sync(0xffffffffu, t, 7);
+    o[4] = __shfl_sync(0xffffffffu, t, 3, 16);
+    o[5] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    o[6] = __any_sync(0xffffffffu, t == n - 1) + 2 * __all_sync(0xffffffffu, t < n);
+    o[7] = (int)warp_sum((float)lane);
+}
+
+Test(cuda_emu, warp_shuffles_and_votes) {
+    const int n = 64;
+    dbuf<int> d(n * 8);
+    KV_LAUNCH(kernel_shuffles, dim3(1), dim3(n), 0, 0, d.p, n);
+    check_launch();
+    int h[n * 8];
+    d.get(h);
+    for (int t = 0; t < n; t++) {
+        int lane = t % 32, w = t - lane;
+        const int *o = h + t * 8;
+        cr_expect_eq(o[0], w + (lane ^ 5), "xor at %d", t);
+        cr_expect_eq(o[1], lane + 3 < 32 ? t + 3 : t, "down at %d", t);
+        cr_expect_eq(o[2], lane >= 2 ? t - 2 : t, "up at %d", t);
+        cr_expect_eq(o[3], w + 7, "idx at %d", t);
+        cr_expect_eq(o[4], w + (lane & 16) + 3, "idx width 16 at %d", t);
+        cr_expect_eq((unsigned)o[5], 0x49249249u, "ballot at %d", t);
+        cr_expect_eq(o[6], (t / 32 == (n - 1) / 32) + 2, "any/all at %d", t);
+        cr_expect_eq(o[7], 496, "warp_sum at %d", t);
+    }
+}
+
+/* 48 threads: the second warp has 16 lanes, of which 8 exit at once; they do not hold up a
+ * shuffle among the others. */
+__global__ void kernel_partial(int *out) {
+    int t = threadIdx.x;
+    if (t >= 40) return;
+    unsigned live = __activemask();
+    out[t] = __shfl_sync(live, t, 0) + 100 * __popc(live);
+}
+
+Test(cuda_emu, partial_warps) {
+    dbuf<int> d(48);
+    KV_LAUNCH(kernel_partial, dim3(1), dim3(48), 0, 0, d.p);
+    check_launch();
+    int h[48];
+    d.get(h);
+    for (int t = 0; t < 40; t++) {
+        int lanes = t < 32 ? 32 : 8;
+        cr_expect_eq(h[t], t / 32 * 32 + 100 * lanes, "thread %d: %d", t, h[t]);
+    }
+}
+
+/* ---------------------------------------------------------------- atomics, shared memory, 3-D */
+
+__global__ void kernel_atomics(int *count, float *sum, int *mx) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    atomicAdd(count, 1);
+    atomicAdd(sum, 0.5f);
+    atomicMax(mx, t);
+}
+
+Test(cuda_emu, atomics) {
+    dbuf<int> c(1), m(1);
+    dbuf<float> s(1);
+    KV_LAUNCH(kernel_atomics, dim3(7), dim3(96), 0, 0, c.p, s.p, m.p);
+    check_launch();
+    int hc, hm;
+    float hs;
+    c.get(&hc);
+    m.get(&hm);
+    s.get(&hs);
+    cr_expect_eq(hc, 7 * 96);
+    cr_expect_float_eq(hs, 7 * 96 * 0.5f, 1e-3);
+    cr_expect_eq(hm, 7 * 96 - 1);
+}
+
+/* Block sums through dynamic shared memory sized at launch; a static array per block beside it. */
+__global__ void kernel_block_sum(const float *x, float *out) {
+    KV_DYNAMIC_SMEM(float, part);
+    __shared__ int tag;
+    int t = threadIdx.x;
+    if (t == 0) tag = (int)blockIdx.x;
+    part[t] = x[blockIdx.x * blockDim.x + t];
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) part[t] += part[t + s];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = part[0] + 1000.0f * (float)tag;
+}
+
+Test(cuda_emu, dynamic_shared_memory) {
+    const int nb = 5, nt = 128;
+    float hx[nb * nt], ho[nb];
+    for (int i = 0; i < nb * nt; i++) hx[i] = (float)(i % 7);
+    dbuf<float> x(nb * nt), o(nb);
+    x.put(hx);
+    KV_LAUNCH(kernel_block_sum, dim3(nb), dim3(nt), sizeof(float) * nt, 0, x.p, o.p);
+    check_launch();
+    o.get(ho);
+    for (int b = 0; b < nb; b++) {
+        float want = 1000.0f * (float)b;
+        for (int t = 0; t < nt; t++) want += hx[b * nt + t];
+        cr_expect_float_eq(ho[b], want, 1e-3, "block %d", b);
+    }
+}
+
+__global__ void kernel_index(int *out) {
+    int lin = ((int)threadIdx.z * (int)blockDim.y + (int)threadIdx.y) * (int)blockDim.x +
+              (int)threadIdx.x;
+    int blk =
+        ((int)blockIdx.z * (int)gridDim.y + (int)blockIdx.y) * (int)gridDim.x + (int)blockIdx.x;
+    int n = (int)(blockDim.x * blockDim.y * blockDim.z);
+    /* lanes follow the linear index: lane 0 of each warp broadcasts its linear index */
+    out[blk * n + lin] = __shfl_sync(0xffffffffu, lin, 0) * 1000 + lin;
+}
+
+Test(cuda_emu, three_dimensional_indices) {
+    dim3 grid(2, 3, 2), block(8, 4, 3);
+    const int nb = 12, nt = 96;
+    dbuf<int> d(nb * nt);
+    KV_LAUNCH(kernel_index, grid, block, 0, 0, d.p);
+    check_launch();
+    int h[nb * nt];
+    d.get(h);
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++)
+            cr_expect_eq(h[b * nt + t], (t / 32 * 32) * 1000 + t, "block %d thread %d", b, t);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+__global__ void kernel_nop(int *p) {
+    if (p) *p = 1;
+}
+
+Test(cuda_emu, invalid_launch_configuration) {
+    KV_LAUNCH(kernel_nop, dim3(1), dim3(2048), 0, 0, (int *)nullptr);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    cr_expect_eq(cudaGetLastError(), cudaSuccess, "the error is cleared once read");
+    /* more dynamic shared memory than a block gets without opting in */
+    KV_LAUNCH(kernel_nop, dim3(1), dim3(32), 200 * 1024, 0, (int *)nullptr);
+    cr_expect_neq(cudaGetLastError(), cudaSuccess);
+}
+
+#ifdef KVSERVE_CUDA_EMU
+/* Half of the second warp waits at __syncthreads, the other half at a shuffle that the first half
+ * never joins: on a GPU a hang, here a message and an abort. */
+__global__ void kernel_deadlock(int *p) {
+    if (threadIdx.x < 48)
+        __syncthreads();
+    else
+        p[threadIdx.x] = __shfl_sync(0xffffffffu, (int)threadIdx.x, 0);
+}
+
+Test(cuda_emu, deadlock_is_reported, .signal = SIGABRT) {
+    dbuf<int> d(64);
+    KV_LAUNCH(kernel_deadlock, dim3(1), dim3(64), 0, 0, d.p);
+}
+
+Test(cuda_emu, allocations_are_counted) {
+    long before = emu::live_allocations();
+    void *p = nullptr;
+    cr_assert_eq(cudaMalloc(&p, 100), cudaSuccess);
+    cr_expect_eq(emu::live_allocations(), before + 1);
+    cudaFree(p);
+    cr_expect_eq(emu::live_allocations(), before);
+}
+
+/* ---------------------------------------------------------------- cuBLAS */
+
+Test(cuda_emu, gemm_ex_reference) {
+    /* C (m x n) = A^T B with A stored k x m (transposed), B k x n, column-major, f16 inputs */
+    const int m = 5, n = 3, k = 40;
+    uint16_t a[k * m], b[k * n];
+    float c[m * n], alpha = 1.0f, beta = 0.0f;
+    for (int i = 0; i < k * m; i++) a[i] = fp32_to_fp16((float)(i % 11) * 0.25f - 1.0f);
+    for (int i = 0; i < k * n; i++) b[i] = fp32_to_fp16((float)(i % 5) * 0.5f);
+    cublasHandle_t h;
+    cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16F, k, b,
+                              CUDA_R_16F, k, &beta, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 CUBLAS_STATUS_SUCCESS);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double want = 0;
+            for (int l = 0; l < k; l++)
+                want += (double)fp16_to_fp32(a[i * k + l]) * fp16_to_fp32(b[j * k + l]);
+            cr_expect_float_eq(c[i + j * m], want, 1e-4, "C[%d][%d]", i, j);
+        }
+    cublasDestroy(h);
+}
+#endif

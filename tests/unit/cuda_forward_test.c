@@ -1,0 +1,229 @@
+/* The whole forward pass on the CUDA backend against the CPU backend (MATMUL_PRECISION_F32, the
+ * float-accurate reference): the synthesized llama models of tests/golden/arch (every weight type:
+ * Q4_K/Q5_K/Q6_K, Q4_0/Q5_0/Q5_1/Q8_0, F16/BF16; tied and separate outputs; GQA, MQA, no GQA;
+ * linear and llama3 RoPE scaling) and the default model's first layers (Q4_1 weights, SmolLM2's
+ * 9/3 heads). Each runs a prefill long enough for the GEMM path (40 rows, every row's logits),
+ * then single-token decode steps (the GEMV path), then a batch of two sequences (a new prompt
+ * beside a decode step), and must give the CPU's top-1 at every position; the largest logit
+ * difference is reported. In `make test` the kernels run under the CPU emulator; `make test-gpu`
+ * runs this file on the device (-DKVSERVE_TEST_GPU), where positions whose CPU top-1 leads by
+ * less than the logit bound are counted rather than required to agree (cuBLAS sums in its own
+ * order). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model.h"
+
+#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define PREFILL 40
+#define DECODE 8
+#define SECOND 12 /* tokens of the second sequence's prompt */
+
+static backend *cuda_under_test(kv_error *err) {
+#ifdef KVSERVE_TEST_GPU
+    return backend_cuda_create(err);
+#else
+    return backend_cuda_emu_create(err);
+#endif
+}
+
+/* One backend's engine over the model. */
+typedef struct side {
+    backend *b;
+    kv_pool *pool;
+    forward_ctx *f;
+    kv_seq s[2];
+    float *logits;
+} side;
+
+static void side_open(side *sd, backend *b, const model *m) {
+    kv_error err = {{0}};
+    sd->b = b;
+    sd->pool = kv_pool_create(b, m, 256, 16, &err);
+    cr_assert_not_null(sd->pool, "%s", err.msg);
+    sd->f = forward_ctx_create(m, b, sd->pool, 64, 2, &err);
+    cr_assert_not_null(sd->f, "%s", err.msg);
+    kv_seq_init(&sd->s[0]);
+    kv_seq_init(&sd->s[1]);
+    sd->logits = malloc(sizeof(float) * 64 * (size_t)m->hp.n_vocab);
+    cr_assert_not_null(sd->logits);
+}
+
+static void side_close(side *sd) {
+    kv_seq_release(sd->pool, &sd->s[0]);
+    kv_seq_release(sd->pool, &sd->s[1]);
+    forward_ctx_destroy(sd->f);
+    kv_pool_destroy(sd->pool);
+    backend_destroy(sd->b);
+    free(sd->logits);
+}
+
+typedef struct verdict {
+    double bound; /* the largest |delta logit| allowed */
+    int positions, top1_agree, near_ties;
+    double max_delta;  /* largest |cuda - cpu| logit */
+    double min_margin; /* the CPU's smallest lead of its top-1 over its runner-up */
+} verdict;
+
+static int argmax(const float *x, int n, float *margin) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    float second = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (i != best && x[i] > second) second = x[i];
+    *margin = x[best] - second;
+    return best;
+}
+
+/* The same batch on both sides; n_out logit rows compared. */
+static void run_both(side sd[2], batch_seq bs[2][2], int n_seqs, int n_vocab, verdict *v) {
+    kv_error err = {{0}};
+    int n_out[2];
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; s < n_seqs; s++) {
+            bs[k][s].seq = &sd[k].s[s];
+            cr_assert_eq(
+                kv_seq_reserve(sd[k].pool, &sd[k].s[s], bs[k][s].kv_start + bs[k][s].n_tok, &err),
+                0, "%s", err.msg);
+        }
+        n_out[k] = model_forward(sd[k].f, bs[k], n_seqs, NULL, sd[k].logits, &err);
+        cr_assert_gt(n_out[k], 0, "%s forward: %s", backend_name(sd[k].b), err.msg);
+    }
+    cr_assert_eq(n_out[0], n_out[1]);
+    for (int r = 0; r < n_out[0]; r++) {
+        const float *lc = sd[0].logits + (size_t)r * n_vocab,
+                    *lg = sd[1].logits + (size_t)r * n_vocab;
+        float mc, mg;
+        int tc = argmax(lc, n_vocab, &mc), tg = argmax(lg, n_vocab, &mg);
+        v->positions++;
+        v->top1_agree += tc == tg;
+#ifdef KVSERVE_TEST_GPU
+        /* the device sums in its own order: a top-1 closer than the bound to its runner-up may
+         * go either way (counted); under emulation every position must agree */
+        if (mc < v->bound) {
+            v->near_ties++;
+            continue;
+        }
+#endif
+        cr_expect_eq(tg, tc, "position %d of the batch: cuda top-1 %d, cpu %d (cpu margin %.4f)", r,
+                     tg, tc, (double)mc);
+        v->min_margin = mc < v->min_margin ? mc : v->min_margin;
+        for (int i = 0; i < n_vocab; i++) {
+            double d = fabs((double)lc[i] - lg[i]);
+            v->max_delta = d > v->max_delta ? d : v->max_delta;
+        }
+    }
+}
+
+/* Prefill PREFILL tokens (all logits), DECODE single steps, then a second sequence's prompt in one
+ * batch with another decode step of the first. The tokens: tok, or text's. */
+static void compare(const char *path, int keep_layers, const int32_t *tok, const char *text,
+                    double max_delta) {
+    kv_error err = {{0}};
+    model_load_opts opts = {.chat_template = "chatml"};
+    model *m = model_load(path, &opts, &err);
+    cr_assert_not_null(m, "%s: %s", path, err.msg);
+    int32_t *ids = NULL;
+    if (!tok) {
+        int n = tokenizer_encode(m->tok, text, strlen(text), false, false, &ids, &err);
+        cr_assert_geq(n, PREFILL + DECODE + 1, "%s", err.msg);
+        tok = ids;
+    }
+    if (keep_layers > 0 && keep_layers < m->hp.n_layer)
+        m->hp.n_layer = keep_layers; /* the first layers, then the output head */
+    side sd[2] = {{0}};
+    backend *cpu = backend_cpu_create(2, &err), *gpu;
+    cr_assert_not_null(cpu, "%s", err.msg);
+    backend_set_precision(cpu, MATMUL_PRECISION_F32);
+    if (!(gpu = cuda_under_test(&err))) {
+        backend_destroy(cpu);
+        model_free(m);
+        cr_skip_test("no CUDA device: %s", err.msg);
+    }
+    side_open(&sd[0], cpu, m);
+    side_open(&sd[1], gpu, m);
+    const int nv = m->hp.n_vocab;
+    verdict v = {.bound = max_delta, .min_margin = INFINITY};
+    int32_t pos[64];
+    for (int i = 0; i < 64; i++) pos[i] = i;
+
+    batch_seq bs[2][2] = {{{0}}};
+    for (int k = 0; k < 2; k++)
+        bs[k][0] = (batch_seq){.n_tok = PREFILL, .tokens = tok, .pos = pos, .all_logits = true};
+    run_both(sd, bs, 1, nv, &v);
+    for (int t = PREFILL; t < PREFILL + DECODE; t++) {
+        for (int k = 0; k < 2; k++)
+            bs[k][0] = (batch_seq){
+                .n_tok = 1, .tokens = tok + t, .pos = pos + t, .kv_start = t, .decode = true};
+        run_both(sd, bs, 1, nv, &v);
+    }
+    /* the second sequence's prompt at discontinuous positions (as a schema's module) */
+    int32_t pos2[SECOND];
+    for (int i = 0; i < SECOND; i++) pos2[i] = 3 * i + (i > 5 ? 100 : 0);
+    const int t = PREFILL + DECODE;
+    for (int k = 0; k < 2; k++) {
+        bs[k][0] = (batch_seq){.n_tok = 1, .tokens = tok + t, .pos = pos + t, .kv_start = t};
+        bs[k][1] = (batch_seq){.n_tok = SECOND, .tokens = tok + 3, .pos = pos2, .all_logits = true};
+    }
+    run_both(sd, bs, 2, nv, &v);
+
+    cr_log_info("%s (%d layers): %d positions, top-1 agrees at %d (%d near ties not required), "
+                "max |delta logit| %.4f, smallest CPU top-1 margin %.4f",
+                path, m->hp.n_layer, v.positions, v.top1_agree, v.near_ties, v.max_delta,
+                v.min_margin);
+    cr_expect_lt(v.max_delta, max_delta, "%s: logits differ by %.4f", path, v.max_delta);
+    side_close(&sd[0]);
+    side_close(&sd[1]);
+    free(ids);
+    model_free(m);
+}
+
+/* The first prompt of a tiny model's golden file (56 random ids). */
+static void arch_tokens(const char *name, int32_t *tok) {
+    char p[256];
+    snprintf(p, sizeof p, "tests/golden/arch/%s.json", name);
+    json_error_t jerr;
+    json_t *root = json_load_file(p, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", p, jerr.text);
+    json_t *jt = json_object_get(json_array_get(json_object_get(root, "cases"), 0), "tokens");
+    cr_assert_geq(json_array_size(jt), PREFILL + DECODE + 1);
+    for (size_t i = 0; i < PREFILL + DECODE + 1; i++)
+        tok[i] = (int32_t)json_integer_value(json_array_get(jt, i));
+    json_decref(root);
+}
+
+TestSuite(cuda_forward, .timeout = 600);
+
+/* The bounds on |delta logit| are ~3x what the emulator measured: f16 activations and weights in
+ * the prefill's GEMMs move logits by a few thousandths. */
+Test(cuda_forward, tiny_k_quants) {
+    int32_t tok[64];
+    arch_tokens("linear_kq", tok);
+    compare("tests/golden/arch/linear_kq.gguf", 0, tok, NULL, 0.05);
+}
+
+Test(cuda_forward, tiny_32_blocks_llama3) {
+    int32_t tok[64];
+    arch_tokens("llama3_q", tok);
+    compare("tests/golden/arch/llama3_q.gguf", 0, tok, NULL, 0.05);
+}
+
+Test(cuda_forward, tiny_f16_bf16_mqa) {
+    int32_t tok[64];
+    arch_tokens("f16_bf16", tok);
+    compare("tests/golden/arch/f16_bf16.gguf", 0, tok, NULL, 0.05);
+}
+
+/* SmolLM2-135M's first 4 of 30 layers, then its output head, over English text. */
+Test(cuda_forward, default_model_first_layers) {
+    compare(DEFAULT_MODEL, 4, NULL,
+            "The capital of France is Paris. The capital of Germany is Berlin. The capital of "
+            "Italy is Rome. The capital of Spain is Madrid. The capital of Portugal is Lisbon. "
+            "The capital of Austria is Vienna. The capital of Poland is Warsaw.",
+            0.1);
+}

@@ -1,0 +1,661 @@
+/* The CUDA backend against the CPU backend, op by op, on the same inputs. In `make test` the CUDA
+ * backend's kernels run under the CPU emulator (kernels/cuda/emu.h); `make test-gpu` builds this
+ * file with -DKVSERVE_TEST_GPU against the device build and runs the same comparisons on a GPU
+ * (skipped, visibly, without one).
+ *
+ * Tolerances (the CPU backend in MATMUL_PRECISION_F32 is the reference):
+ *   matmul, GEMV path (<= 32 rows, f32 activations): |d| <= 1e-5 * sum|w x| + 1e-6 per output
+ *   matmul, GEMM path (f16 tiles on tensor cores):   |d| <= 2e-3 * sum|w x| + 1e-6 (f16 rounding
+ *       of activations and weights, 2^-11 each); F32 and BF16 weights (f32 GEMM) 1e-5
+ *   embed, gather, add, rope_cs, kv_write / kv_store / kv_store_serial / kv_load / kv_rope /
+ *       block and row copies: bit for bit
+ *   rope_angles, rope at positions: |d| <= 2e-7 (double cos/sin rounded once; bit for bit under
+ *       emulation, where both call the same libm)
+ *   rmsnorm: relative 1e-5; swiglu: relative 1e-5 (expf vs the CPU's vector exp); softmax:
+ *       relative 1e-5
+ *   top-k: the same ids and values (ties to the lower id, NaN last)
+ *   attention (prefill rows, GQA, out-of-order blocks, split decode keys): |d| <= 2e-5 (V rows in
+ *       [-1, 1]; online softmax sums in another order) */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend.h"
+
+#ifndef KVSERVE_TEST_GPU
+long cuda_emu_live_allocations(void); /* kernels/cuda/emu.cc */
+#endif
+
+static backend *g_cpu, *g_gpu;
+
+/* The CUDA backend under test: the emulator, or the device in `make test-gpu`. */
+static backend *cuda_under_test(kv_error *err) {
+#ifdef KVSERVE_TEST_GPU
+    return backend_cuda_create(err);
+#else
+    return backend_cuda_emu_create(err);
+#endif
+}
+
+static void setup(void) {
+    kv_error err = {{0}};
+    g_cpu = backend_cpu_create(2, &err);
+    cr_assert_not_null(g_cpu, "%s", err.msg);
+    backend_set_precision(g_cpu, MATMUL_PRECISION_F32);
+    g_gpu = cuda_under_test(&err);
+    if (!g_gpu) cr_skip_test("no CUDA device: %s", err.msg);
+    backend_limits lim = {
+        .max_tokens = 64, .max_seqs = 4, .max_n_in = 1024, .n_head = 8, .head_dim = 128};
+    cr_assert_eq(backend_reserve(g_gpu, &lim, &err), 0, "%s", err.msg);
+    cr_assert_eq(backend_reserve(g_cpu, &lim, &err), 0, "%s", err.msg);
+}
+
+static void teardown(void) {
+    backend_destroy(g_gpu);
+    backend_destroy(g_cpu);
+    g_gpu = g_cpu = NULL;
+}
+
+TestSuite(cuda, .init = setup, .fini = teardown, .timeout = 300);
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rng >> 33);
+}
+static float rndf(float lo, float hi) {
+    return lo + (hi - lo) * (float)(rnd() & 0xffffff) / 16777216.0f;
+}
+
+/* Backend memory holding a copy of host. */
+static void *put(backend *b, const void *host, size_t bytes) {
+    void *d = backend_alloc(b, bytes);
+    cr_assert_not_null(d);
+    cr_assert_eq(backend_upload(b, d, host, bytes), 0);
+    return d;
+}
+
+static void get(backend *b, void *host, const void *dev, size_t bytes) {
+    cr_assert_eq(backend_download(b, host, dev, bytes), 0);
+}
+
+/* max |a - b| / (rel * |scale_i| + abs), must be <= 1; reported. */
+static void expect_close(const char *what, const float *a, const float *b, const double *scale,
+                         size_t n, double rel, double abs_tol) {
+    double worst = 0, worst_d = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        double tol = rel * (scale ? scale[i] : fabs((double)b[i])) + abs_tol;
+        double ratio = isnan(a[i]) != isnan(b[i]) ? INFINITY : isnan(d) ? 0 : d / tol;
+        if (ratio > worst) worst = ratio, worst_d = d, at = i;
+    }
+    cr_log_info("%s: max |delta| %.3g (%.3f of the tolerance)", what, worst_d, worst);
+    cr_expect_leq(worst, 1.0, "%s: element %zu: cuda %.9g cpu %.9g", what, at, (double)a[at],
+                  (double)b[at]);
+}
+
+static void expect_same(const char *what, const void *a, const void *b, size_t bytes) {
+    const uint8_t *x = a, *y = b;
+    size_t i = 0;
+    while (i < bytes && x[i] == y[i]) i++;
+    cr_expect_eq(i, bytes, "%s: first difference at byte %zu of %zu", what, i, bytes);
+}
+
+/* A random weight matrix of type t: valid blocks with random codes and small scales. */
+static uint8_t *random_weight(tensor_type t, int64_t n_in, int64_t n_out, size_t *row_bytes) {
+    const tensor_type_traits *tr = tensor_type_get((int)t);
+    size_t rb = tensor_row_size(t, n_in), total = rb * (size_t)n_out;
+    uint8_t *w = malloc(total);
+    cr_assert_not_null(w);
+    for (size_t i = 0; i < total; i++) w[i] = (uint8_t)rnd();
+    size_t nb = total / tr->type_size;
+    for (size_t k = 0; k < nb; k++) {
+        uint8_t *blk = w + k * tr->type_size;
+        uint16_t d = fp32_to_fp16(rndf(0.002f, 0.02f)), m = fp32_to_fp16(rndf(-0.05f, 0.05f));
+        switch (t) {
+        case TENSOR_TYPE_F32: {
+            float f = rndf(-1, 1);
+            memcpy(blk, &f, 4);
+            break;
+        }
+        case TENSOR_TYPE_F16: {
+            uint16_t h = fp32_to_fp16(rndf(-1, 1));
+            memcpy(blk, &h, 2);
+            break;
+        }
+        case TENSOR_TYPE_BF16: {
+            float f = rndf(-1, 1);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(blk, &h, 2);
+            break;
+        }
+        case TENSOR_TYPE_Q6_K:
+            memcpy(blk + 208, &d, 2);
+            break;
+        case TENSOR_TYPE_Q4_1:
+        case TENSOR_TYPE_Q5_1:
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &m, 2);
+            break;
+        case TENSOR_TYPE_Q4_K:
+        case TENSOR_TYPE_Q5_K:
+            memcpy(blk, &d, 2);
+            d = fp32_to_fp16(rndf(0.001f, 0.01f));
+            memcpy(blk + 2, &d, 2);
+            break;
+        default: /* Q4_0, Q5_0, Q8_0 */
+            memcpy(blk, &d, 2);
+            break;
+        }
+    }
+    *row_bytes = rb;
+    return w;
+}
+
+static const tensor_type WEIGHT_TYPES[] = {
+    TENSOR_TYPE_F32,  TENSOR_TYPE_F16,  TENSOR_TYPE_BF16, TENSOR_TYPE_Q4_0,
+    TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q5_0, TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q8_0,
+    TENSOR_TYPE_Q4_K, TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K,
+};
+#define N_WEIGHT_TYPES (sizeof WEIGHT_TYPES / sizeof *WEIGHT_TYPES)
+
+/* ---------------------------------------------------------------- matmul and embed */
+
+/* y = x W^T on both backends, compared against sum |w x| per output. Two weights through
+ * matmul_multi (the second one 16 rows shorter) check the shared activation conversion. */
+static void check_matmul(tensor_type t, int n_tok) {
+    const int64_t n_in = 512, n_out = 67;
+    size_t rb;
+    uint8_t *w = random_weight(t, n_in, n_out, &rb);
+    float *x = malloc(sizeof(float) * n_tok * n_in), *wf = malloc(sizeof(float) * n_out * n_in);
+    float *yc[2], *yg[2];
+    double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
+    for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    for (int64_t o = 0; o < n_out; o++) dequantize_row(t, w + o * rb, wf + o * n_in, n_in);
+    for (int tk = 0; tk < n_tok; tk++)
+        for (int64_t o = 0; o < n_out; o++)
+            for (int64_t i = 0; i < n_in; i++)
+                scale[tk * n_out + o] += fabs((double)wf[o * n_in + i] * x[tk * n_in + i]);
+
+    weight wc[2], wg[2];
+    kv_error err = {{0}};
+    for (int k = 0; k < 2; k++) {
+        wc[k] = (weight){t, n_in, n_out - 16 * k, rb, w};
+        wg[k] = wc[k];
+        wg[k].data = backend_weight_data(g_gpu, w, rb * (size_t)n_out, &err);
+        cr_assert_not_null(wg[k].data, "%s", err.msg);
+        yc[k] = malloc(sizeof(float) * n_tok * n_out);
+        yg[k] = malloc(sizeof(float) * n_tok * n_out);
+    }
+    cr_expect_eq(wg[1].data, wg[0].data, "a weight is uploaded once");
+    const weight *pc[2] = {&wc[0], &wc[1]}, *pg[2] = {&wg[0], &wg[1]};
+    float *dx = put(g_gpu, x, sizeof(float) * n_tok * n_in);
+    float *dy[2] = {backend_alloc(g_gpu, sizeof(float) * n_tok * n_out),
+                    backend_alloc(g_gpu, sizeof(float) * n_tok * n_out)};
+    cr_assert_eq(backend_matmul_multi(g_cpu, 2, pc, x, n_tok, yc), 0);
+    cr_assert_eq(backend_matmul_multi(g_gpu, 2, pg, dx, n_tok, dy), 0);
+    bool gemm = n_tok > 32;
+    double rel = !gemm || t == TENSOR_TYPE_F32 || t == TENSOR_TYPE_BF16 ? 1e-5 : 2e-3;
+    for (int k = 0; k < 2; k++) {
+        get(g_gpu, yg[k], dy[k], sizeof(float) * n_tok * wc[k].n_out);
+        char what[96];
+        snprintf(what, sizeof what, "matmul %s, %d rows (%s), weight %d",
+                 tensor_type_get((int)t)->name, n_tok, gemm ? "GEMM" : "GEMV", k);
+        /* the second weight's outputs are its rows' prefix of the first's scale rows */
+        double *sc = malloc(sizeof(double) * n_tok * wc[k].n_out);
+        for (int tk = 0; tk < n_tok; tk++)
+            for (int64_t o = 0; o < wc[k].n_out; o++)
+                sc[tk * wc[k].n_out + o] = scale[tk * n_out + o];
+        expect_close(what, yg[k], yc[k], sc, (size_t)n_tok * wc[k].n_out, rel, 1e-6);
+        free(sc);
+        backend_free(g_gpu, dy[k]);
+        backend_weight_release(g_gpu, w);
+        free(yc[k]);
+        free(yg[k]);
+    }
+    backend_free(g_gpu, dx);
+    free(scale);
+    free(wf);
+    free(x);
+    free(w);
+}
+
+Test(cuda, matmul_gemv_every_type) {
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        check_matmul(WEIGHT_TYPES[i], 1);
+        check_matmul(WEIGHT_TYPES[i], 3);
+        check_matmul(WEIGHT_TYPES[i], 13);
+    }
+}
+
+Test(cuda, matmul_gemm_every_type) {
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) check_matmul(WEIGHT_TYPES[i], 40);
+}
+
+Test(cuda, matmul_beyond_reserved_scratch_fails) {
+    size_t rb;
+    uint8_t *w = random_weight(TENSOR_TYPE_Q8_0, 1024, 8, &rb);
+    kv_error err = {{0}};
+    weight wg = {TENSOR_TYPE_Q8_0, 1024, 8, rb, backend_weight_data(g_gpu, w, rb * 8, &err)};
+    float *dx = backend_alloc(g_gpu, sizeof(float) * 100 * 1024);
+    float *dy = backend_alloc(g_gpu, sizeof(float) * 100 * 8);
+    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 100, dy), -1, "100 rows > the 64 reserved");
+    backend_weight_release(g_gpu, w);
+    backend_free(g_gpu, dx);
+    backend_free(g_gpu, dy);
+    free(w);
+}
+
+Test(cuda, embed_every_type_bit_for_bit) {
+    const int64_t n_in = 256, n_rows = 50;
+    const int n = 9;
+    int32_t ids[9] = {3, 0, 49, 3, 17, 17, 2, 48, 25};
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        tensor_type t = WEIGHT_TYPES[i];
+        size_t rb;
+        uint8_t *w = random_weight(t, n_in, n_rows, &rb);
+        kv_error err = {{0}};
+        weight wc = {t, n_in, n_rows, rb, w}, wg = wc;
+        wg.data = backend_weight_data(g_gpu, w, rb * n_rows, &err);
+        float yc[9 * 256], yg[9 * 256];
+        int32_t *did = put(g_gpu, ids, sizeof ids);
+        float *dy = backend_alloc(g_gpu, sizeof yg);
+        cr_assert_eq(backend_embed(g_cpu, &wc, ids, n, yc), 0);
+        cr_assert_eq(backend_embed(g_gpu, &wg, did, n, dy), 0);
+        get(g_gpu, yg, dy, sizeof yg);
+        expect_same(tensor_type_get((int)t)->name, yg, yc, sizeof yc);
+        backend_free(g_gpu, did);
+        backend_free(g_gpu, dy);
+        backend_weight_release(g_gpu, w);
+        free(w);
+    }
+}
+
+/* ---------------------------------------------------------------- row and elementwise ops */
+
+Test(cuda, rmsnorm_swiglu_add_gather) {
+    const int n_tok = 5, dim = 576;
+    const size_t n = (size_t)n_tok * dim, bytes = sizeof(float) * n;
+    float *x = malloc(bytes), *g = malloc(sizeof(float) * dim), *u = malloc(bytes);
+    float *yc = malloc(bytes), *yg = malloc(bytes);
+    for (size_t i = 0; i < n; i++) x[i] = rndf(-3, 3), u[i] = rndf(-2, 2);
+    for (int i = 0; i < dim; i++) g[i] = rndf(0.5f, 1.5f);
+    float *dx = put(g_gpu, x, bytes), *dg = put(g_gpu, g, sizeof(float) * dim);
+    float *du = put(g_gpu, u, bytes), *dy = backend_alloc(g_gpu, bytes);
+
+    cr_assert_eq(backend_rmsnorm(g_cpu, x, g, yc, n_tok, dim, 1e-5f), 0);
+    cr_assert_eq(backend_rmsnorm(g_gpu, dx, dg, dy, n_tok, dim, 1e-5f), 0);
+    get(g_gpu, yg, dy, bytes);
+    expect_close("rmsnorm", yg, yc, NULL, n, 1e-5, 1e-7);
+
+    cr_assert_eq(backend_swiglu(g_cpu, x, u, yc, (int64_t)n), 0);
+    cr_assert_eq(backend_swiglu(g_gpu, dx, du, dy, (int64_t)n), 0);
+    get(g_gpu, yg, dy, bytes);
+    expect_close("swiglu", yg, yc, NULL, n, 1e-5, 1e-7);
+
+    memcpy(yc, x, bytes);
+    cr_assert_eq(backend_add(g_cpu, yc, u, (int64_t)n), 0);
+    cr_assert_eq(backend_add(g_gpu, dx, du, (int64_t)n), 0);
+    get(g_gpu, yg, dx, bytes);
+    expect_same("add", yg, yc, bytes);
+
+    int32_t idx[3] = {4, 0, 2};
+    int32_t *didx = put(g_gpu, idx, sizeof idx);
+    cr_assert_eq(backend_gather_rows(g_cpu, yc, u, idx, 3, dim), 0);
+    cr_assert_eq(backend_gather_rows(g_gpu, dy, du, didx, 3, dim), 0);
+    get(g_gpu, yg, dy, sizeof(float) * 3 * dim);
+    expect_same("gather_rows", yg, yc, sizeof(float) * 3 * dim);
+
+    backend_free(g_gpu, didx);
+    backend_free(g_gpu, dx);
+    backend_free(g_gpu, dg);
+    backend_free(g_gpu, du);
+    backend_free(g_gpu, dy);
+    free(x), free(g), free(u), free(yc), free(yg);
+}
+
+Test(cuda, rope_angles_positions_and_precomputed) {
+    const int n_tok = 7, n_head = 3, head_dim = 64, n_rot = 48; /* n_rot < head_dim */
+    float inv[24];
+    for (int i = 0; i < n_rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / n_rot);
+    rope_table rc = {n_rot, inv}, rg = {n_rot, put(g_gpu, inv, sizeof inv)};
+    int32_t pos[7] = {0, 1, 5, 4096, -3, 77, 131071};
+    int32_t idx[7] = {6, 0, 3, 3, 1, 2, 5};
+    const size_t n = (size_t)n_tok * n_head * head_dim, bytes = sizeof(float) * n;
+    float x[7 * 3 * 64], yc[7 * 3 * 64], yg[7 * 3 * 64], csc[7 * 48], csg[7 * 48];
+    for (size_t i = 0; i < n; i++) x[i] = rndf(-2, 2);
+    int32_t *dpos = put(g_gpu, pos, sizeof pos), *didx = put(g_gpu, idx, sizeof idx);
+    float *dx = put(g_gpu, x, bytes), *dcs = backend_alloc(g_gpu, sizeof csg);
+
+    cr_assert_eq(backend_rope_angles(g_cpu, &rc, pos, n_tok, csc), 0);
+    cr_assert_eq(backend_rope_angles(g_gpu, &rg, dpos, n_tok, dcs), 0);
+    get(g_gpu, csg, dcs, sizeof csg);
+    expect_close("rope_angles", csg, csc, NULL, sizeof csc / 4, 0, 2e-7);
+
+    memcpy(yc, x, bytes);
+    cr_assert_eq(backend_rope(g_cpu, yc, pos, n_tok, n_head, head_dim, &rc), 0);
+    cr_assert_eq(backend_rope(g_gpu, dx, dpos, n_tok, n_head, head_dim, &rg), 0);
+    get(g_gpu, yg, dx, bytes);
+    expect_close("rope at positions", yg, yc, NULL, n, 0, 2e-6);
+
+    /* the same angles on both sides: the rotation itself is bit for bit */
+    cr_assert_eq(backend_upload(g_gpu, dcs, csc, sizeof csc), 0);
+    cr_assert_eq(backend_upload(g_gpu, dx, x, bytes), 0);
+    memcpy(yc, x, bytes);
+    cr_assert_eq(backend_rope_cs(g_cpu, yc, csc, idx, n_tok, n_head, head_dim, n_rot), 0);
+    cr_assert_eq(backend_rope_cs(g_gpu, dx, dcs, didx, n_tok, n_head, head_dim, n_rot), 0);
+    get(g_gpu, yg, dx, bytes);
+    expect_same("rope_cs", yg, yc, bytes);
+
+    backend_free(g_gpu, rg.inv_freq);
+    backend_free(g_gpu, dpos);
+    backend_free(g_gpu, didx);
+    backend_free(g_gpu, dx);
+    backend_free(g_gpu, dcs);
+}
+
+Test(cuda, softmax_and_topk) {
+    const int rows = 4, n = 1000, k = 50;
+    float *x = malloc(sizeof(float) * rows * n), *yc = malloc(sizeof(float) * rows * n);
+    float *yg = malloc(sizeof(float) * rows * n);
+    for (int i = 0; i < rows * n; i++) x[i] = rndf(-8, 8);
+    /* row 1: ties (values repeat every 7 ids); row 2: NaN and infinities among them */
+    for (int i = 0; i < n; i++) x[n + i] = (float)(i % 7);
+    x[2 * n + 5] = NAN, x[2 * n + 9] = INFINITY, x[2 * n + 11] = -INFINITY, x[2 * n + 13] = NAN;
+    float *dx = put(g_gpu, x, sizeof(float) * rows * n);
+    float vc[4 * 50], vg[4 * 50];
+    int32_t ic[4 * 50], ig[4 * 50];
+    float *dv = backend_alloc(g_gpu, sizeof vg);
+    int32_t *di = backend_alloc(g_gpu, sizeof ig);
+    cr_assert_eq(backend_topk(g_cpu, x, rows, n, k, vc, ic), 0);
+    cr_assert_eq(backend_topk(g_gpu, dx, rows, n, k, dv, di), 0);
+    get(g_gpu, vg, dv, sizeof vg);
+    get(g_gpu, ig, di, sizeof ig);
+    expect_same("topk ids", ig, ic, sizeof ic);
+    expect_same("topk values", vg, vc, sizeof vc);
+    cr_expect_eq(ic[50], 6, "ties: the lowest id of the largest value first");
+    cr_expect_eq(ic[2 * 50], 9, "+inf first");
+    cr_expect_eq(backend_topk(g_gpu, dx, rows, n, n + 1, dv, di), -1, "k > n is refused");
+
+    /* softmax without the NaN row */
+    memcpy(yc, x, sizeof(float) * 2 * n);
+    cr_assert_eq(backend_softmax(g_cpu, yc, 2, n), 0);
+    cr_assert_eq(backend_softmax(g_gpu, dx, 2, n), 0);
+    get(g_gpu, yg, dx, sizeof(float) * 2 * n);
+    expect_close("softmax", yg, yc, NULL, (size_t)2 * n, 1e-5, 1e-12);
+
+    backend_free(g_gpu, dx);
+    backend_free(g_gpu, dv);
+    backend_free(g_gpu, di);
+    free(x), free(yc), free(yg);
+}
+
+/* ---------------------------------------------------------------- the KV pool */
+
+typedef struct pools {
+    kv_layout l;
+    void *pc, *pg; /* CPU pool, CUDA pool */
+    size_t bytes;
+} pools;
+
+static pools pools_make(int n_layer, int n_kv_head, int head_dim, int block_tokens, int n_blocks) {
+    pools p = {.l = {n_layer, n_kv_head, head_dim, block_tokens, n_blocks}};
+    p.pc = backend_kv_alloc(g_cpu, &p.l);
+    p.pg = backend_kv_alloc(g_gpu, &p.l);
+    cr_assert(p.pc && p.pg);
+    p.bytes = kv_layout_block_bytes(&p.l) * (size_t)n_blocks;
+    return p;
+}
+
+static void pools_expect_same(const char *what, const pools *p) {
+    uint8_t *hg = malloc(p->bytes);
+    int32_t *all = malloc(sizeof(int32_t) * p->l.n_blocks);
+    for (int i = 0; i < p->l.n_blocks; i++) all[i] = i;
+    cr_assert_eq(backend_kv_read_blocks(g_gpu, p->pg, &p->l, all, (int)p->l.n_blocks, hg), 0);
+    expect_same(what, hg, p->pc, p->bytes);
+    free(all);
+    free(hg);
+}
+
+static void pools_free(pools *p) {
+    backend_kv_free(g_cpu, p->pc);
+    backend_kv_free(g_gpu, p->pg);
+}
+
+/* How pools_write reaches the CUDA pool: the op on backend memory, or a host-facing store. */
+typedef enum write_path { WRITE_OP, WRITE_STORE, WRITE_STORE_SERIAL } write_path;
+
+/* Writes n_tok rows of K and V at slots through a block table on both backends. */
+static void pools_write(pools *p, int layer, const int32_t *table, int n_table,
+                        const int32_t *slots, int n_tok, write_path path) {
+    size_t kvd = (size_t)p->l.n_kv_head * p->l.head_dim, bytes = sizeof(float) * n_tok * kvd;
+    float *k = malloc(bytes), *v = malloc(bytes);
+    for (size_t i = 0; i < n_tok * kvd; i++) k[i] = rndf(-1, 1), v[i] = rndf(-1, 1);
+    cr_assert_eq(backend_kv_write(g_cpu, p->pc, &p->l, layer, table, slots, n_tok, k, v), 0);
+    if (path == WRITE_STORE) {
+        cr_assert_eq(backend_kv_store(g_gpu, p->pg, &p->l, layer, table, slots, n_tok, k, v), 0);
+    } else if (path == WRITE_STORE_SERIAL) {
+        cr_assert_eq(backend_kv_store_serial(g_gpu, p->pg, &p->l, layer, table, slots, n_tok, k, v),
+                     0);
+    } else {
+        int32_t *dt = put(g_gpu, table, sizeof(int32_t) * n_table);
+        int32_t *ds = put(g_gpu, slots, sizeof(int32_t) * n_tok);
+        float *dk = put(g_gpu, k, bytes), *dv = put(g_gpu, v, bytes);
+        cr_assert_eq(backend_kv_write(g_gpu, p->pg, &p->l, layer, dt, ds, n_tok, dk, dv), 0);
+        backend_free(g_gpu, dt), backend_free(g_gpu, ds), backend_free(g_gpu, dk);
+        backend_free(g_gpu, dv);
+    }
+    free(k), free(v);
+}
+
+Test(cuda, kv_write_store_load_rope_and_blocks) {
+    pools p = pools_make(2, 3, 64, 16, 6);
+    int32_t table[4] = {5, 2, 0, 3};
+    int32_t slots[40];
+    for (int i = 0; i < 40; i++) slots[i] = (i * 7) % 61; /* scattered over 4 blocks */
+    pools_write(&p, 1, table, 4, slots, 40, WRITE_OP);
+    pools_write(&p, 0, table, 4, slots, 23, WRITE_STORE);
+    pools_write(&p, 0, table, 4, slots + 23, 17, WRITE_STORE_SERIAL);
+    pools_expect_same("kv_write / kv_store / kv_store_serial", &p);
+
+    size_t kvd = 3 * 64;
+    float *lc = malloc(sizeof(float) * 40 * kvd), *lg = malloc(sizeof(float) * 40 * kvd);
+    for (int kv = 0; kv < 2; kv++) {
+        cr_assert_eq(backend_kv_load(g_cpu, p.pc, &p.l, 1, kv, table, slots, 40, lc), 0);
+        cr_assert_eq(backend_kv_load(g_gpu, p.pg, &p.l, 1, kv, table, slots, 40, lg), 0);
+        expect_same(kv ? "kv_load V" : "kv_load K", lg, lc, sizeof(float) * 40 * kvd);
+    }
+
+    /* K re-rotated by position deltas, as CacheBlend moves reused keys */
+    float inv[32], cs[40 * 64];
+    for (int i = 0; i < 32; i++) inv[i] = powf(10000.0f, -2.0f * i / 64);
+    rope_table rt = {64, inv};
+    int32_t delta[40];
+    for (int i = 0; i < 40; i++) delta[i] = 100 - 9 * i;
+    cr_assert_eq(backend_rope_angles(g_cpu, &rt, delta, 40, cs), 0);
+    int32_t *dt = put(g_gpu, table, sizeof table), *ds = put(g_gpu, slots, sizeof slots);
+    float *dcs = put(g_gpu, cs, sizeof cs);
+    cr_assert_eq(backend_kv_rope(g_cpu, p.pc, &p.l, 1, table, slots, 40, cs, 64), 0);
+    cr_assert_eq(backend_kv_rope(g_gpu, p.pg, &p.l, 1, dt, ds, 40, dcs, 64), 0);
+    pools_expect_same("kv_rope", &p);
+
+    /* copy on write, and records out and back in: sync and on a stream with an event */
+    cr_assert_eq(backend_kv_copy_block(g_cpu, p.pc, &p.l, 1, 5), 0);
+    cr_assert_eq(backend_kv_copy_block(g_gpu, p.pg, &p.l, 1, 5), 0);
+    pools_expect_same("kv_copy_block", &p);
+    size_t bb = kv_layout_block_bytes(&p.l);
+    int32_t out_ids[2] = {0, 3}, in_ids[2] = {4, 1};
+    uint8_t *hc = malloc(2 * bb);
+    cr_assert_eq(backend_kv_read_blocks(g_cpu, p.pc, &p.l, out_ids, 2, hc), 0);
+    cr_assert_eq(backend_kv_write_blocks(g_cpu, p.pc, &p.l, in_ids, 2, hc), 0);
+    kv_error err = {{0}};
+    backend_stream *s = backend_stream_create(g_gpu, &err);
+    backend_event *e = backend_event_create(g_gpu, &err);
+    uint8_t *pinned = backend_host_alloc(g_gpu, 2 * bb);
+    cr_assert(s && e && pinned, "%s", err.msg);
+    cr_assert_eq(backend_event_record(g_gpu, e, NULL), 0);
+    cr_assert_eq(backend_stream_wait(g_gpu, s, e), 0);
+    cr_assert_eq(backend_kv_read_blocks_async(g_gpu, p.pg, &p.l, out_ids, 2, pinned, s), 0);
+    cr_assert_eq(backend_event_record(g_gpu, e, s), 0);
+    cr_assert_eq(backend_event_sync(g_gpu, e), 0);
+    expect_same("kv_read_blocks_async", pinned, hc, 2 * bb);
+    cr_assert_eq(backend_kv_write_blocks_async(g_gpu, p.pg, &p.l, in_ids, 2, pinned, s), 0);
+    cr_assert_eq(backend_event_record(g_gpu, e, s), 0);
+    cr_assert_eq(backend_stream_wait(g_gpu, NULL, e), 0);
+    cr_assert_eq(backend_sync(g_gpu), 0);
+    pools_expect_same("kv_write_blocks_async", &p);
+
+    /* token rows at any slot to and from a record's blocks (Prompt Cache's placement): 30 rows
+     * from host slot 7 to pool slots 5.., then 25 rows from pool slot 3 into host slot 11.. of a
+     * buffer whose other rows must stay as they were */
+    uint8_t *rows = malloc(3 * bb), *rc = malloc(3 * bb), *rg = malloc(3 * bb);
+    for (size_t i = 0; i < 3 * bb; i++) rows[i] = (uint8_t)rnd(), rc[i] = rg[i] = (uint8_t)i;
+    for (size_t i = 0; i < 3 * bb; i += 2) rows[i + 1] &= 0x3b; /* finite f16 */
+    cr_assert_eq(backend_kv_write_rows(g_cpu, p.pc, &p.l, table, 5, 30, rows, 7), 0);
+    cr_assert_eq(backend_kv_write_rows(g_gpu, p.pg, &p.l, table, 5, 30, rows, 7), 0);
+    pools_expect_same("kv_write_rows", &p);
+    cr_assert_eq(backend_kv_read_rows(g_cpu, p.pc, &p.l, table, 3, 25, rc, 11), 0);
+    cr_assert_eq(backend_kv_read_rows(g_gpu, p.pg, &p.l, table, 3, 25, rg, 11), 0);
+    expect_same("kv_read_rows", rg, rc, 3 * bb);
+    free(rows), free(rc), free(rg);
+
+    backend_host_free(g_gpu, pinned);
+    backend_event_destroy(g_gpu, e);
+    backend_stream_destroy(g_gpu, s);
+    backend_free(g_gpu, dt), backend_free(g_gpu, ds), backend_free(g_gpu, dcs);
+    free(hc), free(lc), free(lg);
+    pools_free(&p);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Sequences over one pool: KV written on both backends, queries f32, then both attentions. */
+typedef struct attn_case {
+    int n_head, n_kv_head, head_dim;
+    int n_seqs;
+    int n_kv[3]; /* slots holding KV */
+    int n_q[3];  /* query rows: the last n_q slots, or every other slot when scattered */
+    bool split[3];
+    bool scattered[3];
+} attn_case;
+
+static void check_attention(const char *what, const attn_case *c) {
+    const int bt = 16;
+    int n_blocks = 0;
+    for (int s = 0; s < c->n_seqs; s++) n_blocks += (c->n_kv[s] + bt - 1) / bt;
+    pools p = pools_make(2, c->n_kv_head, c->head_dim, bt, n_blocks + 1);
+    const int layer = 1, hd = c->head_dim;
+    attn_seq sc[3], sg[3];
+    float *qs[3], *oc[3];
+    void *dev[3][4];
+    /* blocks handed out in reverse, interleaved between sequences */
+    int next = n_blocks;
+    int32_t tables[3][256];
+    for (int s = 0; s < c->n_seqs; s++)
+        for (int b = 0; b < (c->n_kv[s] + bt - 1) / bt; b++) tables[s][b] = next--;
+    for (int s = 0; s < c->n_seqs; s++) {
+        int nb = (c->n_kv[s] + bt - 1) / bt;
+        int32_t *slots = malloc(sizeof(int32_t) * c->n_kv[s]);
+        for (int i = 0; i < c->n_kv[s]; i++) slots[i] = i;
+        pools_write(&p, layer, tables[s], nb, slots, c->n_kv[s], s % 2 ? WRITE_STORE : WRITE_OP);
+        int nq = c->n_q[s];
+        int32_t *q_slot = malloc(sizeof(int32_t) * nq);
+        for (int r = 0; r < nq; r++)
+            q_slot[r] = c->scattered[s] ? c->n_kv[s] - 1 - 2 * (nq - 1 - r) : c->n_kv[s] - nq + r;
+        size_t qn = (size_t)nq * c->n_head * hd;
+        qs[s] = malloc(sizeof(float) * qn);
+        oc[s] = malloc(sizeof(float) * qn);
+        for (size_t i = 0; i < qn; i++) qs[s][i] = rndf(-1, 1);
+        sc[s] = (attn_seq){tables[s], c->n_kv[s], nq, q_slot, qs[s], oc[s], c->split[s]};
+        dev[s][0] = put(g_gpu, tables[s], sizeof(int32_t) * nb);
+        dev[s][1] = put(g_gpu, q_slot, sizeof(int32_t) * nq);
+        dev[s][2] = put(g_gpu, qs[s], sizeof(float) * qn);
+        dev[s][3] = backend_alloc(g_gpu, sizeof(float) * qn);
+        sg[s] = (attn_seq){dev[s][0], c->n_kv[s], nq, dev[s][1], dev[s][2], dev[s][3], c->split[s]};
+        free(slots);
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    cr_assert_eq(backend_attention(g_cpu, p.pc, &p.l, layer, c->n_head, scale, sc, c->n_seqs), 0);
+    cr_assert_eq(backend_attention(g_gpu, p.pg, &p.l, layer, c->n_head, scale, sg, c->n_seqs), 0);
+    for (int s = 0; s < c->n_seqs; s++) {
+        size_t qn = (size_t)c->n_q[s] * c->n_head * hd;
+        float *og = malloc(sizeof(float) * qn);
+        get(g_gpu, og, dev[s][3], sizeof(float) * qn);
+        char name[96];
+        snprintf(name, sizeof name, "attention %s, sequence %d", what, s);
+        expect_close(name, og, oc[s], NULL, qn, 0, 2e-5);
+        free(og);
+        for (int i = 0; i < 4; i++) backend_free(g_gpu, dev[s][i]);
+        free((void *)sc[s].q_slot);
+        free(qs[s]), free(oc[s]);
+    }
+    pools_free(&p);
+}
+
+Test(cuda, attention_prefill_gqa) {
+    /* SmolLM2's 9 heads over 3 kv heads; a 37-row prompt, a 5-row step after 60 cached slots,
+     * and scattered rows (a blended layer's recomputed tokens) */
+    attn_case c = {.n_head = 9,
+                   .n_kv_head = 3,
+                   .head_dim = 64,
+                   .n_seqs = 3,
+                   .n_kv = {37, 65, 50},
+                   .n_q = {37, 5, 9},
+                   .scattered = {false, false, true}};
+    check_attention("prefill GQA 9/3", &c);
+}
+
+Test(cuda, attention_decode_split_keys) {
+    /* one decode row over 1500 slots splits its keys (5 ranges), one over 300 does not; head_dim
+     * 128, MQA-like 8/1 */
+    attn_case c = {.n_head = 8,
+                   .n_kv_head = 1,
+                   .head_dim = 128,
+                   .n_seqs = 2,
+                   .n_kv = {1500, 300},
+                   .n_q = {1, 2},
+                   .split = {true, true}};
+    check_attention("decode, split keys", &c);
+}
+
+Test(cuda, attention_beyond_reserved_sequences_fails) {
+    pools p = pools_make(1, 1, 64, 16, 1);
+    attn_seq s[5] = {{0}};
+    cr_expect_eq(backend_attention(g_gpu, p.pg, &p.l, 0, 1, 1.0f, s, 5), -1, "5 > 4 reserved");
+    pools_free(&p);
+}
+
+#ifndef KVSERVE_TEST_GPU
+/* Every allocation the emulated backend made is freed by backend_destroy. */
+Test(cuda_lifetime, no_device_memory_leaks) {
+    kv_error err = {{0}};
+    long before = cuda_emu_live_allocations();
+    backend *b = backend_cuda_emu_create(&err);
+    cr_assert_not_null(b, "%s", err.msg);
+    backend_limits lim = {
+        .max_tokens = 64, .max_seqs = 4, .max_n_in = 256, .n_head = 4, .head_dim = 64};
+    cr_assert_eq(backend_reserve(b, &lim, &err), 0);
+    float w[64 * 256];
+    for (int i = 0; i < 64 * 256; i++) w[i] = 1;
+    cr_assert_not_null(backend_weight_data(b, w, sizeof w, &err));
+    cr_assert_not_null(backend_weight_data(b, w, sizeof w, &err));
+    backend_weight_release(b, w);
+    kv_layout l = {2, 1, 64, 16, 4};
+    void *pool = backend_kv_alloc(b, &l);
+    void *x = backend_alloc(b, 1024);
+    cr_assert(pool && x);
+    cr_expect_gt(cuda_emu_live_allocations(), before);
+    backend_weight_release(b, w);
+    backend_free(b, x);
+    backend_kv_free(b, pool);
+    backend_destroy(b);
+    cr_expect_eq(cuda_emu_live_allocations(), before);
+}
+#endif
