@@ -134,7 +134,9 @@ def test_connections_over_the_limit_are_refused_at_once(start_server):
     time.sleep(0.2)
     status, _ = http_get(s.url + "/health")
     assert status == 200
-    assert "refusing connections: 50 open (--max-connections 50)" in s.stderr()
+    # the count logged is the one seen at the refusal: 50, or the few more let in alongside
+    m = re.search(r"refusing connections: (\d+) open \(--max-connections 50\)", s.stderr())
+    assert m and 50 <= int(m.group(1)) <= 50 + 3, s.stderr()
     m = s.metrics()
     assert m["kvserve_http_connections_refused_total"] >= 80 - 53
     assert m["kvserve_http_connections"] >= 1  # this scrape's
