@@ -148,7 +148,8 @@ typedef struct schema_kv {
      * ratio: K moved to the new positions, the most deviating tokens recomputed */
     float fixup;
     /* a precompute: slots [export_from, export_from + export_n) are stored as records under
-     * export_bkeys (one per block) in namespace export_ns and pinned, once computed */
+     * export_bkeys (one per block) in namespace export_ns, once computed (the schema registry
+     * pins them, under its lock, unless the schema was deleted meanwhile) */
     cache_key *export_bkeys;
     int export_blocks, export_from, export_n;
     cache_key export_ns;
@@ -158,8 +159,8 @@ void schema_kv_free(schema_kv *k);
 /* Reserves slots [0, n_slots) of the empty seq and copies the rows into them. -1 with err when
  * the pool is full (nothing is kept then). */
 int schema_kv_import(const schema_kv *k, kv_pool *pool, kv_seq *seq, kv_error *err);
-/* Stores the export slots of seq as records (RAM now, disk in the background) and pins them.
- * -1 with err when out of memory or the pins do not fit. */
+/* Stores the export slots of seq as records (RAM now, disk in the background), unpinned.
+ * -1 with err when out of memory. */
 int schema_kv_export(const schema_kv *k, cache_store *st, kv_pool *pool, const kv_seq *seq,
                      kv_error *err);
 /* Fix-up: the rows as blend spans over content records (their KV converted to the fusor's rows,

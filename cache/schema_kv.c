@@ -41,34 +41,20 @@ int schema_kv_export(const schema_kv *k, cache_store *st, kv_pool *pool, const k
     const cache_layout *cl = cache_store_layout(st);
     int ct = cl->chunk_tokens, cb = cache_chunk_blocks(cl), bt = cl->block_tokens;
     size_t bb = cache_block_bytes(cl);
-    int n_recs = (k->export_blocks + cb - 1) / cb, pinned = 0;
-    cache_key *rkeys = malloc(sizeof *rkeys * (size_t)(n_recs + 1));
-    if (!rkeys) return kv_fail(err, "out of memory");
+    int n_recs = (k->export_blocks + cb - 1) / cb;
     for (int c = 0; c < n_recs; c++) {
         int b0 = c * cb, nb = k->export_blocks - b0 < cb ? k->export_blocks - b0 : cb;
         int t0 = c * ct, nt = k->export_n - t0 < nb * bt ? k->export_n - t0 : nb * bt;
         cache_chunk *rec = cache_chunk_create(cl, k->export_bkeys + b0, nb, &k->export_ns, t0);
-        if (!rec) {
-            free(rkeys);
-            return kv_fail(err, "out of memory for a schema record");
-        }
+        if (!rec) return kv_fail(err, "out of memory for a schema record");
         memset(rec->data, 0, (size_t)nb * bb); /* the last block's unused slots: zeros */
         if (kv_seq_export_rows(pool, seq, k->export_from + t0, nt, rec->data, 0, err)) {
             cache_chunk_unref(rec);
-            free(rkeys);
             return -1;
         }
         cache_store_put(st, rec);
-        rkeys[c] = rec->key;
         cache_chunk_unref(rec);
     }
-    pinned = cache_store_pin(st, rkeys, n_recs, true);
-    free(rkeys);
-    if (pinned < n_recs)
-        return kv_fail(err,
-                       "%d of %d records could not be kept (pinned records may fill half of the "
-                       "cache's RAM tier: raise --cache-ram-bytes)",
-                       n_recs - pinned, n_recs);
     return 0;
 }
 

@@ -176,6 +176,33 @@ static int build_node(schema_registry *g, entry *e, int i, char *msg, size_t cap
     return rc;
 }
 
+/* Pins node i's records, stored by the engine just now (fresh: they are in RAM, and -1 with msg
+ * says they did not fit there) or before (a restart, another schema with the same text: they
+ * may be on disk only, which keeps them pinned too). Under mu and only while e is live: a DELETE
+ * unpins under mu, so a node that was in the engine when it came leaves nothing pinned. */
+static int pin_node(schema_registry *g, entry *e, int i, bool fresh, char *msg, size_t cap) {
+    const schema *sc = e->sc;
+    int cb = sc->chunk_tokens / sc->block_tokens, max = (sc->nodes[i].n_blocks + cb - 1) / cb;
+    cache_key *keys = malloc(sizeof *keys * (size_t)max);
+    if (!keys) {
+        snprintf(msg, cap, "out of memory");
+        return -1;
+    }
+    int n = schema_node_records(sc, i, keys, max);
+    pthread_mutex_lock(&g->mu);
+    int pinned = g->stop || e->deleted ? n : cache_store_pin(g->s->store, keys, n, true);
+    pthread_mutex_unlock(&g->mu);
+    free(keys);
+    if (fresh && pinned < n) {
+        snprintf(msg, cap,
+                 "%d of %d records could not be kept (pinned records may fill half of the "
+                 "cache's RAM tier: raise --cache-ram-bytes)",
+                 n - pinned, n);
+        return -1;
+    }
+    return 0;
+}
+
 static void build(schema_registry *g, entry *e) {
     schema *sc = e->sc;
     cache_store *st = g->s->store;
@@ -188,18 +215,11 @@ static void build(schema_registry *g, entry *e) {
         if (nd->n_tok == 0) continue;
         bool held = true;
         for (int b = 0; b < nd->n_blocks && held; b++) held = cache_store_holds(st, &nd->bkeys[b]);
-        if (held) {
-            /* stored before (a restart, another schema with the same text): pinned again */
-            int cb = sc->chunk_tokens / sc->block_tokens, max = (nd->n_blocks + cb - 1) / cb;
-            cache_key *keys = malloc(sizeof *keys * (size_t)max);
-            if (keys) cache_store_pin(st, keys, schema_node_records(sc, i, keys, max), true);
-            free(keys);
-        } else if (build_node(g, e, i, msg, sizeof msg)) {
-            if (!abandoned(g, e)) set_status(g, e, ENTRY_FAILED, msg);
-            return;
-        } else {
+        if (!held) {
+            if (build_node(g, e, i, msg, sizeof msg)) goto failed;
             computed += nd->n_tok;
         }
+        if (pin_node(g, e, i, !held, msg, sizeof msg)) goto failed;
         pthread_mutex_lock(&g->mu);
         e->done_tokens += nd->n_tok;
         pthread_mutex_unlock(&g->mu);
@@ -207,6 +227,9 @@ static void build(schema_registry *g, entry *e) {
     log_info("schemas: '%s': %lld tokens precomputed in %.2f s", sc->name, (long long)computed,
              (double)(clock_now_ns() - t0) / 1e9);
     set_status(g, e, ENTRY_READY, NULL);
+    return;
+failed:
+    if (!abandoned(g, e)) set_status(g, e, ENTRY_FAILED, msg);
 }
 
 static void *builder_main(void *arg) {

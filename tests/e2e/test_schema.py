@@ -294,3 +294,24 @@ def test_fixup_at_ratio_one_is_a_full_prefill(server):
     det = usage["prompt_tokens_details"]
     assert 0 < det["recomputed_tokens"] < det["blended_tokens"]
     assert det["cached_tokens"] == det["blended_tokens"] - det["recomputed_tokens"]
+
+
+def test_a_schema_deleted_while_it_builds_leaves_nothing_pinned(start_server):
+    """The builder precomputes one module at a time through the engine: a DELETE that lands
+    while a module is in the engine must also unpin the records that module stores after it."""
+    s = start_server("-c", "2048")
+    modules = "\n".join(
+        f'<module name="m{i}">Section {i}. ' + " ".join(f"fact {i}.{k} is true." for k in range(12))
+        + "</module>" for i in range(16))
+    status, r = call(s, "POST", "/v1/schemas", raw=f'<schema name="big">{modules}</schema>')
+    assert status in (200, 202), r
+    time.sleep(0.3 * SLOW)
+    status, r = call(s, "DELETE", "/v1/schemas/big")
+    assert status == 200, r
+    # the builder works on one schema at a time: once the next is ready, big's build is over
+    register(s, TRAVEL)
+    status, r = call(s, "DELETE", "/v1/schemas/travel")
+    assert status == 200, r
+    status, st = call(s, "GET", "/v1/cache/stats")
+    assert status == 200
+    assert st["tiers"]["ram"]["pinned"] == 0, st["tiers"]
