@@ -787,14 +787,11 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
                  "no schema '%s' in this namespace (POST it to /v1/schemas first)", doc->name);
         goto done;
     }
-    if (st != ENTRY_READY && rq->cache) {
-        if (st == ENTRY_FAILED)
-            api_fail(err, 409, "invalid_request_error", "schema_failed", "schema_prompt",
-                     "schema '%s' could not be precomputed: %s", doc->name, why);
-        else
-            api_fail(err, 409, "invalid_request_error", "schema_not_ready", "schema_prompt",
-                     "schema '%s' is still being precomputed (GET /v1/schemas/%s shows how far)",
-                     doc->name, doc->name);
+    /* still precomputing: served all the same, its modules that are not stored yet computed
+     * with the prompt (as when a record is missing) */
+    if (st == ENTRY_FAILED && rq->cache) {
+        api_fail(err, 409, "invalid_request_error", "schema_failed", "schema_prompt",
+                 "schema '%s' could not be precomputed: %s", doc->name, why);
         goto done;
     }
     /* chat always opens the answer; a completion does when the prompt is a conversation */

@@ -315,3 +315,24 @@ def test_a_schema_deleted_while_it_builds_leaves_nothing_pinned(start_server):
     status, st = call(s, "GET", "/v1/cache/stats")
     assert status == 200
     assert st["tiers"]["ram"]["pinned"] == 0, st["tiers"]
+
+
+def test_a_prompt_to_a_schema_still_building_is_answered(start_server):
+    """Not a 409 to retry: what is not stored yet is computed with the prompt, and once the
+    schema is ready the same prompt reuses its modules."""
+    s = start_server("-c", "4096")
+    modules = "\n".join(
+        f'<module name="m{i}">Section {i}. ' + " ".join(f"fact {i}.{k} is true." for k in range(12))
+        + "</module>" for i in range(24))
+    status, r = call(s, "POST", "/v1/schemas", raw=f'<schema name="big">{modules}</schema>')
+    assert status == 202, r
+    status, r = call(s, "GET", "/v1/schemas/big")
+    building = r["status"] == "building"
+    p = '<prompt schema="big"><m0/><m23/><user>Which section is first?</user></prompt>'
+    status, r = chat(s, p)
+    assert status == 200, r
+    if building:
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    wait_ready(s, "big")
+    _, usage = answer(s, p)
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0
