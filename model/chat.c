@@ -4,16 +4,24 @@
  * against jinja2's own rendering (the JSON files in tests/golden/chat, written by
  * scripts/ref/make_chat_goldens.py):
  *
- *   ChatML     SmolLM2 / Qwen2 / the HF docs' ChatML, with the template's hard-coded default
- *              system message when it has one; with the Hermes tool format,
- * Qwen/Qwen2.5-7B-Instruct Llama 3    meta-llama/Meta-Llama-3-8B-Instruct (content passed through
- * Jinja's `trim`) Llama 3.1  meta-llama/Llama-3.1-8B-Instruct (3.2 and 3.3 render the same here)
- *   Llama 2    meta-llama/Llama-2-7b-chat-hf (content passed through Python's str.strip())
- *   Mistral    mistralai/Mistral-Nemo-Instruct-2407
+ *   ChatML      SmolLM2 / Qwen2 / the HF docs' ChatML, with the template's hard-coded default
+ *               system message when it has one; with the Hermes tool format,
+ *               Qwen/Qwen2.5-7B-Instruct
+ *   Llama 3     meta-llama/Meta-Llama-3-8B-Instruct (content passed through Jinja's `trim`)
+ *   Llama 3.1   meta-llama/Llama-3.1-8B-Instruct (3.2 and 3.3 render the same here)
+ *   Llama 2     meta-llama/Llama-2-7b-chat-hf (content passed through Python's str.strip())
+ *   Mistral     mistralai/Mistral-Nemo-Instruct-2407 ("v3-tekken")
+ *   Mistral v3  mistralai/Mistral-Large-Instruct-2407 (Mistral 7B v0.3 writes this format too)
+ *   legacy, v1  mistralai/Mistral-7B-Instruct-v0.2, its original template and its later one
+ *   v7          mistralai/Mistral-Large-Instruct-2411
+ *   v7-tekken   mistralai/Mistral-Small-3.2-24B-Instruct-2506 (Small 3.x, Devstral)
  *
  * Deliberate differences: Llama 2's template silently drops a system message that is not first
  * (it only checks that user turns fall on even positions); chat_render rejects it. Mistral's
- * refuses call ids that are not 9 characters; chat_render maps them (chat_tools_mistral_id). */
+ * refuse call ids that are not 9 characters; chat_render maps them (chat_tools_mistral_id).
+ * Mistral Small 3.x's template inserts a default system message carrying today's date when the
+ * conversation has none; chat_render inserts none (a prompt's text, and its cached KV, would
+ * change at midnight). */
 #include "model/chat_impl.h"
 
 #include <stdint.h>
@@ -262,6 +270,44 @@ static char *chatml_default_system(const char *src, size_t len) {
     return found;
 }
 
+/* The [INST] family, told apart by the spaces around [INST] and [/INST] and by Mistral's own
+ * control tokens (https://github.com/mistralai/cookbook, concept-deep-dive/tokenization):
+ *   [SYSTEM_PROMPT]               v7: "[INST] " (Large 2411), or "[INST]" (v7-tekken: Small 3.x,
+ *                                 Devstral); their calls as [TOOL_CALLS]NAME[ARGS] are not a
+ *                                 tool format of ours
+ *   <<SYS>>                       Llama 2
+ *   " [INST] "                    v1 (Mistral 7B v0.1 / v0.2), the system message first
+ *   "[INST]" + content            Nemo (v3-tekken) when it has [TOOL_CALLS] and
+ *                                 [AVAILABLE_TOOLS]
+ *   "[INST] " ... "[/INST]"       v3 (Mistral 7B v0.3, Large 2407): the answer's side has no space
+ *   "[INST] " ... " [/INST]"      Mistral 7B v0.1 / v0.2's original template (no system message)
+ * Anything else with [INST] keeps Llama 2's format, as before these were told apart. */
+static void mistral_detect(const char *jinja, size_t len, chat_template *out) {
+    bool calls = find(jinja, len, "[TOOL_CALLS]") && find(jinja, len, "[AVAILABLE_TOOLS]");
+    bool args = find(jinja, len, "[ARGS]") != NULL;
+    out->kind = CHAT_TEMPLATE_LLAMA2;
+    if (find(jinja, len, "[SYSTEM_PROMPT]")) {
+        out->kind = find(jinja, len, "[INST] ") || find(jinja, len, "[SYSTEM_PROMPT] ")
+                        ? CHAT_TEMPLATE_MISTRAL_V7
+                        : CHAT_TEMPLATE_MISTRAL_V7_TEKKEN;
+    } else if (find(jinja, len, "<<SYS>>")) {
+        out->kind = CHAT_TEMPLATE_LLAMA2;
+    } else if (find(jinja, len, " [INST] ")) {
+        out->kind = CHAT_TEMPLATE_MISTRAL_V1;
+    } else if (!find(jinja, len, "[INST] ")) {
+        if (calls && !args) {
+            out->kind = CHAT_TEMPLATE_MISTRAL;
+            out->tools = CHAT_TOOLS_MISTRAL;
+        }
+    } else if (!find(jinja, len, " [/INST]")) {
+        out->kind = CHAT_TEMPLATE_MISTRAL_V3;
+        if (calls && !args && find(jinja, len, "[TOOL_CALLS] ["))
+            out->tools = CHAT_TOOLS_MISTRAL_V3;
+    } else {
+        out->kind = CHAT_TEMPLATE_MISTRAL_LEGACY;
+    }
+}
+
 void chat_template_detect(const char *jinja, size_t len, chat_template *out) {
     *out = (chat_template){0};
     if (!jinja) return;
@@ -282,14 +328,7 @@ void chat_template_detect(const char *jinja, size_t len, chat_template *out) {
             out->tools = CHAT_TOOLS_LLAMA3;
         }
     } else if (find(jinja, len, "[INST]")) {
-        out->kind = CHAT_TEMPLATE_LLAMA2;
-        /* Nemo: "[INST]" + content, where Mistral 7B v0.3's template has "[INST] " */
-        if (find(jinja, len, "[TOOL_CALLS]") && find(jinja, len, "[AVAILABLE_TOOLS]") &&
-            !find(jinja, len, "[INST] ") && !find(jinja, len, "[SYSTEM_PROMPT]") &&
-            !find(jinja, len, "[ARGS]")) {
-            out->kind = CHAT_TEMPLATE_MISTRAL;
-            out->tools = CHAT_TOOLS_MISTRAL;
-        }
+        mistral_detect(jinja, len, out);
     }
 }
 
@@ -307,11 +346,18 @@ static const struct {
     {"llama2", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, NULL},
     {"llama3.1", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
     {"mistral-nemo", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, NULL},
+    {"mistral-legacy", CHAT_TEMPLATE_MISTRAL_LEGACY, CHAT_TOOLS_GENERIC, NULL},
+    {"mistral-v1", CHAT_TEMPLATE_MISTRAL_V1, CHAT_TOOLS_GENERIC, NULL},
+    {"mistral-v3", CHAT_TEMPLATE_MISTRAL_V3, CHAT_TOOLS_MISTRAL_V3, NULL},
+    {"mistral-v7", CHAT_TEMPLATE_MISTRAL_V7, CHAT_TOOLS_GENERIC, NULL},
+    {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, NULL},
     {"qwen2.5", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, QWEN25_SYSTEM},
     {"hermes", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, NULL},
     {"llama3.2", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
     {"llama3.3", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
-    {"mistral", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, NULL},
+    /* "mistral" named Llama 2's format until kvserve had Mistral's own; v1 is Mistral's
+     * template for the same models (Mistral 7B v0.1 / v0.2), and takes a system message too */
+    {"mistral", CHAT_TEMPLATE_MISTRAL_V1, CHAT_TOOLS_GENERIC, NULL},
     {"mistral-v3-tekken", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, NULL},
 };
 
@@ -539,11 +585,28 @@ static int render_llama2(strbuf *b, const chat_message *msgs, int n, const char 
     return 0;
 }
 
-/* Mistral Nemo's template: tools before the last user turn, each function's string fields
- * written raw and the others through tojson; the system message only in the last message, and
- * only when that is the user's; add_generation_prompt ignored ("[/INST]" opens the answer). */
-static void append_mistral_tools(strbuf *b, const chat_tool *tools, int n) {
-    sb_puts(b, "[AVAILABLE_TOOLS][");
+/* Mistral Nemo's template and Mistral Large 2407's ("v3"), which differ only in spaces: tools
+ * before the last user turn, each function's string fields written raw and the others through
+ * tojson; the system message only in the last message, and only when that is the user's;
+ * add_generation_prompt ignored ("[/INST]" opens the answer). */
+typedef struct mistral_style {
+    const char *name;       /* for errors */
+    const char *tools_open; /* "[AVAILABLE_TOOLS][" */
+    const char *inst;       /* "[INST]" */
+    const char *results;    /* "[TOOL_RESULTS]{" */
+    bool trim_answer;       /* v3: " " + content|trim */
+    chat_tool_format calls;
+} mistral_style;
+
+static const mistral_style MISTRAL_NEMO = {
+    "mistral-nemo", "[AVAILABLE_TOOLS][", "[INST]", "[TOOL_RESULTS]{", false, CHAT_TOOLS_MISTRAL};
+static const mistral_style MISTRAL_V3 = {"mistral-v3", "[AVAILABLE_TOOLS] [",
+                                         "[INST] ",    "[TOOL_RESULTS] {",
+                                         true,         CHAT_TOOLS_MISTRAL_V3};
+
+static void append_mistral_tools(strbuf *b, const mistral_style *st, const chat_tool *tools,
+                                 int n) {
+    sb_puts(b, st->tools_open);
     for (int i = 0; i < n; i++) {
         json_t *t = chat_tool_json(&tools[i]);
         if (!t) {
@@ -575,10 +638,10 @@ static void append_mistral_tools(strbuf *b, const chat_tool *tools, int n) {
     sb_puts(b, "][/AVAILABLE_TOOLS]");
 }
 
-static int render_mistral(strbuf *b, const chat_message *msgs, int n, const chat_tool *tools,
-                          int n_tools, const char *bos, kv_error *err) {
+static int render_mistral(strbuf *b, const mistral_style *st, const chat_message *msgs, int n,
+                          const chat_tool *tools, int n_tools, const char *bos, kv_error *err) {
     if (n == 0)
-        return kv_fail(err, "chat (mistral-nemo): no messages (its template reads the first)");
+        return kv_fail(err, "chat (%s): no messages (its template reads the first)", st->name);
     int first = 0;
     const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[first++]) : NULL;
     const char *last_user = NULL;
@@ -588,9 +651,9 @@ static int render_mistral(strbuf *b, const chat_message *msgs, int n, const chat
         if (is_role(m, "tool") || m->n_tool_calls > 0) continue;
         if (is_role(m, "user") != (turn++ % 2 == 0))
             return kv_fail(err,
-                           "chat (mistral-nemo): message %d: after the optional system message, "
-                           "roles must alternate user/assistant (calls and results aside)",
-                           i);
+                           "chat (%s): message %d: after the optional system message, roles must "
+                           "alternate user/assistant (calls and results aside)",
+                           st->name, i);
     }
     sb_puts(b, bos);
     for (int i = first; i < n; i++) {
@@ -599,8 +662,8 @@ static int render_mistral(strbuf *b, const chat_message *msgs, int n, const chat
         if (is_role(m, "user")) {
             /* the template compares the messages (dicts): the last user turn's equals */
             if (n_tools > 0 && !strcmp(content_of(m), last_user))
-                append_mistral_tools(b, tools, n_tools);
-            sb_puts(b, "[INST]");
+                append_mistral_tools(b, st, tools, n_tools);
+            sb_puts(b, st->inst);
             if (i == n - 1 && sys) {
                 sb_puts(b, sys);
                 sb_puts(b, "\n\n");
@@ -608,23 +671,139 @@ static int render_mistral(strbuf *b, const chat_message *msgs, int n, const chat
             sb_puts(b, content_of(m));
             sb_puts(b, "[/INST]");
         } else if (m->n_tool_calls > 0) {
-            if (chat_tools_append_calls(b, CHAT_TOOLS_MISTRAL, m->tool_calls, m->n_tool_calls, i,
-                                        err))
+            if (chat_tools_append_calls(b, st->calls, m->tool_calls, m->n_tool_calls, i, err))
                 return -1;
             sb_puts(b, "</s>");
         } else if (is_role(m, "assistant")) {
-            sb_puts(b, content_of(m));
+            if (st->trim_answer) {
+                sb_puts(b, " ");
+                sb_append_stripped(b, content_of(m));
+            } else {
+                sb_puts(b, content_of(m));
+            }
             sb_puts(b, "</s>");
         } else if (is_role(m, "tool")) {
             chat_tools_mistral_id(m->tool_call_id, id);
-            sb_puts(b, "[TOOL_RESULTS]{\"content\": ");
+            sb_puts(b, st->results);
+            sb_puts(b, "\"content\": ");
             sb_puts(b, content_of(m));
             sb_puts(b, ", \"call_id\": \"");
             sb_puts(b, id);
             sb_puts(b, "\"}[/TOOL_RESULTS]");
         } else {
-            return kv_fail(err, "chat (mistral-nemo): message %d: a system message must come first",
+            return kv_fail(err, "chat (%s): message %d: a system message must come first", st->name,
                            i);
+        }
+    }
+    return 0;
+}
+
+/* Mistral 7B v0.1 / v0.2's original template: it has no system message, and checks only that
+ * user turns fall on even positions (anything else there is refused too). Neither content is
+ * trimmed; add_generation_prompt ignored. */
+static int render_mistral_legacy(strbuf *b, const chat_message *msgs, int n, const char *bos,
+                                 kv_error *err) {
+    sb_puts(b, bos);
+    for (int i = 0; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "system"))
+            return kv_fail(err,
+                           "chat (mistral-legacy): message %d: this template takes no system "
+                           "message (--chat-template mistral-v1 does, for the same models)",
+                           i);
+        if (is_role(m, "user") != (i % 2 == 0))
+            return kv_fail(err,
+                           "chat (mistral-legacy): message %d: roles must alternate "
+                           "user/assistant starting with user (got %s)",
+                           i, m->role);
+        if (is_role(m, "user")) {
+            sb_puts(b, "[INST] ");
+            sb_puts(b, content_of(m));
+            sb_puts(b, " [/INST]");
+        } else {
+            sb_puts(b, content_of(m));
+            sb_puts(b, "</s>");
+        }
+    }
+    return 0;
+}
+
+/* Mistral "v1": the system message (and "\n\n") opens the first user message; roles alternate
+ * after it; nothing trimmed; add_generation_prompt ignored. */
+static int render_mistral_v1(strbuf *b, const chat_message *msgs, int n, const char *bos,
+                             kv_error *err) {
+    if (n == 0)
+        return kv_fail(err, "chat (mistral-v1): no messages (its template reads the first)");
+    int first = 0;
+    const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[first++]) : NULL;
+    sb_puts(b, bos);
+    for (int i = first; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "user") != ((i - first) % 2 == 0))
+            return kv_fail(err,
+                           "chat (mistral-v1): message %d: after the optional system message, "
+                           "roles must alternate user/assistant (got %s)",
+                           i, m->role);
+        if (is_role(m, "user")) {
+            sb_puts(b, " [INST] ");
+            if (i == first && sys) {
+                sb_puts(b, sys);
+                sb_puts(b, "\n\n");
+            }
+            sb_puts(b, content_of(m));
+            sb_puts(b, " [/INST]");
+        } else if (is_role(m, "assistant")) {
+            sb_puts(b, " ");
+            sb_puts(b, content_of(m));
+            sb_puts(b, "</s>");
+        } else {
+            return kv_fail(err, "chat (mistral-v1): message %d: a system message must come first",
+                           i);
+        }
+    }
+    return 0;
+}
+
+/* Mistral "v7" (Large 2411): every message in order, system ones as [SYSTEM_PROMPT], each marker
+ * followed by a space; no role order checked. "v7-tekken" (Small 3.x): no spaces, and after the
+ * optional first system message the others (system ones included) must alternate user / not
+ * user, as Small 3.2's template checks. Its default system message, which carries today's date,
+ * is not inserted. add_generation_prompt ignored. */
+static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool tekken,
+                             const char *bos, kv_error *err) {
+    const char *sp = tekken ? "" : " ";
+    int first = 0;
+    sb_puts(b, bos);
+    if (tekken && n > 0 && is_role(&msgs[0], "system")) {
+        sb_puts(b, "[SYSTEM_PROMPT]");
+        sb_puts(b, content_of(&msgs[first++]));
+        sb_puts(b, "[/SYSTEM_PROMPT]");
+    }
+    for (int i = first; tekken && i < n; i++)
+        if (is_role(&msgs[i], "user") != ((i - first) % 2 == 0))
+            return kv_fail(err,
+                           "chat (mistral-v7-tekken): message %d: after the optional system "
+                           "message, roles must alternate user/assistant (got %s)",
+                           i, msgs[i].role);
+    for (int i = first; i < n; i++) {
+        const chat_message *m = &msgs[i];
+        if (is_role(m, "user")) {
+            sb_puts(b, "[INST]");
+            sb_puts(b, sp);
+            sb_puts(b, content_of(m));
+            sb_puts(b, "[/INST]");
+        } else if (is_role(m, "system")) {
+            sb_puts(b, "[SYSTEM_PROMPT]");
+            sb_puts(b, sp);
+            sb_puts(b, content_of(m));
+            sb_puts(b, "[/SYSTEM_PROMPT]");
+        } else if (is_role(m, "assistant")) {
+            sb_puts(b, sp);
+            sb_puts(b, content_of(m));
+            sb_puts(b, "</s>");
+        } else {
+            return kv_fail(err, "chat (%s): message %d: role %s is not one of this template's",
+                           tekken ? "mistral-v7-tekken" : "mistral-v7", i, m->role);
         }
     }
     return 0;
@@ -688,12 +867,25 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
         rc = render_llama2(&b, msgs, n_msgs, bos, err);
         break;
     case CHAT_TEMPLATE_MISTRAL:
-        rc = render_mistral(&b, msgs, n_msgs, tools, n_tools, bos, err);
+        rc = render_mistral(&b, &MISTRAL_NEMO, msgs, n_msgs, tools, n_tools, bos, err);
+        break;
+    case CHAT_TEMPLATE_MISTRAL_V3:
+        rc = render_mistral(&b, &MISTRAL_V3, msgs, n_msgs, tools, n_tools, bos, err);
+        break;
+    case CHAT_TEMPLATE_MISTRAL_LEGACY:
+        rc = render_mistral_legacy(&b, msgs, n_msgs, bos, err);
+        break;
+    case CHAT_TEMPLATE_MISTRAL_V1:
+        rc = render_mistral_v1(&b, msgs, n_msgs, bos, err);
+        break;
+    case CHAT_TEMPLATE_MISTRAL_V7:
+    case CHAT_TEMPLATE_MISTRAL_V7_TEKKEN:
+        rc = render_mistral_v7(&b, msgs, n_msgs, t->kind == CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, bos,
+                               err);
         break;
     case CHAT_TEMPLATE_UNKNOWN:
     default:
-        rc = kv_fail(err, "chat: unknown chat template; name one (chatml, llama3, llama3.1, "
-                          "llama2, mistral-nemo, qwen2.5)");
+        rc = kv_fail(err, "chat: unknown chat template; name one (" CHAT_TEMPLATE_NAMES ")");
     }
     chat_messages_free(own, n_own);
     if (rc == 0 && b.oom) rc = kv_fail(err, "chat: out of memory rendering %d messages", n_msgs);

@@ -12,7 +12,7 @@ typedef enum chat_template_kind {
     CHAT_TEMPLATE_UNKNOWN = 0,
     CHAT_TEMPLATE_CHATML, /* <|im_start|>role\n...<|im_end|>\n  (SmolLM2, Qwen, Hermes) */
     CHAT_TEMPLATE_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-    CHAT_TEMPLATE_LLAMA2, /* <s>[INST] <<SYS>>...<</SYS>> user [/INST] answer </s> (and Mistral) */
+    CHAT_TEMPLATE_LLAMA2, /* <s>[INST] <<SYS>>...<</SYS>> user [/INST] answer </s> */
     /* Llama 3.1 / 3.2 / 3.3: Llama 3's turns after a system header that carries "Cutting
      * Knowledge Date: December 2023" and "Today Date: 26 Jul 2024" (the templates' fallback
      * date: kvserve passes no date_string, so a prompt's text, and its cached KV, do not change
@@ -21,6 +21,23 @@ typedef enum chat_template_kind {
     /* Mistral Nemo (v3-tekken): <s>[INST]user[/INST]answer</s>, no spaces, no trimming; the
      * system message goes into the last turn when that turn is the user's. */
     CHAT_TEMPLATE_MISTRAL,
+    /* Mistral 7B Instruct v0.1 / v0.2's original template: <s>[INST] user [/INST]answer</s>, no
+     * system message (a conversation with one is refused, as the template does). */
+    CHAT_TEMPLATE_MISTRAL_LEGACY,
+    /* Mistral "v1" (Mistral 7B v0.1 / v0.2's later template): <s> [INST] user [/INST] answer</s>,
+     * the system message and "\n\n" before the first user message. */
+    CHAT_TEMPLATE_MISTRAL_V1,
+    /* Mistral "v3" (Mistral 7B v0.3, Mistral Large 2407): <s>[INST] user[/INST] answer</s>, the
+     * answer trimmed; the system message into the last turn when that turn is the user's; tools
+     * as Nemo's, each marker followed by a space. */
+    CHAT_TEMPLATE_MISTRAL_V3,
+    /* Mistral "v7" (Mistral Large 2411): <s>[SYSTEM_PROMPT] sys[/SYSTEM_PROMPT][INST] user[/INST]
+     * answer</s>, system messages wherever they are. */
+    CHAT_TEMPLATE_MISTRAL_V7,
+    /* Mistral "v7-tekken" (Mistral Small 3.x, Devstral): v7 without the spaces, roles alternating
+     * after the optional system message. The templates' default system message (Small 3.x's
+     * carries today's date) is not inserted. */
+    CHAT_TEMPLATE_MISTRAL_V7_TEKKEN,
 } chat_template_kind;
 
 /* How a template writes tools, calls and results (see "tools" below). */
@@ -29,6 +46,7 @@ typedef enum chat_tool_format {
     CHAT_TOOLS_HERMES,      /* Qwen 2.5 / Hermes: <tools> in the system turn, <tool_call> */
     CHAT_TOOLS_LLAMA3,  /* Llama 3.1+: JSON tools in the first user turn, {"name", "parameters"} */
     CHAT_TOOLS_MISTRAL, /* Mistral Nemo: [AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS] */
+    CHAT_TOOLS_MISTRAL_V3, /* Mistral v3: Nemo's with a space after each marker */
 } chat_tool_format;
 
 typedef struct chat_template {
@@ -65,16 +83,18 @@ typedef struct chat_tool {
 } chat_tool;
 
 /* Recognises the template from its Jinja source by the formats' own markers (special tokens,
- * Llama 3.1's date header, Qwen's <tool_call>, Mistral's [TOOL_CALLS]). Unknown sources give
- * CHAT_TEMPLATE_UNKNOWN. */
+ * Llama 3.1's date header, Qwen's <tool_call>, Mistral's [TOOL_CALLS] and [SYSTEM_PROMPT], the
+ * spaces around Mistral's [INST]). Unknown sources give CHAT_TEMPLATE_UNKNOWN. */
 void chat_template_detect(const char *jinja, size_t len, chat_template *out);
 /* By name: "chatml"; "qwen2.5" (ChatML, Hermes tools, Qwen's default system message) and
  * "hermes" (the same without it); "llama3"; "llama3.1" (also "llama3.2", "llama3.3");
- * "llama2" (also "mistral": Mistral 7B v0.1/v0.2 use Llama 2's format); "mistral-nemo" (also
- * "mistral-v3-tekken"). -1 for any other name. */
+ * "llama2"; "mistral-legacy"; "mistral-v1" (also "mistral", which named Llama 2's format before
+ * kvserve had Mistral's own); "mistral-v3"; "mistral-nemo" (also "mistral-v3-tekken");
+ * "mistral-v7"; "mistral-v7-tekken". -1 for any other name. */
 int chat_template_from_name(const char *name, chat_template *out);
 #define CHAT_TEMPLATE_NAMES                                                                        \
-    "chatml, qwen2.5, hermes, llama3, llama3.1 (.2, .3), llama2, mistral, mistral-nemo"
+    "chatml, qwen2.5, hermes, llama3, llama3.1 (.2, .3), llama2, mistral-legacy, mistral-v1 "      \
+    "(mistral), mistral-v3, mistral-nemo (mistral-v3-tekken), mistral-v7, mistral-v7-tekken"
 const char *chat_template_name(chat_template_kind kind);
 const char *chat_tools_format_name(chat_tool_format f);
 void chat_template_free(chat_template *t);
@@ -110,6 +130,8 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
  *              [TOOL_CALLS][{"name": "NAME", "arguments": {...}, "id": "ID"}, ...]
  *            with 9-character alphanumeric ids; results [TOOL_RESULTS]{"content": RESULT,
  *            "call_id": "ID"}[/TOOL_RESULTS]
+ *   mistral-v3  Mistral v3's (Mistral 7B v0.3, Large 2407): the same with a space after
+ *            [AVAILABLE_TOOLS], [TOOL_CALLS] and [TOOL_RESULTS]
  *
  * Arguments are written in Python's JSON layout (", " and ": "), as the templates' tojson does
  * and as the grammar's JSON Schema rules generate them. */

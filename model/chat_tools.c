@@ -2,7 +2,7 @@
  * calls written into a prompt, the grammar that constrains an answer to calls, and the parser
  * that turns an answer back into content or calls as it streams; and the generic format's
  * system prompt and message rewriting. The templates that list tools their own way (Qwen 2.5,
- * Llama 3.1, Mistral Nemo) do so in chat.c. */
+ * Llama 3.1, Mistral Nemo and v3) do so in chat.c. */
 #include "model/chat_impl.h"
 #include "model/grammar.h"
 
@@ -42,6 +42,9 @@ static const tool_syntax SYNTAX[] = {
      * '"}' joined by ", ", then "]" (and EOS). */
     [CHAT_TOOLS_MISTRAL] = {"[TOOL_CALLS][", "{\"name\": \"", "\", \"arguments\": ", ", \"id\": \"",
                             9, "\"}", ", ", "]"},
+    /* Mistral Large 2407's ("v3") template: the same after "[TOOL_CALLS] [". */
+    [CHAT_TOOLS_MISTRAL_V3] = {"[TOOL_CALLS] [", "{\"name\": \"",
+                               "\", \"arguments\": ", ", \"id\": \"", 9, "\"}", ", ", "]"},
 };
 
 static const tool_syntax *syntax_of(chat_tool_format f) {
@@ -60,6 +63,7 @@ const char *const *chat_tools_markers(chat_tool_format f) {
     case CHAT_TOOLS_HERMES:
         return tool_call;
     case CHAT_TOOLS_MISTRAL:
+    case CHAT_TOOLS_MISTRAL_V3:
         return mistral;
     default:
         return none;
@@ -67,7 +71,7 @@ const char *const *chat_tools_markers(chat_tool_format f) {
 }
 
 const char *chat_tools_format_name(chat_tool_format f) {
-    static const char *const names[] = {"generic", "hermes", "llama3", "mistral"};
+    static const char *const names[] = {"generic", "hermes", "llama3", "mistral", "mistral-v3"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "generic";
 }
 

@@ -11,6 +11,8 @@
 
 #include "model/chat.h"
 
+#define N_FORMATS (CHAT_TOOLS_MISTRAL_V3 + 1) /* the tool formats, the last one included */
+
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -80,11 +82,11 @@ static void same(const outcome *a, const outcome *b) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096) return 0;
-    chat_tool_format f = (chat_tool_format)(data[0] & 3);
+    chat_tool_format f = (chat_tool_format)(data[0] % N_FORMATS);
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     outcome whole = parse(f, text, len, NULL, 0);
-    size_t cut = len ? (data[0] >> 2) % (len + 1) : 0;
+    size_t cut = len ? (size_t)(data[0] / N_FORMATS) % (len + 1) : 0;
     outcome two = parse(f, text, len, &cut, 1);
     same(&whole, &two);
     size_t *cuts = malloc(sizeof *cuts * (len + 1));

@@ -59,7 +59,7 @@ Test(chat, goldens_match_jinja2) {
     glob_t g;
     cr_assert_eq(glob(GOLDEN_GLOB, 0, NULL, &g), 0, "no goldens at %s (run from the repo root)",
                  GOLDEN_GLOB);
-    cr_assert_geq(g.gl_pathc, 9, "expected >= 9 golden templates, found %zu", g.gl_pathc);
+    cr_assert_geq(g.gl_pathc, 14, "expected >= 14 golden templates, found %zu", g.gl_pathc);
     size_t n_cases = 0, n_tool_cases = 0;
     for (size_t f = 0; f < g.gl_pathc; f++) {
         const char *path = g.gl_pathv[f];
@@ -165,9 +165,14 @@ Test(chat, from_name) {
         {"llama3.2", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, false},
         {"llama3.3", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, false},
         {"llama2", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, false},
-        {"mistral", CHAT_TEMPLATE_LLAMA2, CHAT_TOOLS_GENERIC, false},
+        {"mistral", CHAT_TEMPLATE_MISTRAL_V1, CHAT_TOOLS_GENERIC, false},
+        {"mistral-legacy", CHAT_TEMPLATE_MISTRAL_LEGACY, CHAT_TOOLS_GENERIC, false},
+        {"mistral-v1", CHAT_TEMPLATE_MISTRAL_V1, CHAT_TOOLS_GENERIC, false},
+        {"mistral-v3", CHAT_TEMPLATE_MISTRAL_V3, CHAT_TOOLS_MISTRAL_V3, false},
         {"mistral-nemo", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
         {"mistral-v3-tekken", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
+        {"mistral-v7", CHAT_TEMPLATE_MISTRAL_V7, CHAT_TOOLS_GENERIC, false},
+        {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, false},
     };
     chat_template t;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -185,7 +190,7 @@ Test(chat, from_name) {
     cr_assert_eq(t.kind, CHAT_TEMPLATE_UNKNOWN);
     cr_assert_eq(chat_template_from_name("", &t), -1);
     cr_assert_eq(chat_template_from_name(NULL, &t), -1);
-    for (int k = CHAT_TEMPLATE_CHATML; k <= CHAT_TEMPLATE_MISTRAL; k++) {
+    for (int k = CHAT_TEMPLATE_CHATML; k <= CHAT_TEMPLATE_MISTRAL_V7_TEKKEN; k++) {
         cr_assert_eq(chat_template_from_name(chat_template_name((chat_template_kind)k), &t), 0);
         cr_assert_eq((int)t.kind, k);
         chat_template_free(&t);
@@ -212,12 +217,15 @@ Test(chat, detect_tool_formats) {
          CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3},
         /* Meta-Llama-3: no date header */
         {"<|start_header_id|>{{ message['content'] }}", CHAT_TEMPLATE_LLAMA3, CHAT_TOOLS_GENERIC},
-        /* Mistral 7B v0.3: "[INST] " with a space */
-        {"{{ \"[INST] \" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_LLAMA2,
+        /* Mistral v3 (7B v0.3, Large 2407): "[INST] " with a space, "[TOOL_CALLS] [" */
+        {"{{ \"[INST] \" + m + \"[/INST]\" }}[AVAILABLE_TOOLS] [[TOOL_CALLS] [",
+         CHAT_TEMPLATE_MISTRAL_V3, CHAT_TOOLS_MISTRAL_V3},
+        /* ... and a v3-like source whose calls are not written as "[TOOL_CALLS] [" */
+        {"{{ \"[INST] \" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_MISTRAL_V3,
          CHAT_TOOLS_GENERIC},
         /* Mistral Small 3.x / Devstral: [SYSTEM_PROMPT], calls as [TOOL_CALLS]NAME[ARGS] */
-        {"[SYSTEM_PROMPT][INST][AVAILABLE_TOOLS][TOOL_CALLS][ARGS]", CHAT_TEMPLATE_LLAMA2,
-         CHAT_TOOLS_GENERIC},
+        {"[SYSTEM_PROMPT][INST][AVAILABLE_TOOLS][TOOL_CALLS][ARGS]",
+         CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC},
         {"{{ \"[INST]\" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_MISTRAL,
          CHAT_TOOLS_MISTRAL},
     };

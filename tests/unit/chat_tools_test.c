@@ -29,6 +29,7 @@ static const answer_site SITES[] = {
     {CHAT_TOOLS_HERMES, "qwen2.5", "<|im_start|>assistant\n<tool_call>", 22, "<|im_end|>"},
     {CHAT_TOOLS_LLAMA3, "llama3.1", "<|end_header_id|>\n\n{\"name\"", 19, "<|eot_id|>"},
     {CHAT_TOOLS_MISTRAL, "mistral-nemo", "[TOOL_CALLS]", 0, "</s>"},
+    {CHAT_TOOLS_MISTRAL_V3, "mistral-large-2407", "[TOOL_CALLS]", 0, "</s>"},
 };
 
 /* The first assistant call turn's text in the golden case `name`, malloc'd. */
@@ -228,6 +229,14 @@ Test(chat_tools, near_misses_are_content) {
          "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]", "[0:f]{}",
          true},
         {CHAT_TOOLS_MISTRAL, "[INST]", "{content}[INST]", false},
+        /* Mistral v3: a space after [TOOL_CALLS]; Nemo's spelling is not its */
+        {CHAT_TOOLS_MISTRAL_V3,
+         "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]", "[0:f]{}",
+         true},
+        {CHAT_TOOLS_MISTRAL_V3,
+         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
+         "{content}[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
+         false},
         {CHAT_TOOLS_GENERIC, "", "", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -319,7 +328,7 @@ Test(chat_tools, grammar_accepts_the_templates_calls) {
             cr_assert_not(matches(m, two));
             free(two);
         }
-        if (site->f == CHAT_TOOLS_MISTRAL) {
+        if (site->f == CHAT_TOOLS_MISTRAL || site->f == CHAT_TOOLS_MISTRAL_V3) {
             char *bad_id = replace(escaped, "Zz9Yy8Xx7", "Zz9Yy8Xx_");
             char *long_id = replace(escaped, "Zz9Yy8Xx7", "Zz9Yy8Xx7a");
             cr_assert_not(matches(m, bad_id));
@@ -444,7 +453,9 @@ Test(chat_tools, render_errors) {
                                      {.role = "assistant", .tool_calls = &bad, .n_tool_calls = 1}};
     const chat_message parallel[] = {{.role = "user", .content = "q"},
                                      {.role = "assistant", .tool_calls = two, .n_tool_calls = 2}};
-    const char *names[] = {"chatml", "qwen2.5", "llama3.1", "mistral-nemo", "llama2"};
+    const char *names[] = {"chatml",         "qwen2.5",    "llama3.1",   "mistral-nemo",
+                           "llama2",         "mistral-v3", "mistral-v1", "mistral-v7-tekken",
+                           "mistral-legacy", "mistral-v7"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         cr_assert_eq(chat_template_from_name(names[i], &t), 0);
         err.msg[0] = '\0';
