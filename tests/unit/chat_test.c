@@ -272,6 +272,51 @@ Test(chat, render_errors) {
     cr_assert_null(chat_render(&t, two_sys, 2, NULL, 0, true, "<s>", &err));
 }
 
+/* Mistral's templates refuse what their Jinja raises on, with the reason. */
+Test(chat, render_errors_mistral) {
+    chat_template t;
+    kv_error err = {{0}};
+    const chat_message sys_user[] = {{.role = "system", .content = "s"},
+                                     {.role = "user", .content = "u"}};
+    const chat_message two_users[] = {{.role = "user", .content = "a"},
+                                      {.role = "user", .content = "b"}};
+    /* the original 7B v0.2 template has no system message; the error names the one that has */
+    cr_assert_eq(chat_template_from_name("mistral-legacy", &t), 0);
+    cr_assert_null(chat_render(&t, sys_user, 2, NULL, 0, true, "<s>", &err));
+    cr_assert_not_null(strstr(err.msg, "mistral-v1"), "%s", err.msg);
+    cr_assert_null(chat_render(&t, two_users, 2, NULL, 0, true, "<s>", &err));
+    cr_assert_not_null(strstr(err.msg, "alternate"), "%s", err.msg);
+    static const char *const alternating[] = {"mistral-v1", "mistral-v3", "mistral-v7-tekken"};
+    for (size_t i = 0; i < sizeof alternating / sizeof alternating[0]; i++) {
+        cr_assert_eq(chat_template_from_name(alternating[i], &t), 0);
+        err.msg[0] = '\0';
+        cr_assert_null(chat_render(&t, two_users, 2, NULL, 0, true, "<s>", &err), "%s",
+                       alternating[i]);
+        cr_assert_not_null(strstr(err.msg, "alternate"), "%s: %s", alternating[i], err.msg);
+        char *ok = chat_render(&t, sys_user, 2, NULL, 0, true, "<s>", &err);
+        cr_assert_not_null(ok, "%s: %s", alternating[i], err.msg);
+        free(ok);
+    }
+    /* v7 (Large 2411) takes messages in any order; v1 and v3 read the first one */
+    cr_assert_eq(chat_template_from_name("mistral-v7", &t), 0);
+    char *out = chat_render(&t, two_users, 2, NULL, 0, true, "<s>", &err);
+    cr_assert_str_eq(out, "<s>[INST] a[/INST][INST] b[/INST]");
+    free(out);
+    cr_assert_eq(chat_template_from_name("mistral-v1", &t), 0);
+    cr_assert_null(chat_render(&t, NULL, 0, NULL, 0, true, "<s>", &err));
+    cr_assert_eq(chat_template_from_name("mistral-v3", &t), 0);
+    cr_assert_null(chat_render(&t, NULL, 0, NULL, 0, true, "<s>", &err));
+    /* a tool result where the format has none becomes a user turn (the generic format) */
+    const chat_message result[] = {{.role = "user", .content = "q"},
+                                   {.role = "assistant", .content = "calling"},
+                                   {.role = "tool", .content = "42", .name = "f"}};
+    cr_assert_eq(chat_template_from_name("mistral-v7-tekken", &t), 0);
+    out = chat_render(&t, result, 3, NULL, 0, true, "<s>", &err);
+    cr_assert_not_null(out, "%s", err.msg);
+    cr_assert_not_null(strstr(out, "[INST]<tool_response>"), "%s", out);
+    free(out);
+}
+
 Test(chat, render_null_content_and_bos) {
     chat_template t;
     kv_error err = {{0}};
