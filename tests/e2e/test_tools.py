@@ -4,7 +4,7 @@ validate against the function's parameter schema, finish_reason "tool_calls"), s
 delta.tool_calls; a conversation holding an assistant tool_calls turn and a tool result is
 answered; the 400s for bad tools. The default model's template has no tool format (the generic
 one is used); the same checks run with --chat-template naming each family's own format (Qwen 2.5
-/ Hermes, Llama 3.1, Mistral Nemo), whose prompts the unit tests compare with the templates'
+/ Hermes, Llama 3.1, Mistral Nemo, Mistral v3), whose prompts the unit tests compare with the templates'
 renderings."""
 import json
 
@@ -142,7 +142,7 @@ def test_bad_tools_are_400(server, body, param):
 
 # ---------------------------------------------------------------- per-family tool formats
 
-FAMILIES = ["qwen2.5", "llama3.1", "mistral-nemo"]
+FAMILIES = ["qwen2.5", "llama3.1", "mistral-nemo", "mistral-v3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
