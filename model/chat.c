@@ -14,14 +14,16 @@
  *   Mistral v3  mistralai/Mistral-Large-Instruct-2407 (Mistral 7B v0.3 writes this format too)
  *   legacy, v1  mistralai/Mistral-7B-Instruct-v0.2, its original template and its later one
  *   v7          mistralai/Mistral-Large-Instruct-2411
- *   v7-tekken   mistralai/Mistral-Small-3.2-24B-Instruct-2506 (Small 3.x, Devstral)
+ *   v7-tekken   mistralai/Mistral-Small-3.2-24B-Instruct-2506 with its tool format (Small 3.x);
+ *               unsloth/Devstral-Small-2507-GGUF's template without tools
  *
  * Deliberate differences: Llama 2's template silently drops a system message that is not first
  * (it only checks that user turns fall on even positions); chat_render rejects it. Mistral's
  * refuse call ids that are not 9 characters; chat_render maps them (chat_tools_mistral_id).
  * Mistral Small 3.x's template inserts a default system message carrying today's date when the
  * conversation has none; chat_render inserts none (a prompt's text, and its cached KV, would
- * change at midnight). */
+ * change at midnight). Devstral's template checks no role order; chat_render checks it as
+ * Small 3.2's does. */
 #include "model/chat_impl.h"
 
 #include <stdint.h>
@@ -290,6 +292,11 @@ static void mistral_detect(const char *jinja, size_t len, chat_template *out) {
         out->kind = find(jinja, len, "[INST] ") || find(jinja, len, "[SYSTEM_PROMPT] ")
                         ? CHAT_TEMPLATE_MISTRAL_V7
                         : CHAT_TEMPLATE_MISTRAL_V7_TEKKEN;
+        /* Small 3.2's calls, [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]; Devstral's and Ministral 3's,
+         * without the id, are not (yet) a format of ours */
+        if (out->kind == CHAT_TEMPLATE_MISTRAL_V7_TEKKEN && calls && args &&
+            find(jinja, len, "[CALL_ID]") && find(jinja, len, "[TOOL_CONTENT]"))
+            out->tools = CHAT_TOOLS_MISTRAL_V7;
     } else if (find(jinja, len, "<<SYS>>")) {
         out->kind = CHAT_TEMPLATE_LLAMA2;
     } else if (find(jinja, len, " [INST] ")) {
@@ -350,7 +357,9 @@ static const struct {
     {"mistral-v1", CHAT_TEMPLATE_MISTRAL_V1, CHAT_TOOLS_GENERIC, NULL},
     {"mistral-v3", CHAT_TEMPLATE_MISTRAL_V3, CHAT_TOOLS_MISTRAL_V3, NULL},
     {"mistral-v7", CHAT_TEMPLATE_MISTRAL_V7, CHAT_TOOLS_GENERIC, NULL},
-    {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, NULL},
+    {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_MISTRAL_V7, NULL},
+    /* Devstral's and Ministral 3's templates: v7-tekken, their calls without Small 3.2's ids */
+    {"devstral", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, NULL},
     {"qwen2.5", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, QWEN25_SYSTEM},
     {"hermes", CHAT_TEMPLATE_CHATML, CHAT_TOOLS_HERMES, NULL},
     {"llama3.2", CHAT_TEMPLATE_LLAMA31, CHAT_TOOLS_LLAMA3, NULL},
@@ -766,12 +775,16 @@ static int render_mistral_v1(strbuf *b, const chat_message *msgs, int n, const c
 
 /* Mistral "v7" (Large 2411): every message in order, system ones as [SYSTEM_PROMPT], each marker
  * followed by a space; no role order checked. "v7-tekken" (Small 3.x): no spaces, and after the
- * optional first system message the others (system ones included) must alternate user / not
- * user, as Small 3.2's template checks. Its default system message, which carries today's date,
- * is not inserted. add_generation_prompt ignored. */
+ * optional first system message the others (system ones included; calls and results aside)
+ * must alternate user / not user, as Small 3.2's template checks. Its default system message,
+ * which carries today's date, is not inserted. With Small 3.2's tool format (tools != GENERIC):
+ * the tools as one JSON list before the last user turn, an assistant turn's calls instead of
+ * its content, results with their call's id. add_generation_prompt ignored. */
 static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool tekken,
+                             chat_tool_format tf, const chat_tool *tools, int n_tools,
                              const char *bos, kv_error *err) {
     const char *sp = tekken ? "" : " ";
+    const char *name = tekken ? "mistral-v7-tekken" : "mistral-v7";
     int first = 0;
     sb_puts(b, bos);
     if (tekken && n > 0 && is_role(&msgs[0], "system")) {
@@ -779,15 +792,27 @@ static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool te
         sb_puts(b, content_of(&msgs[first++]));
         sb_puts(b, "[/SYSTEM_PROMPT]");
     }
-    for (int i = first; tekken && i < n; i++)
-        if (is_role(&msgs[i], "user") != ((i - first) % 2 == 0))
+    const char *last_user = NULL;
+    for (int i = first, turn = 0; i < n; i++) {
+        if (is_role(&msgs[i], "user")) last_user = content_of(&msgs[i]);
+        if (!tekken || is_role(&msgs[i], "tool") || msgs[i].n_tool_calls > 0) continue;
+        if (is_role(&msgs[i], "user") != (turn++ % 2 == 0))
             return kv_fail(err,
-                           "chat (mistral-v7-tekken): message %d: after the optional system "
-                           "message, roles must alternate user/assistant (got %s)",
-                           i, msgs[i].role);
+                           "chat (%s): message %d: after the optional system message, roles must "
+                           "alternate user/assistant (calls and results aside; got %s)",
+                           name, i, msgs[i].role);
+    }
     for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
+        char id[10];
         if (is_role(m, "user")) {
+            /* the template compares the messages (dicts): the last user turn's equals */
+            if (n_tools > 0 && !strcmp(content_of(m), last_user)) {
+                sb_puts(b, "[AVAILABLE_TOOLS][");
+                for (int k = 0; k < n_tools; k++) /* tools|tojson: one JSON list */
+                    append_tools_json(b, &tools[k], 1, k > 0 ? ", " : "", "", PYJSON_NO_INDENT);
+                sb_puts(b, "][/AVAILABLE_TOOLS]");
+            }
             sb_puts(b, "[INST]");
             sb_puts(b, sp);
             sb_puts(b, content_of(m));
@@ -797,13 +822,23 @@ static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool te
             sb_puts(b, sp);
             sb_puts(b, content_of(m));
             sb_puts(b, "[/SYSTEM_PROMPT]");
+        } else if (is_role(m, "assistant") && m->n_tool_calls > 0) {
+            if (chat_tools_append_calls(b, tf, m->tool_calls, m->n_tool_calls, i, err)) return -1;
+            sb_puts(b, "</s>");
         } else if (is_role(m, "assistant")) {
             sb_puts(b, sp);
             sb_puts(b, content_of(m));
             sb_puts(b, "</s>");
+        } else if (is_role(m, "tool") && tf == CHAT_TOOLS_MISTRAL_V7) {
+            chat_tools_mistral_id(m->tool_call_id, id);
+            sb_puts(b, "[TOOL_RESULTS]");
+            sb_puts(b, id);
+            sb_puts(b, "[TOOL_CONTENT]");
+            sb_puts(b, content_of(m));
+            sb_puts(b, "[/TOOL_RESULTS]");
         } else {
             return kv_fail(err, "chat (%s): message %d: role %s is not one of this template's",
-                           tekken ? "mistral-v7-tekken" : "mistral-v7", i, m->role);
+                           name, i, m->role);
         }
     }
     return 0;
@@ -880,8 +915,8 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
         break;
     case CHAT_TEMPLATE_MISTRAL_V7:
     case CHAT_TEMPLATE_MISTRAL_V7_TEKKEN:
-        rc = render_mistral_v7(&b, msgs, n_msgs, t->kind == CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, bos,
-                               err);
+        rc = render_mistral_v7(&b, msgs, n_msgs, t->kind == CHAT_TEMPLATE_MISTRAL_V7_TEKKEN,
+                               t->tools, tools, n_tools, bos, err);
         break;
     case CHAT_TEMPLATE_UNKNOWN:
     default:

@@ -34,9 +34,10 @@ typedef enum chat_template_kind {
     /* Mistral "v7" (Mistral Large 2411): <s>[SYSTEM_PROMPT] sys[/SYSTEM_PROMPT][INST] user[/INST]
      * answer</s>, system messages wherever they are. */
     CHAT_TEMPLATE_MISTRAL_V7,
-    /* Mistral "v7-tekken" (Mistral Small 3.x, Devstral): v7 without the spaces, roles alternating
-     * after the optional system message. The templates' default system message (Small 3.x's
-     * carries today's date) is not inserted. */
+    /* Mistral "v7-tekken" (Mistral Small 3.x with Small 3.2's tool format; Devstral and Ministral
+     * 3 with the generic one): v7 without the spaces, roles alternating after the optional system
+     * message. The templates' default system message (Small 3.x's carries today's date) is not
+     * inserted. */
     CHAT_TEMPLATE_MISTRAL_V7_TEKKEN,
 } chat_template_kind;
 
@@ -47,6 +48,7 @@ typedef enum chat_tool_format {
     CHAT_TOOLS_LLAMA3,  /* Llama 3.1+: JSON tools in the first user turn, {"name", "parameters"} */
     CHAT_TOOLS_MISTRAL, /* Mistral Nemo: [AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS] */
     CHAT_TOOLS_MISTRAL_V3, /* Mistral v3: Nemo's with a space after each marker */
+    CHAT_TOOLS_MISTRAL_V7, /* Mistral Small 3.2: [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...} */
 } chat_tool_format;
 
 typedef struct chat_template {
@@ -90,11 +92,13 @@ void chat_template_detect(const char *jinja, size_t len, chat_template *out);
  * "hermes" (the same without it); "llama3"; "llama3.1" (also "llama3.2", "llama3.3");
  * "llama2"; "mistral-legacy"; "mistral-v1" (also "mistral", which named Llama 2's format before
  * kvserve had Mistral's own); "mistral-v3"; "mistral-nemo" (also "mistral-v3-tekken");
- * "mistral-v7"; "mistral-v7-tekken". -1 for any other name. */
+ * "mistral-v7"; "mistral-v7-tekken" (Small 3.2's tool format) and "devstral" (the same with the
+ * generic one). -1 for any other name. */
 int chat_template_from_name(const char *name, chat_template *out);
 #define CHAT_TEMPLATE_NAMES                                                                        \
     "chatml, qwen2.5, hermes, llama3, llama3.1 (.2, .3), llama2, mistral-legacy, mistral-v1 "      \
-    "(mistral), mistral-v3, mistral-nemo (mistral-v3-tekken), mistral-v7, mistral-v7-tekken"
+    "(mistral), mistral-v3, mistral-nemo (mistral-v3-tekken), mistral-v7, mistral-v7-tekken, "     \
+    "devstral"
 const char *chat_template_name(chat_template_kind kind);
 const char *chat_tools_format_name(chat_tool_format f);
 void chat_template_free(chat_template *t);
@@ -132,6 +136,10 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
  *            "call_id": "ID"}[/TOOL_RESULTS]
  *   mistral-v3  Mistral v3's (Mistral 7B v0.3, Large 2407): the same with a space after
  *            [AVAILABLE_TOOLS], [TOOL_CALLS] and [TOOL_RESULTS]
+ *   mistral-v7  Mistral Small 3.2's template: [AVAILABLE_TOOLS][...][/AVAILABLE_TOOLS] (the
+ *            tools as one JSON list) before the last user turn; each call
+ *              [TOOL_CALLS]NAME[CALL_ID]ID[ARGS]{...}
+ *            (ids as Nemo's); results [TOOL_RESULTS]ID[TOOL_CONTENT]RESULT[/TOOL_RESULTS]
  *
  * Arguments are written in Python's JSON layout (", " and ": "), as the templates' tojson does
  * and as the grammar's JSON Schema rules generate them. */

@@ -15,16 +15,19 @@
 
 /* A turn's calls: open, then each call as
  *   call NAME args ARGUMENTS end [ID id_end]
+ * or, where id_open is set, as
+ *   call NAME id_open ID args ARGUMENTS end id_end
  * separated by sep, then close. */
 typedef struct tool_syntax {
-    const char *open;   /* before the first call */
-    const char *call;   /* a call, up to its name */
-    const char *args;   /* between the name and the arguments */
-    const char *end;    /* after the arguments */
-    int id_len;         /* then the call's own id, [a-zA-Z0-9]{id_len} (0: none) */
-    const char *id_end; /* after the id */
-    const char *sep;    /* between calls; NULL: one call per turn */
-    const char *close;  /* after the last call */
+    const char *open;    /* before the first call */
+    const char *call;    /* a call, up to its name */
+    const char *args;    /* between the name and the arguments */
+    const char *end;     /* after the arguments */
+    int id_len;          /* then the call's own id, [a-zA-Z0-9]{id_len} (0: none) */
+    const char *id_end;  /* after the id */
+    const char *sep;     /* between calls; NULL: one call per turn */
+    const char *close;   /* after the last call */
+    const char *id_open; /* between the name and the id, which then comes before args (or NULL) */
 } tool_syntax;
 
 static const tool_syntax SYNTAX[] = {
@@ -45,6 +48,9 @@ static const tool_syntax SYNTAX[] = {
     /* Mistral Large 2407's ("v3") template: the same after "[TOOL_CALLS] [". */
     [CHAT_TOOLS_MISTRAL_V3] = {"[TOOL_CALLS] [", "{\"name\": \"",
                                "\", \"arguments\": ", ", \"id\": \"", 9, "\"}", ", ", "]"},
+    /* Mistral Small 3.2's ("v7-tekken") template: "[TOOL_CALLS]" + name + "[CALL_ID]" + id +
+     * "[ARGS]" + tojson per call, nothing between the calls or after them (then EOS). */
+    [CHAT_TOOLS_MISTRAL_V7] = {"", "[TOOL_CALLS]", "[ARGS]", "", 9, "", "", "", "[CALL_ID]"},
 };
 
 static const tool_syntax *syntax_of(chat_tool_format f) {
@@ -57,6 +63,7 @@ const char *const *chat_tools_markers(chat_tool_format f) {
      * added tokens, some as control tokens; Mistral's [TOOL_CALLS] is one. */
     static const char *const tool_call[] = {"<tool_call>", "</tool_call>", NULL};
     static const char *const mistral[] = {"[TOOL_CALLS]", NULL};
+    static const char *const mistral_v7[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", NULL};
     static const char *const none[] = {NULL};
     switch (f) {
     case CHAT_TOOLS_GENERIC:
@@ -65,13 +72,16 @@ const char *const *chat_tools_markers(chat_tool_format f) {
     case CHAT_TOOLS_MISTRAL:
     case CHAT_TOOLS_MISTRAL_V3:
         return mistral;
+    case CHAT_TOOLS_MISTRAL_V7:
+        return mistral_v7;
     default:
         return none;
     }
 }
 
 const char *chat_tools_format_name(chat_tool_format f) {
-    static const char *const names[] = {"generic", "hermes", "llama3", "mistral", "mistral-v3"};
+    static const char *const names[] = {"generic", "hermes",     "llama3",
+                                        "mistral", "mistral-v3", "mistral-v7"};
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "generic";
 }
 
@@ -105,19 +115,21 @@ int chat_tools_append_calls(strbuf *b, chat_tool_format f, const chat_tool_call 
     sb_puts(b, x->open);
     for (int i = 0; i < n; i++) {
         if (i > 0) sb_puts(b, x->sep);
+        char id[10];
+        chat_tools_mistral_id(calls[i].id, id);
         sb_puts(b, x->call);
         sb_puts(b, calls[i].name ? calls[i].name : "");
+        if (x->id_open) {
+            sb_puts(b, x->id_open);
+            sb_puts(b, id);
+        }
         sb_puts(b, x->args);
         const char *a = calls[i].arguments && *calls[i].arguments ? calls[i].arguments : "{}";
         if (pyjson_append_text(b, a, PYJSON_NO_INDENT))
             return kv_fail(err, "chat: message %d: tool call %d: the arguments are not JSON",
                            msg_index, i);
         sb_puts(b, x->end);
-        if (x->id_len > 0) {
-            char id[10];
-            chat_tools_mistral_id(calls[i].id, id);
-            sb_puts(b, id);
-        }
+        if (x->id_len > 0 && !x->id_open) sb_puts(b, id);
         sb_puts(b, x->id_end);
     }
     sb_puts(b, x->close);
@@ -246,6 +258,7 @@ int chat_tools_generic_messages(const chat_message *msgs, int n, const chat_tool
 
 /* A GBNF string literal of s. */
 static void gbnf_literal(strbuf *b, const char *s) {
+    if (!*s) return; /* nothing to match */
     sb_puts(b, " \"");
     for (; *s; s++) {
         const char *e = *s == '"' ? "\\\"" : *s == '\\' ? "\\\\" : *s == '\n' ? "\\n" : NULL;
@@ -287,6 +300,11 @@ char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_to
         if (choice == CHAT_TOOL_NAMED && strcmp(tools[i].name, named) != 0) continue;
         if (any) sb_puts(&b, " |");
         gbnf_literal(&b, tools[i].name);
+        if (x->id_open) {
+            gbnf_literal(&b, x->id_open);
+            snprintf(line, sizeof line, " [a-zA-Z0-9]{%d}", x->id_len);
+            sb_puts(&b, line);
+        }
         gbnf_literal(&b, x->args);
         snprintf(line, sizeof line, " tool%d-args", i);
         sb_puts(&b, line);
@@ -299,7 +317,7 @@ char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_to
     }
     sb_puts(&b, " )");
     gbnf_literal(&b, x->end);
-    if (x->id_len > 0) {
+    if (x->id_len > 0 && !x->id_open) {
         snprintf(line, sizeof line, " [a-zA-Z0-9]{%d}", x->id_len);
         sb_puts(&b, line);
         gbnf_literal(&b, x->id_end);
@@ -421,7 +439,7 @@ int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool fin
             lit = x->open, next = PH_CALL;
             break;
         case PH_END:
-            lit = x->end, next = x->id_len > 0 ? PH_ID : PH_ID_END;
+            lit = x->end, next = x->id_len > 0 && !x->id_open ? PH_ID : PH_ID_END;
             break;
         case PH_ID_END:
             lit = x->id_end, next = PH_NEXT;
@@ -441,13 +459,25 @@ int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool fin
         case PH_CALL: {
             r = literal(s, left, x->call);
             if (r != 1) break;
+            /* the name runs up to what follows it (its first character is never a name's) */
             const char *name = s + strlen(x->call);
-            const char *q = memchr(name, '"', left - strlen(x->call));
-            r = q ? literal(q, left - (size_t)(q - s), x->args) : 0;
+            const char *after = x->id_open ? x->id_open : x->args;
+            const char *q = memchr(name, after[0], left - strlen(x->call));
+            r = q ? literal(q, left - (size_t)(q - s), after) : 0;
+            const char *a = q; /* where args begins */
+            if (r == 1 && x->id_open) {
+                const char *id = q + strlen(x->id_open);
+                size_t rest = left - (size_t)(id - s), len_id = (size_t)x->id_len;
+                for (size_t i = 0; i < rest && i < len_id; i++)
+                    if (!is_alnum(id[i])) r = -1;
+                if (r == 1 && rest < len_id) r = 0;
+                a = id + len_id;
+                if (r == 1) r = literal(a, left - (size_t)(a - s), x->args);
+            }
             if (r != 1) break;
             ev[k++] =
                 (chat_tool_event){CHAT_TOOL_EVENT_CALL, p->n_calls++, name, (size_t)(q - name)};
-            p->cur = (size_t)(q - text) + strlen(x->args);
+            p->cur = (size_t)(a - text) + strlen(x->args);
             p->phase = PH_ARGS;
             p->depth = 0;
             p->in_string = p->escaped = false;
@@ -465,6 +495,11 @@ int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool fin
                 ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_ARGS, p->n_calls - 1, s, (size_t)n};
             p->cur += (size_t)n;
             if (done) p->phase = PH_END;
+            if (done && !*x->end && (x->id_len == 0 || x->id_open) && !*x->id_end) {
+                /* nothing is owed after the arguments: the call has ended */
+                p->phase = PH_NEXT;
+                p->complete = !*x->close;
+            }
             if (!done && p->cur < len) return k; /* a held-back character: wait */
             continue;
         }

@@ -1062,9 +1062,9 @@ def main():
          "</s>", plain),
         ("mistral-small-3.2", "mistralai/Mistral-Small-3.2-24B-Instruct-2506 "
          "tokenizer_config.json (llama.cpp models/templates)", MISTRAL_SMALL32,
-         "mistral-v7-tekken", None, "<s>", "</s>", with_own_system(plain)),
+         "mistral-v7-tekken", None, "<s>", "</s>", with_own_system(with_tools)),
         ("devstral-small-2507", "unsloth/Devstral-Small-2507-GGUF: tokenizer.chat_template "
-         "(llama.cpp models/templates)", DEVSTRAL, "mistral-v7-tekken", None, "<s>", "</s>",
+         "(llama.cpp models/templates)", DEVSTRAL, "devstral", None, "<s>", "</s>",
          with_own_system(plain)),
     ]
     env = make_env()

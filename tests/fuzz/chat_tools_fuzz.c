@@ -11,7 +11,7 @@
 
 #include "model/chat.h"
 
-#define N_FORMATS (CHAT_TOOLS_MISTRAL_V3 + 1) /* the tool formats, the last one included */
+#define N_FORMATS (CHAT_TOOLS_MISTRAL_V7 + 1) /* the tool formats, the last one included */
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -26,7 +26,8 @@ void golden_conv_load(json_t *c, golden_conv *out);
 void golden_conv_free(golden_conv *c);
 /* The golden file tests/golden/chat/<name>.json (the test fails when it does not load). */
 json_t *golden_chat_load(const char *name);
-/* Its case named `name`, or NULL. */
+/* Its case named `name` (or `name`+system, as make_chat_goldens.py names a case it gave a
+ * system message of its own), or NULL. */
 json_t *golden_chat_case(json_t *doc, const char *name);
 
 #endif

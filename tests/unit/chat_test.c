@@ -172,7 +172,8 @@ Test(chat, from_name) {
         {"mistral-nemo", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
         {"mistral-v3-tekken", CHAT_TEMPLATE_MISTRAL, CHAT_TOOLS_MISTRAL, false},
         {"mistral-v7", CHAT_TEMPLATE_MISTRAL_V7, CHAT_TOOLS_GENERIC, false},
-        {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, false},
+        {"mistral-v7-tekken", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_MISTRAL_V7, false},
+        {"devstral", CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC, false},
     };
     chat_template t;
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -223,9 +224,15 @@ Test(chat, detect_tool_formats) {
         /* ... and a v3-like source whose calls are not written as "[TOOL_CALLS] [" */
         {"{{ \"[INST] \" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_MISTRAL_V3,
          CHAT_TOOLS_GENERIC},
-        /* Mistral Small 3.x / Devstral: [SYSTEM_PROMPT], calls as [TOOL_CALLS]NAME[ARGS] */
+        /* Devstral, Ministral 3: [SYSTEM_PROMPT], calls as [TOOL_CALLS]NAME[ARGS] */
         {"[SYSTEM_PROMPT][INST][AVAILABLE_TOOLS][TOOL_CALLS][ARGS]",
          CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_GENERIC},
+        /* Mistral Small 3.2: [TOOL_CALLS]NAME[CALL_ID]ID[ARGS], [TOOL_CONTENT] in results */
+        {"[SYSTEM_PROMPT][INST][AVAILABLE_TOOLS][TOOL_CALLS][CALL_ID][ARGS][TOOL_CONTENT]",
+         CHAT_TEMPLATE_MISTRAL_V7_TEKKEN, CHAT_TOOLS_MISTRAL_V7},
+        /* Mistral Large 2411: v7 with spaces, no tool format */
+        {"'[SYSTEM_PROMPT] ' + c + '[/SYSTEM_PROMPT]' '[INST] '", CHAT_TEMPLATE_MISTRAL_V7,
+         CHAT_TOOLS_GENERIC},
         {"{{ \"[INST]\" + m }}[AVAILABLE_TOOLS][TOOL_CALLS]", CHAT_TEMPLATE_MISTRAL,
          CHAT_TOOLS_MISTRAL},
     };
@@ -310,10 +317,21 @@ Test(chat, render_errors_mistral) {
     const chat_message result[] = {{.role = "user", .content = "q"},
                                    {.role = "assistant", .content = "calling"},
                                    {.role = "tool", .content = "42", .name = "f"}};
-    cr_assert_eq(chat_template_from_name("mistral-v7-tekken", &t), 0);
+    cr_assert_eq(chat_template_from_name("devstral", &t), 0);
     out = chat_render(&t, result, 3, NULL, 0, true, "<s>", &err);
     cr_assert_not_null(out, "%s", err.msg);
     cr_assert_not_null(strstr(out, "[INST]<tool_response>"), "%s", out);
+    free(out);
+    /* Small 3.2's own: the result with its call's id (a missing one mapped to 9 characters) */
+    cr_assert_eq(chat_template_from_name("mistral-v7-tekken", &t), 0);
+    out = chat_render(&t, result, 3, NULL, 0, true, "<s>", &err);
+    cr_assert_not_null(out, "%s", err.msg);
+    char id[10];
+    chat_tools_mistral_id(NULL, id);
+    char want[128];
+    snprintf(want, sizeof want,
+             "<s>[INST]q[/INST]calling</s>[TOOL_RESULTS]%s[TOOL_CONTENT]42[/TOOL_RESULTS]", id);
+    cr_assert_str_eq(out, want);
     free(out);
 }
 

@@ -30,6 +30,7 @@ static const answer_site SITES[] = {
     {CHAT_TOOLS_LLAMA3, "llama3.1", "<|end_header_id|>\n\n{\"name\"", 19, "<|eot_id|>"},
     {CHAT_TOOLS_MISTRAL, "mistral-nemo", "[TOOL_CALLS]", 0, "</s>"},
     {CHAT_TOOLS_MISTRAL_V3, "mistral-large-2407", "[TOOL_CALLS]", 0, "</s>"},
+    {CHAT_TOOLS_MISTRAL_V7, "mistral-small-3.2", "[TOOL_CALLS]", 0, "</s>"},
 };
 
 /* The first assistant call turn's text in the golden case `name`, malloc'd. */
@@ -237,6 +238,22 @@ Test(chat_tools, near_misses_are_content) {
          "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
          "{content}[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}]",
          false},
+        /* Mistral Small 3.2: each call opens with [TOOL_CALLS], its id before its arguments;
+         * nothing is owed after the last one */
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{}", "[0:f]{}", true},
+        {CHAT_TOOLS_MISTRAL_V7,
+         "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{}[TOOL_CALLS]g[CALL_ID]abcdefghj[ARGS]{\"a\": 1}",
+         "[0:f]{}[1:g]{\"a\": 1}", true},
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{}\n", "[0:f]{}{content}\n",
+         false},
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[CALL_ID]abc_efghi[ARGS]{}",
+         "{content}[TOOL_CALLS]f[CALL_ID]abc_efghi[ARGS]{}", false},
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[CALL_ID]abcdefgh[ARGS]{}",
+         "{content}[TOOL_CALLS]f[CALL_ID]abcdefgh[ARGS]{}", false},
+        /* Devstral's spelling, without the id, is not this format */
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[ARGS]{}", "{content}[TOOL_CALLS]f[ARGS]{}", false},
+        {CHAT_TOOLS_MISTRAL_V7, "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{\"a\": [", "[0:f]{\"a\": [",
+         false},
         {CHAT_TOOLS_GENERIC, "", "", false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -303,7 +320,8 @@ Test(chat_tools, grammar_accepts_the_templates_calls) {
         /* near misses: compact JSON, a wrong key, an argument outside the schema, a cut */
         char *compact = replace(one, "\"city\": ", "\"city\":");
         char *unit = replace(one, "celsius", "kelvin");
-        char *key = replace(one, "\"name\": ", "\"nam\": ");
+        char *key = site->f == CHAT_TOOLS_MISTRAL_V7 ? replace(one, "[ARGS]", "[ARG]")
+                                                     : replace(one, "\"name\": ", "\"nam\": ");
         cr_assert_not(matches(m, compact), "%s: [%s]", site->golden, compact);
         cr_assert_not(matches(m, unit), "%s: [%s]", site->golden, unit);
         cr_assert_not(matches(m, key), "%s: [%s]", site->golden, key);
@@ -328,7 +346,8 @@ Test(chat_tools, grammar_accepts_the_templates_calls) {
             cr_assert_not(matches(m, two));
             free(two);
         }
-        if (site->f == CHAT_TOOLS_MISTRAL || site->f == CHAT_TOOLS_MISTRAL_V3) {
+        if (site->f == CHAT_TOOLS_MISTRAL || site->f == CHAT_TOOLS_MISTRAL_V3 ||
+            site->f == CHAT_TOOLS_MISTRAL_V7) {
             char *bad_id = replace(escaped, "Zz9Yy8Xx7", "Zz9Yy8Xx_");
             char *long_id = replace(escaped, "Zz9Yy8Xx7", "Zz9Yy8Xx7a");
             cr_assert_not(matches(m, bad_id));
