@@ -282,7 +282,7 @@ static char *chatml_default_system(const char *src, size_t len) {
  *   "[INST]" + content            Nemo (v3-tekken) when it has [TOOL_CALLS] and
  *                                 [AVAILABLE_TOOLS]
  *   "[INST] " ... "[/INST]"       v3 (Mistral 7B v0.3, Large 2407): the answer's side has no space
- *   "[INST] " ... " [/INST]"      Mistral 7B v0.1 / v0.2's original template (no system message)
+ *   "[INST] " ... " [/INST]"      Mistral 7B v0.1 / v0.2's original template (no system message in it)
  * Anything else with [INST] keeps Llama 2's format, as before these were told apart. */
 static void mistral_detect(const char *jinja, size_t len, chat_template *out) {
     bool calls = find(jinja, len, "[TOOL_CALLS]") && find(jinja, len, "[AVAILABLE_TOOLS]");
@@ -707,26 +707,28 @@ static int render_mistral(strbuf *b, const mistral_style *st, const chat_message
     return 0;
 }
 
-/* Mistral 7B v0.1 / v0.2's original template: it has no system message, and checks only that
- * user turns fall on even positions (anything else there is refused too). Neither content is
- * trimmed; add_generation_prompt ignored. */
+/* Mistral 7B v0.1 / v0.2's original template. It has no system message: kvserve opens the
+ * first user message with a leading one and "\n\n", as the same models' later template (v1)
+ * does, rather than refuse what every OpenAI client sends (and the generic tool format's tool
+ * list); the template's Jinja raises there instead. Roles alternate after it (user first);
+ * nothing is trimmed; add_generation_prompt ignored. */
 static int render_mistral_legacy(strbuf *b, const chat_message *msgs, int n, const char *bos,
                                  kv_error *err) {
+    int first = n > 0 && is_role(&msgs[0], "system") ? 1 : 0;
     sb_puts(b, bos);
-    for (int i = 0; i < n; i++) {
+    for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
-        if (is_role(m, "system"))
+        if (is_role(m, "user") != ((i - first) % 2 == 0))
             return kv_fail(err,
-                           "chat (mistral-legacy): message %d: this template takes no system "
-                           "message (--chat-template mistral-v1 does, for the same models)",
-                           i);
-        if (is_role(m, "user") != (i % 2 == 0))
-            return kv_fail(err,
-                           "chat (mistral-legacy): message %d: roles must alternate "
-                           "user/assistant starting with user (got %s)",
+                           "chat (mistral-legacy): message %d: after the optional system message, "
+                           "roles must alternate user/assistant starting with user (got %s)",
                            i, m->role);
         if (is_role(m, "user")) {
             sb_puts(b, "[INST] ");
+            if (i == first && first) {
+                sb_puts(b, content_of(&msgs[0]));
+                sb_puts(b, "\n\n");
+            }
             sb_puts(b, content_of(m));
             sb_puts(b, " [/INST]");
         } else {

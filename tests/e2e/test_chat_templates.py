@@ -20,7 +20,7 @@ U2 = {"role": "user", "content": "And of Italy?"}
 
 # template name -> conversations it refuses
 REFUSED = {
-    "mistral-legacy": [[SYS, U1], [U1, U2]],
+    "mistral-legacy": [[U1, A1, SYS, U2], [U1, U2]],
     "mistral-v1": [[U1, U2], [A1, U1]],
     "mistral-v3": [[U1, U2]],
     "mistral-v7": [],
@@ -37,7 +37,7 @@ def named(request):
 
 def test_mistral_formats_answer_and_refuse(named):
     name, server, client = named
-    ok = [U1, A1, U2] if name == "mistral-legacy" else [SYS, U1, A1, U2]
+    ok = [SYS, U1, A1, U2]
     r = client.chat.completions.create(model=server.model_id, messages=ok, max_tokens=4,
                                        temperature=0)
     assert r.choices[0].finish_reason in ("stop", "length"), (name, r)

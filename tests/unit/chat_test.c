@@ -287,10 +287,20 @@ Test(chat, render_errors_mistral) {
                                      {.role = "user", .content = "u"}};
     const chat_message two_users[] = {{.role = "user", .content = "a"},
                                       {.role = "user", .content = "b"}};
-    /* the original 7B v0.2 template has no system message; the error names the one that has */
+    /* the original 7B v0.2 template has no system message (its Jinja raises): a leading one
+     * opens the first user message, as in the same models' later template, with this one's
+     * spacing; a system message anywhere else is refused */
     cr_assert_eq(chat_template_from_name("mistral-legacy", &t), 0);
-    cr_assert_null(chat_render(&t, sys_user, 2, NULL, 0, true, "<s>", &err));
-    cr_assert_not_null(strstr(err.msg, "mistral-v1"), "%s", err.msg);
+    char *got = chat_render(&t, sys_user, 2, NULL, 0, true, "<s>", &err);
+    cr_assert_not_null(got, "%s", err.msg);
+    cr_assert_str_eq(got, "<s>[INST] s\n\nu [/INST]");
+    free(got);
+    const chat_message late_sys[] = {{.role = "user", .content = "u"},
+                                     {.role = "assistant", .content = "a"},
+                                     {.role = "system", .content = "s"},
+                                     {.role = "user", .content = "v"}};
+    cr_assert_null(chat_render(&t, late_sys, 4, NULL, 0, true, "<s>", &err));
+    cr_assert_not_null(strstr(err.msg, "alternate"), "%s", err.msg);
     cr_assert_null(chat_render(&t, two_users, 2, NULL, 0, true, "<s>", &err));
     cr_assert_not_null(strstr(err.msg, "alternate"), "%s", err.msg);
     static const char *const alternating[] = {"mistral-v1", "mistral-v3", "mistral-v7-tekken"};
