@@ -250,7 +250,9 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     engine_cache_stats_get(s->eng, &es);
     cache_stats cs = {0};
     if (s->store) cache_store_stats(s->store, &cs);
-    enum { NT = 5 };
+    /* Redis last: its evictions, entries and bytes are not known here (other instances share
+     * it), so those series stop before it (N_HELD). */
+    enum { NT = 5, N_HELD = NT - 1 };
     const cache_tier_stats *t[NT] = {&cs.ram, &cs.disk, &es.content, &es.content_disk, &cs.redis};
     const char *names[NT] = {"ram", "disk", "blend_ram", "blend_disk", "redis"};
     metric(f, "kvserve_cache_reused_tokens_total", "counter",
@@ -267,7 +269,7 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
                 (long long)t[i]->misses);
     metric(f, "kvserve_cache_evictions_total", "counter", "Chunks evicted for room, by tier.");
     fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n", (long long)es.pool_evictions);
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->evictions);
     metric(f, "kvserve_cache_bytes_in_total", "counter", "Bytes stored into a tier.");
@@ -303,10 +305,10 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     fprintf(f, "kvserve_cache_redis_connected %d\n", cs.redis_connected ? 1 : 0);
     metric(f, "kvserve_cache_entries", "gauge", "Chunks held, by tier.");
     fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es.pool_entries);
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->entries);
     metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
     if (fclose(f) != 0) {
         free(buf);
