@@ -63,6 +63,7 @@ struct cache_redis {
     bool thread_started;
     redis_conn writer;
     uint8_t *value; /* [max_value]: the record being written */
+    bool refusing;  /* Redis answered the last write with an error (write thread) */
 };
 
 /* ---------------------------------------------------------------- URLs */
@@ -245,7 +246,7 @@ static redisReply *conn_reply(cache_redis *r, redis_conn *c) {
 /* Checks a record value read under the alias (record key, namespace) and makes a chunk of it;
  * NULL with err when any check fails. */
 static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cache_key *key,
-                                 kv_error *err) {
+                                 const cache_key *ns, kv_error *err) {
     if (v->type != REDIS_REPLY_STRING) {
         kv_fail(err, "not a string (reply type %d)", v->type);
         return NULL;
@@ -257,8 +258,9 @@ static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cach
     const uint8_t *buf = (const uint8_t *)v->str;
     cache_record_info info;
     if (cache_record_decode_header(buf, v->len, &r->layout, &info, err) != 0) return NULL;
-    if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0) {
-        kv_fail(err, "the record names another key");
+    if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0 ||
+        memcmp(info.ns.b, ns->b, CACHE_KEY_BYTES) != 0) {
+        kv_fail(err, "the record names another key or namespace than its alias");
         return NULL;
     }
     if (v->len != r->header_bytes + info.payload_bytes) {
@@ -373,7 +375,7 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
         const redisReply *v = recs->element[m];
         if (v->type == REDIS_REPLY_NIL) break; /* expired, evicted or cleared */
         kv_error err = {{0}};
-        if (!(out[m] = value_decode(r, v, &rkeys[m], &err))) {
+        if (!(out[m] = value_decode(r, v, &rkeys[m], &rns[m], &err))) {
             if (strcmp(err.msg, "out of memory") != 0) {
                 corrupt++;
                 log_warn("cache: redis %s: refusing %s: %s", r->url, names[m], err.msg);
@@ -409,8 +411,9 @@ done:
 /* One pipeline: the record, then each block's alias (so an alias never names a record not yet
  * stored), then UNLINK of the records of the same chunk that hold a prefix of c's blocks (their
  * keys are c's earlier block keys; c supersedes them, as on disk). True when every reply was OK;
- * *oom when Redis refused a write for memory. */
-static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, bool *oom) {
+ * else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
+static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *refused,
+                        size_t refused_len) {
     char ttl[24], rname[REDIS_KEY_LEN];
     snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
     key_record(r, &ch->ns, &ch->key, rname);
@@ -445,9 +448,9 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, bool *oo
     for (int i = 0; i < n_cmd; i++) {
         redisReply *rep = conn_reply(r, c);
         if (!rep) return false;
-        if (rep->type == REDIS_REPLY_ERROR) {
+        if (rep->type == REDIS_REPLY_ERROR && all) {
             all = false;
-            if (rep->len >= 3 && strncmp(rep->str, "OOM", 3) == 0) *oom = true;
+            snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
         }
         freeReplyObject(rep);
     }
@@ -464,7 +467,16 @@ static void *redis_thread(void *arg) {
             r->wq_head = (r->wq_head + 1) % r->write_queue;
             r->wq_len--;
             pthread_mutex_unlock(&r->mu);
-            bool oom = false, ok = conn_get(r, &r->writer) && write_chunk(r, &r->writer, ch, &oom);
+            char refused[128] = "";
+            bool ok =
+                conn_get(r, &r->writer) && write_chunk(r, &r->writer, ch, refused, sizeof refused);
+            /* Refusals (OOM under maxmemory, a read-only replica) come with every write while
+             * they last: logged when they start and when they end. */
+            if (refused[0] && !r->refusing)
+                log_warn("cache: redis %s refuses writes: %s", r->url, refused);
+            else if (ok && r->refusing)
+                log_info("cache: redis %s accepts writes again", r->url);
+            if (refused[0] || ok) r->refusing = refused[0] != 0;
             pthread_mutex_lock(&r->mu);
             if (ok)
                 r->st.bytes_in += (int64_t)ch->bytes;
@@ -473,7 +485,6 @@ static void *redis_thread(void *arg) {
             r->n_writes--;
             pthread_cond_broadcast(&r->done);
             pthread_mutex_unlock(&r->mu);
-            if (oom) log_warn("cache: redis %s refused a write: out of memory (maxmemory)", r->url);
             cache_chunk_unref(ch);
             pthread_mutex_lock(&r->mu);
         } else if (r->stop) {

@@ -1,10 +1,11 @@
 /* The Redis tier against a real redis-server started by each test on a free port (killed at exit,
  * also after a failed assertion, and by the kernel if the test process dies): URLs; put then
  * fetch, bit for bit; a record found by a middle block key; values corrupted, truncated, too
- * large, of another model or layout: refused, counted and deleted; Redis killed: lookups miss at
- * once and puts never block; Redis restarted: the tier reconnects after its backoff. Then the
- * store over it: a second store with its own RAM and disk finds the first one's chunks. Skips,
- * saying so, where redis-server is not installed. */
+ * large, of another model or layout: refused, counted and deleted; Redis full (OOM): writes
+ * counted as errors; Redis killed: lookups miss at once and puts never block; Redis restarted:
+ * the tier reconnects after its backoff; clear by namespace. Then the store over it: a second
+ * store with its own RAM and disk finds the first one's chunks. Skips, saying so, where
+ * redis-server is not installed. */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
@@ -478,6 +479,39 @@ Test(cache_redis, down_then_restarted) {
     cache_chunk_unref(out[0]);
     stats(r, &up);
     cr_assert(up);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, full_redis_refuses_writes) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    /* maxmemory below what Redis uses already: every write gets an OOM error */
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory 1"));
+    cache_chunk *c = make_chunk(&l, &ns, 9, 0, 4);
+    cr_assert(cache_redis_put(r, c));
+    cache_redis_flush(r);
+    bool up = false;
+    cache_tier_stats st = stats(r, &up);
+    cr_assert_eq(st.write_errors, 1);
+    cr_assert_eq(st.bytes_in, 0);
+    cr_assert(up, "a refused write is not a lost connection");
+    seq_keys(&l, &ns, 9, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    /* room again: the same connection writes */
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory 0"));
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    assert_same_chunk(out[0], c);
+    cache_chunk_unref(out[0]);
+    redisFree(rc);
     cache_chunk_unref(c);
     cache_redis_close(r);
 }
