@@ -220,8 +220,8 @@ static redisContext *conn_get(cache_redis *r, redis_conn *c) {
             return NULL;
         }
     }
-    c->backoff_ns = 0;
-    set_state(r, true, NULL);
+    /* Up (and the backoff reset) only once a command is answered: a Redis that accepts
+     * connections but answers nothing in time keeps backing off. */
     return c->ctx;
 }
 
@@ -237,7 +237,8 @@ static redisReply *conn_reply(cache_redis *r, redis_conn *c) {
         conn_fail(r, c, why);
         return NULL;
     }
-    set_state(r, true, NULL); /* the other connection may have marked the tier down */
+    c->backoff_ns = 0;
+    set_state(r, true, NULL); /* also when the other connection marked the tier down */
     return rep;
 }
 
@@ -563,8 +564,13 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t tt
         kv_fail(err, "out of memory");
         goto fail;
     }
+    /* A first exchange, so the log and the stats say at once whether Redis answers. */
     pthread_mutex_lock(&r->lookup_mu);
-    conn_get(r, &r->lookup); /* logs the state either way */
+    const char *ping[1] = {"PING"};
+    redisReply *rep = NULL;
+    if (conn_get(r, &r->lookup) && redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
+        rep = conn_reply(r, &r->lookup);
+    if (rep) freeReplyObject(rep);
     pthread_mutex_unlock(&r->lookup_mu);
     if (pthread_create(&r->thread, NULL, redis_thread, r) != 0) {
         kv_fail(err, "redis tier: cannot start its thread");

@@ -2,10 +2,10 @@
  * also after a failed assertion, and by the kernel if the test process dies): URLs; put then
  * fetch, bit for bit; a record found by a middle block key; values corrupted, truncated, too
  * large, of another model or layout: refused, counted and deleted; Redis full (OOM): writes
- * counted as errors; Redis killed: lookups miss at once and puts never block; Redis restarted:
- * the tier reconnects after its backoff; clear by namespace. Then the store over it: a second
- * store with its own RAM and disk finds the first one's chunks. Skips, saying so, where
- * redis-server is not installed. */
+ * counted as errors; Redis stalled (SIGSTOP) or killed: lookups miss within the timeout and puts
+ * never block; Redis resumed or restarted: the tier reconnects after its backoff; clear by
+ * namespace. Then the store over it: a second store with its own RAM and disk finds the first
+ * one's chunks. Skips, saying so, where redis-server is not installed. */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
@@ -479,6 +479,43 @@ Test(cache_redis, down_then_restarted) {
     cache_chunk_unref(out[0]);
     stats(r, &up);
     cr_assert(up);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, stalled_redis_times_out) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 10, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 10, 64, 1 << 30, bkeys);
+    /* Stopped, Redis still accepts connections (the kernel's backlog) but answers nothing: each
+     * wait ends at the 200 ms timeout, and the backoff keeps the next lookups from waiting. */
+    kill(srv.pid, SIGSTOP);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    int64_t t0 = now_ms();
+    for (int i = 0; i < 10; i++) cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_lt(now_ms() - t0, 2000, "lookups took %lld ms", (long long)(now_ms() - t0));
+    t0 = now_ms();
+    for (int i = 0; i < 50; i++) cache_redis_put(r, c);
+    cr_assert_lt(now_ms() - t0, 200, "puts blocked");
+    bool up = true;
+    stats(r, &up);
+    cr_assert_not(up);
+    kill(srv.pid, SIGCONT);
+    t0 = now_ms();
+    int got = 0;
+    while (!got && now_ms() - t0 < 15000) {
+        got = cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
+        if (!got) usleep(50000);
+    }
+    cr_assert_eq(got, 1, "no recovery within 15 s");
+    assert_same_chunk(out[0], c);
+    cache_chunk_unref(out[0]);
+    cache_redis_flush(r);
     cache_chunk_unref(c);
     cache_redis_close(r);
 }
