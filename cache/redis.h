@@ -40,7 +40,8 @@ typedef struct cache_redis_addr {
 
 /* Accepts redis://host[:port][/db], redis://:password@host[:port][/db] and
  * unix:///absolute/path (port 6379 and db 0 by default; host a name or an IPv4 address; no
- * percent-decoding, so a password holds no '@'). -1 with err naming what is wrong. */
+ * percent-decoding: the last '@' ends the password). -1 with err naming what is wrong.
+ * tests/fuzz/redis_url_fuzz.c fuzzes it. */
 int cache_redis_parse_url(const char *url, cache_redis_addr *out, kv_error *err);
 
 /* Parses url and starts the write thread; the first connection is tried at once (a Redis that is
