@@ -13,7 +13,7 @@ OPT     ?= -O2 -g
 # Baseline x86-64 for portable code; SIMD variants are compiled per file (below) and chosen at
 # run time from CPUID, so one binary runs on any x86-64 and uses AVX2/AVX-512 where present.
 CFLAGS  := -std=c11 $(OPT) $(WARN) -D_GNU_SOURCE -pthread -I. -fno-strict-aliasing $(EXTRA_CFLAGS)
-BASE_LDLIBS := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring -lexpat
+BASE_LDLIBS := -lm -lpthread -lmicrohttpd -ljansson -lcrypto -luring -lhiredis -lexpat
 LDLIBS  := $(BASE_LDLIBS)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
@@ -237,6 +237,7 @@ FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
+FUZZ_DEPS_redis_url_fuzz := cache/redis.c cache/record.c cache/chunk.c
 FUZZ_DEPS_pml_fuzz := cache/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)

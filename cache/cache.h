@@ -1,6 +1,6 @@
 /* cache/: the public contract of the context cache. Chunk keys (DESIGN.md "Chunk keys"), chunk
- * records and the chunk store with its RAM and disk tiers (DESIGN.md "Store tiers"). The device
- * pool tier lives with the pool's owner (the engine); it uses the keys defined here.
+ * records and the chunk store with its RAM, disk and Redis tiers (DESIGN.md "Store tiers"). The
+ * device pool tier lives with the pool's owner (the engine); it uses the keys defined here.
  *
  * Reuse is exact to the KV block (16 tokens): every full block of a sequence has a prefix key,
  * chained block by block, so two prompts share block j's key exactly when they share every token
@@ -120,31 +120,41 @@ typedef struct cache_tier_stats {
     int64_t bytes_in;  /* written into the tier */
     int64_t bytes_out; /* read from the tier */
     int64_t evictions;
-    int64_t corrupt;      /* records dropped as torn or corrupt (disk) */
-    int64_t write_errors; /* failed writes, e.g. a full disk (disk) */
-    int64_t dropped;      /* write-backs skipped because the queue was full (disk) */
+    int64_t corrupt;      /* records dropped as torn or corrupt (disk, Redis) */
+    int64_t write_errors; /* failed writes, e.g. a full disk, Redis down or out of memory */
+    int64_t dropped;      /* write-backs skipped because the queue was full (disk, Redis) */
 } cache_tier_stats;
 
 typedef struct cache_stats {
     cache_tier_stats ram;
     cache_tier_stats disk;
+    cache_tier_stats redis; /* entries, bytes, capacity unknown (0): Redis is shared */
     bool disk_enabled;
+    bool redis_enabled;
+    bool redis_connected; /* the last exchange with Redis succeeded */
 } cache_stats;
 
 /* ---------------------------------------------------------------- the store */
 
 typedef struct cache_store_opts {
-    int64_t ram_bytes;  /* RAM tier cap (0: no RAM tier) */
-    const char *dir;    /* disk tier directory, or NULL for none */
-    int64_t disk_bytes; /* disk tier cap */
-    int write_queue;    /* pending disk writes at most (beyond: dropped, counted) */
+    int64_t ram_bytes;     /* RAM tier cap (0: no RAM tier) */
+    const char *dir;       /* disk tier directory, or NULL for none */
+    int64_t disk_bytes;    /* disk tier cap */
+    int write_queue;       /* pending disk (and Redis) writes at most (beyond: dropped, counted) */
+    const char *redis_url; /* Redis tier (cache/redis.h), or NULL for none */
+    int64_t redis_ttl_s;   /* expiry of the keys it writes (0: none) */
+    int redis_timeout_ms;  /* each network wait (0: 200) */
 } cache_store_opts;
 
 typedef struct cache_store cache_store;
 
 /* Opens the store; the disk tier rebuilds its index from the directory (records of other
- * models are left alone; torn or corrupt ones are deleted and counted). */
+ * models are left alone; torn or corrupt ones are deleted and counted). A Redis tier that is
+ * down at open is not an error (it is used once it answers); a bad URL is. */
 cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err);
+/* Checks the syntax of a Redis tier URL (cache_store_opts.redis_url; cache/redis.h says what is
+ * accepted); -1 with err naming what is wrong. */
+int cache_store_check_redis_url(const char *url, kv_error *err);
 /* Finishes queued writes and frees everything. */
 void cache_store_close(cache_store *s);
 const cache_layout *cache_store_layout(const cache_store *s);
@@ -152,15 +162,19 @@ const cache_layout *cache_store_layout(const cache_store *s);
 /* Continues a sequence's cached prefix from block `first` on: bkeys[0..n_blocks) are its block
  * keys. Finds, chunk by chunk, the record that holds the most of the sequence's blocks (RAM
  * first, then disk; disk hits are read in parallel and promoted to RAM) until a chunk has no
- * record or one that ends before the chunk does. out[0..*n_out) get one reference each, in
- * order (the first holds block `first`; at most max_out). Returns the number of blocks from
- * `first` on the records cover for this sequence (a record may hold more: the sequence diverged
- * inside it). Blocks on disk reads; thread-safe. */
+ * record or one that ends before the chunk does; the chunks from the first that RAM and disk
+ * lack are then looked up in Redis (hits promoted to RAM and written to disk). out[0..*n_out)
+ * get one reference each, in order (the first holds block `first`; at most max_out). Returns the
+ * number of blocks from `first` on the records cover for this sequence (a record may hold more:
+ * the sequence diverged inside it). Blocks on disk reads and Redis round trips (each bounded by
+ * the Redis timeout); thread-safe. */
 int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
                       cache_chunk **out, int max_out, int *n_out);
-/* True when the RAM or disk tier holds a record holding the block whose key is bkey (no I/O). */
+/* True when the RAM or disk tier holds a record holding the block whose key is bkey (no I/O:
+ * Redis is not asked, so a chunk only Redis holds is "not held" and may be stored again). */
 bool cache_store_holds(cache_store *s, const cache_key *bkey);
-/* Stores c (the store takes its own reference): into RAM now, onto disk in the background.
+/* Stores c (the store takes its own reference): into RAM now, onto disk and into Redis in the
+ * background (each tier's own thread).
  * Records of the same chunk that hold a prefix of c's blocks are dropped: c supersedes them.
  * Never blocks on I/O; a write that cannot be queued is dropped and counted. */
 void cache_store_put(cache_store *s, cache_chunk *c);
@@ -168,12 +182,13 @@ void cache_store_put(cache_store *s, cache_chunk *c);
  * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
  * and pinned. */
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
-/* Drops every chunk of namespace ns (NULL: all), pinned or not, from the RAM tier (when ram)
- * and the disk tier (when disk); the counts dropped go to *n_ram and *n_disk. */
-void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
-                       int64_t *n_disk);
+/* Drops every chunk of namespace ns (NULL: all of this model), pinned or not, from the RAM tier
+ * (when ram), the disk tier (when disk) and Redis (when redis); the counts dropped go to *n_ram,
+ * *n_disk and *n_redis (-1: Redis could not be reached). */
+void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, bool redis,
+                       int64_t *n_ram, int64_t *n_disk, int64_t *n_redis);
 void cache_store_stats(cache_store *s, cache_stats *out);
-/* Waits until every queued disk write has finished (tests, shutdown). */
+/* Waits until every queued disk and Redis write has finished (tests, shutdown). */
 void cache_store_flush(cache_store *s);
 
 #endif

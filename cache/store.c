@@ -1,17 +1,22 @@
-/* The chunk store: the RAM tier over the disk tier (DESIGN.md "Store tiers"). A lookup walks
- * RAM, then disk; disk hits are promoted into RAM. A put goes into RAM at once and onto disk in
- * the background (the disk tier's I/O thread), so storing never waits for I/O. */
+/* The chunk store: the RAM tier over the disk tier over Redis (DESIGN.md "Store tiers"). A lookup
+ * walks RAM, then disk, then Redis for the chunks the first two lack; hits below RAM are promoted
+ * into RAM (Redis hits onto disk too). A put goes into RAM at once and onto disk and into Redis in
+ * the background (each tier's own thread), so storing never waits for I/O. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cache/cache.h"
 #include "cache/disk.h"
 #include "cache/ram.h"
+#include "cache/redis.h"
+
+#define STORE_REDIS_TIMEOUT_MS 200
 
 struct cache_store {
     cache_layout layout;
-    cache_ram *ram;   /* NULL: no RAM tier */
-    cache_disk *disk; /* NULL: no disk tier */
+    cache_ram *ram;     /* NULL: no RAM tier */
+    cache_disk *disk;   /* NULL: no disk tier */
+    cache_redis *redis; /* NULL: no Redis tier */
 };
 
 cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err) {
@@ -34,14 +39,25 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         !(s->disk = cache_disk_open(o->dir, l, o->disk_bytes,
                                     o->write_queue > 0 ? o->write_queue : 64, err)))
         goto fail;
+    if (o->redis_url && o->redis_url[0] &&
+        !(s->redis = cache_redis_open(
+              o->redis_url, l, o->redis_ttl_s, o->write_queue > 0 ? o->write_queue : 64,
+              o->redis_timeout_ms > 0 ? o->redis_timeout_ms : STORE_REDIS_TIMEOUT_MS, err)))
+        goto fail;
     return s;
 fail:
     cache_store_close(s);
     return NULL;
 }
 
+int cache_store_check_redis_url(const char *url, kv_error *err) {
+    cache_redis_addr addr;
+    return cache_redis_parse_url(url, &addr, err);
+}
+
 void cache_store_close(cache_store *s) {
     if (!s) return;
+    cache_redis_close(s->redis);
     cache_disk_close(s->disk);
     cache_ram_destroy(s->ram);
     free(s);
@@ -72,6 +88,21 @@ static bool holds_block(const cache_store *s, const cache_chunk *c, const cache_
            i < c->n_blocks && memcmp(c->bkeys[i].b, bkeys[b].b, CACHE_KEY_BYTES) == 0;
 }
 
+/* A chunk read from a lower tier, promoted to RAM; when a concurrent fetch promoted it first,
+ * that copy is returned instead (c's reference dropped), so concurrent requests for one prefix
+ * hold one copy. */
+static cache_chunk *promote(cache_store *s, cache_chunk *c) {
+    if (c && s->ram && !cache_ram_put(s->ram, c)) {
+        int block;
+        cache_chunk *shared = cache_ram_find(s->ram, &c->key, &block);
+        if (shared) {
+            cache_chunk_unref(c);
+            c = shared;
+        }
+    }
+    return c;
+}
+
 int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
                       cache_chunk **out, int max_out, int *n_out) {
     int cb = cache_chunk_blocks(&s->layout);
@@ -79,43 +110,44 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     int *upto = malloc(sizeof(int) * (size_t)cap);    /* out[i] covers blocks up to upto[i] */
     int *disk_at = malloc(sizeof(int) * (size_t)cap); /* out[] slots to read from disk */
     cache_key *disk_keys = malloc(sizeof(cache_key) * (size_t)cap);
-    int n = 0, n_disk = 0, covered = 0;
+    int n = 0, n_disk = 0, covered = 0, j = first;
+    bool unheld = false; /* the walk stopped at a chunk RAM and disk have no record of */
     *n_out = 0;
     if (!upto || !disk_at || !disk_keys) goto done;
 
     /* Chunk by chunk: a chunk's record continues the prefix only when it reaches the chunk's
      * end (or the sequence's last block). */
-    for (int j = first; j < n_blocks && n < max_out;) {
+    while (j < n_blocks && n < max_out) {
         int end = (j / cb + 1) * cb < n_blocks ? (j / cb + 1) * cb : n_blocks;
         cache_chunk *c = NULL;
         int b = probe_chunk(s, bkeys, j, end, &c, &disk_keys[n_disk]);
         if (!c && s->ram) cache_ram_count_miss(s->ram);
-        if (b < 0) break;
+        if (b < 0) {
+            unheld = true;
+            break;
+        }
         if (!c) disk_at[n_disk++] = n;
         out[n] = c;
         upto[n++] = b + 1;
         j = b + 1;
         if (j < end) break;
     }
+    /* Redis continues from there (network round trips on this thread, each bounded). */
+    int n_redis = 0, redis_from = n;
+    if (unheld && s->redis) {
+        n_redis = cache_redis_fetch(s->redis, bkeys, j, n_blocks, out + n, upto + n, max_out - n);
+        n += n_redis;
+    }
     if (n_disk > 0) {
         /* One batch of parallel reads for every chunk the prefix still needs. */
         cache_chunk **dc = calloc((size_t)n_disk, sizeof *dc);
         if (dc) cache_disk_read(s->disk, disk_keys, n_disk, dc);
-        for (int i = 0; i < n_disk; i++) {
-            cache_chunk *c = dc ? dc[i] : NULL;
-            /* Promoted to RAM; when a concurrent fetch promoted it first, that copy is shared
-             * instead, so concurrent requests for one prefix hold one copy. */
-            if (c && s->ram && !cache_ram_put(s->ram, c)) {
-                int block;
-                cache_chunk *shared = cache_ram_find(s->ram, &c->key, &block);
-                if (shared) {
-                    cache_chunk_unref(c);
-                    c = shared;
-                }
-            }
-            out[disk_at[i]] = c;
-        }
+        for (int i = 0; i < n_disk; i++) out[disk_at[i]] = promote(s, dc ? dc[i] : NULL);
         free(dc);
+    }
+    for (int i = redis_from; i < redis_from + n_redis; i++) {
+        if (s->disk) cache_disk_put(s->disk, out[i]);
+        out[i] = promote(s, out[i]);
     }
     /* The prefix ends at the first record that could not be read or does not hold its block. */
     int m = 0;
@@ -143,6 +175,7 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey) {
 void cache_store_put(cache_store *s, cache_chunk *c) {
     if (s->ram) cache_ram_put(s->ram, c);
     if (s->disk) cache_disk_put(s->disk, c);
+    if (s->redis) cache_redis_put(s->redis, c);
 }
 
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin) {
@@ -151,19 +184,23 @@ int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin)
     return s->ram ? ram : disk; /* resident means in RAM, when there is a RAM tier */
 }
 
-void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
-                       int64_t *n_disk) {
+void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, bool redis,
+                       int64_t *n_ram, int64_t *n_disk, int64_t *n_redis) {
     *n_ram = ram && s->ram ? cache_ram_clear(s->ram, ns) : 0;
     *n_disk = disk && s->disk ? cache_disk_clear(s->disk, ns) : 0;
+    *n_redis = redis && s->redis ? cache_redis_clear(s->redis, ns) : 0;
 }
 
 void cache_store_stats(cache_store *s, cache_stats *out) {
     memset(out, 0, sizeof *out);
     if (s->ram) cache_ram_stats(s->ram, &out->ram);
     if (s->disk) cache_disk_stats(s->disk, &out->disk);
+    if (s->redis) cache_redis_stats(s->redis, &out->redis, &out->redis_connected);
     out->disk_enabled = s->disk != NULL;
+    out->redis_enabled = s->redis != NULL;
 }
 
 void cache_store_flush(cache_store *s) {
     if (s->disk) cache_disk_flush(s->disk);
+    if (s->redis) cache_redis_flush(s->redis);
 }

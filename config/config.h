@@ -50,6 +50,9 @@ typedef struct kv_config {
     char *cache_dir;          /* disk tier directory; "auto": $XDG_CACHE_HOME or ~/.cache, /kvserve;
                                  "off": no disk tier */
     int64_t cache_disk_bytes; /* disk tier cap */
+    char *redis;              /* Redis tier URL (cache/redis.h), or NULL for none */
+    int64_t redis_ttl;        /* seconds the Redis tier's keys live; 0: no expiry */
+    int redis_timeout_ms;     /* each Redis connect, send or receive */
     bool blend;               /* reuse chunks found by content anywhere in a prompt (CacheBlend) */
     int blend_recompute;      /* least recompute ratio of blended tokens, percent */
     int64_t blend_ram_bytes;  /* content store cap */

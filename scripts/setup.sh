@@ -5,7 +5,7 @@ set -euo pipefail
 python=${PYTHON:-python3}
 
 apt_pkgs=(build-essential pkg-config clang libclang-rt-14-dev libcriterion-dev libjansson-dev
-          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev)
+          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -49,6 +49,11 @@ void cache_api_stats(server *s, http_reply *out) {
     json_t *disk = tier_json(&cs.disk, true);
     json_object_set_new(disk, "enabled", json_boolean(cs.disk_enabled));
     json_object_set_new(tiers, "disk", disk);
+    /* Redis is shared: what it holds (entries, bytes) is not this instance's to report. */
+    json_t *redis = tier_json(&cs.redis, true);
+    json_object_set_new(redis, "enabled", json_boolean(cs.redis_enabled));
+    json_object_set_new(redis, "connected", json_boolean(cs.redis_connected));
+    json_object_set_new(tiers, "redis", redis);
     /* blend's content records, found by content anywhere in a prompt */
     json_t *bram = tier_json(&es.content, false);
     json_object_set_new(bram, "enabled", json_boolean(es.content.capacity > 0));
@@ -66,15 +71,16 @@ static int fail_400(api_error *err, const char *param, const char *fmt, const ch
     return api_fail(err, 400, "invalid_request_error", NULL, param, fmt, detail);
 }
 
-/* {"cache_salt": "...", "all": false, "tiers": ["pool", "ram", "disk"]}, every field optional.
- * An empty body is an empty object. */
+/* {"cache_salt": "...", "all": false, "tiers": ["pool", "ram", "disk", "redis"]}, every field
+ * optional (no tiers: all of them). An empty body is an empty object. */
 void cache_api_clear(server *s, const http_call *c, http_reply *out) {
     api_error err = {0};
     json_error_t je;
     json_t *root =
         c->len ? json_loadb(c->body, c->len, JSON_REJECT_DUPLICATES, &je) : json_object();
-    bool tier[3] = {true, true, true}; /* pool, ram, disk */
-    static const char *const TIERS[3] = {"pool", "ram", "disk"};
+    enum { NT = 4 };
+    bool tier[NT] = {true, true, true, true}; /* pool, ram, disk, redis */
+    static const char *const TIERS[NT] = {"pool", "ram", "disk", "redis"};
     const char *salt = NULL;
     bool all = false;
     if (!root) {
@@ -104,19 +110,19 @@ void cache_api_clear(server *s, const http_call *c, http_reply *out) {
     if ((v = json_object_get(root, "tiers")) && !json_is_null(v)) {
         if (!json_is_array(v)) {
             fail_400(&err, "tiers", "%s",
-                     "'tiers' must be an array of \"pool\", \"ram\", \"disk\"");
+                     "'tiers' must be an array of \"pool\", \"ram\", \"disk\", \"redis\"");
             goto fail;
         }
-        tier[0] = tier[1] = tier[2] = false;
+        tier[0] = tier[1] = tier[2] = tier[3] = false;
         size_t i;
         json_t *t;
         json_array_foreach(v, i, t) {
             int k = 0;
-            while (k < 3 && !(json_is_string(t) && strcmp(json_string_value(t), TIERS[k]) == 0))
+            while (k < NT && !(json_is_string(t) && strcmp(json_string_value(t), TIERS[k]) == 0))
                 k++;
-            if (k == 3) {
+            if (k == NT) {
                 fail_400(&err, "tiers", "%s",
-                         "'tiers' must be an array of \"pool\", \"ram\", \"disk\"");
+                         "'tiers' must be an array of \"pool\", \"ram\", \"disk\", \"redis\"");
                 goto fail;
             }
             tier[k] = true;
@@ -132,19 +138,20 @@ void cache_api_clear(server *s, const http_call *c, http_reply *out) {
     server_cache_namespace(s, c, salt, &ns);
     const cache_key *scope = all ? NULL : &ns;
     int64_t n_pool = tier[0] ? engine_cache_clear(s->eng, scope) : 0, n_ram = 0, n_disk = 0;
-    int64_t b_ram = 0, b_disk = 0;
-    if (s->store) cache_store_clear(s->store, scope, tier[1], tier[2], &n_ram, &n_disk);
+    int64_t b_ram = 0, b_disk = 0, n_redis = 0;
+    if (s->store)
+        cache_store_clear(s->store, scope, tier[1], tier[2], tier[3], &n_ram, &n_disk, &n_redis);
     engine_blend_clear(s->eng, scope, tier[1], tier[2], &b_ram, &b_disk);
-    log_info("cache: cleared %s: %lld pool, %lld RAM, %lld disk chunks; blend: %lld RAM, %lld "
-             "disk records",
+    log_info("cache: cleared %s: %lld pool, %lld RAM, %lld disk, %lld Redis chunks; blend: %lld "
+             "RAM, %lld disk records",
              all ? "every namespace" : "one namespace", (long long)n_pool, (long long)n_ram,
-             (long long)n_disk, (long long)b_ram, (long long)b_disk);
+             (long long)n_disk, (long long)n_redis, (long long)b_ram, (long long)b_disk);
     json_decref(root);
     http_reply_json(out, 200,
-                    json_pack("{s:s,s:{s:I,s:I,s:I,s:I,s:I}}", "object", "cache.clear", "cleared",
-                              "pool", (json_int_t)n_pool, "ram", (json_int_t)n_ram, "disk",
-                              (json_int_t)n_disk, "blend_ram", (json_int_t)b_ram, "blend_disk",
-                              (json_int_t)b_disk));
+                    json_pack("{s:s,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "object", "cache.clear",
+                              "cleared", "pool", (json_int_t)n_pool, "ram", (json_int_t)n_ram,
+                              "disk", (json_int_t)n_disk, "redis", (json_int_t)n_redis, "blend_ram",
+                              (json_int_t)b_ram, "blend_disk", (json_int_t)b_disk));
     return;
 fail:
     json_decref(root);
@@ -243,9 +250,11 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     engine_cache_stats_get(s->eng, &es);
     cache_stats cs = {0};
     if (s->store) cache_store_stats(s->store, &cs);
-    enum { NT = 4 };
-    const cache_tier_stats *t[NT] = {&cs.ram, &cs.disk, &es.content, &es.content_disk};
-    const char *names[NT] = {"ram", "disk", "blend_ram", "blend_disk"};
+    /* Redis last: its evictions, entries and bytes are not known here (other instances share
+     * it), so those series stop before it (N_HELD). */
+    enum { NT = 5, N_HELD = NT - 1 };
+    const cache_tier_stats *t[NT] = {&cs.ram, &cs.disk, &es.content, &es.content_disk, &cs.redis};
+    const char *names[NT] = {"ram", "disk", "blend_ram", "blend_disk", "redis"};
     metric(f, "kvserve_cache_reused_tokens_total", "counter",
            "Prompt tokens whose KV came from the context cache.");
     fprintf(f, "kvserve_cache_reused_tokens_total %lld\n", (long long)es.reused_tokens);
@@ -260,7 +269,7 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
                 (long long)t[i]->misses);
     metric(f, "kvserve_cache_evictions_total", "counter", "Chunks evicted for room, by tier.");
     fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n", (long long)es.pool_evictions);
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", names[i],
                 (long long)t[i]->evictions);
     metric(f, "kvserve_cache_bytes_in_total", "counter", "Bytes stored into a tier.");
@@ -276,6 +285,7 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"disk\"} %lld\n", (long long)cs.disk.corrupt);
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"blend_disk\"} %lld\n",
             (long long)es.content_disk.corrupt);
+    fprintf(f, "kvserve_cache_corrupt_total{tier=\"redis\"} %lld\n", (long long)cs.redis.corrupt);
     metric(f, "kvserve_cache_write_errors_total", "counter",
            "Failed or dropped write-backs (a full disk, a full queue).");
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",
@@ -286,12 +296,19 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
             (long long)es.content_disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"queue_full\"} %lld\n",
             (long long)es.content_disk.dropped);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"redis\",reason=\"io\"} %lld\n",
+            (long long)cs.redis.write_errors);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"redis\",reason=\"queue_full\"} %lld\n",
+            (long long)cs.redis.dropped);
+    metric(f, "kvserve_cache_redis_connected", "gauge",
+           "1 when the last exchange with the Redis tier succeeded (0: down or no Redis tier).");
+    fprintf(f, "kvserve_cache_redis_connected %d\n", cs.redis_connected ? 1 : 0);
     metric(f, "kvserve_cache_entries", "gauge", "Chunks held, by tier.");
     fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es.pool_entries);
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->entries);
     metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
-    for (int i = 0; i < NT; i++)
+    for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
     if (fclose(f) != 0) {
         free(buf);

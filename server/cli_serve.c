@@ -100,11 +100,18 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
                 c->cache_chunk_tokens);
         return NULL;
     }
+    if (c->redis && cache_store_check_redis_url(c->redis, err) != 0) {
+        kv_fail_wrap(err, "--redis");
+        return NULL;
+    }
     char *dir = cache_dir_from(c);
     cache_store_opts o = {.ram_bytes = c->cache_ram_bytes,
                           .dir = dir,
                           .disk_bytes = c->cache_disk_bytes,
-                          .write_queue = 64};
+                          .write_queue = 64,
+                          .redis_url = c->redis,
+                          .redis_ttl_s = c->redis_ttl,
+                          .redis_timeout_ms = c->redis_timeout_ms};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);
@@ -112,9 +119,11 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
         st = cache_store_open(&l, &o, err);
     }
     if (st)
-        log_info("cache: chunks of %d tokens (%.1f MiB each); RAM tier %.0f MiB; disk tier %s",
+        log_info("cache: chunks of %d tokens (%.1f MiB each); RAM tier %.0f MiB; disk tier %s; "
+                 "Redis tier %s",
                  l.chunk_tokens, (double)cache_chunk_bytes(&l) / 1048576.0,
-                 (double)c->cache_ram_bytes / 1048576.0, o.dir ? o.dir : "off");
+                 (double)c->cache_ram_bytes / 1048576.0, o.dir ? o.dir : "off",
+                 c->redis ? "on" : "off");
     free(dir);
     return st;
 }

@@ -1,0 +1,683 @@
+/* The Redis tier of the chunk store (cache/redis.h): hiredis's blocking API with timeouts over two
+ * connections, one for lookups (the callers' threads, one at a time) and one for the write-behind
+ * thread, so a lookup never waits behind a queue of multi-megabyte SETs.
+ *
+ * Connections. Each has its own backoff: a failure (refused, reset, timed out, a protocol error)
+ * frees the context, and the next attempt is allowed after 100 ms, doubling to 5 s; a success
+ * resets it. The tier's state (connected or not) is logged when it changes, not per request.
+ * After a timeout the connection may still carry the rest of a reply, so it is never reused.
+ *
+ * Trust. Everything Redis sends is checked: reply types, the alias's length, the record's size
+ * (at most a full chunk's), header and payload checksums, model identity and layout, the key the
+ * alias named. A value failing a check is counted as corrupt, deleted, and the chunk is a miss. */
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+
+#include "cache/record.h"
+#include "cache/redis.h"
+
+#define REDIS_KEY_VERSION CACHE_RECORD_VERSION /* a new record format gets new keys */
+#define REDIS_BACKOFF_MIN_NS 100000000ull      /* 100 ms */
+#define REDIS_BACKOFF_MAX_NS 5000000000ull     /* 5 s */
+#define REDIS_MAX_WRITE_QUEUE (1 << 20)
+#define REDIS_KEY_LEN 208 /* longest key: "kvserve:2:" + 16 + "-16x4096:" + 64 + ":r:" + 64 */
+#define REDIS_ALIAS_BYTES (2 * CACHE_KEY_BYTES) /* record key, namespace */
+#define REDIS_SCAN_COUNT "512"
+
+typedef struct redis_conn {
+    const char *name; /* "lookup" or "write", for messages */
+    redisContext *ctx;
+    uint64_t retry_ns; /* no attempt before this (monotonic) */
+    uint64_t backoff_ns;
+} redis_conn;
+
+struct cache_redis {
+    cache_layout layout;
+    size_t header_bytes; /* cache_record_header_bytes(layout) */
+    size_t max_value;    /* a full chunk's record: header + chunk payload */
+    cache_redis_addr addr;
+    char url[64];    /* for messages: the address without the password */
+    char prefix[48]; /* "kvserve:<version>:<model>-<block_tokens>x<chunk_tokens>:" */
+    int64_t ttl_s;
+    struct timeval timeout;
+    int write_queue;
+
+    pthread_mutex_t lookup_mu; /* guards lookup */
+    redis_conn lookup;
+
+    pthread_mutex_t mu; /* guards what follows */
+    pthread_cond_t work, done;
+    cache_chunk **wq; /* ring [write_queue] of chunks to write, each holding a reference */
+    int wq_head, wq_len;
+    int n_writes; /* queued + in flight */
+    bool stop;
+    cache_tier_stats st;
+    int state; /* -1: never connected yet, 0: down, 1: connected */
+
+    pthread_t thread; /* the write thread, and its connection */
+    bool thread_started;
+    redis_conn writer;
+    uint8_t *value; /* [max_value]: the record being written */
+    bool refusing;  /* Redis answered the last write with an error (write thread) */
+};
+
+/* ---------------------------------------------------------------- URLs */
+
+static int parse_int(const char *s, size_t len, int lo, int hi, int *out) {
+    if (len == 0 || len > 9) return -1;
+    int v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int cache_redis_parse_url(const char *url, cache_redis_addr *out, kv_error *err) {
+    memset(out, 0, sizeof *out);
+    out->port = 6379;
+    if (strncmp(url, "unix://", 7) == 0) {
+        const char *path = url + 7;
+        if (path[0] != '/')
+            return kv_fail(err, "redis URL '%s': unix:// needs an absolute path (unix:///...)",
+                           url);
+        if (strlen(path) >= sizeof out->path)
+            return kv_fail(err, "redis URL: socket path longer than %zu bytes",
+                           sizeof out->path - 1);
+        strcpy(out->path, path);
+        return 0;
+    }
+    if (strncmp(url, "redis://", 8) != 0)
+        return kv_fail(err, "redis URL must start with redis:// or unix://");
+    const char *p = url + 8, *end = p + strlen(p);
+    const char *at = strrchr(p, '@');
+    if (at) {
+        /* Only a password (redis://:secret@host): Redis 6 ACL users are not supported. */
+        if (p[0] != ':' || at == p + 1)
+            return kv_fail(err, "redis URL: credentials must be ':password@' (no user name)");
+        size_t n = (size_t)(at - p - 1);
+        if (n >= sizeof out->password) return kv_fail(err, "redis URL: password too long");
+        memcpy(out->password, p + 1, n);
+        out->has_password = true;
+        p = at + 1;
+    }
+    const char *slash = strchr(p, '/');
+    const char *host_end = slash ? slash : end;
+    const char *colon = memchr(p, ':', (size_t)(host_end - p));
+    const char *name_end = colon ? colon : host_end;
+    if (name_end == p) return kv_fail(err, "redis URL: no host");
+    if ((size_t)(name_end - p) >= sizeof out->host) return kv_fail(err, "redis URL: host too long");
+    for (const char *q = p; q < name_end; q++)
+        if (*q == '[' || *q == ']' || *q == '?' || *q == '#' || (unsigned char)*q <= ' ')
+            return kv_fail(err, "redis URL: bad host (a name or an IPv4 address)");
+    memcpy(out->host, p, (size_t)(name_end - p));
+    if (colon && parse_int(colon + 1, (size_t)(host_end - colon - 1), 1, 65535, &out->port))
+        return kv_fail(err, "redis URL: the port must be 1 to 65535");
+    if (slash && slash + 1 < end &&
+        parse_int(slash + 1, (size_t)(end - slash - 1), 0, 65535, &out->db))
+        return kv_fail(err, "redis URL: the database must be a number");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- keys */
+
+static void key_record(const cache_redis *r, const cache_key *ns, const cache_key *key,
+                       char out[REDIS_KEY_LEN]) {
+    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(ns, nh);
+    cache_key_hex(key, kh);
+    snprintf(out, REDIS_KEY_LEN, "%s%s:r:%s", r->prefix, nh, kh);
+}
+
+static void key_alias(const cache_redis *r, const cache_key *bkey, char out[REDIS_KEY_LEN]) {
+    char kh[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(bkey, kh);
+    snprintf(out, REDIS_KEY_LEN, "%sb:%s", r->prefix, kh);
+}
+
+/* ---------------------------------------------------------------- connections */
+
+/* Logs the tier's state when it changes: one line per outage, not one per request. */
+static void set_state(cache_redis *r, bool up, const char *why) {
+    pthread_mutex_lock(&r->mu);
+    int was = r->state;
+    r->state = up;
+    pthread_mutex_unlock(&r->mu);
+    if (up && was != 1)
+        log_info("cache: redis %s %s", r->url, was == -1 ? "connected" : "reconnected");
+    else if (!up && was == 1)
+        log_warn("cache: redis %s lost: %s (lookups miss until it is back)", r->url, why);
+    else if (!up && was == -1)
+        log_warn("cache: redis %s unavailable: %s (retrying in the background)", r->url, why);
+}
+
+static void conn_fail(cache_redis *r, redis_conn *c, const char *why) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s", why);
+    if (c->ctx) redisFree(c->ctx);
+    c->ctx = NULL;
+    c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : REDIS_BACKOFF_MIN_NS;
+    if (c->backoff_ns > REDIS_BACKOFF_MAX_NS) c->backoff_ns = REDIS_BACKOFF_MAX_NS;
+    c->retry_ns = clock_now_ns() + c->backoff_ns;
+    set_state(r, false, msg);
+}
+
+/* A command on a fresh connection (AUTH, SELECT): false when it failed. */
+static bool conn_setup(redis_conn *c, int argc, const char **argv, char *why, size_t n) {
+    redisReply *rep = redisCommandArgv(c->ctx, argc, argv, NULL);
+    bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+    if (!rep)
+        snprintf(why, n, "%s: %s", argv[0], c->ctx->errstr);
+    else if (!ok)
+        snprintf(why, n, "%s: %.*s", argv[0], rep->type == REDIS_REPLY_ERROR ? (int)rep->len : 0,
+                 rep->type == REDIS_REPLY_ERROR ? rep->str : "");
+    if (rep) freeReplyObject(rep);
+    return ok;
+}
+
+/* The connection's context, connecting when there is none and the backoff allows; NULL when
+ * Redis cannot be used now. */
+static redisContext *conn_get(cache_redis *r, redis_conn *c) {
+    if (c->ctx) return c->ctx;
+    if (clock_now_ns() < c->retry_ns) return NULL;
+    const cache_redis_addr *a = &r->addr;
+    c->ctx = a->path[0] ? redisConnectUnixWithTimeout(a->path, r->timeout)
+                        : redisConnectWithTimeout(a->host, a->port, r->timeout);
+    char why[192];
+    if (!c->ctx) {
+        conn_fail(r, c, "out of memory");
+        return NULL;
+    }
+    if (c->ctx->err) {
+        snprintf(why, sizeof why, "%s", c->ctx->errstr);
+        conn_fail(r, c, why);
+        return NULL;
+    }
+    if (redisSetTimeout(c->ctx, r->timeout) != REDIS_OK) {
+        conn_fail(r, c, "cannot set the socket timeout");
+        return NULL;
+    }
+    if (a->has_password) {
+        const char *argv[2] = {"AUTH", a->password};
+        if (!conn_setup(c, 2, argv, why, sizeof why)) {
+            conn_fail(r, c, why);
+            return NULL;
+        }
+    }
+    if (a->db) {
+        char db[16];
+        snprintf(db, sizeof db, "%d", a->db);
+        const char *argv[2] = {"SELECT", db};
+        if (!conn_setup(c, 2, argv, why, sizeof why)) {
+            conn_fail(r, c, why);
+            return NULL;
+        }
+    }
+    /* Up (and the backoff reset) only once a command is answered: a Redis that accepts
+     * connections but answers nothing in time keeps backing off. */
+    return c->ctx;
+}
+
+/* Reads one reply of a pipeline; NULL (the connection failed, dropped) on an I/O or protocol
+ * error. */
+static redisReply *conn_reply(cache_redis *r, redis_conn *c) {
+    void *rep = NULL;
+    if (redisGetReply(c->ctx, &rep) != REDIS_OK || !rep) {
+        char why[192];
+        snprintf(why, sizeof why, "%s connection: %s", c->name,
+                 c->ctx->errstr[0] ? c->ctx->errstr : "no reply");
+        if (rep) freeReplyObject(rep);
+        conn_fail(r, c, why);
+        return NULL;
+    }
+    c->backoff_ns = 0;
+    set_state(r, true, NULL); /* also when the other connection marked the tier down */
+    return rep;
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+/* Checks a record value read under the alias (record key, namespace) and makes a chunk of it;
+ * NULL with err when any check fails. */
+static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cache_key *key,
+                                 const cache_key *ns, kv_error *err) {
+    if (v->type != REDIS_REPLY_STRING) {
+        kv_fail(err, "not a string (reply type %d)", v->type);
+        return NULL;
+    }
+    if (v->len > r->max_value) {
+        kv_fail(err, "%zu bytes, more than a full chunk's record (%zu)", v->len, r->max_value);
+        return NULL;
+    }
+    const uint8_t *buf = (const uint8_t *)v->str;
+    cache_record_info info;
+    if (cache_record_decode_header(buf, v->len, &r->layout, &info, err) != 0) return NULL;
+    if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0 ||
+        memcmp(info.ns.b, ns->b, CACHE_KEY_BYTES) != 0) {
+        kv_fail(err, "the record names another key or namespace than its alias");
+        return NULL;
+    }
+    if (v->len != r->header_bytes + info.payload_bytes) {
+        kv_fail(err, "%zu bytes, the header says %zu", v->len,
+                r->header_bytes + (size_t)info.payload_bytes);
+        return NULL;
+    }
+    if (cache_record_check_payload(&info, buf + r->header_bytes, err) != 0) return NULL;
+    cache_chunk *c = cache_chunk_create(&r->layout, (const cache_key *)(const void *)info.bkeys,
+                                        info.n_blocks, &info.ns, info.pos0);
+    if (!c) {
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    memcpy(c->data, buf + r->header_bytes, c->bytes);
+    return c;
+}
+
+/* Deletes bad values (one round trip; a failure only leaves them for the next reader). */
+static void delete_keys(cache_redis *r, redis_conn *c, char (*keys)[REDIS_KEY_LEN], int n) {
+    if (n == 0 || !c->ctx) return;
+    const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
+    if (!argv) return;
+    argv[0] = "UNLINK";
+    for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
+    redisReply *rep = NULL;
+    if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK) rep = conn_reply(r, c);
+    if (rep) freeReplyObject(rep);
+    free(argv);
+}
+
+/* The aliases of blocks [first, n_blocks): one MGET. Returns the reply (an array of
+ * n_blocks - first elements), or NULL. */
+static redisReply *mget_aliases(cache_redis *r, redis_conn *c, const cache_key *bkeys, int first,
+                                int n_blocks) {
+    int n = n_blocks - first;
+    const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
+    char(*keys)[REDIS_KEY_LEN] = malloc(sizeof *keys * (size_t)n);
+    redisReply *rep = NULL;
+    if (argv && keys) {
+        argv[0] = "MGET";
+        for (int i = 0; i < n; i++) {
+            key_alias(r, &bkeys[first + i], keys[i]);
+            argv[i + 1] = keys[i];
+        }
+        if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
+            rep = conn_reply(r, c);
+        else
+            conn_fail(r, c, "cannot build a command");
+    }
+    free(argv);
+    free(keys);
+    if (rep && (rep->type != REDIS_REPLY_ARRAY || rep->elements != (size_t)n)) {
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
+                      cache_chunk **out, int *upto, int max_out) {
+    if (first >= n_blocks || max_out <= 0) return 0;
+    int cb = cache_chunk_blocks(&r->layout);
+    int n = 0, misses = 0, corrupt = 0, n_bad = 0;
+    int64_t bytes_out = 0;
+    cache_key *rkeys = malloc(sizeof *rkeys * (size_t)max_out);
+    cache_key *rns = malloc(sizeof *rns * (size_t)max_out);
+    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)max_out);
+    char(*bad)[REDIS_KEY_LEN] = malloc(sizeof *bad * (size_t)max_out);
+    const char **argv = malloc(sizeof *argv * (size_t)(max_out + 1));
+    redisReply *aliases = NULL, *recs = NULL;
+    pthread_mutex_lock(&r->lookup_mu);
+    redis_conn *c = &r->lookup;
+    if (!rkeys || !rns || !names || !bad || !argv || !conn_get(r, c) ||
+        !(aliases = mget_aliases(r, c, bkeys, first, n_blocks))) {
+        misses = 1;
+        goto done;
+    }
+
+    /* The walk of cache_store_fetch over the aliases: per chunk, the furthest block aliased. */
+    for (int j = first; j < n_blocks && n < max_out;) {
+        int end = (j / cb + 1) * cb < n_blocks ? (j / cb + 1) * cb : n_blocks, b = end - 1;
+        for (; b >= j; b--) {
+            const redisReply *a = aliases->element[b - first];
+            if (a->type == REDIS_REPLY_STRING && a->len == REDIS_ALIAS_BYTES) break;
+        }
+        if (b < j) break;
+        const redisReply *a = aliases->element[b - first];
+        memcpy(rkeys[n].b, a->str, CACHE_KEY_BYTES);
+        memcpy(rns[n].b, a->str + CACHE_KEY_BYTES, CACHE_KEY_BYTES);
+        key_record(r, &rns[n], &rkeys[n], names[n]);
+        upto[n++] = b + 1;
+        j = b + 1;
+        if (j < end) break;
+    }
+    if (n == 0 || (upto[n - 1] < n_blocks && n < max_out)) misses = 1;
+    if (n == 0) goto done;
+    argv[0] = "MGET";
+    for (int i = 0; i < n; i++) argv[i + 1] = names[i];
+    if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) != REDIS_OK) {
+        conn_fail(r, c, "cannot build a command");
+    } else {
+        recs = conn_reply(r, c);
+        if (recs && (recs->type != REDIS_REPLY_ARRAY || recs->elements != (size_t)n)) {
+            freeReplyObject(recs);
+            recs = NULL;
+        }
+    }
+    /* The prefix ends at the first record missing or refused. */
+    int m = 0;
+    for (; recs && m < n; m++) {
+        const redisReply *v = recs->element[m];
+        if (v->type == REDIS_REPLY_NIL) break; /* expired, evicted or cleared */
+        kv_error err = {{0}};
+        if (!(out[m] = value_decode(r, v, &rkeys[m], &rns[m], &err))) {
+            if (strcmp(err.msg, "out of memory") != 0) {
+                corrupt++;
+                log_warn("cache: redis %s: refusing %s: %s", r->url, names[m], err.msg);
+                memcpy(bad[n_bad++], names[m], REDIS_KEY_LEN);
+            }
+            break;
+        }
+        bytes_out += (int64_t)out[m]->bytes;
+    }
+    if (m < n) misses = 1;
+    n = m;
+    delete_keys(r, c, bad, n_bad);
+done:
+    pthread_mutex_unlock(&r->lookup_mu);
+    if (aliases) freeReplyObject(aliases);
+    if (recs) freeReplyObject(recs);
+    free(rkeys);
+    free(rns);
+    free(names);
+    free(bad);
+    free(argv);
+    pthread_mutex_lock(&r->mu);
+    r->st.hits += n;
+    r->st.misses += misses;
+    r->st.corrupt += corrupt;
+    r->st.bytes_out += bytes_out;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* ---------------------------------------------------------------- writes */
+
+/* One pipeline: the record, then each block's alias (so an alias never names a record not yet
+ * stored), then UNLINK of the records of the same chunk that hold a prefix of c's blocks (their
+ * keys are c's earlier block keys; c supersedes them, as on disk). True when every reply was OK;
+ * else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
+static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *refused,
+                        size_t refused_len) {
+    char ttl[24], rname[REDIS_KEY_LEN];
+    snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
+    key_record(r, &ch->ns, &ch->key, rname);
+    cache_record_encode_header(&r->layout, ch, r->value);
+    memcpy(r->value + r->header_bytes, ch->data, ch->bytes);
+
+    int n_cmd = 0;
+    const char *argv[5] = {"SET", rname, (const char *)r->value, "EX", ttl};
+    size_t argvlen[5] = {3, strlen(rname), r->header_bytes + ch->bytes, 2, strlen(ttl)};
+    int argc = r->ttl_s > 0 ? 5 : 3;
+    bool ok = redisAppendCommandArgv(c->ctx, argc, argv, argvlen) == REDIS_OK;
+    n_cmd += ok;
+    uint8_t alias[REDIS_ALIAS_BYTES];
+    memcpy(alias, ch->key.b, CACHE_KEY_BYTES);
+    memcpy(alias + CACHE_KEY_BYTES, ch->ns.b, CACHE_KEY_BYTES);
+    char aname[REDIS_KEY_LEN];
+    for (int b = 0; b < ch->n_blocks && ok; b++) {
+        key_alias(r, &ch->bkeys[b], aname);
+        const char *av[5] = {"SET", aname, (const char *)alias, "EX", ttl};
+        size_t al[5] = {3, strlen(aname), REDIS_ALIAS_BYTES, 2, strlen(ttl)};
+        ok = redisAppendCommandArgv(c->ctx, argc, av, al) == REDIS_OK;
+        n_cmd += ok;
+    }
+    for (int b = 0; b + 1 < ch->n_blocks && ok; b++) {
+        key_record(r, &ch->ns, &ch->bkeys[b], rname);
+        const char *uv[2] = {"UNLINK", rname};
+        ok = redisAppendCommandArgv(c->ctx, 2, uv, NULL) == REDIS_OK;
+        n_cmd += ok;
+    }
+    /* Every appended command's reply is read, so the connection stays in step. */
+    bool all = ok;
+    for (int i = 0; i < n_cmd; i++) {
+        redisReply *rep = conn_reply(r, c);
+        if (!rep) return false;
+        if (rep->type == REDIS_REPLY_ERROR && all) {
+            all = false;
+            snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
+        }
+        freeReplyObject(rep);
+    }
+    if (!ok) conn_fail(r, c, "cannot build a command");
+    return all;
+}
+
+static void *redis_thread(void *arg) {
+    cache_redis *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        if (r->wq_len) {
+            cache_chunk *ch = r->wq[r->wq_head];
+            r->wq_head = (r->wq_head + 1) % r->write_queue;
+            r->wq_len--;
+            pthread_mutex_unlock(&r->mu);
+            char refused[128] = "";
+            bool ok =
+                conn_get(r, &r->writer) && write_chunk(r, &r->writer, ch, refused, sizeof refused);
+            /* Refusals (OOM under maxmemory, a read-only replica) come with every write while
+             * they last: logged when they start and when they end. */
+            if (refused[0] && !r->refusing)
+                log_warn("cache: redis %s refuses writes: %s", r->url, refused);
+            else if (ok && r->refusing)
+                log_info("cache: redis %s accepts writes again", r->url);
+            if (refused[0] || ok) r->refusing = refused[0] != 0;
+            pthread_mutex_lock(&r->mu);
+            if (ok)
+                r->st.bytes_in += (int64_t)ch->bytes;
+            else
+                r->st.write_errors++;
+            r->n_writes--;
+            pthread_cond_broadcast(&r->done);
+            pthread_mutex_unlock(&r->mu);
+            cache_chunk_unref(ch);
+            pthread_mutex_lock(&r->mu);
+        } else if (r->stop) {
+            break;
+        } else {
+            pthread_cond_wait(&r->work, &r->mu);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+bool cache_redis_put(cache_redis *r, cache_chunk *c) {
+    if (c->n_blocks < 1 || c->n_blocks > cache_chunk_blocks(&r->layout) ||
+        c->bytes != cache_block_bytes(&r->layout) * (size_t)c->n_blocks)
+        return false;
+    pthread_mutex_lock(&r->mu);
+    bool queued = r->n_writes < r->write_queue;
+    if (queued) {
+        cache_chunk_ref(c);
+        r->wq[(r->wq_head + r->wq_len) % r->write_queue] = c;
+        r->wq_len++;
+        r->n_writes++;
+        pthread_cond_signal(&r->work);
+    } else {
+        r->st.dropped++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return queued;
+}
+
+/* ---------------------------------------------------------------- open, clear, stats */
+
+cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t ttl_s,
+                              int write_queue, int timeout_ms, kv_error *err) {
+    cache_redis_addr addr;
+    if (cache_redis_parse_url(url, &addr, err) != 0) return NULL;
+    if (ttl_s < 0 || write_queue < 1 || write_queue > REDIS_MAX_WRITE_QUEUE || timeout_ms < 1) {
+        kv_fail(err, "redis tier: ttl, write queue or timeout out of range");
+        return NULL;
+    }
+    cache_redis *r = calloc(1, sizeof *r);
+    if (!r) {
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    r->layout = *l;
+    r->addr = addr;
+    r->header_bytes = cache_record_header_bytes(l);
+    r->max_value = r->header_bytes + cache_chunk_bytes(l);
+    if (addr.path[0])
+        snprintf(r->url, sizeof r->url, "unix://%.50s", addr.path);
+    else
+        snprintf(r->url, sizeof r->url, "%.40s:%d/%d", addr.host, addr.port, addr.db);
+    cache_key model;
+    memcpy(model.b, l->model_id, CACHE_KEY_BYTES);
+    char mh[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(&model, mh);
+    /* The chunking is in the name too: instances of one model with other chunk sizes would
+     * otherwise find each other's records, refuse them as foreign and delete them. */
+    snprintf(r->prefix, sizeof r->prefix, "kvserve:%d:%.16s-%dx%d:", REDIS_KEY_VERSION, mh,
+             l->block_tokens, l->chunk_tokens);
+    r->ttl_s = ttl_s;
+    r->timeout = (struct timeval){.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
+    r->write_queue = write_queue;
+    r->state = -1;
+    r->lookup.name = "lookup";
+    r->writer.name = "write";
+    pthread_mutex_init(&r->lookup_mu, NULL);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->work, NULL);
+    pthread_cond_init(&r->done, NULL);
+    r->wq = calloc((size_t)write_queue, sizeof *r->wq);
+    r->value = malloc(r->max_value);
+    if (!r->wq || !r->value) {
+        kv_fail(err, "out of memory");
+        goto fail;
+    }
+    /* A first exchange, so the log and the stats say at once whether Redis answers. */
+    pthread_mutex_lock(&r->lookup_mu);
+    const char *ping[1] = {"PING"};
+    redisReply *rep = NULL;
+    if (conn_get(r, &r->lookup) && redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
+        rep = conn_reply(r, &r->lookup);
+    if (rep) freeReplyObject(rep);
+    pthread_mutex_unlock(&r->lookup_mu);
+    if (pthread_create(&r->thread, NULL, redis_thread, r) != 0) {
+        kv_fail(err, "redis tier: cannot start its thread");
+        goto fail;
+    }
+    r->thread_started = true;
+    return r;
+fail:
+    cache_redis_close(r);
+    return NULL;
+}
+
+void cache_redis_close(cache_redis *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    pthread_cond_signal(&r->work);
+    pthread_mutex_unlock(&r->mu);
+    if (r->thread_started) pthread_join(r->thread, NULL);
+    for (int i = 0; i < r->wq_len; i++) cache_chunk_unref(r->wq[(r->wq_head + i) % r->write_queue]);
+    if (r->lookup.ctx) redisFree(r->lookup.ctx);
+    if (r->writer.ctx) redisFree(r->writer.ctx);
+    pthread_mutex_destroy(&r->lookup_mu);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->work);
+    pthread_cond_destroy(&r->done);
+    free(r->wq);
+    free(r->value);
+    free(r);
+}
+
+int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
+    char pattern[REDIS_KEY_LEN + 2], nh[2 * CACHE_KEY_BYTES + 1];
+    if (ns) {
+        cache_key_hex(ns, nh);
+        snprintf(pattern, sizeof pattern, "%s%s:r:*", r->prefix, nh);
+    } else {
+        snprintf(pattern, sizeof pattern, "%s*", r->prefix);
+    }
+    int64_t n = 0;
+    char cursor[32] = "0";
+    pthread_mutex_lock(&r->lookup_mu);
+    redis_conn *c = &r->lookup;
+    do {
+        const char *argv[6] = {"SCAN", cursor, "MATCH", pattern, "COUNT", REDIS_SCAN_COUNT};
+        redisReply *rep = NULL;
+        if (!conn_get(r, c) || redisAppendCommandArgv(c->ctx, 6, argv, NULL) != REDIS_OK ||
+            !(rep = conn_reply(r, c))) {
+            n = -1;
+            break;
+        }
+        /* [cursor, [keys...]] */
+        bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+                  rep->element[0]->type == REDIS_REPLY_STRING &&
+                  rep->element[0]->len < sizeof cursor &&
+                  rep->element[1]->type == REDIS_REPLY_ARRAY;
+        for (size_t i = 0; ok && i < rep->element[1]->elements; i++)
+            ok = rep->element[1]->element[i]->type == REDIS_REPLY_STRING;
+        if (!ok) {
+            freeReplyObject(rep);
+            n = -1;
+            break;
+        }
+        memcpy(cursor, rep->element[0]->str, rep->element[0]->len);
+        cursor[rep->element[0]->len] = 0;
+        const redisReply *keys = rep->element[1];
+        if (keys->elements > 0) {
+            const char **argv2 = malloc(sizeof *argv2 * (keys->elements + 1));
+            size_t *len2 = malloc(sizeof *len2 * (keys->elements + 1));
+            redisReply *del = NULL;
+            if (argv2 && len2) {
+                argv2[0] = "UNLINK";
+                len2[0] = 6;
+                for (size_t i = 0; i < keys->elements; i++) {
+                    argv2[i + 1] = keys->element[i]->str;
+                    len2[i + 1] = keys->element[i]->len;
+                    /* Records are counted, not the aliases a clear of everything drops too. */
+                    n += memmem(keys->element[i]->str, keys->element[i]->len, ":r:", 3) != NULL;
+                }
+                if (redisAppendCommandArgv(c->ctx, (int)keys->elements + 1, argv2, len2) ==
+                    REDIS_OK)
+                    del = conn_reply(r, c);
+            }
+            free(argv2);
+            free(len2);
+            if (del) freeReplyObject(del);
+            if (!del) {
+                freeReplyObject(rep);
+                n = -1;
+                break;
+            }
+        }
+        freeReplyObject(rep);
+    } while (strcmp(cursor, "0") != 0);
+    pthread_mutex_unlock(&r->lookup_mu);
+    return n;
+}
+
+void cache_redis_stats(cache_redis *r, cache_tier_stats *out, bool *connected) {
+    pthread_mutex_lock(&r->mu);
+    *out = r->st;
+    *connected = r->state == 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void cache_redis_flush(cache_redis *r) {
+    pthread_mutex_lock(&r->mu);
+    while (r->n_writes > 0) pthread_cond_wait(&r->done, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}

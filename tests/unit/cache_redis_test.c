@@ -1,0 +1,641 @@
+/* The Redis tier against a real redis-server started by each test on a free port (killed at exit,
+ * also after a failed assertion, and by the kernel if the test process dies): URLs; put then
+ * fetch, bit for bit; a record found by a middle block key; values corrupted, truncated, too
+ * large, of another model or layout: refused, counted and deleted; Redis full (OOM): writes
+ * counted as errors; Redis stalled (SIGSTOP) or killed: lookups miss within the timeout and puts
+ * never block; Redis resumed or restarted: the tier reconnects after its backoff; clear by
+ * namespace. Then the store over it: a second store with its own RAM and disk finds the first
+ * one's chunks. Skips, saying so, where redis-server is not installed. */
+#include <criterion/criterion.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cache/record.h"
+#include "cache/redis.h"
+#include "tests/unit/tmpdir.h"
+
+#define REDIS_SERVER "/usr/bin/redis-server"
+
+/* ---------------------------------------------------------------- redis-server */
+
+typedef struct test_redis {
+    pid_t pid;
+    int port;
+    char *dir;
+    char url[64];
+} test_redis;
+
+static test_redis srv = {.pid = -1};
+
+static void redis_stop(void) {
+    if (srv.pid <= 0) return;
+    kill(srv.pid, SIGKILL);
+    waitpid(srv.pid, NULL, 0);
+    srv.pid = -1;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static redisContext *raw_connect(void) {
+    struct timeval tv = {.tv_sec = 1};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", srv.port, tv);
+    if (c && c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* Starts redis-server on srv.port (a new free port when 0) and waits until it answers PING. */
+static void redis_start(void) {
+    if (access(REDIS_SERVER, X_OK) != 0) cr_skip_test("redis-server is not installed");
+    if (!srv.port) srv.port = free_port();
+    if (!srv.dir) srv.dir = tmpdir_create("kvserve-redis-test-");
+    snprintf(srv.url, sizeof srv.url, "redis://127.0.0.1:%d", srv.port);
+    char port[16];
+    snprintf(port, sizeof port, "%d", srv.port);
+    pid_t parent = getpid();
+    srv.pid = fork();
+    cr_assert(srv.pid >= 0);
+    if (srv.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+        if (!freopen("/dev/null", "w", stdout)) _exit(1);
+        execl(REDIS_SERVER, REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save", "",
+              "--appendonly", "no", "--daemonize", "no", "--dir", srv.dir, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        redisContext *c = raw_connect();
+        redisReply *rep = c ? redisCommand(c, "PING") : NULL;
+        bool up = rep && rep->type == REDIS_REPLY_STATUS;
+        if (rep) freeReplyObject(rep);
+        if (c) redisFree(c);
+        if (up) return;
+        usleep(10000);
+    }
+    cr_assert_fail("redis-server did not start on port %d", srv.port);
+}
+
+static void setup(void) {
+    signal(SIGPIPE, SIG_IGN); /* as kvserve serve does: hiredis writes with write() */
+    atexit(redis_stop);
+    redis_start();
+}
+
+static void teardown(void) { redis_stop(); }
+
+TestSuite(cache_redis, .init = setup, .fini = teardown, .timeout = 60);
+
+/* ---------------------------------------------------------------- chunks */
+
+/* 2 layers, 1 KV head, head_dim 8, blocks of 16, chunks of 64: 1024 bytes a block, 4 a chunk. */
+static cache_layout small_layout(uint8_t model) {
+    cache_layout l = {
+        .n_layer = 2, .n_kv_head = 1, .head_dim = 8, .block_tokens = 16, .chunk_tokens = 64};
+    for (int i = 0; i < 32; i++) l.model_id[i] = (uint8_t)(model + i);
+    return l;
+}
+
+static cache_key make_ns(const char *salt) {
+    cache_key ns;
+    cache_namespace((const uint8_t *)"tenant", 6, salt, &ns);
+    return ns;
+}
+
+/* The block keys of a sequence of n_tokens tokens seed*1000 + t, except that tokens from
+ * `diverge` on are shifted (a prompt that differs from there). */
+static int seq_keys(const cache_layout *l, const cache_key *ns, int seed, int n_tokens, int diverge,
+                    cache_key *bkeys) {
+    int32_t tokens[512];
+    cr_assert_leq(n_tokens, 512);
+    for (int t = 0; t < n_tokens; t++) tokens[t] = seed * 1000 + t + (t >= diverge ? 500 : 0);
+    return cache_prefix_keys(l->model_id, ns, tokens, n_tokens, l->block_tokens, bkeys, 32);
+}
+
+/* Chunk `index` of sequence seed, its first n_blocks blocks, with a payload from the seed. */
+static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int seed, int index,
+                               int n_blocks) {
+    cache_key bkeys[32];
+    int cb = cache_chunk_blocks(l);
+    seq_keys(l, ns, seed, (index + 1) * l->chunk_tokens, 1 << 30, bkeys);
+    cache_chunk *c =
+        cache_chunk_create(l, bkeys + index * cb, n_blocks, ns, index * l->chunk_tokens);
+    cr_assert_not_null(c);
+    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(seed * 31 + index + 1);
+    for (size_t b = 0; b < c->bytes; b++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        c->data[b] = (uint8_t)(s >> 32);
+    }
+    return c;
+}
+
+static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
+    cr_assert_not_null(got);
+    cr_assert_eq(memcmp(got->key.b, want->key.b, CACHE_KEY_BYTES), 0);
+    cr_assert_eq(got->n_blocks, want->n_blocks);
+    cr_assert_eq(memcmp(got->bkeys, want->bkeys, sizeof(cache_key) * (size_t)want->n_blocks), 0);
+    cr_assert_eq(memcmp(got->ns.b, want->ns.b, CACHE_KEY_BYTES), 0);
+    cr_assert_eq(got->pos0, want->pos0);
+    cr_assert_eq(got->bytes, want->bytes);
+    cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
+}
+
+static cache_redis *open_tier(const cache_layout *l) {
+    kv_error err = {{0}};
+    cache_redis *r = cache_redis_open(srv.url, l, 0, 16, 200, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    return r;
+}
+
+static cache_tier_stats stats(cache_redis *r, bool *connected) {
+    cache_tier_stats st;
+    bool up;
+    cache_redis_stats(r, &st, connected ? connected : &up);
+    return st;
+}
+
+/* The record's key in Redis (cache/redis.h's layout). */
+static void record_name(const cache_layout *l, const cache_key *ns, const cache_key *key, char *out,
+                        size_t n) {
+    char mh[65], nh[65], kh[65];
+    cache_key model;
+    memcpy(model.b, l->model_id, 32);
+    cache_key_hex(&model, mh);
+    cache_key_hex(ns, nh);
+    cache_key_hex(key, kh);
+    snprintf(out, n, "kvserve:%d:%.16s-%dx%d:%s:r:%s", CACHE_RECORD_VERSION, mh, l->block_tokens,
+             l->chunk_tokens, nh, kh);
+}
+
+static redisReply *raw(redisContext *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *rep = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    cr_assert_not_null(rep, "redis: %s", c->errstr);
+    return rep;
+}
+
+static int64_t now_ms(void) { return (int64_t)(clock_now_ns() / 1000000); }
+
+/* ---------------------------------------------------------------- URLs */
+
+Test(cache_redis, urls) {
+    cache_redis_addr a;
+    kv_error err = {{0}};
+    cr_assert_eq(cache_redis_parse_url("redis://localhost", &a, &err), 0, "%s", err.msg);
+    cr_assert_str_eq(a.host, "localhost");
+    cr_assert_eq(a.port, 6379);
+    cr_assert_eq(a.db, 0);
+    cr_assert_not(a.has_password);
+    cr_assert_eq(cache_redis_parse_url("redis://:s3cret@10.0.0.2:7000/3", &a, &err), 0);
+    cr_assert_str_eq(a.host, "10.0.0.2");
+    cr_assert_eq(a.port, 7000);
+    cr_assert_eq(a.db, 3);
+    cr_assert(a.has_password);
+    cr_assert_str_eq(a.password, "s3cret");
+    cr_assert_eq(cache_redis_parse_url("unix:///run/redis.sock", &a, &err), 0);
+    cr_assert_str_eq(a.path, "/run/redis.sock");
+    const char *bad[] = {"",
+                         "localhost:6379",
+                         "http://localhost",
+                         "redis://",
+                         "redis://:6379",
+                         "redis://host:0",
+                         "redis://host:65536",
+                         "redis://host:12x",
+                         "redis://host/db",
+                         "redis://user:pw@host",
+                         "redis://[::1]:6379",
+                         "unix://relative.sock"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        cr_assert_neq(cache_redis_parse_url(bad[i], &a, &err), 0, "accepted '%s'", bad[i]);
+    cache_layout l = small_layout(1);
+    cr_assert_null(cache_redis_open("redis://host:99999", &l, 0, 16, 200, &err));
+    cr_assert(strstr(err.msg, "port"), "%s", err.msg);
+}
+
+/* ---------------------------------------------------------------- round trips */
+
+Test(cache_redis, put_then_fetch_bit_for_bit) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c0 = make_chunk(&l, &ns, 7, 0, 4), *c1 = make_chunk(&l, &ns, 7, 1, 2);
+    cr_assert(cache_redis_put(r, c0));
+    cr_assert(cache_redis_put(r, c1));
+    cache_redis_flush(r);
+    int nb = seq_keys(&l, &ns, 7, 8 * 16, 1 << 30, bkeys); /* 2 chunks */
+    cache_chunk *out[4] = {0};
+    int upto[4];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 4), 2);
+    assert_same_chunk(out[0], c0);
+    assert_same_chunk(out[1], c1);
+    cr_assert_eq(upto[0], 4);
+    cr_assert_eq(upto[1], 6); /* the second record holds 2 of the chunk's 4 blocks */
+    bool up = false;
+    cache_tier_stats st = stats(r, &up);
+    cr_assert(up);
+    cr_assert_eq(st.hits, 2);
+    cr_assert_eq(st.misses, 1); /* the sequence goes on past what Redis holds */
+    cr_assert_eq(st.bytes_in, (int64_t)(c0->bytes + c1->bytes));
+    cr_assert_eq(st.bytes_out, (int64_t)(c0->bytes + c1->bytes));
+    cr_assert_eq(st.corrupt + st.write_errors + st.dropped, 0);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(out[i]);
+
+    /* From a block inside the first chunk, and with room for one chunk only. */
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 2, nb, out, upto, 1), 1);
+    assert_same_chunk(out[0], c0);
+    cache_chunk_unref(out[0]);
+    /* Another namespace's sequence: no alias, a miss. */
+    cache_key other = make_ns("salt"), okeys[32];
+    seq_keys(&l, &other, 7, 64, 1 << 30, okeys);
+    cr_assert_eq(cache_redis_fetch(r, okeys, 0, 4, out, upto, 4), 0);
+    cache_chunk_unref(c0);
+    cache_chunk_unref(c1);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, found_by_a_middle_block_key) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 3, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    /* A prompt that shares the record's first 2 blocks, then diverges inside the chunk. */
+    int nb = seq_keys(&l, &ns, 3, 64, 40, bkeys);
+    cr_assert_eq(nb, 4);
+    cache_chunk *out[2] = {0};
+    int upto[2];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 2), 1);
+    assert_same_chunk(out[0], c);
+    cr_assert_eq(upto[0], 2);
+    cache_chunk_unref(out[0]);
+
+    /* A longer record of the chunk supersedes a shorter one: the aliases name it, the shorter
+     * record is deleted. */
+    cache_chunk *part = make_chunk(&l, &ns, 4, 0, 2), *full = make_chunk(&l, &ns, 4, 0, 4);
+    cache_redis_put(r, part);
+    cache_redis_flush(r);
+    cache_redis_put(r, full);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 4, 64, 1 << 30, bkeys);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 2), 1);
+    assert_same_chunk(out[0], full);
+    cache_chunk_unref(out[0]);
+    char name[256];
+    record_name(&l, &ns, &part->key, name, sizeof name);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    redisReply *rep = raw(rc, "EXISTS %s", name);
+    cr_assert_eq(rep->integer, 0);
+    freeReplyObject(rep);
+    redisFree(rc);
+    cache_chunk_unref(c);
+    cache_chunk_unref(part);
+    cache_chunk_unref(full);
+    cache_redis_close(r);
+}
+
+/* ---------------------------------------------------------------- values not to trust */
+
+/* Puts chunk (seed 5, chunk 0) through r, then replaces its value with bad[0..len) (raw SET)
+ * and fetches it: refused, counted, deleted. */
+static void assert_refused(cache_redis *r, const cache_layout *l, const uint8_t *bad, size_t len,
+                           int64_t corrupt_before) {
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_chunk *c = make_chunk(l, &ns, 5, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    char name[256];
+    record_name(l, &ns, &c->key, name, sizeof name);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    freeReplyObject(raw(rc, "SET %s %b", name, bad, len));
+    seq_keys(l, &ns, 5, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_null(out[0]);
+    cr_assert_eq(stats(r, NULL).corrupt, corrupt_before + 1);
+    redisReply *rep = raw(rc, "EXISTS %s", name);
+    cr_assert_eq(rep->integer, 0, "a refused value is deleted");
+    freeReplyObject(rep);
+    redisFree(rc);
+    cache_chunk_unref(c);
+}
+
+/* The value cache/redis.c writes for c: header, then payload. */
+static uint8_t *encode(const cache_layout *l, const cache_chunk *c, size_t *len) {
+    size_t hb = cache_record_header_bytes(l);
+    uint8_t *v = malloc(hb + c->bytes);
+    cr_assert_not_null(v);
+    cache_record_encode_header(l, c, v);
+    memcpy(v + hb, c->data, c->bytes);
+    *len = hb + c->bytes;
+    return v;
+}
+
+Test(cache_redis, corrupt_truncated_and_oversized_values_refused) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL);
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 5, 0, 4);
+    size_t len;
+    uint8_t *v = encode(&l, c, &len);
+    size_t hb = cache_record_header_bytes(&l);
+    int64_t n = 0;
+    /* A flipped payload byte, a flipped header byte, truncations, a byte too many, garbage. */
+    v[hb + 100] ^= 0x10;
+    assert_refused(r, &l, v, len, n++);
+    v[hb + 100] ^= 0x10;
+    v[60] ^= 0x01;
+    assert_refused(r, &l, v, len, n++);
+    v[60] ^= 0x01;
+    assert_refused(r, &l, v, len - 1, n++);
+    assert_refused(r, &l, v, hb, n++);
+    assert_refused(r, &l, v, 100, n++);
+    uint8_t *big = calloc(1, len + 1);
+    memcpy(big, v, len);
+    assert_refused(r, &l, big, len + 1, n++);
+    assert_refused(r, &l, (const uint8_t *)"hello", 5, n++);
+    /* An empty value. */
+    assert_refused(r, &l, v, 0, n++);
+    free(big);
+    free(v);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, other_model_or_layout_refused) {
+    cache_layout l = small_layout(1), other_model = small_layout(9), other_layout = small_layout(1);
+    other_layout.n_layer = 1; /* a smaller payload: refused for its layout, not its size */
+    cache_key ns = make_ns(NULL);
+    cache_redis *r = open_tier(&l);
+    size_t len;
+    /* The same chunk (keys and positions) encoded for another model, then another layout. */
+    cache_chunk *c = make_chunk(&l, &ns, 5, 0, 4);
+    uint8_t *v = encode(&other_model, c, &len);
+    assert_refused(r, &l, v, len, 0);
+    free(v);
+    cache_chunk *c3 = cache_chunk_create(&other_layout, c->bkeys, 4, &ns, 0);
+    cr_assert_not_null(c3);
+    memset(c3->data, 7, c3->bytes);
+    v = encode(&other_layout, c3, &len);
+    assert_refused(r, &l, v, len, 1);
+    free(v);
+    cache_chunk_unref(c3);
+    cache_chunk_unref(c);
+
+    /* Tiers of other models or chunk sizes use other keys: a miss, nothing refused. */
+    cache_layout other_chunks = small_layout(1);
+    other_chunks.chunk_tokens = 32;
+    cache_redis *r2 = open_tier(&other_chunks), *r3 = open_tier(&other_model);
+    cache_chunk *c2 = make_chunk(&other_chunks, &ns, 6, 0, 2),
+                *c9 = make_chunk(&other_model, &ns, 6, 0, 4);
+    cache_redis_put(r2, c2);
+    cache_redis_put(r3, c9);
+    cache_redis_flush(r2);
+    cache_redis_flush(r3);
+    cache_key bkeys[32];
+    seq_keys(&l, &ns, 6, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(stats(r, NULL).corrupt, 2);
+    cache_chunk_unref(c2);
+    cache_chunk_unref(c9);
+    cache_redis_close(r2);
+    cache_redis_close(r3);
+    cache_redis_close(r);
+}
+
+/* ---------------------------------------------------------------- failures */
+
+Test(cache_redis, down_then_restarted) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 8, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 8, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    cache_chunk_unref(out[0]);
+
+    redis_stop();
+    int64_t t0 = now_ms();
+    for (int i = 0; i < 20; i++) cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_lt(now_ms() - t0, 2000, "lookups while Redis is down took %lld ms",
+                 (long long)(now_ms() - t0));
+    t0 = now_ms();
+    int queued = 0;
+    for (int i = 0; i < 200; i++) queued += cache_redis_put(r, c);
+    cr_assert_lt(now_ms() - t0, 200, "puts blocked");
+    cache_redis_flush(r);
+    bool up = true;
+    cache_tier_stats st = stats(r, &up);
+    cr_assert_not(up);
+    cr_assert_eq(st.write_errors + st.dropped, 200, "every put failed or was dropped");
+    cr_assert_eq(st.dropped, 200 - queued);
+    cr_assert_geq(st.misses, 20);
+
+    /* Back on the same port (empty: no persistence): writes and lookups work again once the
+     * backoff (at most 5 s) has passed. */
+    redis_start();
+    t0 = now_ms();
+    int got = 0;
+    while (!got && now_ms() - t0 < 15000) {
+        cache_redis_put(r, c);
+        cache_redis_flush(r);
+        got = cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
+        if (!got) usleep(50000);
+    }
+    cr_assert_eq(got, 1, "no reconnection within 15 s");
+    assert_same_chunk(out[0], c);
+    cache_chunk_unref(out[0]);
+    stats(r, &up);
+    cr_assert(up);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, stalled_redis_times_out) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 10, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 10, 64, 1 << 30, bkeys);
+    /* Stopped, Redis still accepts connections (the kernel's backlog) but answers nothing: each
+     * wait ends at the 200 ms timeout, and the backoff keeps the next lookups from waiting. */
+    kill(srv.pid, SIGSTOP);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    int64_t t0 = now_ms();
+    for (int i = 0; i < 10; i++) cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_lt(now_ms() - t0, 2000, "lookups took %lld ms", (long long)(now_ms() - t0));
+    t0 = now_ms();
+    for (int i = 0; i < 50; i++) cache_redis_put(r, c);
+    cr_assert_lt(now_ms() - t0, 200, "puts blocked");
+    bool up = true;
+    stats(r, &up);
+    cr_assert_not(up);
+    kill(srv.pid, SIGCONT);
+    t0 = now_ms();
+    int got = 0;
+    while (!got && now_ms() - t0 < 15000) {
+        got = cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
+        if (!got) usleep(50000);
+    }
+    cr_assert_eq(got, 1, "no recovery within 15 s");
+    assert_same_chunk(out[0], c);
+    cache_chunk_unref(out[0]);
+    cache_redis_flush(r);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, full_redis_refuses_writes) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    /* maxmemory below what Redis uses already: every write gets an OOM error */
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory-policy noeviction"));
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory 1"));
+    cache_chunk *c = make_chunk(&l, &ns, 9, 0, 4);
+    cr_assert(cache_redis_put(r, c));
+    cache_redis_flush(r);
+    bool up = false;
+    cache_tier_stats st = stats(r, &up);
+    cr_assert_eq(st.write_errors, 1);
+    cr_assert_eq(st.bytes_in, 0);
+    cr_assert(up, "a refused write is not a lost connection");
+    seq_keys(&l, &ns, 9, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    /* room again: the same connection writes */
+    freeReplyObject(raw(rc, "CONFIG SET maxmemory 0"));
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    assert_same_chunk(out[0], c);
+    cache_chunk_unref(out[0]);
+    redisFree(rc);
+    cache_chunk_unref(c);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, clear_by_namespace) {
+    cache_layout l = small_layout(1);
+    cache_key a = make_ns("a"), b = make_ns("b"), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *ca = make_chunk(&l, &a, 1, 0, 4), *cb = make_chunk(&l, &b, 1, 0, 4);
+    cache_redis_put(r, ca);
+    cache_redis_put(r, cb);
+    cache_redis_flush(r);
+    cr_assert_eq(cache_redis_clear(r, &a), 1);
+    cache_chunk *out[1] = {0};
+    int upto[1];
+    seq_keys(&l, &a, 1, 64, 1 << 30, bkeys);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    seq_keys(&l, &b, 1, 64, 1 << 30, bkeys);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    cache_chunk_unref(out[0]);
+    cr_assert_eq(cache_redis_clear(r, NULL), 1);
+    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    redisContext *rc = raw_connect();
+    redisReply *rep = raw(rc, "DBSIZE");
+    cr_assert_eq(rep->integer, 0, "a clear of everything drops the aliases too");
+    freeReplyObject(rep);
+    redisFree(rc);
+    cache_chunk_unref(ca);
+    cache_chunk_unref(cb);
+    cache_redis_close(r);
+}
+
+/* ---------------------------------------------------------------- two stores, one Redis */
+
+Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    char *dir1 = tmpdir_create("kvserve-redis-store-"),
+         *dir2 = tmpdir_create("kvserve-redis-store-");
+    cache_store_opts o = {.ram_bytes = 1 << 20,
+                          .dir = dir1,
+                          .disk_bytes = 1 << 20,
+                          .redis_url = srv.url,
+                          .redis_ttl_s = 60};
+    kv_error err = {{0}};
+    cache_store *s1 = cache_store_open(&l, &o, &err);
+    cr_assert_not_null(s1, "%s", err.msg);
+    o.dir = dir2;
+    cache_store *s2 = cache_store_open(&l, &o, &err);
+    cr_assert_not_null(s2, "%s", err.msg);
+    cache_chunk *c0 = make_chunk(&l, &ns, 2, 0, 4), *c1 = make_chunk(&l, &ns, 2, 1, 4);
+    cache_store_put(s1, c0);
+    cache_store_put(s1, c1);
+    cache_store_flush(s1);
+    int nb = seq_keys(&l, &ns, 2, 128, 1 << 30, bkeys);
+    cr_assert_not(cache_store_holds(s2, &bkeys[3]), "holds answers from RAM and disk only");
+    cache_chunk *out[2] = {0};
+    int n = 0;
+    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, out, 2, &n), 8);
+    cr_assert_eq(n, 2);
+    assert_same_chunk(out[0], c0);
+    assert_same_chunk(out[1], c1);
+    for (int i = 0; i < n; i++) cache_chunk_unref(out[i]);
+    cache_stats st;
+    cache_store_stats(s2, &st);
+    cr_assert(st.redis_enabled && st.redis_connected);
+    cr_assert_eq(st.redis.hits, 2);
+    /* Promoted: into s2's RAM, and onto its disk. */
+    cache_store_flush(s2);
+    cr_assert(cache_store_holds(s2, &bkeys[3]));
+    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, out, 2, &n), 8);
+    for (int i = 0; i < n; i++) cache_chunk_unref(out[i]);
+    cache_store_stats(s2, &st);
+    cr_assert_eq(st.redis.hits, 2);
+    cr_assert_eq(st.disk.bytes_in, (int64_t)(c0->bytes + c1->bytes));
+    /* The key TTL is set. */
+    char name[256];
+    record_name(&l, &ns, &c0->key, name, sizeof name);
+    redisContext *rc = raw_connect();
+    redisReply *rep = raw(rc, "TTL %s", name);
+    cr_assert(rep->integer > 0 && rep->integer <= 60, "TTL %lld", rep->integer);
+    freeReplyObject(rep);
+    redisFree(rc);
+    cache_chunk_unref(c0);
+    cache_chunk_unref(c1);
+    cache_store_close(s1);
+    cache_store_close(s2);
+    free(dir1);
+    free(dir2);
+}
