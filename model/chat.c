@@ -282,7 +282,7 @@ static char *chatml_default_system(const char *src, size_t len) {
  *   "[INST]" + content            Nemo (v3-tekken) when it has [TOOL_CALLS] and
  *                                 [AVAILABLE_TOOLS]
  *   "[INST] " ... "[/INST]"       v3 (Mistral 7B v0.3, Large 2407): the answer's side has no space
- *   "[INST] " ... " [/INST]"      Mistral 7B v0.1 / v0.2's original template (no system message in it)
+ *   "[INST] " ... " [/INST]"      Mistral 7B v0.1 / v0.2's original template (no system message)
  * Anything else with [INST] keeps Llama 2's format, as before these were told apart. */
 static void mistral_detect(const char *jinja, size_t len, chat_template *out) {
     bool calls = find(jinja, len, "[TOOL_CALLS]") && find(jinja, len, "[AVAILABLE_TOOLS]");

@@ -29,6 +29,7 @@
 
 #include "cache/disk.h"
 #include "cache/record.h"
+#include "tests/unit/chunk_fixture.h"
 #include "tests/unit/tmpdir.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -63,29 +64,12 @@ static cache_chunk *make_part(const cache_layout *l, const cache_key *ns, int i,
     cr_assert_leq(n_blocks, nb);
     cache_chunk *c = cache_chunk_create(l, bkeys, n_blocks, ns, i * l->chunk_tokens);
     cr_assert_not_null(c);
-    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) ^ ns->b[0];
-    for (size_t b = 0; b < c->bytes; b++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        c->data[b] = (uint8_t)(s >> 32);
-    }
+    chunk_fill(c, 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) ^ ns->b[0]);
     return c;
 }
 
 static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int i) {
     return make_part(l, ns, i, cache_chunk_blocks(l));
-}
-
-static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
-    cr_assert_not_null(got);
-    cr_assert_eq(memcmp(got->key.b, want->key.b, CACHE_KEY_BYTES), 0);
-    cr_assert_eq(got->n_blocks, want->n_blocks);
-    cr_assert_eq(memcmp(got->bkeys, want->bkeys, sizeof(cache_key) * (size_t)want->n_blocks), 0);
-    cr_assert_eq(memcmp(got->ns.b, want->ns.b, CACHE_KEY_BYTES), 0);
-    cr_assert_eq(got->pos0, want->pos0);
-    cr_assert_eq(got->bytes, want->bytes);
-    cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
 }
 
 static char *make_tmpdir(void) { return tmpdir_create("kvserve-disk-test-"); }
@@ -408,10 +392,10 @@ Test(disk, put_flush_read_returns_identical_bytes) {
     for (int i = 0; i < 3; i++) cr_assert(cache_disk_contains(d, &c[i]->key));
     cr_assert_not(cache_disk_contains(d, &absent->key));
     cache_disk_read(d, keys, 4, out);
-    assert_same_chunk(out[0], c[2]);
+    chunk_assert_same(out[0], c[2]);
     cr_assert_null(out[1]);
-    assert_same_chunk(out[2], c[0]);
-    assert_same_chunk(out[3], c[1]);
+    chunk_assert_same(out[2], c[0]);
+    chunk_assert_same(out[3], c[1]);
     st = stats(d);
     cr_assert_eq(st.hits, 3);
     cr_assert_eq(st.misses, 1);
@@ -448,7 +432,7 @@ Test(disk, partial_records_are_found_by_block_and_superseded) {
     cr_assert_eq(memcmp(rec.b, part->key.b, 32), 0);
     cr_assert_eq(block, 0);
     cache_chunk *got = read_one(d, &part->key);
-    assert_same_chunk(got, part);
+    chunk_assert_same(got, part);
     cache_chunk_unref(got);
 
     /* the whole chunk replaces it once written, and inherits its pin */
@@ -477,7 +461,7 @@ Test(disk, partial_records_are_found_by_block_and_superseded) {
     cr_assert(cache_disk_find(d, &whole->bkeys[0], &rec, &block));
     cr_assert_eq(block, 0);
     got = read_one(d, &whole->key);
-    assert_same_chunk(got, whole);
+    chunk_assert_same(got, whole);
     cache_chunk_unref(got);
     cache_chunk_unref(part);
     cache_chunk_unref(whole);
@@ -505,7 +489,7 @@ Test(disk, reopen_rebuilds_the_index) {
     for (int i = 0; i < 5; i++) {
         cr_assert(cache_disk_contains(d, &c[i]->key));
         cache_chunk *got = read_one(d, &c[i]->key);
-        assert_same_chunk(got, c[i]);
+        chunk_assert_same(got, c[i]);
         cache_chunk_unref(got);
         cr_assert_not(cache_disk_put(d, c[i]), "an indexed key is refused after restart");
     }
@@ -550,7 +534,7 @@ Test(disk, corrupt_record_is_deleted_and_counted) {
     put_ok(d, a);
     cache_disk_flush(d);
     cache_chunk *got = read_one(d, &a->key);
-    assert_same_chunk(got, a);
+    chunk_assert_same(got, a);
     cache_chunk_unref(got);
     cache_disk_close(d);
     cache_chunk_unref(a);
@@ -619,7 +603,7 @@ Test(disk, torn_and_stray_files_are_removed_at_open) {
     cr_assert_not(cache_disk_contains(d, &c[0]->key));
     cr_assert_not(cache_disk_contains(d, &c[3]->key));
     cache_chunk *got = read_one(d, &c[2]->key);
-    assert_same_chunk(got, c[2]);
+    chunk_assert_same(got, c[2]);
     cache_chunk_unref(got);
     cache_disk_close(d);
 
@@ -676,7 +660,7 @@ Test(disk, cap_evicts_least_recently_used_and_keeps_pins) {
     cr_assert_leq(st.bytes, 3 * PAYLOAD);
     cr_assert_eq(count_files(dir, &l, ".kvc"), 3);
     got = read_one(d, &c[2]->key);
-    assert_same_chunk(got, c[2]);
+    chunk_assert_same(got, c[2]);
     cache_chunk_unref(got);
 
     /* Pins may fill half the tier: with C pinned, E and F cannot be, and unpinned traffic
@@ -751,7 +735,7 @@ Test(disk, clear_by_namespace) {
     }
     for (int i = 2; i < 4; i++) {
         cache_chunk *got = read_one(d, &c[i]->key);
-        assert_same_chunk(got, c[i]);
+        chunk_assert_same(got, c[i]);
         cache_chunk_unref(got);
     }
     cr_assert_eq(cache_disk_clear(d, &ns1), 0);
@@ -875,7 +859,7 @@ Test(disk, full_disk_counts_write_errors) {
     cr_assert_eq(count_files(dir, &l, ".part"), 0, "a failed write left its temporary file");
     cr_assert_eq(count_files(dir, &l, ".kvc"), 1);
     cache_chunk *got = read_one(d, &c[0]->key);
-    assert_same_chunk(got, c[0]);
+    chunk_assert_same(got, c[0]);
     cache_chunk_unref(got);
     cr_assert_null(read_one(d, &c[1]->key));
     cache_disk_close(d);
@@ -924,7 +908,7 @@ Test(disk, pread_fallback_without_io_uring) {
             cr_assert_null(out[i]);
             continue;
         }
-        assert_same_chunk(out[i], c[i]);
+        chunk_assert_same(out[i], c[i]);
         cache_chunk_unref(out[i]);
     }
     cr_assert_eq(stats(d).corrupt, 1);
@@ -951,7 +935,7 @@ Test(disk, large_batch_reads_through_io_uring) {
     cache_disk_flush(d);
     cache_disk_read(d, keys, N, out);
     for (int i = 0; i < N; i++) {
-        assert_same_chunk(out[i], c[i]);
+        chunk_assert_same(out[i], c[i]);
         cache_chunk_unref(out[i]);
         cache_chunk_unref(c[i]);
     }

@@ -21,6 +21,7 @@
 
 #include "cache/record.h"
 #include "cache/redis.h"
+#include "tests/unit/chunk_fixture.h"
 #include "tests/unit/tmpdir.h"
 
 #define REDIS_SERVER "/usr/bin/redis-server"
@@ -139,25 +140,8 @@ static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int s
     cache_chunk *c =
         cache_chunk_create(l, bkeys + index * cb, n_blocks, ns, index * l->chunk_tokens);
     cr_assert_not_null(c);
-    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(seed * 31 + index + 1);
-    for (size_t b = 0; b < c->bytes; b++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        c->data[b] = (uint8_t)(s >> 32);
-    }
+    chunk_fill(c, 0x9E3779B97F4A7C15ull * (uint64_t)(seed * 31 + index + 1));
     return c;
-}
-
-static void assert_same_chunk(const cache_chunk *got, const cache_chunk *want) {
-    cr_assert_not_null(got);
-    cr_assert_eq(memcmp(got->key.b, want->key.b, CACHE_KEY_BYTES), 0);
-    cr_assert_eq(got->n_blocks, want->n_blocks);
-    cr_assert_eq(memcmp(got->bkeys, want->bkeys, sizeof(cache_key) * (size_t)want->n_blocks), 0);
-    cr_assert_eq(memcmp(got->ns.b, want->ns.b, CACHE_KEY_BYTES), 0);
-    cr_assert_eq(got->pos0, want->pos0);
-    cr_assert_eq(got->bytes, want->bytes);
-    cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
 }
 
 static cache_redis *open_tier(const cache_layout *l) {
@@ -249,8 +233,8 @@ Test(cache_redis, put_then_fetch_bit_for_bit) {
     cache_chunk *out[4] = {0};
     int upto[4];
     cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 4), 2);
-    assert_same_chunk(out[0], c0);
-    assert_same_chunk(out[1], c1);
+    chunk_assert_same(out[0], c0);
+    chunk_assert_same(out[1], c1);
     cr_assert_eq(upto[0], 4);
     cr_assert_eq(upto[1], 6); /* the second record holds 2 of the chunk's 4 blocks */
     bool up = false;
@@ -265,7 +249,7 @@ Test(cache_redis, put_then_fetch_bit_for_bit) {
 
     /* From a block inside the first chunk, and with room for one chunk only. */
     cr_assert_eq(cache_redis_fetch(r, bkeys, 2, nb, out, upto, 1), 1);
-    assert_same_chunk(out[0], c0);
+    chunk_assert_same(out[0], c0);
     cache_chunk_unref(out[0]);
     /* Another namespace's sequence: no alias, a miss. */
     cache_key other = make_ns("salt"), okeys[32];
@@ -289,7 +273,7 @@ Test(cache_redis, found_by_a_middle_block_key) {
     cache_chunk *out[2] = {0};
     int upto[2];
     cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 2), 1);
-    assert_same_chunk(out[0], c);
+    chunk_assert_same(out[0], c);
     cr_assert_eq(upto[0], 2);
     cache_chunk_unref(out[0]);
 
@@ -302,7 +286,7 @@ Test(cache_redis, found_by_a_middle_block_key) {
     cache_redis_flush(r);
     seq_keys(&l, &ns, 4, 64, 1 << 30, bkeys);
     cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 2), 1);
-    assert_same_chunk(out[0], full);
+    chunk_assert_same(out[0], full);
     cache_chunk_unref(out[0]);
     char name[256];
     record_name(&l, &ns, &part->key, name, sizeof name);
@@ -475,7 +459,7 @@ Test(cache_redis, down_then_restarted) {
         if (!got) usleep(50000);
     }
     cr_assert_eq(got, 1, "no reconnection within 15 s");
-    assert_same_chunk(out[0], c);
+    chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     stats(r, &up);
     cr_assert(up);
@@ -513,7 +497,7 @@ Test(cache_redis, stalled_redis_times_out) {
         if (!got) usleep(50000);
     }
     cr_assert_eq(got, 1, "no recovery within 15 s");
-    assert_same_chunk(out[0], c);
+    chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     cache_redis_flush(r);
     cache_chunk_unref(c);
@@ -546,7 +530,7 @@ Test(cache_redis, full_redis_refuses_writes) {
     cache_redis_put(r, c);
     cache_redis_flush(r);
     cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
-    assert_same_chunk(out[0], c);
+    chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     redisFree(rc);
     cache_chunk_unref(c);
@@ -609,8 +593,8 @@ Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
     int n = 0;
     cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, out, 2, &n), 8);
     cr_assert_eq(n, 2);
-    assert_same_chunk(out[0], c0);
-    assert_same_chunk(out[1], c1);
+    chunk_assert_same(out[0], c0);
+    chunk_assert_same(out[1], c1);
     for (int i = 0; i < n; i++) cache_chunk_unref(out[i]);
     cache_stats st;
     cache_store_stats(s2, &st);
