@@ -13,6 +13,9 @@ lengths that are not multiples of the chunk or the KV block, then
                        generated)
   new question, disk   after restarting the server on the same cache directory: read from disk
                        (O_DIRECT where the filesystem allows, so not from the page cache)
+  another instance,    a second server with an empty cache directory and the same Redis (a
+  Redis                redis-server the script starts on a free port, when one is installed;
+                       --no-redis leaves it out): read from Redis over loopback TCP
 
 Each warm request is compared with the same request sent with "cache": false right before it
 (its cold run): TTFT ratio warm/cold, and the greedy output (8 tokens) must be identical. TTFT
@@ -24,12 +27,13 @@ process against one server binary; the table gives medians of --reps and ratios,
 machines here are shared and noisy.
 
     python3 scripts/bench/ttft.py [--bin build/kvserve] [--model MODEL] [--threads 2]
-                                  [--contexts 1000,2000,4000,8000] [--reps 2]
+                                  [--contexts 1000,2000,4000,8000] [--reps 2] [--no-redis]
 """
 import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,15 +44,17 @@ LICENCES = ["GPL-3", "Apache-2.0", "MPL-2.0", "GPL-2", "LGPL-2.1"]
 QUESTIONS = ["Can I sell copies of software under this licence?",
              "What must I include when I distribute the program in object code form?",
              "Does the licence give me any patent rights?",
-             "What happens if I violate the terms?"]
+             "What happens if I violate the terms?",
+             "Is there any warranty for the program?"]
 FOLLOW_UP = "And does that also apply to modified versions?"
 MAX_TOKENS = 8
 
 
 class Server(benchlib.Server):
-    def __init__(self, args, cache_dir):
+    def __init__(self, args, cache_dir, redis=None):
         super().__init__(args.bin, args.model, args.threads,
-                         ["-c", str(args.ctx), "--cache-dir", cache_dir])
+                         ["-c", str(args.ctx), "--cache-dir", cache_dir,
+                          *(["--redis", redis.url] if redis else [])])
 
     def chat(self, messages, cache=True):
         """(seconds to the first content, whole text, prompt_tokens, cached_tokens)."""
@@ -67,6 +73,25 @@ class Server(benchlib.Server):
                 usage = ev["usage"]
         return (t_first, text, usage["prompt_tokens"],
                 usage["prompt_tokens_details"]["cached_tokens"])
+
+
+class Redis:
+    """A redis-server child on a free loopback port, without persistence."""
+
+    def __init__(self, directory):
+        self.port = benchlib.free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", directory],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        if self.proc.poll() is not None:
+            sys.exit("redis-server exited at start")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
 
 
 def licence_text():
@@ -115,12 +140,20 @@ def main():
     ap.add_argument("--contexts", default="1000,2000,4000,8000",
                     help="system prompt lengths in tokens (about)")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--no-redis", action="store_true",
+                    help="leave out the second instance reading from Redis")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
     args.ctx = max(contexts) + 512
     text = licence_text()
     cache_dir = tempfile.mkdtemp(prefix="kvserve-ttft-")
-    srv = Server(args, cache_dir)
+    redis = None
+    if not args.no_redis and shutil.which("redis-server"):
+        redis = Redis(cache_dir)
+    elif not args.no_redis:
+        print("redis-server not found: the Redis case is left out", file=sys.stderr)
+    kinds = ["pool", "ram", "turn", "disk"] + (["redis"] if redis else [])
+    srv = Server(args, os.path.join(cache_dir, "a"), redis)
     times = {}
     try:
         for rep in range(args.reps):
@@ -138,15 +171,27 @@ def main():
                 srv.request("POST", "/v1/cache/clear", {"tiers": ["pool"]})
                 measure(srv, [sysmsg, q[2]], times, (c, "ram"))
                 measure(srv, convo[c], times, (c, "turn"))
-            srv.stop()  # finishes the queued disk writes
-            srv = Server(args, cache_dir)
+            srv.stop()  # finishes the queued disk (and Redis) writes
+            srv = Server(args, os.path.join(cache_dir, "a"), redis)
             for c in contexts:
                 sysmsg = {"role": "system", "content": systems[c]}
                 measure(srv, [sysmsg, {"role": "user", "content": QUESTIONS[3]}], times,
                         (c, "disk"))
+            if redis:
+                # another instance, its own (empty) cache directory, the same Redis
+                srv.stop()
+                srv = Server(args, os.path.join(cache_dir, f"b{rep}"), redis)
+                for c in contexts:
+                    sysmsg = {"role": "system", "content": systems[c]}
+                    measure(srv, [sysmsg, {"role": "user", "content": QUESTIONS[4]}], times,
+                            (c, "redis"))
+                srv.stop()
+                srv = Server(args, os.path.join(cache_dir, "a"), redis)
             print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
     finally:
         srv.stop()
+        if redis:
+            redis.stop()
         shutil.rmtree(cache_dir, ignore_errors=True)
 
     model = os.path.basename(args.model)[:-len(".gguf")]
@@ -156,9 +201,10 @@ def main():
     print("| system prompt | case | prompt tokens | reused | cold | warm | warm/cold |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     names = {"pool": "new question, pool", "ram": "new question, RAM",
-             "turn": "next turn, pool", "disk": "new question, disk (restart)"}
+             "turn": "next turn, pool", "disk": "new question, disk (restart)",
+             "redis": "another instance, Redis"}
     for c in contexts:
-        for kind in ("pool", "ram", "turn", "disk"):
+        for kind in kinds:
             runs = times[(c, kind)]
             cold = statistics.median(r[0] for r in runs)
             warm = statistics.median(r[1] for r in runs)
