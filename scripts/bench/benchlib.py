@@ -58,6 +58,32 @@ class Server:
             sys.exit(f"HTTP {resp.status}: {resp.read()[:300]!r}")
         return t0, resp
 
+    def chat_stream(self, body):
+        """Streams a chat completion (body gets "model" and "stream"): (seconds to the first
+        content, or to the end when there was none; the text; the first token's top logprobs as
+        {token: logprob}, or None; usage, when asked for; the tokens' texts, when logprobs were
+        asked for). Exits the script on an error event."""
+        t0, resp = self.stream("/v1/chat/completions",
+                               {"model": self.model, "stream": True, **body})
+        t_first, text, first_lp, usage, toks = None, "", None, None, []
+        for ev in sse_events(resp):
+            if "error" in ev:
+                sys.exit(f"error: {ev['error']}")
+            for ch in ev.get("choices") or []:
+                piece = ch.get("delta", {}).get("content")
+                if piece and t_first is None:
+                    t_first = time.perf_counter() - t0
+                text += piece or ""
+                lps = (ch.get("logprobs") or {}).get("content") or []
+                toks += [t["token"] for t in lps]
+                if lps and first_lp is None:
+                    first_lp = {t["token"]: t["logprob"] for t in lps[0]["top_logprobs"]}
+            if ev.get("usage"):
+                usage = ev["usage"]
+        if t_first is None:
+            t_first = time.perf_counter() - t0
+        return t_first, text, first_lp, usage, toks
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(timeout=120)

@@ -53,28 +53,10 @@ class Server(benchlib.Server):
 
     def ask(self, schema_prompt, max_tokens, extra):
         """(seconds to the first content, text, first token's top logprobs, usage, tokens)."""
-        t0, resp = self.stream("/v1/chat/completions", {
-            "model": self.model, "messages": [], "schema_prompt": schema_prompt,
-            "max_tokens": max_tokens, "temperature": 0, "stream": True, "logprobs": True,
-            "top_logprobs": TOP, "stream_options": {"include_usage": True}, **extra})
-        t_first, text, first_lp, usage, toks = None, "", None, None, []
-        for ev in benchlib.sse_events(resp):
-            if "error" in ev:
-                sys.exit(f"error: {ev['error']}")
-            for ch in ev.get("choices") or []:
-                piece = ch.get("delta", {}).get("content")
-                if piece and t_first is None:
-                    t_first = time.perf_counter() - t0
-                text += piece or ""
-                lps = (ch.get("logprobs") or {}).get("content") or []
-                toks += [t["token"] for t in lps]
-                if lps and first_lp is None:
-                    first_lp = {t["token"]: t["logprob"] for t in lps[0]["top_logprobs"]}
-            if ev.get("usage"):
-                usage = ev["usage"]
-        if t_first is None:
-            t_first = time.perf_counter() - t0
-        return t_first, text, first_lp, usage, toks
+        return self.chat_stream({
+            "messages": [], "schema_prompt": schema_prompt, "max_tokens": max_tokens,
+            "temperature": 0, "logprobs": True, "top_logprobs": TOP,
+            "stream_options": {"include_usage": True}, **extra})
 
     def register(self, pml):
         st, r = self.request("POST", "/v1/schemas", {"pml": pml})

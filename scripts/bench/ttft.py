@@ -58,19 +58,9 @@ class Server(benchlib.Server):
 
     def chat(self, messages, cache=True):
         """(seconds to the first content, whole text, prompt_tokens, cached_tokens)."""
-        t0, resp = self.stream("/v1/chat/completions", {
-            "model": self.model, "messages": messages, "max_tokens": MAX_TOKENS,
-            "temperature": 0, "cache": cache, "blend": False, "stream": True,
-            "stream_options": {"include_usage": True}})
-        t_first, text, usage = None, "", None
-        for ev in benchlib.sse_events(resp):
-            for ch in ev.get("choices") or []:
-                piece = ch.get("delta", {}).get("content")
-                if piece and t_first is None:
-                    t_first = time.perf_counter() - t0
-                text += piece or ""
-            if ev.get("usage"):
-                usage = ev["usage"]
+        t_first, text, _, usage, _ = self.chat_stream({
+            "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0, "cache": cache,
+            "blend": False, "stream_options": {"include_usage": True}})
         return (t_first, text, usage["prompt_tokens"],
                 usage["prompt_tokens_details"]["cached_tokens"])
 
