@@ -182,6 +182,29 @@ static redisReply *raw(redisContext *c, const char *fmt, ...) {
 
 static int64_t now_ms(void) { return (int64_t)(clock_now_ns() / 1000000); }
 
+/* The record holding block 0 of a sequence of 4+ blocks whose keys are bkeys, into *out: 1, or
+ * 0 (a miss). */
+static int fetch_first(cache_redis *r, const cache_key *bkeys, cache_chunk **out) {
+    int upto[1];
+    return cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
+}
+
+/* fetch_first, retried every 50 ms for up to 15 s (the reconnection backoff is at most 5 s);
+ * reput, when not NULL, is written again before each try (a restarted Redis is empty). */
+static int fetch_within(cache_redis *r, const cache_key *bkeys, cache_chunk *reput,
+                        cache_chunk **out) {
+    int64_t t0 = now_ms();
+    for (;;) {
+        if (reput) {
+            cache_redis_put(r, reput);
+            cache_redis_flush(r);
+        }
+        if (fetch_first(r, bkeys, out)) return 1;
+        if (now_ms() - t0 >= 15000) return 0;
+        usleep(50000);
+    }
+}
+
 /* ---------------------------------------------------------------- URLs */
 
 Test(cache_redis, urls) {
@@ -319,8 +342,7 @@ static void assert_refused(cache_redis *r, const cache_layout *l, const uint8_t 
     freeReplyObject(raw(rc, "SET %s %b", name, bad, len));
     seq_keys(l, &ns, 5, 64, 1 << 30, bkeys);
     cache_chunk *out[1] = {0};
-    int upto[1];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
     cr_assert_null(out[0]);
     cr_assert_eq(stats(r, NULL).corrupt, corrupt_before + 1);
     redisReply *rep = raw(rc, "EXISTS %s", name);
@@ -405,8 +427,7 @@ Test(cache_redis, other_model_or_layout_refused) {
     cache_key bkeys[32];
     seq_keys(&l, &ns, 6, 64, 1 << 30, bkeys);
     cache_chunk *out[1] = {0};
-    int upto[1];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
     cr_assert_eq(stats(r, NULL).corrupt, 2);
     cache_chunk_unref(c2);
     cache_chunk_unref(c9);
@@ -426,13 +447,12 @@ Test(cache_redis, down_then_restarted) {
     cache_redis_flush(r);
     seq_keys(&l, &ns, 8, 64, 1 << 30, bkeys);
     cache_chunk *out[1] = {0};
-    int upto[1];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
     cache_chunk_unref(out[0]);
 
     redis_stop();
     int64_t t0 = now_ms();
-    for (int i = 0; i < 20; i++) cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    for (int i = 0; i < 20; i++) cr_assert_eq(fetch_first(r, bkeys, out), 0);
     cr_assert_lt(now_ms() - t0, 2000, "lookups while Redis is down took %lld ms",
                  (long long)(now_ms() - t0));
     t0 = now_ms();
@@ -450,15 +470,7 @@ Test(cache_redis, down_then_restarted) {
     /* Back on the same port (empty: no persistence): writes and lookups work again once the
      * backoff (at most 5 s) has passed. */
     redis_start();
-    t0 = now_ms();
-    int got = 0;
-    while (!got && now_ms() - t0 < 15000) {
-        cache_redis_put(r, c);
-        cache_redis_flush(r);
-        got = cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
-        if (!got) usleep(50000);
-    }
-    cr_assert_eq(got, 1, "no reconnection within 15 s");
+    cr_assert_eq(fetch_within(r, bkeys, c, out), 1, "no reconnection within 15 s");
     chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     stats(r, &up);
@@ -479,9 +491,8 @@ Test(cache_redis, stalled_redis_times_out) {
      * wait ends at the 200 ms timeout, and the backoff keeps the next lookups from waiting. */
     kill(srv.pid, SIGSTOP);
     cache_chunk *out[1] = {0};
-    int upto[1];
     int64_t t0 = now_ms();
-    for (int i = 0; i < 10; i++) cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    for (int i = 0; i < 10; i++) cr_assert_eq(fetch_first(r, bkeys, out), 0);
     cr_assert_lt(now_ms() - t0, 2000, "lookups took %lld ms", (long long)(now_ms() - t0));
     t0 = now_ms();
     for (int i = 0; i < 50; i++) cache_redis_put(r, c);
@@ -490,13 +501,7 @@ Test(cache_redis, stalled_redis_times_out) {
     stats(r, &up);
     cr_assert_not(up);
     kill(srv.pid, SIGCONT);
-    t0 = now_ms();
-    int got = 0;
-    while (!got && now_ms() - t0 < 15000) {
-        got = cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
-        if (!got) usleep(50000);
-    }
-    cr_assert_eq(got, 1, "no recovery within 15 s");
+    cr_assert_eq(fetch_within(r, bkeys, NULL, out), 1, "no recovery within 15 s");
     chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     cache_redis_flush(r);
@@ -523,13 +528,12 @@ Test(cache_redis, full_redis_refuses_writes) {
     cr_assert(up, "a refused write is not a lost connection");
     seq_keys(&l, &ns, 9, 64, 1 << 30, bkeys);
     cache_chunk *out[1] = {0};
-    int upto[1];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
     /* room again: the same connection writes */
     freeReplyObject(raw(rc, "CONFIG SET maxmemory 0"));
     cache_redis_put(r, c);
     cache_redis_flush(r);
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
     chunk_assert_same(out[0], c);
     cache_chunk_unref(out[0]);
     redisFree(rc);
@@ -547,14 +551,13 @@ Test(cache_redis, clear_by_namespace) {
     cache_redis_flush(r);
     cr_assert_eq(cache_redis_clear(r, &a), 1);
     cache_chunk *out[1] = {0};
-    int upto[1];
     seq_keys(&l, &a, 1, 64, 1 << 30, bkeys);
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
     seq_keys(&l, &b, 1, 64, 1 << 30, bkeys);
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 1);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
     cache_chunk_unref(out[0]);
     cr_assert_eq(cache_redis_clear(r, NULL), 1);
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1), 0);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
     redisContext *rc = raw_connect();
     redisReply *rep = raw(rc, "DBSIZE");
     cr_assert_eq(rep->integer, 0, "a clear of everything drops the aliases too");
