@@ -8,6 +8,8 @@
  *   kernel_to_f16.
  * - kernel_embed: rows of a weight by token id (the embedding lookup), the CPU's values bit for
  *   bit. */
+#include <type_traits>
+
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/quant.cuh"
 
@@ -15,6 +17,22 @@ namespace KV_CUDA_NS {
 
 #define GEMV_TOKENS 8 /* activation rows per warp pass */
 #define GEMV_WARPS 4  /* warps per block */
+
+/* Calls launch(std::integral_constant<int, T>) for weight w's type T; -1 with a log line naming
+ * what (op) when there is no kernel for it. */
+template <typename F> static int by_weight_type(const weight *w, const char *op, F &&launch) {
+    switch ((int)w->type) {
+#define X(T)                                                                                       \
+    case T:                                                                                        \
+        launch(std::integral_constant<int, T>{});                                                  \
+        return 0;
+        KV_WEIGHT_TYPES(X)
+#undef X
+    default:
+        log_error("cuda %s: no kernel for weight type %d", op, (int)w->type);
+        return -1;
+    }
+}
 
 /* Sums V values over a warp's lanes (V a power of two <= 32): every lane ends with the total of
  * value vi(lane) (gemv_value). Each step halves the values a lane holds: lanes send the half
@@ -144,17 +162,9 @@ static void gemv_launch(cudaStream_t s, const weight *w, const float *x, int n_t
 }
 
 int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
-    switch ((int)w->type) {
-#define X(T)                                                                                       \
-    case T:                                                                                        \
-        gemv_launch<T>(s, w, x, n_tok, y);                                                         \
-        break;
-        KV_WEIGHT_TYPES(X)
-#undef X
-    default:
-        log_error("cuda matmul: no kernel for weight type %d", (int)w->type);
+    if (by_weight_type(w, "matmul",
+                       [&](auto t) { gemv_launch<decltype(t)::value>(s, w, x, n_tok, y); }))
         return -1;
-    }
     CUDA_CHECK_LAUNCH("gemv");
     return 0;
 }
@@ -179,17 +189,10 @@ static void dequant_launch(cudaStream_t s, const weight *w, int64_t r0, int64_t 
 }
 
 int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32) {
-    switch ((int)w->type) {
-#define X(T)                                                                                       \
-    case T:                                                                                        \
-        dequant_launch<T>(s, w, r0, rows, out, f32);                                               \
-        break;
-        KV_WEIGHT_TYPES(X)
-#undef X
-    default:
-        log_error("cuda matmul: no kernel for weight type %d", (int)w->type);
+    if (by_weight_type(w, "matmul", [&](auto t) {
+            dequant_launch<decltype(t)::value>(s, w, r0, rows, out, f32);
+        }))
         return -1;
-    }
     CUDA_CHECK_LAUNCH("dequant");
     return 0;
 }
@@ -209,17 +212,9 @@ static void embed_launch(cudaStream_t s, const weight *w, const int32_t *ids, in
 }
 
 int cuda_embed(cudaStream_t s, const weight *w, const int32_t *ids, int n, float *out) {
-    switch ((int)w->type) {
-#define X(T)                                                                                       \
-    case T:                                                                                        \
-        embed_launch<T>(s, w, ids, n, out);                                                        \
-        break;
-        KV_WEIGHT_TYPES(X)
-#undef X
-    default:
-        log_error("cuda embed: no kernel for weight type %d", (int)w->type);
+    if (by_weight_type(w, "embed",
+                       [&](auto t) { embed_launch<decltype(t)::value>(s, w, ids, n, out); }))
         return -1;
-    }
     CUDA_CHECK_LAUNCH("embed");
     return 0;
 }
