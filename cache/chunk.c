@@ -67,13 +67,20 @@ void cache_namespace(const uint8_t *tenant, size_t tenant_len, const char *salt,
     digest_end(md, ns);
 }
 
-void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
-                      const int32_t *tokens, const int32_t *pos, int n_tokens, cache_key *out) {
+/* A chained key's digest so far: tag, model identity, namespace, previous key (none: zeros). */
+static EVP_MD_CTX *chain_begin(const char *tag, const uint8_t model_id[32], const cache_key *ns,
+                               const cache_key *prev) {
     static const cache_key zero;
-    EVP_MD_CTX *md = digest_begin(TAG_SCHEMA);
+    EVP_MD_CTX *md = digest_begin(tag);
     EVP_DigestUpdate(md, model_id, 32);
     EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
     EVP_DigestUpdate(md, (prev ? prev : &zero)->b, CACHE_KEY_BYTES);
+    return md;
+}
+
+void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
+                      const int32_t *tokens, const int32_t *pos, int n_tokens, cache_key *out) {
+    EVP_MD_CTX *md = chain_begin(TAG_SCHEMA, model_id, ns, prev);
     digest_u32(md, (uint32_t)n_tokens);
     digest_tokens(md, tokens, n_tokens);
     digest_tokens(md, pos, n_tokens);
@@ -82,11 +89,7 @@ void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cac
 
 void cache_prefix_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
                       const int32_t *tokens, int n_tokens, cache_key *out) {
-    static const cache_key zero;
-    EVP_MD_CTX *md = digest_begin(TAG_PREFIX);
-    EVP_DigestUpdate(md, model_id, 32);
-    EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
-    EVP_DigestUpdate(md, (prev ? prev : &zero)->b, CACHE_KEY_BYTES);
+    EVP_MD_CTX *md = chain_begin(TAG_PREFIX, model_id, ns, prev);
     digest_u32(md, (uint32_t)n_tokens);
     digest_tokens(md, tokens, n_tokens);
     digest_end(md, out);
