@@ -116,14 +116,16 @@ def test_half_request_connections_do_not_block_and_time_out(start_server):
 
 def test_connections_over_the_limit_are_refused_at_once(start_server):
     s = start_server("-c", "256", "--max-connections", "50")
+    time.sleep(0.2 * SLOW)  # the readiness check's connection is closed by now
     socks = open_sockets(s.url, 80, b"GET /hea")
     try:
         time.sleep(0.5 * SLOW)
         held = sum(not closed_by_server(x) for x in socks)
         # the rest refused at once (end-of-file), not left waiting in the listen queue; the
         # count is checked as connections start, so threads accepting at the same moment may
-        # let a few more in
-        assert 50 <= held <= 50 + 3, f"{held} of 80 held with a limit of 50"
+        # let a few more in, and one the server has not finished closing yet (under the
+        # sanitizers, the readiness check's) may take a place
+        assert 50 - 1 <= held <= 50 + 3, f"{held} of 80 held with a limit of 50"
         status, _ = http_get(s.url + "/health", timeout=2)  # still over the limit: refused too
     except OSError:
         status = None
