@@ -21,6 +21,8 @@
 
 #include "util/util.h"
 
+typedef struct codec_table codec_table; /* cache/codec.h */
+
 /* ---------------------------------------------------------------- keys */
 
 #define CACHE_KEY_BYTES 32
@@ -109,6 +111,41 @@ cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, i
 void cache_chunk_ref(cache_chunk *c);
 void cache_chunk_unref(cache_chunk *c);
 
+/* ---------------------------------------------------------------- encodings and fetch policy */
+
+/* How a chunk travels through the Redis tier (cache/chunk_codec.h): lossless (the raw f16
+ * blocks), q8 (8-bit per-token quantization) or a level of the CacheGen codec (codec0 the finest).
+ * Lossy encodings reach the pool only: RAM and disk hold what a full prefill computes. */
+enum { CACHE_ENC_RAW = 0, CACHE_ENC_Q8 = 1, CACHE_ENC_CODEC = 2 };
+#define CACHE_ENC_MAX 10    /* CACHE_ENC_CODEC + the codec's CODEC_MAX_LEVELS */
+#define CACHE_ENC_TEXT (-2) /* not fetched: computed from its text */
+#define CACHE_ENC_ANY (-1)  /* no encoding forced */
+/* "lossless", "q8", "codec0", ..., "text" for CACHE_ENC_TEXT: out holds 16 bytes. */
+void cache_enc_name(int enc, char out[16]);
+/* The encoding a name (cache_enc_name's) means, or CACHE_ENC_ANY when it names none. */
+int cache_enc_parse(const char *name);
+
+/* How a lookup fetches from the Redis tier (CacheGen section 5.3). Chunks are fetched in order,
+ * each in the encoding chosen from the throughput measured so far: with no budget, lossless; with
+ * one, the finest encoding whose remaining chunks fit in what is left of it, else the fastest. A
+ * chunk that would arrive later than its text could be computed (text_ns_per_token) is computed
+ * instead, and so is every chunk after it. */
+typedef struct cache_fetch_policy {
+    int force_enc;            /* CACHE_ENC_ANY, an encoding (lossless where a record lacks it),
+                                 or CACHE_ENC_TEXT: nothing from Redis */
+    bool lossless;            /* lossless or text only, whatever the budget */
+    int64_t budget_ns;        /* time to have the reused KV ready (0: none) */
+    uint64_t start_ns;        /* when the budget started (monotonic; 0: at the lookup) */
+    double text_ns_per_token; /* measured cost of computing a token from text (0: unknown) */
+} cache_fetch_policy;
+
+/* Where each chunk a lookup returned came from. */
+enum { CACHE_TIER_RAM = 0, CACHE_TIER_DISK = 1, CACHE_TIER_REDIS = 2 };
+typedef struct cache_fetch_src {
+    uint8_t tier; /* CACHE_TIER_* */
+    uint8_t enc;  /* CACHE_ENC_* it travelled in (RAM and disk: lossless) */
+} cache_fetch_src;
+
 /* ---------------------------------------------------------------- statistics */
 
 typedef struct cache_tier_stats {
@@ -123,6 +160,8 @@ typedef struct cache_tier_stats {
     int64_t corrupt;      /* records dropped as torn or corrupt (disk, Redis) */
     int64_t write_errors; /* failed writes, e.g. a full disk, Redis down or out of memory */
     int64_t dropped;      /* write-backs skipped because the queue was full (disk, Redis) */
+    int64_t enc_hits[CACHE_ENC_MAX]; /* Redis: chunks fetched per encoding */
+    int64_t text;                    /* Redis: chunks held but computed from text instead */
 } cache_tier_stats;
 
 typedef struct cache_stats {
@@ -144,6 +183,8 @@ typedef struct cache_store_opts {
     const char *redis_url; /* Redis tier (cache/redis.h), or NULL for none */
     int64_t redis_ttl_s;   /* expiry of the keys it writes (0: none) */
     int redis_timeout_ms;  /* each network wait (0: 200) */
+    const codec_table *codec; /* the CacheGen codec's table for Redis's encodings (NULL: lossless
+                                 and q8 only); borrowed, outlives the store */
 } cache_store_opts;
 
 typedef struct cache_store cache_store;
@@ -163,13 +204,16 @@ const cache_layout *cache_store_layout(const cache_store *s);
  * keys. Finds, chunk by chunk, the record that holds the most of the sequence's blocks (RAM
  * first, then disk; disk hits are read in parallel and promoted to RAM) until a chunk has no
  * record or one that ends before the chunk does; the chunks from the first that RAM and disk
- * lack are then looked up in Redis (hits promoted to RAM and written to disk). out[0..*n_out)
- * get one reference each, in order (the first holds block `first`; at most max_out). Returns the
- * number of blocks from `first` on the records cover for this sequence (a record may hold more:
- * the sequence diverged inside it). Blocks on disk reads and Redis round trips (each bounded by
- * the Redis timeout); thread-safe. */
+ * lack are then streamed from Redis as policy says (NULL: lossless; lossless hits promoted to RAM
+ * and written to disk, lossy ones only returned). out[0..*n_out) get one reference each, in
+ * order (the first holds block `first`; at most max_out), and src[i] (src may be NULL) says
+ * where out[i] came from; *n_text counts the chunks after them that Redis holds but policy left to
+ * be computed from text. Returns the number of blocks from `first` on the records cover for this
+ * sequence (a record may hold more: the sequence diverged inside it). Blocks on disk reads and
+ * Redis round trips (each bounded by the Redis timeout); thread-safe. */
 int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
-                      cache_chunk **out, int max_out, int *n_out);
+                      const cache_fetch_policy *policy, cache_chunk **out, cache_fetch_src *src,
+                      int max_out, int *n_out, int *n_text);
 /* True when the RAM or disk tier holds a record holding the block whose key is bkey (no I/O:
  * Redis is not asked, so a chunk only Redis holds is "not held" and may be stored again). */
 bool cache_store_holds(cache_store *s, const cache_key *bkey);

@@ -59,6 +59,11 @@ size_t cache_record_file_bytes(const cache_layout *l, size_t payload_bytes) {
 }
 
 void cache_record_encode_header(const cache_layout *l, const cache_chunk *c, uint8_t *hdr) {
+    cache_record_encode_header_as(l, c, CACHE_RECORD_LEVEL_RAW, c->data, c->bytes, hdr);
+}
+
+void cache_record_encode_header_as(const cache_layout *l, const cache_chunk *c, uint32_t level,
+                                   const uint8_t *payload, size_t payload_bytes, uint8_t *hdr) {
     size_t header_bytes = cache_record_header_bytes(l);
     memset(hdr, 0, header_bytes);
     memcpy(hdr + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC);
@@ -70,13 +75,13 @@ void cache_record_encode_header(const cache_layout *l, const cache_chunk *c, uin
     const int dims[5] = {l->n_layer, l->n_kv_head, l->head_dim, l->block_tokens, l->chunk_tokens};
     for (int i = 0; i < 5; i++) le_put_u32(hdr + OFF_LAYOUT + 4 * i, (uint32_t)dims[i]);
     le_put_u32(hdr + OFF_POS0, (uint32_t)c->pos0);
-    le_put_u32(hdr + OFF_LEVEL, CACHE_RECORD_LEVEL_RAW);
+    le_put_u32(hdr + OFF_LEVEL, level);
     le_put_u32(hdr + OFF_TOKENS, (uint32_t)(c->n_blocks * l->block_tokens));
-    le_put_u64(hdr + OFF_PAYLOAD_BYTES, c->bytes);
+    le_put_u64(hdr + OFF_PAYLOAD_BYTES, payload_bytes);
     memcpy(hdr + OFF_BKEYS, c->bkeys, (size_t)c->n_blocks * CACHE_KEY_BYTES);
     /* A checksum that cannot be computed (OpenSSL out of memory) leaves zeros: the record then
      * fails its check when read and is dropped, which costs a miss and nothing else. */
-    if (sha256(c->data, c->bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
+    if (sha256(payload, payload_bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
         header_sha(hdr, header_bytes, hdr + OFF_HEADER_SHA) != 0) {
         log_error("cache: SHA-256 failed while encoding a record header (out of memory)");
         memset(hdr + OFF_PAYLOAD_SHA, 0, 64);
@@ -89,8 +94,9 @@ static int need(size_t len, size_t end, const char *field, kv_error *err) {
     return kv_fail(err, "cache record truncated: %zu bytes, %s needs %zu", len, field, end);
 }
 
-int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layout *l,
-                               cache_record_info *out, kv_error *err) {
+/* max_encoded: 0 accepts raw records only; else the largest payload an encoded one may have. */
+static int decode_header(const uint8_t *buf, size_t len, const cache_layout *l, size_t max_encoded,
+                         cache_record_info *out, kv_error *err) {
     if (need(len, OFF_MAGIC + 8, "magic", err)) return -1;
     if (memcmp(buf + OFF_MAGIC, RECORD_MAGIC, sizeof RECORD_MAGIC) != 0)
         return kv_fail(err, "not a cache record (bad magic)");
@@ -123,7 +129,7 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
                            dims[i]);
     }
     uint32_t level = le_get_u32(buf + OFF_LEVEL);
-    if (level != CACHE_RECORD_LEVEL_RAW)
+    if (level != CACHE_RECORD_LEVEL_RAW && (!max_encoded || level > CACHE_RECORD_MAX_LEVEL))
         return kv_fail(err, "cache record level %u is not supported", level);
     uint32_t n_tokens = le_get_u32(buf + OFF_TOKENS);
     if (n_tokens == 0 || n_tokens % (uint32_t)l->block_tokens ||
@@ -133,7 +139,11 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
     int n_blocks = (int)(n_tokens / (uint32_t)l->block_tokens);
     uint64_t payload = le_get_u64(buf + OFF_PAYLOAD_BYTES);
     uint64_t want = (uint64_t)cache_block_bytes(l) * (uint64_t)n_blocks;
-    if (payload != want)
+    if (level != CACHE_RECORD_LEVEL_RAW) {
+        if (payload == 0 || payload > max_encoded)
+            return kv_fail(err, "encoded cache record payload of %llu bytes, at most %zu",
+                           (unsigned long long)payload, max_encoded);
+    } else if (payload != want)
         return kv_fail(err, "cache record payload size %llu, expected %llu",
                        (unsigned long long)payload, (unsigned long long)want);
     int32_t pos0 = (int32_t)le_get_u32(buf + OFF_POS0);
@@ -154,6 +164,16 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
     out->payload_bytes = payload;
     memcpy(out->payload_sha, buf + OFF_PAYLOAD_SHA, 32);
     return 0;
+}
+
+int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layout *l,
+                               cache_record_info *out, kv_error *err) {
+    return decode_header(buf, len, l, 0, out, err);
+}
+
+int cache_record_decode_header_encoded(const uint8_t *buf, size_t len, const cache_layout *l,
+                                       size_t max_payload, cache_record_info *out, kv_error *err) {
+    return decode_header(buf, len, l, max_payload ? max_payload : 1, out, err);
 }
 
 int cache_record_check_payload(const cache_record_info *info, const uint8_t *payload,

@@ -18,15 +18,28 @@
 #include <strings.h>
 #include <sys/time.h>
 
+#include "cache/chunk_codec.h"
 #include "cache/record.h"
 #include "cache/redis.h"
 
-#define REDIS_KEY_VERSION CACHE_RECORD_VERSION /* a new record format gets new keys */
-#define REDIS_BACKOFF_MIN_NS 100000000ull      /* 100 ms */
-#define REDIS_BACKOFF_MAX_NS 5000000000ull     /* 5 s */
+#define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION
+#define REDIS_BACKOFF_MIN_NS 100000000ull  /* 100 ms */
+#define REDIS_BACKOFF_MAX_NS 5000000000ull /* 5 s */
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
 #define REDIS_KEY_LEN 208 /* longest key: "kvserve:2:" + 16 + "-16x4096:" + 64 + ":r:" + 64 */
-#define REDIS_ALIAS_BYTES (2 * CACHE_KEY_BYTES) /* record key, namespace */
+/* An alias: the record key, its namespace, then u32 sizes of the record's values, one per
+ * encoding (0: not stored), as many as the writer offered. */
+#define REDIS_ALIAS_HEAD (2 * CACHE_KEY_BYTES)
+#define REDIS_ALIAS_MAX (REDIS_ALIAS_HEAD + 4 * CACHE_ENC_MAX)
+/* Before a lookup has measured the link, it is taken to move 1 Gb/s (bytes per ns). */
+#define REDIS_PRIOR_BW 0.125
+/* Decode costs assumed before they are measured, in ns per KV element (a token has n_layer * 2 *
+ * channels): lossless is a checksum and a copy, q8 a dequantization, a codec level rANS. */
+#define REDIS_PRIOR_RAW_NS 1.0
+#define REDIS_PRIOR_Q8_NS 2.0
+#define REDIS_PRIOR_CODEC_NS 6.0
+/* Replies smaller than this measure the round trip more than the link. */
+#define REDIS_MIN_SAMPLE_BYTES 65536
 #define REDIS_SCAN_COUNT "512"
 
 typedef struct redis_conn {
@@ -38,8 +51,12 @@ typedef struct redis_conn {
 
 struct cache_redis {
     cache_layout layout;
-    size_t header_bytes; /* cache_record_header_bytes(layout) */
-    size_t max_value;    /* a full chunk's record: header + chunk payload */
+    const codec_table *table; /* the codec's levels (NULL: lossless and q8 only); borrowed */
+    int n_enc;                /* cache_enc_count(table) */
+    size_t header_bytes;      /* cache_record_header_bytes(layout) */
+    size_t max_value;         /* a full chunk's record: header + chunk payload */
+    size_t max_payload;       /* the largest encoded payload of a chunk */
+    int decode_threads;
     cache_redis_addr addr;
     char url[64];    /* for messages: the address without the password */
     char prefix[48]; /* "kvserve:<version>:<model>-<block_tokens>x<chunk_tokens>:" */
@@ -47,8 +64,9 @@ struct cache_redis {
     struct timeval timeout;
     int write_queue;
 
-    pthread_mutex_t lookup_mu; /* guards lookup */
+    pthread_mutex_t lookup_mu; /* guards lookup, scratch */
     redis_conn lookup;
+    float *scratch; /* [cache_enc_scratch_floats]: decoding */
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t work, done;
@@ -57,13 +75,16 @@ struct cache_redis {
     int n_writes; /* queued + in flight */
     bool stop;
     cache_tier_stats st;
-    int state; /* -1: never connected yet, 0: down, 1: connected */
+    int state;                    /* -1: never connected yet, 0: down, 1: connected */
+    double bw;                    /* lookup link, bytes per ns (EWMA; 0: not measured yet) */
+    double dec_ns[CACHE_ENC_MAX]; /* decode cost per KV element by encoding (EWMA) */
 
     pthread_t thread; /* the write thread, and its connection */
     bool thread_started;
     redis_conn writer;
-    uint8_t *value; /* [max_value]: the record being written */
-    bool refusing;  /* Redis answered the last write with an error (write thread) */
+    uint8_t *value;   /* [header_bytes + max_payload]: the record being written */
+    float *w_scratch; /* [cache_enc_scratch_floats]: encoding */
+    bool refusing;    /* Redis answered the last write with an error (write thread) */
 };
 
 /* ---------------------------------------------------------------- URLs */
@@ -128,12 +149,14 @@ int cache_redis_parse_url(const char *url, cache_redis_addr *out, kv_error *err)
 
 /* ---------------------------------------------------------------- keys */
 
-static void key_record(const cache_redis *r, const cache_key *ns, const cache_key *key,
-                       char out[REDIS_KEY_LEN]) {
-    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1];
+/* A record's value in encoding enc: ":r:" holds the lossless one, ":e<enc>:" the others. */
+static void key_value(const cache_redis *r, const cache_key *ns, const cache_key *key, int enc,
+                      char out[REDIS_KEY_LEN]) {
+    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1], tag[8] = "r";
     cache_key_hex(ns, nh);
     cache_key_hex(key, kh);
-    snprintf(out, REDIS_KEY_LEN, "%s%s:r:%s", r->prefix, nh, kh);
+    if (enc != CACHE_ENC_RAW) snprintf(tag, sizeof tag, "e%d", enc);
+    snprintf(out, REDIS_KEY_LEN, "%s%s:%s:%s", r->prefix, nh, tag, kh);
 }
 
 static void key_alias(const cache_redis *r, const cache_key *bkey, char out[REDIS_KEY_LEN]) {
@@ -244,24 +267,29 @@ static redisReply *conn_reply(cache_redis *r, redis_conn *c) {
 
 /* ---------------------------------------------------------------- lookups */
 
-/* Checks a record value read under the alias (record key, namespace) and makes a chunk of it;
- * NULL with err when any check fails. */
+/* Checks a value read under the alias (record key, namespace) in encoding enc, and makes a chunk
+ * of it (decoded on n_threads); NULL with err when any check fails. *stale is set when the
+ * value itself is wrong (torn, corrupt, another key), so it should be deleted, and left false
+ * when only the decode refused it (a codec table other than this instance's). */
 static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cache_key *key,
-                                 const cache_key *ns, kv_error *err) {
+                                 const cache_key *ns, int enc, bool *stale, kv_error *err) {
+    *stale = true;
     if (v->type != REDIS_REPLY_STRING) {
         kv_fail(err, "not a string (reply type %d)", v->type);
         return NULL;
     }
-    if (v->len > r->max_value) {
-        kv_fail(err, "%zu bytes, more than a full chunk's record (%zu)", v->len, r->max_value);
+    size_t max = enc == CACHE_ENC_RAW ? r->max_value : r->header_bytes + r->max_payload;
+    if (v->len > max) {
+        kv_fail(err, "%zu bytes, more than a full chunk's record (%zu)", v->len, max);
         return NULL;
     }
     const uint8_t *buf = (const uint8_t *)v->str;
     cache_record_info info;
-    if (cache_record_decode_header(buf, v->len, &r->layout, &info, err) != 0) return NULL;
+    if (cache_record_decode_header_encoded(buf, v->len, &r->layout, r->max_payload, &info, err))
+        return NULL;
     if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0 ||
-        memcmp(info.ns.b, ns->b, CACHE_KEY_BYTES) != 0) {
-        kv_fail(err, "the record names another key or namespace than its alias");
+        memcmp(info.ns.b, ns->b, CACHE_KEY_BYTES) != 0 || info.level != (uint32_t)enc) {
+        kv_fail(err, "the record names another key, namespace or encoding than its alias");
         return NULL;
     }
     if (v->len != r->header_bytes + info.payload_bytes) {
@@ -273,10 +301,17 @@ static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cach
     cache_chunk *c = cache_chunk_create(&r->layout, (const cache_key *)(const void *)info.bkeys,
                                         info.n_blocks, &info.ns, info.pos0);
     if (!c) {
+        *stale = false;
         kv_fail(err, "out of memory");
         return NULL;
     }
-    memcpy(c->data, buf + r->header_bytes, c->bytes);
+    if (cache_enc_decode(&r->layout, r->table, enc, buf + r->header_bytes,
+                         (size_t)info.payload_bytes, c, r->scratch, r->decode_threads, err)) {
+        /* The checksum held: the writer's table or codec differs from this instance's. */
+        *stale = false;
+        cache_chunk_unref(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -321,22 +356,206 @@ static redisReply *mget_aliases(cache_redis *r, redis_conn *c, const cache_key *
     return rep;
 }
 
+static bool alias_ok(const redisReply *a) {
+    return a->type == REDIS_REPLY_STRING && a->len > REDIS_ALIAS_HEAD &&
+           a->len <= REDIS_ALIAS_MAX && (a->len - REDIS_ALIAS_HEAD) % 4 == 0;
+}
+
+/* One record a lookup continues the prefix with: its names and the sizes of its values. */
+typedef struct fetch_rec {
+    cache_key key, ns;
+    uint32_t size[CACHE_ENC_MAX]; /* value bytes per encoding, 0: not stored */
+    int tokens;
+    int enc;         /* the encoding asked for */
+    redisReply *rep; /* its value, once read (the decoder frees it) */
+    uint64_t t_sent; /* when its GET was sent */
+} fetch_rec;
+
+/* The time chunk f takes in encoding e (bytes over the measured link, decode on this machine,
+ * which overlap: the next chunk travels while this one decodes). */
+static double enc_cost(const cache_redis *r, const fetch_rec *f, int e, double bw) {
+    double elems =
+        (double)f->tokens * 2 * r->layout.n_layer * r->layout.n_kv_head * r->layout.head_dim;
+    double net = f->size[e] / bw, dec = r->dec_ns[e] * elems;
+    return net > dec ? net : dec;
+}
+
+/* The encoding for chunk i of n (cache_fetch_policy says how): CACHE_ENC_TEXT to compute it and
+ * the chunks after it from their text. Called with r->mu held. */
+static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs,
+                      int i, int n, uint64_t t0) {
+    const fetch_rec *f = &recs[i];
+    if (p->force_enc == CACHE_ENC_TEXT) return CACHE_ENC_TEXT;
+    if (p->force_enc >= 0)
+        return p->force_enc < r->n_enc && f->size[p->force_enc] ? p->force_enc : CACHE_ENC_RAW;
+    double bw = r->bw > 0 ? r->bw : REDIS_PRIOR_BW;
+    double text = p->text_ns_per_token > 0 ? p->text_ns_per_token * f->tokens : 1e30;
+    double raw = enc_cost(r, f, CACHE_ENC_RAW, bw);
+    int exact = text < raw ? CACHE_ENC_TEXT : CACHE_ENC_RAW;
+    double exact_cost = text < raw ? text : raw;
+    if (p->lossless || p->budget_ns <= 0) return exact;
+    /* what is left of the budget, shared by this chunk and the ones after it */
+    double left = ((double)t0 + (double)p->budget_ns - (double)clock_now_ns()) / (n - i);
+    if (exact_cost <= left) return exact;
+    int fastest = exact;
+    double best = exact_cost;
+    for (int e = CACHE_ENC_Q8; e < r->n_enc; e++) { /* finest first */
+        if (!f->size[e]) continue;
+        double c = enc_cost(r, f, e, bw);
+        if (c <= left) return e;
+        if (c < best) {
+            best = c;
+            fastest = e;
+        }
+    }
+    return fastest;
+}
+
+/* The decoder: a thread that turns the values the lookup thread reads into chunks, so chunk i
+ * decodes while chunk i + 1 travels. */
+typedef struct decoder {
+    cache_redis *r;
+    fetch_rec *recs;
+    cache_chunk **out;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int queued;  /* recs[0..queued) have their value */
+    bool closed; /* no more will come */
+    int done;    /* recs[0..done) decoded into out[] */
+    bool failed; /* recs[done] was refused: nothing after it is decoded */
+    char bad[REDIS_KEY_LEN];
+    bool bad_stale; /* delete bad */
+    int64_t bytes_out;
+} decoder;
+
+static void *decoder_thread(void *arg) {
+    decoder *d = arg;
+    cache_redis *r = d->r;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0;; i++) {
+        while (i >= d->queued && !d->closed) pthread_cond_wait(&d->cv, &d->mu);
+        if (i >= d->queued) break;
+        pthread_mutex_unlock(&d->mu);
+        fetch_rec *f = &d->recs[i];
+        kv_error err = {{0}};
+        bool stale = false;
+        cache_chunk *c = NULL;
+        uint64_t t0 = clock_now_ns();
+        if (f->rep->type != REDIS_REPLY_NIL) /* expired, evicted or cleared: a plain miss */
+            c = value_decode(r, f->rep, &f->key, &f->ns, f->enc, &stale, &err);
+        uint64_t dt = clock_now_ns() - t0;
+        if (!c && f->rep->type != REDIS_REPLY_NIL) {
+            key_value(r, &f->ns, &f->key, f->enc, d->bad);
+            d->bad_stale = stale && strcmp(err.msg, "out of memory") != 0;
+            log_warn("cache: redis %s: refusing %s: %s", r->url, d->bad, err.msg);
+        }
+        pthread_mutex_lock(&d->mu);
+        if (!c) {
+            d->failed = true;
+            break;
+        }
+        d->out[i] = c;
+        d->done = i + 1;
+        d->bytes_out += (int64_t)f->rep->len;
+        pthread_mutex_lock(&r->mu);
+        double elems = (double)c->bytes / 2, ns = (double)dt / elems;
+        r->dec_ns[f->enc] = 0.5 * r->dec_ns[f->enc] + 0.5 * ns;
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+/* Sends the GET of f's value in f->enc. */
+static bool send_get(cache_redis *r, redis_conn *c, fetch_rec *f) {
+    char name[REDIS_KEY_LEN];
+    key_value(r, &f->ns, &f->key, f->enc, name);
+    const char *argv[2] = {"GET", name};
+    f->t_sent = clock_now_ns();
+    if (redisAppendCommandArgv(c->ctx, 2, argv, NULL) != REDIS_OK) {
+        conn_fail(r, c, "cannot build a command");
+        return false;
+    }
+    return true;
+}
+
+/* Reads the values of recs[0..n) in order, each GET sent once the one before it has arrived
+ * (its encoding chosen on what that one measured), while the decoder turns them into out[].
+ * Returns how many chunks out[] got; *n_text: chunks left to be computed from text. */
+static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
+                         const cache_fetch_policy *p, uint64_t t0, cache_chunk **out, int *n_text,
+                         int *corrupt) {
+    decoder d = {.r = r, .recs = recs, .out = out};
+    pthread_mutex_init(&d.mu, NULL);
+    pthread_cond_init(&d.cv, NULL);
+    pthread_t th;
+    bool threaded = pthread_create(&th, NULL, decoder_thread, &d) == 0;
+    int sent = 0;
+    pthread_mutex_lock(&r->mu);
+    recs[0].enc = choose_enc(r, p, recs, 0, n, t0);
+    pthread_mutex_unlock(&r->mu);
+    if (!threaded)
+        log_warn("cache: redis %s: cannot start a decoder thread (a miss)", r->url);
+    else if (recs[0].enc == CACHE_ENC_TEXT)
+        *n_text = n;
+    else if (send_get(r, c, &recs[0]))
+        sent = 1;
+    for (int i = 0; i < sent; i++) {
+        redisReply *rep = conn_reply(r, c);
+        if (!rep) break;
+        uint64_t now = clock_now_ns();
+        recs[i].rep = rep;
+        pthread_mutex_lock(&r->mu);
+        if (rep->type == REDIS_REPLY_STRING && rep->len >= REDIS_MIN_SAMPLE_BYTES) {
+            double bw = (double)rep->len / (double)(now - recs[i].t_sent + 1);
+            r->bw = r->bw > 0 ? 0.5 * r->bw + 0.5 * bw : bw;
+        }
+        pthread_mutex_lock(&d.mu);
+        bool more = rep->type == REDIS_REPLY_STRING && i + 1 < n && !d.failed;
+        pthread_mutex_unlock(&d.mu);
+        if (more) recs[i + 1].enc = choose_enc(r, p, recs, i + 1, n, t0);
+        pthread_mutex_unlock(&r->mu);
+        if (more && recs[i + 1].enc == CACHE_ENC_TEXT)
+            *n_text = n - (i + 1);
+        else if (more && send_get(r, c, &recs[i + 1]))
+            sent++;
+        pthread_mutex_lock(&d.mu);
+        d.queued = i + 1;
+        pthread_cond_signal(&d.cv);
+        pthread_mutex_unlock(&d.mu);
+    }
+    pthread_mutex_lock(&d.mu);
+    d.closed = true;
+    pthread_cond_signal(&d.cv);
+    pthread_mutex_unlock(&d.mu);
+    if (threaded) pthread_join(th, NULL);
+    if (d.failed && d.bad[0]) {
+        (*corrupt)++;
+        if (d.bad_stale) delete_keys(r, c, &d.bad, 1);
+    }
+    for (int i = 0; i < n; i++)
+        if (recs[i].rep) freeReplyObject(recs[i].rep);
+    pthread_mutex_destroy(&d.mu);
+    pthread_cond_destroy(&d.cv);
+    pthread_mutex_lock(&r->mu);
+    r->st.bytes_out += d.bytes_out;
+    pthread_mutex_unlock(&r->mu);
+    return d.done;
+}
+
 int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
-                      cache_chunk **out, int *upto, int max_out) {
+                      const cache_fetch_policy *policy, cache_chunk **out, int *upto,
+                      uint8_t *enc_out, int max_out, int *n_text) {
+    *n_text = 0;
     if (first >= n_blocks || max_out <= 0) return 0;
-    int cb = cache_chunk_blocks(&r->layout);
-    int n = 0, misses = 0, corrupt = 0, n_bad = 0;
-    int64_t bytes_out = 0;
-    cache_key *rkeys = malloc(sizeof *rkeys * (size_t)max_out);
-    cache_key *rns = malloc(sizeof *rns * (size_t)max_out);
-    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)max_out);
-    char(*bad)[REDIS_KEY_LEN] = malloc(sizeof *bad * (size_t)max_out);
-    const char **argv = malloc(sizeof *argv * (size_t)(max_out + 1));
-    redisReply *aliases = NULL, *recs = NULL;
+    uint64_t t0 = policy->start_ns ? policy->start_ns : clock_now_ns();
+    int cb = cache_chunk_blocks(&r->layout), bt = r->layout.block_tokens;
+    int n = 0, m = 0, misses = 0, corrupt = 0;
+    fetch_rec *recs = calloc((size_t)max_out, sizeof *recs);
+    redisReply *aliases = NULL;
     pthread_mutex_lock(&r->lookup_mu);
     redis_conn *c = &r->lookup;
-    if (!rkeys || !rns || !names || !bad || !argv || !conn_get(r, c) ||
-        !(aliases = mget_aliases(r, c, bkeys, first, n_blocks))) {
+    if (!recs || !conn_get(r, c) || !(aliases = mget_aliases(r, c, bkeys, first, n_blocks))) {
         misses = 1;
         goto done;
     }
@@ -344,106 +563,89 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
     /* The walk of cache_store_fetch over the aliases: per chunk, the furthest block aliased. */
     for (int j = first; j < n_blocks && n < max_out;) {
         int end = (j / cb + 1) * cb < n_blocks ? (j / cb + 1) * cb : n_blocks, b = end - 1;
-        for (; b >= j; b--) {
-            const redisReply *a = aliases->element[b - first];
-            if (a->type == REDIS_REPLY_STRING && a->len == REDIS_ALIAS_BYTES) break;
-        }
+        while (b >= j && !alias_ok(aliases->element[b - first])) b--;
         if (b < j) break;
         const redisReply *a = aliases->element[b - first];
-        memcpy(rkeys[n].b, a->str, CACHE_KEY_BYTES);
-        memcpy(rns[n].b, a->str + CACHE_KEY_BYTES, CACHE_KEY_BYTES);
-        key_record(r, &rns[n], &rkeys[n], names[n]);
+        fetch_rec *f = &recs[n];
+        memcpy(f->key.b, a->str, CACHE_KEY_BYTES);
+        memcpy(f->ns.b, a->str + CACHE_KEY_BYTES, CACHE_KEY_BYTES);
+        for (size_t e = 0; e < (a->len - REDIS_ALIAS_HEAD) / 4; e++)
+            f->size[e] = le_get_u32((const uint8_t *)a->str + REDIS_ALIAS_HEAD + 4 * e);
+        f->tokens = (b + 1 - (j / cb) * cb) * bt;
         upto[n++] = b + 1;
         j = b + 1;
         if (j < end) break;
     }
     if (n == 0 || (upto[n - 1] < n_blocks && n < max_out)) misses = 1;
     if (n == 0) goto done;
-    argv[0] = "MGET";
-    for (int i = 0; i < n; i++) argv[i + 1] = names[i];
-    if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) != REDIS_OK) {
-        conn_fail(r, c, "cannot build a command");
-    } else {
-        recs = conn_reply(r, c);
-        if (recs && (recs->type != REDIS_REPLY_ARRAY || recs->elements != (size_t)n)) {
-            freeReplyObject(recs);
-            recs = NULL;
-        }
-    }
-    /* The prefix ends at the first record missing or refused. */
-    int m = 0;
-    for (; recs && m < n; m++) {
-        const redisReply *v = recs->element[m];
-        if (v->type == REDIS_REPLY_NIL) break; /* expired, evicted or cleared */
-        kv_error err = {{0}};
-        if (!(out[m] = value_decode(r, v, &rkeys[m], &rns[m], &err))) {
-            if (strcmp(err.msg, "out of memory") != 0) {
-                corrupt++;
-                log_warn("cache: redis %s: refusing %s: %s", r->url, names[m], err.msg);
-                memcpy(bad[n_bad++], names[m], REDIS_KEY_LEN);
-            }
-            break;
-        }
-        bytes_out += (int64_t)out[m]->bytes;
-    }
-    if (m < n) misses = 1;
-    n = m;
-    delete_keys(r, c, bad, n_bad);
+    m = stream_values(r, c, recs, n, policy, t0, out, n_text, &corrupt);
+    for (int i = 0; i < m; i++) enc_out[i] = (uint8_t)recs[i].enc;
+    if (m + *n_text < n) misses = 1;
 done:
     pthread_mutex_unlock(&r->lookup_mu);
     if (aliases) freeReplyObject(aliases);
-    if (recs) freeReplyObject(recs);
-    free(rkeys);
-    free(rns);
-    free(names);
-    free(bad);
-    free(argv);
+    free(recs);
     pthread_mutex_lock(&r->mu);
-    r->st.hits += n;
+    r->st.hits += m;
+    for (int i = 0; i < m; i++) r->st.enc_hits[enc_out[i]]++;
+    r->st.text += *n_text;
     r->st.misses += misses;
     r->st.corrupt += corrupt;
-    r->st.bytes_out += bytes_out;
     pthread_mutex_unlock(&r->mu);
-    return n;
+    return m;
 }
 
 /* ---------------------------------------------------------------- writes */
 
-/* One pipeline: the record, then each block's alias (so an alias never names a record not yet
- * stored), then UNLINK of the records of the same chunk that hold a prefix of c's blocks (their
- * keys are c's earlier block keys; c supersedes them, as on disk). True when every reply was OK;
- * else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
+/* One pipeline: the record's value in every encoding the tier offers (coarsest first, lossless
+ * last), then each block's alias listing their sizes (so an alias never names a value not yet
+ * stored), then UNLINK of the values of the same chunk's records that hold a prefix of c's
+ * blocks (their keys are c's earlier block keys; c supersedes them, as on disk). True when every
+ * reply was OK; else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
 static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *refused,
-                        size_t refused_len) {
-    char ttl[24], rname[REDIS_KEY_LEN];
+                        size_t refused_len, int64_t *bytes) {
+    char ttl[24], name[REDIS_KEY_LEN];
     snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
-    key_record(r, &ch->ns, &ch->key, rname);
-    cache_record_encode_header(&r->layout, ch, r->value);
-    memcpy(r->value + r->header_bytes, ch->data, ch->bytes);
-
-    int n_cmd = 0;
-    const char *argv[5] = {"SET", rname, (const char *)r->value, "EX", ttl};
-    size_t argvlen[5] = {3, strlen(rname), r->header_bytes + ch->bytes, 2, strlen(ttl)};
-    int argc = r->ttl_s > 0 ? 5 : 3;
-    bool ok = redisAppendCommandArgv(c->ctx, argc, argv, argvlen) == REDIS_OK;
-    n_cmd += ok;
-    uint8_t alias[REDIS_ALIAS_BYTES];
+    int argc = r->ttl_s > 0 ? 5 : 3, n_cmd = 0;
+    bool ok = true;
+    uint8_t alias[REDIS_ALIAS_MAX] = {0};
     memcpy(alias, ch->key.b, CACHE_KEY_BYTES);
     memcpy(alias + CACHE_KEY_BYTES, ch->ns.b, CACHE_KEY_BYTES);
-    char aname[REDIS_KEY_LEN];
+    *bytes = 0;
+    for (int e = r->n_enc - 1; e >= 0 && ok; e--) {
+        kv_error err = {{0}};
+        uint8_t *payload = r->value + r->header_bytes;
+        int64_t len = cache_enc_encode(&r->layout, r->table, e, ch, r->w_scratch, payload,
+                                       r->max_payload, &err);
+        if (len <= 0) { /* stored without that encoding: lookups take another */
+            log_debug("cache: redis: chunk not encoded as %d: %s", e, err.msg);
+            continue;
+        }
+        cache_record_encode_header_as(&r->layout, ch, (uint32_t)e, payload, (size_t)len, r->value);
+        size_t vlen = r->header_bytes + (size_t)len;
+        le_put_u32(alias + REDIS_ALIAS_HEAD + 4 * e, (uint32_t)vlen);
+        key_value(r, &ch->ns, &ch->key, e, name);
+        const char *argv[5] = {"SET", name, (const char *)r->value, "EX", ttl};
+        size_t argvlen[5] = {3, strlen(name), vlen, 2, strlen(ttl)};
+        ok = redisAppendCommandArgv(c->ctx, argc, argv, argvlen) == REDIS_OK;
+        n_cmd += ok;
+        *bytes += (int64_t)vlen;
+    }
+    size_t alias_len = REDIS_ALIAS_HEAD + 4 * (size_t)r->n_enc;
     for (int b = 0; b < ch->n_blocks && ok; b++) {
-        key_alias(r, &ch->bkeys[b], aname);
-        const char *av[5] = {"SET", aname, (const char *)alias, "EX", ttl};
-        size_t al[5] = {3, strlen(aname), REDIS_ALIAS_BYTES, 2, strlen(ttl)};
+        key_alias(r, &ch->bkeys[b], name);
+        const char *av[5] = {"SET", name, (const char *)alias, "EX", ttl};
+        size_t al[5] = {3, strlen(name), alias_len, 2, strlen(ttl)};
         ok = redisAppendCommandArgv(c->ctx, argc, av, al) == REDIS_OK;
         n_cmd += ok;
     }
-    for (int b = 0; b + 1 < ch->n_blocks && ok; b++) {
-        key_record(r, &ch->ns, &ch->bkeys[b], rname);
-        const char *uv[2] = {"UNLINK", rname};
-        ok = redisAppendCommandArgv(c->ctx, 2, uv, NULL) == REDIS_OK;
-        n_cmd += ok;
-    }
+    for (int b = 0; b + 1 < ch->n_blocks && ok; b++)
+        for (int e = 0; e < r->n_enc && ok; e++) {
+            key_value(r, &ch->ns, &ch->bkeys[b], e, name);
+            const char *uv[2] = {"UNLINK", name};
+            ok = redisAppendCommandArgv(c->ctx, 2, uv, NULL) == REDIS_OK;
+            n_cmd += ok;
+        }
     /* Every appended command's reply is read, so the connection stays in step. */
     bool all = ok;
     for (int i = 0; i < n_cmd; i++) {
@@ -469,8 +671,9 @@ static void *redis_thread(void *arg) {
             r->wq_len--;
             pthread_mutex_unlock(&r->mu);
             char refused[128] = "";
-            bool ok =
-                conn_get(r, &r->writer) && write_chunk(r, &r->writer, ch, refused, sizeof refused);
+            int64_t bytes = 0;
+            bool ok = conn_get(r, &r->writer) &&
+                      write_chunk(r, &r->writer, ch, refused, sizeof refused, &bytes);
             /* Refusals (OOM under maxmemory, a read-only replica) come with every write while
              * they last: logged when they start and when they end. */
             if (refused[0] && !r->refusing)
@@ -480,7 +683,7 @@ static void *redis_thread(void *arg) {
             if (refused[0] || ok) r->refusing = refused[0] != 0;
             pthread_mutex_lock(&r->mu);
             if (ok)
-                r->st.bytes_in += (int64_t)ch->bytes;
+                r->st.bytes_in += bytes;
             else
                 r->st.write_errors++;
             r->n_writes--;
@@ -519,10 +722,11 @@ bool cache_redis_put(cache_redis *r, cache_chunk *c) {
 
 /* ---------------------------------------------------------------- open, clear, stats */
 
-cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t ttl_s,
-                              int write_queue, int timeout_ms, kv_error *err) {
+cache_redis *cache_redis_open(const char *url, const cache_layout *l, const codec_table *table,
+                              int64_t ttl_s, int write_queue, int timeout_ms, kv_error *err) {
     cache_redis_addr addr;
     if (cache_redis_parse_url(url, &addr, err) != 0) return NULL;
+    if (cache_enc_check_table(l, table, err)) return NULL;
     if (ttl_s < 0 || write_queue < 1 || write_queue > REDIS_MAX_WRITE_QUEUE || timeout_ms < 1) {
         kv_fail(err, "redis tier: ttl, write queue or timeout out of range");
         return NULL;
@@ -533,9 +737,19 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t tt
         return NULL;
     }
     r->layout = *l;
+    r->table = table;
+    r->n_enc = cache_enc_count(table);
+    r->decode_threads = 2;
     r->addr = addr;
     r->header_bytes = cache_record_header_bytes(l);
     r->max_value = r->header_bytes + cache_chunk_bytes(l);
+    for (int e = 0; e < r->n_enc; e++) {
+        size_t b = cache_enc_bound(l, table, e, cache_chunk_blocks(l));
+        if (b > r->max_payload) r->max_payload = b;
+        r->dec_ns[e] = e == CACHE_ENC_RAW  ? REDIS_PRIOR_RAW_NS
+                       : e == CACHE_ENC_Q8 ? REDIS_PRIOR_Q8_NS
+                                           : REDIS_PRIOR_CODEC_NS;
+    }
     if (addr.path[0])
         snprintf(r->url, sizeof r->url, "unix://%.50s", addr.path);
     else
@@ -559,8 +773,10 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t tt
     pthread_cond_init(&r->work, NULL);
     pthread_cond_init(&r->done, NULL);
     r->wq = calloc((size_t)write_queue, sizeof *r->wq);
-    r->value = malloc(r->max_value);
-    if (!r->wq || !r->value) {
+    r->value = malloc(r->header_bytes + r->max_payload);
+    r->scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+    r->w_scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+    if (!r->wq || !r->value || !r->scratch || !r->w_scratch) {
         kv_fail(err, "out of memory");
         goto fail;
     }
@@ -599,6 +815,8 @@ void cache_redis_close(cache_redis *r) {
     pthread_cond_destroy(&r->done);
     free(r->wq);
     free(r->value);
+    free(r->scratch);
+    free(r->w_scratch);
     free(r);
 }
 
@@ -606,7 +824,7 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
     char pattern[REDIS_KEY_LEN + 2], nh[2 * CACHE_KEY_BYTES + 1];
     if (ns) {
         cache_key_hex(ns, nh);
-        snprintf(pattern, sizeof pattern, "%s%s:r:*", r->prefix, nh);
+        snprintf(pattern, sizeof pattern, "%s%s:*", r->prefix, nh);
     } else {
         snprintf(pattern, sizeof pattern, "%s*", r->prefix);
     }

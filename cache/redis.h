@@ -25,6 +25,11 @@
 #define KVSERVE_CACHE_REDIS_H
 
 #include "cache/cache.h"
+#include "cache/codec.h"
+
+/* The version in every key: a new record or alias format gets new keys. 3: version-2 records in
+ * several encodings, aliases that list their sizes. */
+#define CACHE_REDIS_KEY_VERSION 3
 
 typedef struct cache_redis cache_redis;
 
@@ -48,8 +53,8 @@ int cache_redis_parse_url(const char *url, cache_redis_addr *out, kv_error *err)
  * down is only logged: the tier connects when it comes up). ttl_s: expiry of every key written
  * (0: none); write_queue: pending writes at most (beyond: dropped, counted); timeout_ms: each
  * network wait. NULL with err on a bad URL or argument. */
-cache_redis *cache_redis_open(const char *url, const cache_layout *l, int64_t ttl_s,
-                              int write_queue, int timeout_ms, kv_error *err);
+cache_redis *cache_redis_open(const char *url, const cache_layout *l, const codec_table *table,
+                              int64_t ttl_s, int write_queue, int timeout_ms, kv_error *err);
 /* Finishes the queued writes Redis takes (while it answers), stops the thread, disconnects. */
 void cache_redis_close(cache_redis *r);
 
@@ -59,7 +64,8 @@ void cache_redis_close(cache_redis *r);
  * once while the tier is backing off. Counts a hit per chunk, a miss per lookup that ends before
  * the sequence does, a corrupt value per record refused (then deleted). */
 int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
-                      cache_chunk **out, int *upto, int max_out);
+                      const cache_fetch_policy *policy, cache_chunk **out, int *upto,
+                      uint8_t *enc_out, int max_out, int *n_text);
 /* Queues c to be written (taking a reference); never blocks on the network. False, counted as
  * dropped, when the queue is full or c is not whole blocks of the layout. */
 bool cache_redis_put(cache_redis *r, cache_chunk *c);

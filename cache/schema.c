@@ -466,8 +466,10 @@ static int fetch_node(const schema *sc, int node, int upto, cache_store *st, sch
     int nb = (upto + bt - 1) / bt, want = (nb + cb - 1) / cb;
     cache_chunk **got = calloc((size_t)(want > 0 ? want : 1), sizeof *got);
     if (!got) return -1;
-    int n_got = 0;
-    int covered = nb > 0 ? cache_store_fetch(st, nd->bkeys, 0, nb, got, want, &n_got) : 0;
+    int n_got = 0, n_text;
+    int covered =
+        nb > 0 ? cache_store_fetch(st, nd->bkeys, 0, nb, NULL, got, NULL, want, &n_got, &n_text)
+               : 0;
     *first = k->n_recs;
     int rc = covered < nb || n_got != want ? 1 : 0;
     for (int i = 0; i < n_got; i++) {

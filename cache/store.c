@@ -41,7 +41,7 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         goto fail;
     if (o->redis_url && o->redis_url[0] &&
         !(s->redis = cache_redis_open(
-              o->redis_url, l, o->redis_ttl_s, o->write_queue > 0 ? o->write_queue : 64,
+              o->redis_url, l, o->codec, o->redis_ttl_s, o->write_queue > 0 ? o->write_queue : 64,
               o->redis_timeout_ms > 0 ? o->redis_timeout_ms : STORE_REDIS_TIMEOUT_MS, err)))
         goto fail;
     return s;
@@ -104,16 +104,20 @@ static cache_chunk *promote(cache_store *s, cache_chunk *c) {
 }
 
 int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_blocks,
-                      cache_chunk **out, int max_out, int *n_out) {
+                      const cache_fetch_policy *policy, cache_chunk **out, cache_fetch_src *src,
+                      int max_out, int *n_out, int *n_text) {
+    static const cache_fetch_policy lossless = {.force_enc = CACHE_ENC_ANY};
     int cb = cache_chunk_blocks(&s->layout);
     int cap = max_out > 0 ? max_out : 1;
     int *upto = malloc(sizeof(int) * (size_t)cap);    /* out[i] covers blocks up to upto[i] */
     int *disk_at = malloc(sizeof(int) * (size_t)cap); /* out[] slots to read from disk */
     cache_key *disk_keys = malloc(sizeof(cache_key) * (size_t)cap);
     int n = 0, n_disk = 0, covered = 0, j = first;
+    uint8_t *enc = malloc((size_t)cap); /* out[i]'s encoding, from Redis */
     bool unheld = false; /* the walk stopped at a chunk RAM and disk have no record of */
     *n_out = 0;
-    if (!upto || !disk_at || !disk_keys) goto done;
+    *n_text = 0;
+    if (!upto || !disk_at || !disk_keys || !enc) goto done;
 
     /* Chunk by chunk: a chunk's record continues the prefix only when it reaches the chunk's
      * end (or the sequence's last block). */
@@ -127,6 +131,7 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
             break;
         }
         if (!c) disk_at[n_disk++] = n;
+        if (src) src[n] = (cache_fetch_src){.tier = c ? CACHE_TIER_RAM : CACHE_TIER_DISK};
         out[n] = c;
         upto[n++] = b + 1;
         j = b + 1;
@@ -135,7 +140,10 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     /* Redis continues from there (network round trips on this thread, each bounded). */
     int n_redis = 0, redis_from = n;
     if (unheld && s->redis) {
-        n_redis = cache_redis_fetch(s->redis, bkeys, j, n_blocks, out + n, upto + n, max_out - n);
+        n_redis = cache_redis_fetch(s->redis, bkeys, j, n_blocks, policy ? policy : &lossless,
+                                    out + n, upto + n, enc + n, max_out - n, n_text);
+        for (int i = n; i < n + n_redis && src; i++)
+            src[i] = (cache_fetch_src){.tier = CACHE_TIER_REDIS, .enc = enc[i]};
         n += n_redis;
     }
     if (n_disk > 0) {
@@ -145,7 +153,9 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
         for (int i = 0; i < n_disk; i++) out[disk_at[i]] = promote(s, dc ? dc[i] : NULL);
         free(dc);
     }
-    for (int i = redis_from; i < redis_from + n_redis; i++) {
+    /* Lossless chunks from Redis are kept here too; lossy ones reach the pool only, for this
+     * request: RAM and disk hold only what a full prefill computes. */
+    for (int i = redis_from; i < redis_from + n_redis && enc[i] == CACHE_ENC_RAW; i++) {
         if (s->disk) cache_disk_put(s->disk, out[i]);
         out[i] = promote(s, out[i]);
     }
@@ -158,10 +168,12 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     }
     *n_out = m;
     covered = m ? upto[m - 1] - first : 0;
+    if (m < n) *n_text = 0; /* the prefix ended before the chunks left to text */
 done:
     free(upto);
     free(disk_at);
     free(disk_keys);
+    free(enc);
     return covered;
 }
 

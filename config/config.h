@@ -53,6 +53,8 @@ typedef struct kv_config {
     char *redis;              /* Redis tier URL (cache/redis.h), or NULL for none */
     int64_t redis_ttl;        /* seconds the Redis tier's keys live; 0: no expiry */
     int redis_timeout_ms;     /* each Redis connect, send or receive */
+    char *redis_codec;        /* codec table for Redis's levels: auto, off or a path */
+    int64_t ttft_budget_ms;   /* default budget of Redis fetches (0: none, lossless) */
     bool blend;               /* reuse chunks found by content anywhere in a prompt (CacheBlend) */
     int blend_recompute;      /* least recompute ratio of blended tokens, percent */
     int64_t blend_ram_bytes;  /* content store cap */

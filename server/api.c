@@ -11,6 +11,7 @@
  * Every string is checked for NUL (we hand out NUL-terminated C strings, so "a\u0000b" would be
  * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
 #include "server/api.h"
+#include "cache/cache.h"
 #include "model/grammar.h"
 #include "util/json.h"
 #include "util/utf8.h"
@@ -928,6 +929,18 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    if (opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
+    if (opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
+    char *level = NULL;
+    if (opt_string(root, "kv_level", &level, err) < 0) return -1;
+    if (level) {
+        r->kv_level = cache_enc_parse(level);
+        free(level);
+        if (r->kv_level == CACHE_ENC_ANY)
+            return API_BAD(err, "kv_level",
+                           "'kv_level' must be lossless, q8, codec0 to codec%d, or text",
+                           CACHE_ENC_MAX - CACHE_ENC_CODEC - 1);
+    }
     bool fixup = false;
     int got_fixup = opt_bool(root, "fixup", &fixup, err);
     if (got_fixup < 0) return -1;
@@ -955,6 +968,8 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->cache = true;
     out->blend = true;
     out->blend_ratio = -1;
+    out->kv_level = CACHE_ENC_ANY;
+    out->ttft_budget_ms = -1;
     out->fixup = -1;
     out->fixup_ratio = -1;
     out->jump_forward = true;

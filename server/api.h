@@ -84,6 +84,12 @@ typedef struct api_request {
     bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
     bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
+    /* The Redis tier's fetch (cache_fetch_policy): "kv_level" forces an encoding
+     * (CACHE_ENC_ANY: none), "kv_lossless" insists on exact KV, "ttft_budget_ms" (-1: the
+     * server's) lets levels adapt to a time budget. */
+    int kv_level;
+    bool kv_lossless;
+    int64_t ttft_budget_ms;
     /* Prompt Cache: "schema_prompt", a <prompt schema> in PML (a string) or its JSON form (an
      * object, kept here as its JSON text), or NULL; "fixup" (-1: the server's default) and
      * "fixup_ratio" (-1: the server's) for the cross-module fix-up */

@@ -53,6 +53,16 @@ void cache_api_stats(server *s, http_reply *out) {
     json_t *redis = tier_json(&cs.redis, true);
     json_object_set_new(redis, "enabled", json_boolean(cs.redis_enabled));
     json_object_set_new(redis, "connected", json_boolean(cs.redis_connected));
+    /* chunks fetched per encoding, and those left to text (the fetch policy's choices) */
+    json_t *levels = json_object();
+    for (int e = 0; e < CACHE_ENC_MAX; e++) {
+        char name[16];
+        cache_enc_name(e, name);
+        if (e < CACHE_ENC_CODEC || cs.redis.enc_hits[e])
+            json_object_set_new(levels, name, json_integer(cs.redis.enc_hits[e]));
+    }
+    json_object_set_new(levels, "text", json_integer(cs.redis.text));
+    json_object_set_new(redis, "levels", levels);
     json_object_set_new(tiers, "redis", redis);
     /* blend's content records, found by content anywhere in a prompt */
     json_t *bram = tier_json(&es.content, false);
@@ -300,6 +310,16 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
             (long long)cs.redis.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"redis\",reason=\"queue_full\"} %lld\n",
             (long long)cs.redis.dropped);
+    metric(f, "kvserve_cache_redis_chunks_total", "counter",
+           "Chunks fetched from Redis, by the level they came in (text: left to be computed).");
+    for (int e = 0; e < CACHE_ENC_MAX; e++) {
+        char name[16];
+        cache_enc_name(e, name);
+        if (e < CACHE_ENC_CODEC || cs.redis.enc_hits[e])
+            fprintf(f, "kvserve_cache_redis_chunks_total{level=\"%s\"} %lld\n", name,
+                    (long long)cs.redis.enc_hits[e]);
+    }
+    fprintf(f, "kvserve_cache_redis_chunks_total{level=\"text\"} %lld\n", (long long)cs.redis.text);
     metric(f, "kvserve_cache_redis_connected", "gauge",
            "1 when the last exchange with the Redis tier succeeded (0: down or no Redis tier).");
     fprintf(f, "kvserve_cache_redis_connected %d\n", cs.redis_connected ? 1 : 0);

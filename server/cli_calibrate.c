@@ -16,11 +16,8 @@
 
 #include "cache/codec.h"
 #include "model/model.h"
+#include "server/calibrate.h"
 #include "server/cli.h"
-#include "server/cli_common.h"
-
-#define CALIB_DEFAULT_TOKENS 2048
-#define CALIB_DEFAULT_CHUNK 256
 
 static const char CALIB_OPENING[] =
     "The following is a collection of short pieces: a news report, a recipe, a letter to a "
@@ -237,45 +234,22 @@ static int parse_units(void *dst, const char *arg, kv_error *err) {
     return 0;
 }
 
-int cli_calibrate(int argc, char **argv) {
-    cli_model_opts mo = {.threads = 2};
-    const char *out_path = NULL, *text_path = NULL;
-    int n_tokens = CALIB_DEFAULT_TOKENS, chunk = CALIB_DEFAULT_CHUNK, group = 0;
-    int64_t seed = 1;
-    const char *bins_arg = "0.4,0.7,1,1.3";
-    bool sd_units = false;
-    float margin = 4.0f;
-    const cli_opt opts[] = {
-        CLI_MODEL_OPT(&mo),
-        {"out", 'o', CLI_OPT_STRING, .dst = &out_path},
-        {"text", 0, CLI_OPT_STRING, .dst = &text_path},
-        {"tokens", 'n', CLI_OPT_INT, .dst = &n_tokens, .min = 16, .max = 1 << 20},
-        {"chunk", 0, CLI_OPT_INT, .dst = &chunk, .min = 16, .max = 65536},
-        {"seed", 0, CLI_OPT_INT64, .dst = &seed, .min = 0, .max = INT64_MAX},
-        {"bins", 0, CLI_OPT_STRING, .dst = &bins_arg},
-        {"group", 0, CLI_OPT_INT, .dst = &group, .min = 0, .max = CODEC_MAX_TOKENS},
-        {"units", 0, CLI_OPT_FN, .dst = &sd_units, .fn = parse_units},
-        CLI_THREADS_OPT(&mo),
-        {"margin", 0, CLI_OPT_FLOAT, .dst = &margin, .fmin = 0, .fmax = 1000},
-    };
-    const cli_command cmd = {"kvserve calibrate", usage, opts, sizeof opts / sizeof opts[0]};
-    int rc = cli_parse(&cmd, argc, argv);
-    if (rc >= 0) return rc;
-    rc = 1;
-    kv_error err = {{0}};
+int calibrate_codec_table(const cli_model_opts *mo, const calib_opts *co, codec_table *table,
+                          kv_error *err) {
+    int rc = -1;
     engine_single e = {0};
-    char *text = NULL, *auto_out = NULL;
+    char *text = NULL;
     int32_t *ids = NULL;
     float *kv = NULL, *imp = NULL, *qmean = NULL;
-    codec_table table = {0};
     importance im = {0};
     codec_level levels[CODEC_MAX_LEVELS];
-    int n_levels = 0;
-    if (parse_bins(bins_arg, group, levels, &n_levels, &err)) goto done;
-    if (engine_single_load(&e, &mo, &err)) goto done;
+    int n_levels = 0, n_tokens = co->n_tokens, chunk = co->chunk;
+    memset(table, 0, sizeof *table);
+    if (parse_bins(co->bins, co->group, levels, &n_levels, err)) goto done;
+    if (engine_single_load(&e, mo, err)) goto done;
     const model *m = e.m;
     if (n_tokens > m->hp.n_ctx_train) n_tokens = m->hp.n_ctx_train;
-    if (engine_single_start(&e, n_tokens, &err)) goto done;
+    if (engine_single_start(&e, n_tokens, err)) goto done;
     const model_hparams *hp = &m->hp;
     const forward_hooks hooks = {.ud = &im, .before_layer = importance_before_layer};
     im.m = m;
@@ -287,25 +261,25 @@ int cli_calibrate(int argc, char **argv) {
     if (!im.q_energy || !im.q_sum || !im.xn || !im.q) goto oom;
     e.hooks = &hooks;
     int n = n_tokens;
-    if (text_path) {
+    if (co->text_path) {
         int32_t *tok = NULL;
-        if (!(text = cli_read_file(text_path, &err))) goto done;
+        if (!(text = cli_read_file(co->text_path, err))) goto done;
         int nt = tokenizer_encode(m->tok, text, strlen(text), tokenizer_add_bos(m->tok), false,
-                                  &tok, &err);
+                                  &tok, err);
         if (nt < 0) goto done;
         if (nt < chunk) {
             free(tok);
-            kv_fail(&err, "%s has %d tokens; calibration needs at least one chunk (%d)", text_path,
-                    nt, chunk);
+            kv_fail(err, "%s has %d tokens; calibration needs at least one chunk (%d)",
+                    co->text_path, nt, chunk);
             goto done;
         }
         if (nt < n) n = nt;
         ids = tok;
-        if (engine_single_prefill(&e, ids, n, &err)) goto done;
+        if (engine_single_prefill(&e, ids, n, err)) goto done;
     } else {
         if (!(ids = malloc(sizeof *ids * (size_t)n))) goto oom;
         log_info("calibrate: the model writes %d tokens of calibration text", n);
-        if (self_text(&e, ids, n, (uint64_t)seed, &err)) goto done;
+        if (self_text(&e, ids, n, co->seed, err)) goto done;
     }
 
     /* The KV as f32 [chunk][layer][kv][token][channel]. */
@@ -313,38 +287,33 @@ int cli_calibrate(int argc, char **argv) {
     int nc = m->hp.n_kv_head * m->hp.head_dim;
     size_t chunk_elems = (size_t)nl * 2 * (size_t)chunk * (size_t)nc;
     if (!(kv = malloc(sizeof(float) * chunk_elems * (size_t)n_chunks))) goto oom;
-    if (engine_single_read_kv(&e, n_chunks, chunk, kv, &err)) goto done;
+    if (engine_single_read_kv(&e, n_chunks, chunk, kv, err)) goto done;
 
     if (!(imp = malloc(sizeof(float) * (size_t)nl * 2 * (size_t)nc))) goto oom;
-    if (importance_weights(&im, imp, &err)) goto done;
+    if (importance_weights(&im, imp, err)) goto done;
     for (int v = 0; v < n_levels; v++) /* parse_bins filled layer 0 */
         for (int l = 1; l < nl; l++)
             for (int k = 0; k < 2; k++)
                 levels[v].anchor_bin[l][k] = levels[v].delta_bin[l][k] = levels[v].delta_bin[0][0];
-    if (codec_table_init(&table, m->identity, nl, nc, levels, n_levels, &err)) goto done;
+    if (codec_table_init(table, m->identity, nl, nc, levels, n_levels, err)) goto done;
     /* the mean query of each layer and head, before RoPE; the table also takes the RoPE from
      * here, to code K before it (margin 0: no heavy hitters) */
     size_t n_q = (size_t)nl * hp->n_head * hp->head_dim;
     if (!(qmean = malloc(sizeof(float) * n_q))) goto oom;
     for (size_t i = 0; i < n_q; i++) qmean[i] = (float)(im.q_sum[i] / im.rows);
-    if (codec_table_set_attention(&table, hp->n_head, hp->head_dim, m->rope.n_rot, m->rope.inv_freq,
-                                  qmean, margin, &err))
+    if (codec_table_set_attention(table, hp->n_head, hp->head_dim, m->rope.n_rot, m->rope.inv_freq,
+                                  qmean, co->margin, err))
         goto done;
-    if (codec_table_calibrate(&table, kv, n_chunks, chunk, sd_units ? NULL : imp, &err)) goto done;
-    if (!out_path) {
-        if (asprintf(&auto_out, "%s.kvcodec", mo.path) < 0) goto oom;
-        out_path = auto_out;
-    }
-    if (codec_table_save(&table, out_path, &err)) goto done;
-    printf("calibrated %d chunks of %d tokens (%d layers, %d KV channels, %d levels): %s\n",
-           n_chunks, chunk, nl, nc, n_levels, out_path);
+    if (codec_table_calibrate(table, kv, n_chunks, chunk, co->sd_units ? NULL : imp, err))
+        goto done;
+    log_info("calibrate: %d chunks of %d tokens (%d layers, %d KV channels, %d levels)", n_chunks,
+             chunk, nl, nc, n_levels);
     rc = 0;
     goto done;
 oom:
-    kv_fail(&err, "out of memory");
+    kv_fail(err, "out of memory");
 done:
-    if (rc) fprintf(stderr, "kvserve calibrate: %s\n", err.msg);
-    codec_table_free(&table);
+    if (rc) codec_table_free(table);
     free(imp);
     free(qmean);
     free(im.q_energy);
@@ -354,7 +323,50 @@ done:
     free(kv);
     free(ids);
     free(text);
-    free(auto_out);
     engine_single_free(&e);
+    return rc;
+}
+
+int cli_calibrate(int argc, char **argv) {
+    cli_model_opts mo = {.threads = 2};
+    const char *out_path = NULL;
+    calib_opts co = CALIB_DEFAULTS;
+    int64_t seed = 1;
+    const cli_opt opts[] = {
+        CLI_MODEL_OPT(&mo),
+        {"out", 'o', CLI_OPT_STRING, .dst = &out_path},
+        {"text", 0, CLI_OPT_STRING, .dst = &co.text_path},
+        {"tokens", 'n', CLI_OPT_INT, .dst = &co.n_tokens, .min = 16, .max = 1 << 20},
+        {"chunk", 0, CLI_OPT_INT, .dst = &co.chunk, .min = 16, .max = 65536},
+        {"seed", 0, CLI_OPT_INT64, .dst = &seed, .min = 0, .max = INT64_MAX},
+        {"bins", 0, CLI_OPT_STRING, .dst = &co.bins},
+        {"group", 0, CLI_OPT_INT, .dst = &co.group, .min = 0, .max = CODEC_MAX_TOKENS},
+        {"units", 0, CLI_OPT_FN, .dst = &co.sd_units, .fn = parse_units},
+        CLI_THREADS_OPT(&mo),
+        {"margin", 0, CLI_OPT_FLOAT, .dst = &co.margin, .fmin = 0, .fmax = 1000},
+    };
+    const cli_command cmd = {"kvserve calibrate", usage, opts, sizeof opts / sizeof opts[0]};
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc >= 0) return rc;
+    co.seed = (uint64_t)seed;
+    kv_error err = {{0}};
+    codec_table table = {0};
+    char *auto_out = NULL;
+    rc = 1;
+    if (calibrate_codec_table(&mo, &co, &table, &err)) goto done;
+    if (!out_path) {
+        if (asprintf(&auto_out, "%s.kvcodec", mo.path) < 0) {
+            kv_fail(&err, "out of memory");
+            goto done;
+        }
+        out_path = auto_out;
+    }
+    if (codec_table_save(&table, out_path, &err)) goto done;
+    printf("calibrated %d levels: %s\n", table.n_levels, out_path);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "kvserve calibrate: %s\n", err.msg);
+    codec_table_free(&table);
+    free(auto_out);
     return rc;
 }

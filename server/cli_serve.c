@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/calibrate.h"
 #include "server/cli.h"
 #include "server/cli_common.h"
 #include "server/server.h"
@@ -86,9 +87,83 @@ static int start_schemas(server *s, const kv_config *c, const model *m, kv_error
     return rc;
 }
 
+/* The codec table the Redis tier encodes its levels with (--redis-codec): off: none (lossless and
+ * q8 only); a path: that file; auto: MODEL.kvcodec (what `kvserve calibrate` writes), else
+ * <cache dir>/<model>/codec.kvcodec, else one calibrated now from text the model writes (about a
+ * minute, once: it is saved there). NULL in *out with no table. */
+static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_error *err) {
+    *out = NULL;
+    if (!c->redis || strcmp(c->redis_codec, "off") == 0) return 0;
+    codec_table *t = calloc(1, sizeof *t);
+    char *beside = NULL, *dir = NULL, *saved = NULL, *base = cache_dir_from(c);
+    int rc = -1;
+    if (!t || asprintf(&beside, "%s.kvcodec", c->model) < 0) {
+        beside = NULL;
+        kv_fail(err, "out of memory");
+        goto done;
+    }
+    if (strcmp(c->redis_codec, "auto") != 0) {
+        if (codec_table_load(t, c->redis_codec, m->identity, err)) {
+            kv_fail_wrap(err, "--redis-codec");
+            goto done;
+        }
+        log_info("cache: codec table %s", c->redis_codec);
+        rc = 0;
+        goto done;
+    }
+    if (base) {
+        char hex[2 * CACHE_KEY_BYTES + 1];
+        cache_key_hex((const cache_key *)(const void *)m->identity, hex);
+        if (asprintf(&dir, "%s/%.16s", base, hex) < 0 ||
+            asprintf(&saved, "%s/codec.kvcodec", dir) < 0) {
+            kv_fail(err, "out of memory");
+            goto done;
+        }
+    }
+    const char *paths[2] = {beside, saved};
+    for (int i = 0; i < 2; i++) {
+        kv_error lerr = {{0}};
+        if (!paths[i] || access(paths[i], F_OK) != 0) continue;
+        if (codec_table_load(t, paths[i], m->identity, &lerr) == 0) {
+            log_info("cache: codec table %s", paths[i]);
+            rc = 0;
+            goto done;
+        }
+        log_warn("cache: codec table %s not used: %s", paths[i], lerr.msg);
+    }
+    log_info("cache: no codec table for the Redis tier's levels: calibrating one from text the "
+             "model writes (once; --redis-codec off skips it)");
+    cli_model_opts mo = {.path = c->model, .threads = c->threads};
+    calib_opts co = CALIB_DEFAULTS;
+    if (calibrate_codec_table(&mo, &co, t, err)) {
+        kv_fail_wrap(err, "calibrating the codec table");
+        goto done;
+    }
+    kv_error serr = {{0}};
+    if (saved && kv_mkdir_p(dir, &serr) == 0 && codec_table_save(t, saved, &serr) == 0)
+        log_info("cache: codec table saved to %s", saved);
+    else
+        log_warn("cache: codec table kept in memory only: %s",
+                 saved ? serr.msg : "no cache directory");
+    rc = 0;
+done:
+    if (rc == 0) {
+        *out = t;
+    } else if (t) {
+        codec_table_free(t);
+        free(t);
+    }
+    free(beside);
+    free(dir);
+    free(saved);
+    free(base);
+    return rc;
+}
+
 /* The RAM and disk tiers. An automatic directory that cannot be used costs only the disk tier
  * (a warning); a directory the operator named must work. */
-static cache_store *open_store(const kv_config *c, const model *m, kv_error *err) {
+static cache_store *open_store(const kv_config *c, const model *m, const codec_table *codec,
+                               kv_error *err) {
     cache_layout l = {.n_layer = m->hp.n_layer,
                       .n_kv_head = m->hp.n_kv_head,
                       .head_dim = m->hp.head_dim,
@@ -111,7 +186,8 @@ static cache_store *open_store(const kv_config *c, const model *m, kv_error *err
                           .write_queue = 64,
                           .redis_url = c->redis,
                           .redis_ttl_s = c->redis_ttl,
-                          .redis_timeout_ms = c->redis_timeout_ms};
+                          .redis_timeout_ms = c->redis_timeout_ms,
+                          .codec = codec};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);
@@ -265,6 +341,7 @@ int cli_serve(int argc, char **argv) {
 
     int rc = 1;
     model *m = NULL;
+    codec_table *codec = NULL; /* the Redis tier's, outlives the store */
     server s = {.cfg = &cfg, .started = (long)time(NULL)};
     if (!(s.mx = metrics_create())) {
         kv_fail(&err, "out of memory");
@@ -313,13 +390,15 @@ int cli_serve(int argc, char **argv) {
                                                 : cfg.cache_ram_bytes / 4,
         .blend_ratio = (float)cfg.blend_recompute / 100.0f,
         .blend_chunk = cfg.blend_chunk,
+        .ttft_budget_ms = cfg.ttft_budget_ms,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
                 (long long)eo.kv_pool_tokens, s.ctx);
         goto done;
     }
-    if (cfg.cache && !(s.store = open_store(&cfg, m, &err))) goto done;
+    if (cfg.cache && load_codec(&cfg, m, &codec, &err)) goto done;
+    if (cfg.cache && !(s.store = open_store(&cfg, m, codec, &err))) goto done;
     eo.store = s.store;
     if (eo.blend_bytes > 0 && open_blend_disk(&cfg, m, &s.blend_disk, &err)) goto done;
     eo.blend_disk = s.blend_disk;
@@ -362,6 +441,10 @@ done:
         log_info("cache: queued writes flushed");
     }
     content_disk_close(s.blend_disk);
+    if (codec) {
+        codec_table_free(codec);
+        free(codec);
+    }
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);

@@ -28,7 +28,9 @@ static void gen_request_drop_loaded(gen_request *r) {
     if (!r->loaded) return;
     for (int i = 0; i < r->n_loaded; i++) cache_chunk_unref(r->loaded[i]);
     free(r->loaded);
+    free(r->loaded_src);
     r->loaded = NULL;
+    r->loaded_src = NULL;
     r->n_loaded = 0;
     if (r->loaded_budget) atomic_fetch_sub(r->loaded_budget, r->loaded_bytes);
     r->loaded_bytes = 0;
@@ -38,6 +40,8 @@ gen_request *gen_request_create(int n_choices) {
     if (n_choices < 1) return NULL;
     gen_request *r = calloc(1, sizeof *r);
     if (!r) return NULL;
+    r->kv_level = CACHE_ENC_ANY;
+    r->ttft_budget_ms = -1;
     if (!(r->choices = calloc((size_t)n_choices, sizeof *r->choices))) {
         free(r);
         return NULL;
@@ -68,6 +72,7 @@ void gen_request_unref(gen_request *r) {
     free(r->pos);
     schema_kv_free(r->skv);
     gen_request_drop_loaded(r);
+    free(r->fetched);
     free(r->bias);
     free(r->embedding);
     stop_set_free(&r->stops);
@@ -171,6 +176,7 @@ typedef struct eseq {
     blend_span *spans;
     int n_spans;
     int exact_end;
+    int lossy_from; /* the first token whose KV came lossy from the Redis tier (INT_MAX: none) */
     float blend_ratio;
     int blended, recomputed; /* tokens reused by content so far, and recomputed of them */
 } eseq;
@@ -284,6 +290,7 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     if (!s) goto oom;
     kv_seq_init(&s->kv);
     s->exact_end = INT_MAX;
+    s->lossy_from = INT_MAX;
     s->req = r;
     atomic_fetch_add(&r->refs, 1);
     s->choice = choice;
@@ -818,7 +825,11 @@ static int reuse_loaded(engine *e, eseq *s, int held, int n_blocks) {
         if (kv_pool_free_blocks(e->pool) < n && e->pc) pool_cache_make_room(e->pc, n, UINT64_MAX);
         if (kv_seq_import_blocks(e->pool, &s->kv, n, c->data + (size_t)(held - c0) * bb, &err))
             break;
-        for (int j = held; j < hi && e->pc; j++)
+        /* KV that came lossy (a codec level from Redis) is this request's alone: no prefix key
+         * may name it, and nothing computed after it is exact either */
+        bool lossy = r->loaded_src && r->loaded_src[i].enc != CACHE_ENC_RAW;
+        if (lossy && held * bt < s->lossy_from) s->lossy_from = held * bt;
+        for (int j = held; j < hi && e->pc && !lossy; j++)
             pool_cache_put(e->pc, &s->keys[j], &r->ns, s->kv.blocks[j]);
         held = hi;
     }
@@ -977,6 +988,7 @@ static void reuse_prefix(engine *e, eseq *s) {
         pthread_mutex_unlock(&r->mu);
     }
     plan_blend(e, s);
+    if (s->lossy_from < s->exact_end) s->exact_end = s->lossy_from;
 }
 
 /* Copies s's blocks [first, first + n) (one chunk's, from its start) into a record for the
@@ -1658,6 +1670,32 @@ int engine_threads(const engine *e) { return backend_n_threads(e->b); }
 
 /* ---------------------------------------------------------------- context cache interface */
 
+/* Keeps, for usage, what the fetch brought (r->loaded, r->loaded_src) and how many chunks after
+ * them it left to text. */
+static void note_fetched(gen_request *r, const cache_layout *cl, int n_text) {
+    if (r->n_loaded + n_text == 0) return;
+    if (!(r->fetched = calloc((size_t)(r->n_loaded + n_text), sizeof *r->fetched))) return;
+    /* tokens of the prompt's full blocks each covers (a record may hold more: the prompt
+     * diverged inside it) */
+    int tokens = r->loaded_from * cl->block_tokens, end = r->n_keys * cl->block_tokens;
+    for (int i = 0; i < r->n_loaded; i++) {
+        const cache_chunk *c = r->loaded[i];
+        int hi = c->pos0 + c->n_blocks * cl->block_tokens;
+        if (hi > end) hi = end;
+        r->fetched[i] = (gen_fetched){.tokens = hi > tokens ? hi - tokens : 0,
+                                      .tier = r->loaded_src[i].tier,
+                                      .enc = r->loaded_src[i].enc};
+        if (hi > tokens) tokens = hi;
+    }
+    r->n_fetched = r->n_loaded;
+    for (int i = 0; i < n_text && tokens < end; i++) {
+        int n = end - tokens < cl->chunk_tokens ? end - tokens : cl->chunk_tokens;
+        r->fetched[r->n_fetched++] =
+            (gen_fetched){.tokens = n, .tier = CACHE_TIER_REDIS, .enc = CACHE_ENC_TEXT};
+        tokens += n;
+    }
+}
+
 /* Fetches from the store the records that continue r's prefix past the blocks the pool holds,
  * as far as the prefetch budget allows (reserved a chunk at a time, then trimmed to what was
  * found). */
@@ -1680,15 +1718,25 @@ static void prefetch(engine *e, gen_request *r) {
     if (k == 0) return;
     r->loaded_budget = &e->prefetched;
     r->loaded_bytes = k * chunk_bytes;
-    if ((r->loaded = calloc((size_t)k, sizeof *r->loaded))) {
+    int n_text = 0;
+    r->loaded = calloc((size_t)k, sizeof *r->loaded);
+    r->loaded_src = calloc((size_t)k, sizeof *r->loaded_src);
+    if (r->loaded && r->loaded_src) {
+        int64_t budget = r->ttft_budget_ms >= 0 ? r->ttft_budget_ms : e->o.ttft_budget_ms;
+        cache_fetch_policy p = {.force_enc = r->kv_level,
+                                .lossless = r->kv_lossless,
+                                .budget_ns = budget * 1000000,
+                                .start_ns = r->t_arrival,
+                                .text_ns_per_token = e->ns_token_layer * e->m->hp.n_layer};
         r->loaded_from = first;
-        r->loaded_blocks =
-            cache_store_fetch(e->o.store, r->keys, first, r->n_keys, r->loaded, k, &r->n_loaded);
+        r->loaded_blocks = cache_store_fetch(e->o.store, r->keys, first, r->n_keys, &p, r->loaded,
+                                             r->loaded_src, k, &r->n_loaded, &n_text);
     }
     int64_t found = 0;
     for (int i = 0; i < r->n_loaded; i++) found += (int64_t)r->loaded[i]->bytes;
     atomic_fetch_sub(&e->prefetched, r->loaded_bytes - found);
     r->loaded_bytes = found;
+    note_fetched(r, cl, n_text);
 }
 
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {

@@ -58,6 +58,14 @@ typedef struct gen_choice {
     gen_finish finish;
 } gen_choice;
 
+/* A chunk of the prompt found in the store's tiers: its tokens, tier and encoding (cache.h's
+ * CACHE_TIER_*, CACHE_ENC_*). */
+typedef struct gen_fetched {
+    int tokens;
+    int tier;
+    int enc;
+} gen_fetched;
+
 typedef struct gen_request {
     /* ---- input: set before engine_submit, read-only afterwards */
     int32_t *prompt; /* [n_prompt] ids, owned */
@@ -94,8 +102,20 @@ typedef struct gen_request {
     cache_chunk **loaded; /* [n_loaded] records fetched from RAM or disk, in order, one reference
                              each; the engine drops them at admission */
     int n_loaded;
-    int loaded_from;   /* the first block they continue (the pool held the ones before) */
-    int loaded_blocks; /* blocks from loaded_from on that they hold for this prompt */
+    cache_fetch_src *loaded_src; /* [n_loaded] where each came from, in what encoding */
+    int loaded_from;             /* the first block they continue (the pool held the ones before) */
+    int loaded_blocks;           /* blocks from loaded_from on that they hold for this prompt */
+    /* How chunks come from the Redis tier (cache_fetch_policy): kv_level forces an encoding
+     * (CACHE_ENC_ANY: none; CACHE_ENC_TEXT: none from Redis), kv_lossless insists on exact KV,
+     * ttft_budget_ms lets the fetch trade precision for time (< 0: the server's budget). */
+    int kv_level;
+    bool kv_lossless;
+    int64_t ttft_budget_ms;
+    /* What the fetch brought, for usage: one entry per chunk from the store's tiers, then one per
+     * chunk Redis held that the fetch left to text (enc CACHE_ENC_TEXT). Written before
+     * submission, read-only afterwards. */
+    gen_fetched *fetched;
+    int n_fetched;
     /* Blend (cache/blend.h): reuse chunks found by content anywhere in the prompt, recomputing
      * a share of them (blend_ratio in 0..1; negative: the engine's loading controller picks). */
     bool blend;
@@ -166,6 +186,7 @@ typedef struct engine_opts {
     float blend_ratio;
     int blend_chunk;
     content_disk *blend_disk; /* content records on disk (the caller's), or NULL */
+    int64_t ttft_budget_ms;   /* Redis fetches: the default budget (0: none, lossless) */
 } engine_opts;
 
 typedef struct engine engine;

@@ -230,6 +230,9 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     r->ignore_eos = rq->ignore_eos;
     r->blend = rq->blend;
     r->blend_ratio = rq->blend_ratio;
+    r->kv_level = rq->kv_level;
+    r->kv_lossless = rq->kv_lossless;
+    r->ttft_budget_ms = rq->ttft_budget_ms;
     r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
     r->t_arrival = clock_now_ns();
     if (rq->sampling.n_bias > 0) {
@@ -406,6 +409,24 @@ const char *job_finish_name(gen_finish f) {
     return f == GEN_FINISH_LENGTH ? "length" : f == GEN_FINISH_STOP ? "stop" : NULL;
 }
 
+/* kvserve's extension: the chunks of the prompts found in the store's tiers, in order, each with
+ * its tokens, tier and the encoding it came in ("text": Redis held it, and the fetch computed it
+ * instead); NULL when there were none. */
+static json_t *fetched_json(const job *j) {
+    static const char *const tiers[] = {"ram", "disk", "redis"};
+    json_t *a = NULL;
+    for (int p = 0; p < j->n_reqs; p++)
+        for (int i = 0; i < j->reqs[p]->n_fetched; i++) {
+            const gen_fetched *f = &j->reqs[p]->fetched[i];
+            char enc[16];
+            cache_enc_name(f->enc, enc);
+            if (!a && !(a = json_array())) return NULL;
+            json_array_append_new(a, json_pack("{s:i,s:s,s:s}", "tokens", f->tokens, "tier",
+                                               tiers[f->tier], "level", enc));
+        }
+    return a;
+}
+
 json_t *job_usage(const job *j) {
     int completion = 0;
     for (int p = 0; p < j->n_reqs; p++)
@@ -429,9 +450,12 @@ json_t *job_usage(const job *j) {
         json_object_set_new(details, "recomputed_tokens", json_integer(recomputed));
         json_object_set_new(details, "blend_ratio", json_real(ratio));
     }
-    return json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", j->prompt_tokens, "completion_tokens",
-                     completion, "total_tokens", j->prompt_tokens + completion,
-                     "prompt_tokens_details", details);
+    json_t *u = json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", j->prompt_tokens,
+                          "completion_tokens", completion, "total_tokens",
+                          j->prompt_tokens + completion, "prompt_tokens_details", details);
+    json_t *chunks = fetched_json(j);
+    if (u && chunks) json_object_set_new(u, "kv_chunks", chunks);
+    return u;
 }
 
 static json_t *token_json(const tokenizer *t, int32_t id, float lp, bool with_bytes) {

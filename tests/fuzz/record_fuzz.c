@@ -9,6 +9,7 @@
  *      key, bit 4 writes the checksum of the payload that follows (when there is one); then the
  *      header checksum is recomputed, so the checks behind the checksums are reached without
  *      guessing SHA-256.
+ * Each is also given to the encoded-record parser, whose accepted headers must be in range.
  * Whenever a header is accepted: its fields must be in range, and when the payload that follows
  * it passes its checksum, re-encoding the decoded record must give back the input header byte
  * for byte (a header has one valid encoding). Any violation aborts. */
@@ -31,10 +32,27 @@ static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* The parser for the Redis tier's encoded records: whatever it accepts is in range. */
+static void check_encoded(const uint8_t *buf, size_t len, const cache_layout *l) {
+    cache_record_info info;
+    kv_error err = {{0}};
+    if (cache_record_decode_header_encoded(buf, len, l, 4096, &info, &err) != 0) {
+        if (!err.msg[0]) abort();
+        return;
+    }
+    if (info.n_blocks < 1 || info.n_blocks > cache_chunk_blocks(l) ||
+        info.level > CACHE_RECORD_MAX_LEVEL ||
+        (info.level == CACHE_RECORD_LEVEL_RAW
+             ? info.payload_bytes != cache_block_bytes(l) * (size_t)info.n_blocks
+             : info.payload_bytes < 1 || info.payload_bytes > 4096))
+        abort();
+}
+
 static void check(const uint8_t *buf, size_t len, const cache_layout *l) {
     size_t header = cache_record_header_bytes(l);
     cache_record_info info;
     kv_error err = {{0}};
+    check_encoded(buf, len, l);
     if (cache_record_decode_header(buf, len, l, &info, &err) != 0) {
         if (!err.msg[0]) abort(); /* every refusal names its reason */
         return;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/cache.h"
 #include "server/api.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -817,4 +818,31 @@ Test(api, schema_prompt_refusals) {
     fail(API_CHAT, chat_with(",\"fixup_ratio\":2"), "fixup_ratio", "");
     fail(API_CHAT, "{\"model\":\"m\",\"messages\":[]}", "messages", "must not be empty");
     fail(API_COMPLETION, "{\"model\":\"m\"}", "prompt", "'prompt' is required");
+}
+
+/* ---------------------------------------------------------------- KV over the network */
+
+Test(api, redis_fetch_fields) {
+    api_request r;
+    parse_ok(API_CHAT,
+             chat_with(",\"kv_level\":\"codec2\",\"kv_lossless\":true,"
+                       "\"ttft_budget_ms\":250"),
+             &r);
+    cr_assert_eq(r.kv_level, CACHE_ENC_CODEC + 2);
+    cr_assert(r.kv_lossless);
+    cr_assert_eq(r.ttft_budget_ms, 250);
+    api_request_free(&r);
+    parse_ok(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"kv_level\":\"text\"}", &r);
+    cr_assert_eq(r.kv_level, CACHE_ENC_TEXT);
+    cr_assert_not(r.kv_lossless);
+    cr_assert_eq(r.ttft_budget_ms, -1, "unset: the server's budget");
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(""), &r);
+    cr_assert_eq(r.kv_level, CACHE_ENC_ANY);
+    api_request_free(&r);
+    fail(API_CHAT, chat_with(",\"kv_level\":\"codec9\""), "kv_level", "must be lossless, q8");
+    fail(API_CHAT, chat_with(",\"kv_level\":2"), "kv_level", "a string");
+    fail(API_CHAT, chat_with(",\"kv_lossless\":1"), "kv_lossless", "a boolean");
+    fail(API_CHAT, chat_with(",\"ttft_budget_ms\":-5"), "ttft_budget_ms", "");
+    fail(API_CHAT, chat_with(",\"ttft_budget_ms\":1.5"), "ttft_budget_ms", "");
 }

@@ -337,6 +337,32 @@ Test(record, truncated_header_is_refused_at_every_length) {
     cache_chunk_unref(c);
 }
 
+Test(record, encoded_levels_only_where_asked_for) {
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    cache_chunk *c = make_chunk(&l, &ns, 4);
+    static uint8_t hdr[HEADER];
+    const uint8_t payload[100] = {1, 2, 3};
+    cache_record_encode_header_as(&l, c, 3, payload, sizeof payload, hdr);
+    cache_record_info info;
+    kv_error err = {{0}};
+    /* the disk tier's parser takes raw records only */
+    cr_assert_eq(cache_record_decode_header(hdr, sizeof hdr, &l, &info, &err), -1);
+    cr_assert_not_null(strstr(err.msg, "level 3"), "%s", err.msg);
+    cr_assert_eq(cache_record_decode_header_encoded(hdr, sizeof hdr, &l, 100, &info, &err), 0, "%s",
+                 err.msg);
+    cr_assert_eq(info.level, 3);
+    cr_assert_eq(info.payload_bytes, 100);
+    cr_assert_eq(cache_record_check_payload(&info, payload, &err), 0, "%s", err.msg);
+    cr_assert_eq(cache_record_decode_header_encoded(hdr, sizeof hdr, &l, 99, &info, &err), -1);
+    cache_record_encode_header_as(&l, c, CACHE_RECORD_MAX_LEVEL + 1, payload, sizeof payload, hdr);
+    cr_assert_eq(cache_record_decode_header_encoded(hdr, sizeof hdr, &l, 100, &info, &err), -1);
+    /* a raw record's payload size is still exact */
+    cache_record_encode_header_as(&l, c, CACHE_RECORD_LEVEL_RAW, payload, sizeof payload, hdr);
+    cr_assert_eq(cache_record_decode_header_encoded(hdr, sizeof hdr, &l, 1 << 20, &info, &err), -1);
+    cache_chunk_unref(c);
+}
+
 Test(record, payload_bit_flips_fail_the_check) {
     cache_layout l = small_layout();
     cache_key ns = make_ns(NULL);

@@ -4,8 +4,11 @@
  * large, of another model or layout: refused, counted and deleted; Redis full (OOM): writes
  * counted as errors; Redis stalled (SIGSTOP) or killed: lookups miss within the timeout and puts
  * never block; Redis resumed or restarted: the tier reconnects after its backoff; clear by
- * namespace. Then the store over it: a second store with its own RAM and disk finds the first
- * one's chunks. Skips, saying so, where redis-server is not installed. */
+ * namespace; every encoding (lossless, q8, codec levels) fetched as forced, and the fetch
+ * policy's choices (text, lossless, budgets); values of another codec table refused and kept,
+ * corrupt coded values refused and deleted. Then the store over it: a second store with its own
+ * RAM and disk finds the first one's chunks. Skips, saying so, where redis-server is not installed.
+ */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
@@ -19,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cache/chunk_codec.h"
 #include "cache/record.h"
 #include "cache/redis.h"
 #include "tests/unit/chunk_fixture.h"
@@ -146,9 +150,22 @@ static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int s
 
 static cache_redis *open_tier(const cache_layout *l) {
     kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(srv.url, l, 0, 16, 200, &err);
+    cache_redis *r = cache_redis_open(srv.url, l, NULL, 0, 16, 200, &err);
     cr_assert_not_null(r, "%s", err.msg);
     return r;
+}
+
+/* cache_redis_fetch with the default policy: lossless, no budget. */
+static int fetch_lossless(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
+                          cache_chunk **out, int *upto, int max_out) {
+    const cache_fetch_policy p = {.force_enc = CACHE_ENC_ANY};
+    uint8_t enc[8];
+    int n_text = 0;
+    cr_assert_leq(max_out, 8);
+    int n = cache_redis_fetch(r, bkeys, first, n_blocks, &p, out, upto, enc, max_out, &n_text);
+    for (int i = 0; i < n; i++) cr_assert_eq(enc[i], CACHE_ENC_RAW);
+    cr_assert_eq(n_text, 0);
+    return n;
 }
 
 static cache_tier_stats stats(cache_redis *r, bool *connected) {
@@ -158,17 +175,23 @@ static cache_tier_stats stats(cache_redis *r, bool *connected) {
     return st;
 }
 
-/* The record's key in Redis (cache/redis.h's layout). */
-static void record_name(const cache_layout *l, const cache_key *ns, const cache_key *key, char *out,
-                        size_t n) {
-    char mh[65], nh[65], kh[65];
+/* The key of a record's value in encoding enc in Redis (cache/redis.h's layout). */
+static void value_name(const cache_layout *l, const cache_key *ns, const cache_key *key, int enc,
+                       char *out, size_t n) {
+    char mh[65], nh[65], kh[65], tag[8] = "r";
     cache_key model;
     memcpy(model.b, l->model_id, 32);
     cache_key_hex(&model, mh);
     cache_key_hex(ns, nh);
     cache_key_hex(key, kh);
-    snprintf(out, n, "kvserve:%d:%.16s-%dx%d:%s:r:%s", CACHE_RECORD_VERSION, mh, l->block_tokens,
-             l->chunk_tokens, nh, kh);
+    if (enc != CACHE_ENC_RAW) snprintf(tag, sizeof tag, "e%d", enc);
+    snprintf(out, n, "kvserve:%d:%.16s-%dx%d:%s:%s:%s", CACHE_REDIS_KEY_VERSION, mh,
+             l->block_tokens, l->chunk_tokens, nh, tag, kh);
+}
+
+static void record_name(const cache_layout *l, const cache_key *ns, const cache_key *key, char *out,
+                        size_t n) {
+    value_name(l, ns, key, CACHE_ENC_RAW, out, n);
 }
 
 static redisReply *raw(redisContext *c, const char *fmt, ...) {
@@ -186,7 +209,7 @@ static int64_t now_ms(void) { return (int64_t)(clock_now_ns() / 1000000); }
  * 0 (a miss). */
 static int fetch_first(cache_redis *r, const cache_key *bkeys, cache_chunk **out) {
     int upto[1];
-    return cache_redis_fetch(r, bkeys, 0, 4, out, upto, 1);
+    return fetch_lossless(r, bkeys, 0, 4, out, upto, 1);
 }
 
 /* fetch_first, retried every 50 ms for up to 15 s (the reconnection backoff is at most 5 s);
@@ -238,7 +261,7 @@ Test(cache_redis, urls) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         cr_assert_neq(cache_redis_parse_url(bad[i], &a, &err), 0, "accepted '%s'", bad[i]);
     cache_layout l = small_layout(1);
-    cr_assert_null(cache_redis_open("redis://host:99999", &l, 0, 16, 200, &err));
+    cr_assert_null(cache_redis_open("redis://host:99999", &l, NULL, 0, 16, 200, &err));
     cr_assert(strstr(err.msg, "port"), "%s", err.msg);
 }
 
@@ -255,7 +278,7 @@ Test(cache_redis, put_then_fetch_bit_for_bit) {
     int nb = seq_keys(&l, &ns, 7, 8 * 16, 1 << 30, bkeys); /* 2 chunks */
     cache_chunk *out[4] = {0};
     int upto[4];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 4), 2);
+    cr_assert_eq(fetch_lossless(r, bkeys, 0, nb, out, upto, 4), 2);
     chunk_assert_same(out[0], c0);
     chunk_assert_same(out[1], c1);
     cr_assert_eq(upto[0], 4);
@@ -265,19 +288,23 @@ Test(cache_redis, put_then_fetch_bit_for_bit) {
     cr_assert(up);
     cr_assert_eq(st.hits, 2);
     cr_assert_eq(st.misses, 1); /* the sequence goes on past what Redis holds */
-    cr_assert_eq(st.bytes_in, (int64_t)(c0->bytes + c1->bytes));
-    cr_assert_eq(st.bytes_out, (int64_t)(c0->bytes + c1->bytes));
+    /* Written: each record lossless and in q8 (no codec table), each value with its header;
+     * read: the lossless values. */
+    int64_t hdr = (int64_t)cache_record_header_bytes(&l);
+    int64_t q8 = 2 * 2 * (4 + 8) * (64 + 32); /* layers x K/V x (min, step, codes) x tokens */
+    cr_assert_eq(st.bytes_in, 4 * hdr + (int64_t)(c0->bytes + c1->bytes) + q8);
+    cr_assert_eq(st.bytes_out, 2 * hdr + (int64_t)(c0->bytes + c1->bytes));
     cr_assert_eq(st.corrupt + st.write_errors + st.dropped, 0);
     for (int i = 0; i < 2; i++) cache_chunk_unref(out[i]);
 
     /* From a block inside the first chunk, and with room for one chunk only. */
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 2, nb, out, upto, 1), 1);
+    cr_assert_eq(fetch_lossless(r, bkeys, 2, nb, out, upto, 1), 1);
     chunk_assert_same(out[0], c0);
     cache_chunk_unref(out[0]);
     /* Another namespace's sequence: no alias, a miss. */
     cache_key other = make_ns("salt"), okeys[32];
     seq_keys(&l, &other, 7, 64, 1 << 30, okeys);
-    cr_assert_eq(cache_redis_fetch(r, okeys, 0, 4, out, upto, 4), 0);
+    cr_assert_eq(fetch_lossless(r, okeys, 0, 4, out, upto, 4), 0);
     cache_chunk_unref(c0);
     cache_chunk_unref(c1);
     cache_redis_close(r);
@@ -295,7 +322,7 @@ Test(cache_redis, found_by_a_middle_block_key) {
     cr_assert_eq(nb, 4);
     cache_chunk *out[2] = {0};
     int upto[2];
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, nb, out, upto, 2), 1);
+    cr_assert_eq(fetch_lossless(r, bkeys, 0, nb, out, upto, 2), 1);
     chunk_assert_same(out[0], c);
     cr_assert_eq(upto[0], 2);
     cache_chunk_unref(out[0]);
@@ -308,7 +335,7 @@ Test(cache_redis, found_by_a_middle_block_key) {
     cache_redis_put(r, full);
     cache_redis_flush(r);
     seq_keys(&l, &ns, 4, 64, 1 << 30, bkeys);
-    cr_assert_eq(cache_redis_fetch(r, bkeys, 0, 4, out, upto, 2), 1);
+    cr_assert_eq(fetch_lossless(r, bkeys, 0, 4, out, upto, 2), 1);
     chunk_assert_same(out[0], full);
     cache_chunk_unref(out[0]);
     char name[256];
@@ -568,6 +595,179 @@ Test(cache_redis, clear_by_namespace) {
     cache_redis_close(r);
 }
 
+/* ---------------------------------------------------------------- encodings, fetch policy */
+
+static cache_redis *open_coded(const cache_layout *l, const codec_table *t) {
+    kv_error err = {{0}};
+    cache_redis *r = cache_redis_open(srv.url, l, t, 0, 16, 2000, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    return r;
+}
+
+/* Chunk `index` of sequence seed with a KV-like payload (codecs code it as they would KV). */
+static cache_chunk *kv_chunk(const cache_layout *l, const cache_key *ns, int seed, int index) {
+    cache_chunk *c = make_chunk(l, ns, seed, index, 4);
+    chunk_fill_kv(c, l, (uint64_t)seed);
+    return c;
+}
+
+/* What c becomes through encoding enc and back, computed here. */
+static cache_chunk *coded_copy(const cache_layout *l, const codec_table *t, int enc,
+                               const cache_chunk *c) {
+    size_t cap = cache_enc_bound(l, t, enc, c->n_blocks);
+    uint8_t *buf = malloc(cap);
+    float *scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+    cache_chunk *d = cache_chunk_create(l, c->bkeys, c->n_blocks, &c->ns, c->pos0);
+    kv_error err = {{0}};
+    int64_t len = cache_enc_encode(l, t, enc, c, scratch, buf, cap, &err);
+    cr_assert(len > 0 && cache_enc_decode(l, t, enc, buf, (size_t)len, d, scratch, 1, &err) == 0,
+              "%s", err.msg);
+    free(buf);
+    free(scratch);
+    return d;
+}
+
+/* A fetch of a 2-chunk sequence under policy p: chunks into out[], their encodings into enc[]. */
+static int fetch_policy(cache_redis *r, const cache_key *bkeys, const cache_fetch_policy *p,
+                        cache_chunk **out, uint8_t *enc, int *n_text) {
+    int upto[2];
+    return cache_redis_fetch(r, bkeys, 0, 8, p, out, upto, enc, 2, n_text);
+}
+
+Test(cache_redis, every_encoding_through_redis_and_the_policy) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    cache_redis *r = open_coded(&l, &t);
+    cache_chunk *c[2] = {kv_chunk(&l, &ns, 3, 0), kv_chunk(&l, &ns, 3, 1)};
+    for (int i = 0; i < 2; i++) cache_redis_put(r, c[i]);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 3, 128, 1 << 30, bkeys);
+    cache_chunk *out[2] = {0};
+    uint8_t enc[2];
+    int n_text = -1;
+    /* Each encoding, forced: what came is what that encoding makes of the chunk, bit for bit. */
+    for (int e = 0; e < cache_enc_count(&t); e++) {
+        cache_fetch_policy p = {.force_enc = e};
+        cr_assert_eq(fetch_policy(r, bkeys, &p, out, enc, &n_text), 2, "encoding %d", e);
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(enc[i], e);
+            cache_chunk *want = coded_copy(&l, &t, e, c[i]);
+            chunk_assert_same(out[i], want);
+            cache_chunk_unref(want);
+            cache_chunk_unref(out[i]);
+        }
+        cr_assert_eq(n_text, 0);
+        cr_assert_eq(stats(r, NULL).enc_hits[e], 2);
+    }
+    /* Text: nothing read, both chunks left to be computed. */
+    cache_fetch_policy text = {.force_enc = CACHE_ENC_TEXT};
+    cr_assert_eq(fetch_policy(r, bkeys, &text, out, enc, &n_text), 0);
+    cr_assert_eq(n_text, 2);
+    /* Computing is measured faster than any fetch could be: text, budget or not. */
+    cache_fetch_policy fast = {.force_enc = CACHE_ENC_ANY, .text_ns_per_token = 1e-9};
+    cr_assert_eq(fetch_policy(r, bkeys, &fast, out, enc, &n_text), 0);
+    cr_assert_eq(n_text, 2);
+    fast.budget_ns = 1;
+    cr_assert_eq(fetch_policy(r, bkeys, &fast, out, enc, &n_text), 0);
+    cr_assert_eq(n_text, 2);
+    /* Exact KV fits a generous budget, and a request insisting on it gets it under any. */
+    cache_fetch_policy roomy = {.force_enc = CACHE_ENC_ANY, .budget_ns = INT64_C(60000000000)};
+    cache_fetch_policy strict = {.force_enc = CACHE_ENC_ANY, .lossless = true, .budget_ns = 1};
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(fetch_policy(r, bkeys, k ? &strict : &roomy, out, enc, &n_text), 2);
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(enc[i], CACHE_ENC_RAW);
+            chunk_assert_same(out[i], c[i]);
+            cache_chunk_unref(out[i]);
+        }
+    }
+    cache_tier_stats st = stats(r, NULL);
+    cr_assert_eq(st.text, 6);
+    cr_assert_eq(st.corrupt, 0);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(c[i]);
+    cache_redis_close(r);
+    codec_table_free(&t);
+}
+
+Test(cache_redis, values_of_another_codec_table_are_refused_and_kept) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    codec_table t1, t2;
+    chunk_codec_table(&t1, &l, 1, 3);
+    chunk_codec_table(&t2, &l, 1.5f, 3);
+    cache_redis *a = open_coded(&l, &t1), *b = open_coded(&l, &t2);
+    cache_chunk *c[2] = {kv_chunk(&l, &ns, 4, 0), kv_chunk(&l, &ns, 4, 1)};
+    for (int i = 0; i < 2; i++) cache_redis_put(a, c[i]);
+    cache_redis_flush(a);
+    seq_keys(&l, &ns, 4, 128, 1 << 30, bkeys);
+    cache_chunk *out[2] = {0};
+    uint8_t enc[2];
+    int n_text;
+    /* b's table is not the one a coded with: refused (counted), never decoded with b's */
+    cache_fetch_policy coded = {.force_enc = CACHE_ENC_CODEC + 1};
+    cr_assert_eq(fetch_policy(b, bkeys, &coded, out, enc, &n_text), 0);
+    cr_assert_eq(stats(b, NULL).corrupt, 1);
+    /* and kept: it is good for instances with a's table */
+    char name[256];
+    value_name(&l, &ns, &c[0]->key, CACHE_ENC_CODEC + 1, name, sizeof name);
+    redisContext *rc = raw_connect();
+    redisReply *rep = raw(rc, "EXISTS %s", name);
+    cr_assert_eq(rep->integer, 1);
+    freeReplyObject(rep);
+    redisFree(rc);
+    cr_assert_eq(fetch_policy(a, bkeys, &coded, out, enc, &n_text), 2);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(out[i]);
+    /* b still has what needs no table */
+    cache_fetch_policy q8 = {.force_enc = CACHE_ENC_Q8};
+    cr_assert_eq(fetch_policy(b, bkeys, &q8, out, enc, &n_text), 2);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(out[i]);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(c[i]);
+    cache_redis_close(a);
+    cache_redis_close(b);
+    codec_table_free(&t1);
+    codec_table_free(&t2);
+}
+
+Test(cache_redis, a_corrupt_coded_value_is_refused_and_deleted) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    cache_redis *r = open_coded(&l, &t);
+    cache_chunk *c[2] = {kv_chunk(&l, &ns, 5, 0), kv_chunk(&l, &ns, 5, 1)};
+    for (int i = 0; i < 2; i++) cache_redis_put(r, c[i]);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 5, 128, 1 << 30, bkeys);
+    /* one byte of the second chunk's codec2 payload flipped */
+    char name[256];
+    value_name(&l, &ns, &c[1]->key, CACHE_ENC_CODEC + 2, name, sizeof name);
+    redisContext *rc = raw_connect();
+    int at = (int)cache_record_header_bytes(&l) + 100;
+    redisReply *rep = raw(rc, "GETRANGE %s %d %d", name, at, at);
+    cr_assert_eq(rep->type, REDIS_REPLY_STRING);
+    cr_assert_eq(rep->len, 1);
+    char flipped[2] = {(char)(rep->str[0] ^ 0x10), 0};
+    freeReplyObject(rep);
+    rep = redisCommand(rc, "SETRANGE %s %d %b", name, at, flipped, (size_t)1);
+    freeReplyObject(rep);
+    cache_chunk *out[2] = {0};
+    uint8_t enc[2];
+    int n_text;
+    cache_fetch_policy coded = {.force_enc = CACHE_ENC_CODEC + 2};
+    cr_assert_eq(fetch_policy(r, bkeys, &coded, out, enc, &n_text), 1, "the prefix ends there");
+    cache_chunk_unref(out[0]);
+    cr_assert_eq(stats(r, NULL).corrupt, 1);
+    rep = raw(rc, "EXISTS %s", name);
+    cr_assert_eq(rep->integer, 0);
+    freeReplyObject(rep);
+    redisFree(rc);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(c[i]);
+    cache_redis_close(r);
+    codec_table_free(&t);
+}
+
 /* ---------------------------------------------------------------- two stores, one Redis */
 
 Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
@@ -593,8 +793,8 @@ Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
     int nb = seq_keys(&l, &ns, 2, 128, 1 << 30, bkeys);
     cr_assert_not(cache_store_holds(s2, &bkeys[3]), "holds answers from RAM and disk only");
     cache_chunk *out[2] = {0};
-    int n = 0;
-    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, out, 2, &n), 8);
+    int n = 0, n_text = 0;
+    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, NULL, out, NULL, 2, &n, &n_text), 8);
     cr_assert_eq(n, 2);
     chunk_assert_same(out[0], c0);
     chunk_assert_same(out[1], c1);
@@ -606,7 +806,7 @@ Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
     /* Promoted: into s2's RAM, and onto its disk. */
     cache_store_flush(s2);
     cr_assert(cache_store_holds(s2, &bkeys[3]));
-    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, out, 2, &n), 8);
+    cr_assert_eq(cache_store_fetch(s2, bkeys, 0, nb, NULL, out, NULL, 2, &n, &n_text), 8);
     for (int i = 0; i < n; i++) cache_chunk_unref(out[i]);
     cache_store_stats(s2, &st);
     cr_assert_eq(st.redis.hits, 2);

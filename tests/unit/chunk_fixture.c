@@ -2,7 +2,11 @@
 #include "tests/unit/chunk_fixture.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "kernels/quant.h"
 
 void chunk_fill(cache_chunk *c, uint64_t seed) {
     uint64_t s = seed;
@@ -23,4 +27,63 @@ void chunk_assert_same(const cache_chunk *got, const cache_chunk *want) {
     cr_assert_eq(got->pos0, want->pos0);
     cr_assert_eq(got->bytes, want->bytes);
     cr_assert_eq(memcmp(got->data, want->data, want->bytes), 0, "payload differs");
+}
+
+/* xorshift64 as a uniform in (0, 1). */
+static double unit(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return ((double)(*s >> 11) + 0.5) / 9007199254740992.0;
+}
+
+float chunk_kv_value(int layer, int kv, int pos, int chan, uint64_t seed) {
+    uint64_t s =
+        seed * 0x9E3779B97F4A7C15ull +
+        (uint64_t)(((layer * 2 + kv) * 65536 + pos) * 4096 + chan) * 0xD1B54A32D192ED03ull + 1;
+    for (int i = 0; i < 3; i++) unit(&s);
+    double gauss = sqrt(-2 * log(unit(&s))) * cos(6.283185307179586 * unit(&s));
+    double centre = 0.5 * sin(chan * 0.7 + layer), spread = 0.2 + 0.1 * ((chan + kv) % 5);
+    return (float)(centre + spread * gauss);
+}
+
+void chunk_fill_kv(cache_chunk *c, const cache_layout *l, uint64_t seed) {
+    int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head;
+    size_t bb = cache_block_bytes(l);
+    for (int b = 0; b < c->n_blocks; b++) {
+        uint16_t *blk = (uint16_t *)(void *)(c->data + (size_t)b * bb);
+        for (int ly = 0; ly < l->n_layer; ly++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < nh; h++)
+                    for (int t = 0; t < bt; t++)
+                        for (int d = 0; d < hd; d++)
+                            blk[((((size_t)ly * 2 + kv) * nh + h) * bt + t) * hd + d] =
+                                fp32_to_fp16(
+                                    chunk_kv_value(ly, kv, c->pos0 + b * bt + t, h * hd + d, seed));
+    }
+}
+
+void chunk_codec_table(codec_table *t, const cache_layout *l, float coarse, uint64_t seed) {
+    int nl = l->n_layer, nc = l->n_kv_head * l->head_dim, nt = l->chunk_tokens;
+    codec_level lv[4];
+    memset(lv, 0, sizeof lv);
+    const float bins[4] = {0.25f, 0.5f, 1.0f, 2.0f};
+    for (int v = 0; v < 4; v++)
+        for (int ly = 0; ly < nl; ly++)
+            for (int kv = 0; kv < 2; kv++)
+                lv[v].anchor_bin[ly][kv] = lv[v].delta_bin[ly][kv] = bins[v] * coarse;
+    kv_error err = {{0}};
+    cr_assert_eq(codec_table_init(t, l->model_id, nl, nc, lv, 4, &err), 0, "%s", err.msg);
+    size_t per = (size_t)nl * 2 * (size_t)nt * (size_t)nc;
+    float *x = malloc(sizeof(float) * per * 4);
+    cr_assert_not_null(x);
+    for (int k = 0; k < 4; k++)
+        for (int ly = 0; ly < nl; ly++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int tk = 0; tk < nt; tk++)
+                    for (int c = 0; c < nc; c++)
+                        x[(size_t)k * per + (((size_t)ly * 2 + kv) * nt + tk) * nc + c] =
+                            chunk_kv_value(ly, kv, k * nt + tk, c, seed);
+    cr_assert_eq(codec_table_calibrate(t, x, 4, nt, NULL, &err), 0, "%s", err.msg);
+    free(x);
 }

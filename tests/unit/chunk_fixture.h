@@ -5,9 +5,20 @@
 #include <stdint.h>
 
 #include "cache/cache.h"
+#include "cache/codec.h"
 
 /* Fills c's payload with xorshift64 bytes from seed: equal seeds, equal payloads. */
 void chunk_fill(cache_chunk *c, uint64_t seed);
+
+/* KV-like values: element (layer, kv, token, chan) of sequence seed, a channel's own centre and
+ * spread plus noise (what a codec table calibrates on and codes well). */
+float chunk_kv_value(int layer, int kv, int pos, int chan, uint64_t seed);
+/* Fills c's payload (layout l's pool blocks) with chunk_kv_value as f16, tokens at c->pos0 + t. */
+void chunk_fill_kv(cache_chunk *c, const cache_layout *l, uint64_t seed);
+/* A codec table for layout l (its model identity and shape; no RoPE, no protected tokens), levels
+ * with bins scaled by coarse (1: the finest here), calibrated on four chunks of chunk_kv_value
+ * of seed. */
+void chunk_codec_table(codec_table *t, const cache_layout *l, float coarse, uint64_t seed);
 
 /* Fails the test unless got (not NULL) equals want: keys, blocks, namespace, position, payload. */
 void chunk_assert_same(const cache_chunk *got, const cache_chunk *want);
