@@ -237,7 +237,7 @@ FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
-FUZZ_DEPS_redis_url_fuzz := cache/redis.c cache/record.c cache/chunk.c
+FUZZ_DEPS_redis_url_fuzz := cache/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)

@@ -2,7 +2,11 @@
 (started here on a free port, without persistence): what one computed, the other reuses from
 Redis with the same greedy answer. Redis killed: requests still succeed with the same answers,
 and the stats and metrics say it is down; Redis restarted: the instances reconnect on their own
-and reuse through it again. Skipped, visibly, where redis-server is not installed."""
+and reuse through it again; Redis gone in the middle of a value: the rest is computed, the answer
+the same. Levels: every chunk forced to a codec level, to 8-bit or to text,
+and under a TTFT budget, with usage saying what each chunk came as; lossy KV never reaches the
+instance's exact tiers; the codec table found in the cache directory, or none. Skipped, visibly,
+where redis-server is not installed."""
 import os
 import shutil
 import subprocess
@@ -10,9 +14,9 @@ import time
 
 import pytest
 
-from conftest import SLOW, free_port
-from test_cache import (CHUNK, CTX, EXACT, MAX_TOKENS, clear, complete, document_tokens,
-                        question_tokens, records_for, reusable, stats)
+from conftest import MODEL, SLOW, free_port, run_kvserve
+from test_cache import (CHUNK, CTX, EXACT, KV_BYTES_PER_TOKEN, MAX_TOKENS, clear, complete,
+                        document_tokens, question_tokens, records_for, reusable, stats)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -64,6 +68,22 @@ def redis(tmp_dir):
     r.kill()
 
 
+@pytest.fixture(scope="module")
+def codec_table(tmp_path_factory):
+    """A codec table for the test model, calibrated once from a licence text (prefill only, a
+    few seconds; the server's own calibration writes 2048 tokens first)."""
+    path = str(tmp_path_factory.mktemp("codec") / "table.kvcodec")
+    text = "/usr/share/common-licenses/GPL-3"
+    r = run_kvserve("calibrate", "-m", MODEL, "--text", text, "-n", "256", "--chunk", "64",
+                    "-o", path, timeout=300 * SLOW)
+    assert r.returncode == 0, r.stderr
+    return path
+
+
+def with_redis(redis, codec_table):
+    return ["--redis", redis.url, "--redis-codec", codec_table]
+
+
 def redis_tier(srv):
     return stats(srv)["tiers"]["redis"]
 
@@ -81,8 +101,8 @@ def wait_connected(srv, want, seed):
     return n
 
 
-def test_two_instances_share_one_redis(start_server, redis):
-    a = start_server(*CTX, *EXACT, "--redis", redis.url)
+def test_two_instances_share_one_redis(start_server, redis, codec_table):
+    a = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     assert redis_tier(a)["enabled"] and redis_tier(a)["connected"]
     prompt = document_tokens(a, 2 * CHUNK + 40, seed=21) + question_tokens(a)
     ref, cached, _ = complete(a, prompt)
@@ -90,7 +110,7 @@ def test_two_instances_share_one_redis(start_server, redis):
     a.terminate()  # a clean stop finishes the queued writes to Redis
 
     # b has its own (empty) disk tier: its hits come from Redis
-    b = start_server(*CTX, *EXACT, "--redis", redis.url)
+    b = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     text, cached, _ = complete(b, prompt)
     assert (text, cached) == (ref, reusable(len(prompt)))
     st = redis_tier(b)
@@ -111,13 +131,13 @@ def test_two_instances_share_one_redis(start_server, redis):
 
     # clearing Redis for this namespace: a third instance recomputes
     assert clear(b, tiers=["redis"])["redis"] >= records_for(len(prompt))
-    c = start_server(*CTX, *EXACT, "--redis", redis.url)
+    c = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     text, cached, _ = complete(c, prompt)
     assert (text, cached) == (ref, 0)
 
 
-def test_redis_down_then_back(start_server, redis):
-    b = start_server(*CTX, *EXACT, "--redis", redis.url)
+def test_redis_down_then_back(start_server, redis, codec_table):
+    b = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     assert redis_tier(b)["connected"]
 
     # Redis killed: requests succeed, with the answers of an uncached run, without waiting long
@@ -136,7 +156,7 @@ def test_redis_down_then_back(start_server, redis):
 
     # Redis back on the same port, empty: a new instance fills it, b reconnects and reuses it
     redis.start()
-    a = start_server(*CTX, *EXACT, "--redis", redis.url)
+    a = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     prompt2 = document_tokens(a, 2 * CHUNK + 40, seed=32) + question_tokens(a)
     ref2, cached, _ = complete(a, prompt2)
     assert cached == 0
@@ -147,3 +167,161 @@ def test_redis_down_then_back(start_server, redis):
     assert (text, cached) == (ref2, reusable(len(prompt2)))
     assert redis_tier(b)["hits"] == hits + records_for(len(prompt2))
     assert "lost" in b.stderr() and "reconnected" in b.stderr()
+
+
+def kv_levels(r):
+    """The levels usage says the fetched chunks came in, and the tiers they came from."""
+    chunks = r["usage"].get("kv_chunks", [])
+    return [c["level"] for c in chunks], {c["tier"] for c in chunks}
+
+
+def test_levels_through_redis(start_server, redis, codec_table):
+    a = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    prompt = document_tokens(a, 2 * CHUNK + 40, seed=41) + question_tokens(a)
+    ref, _, _ = complete(a, prompt)
+    a.terminate()
+    n = records_for(len(prompt))
+
+    # a codec level, forced: every chunk comes at it, from Redis
+    b = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    text, cached, r = complete(b, prompt, kv_level="codec1")
+    assert kv_levels(r) == (["codec1"] * n, {"redis"}), r["usage"]
+    assert cached == reusable(len(prompt)) and text
+    # lossy KV stays with its request: b's RAM, disk and pool hold nothing of it, so a request
+    # insisting on exact KV fetches the lossless values, and answers as a full prefill
+    text, cached, r = complete(b, prompt, kv_lossless=True, ttft_budget_ms=1)
+    assert kv_levels(r) == (["lossless"] * n, {"redis"}), r["usage"]
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    # now held above Redis: the pool serves it, nothing is fetched
+    text, cached, r = complete(b, prompt, kv_level="q8")
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert "kv_chunks" not in r["usage"]
+    st = redis_tier(b)
+    assert st["levels"]["codec1"] == n and st["levels"]["lossless"] == n, st
+    assert b.metrics()['kvserve_cache_redis_chunks_total{level="codec1"}'] == n
+
+    # text: Redis holds it, the request computes it, exactly
+    c = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    text, cached, r = complete(c, prompt, kv_level="text")
+    assert (text, cached) == (ref, 0)
+    assert kv_levels(r)[0] == ["text"] * n, r["usage"]
+    assert redis_tier(c)["levels"]["text"] == n
+    # 8-bit, and a budget no fetch can meet: whatever is fastest, every chunk accounted for
+    d = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    text, cached, r = complete(d, prompt, kv_level="q8")
+    assert kv_levels(r) == (["q8"] * n, {"redis"}) and text
+    e = start_server(*CTX, *EXACT, *with_redis(redis, codec_table), "--ttft-budget-ms", "1")
+    text, cached, r = complete(e, prompt)
+    levels, _ = kv_levels(r)
+    assert len(levels) == n and text, r["usage"]
+    allowed = {"lossless", "q8", "codec0", "codec1", "codec2", "codec3", "text"}
+    assert set(levels) <= allowed, levels
+    assert (levels[0] == "text") == (cached == 0), (levels, cached)
+
+    # a level that is not one
+    status, body = e.post_json("/v1/completions", {"model": e.model_id, "prompt": prompt,
+                                                   "max_tokens": 1, "kv_level": "codec7x"})
+    assert status == 400 and body["error"]["param"] == "kv_level", body
+
+
+def test_codec_table_found_in_the_cache_dir_or_none(start_server, redis, codec_table, tmp_dir):
+    cache_dir = tmp_dir("kvserve-redis-codec-")
+    a = start_server(*CTX, *EXACT, "--redis", redis.url, "--redis-codec", "off",
+                     "--cache-dir", cache_dir)
+    prompt = document_tokens(a, CHUNK + 40, seed=51) + question_tokens(a)
+    ref, _, _ = complete(a, prompt)
+    a.terminate()
+    # without a table: lossless and 8-bit only; a codec level asked for comes lossless
+    b = start_server(*CTX, *EXACT, "--redis", redis.url, "--redis-codec", "off")
+    text, _, r = complete(b, prompt, kv_level="codec0")
+    assert kv_levels(r)[0] == ["lossless"] * records_for(len(prompt)), r["usage"]
+    assert text == ref
+    # auto: the table beside the disk tier's records of the model is found and used: what c
+    # writes, an instance with that table decodes
+    (model_dir,) = [d for d in os.listdir(cache_dir) if len(d) == 16]
+    found = os.path.join(cache_dir, model_dir, "codec.kvcodec")
+    shutil.copy(codec_table, found)
+    c = start_server(*CTX, *EXACT, "--redis", redis.url, "--cache-dir", cache_dir)
+    assert f"codec table {found}" in c.stderr()
+    prompt2 = document_tokens(c, CHUNK + 40, seed=52) + question_tokens(c)
+    complete(c, prompt2)
+    c.terminate()
+    d = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    _, _, r = complete(d, prompt2, kv_level="codec0")
+    assert kv_levels(r)[0] == ["codec0"] * records_for(len(prompt2)), r["usage"]
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a redis-server that passes each connection's first `budget` bytes
+    from Redis and then closes it: Redis going away in the middle of a value."""
+
+    def __init__(self, target_port, budget):
+        import socket
+        import threading
+        self.budget = budget
+        self.target = target_port
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.cut = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, None),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.budget),
+                             daemon=True).start()
+
+    def _pipe(self, src, dst, budget):
+        sent = 0
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if budget is not None and sent + len(data) >= budget:
+                    dst.sendall(data[:budget - sent])
+                    self.cut += 1
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.sock.close()
+
+
+def test_redis_gone_in_the_middle_of_a_value(start_server, redis, codec_table):
+    a = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
+    prompt = document_tokens(a, 3 * CHUNK + 40, seed=61) + question_tokens(a)
+    ref, _, _ = complete(a, prompt)
+    a.terminate()
+    # the lookup connection gets the aliases and one and a half lossless values, then is cut
+    value = 4096 + CHUNK * KV_BYTES_PER_TOKEN
+    proxy = CuttingProxy(redis.port, int(1.5 * value))
+    try:
+        b = start_server(*CTX, *EXACT, "--redis", proxy.url, "--redis-codec", codec_table)
+        text, cached, r = complete(b, prompt, kv_level="lossless")
+        assert proxy.cut >= 1
+        assert text == ref  # the chunks that did not come are computed
+        assert cached == CHUNK, (cached, r["usage"])
+        assert kv_levels(r)[0] == ["lossless"], r["usage"]
+        assert "lost" in b.stderr()
+    finally:
+        proxy.close()
