@@ -188,10 +188,9 @@ static const opt_row OPTIONS[] = {
     NUM(redis_timeout_ms, 0, OPT_INT, 1, 60000, false, false, "200", "MS",
         "each Redis connect, send or receive waits at most this long"),
     STR(redis_codec, 0, "auto", false, "auto|off|PATH",
-        "CacheGen codec table for the Redis tier's levels (auto: MODEL.kvcodec, else one in "
-        "the cache directory, calibrated at first start; off: lossless and q8 only)"),
+        "Redis levels' codec table (auto: found or calibrated at start)"),
     NUM(ttft_budget_ms, 0, OPT_INT64, 1, 3600000, true, false, "0", "MS",
-        "time to load reused KV from Redis: levels adapt to fit it (0: lossless)"),
+        "time to load reused KV from Redis in; levels adapt (0: lossless)"),
     BOOL(blend, "true",
          "reuse chunks found by content anywhere in a prompt (CacheBlend)"),
     NUM(blend_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",
