@@ -126,6 +126,21 @@ void content_disk_stats(content_disk *d, cache_tier_stats *out);
 /* Waits until every queued write has finished (tests, shutdown). */
 void content_disk_flush(content_disk *d);
 
+/* ---------------------------------------------------------------- the Redis copy
+ *
+ * With a Redis tier (cache.h's store), content records are also written there, lossless, and a
+ * prompt's chunks that RAM and disk lack are looked up there before its blend is planned, so
+ * instances sharing a Redis reuse each other's passages by content too (cache/redis.h). */
+
+/* True when the store has a Redis tier. */
+bool cache_store_has_redis(const cache_store *s);
+/* Queues r (complete) for the Redis tier, in the background; a no-op without one. */
+void cache_store_put_content(cache_store *s, content_rec *r);
+/* Looks up keys[0..n) (of n_tok[i] tokens) of namespace ns in the Redis tier: out[i] a record
+ * with one reference, or NULL. Returns how many were found (0 without a Redis tier). */
+int cache_store_fetch_content(cache_store *s, const cache_key *ns, const cache_key *keys,
+                              const int *n_tok, int n, content_rec **out);
+
 /* ---------------------------------------------------------------- the fusor */
 
 /* Tokens at KV slots slot .. slot + n - 1 of a blended batch entry take their KV from rec's

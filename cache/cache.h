@@ -162,6 +162,7 @@ typedef struct cache_tier_stats {
     int64_t dropped;      /* write-backs skipped because the queue was full (disk, Redis) */
     int64_t enc_hits[CACHE_ENC_MAX]; /* Redis: chunks fetched per encoding */
     int64_t text;                    /* Redis: chunks held but computed from text instead */
+    int64_t content_hits;            /* Redis: blend's content records found */
 } cache_tier_stats;
 
 typedef struct cache_stats {

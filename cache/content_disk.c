@@ -151,6 +151,33 @@ int content_record_check_header(const uint8_t model_id[32], int n_layer, int kv_
     return 0;
 }
 
+content_rec *content_record_parse(const uint8_t model_id[32], int n_layer, int kv_dim,
+                                  const uint8_t *buf, size_t len, const cache_key *key,
+                                  kv_error *err) {
+    content_record_info info;
+    if (content_record_check_header(model_id, n_layer, kv_dim, buf, len, (int64_t)len, key, &info,
+                                    err))
+        return NULL;
+    content_rec *r = content_rec_create(n_layer, kv_dim, info.n_tok, key, &info.ns, info.pos0);
+    if (!r) {
+        kv_fail(err, "out of memory");
+        return NULL;
+    }
+    size_t hb = content_record_header_bytes(n_layer),
+           lb = content_record_layer_bytes(kv_dim, info.n_tok);
+    for (int l = 0; l < n_layer; l++) {
+        uint8_t sha[32];
+        const uint8_t *layer = buf + hb + (size_t)l * lb;
+        if (sha256(layer, lb, sha) || memcmp(sha, info.layer_sha + 32 * (size_t)l, 32) != 0) {
+            content_rec_unref(r);
+            kv_fail(err, "layer %d checksum", l);
+            return NULL;
+        }
+        memcpy((uint8_t *)r->data + (size_t)l * lb, layer, lb);
+    }
+    return r;
+}
+
 static void record_name(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 5]) {
     cache_key_hex(k, out);
     strcat(out, ".kvb");

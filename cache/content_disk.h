@@ -47,4 +47,11 @@ int content_record_check_header(const uint8_t model_id[32], int n_layer, int kv_
                                 const uint8_t *hdr, size_t len, int64_t file_bytes,
                                 const cache_key *key, content_record_info *out, kv_error *err);
 
+/* A whole record in memory (buf[0..len): the header, then the layers, as in a file) under key:
+ * checked as a file is (content_record_check_header, then every layer's checksum) into a record
+ * of its own (the Redis tier's copies of blend's records). NULL with err. */
+content_rec *content_record_parse(const uint8_t model_id[32], int n_layer, int kv_dim,
+                                  const uint8_t *buf, size_t len, const cache_key *key,
+                                  kv_error *err);
+
 #endif

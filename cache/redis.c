@@ -19,6 +19,7 @@
 #include <sys/time.h>
 
 #include "cache/chunk_codec.h"
+#include "cache/content_disk.h"
 #include "cache/record.h"
 #include "cache/redis.h"
 
@@ -41,6 +42,12 @@
 /* Replies smaller than this measure the round trip more than the link. */
 #define REDIS_MIN_SAMPLE_BYTES 65536
 #define REDIS_SCAN_COUNT "512"
+
+/* A record queued for writing: a chunk record, or a blend content record (cache/blend.h). */
+typedef struct redis_item {
+    cache_chunk *chunk;
+    content_rec *content;
+} redis_item;
 
 typedef struct redis_conn {
     const char *name; /* "lookup" or "write", for messages */
@@ -70,7 +77,7 @@ struct cache_redis {
 
     pthread_mutex_t mu; /* guards what follows */
     pthread_cond_t work, done;
-    cache_chunk **wq; /* ring [write_queue] of chunks to write, each holding a reference */
+    redis_item *wq; /* ring [write_queue] of records to write, each holding a reference */
     int wq_head, wq_len;
     int n_writes; /* queued + in flight */
     bool stop;
@@ -601,19 +608,61 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *re
     return all;
 }
 
+/* A content record's key: ":c:" beside the chunk records of its namespace. */
+static void key_content(const cache_redis *r, const cache_key *ns, const cache_key *key,
+                        char out[REDIS_KEY_LEN]) {
+    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(ns, nh);
+    cache_key_hex(key, kh);
+    snprintf(out, REDIS_KEY_LEN, "%s%s:c:%s", r->prefix, nh, kh);
+}
+
+/* One SET of a content record, lossless, in its disk file's format (cache/content_disk.h). */
+static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, char *refused,
+                          size_t refused_len, int64_t *bytes) {
+    size_t hb = content_record_header_bytes(cr->n_layer), len = hb + cr->bytes;
+    uint8_t *v = malloc(len);
+    char ttl[24], name[REDIS_KEY_LEN];
+    if (!v || content_record_encode_header(r->layout.model_id, cr, v)) {
+        free(v);
+        return false;
+    }
+    memcpy(v + hb, cr->data, cr->bytes);
+    snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
+    key_content(r, &cr->ns, &cr->key, name);
+    const char *argv[5] = {"SET", name, (const char *)v, "EX", ttl};
+    size_t argvlen[5] = {3, strlen(name), len, 2, strlen(ttl)};
+    bool ok = redisAppendCommandArgv(c->ctx, r->ttl_s > 0 ? 5 : 3, argv, argvlen) == REDIS_OK;
+    free(v);
+    if (!ok) {
+        conn_fail(r, c, "cannot build a command");
+        return false;
+    }
+    redisReply *rep = conn_reply(r, c);
+    if (!rep) return false;
+    ok = rep->type != REDIS_REPLY_ERROR;
+    if (!ok) snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
+    freeReplyObject(rep);
+    *bytes = (int64_t)len;
+    return ok;
+}
+
 static void *redis_thread(void *arg) {
     cache_redis *r = arg;
     pthread_mutex_lock(&r->mu);
     for (;;) {
         if (r->wq_len) {
-            cache_chunk *ch = r->wq[r->wq_head];
+            redis_item it = r->wq[r->wq_head];
             r->wq_head = (r->wq_head + 1) % r->write_queue;
             r->wq_len--;
             pthread_mutex_unlock(&r->mu);
             char refused[128] = "";
             int64_t bytes = 0;
-            bool ok = conn_get(r, &r->writer) &&
-                      write_chunk(r, &r->writer, ch, refused, sizeof refused, &bytes);
+            bool ok =
+                conn_get(r, &r->writer) &&
+                (it.chunk
+                     ? write_chunk(r, &r->writer, it.chunk, refused, sizeof refused, &bytes)
+                     : write_content(r, &r->writer, it.content, refused, sizeof refused, &bytes));
             /* Refusals (OOM under maxmemory, a read-only replica) come with every write while
              * they last: logged when they start and when they end. */
             if (refused[0] && !r->refusing)
@@ -629,7 +678,8 @@ static void *redis_thread(void *arg) {
             r->n_writes--;
             pthread_cond_broadcast(&r->done);
             pthread_mutex_unlock(&r->mu);
-            cache_chunk_unref(ch);
+            if (it.chunk) cache_chunk_unref(it.chunk);
+            if (it.content) content_rec_unref(it.content);
             pthread_mutex_lock(&r->mu);
         } else if (r->stop) {
             break;
@@ -641,15 +691,12 @@ static void *redis_thread(void *arg) {
     return NULL;
 }
 
-bool cache_redis_put(cache_redis *r, cache_chunk *c) {
-    if (c->n_blocks < 1 || c->n_blocks > cache_chunk_blocks(&r->layout) ||
-        c->bytes != cache_block_bytes(&r->layout) * (size_t)c->n_blocks)
-        return false;
+/* Queues it (the caller took its reference); false, counted as dropped, when the queue is full. */
+static bool enqueue(cache_redis *r, redis_item it) {
     pthread_mutex_lock(&r->mu);
     bool queued = r->n_writes < r->write_queue;
     if (queued) {
-        cache_chunk_ref(c);
-        r->wq[(r->wq_head + r->wq_len) % r->write_queue] = c;
+        r->wq[(r->wq_head + r->wq_len) % r->write_queue] = it;
         r->wq_len++;
         r->n_writes++;
         pthread_cond_signal(&r->work);
@@ -658,6 +705,84 @@ bool cache_redis_put(cache_redis *r, cache_chunk *c) {
     }
     pthread_mutex_unlock(&r->mu);
     return queued;
+}
+
+bool cache_redis_put(cache_redis *r, cache_chunk *c) {
+    if (c->n_blocks < 1 || c->n_blocks > cache_chunk_blocks(&r->layout) ||
+        c->bytes != cache_block_bytes(&r->layout) * (size_t)c->n_blocks)
+        return false;
+    cache_chunk_ref(c);
+    if (enqueue(r, (redis_item){.chunk = c})) return true;
+    cache_chunk_unref(c);
+    return false;
+}
+
+bool cache_redis_put_content(cache_redis *r, content_rec *c) {
+    if (c->src || c->n_layer != r->layout.n_layer ||
+        c->kv_dim != r->layout.n_kv_head * r->layout.head_dim)
+        return false;
+    content_rec_ref(c);
+    if (enqueue(r, (redis_item){.content = c})) return true;
+    content_rec_unref(c);
+    return false;
+}
+
+int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_key *keys,
+                              const int *n_tok, int n, content_rec **out) {
+    int found = 0, corrupt = 0;
+    int64_t bytes_out = 0;
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (n <= 0) return 0;
+    const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
+    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)n);
+    redisReply *rep = NULL;
+    pthread_mutex_lock(&r->lookup_mu);
+    redis_conn *c = &r->lookup;
+    if (argv && names && conn_get(r, c)) {
+        argv[0] = "MGET";
+        for (int i = 0; i < n; i++) {
+            key_content(r, ns, &keys[i], names[i]);
+            argv[i + 1] = names[i];
+        }
+        if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
+            rep = conn_reply(r, c);
+        else
+            conn_fail(r, c, "cannot build a command");
+    }
+    if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == (size_t)n) {
+        int kv_dim = r->layout.n_kv_head * r->layout.head_dim;
+        for (int i = 0; i < n; i++) {
+            const redisReply *v = rep->element[i];
+            if (v->type != REDIS_REPLY_STRING) continue;
+            kv_error err = {{0}};
+            content_rec *cr = content_record_parse(r->layout.model_id, r->layout.n_layer, kv_dim,
+                                                   (const uint8_t *)v->str, v->len, &keys[i], &err);
+            if (cr && (cr->n_tok != n_tok[i] || memcmp(cr->ns.b, ns->b, CACHE_KEY_BYTES) != 0)) {
+                kv_fail(&err, "%d tokens in another namespace, %d asked for", cr->n_tok, n_tok[i]);
+                content_rec_unref(cr);
+                cr = NULL;
+            }
+            if (!cr) {
+                corrupt++;
+                log_warn("cache: redis %s: refusing %s: %s", r->url, names[i], err.msg);
+                delete_keys(r, c, &names[i], 1);
+                continue;
+            }
+            out[i] = cr;
+            found++;
+            bytes_out += (int64_t)v->len;
+        }
+    }
+    pthread_mutex_unlock(&r->lookup_mu);
+    if (rep) freeReplyObject(rep);
+    free(argv);
+    free(names);
+    pthread_mutex_lock(&r->mu);
+    r->st.content_hits += found;
+    r->st.corrupt += corrupt;
+    r->st.bytes_out += bytes_out;
+    pthread_mutex_unlock(&r->mu);
+    return found;
 }
 
 /* ---------------------------------------------------------------- open, clear, stats */
@@ -694,10 +819,10 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
         snprintf(r->url, sizeof r->url, "unix://%.50s", addr.path);
     else
         snprintf(r->url, sizeof r->url, "%.40s:%d/%d", addr.host, addr.port, addr.db);
-    cache_key model;
-    memcpy(model.b, l->model_id, CACHE_KEY_BYTES);
+    cache_key mid;
+    memcpy(mid.b, l->model_id, CACHE_KEY_BYTES);
     char mh[2 * CACHE_KEY_BYTES + 1];
-    cache_key_hex(&model, mh);
+    cache_key_hex(&mid, mh);
     /* The chunking is in the name too: instances of one model with other chunk sizes would
      * otherwise find each other's records, refuse them as foreign and delete them. */
     snprintf(r->prefix, sizeof r->prefix, "kvserve:%d:%.16s-%dx%d:", REDIS_KEY_VERSION, mh,
@@ -746,7 +871,11 @@ void cache_redis_close(cache_redis *r) {
     pthread_cond_signal(&r->work);
     pthread_mutex_unlock(&r->mu);
     if (r->thread_started) pthread_join(r->thread, NULL);
-    for (int i = 0; i < r->wq_len; i++) cache_chunk_unref(r->wq[(r->wq_head + i) % r->write_queue]);
+    for (int i = 0; i < r->wq_len; i++) {
+        redis_item it = r->wq[(r->wq_head + i) % r->write_queue];
+        if (it.chunk) cache_chunk_unref(it.chunk);
+        if (it.content) content_rec_unref(it.content);
+    }
     if (r->lookup.ctx) redisFree(r->lookup.ctx);
     if (r->writer.ctx) redisFree(r->writer.ctx);
     pthread_mutex_destroy(&r->lookup_mu);
@@ -806,7 +935,8 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
                     argv2[i + 1] = keys->element[i]->str;
                     len2[i + 1] = keys->element[i]->len;
                     /* Records are counted, not the aliases a clear of everything drops too. */
-                    n += memmem(keys->element[i]->str, keys->element[i]->len, ":r:", 3) != NULL;
+                    n += memmem(keys->element[i]->str, keys->element[i]->len, ":r:", 3) != NULL ||
+                         memmem(keys->element[i]->str, keys->element[i]->len, ":c:", 3) != NULL;
                 }
                 if (redisAppendCommandArgv(c->ctx, (int)keys->elements + 1, argv2, len2) ==
                     REDIS_OK)

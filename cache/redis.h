@@ -24,6 +24,7 @@
 #ifndef KVSERVE_CACHE_REDIS_H
 #define KVSERVE_CACHE_REDIS_H
 
+#include "cache/blend.h"
 #include "cache/cache.h"
 #include "cache/codec.h"
 
@@ -69,6 +70,15 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
 /* Queues c to be written (taking a reference); never blocks on the network. False, counted as
  * dropped, when the queue is full or c is not whole blocks of the layout. */
 bool cache_redis_put(cache_redis *r, cache_chunk *c);
+/* Queues a complete blend content record (cache/blend.h) to be written, lossless, in its disk
+ * file's format under ...:<ns>:c:<content key> (taking a reference); false, counted as dropped,
+ * when the queue is full or the record is not this layout's. */
+bool cache_redis_put_content(cache_redis *r, content_rec *c);
+/* Looks up content records of namespace ns by key (keys[i] of n_tok[i] tokens) in one MGET:
+ * out[i] a checked record with one reference, or NULL. Values that fail a check are refused,
+ * counted as corrupt and deleted. Returns how many were found. */
+int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_key *keys,
+                              const int *n_tok, int n, content_rec **out);
 /* Deletes namespace ns's records (NULL: every record of this model identity, and its aliases)
  * with SCAN and UNLINK; returns how many were deleted, -1 when Redis could not be reached. */
 int64_t cache_redis_clear(cache_redis *r, const cache_key *ns);

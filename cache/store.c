@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/blend.h"
 #include "cache/cache.h"
 #include "cache/disk.h"
 #include "cache/ram.h"
@@ -215,4 +216,19 @@ void cache_store_stats(cache_store *s, cache_stats *out) {
 void cache_store_flush(cache_store *s) {
     if (s->disk) cache_disk_flush(s->disk);
     if (s->redis) cache_redis_flush(s->redis);
+}
+
+bool cache_store_has_redis(const cache_store *s) { return s && s->redis; }
+
+void cache_store_put_content(cache_store *s, content_rec *r) {
+    if (s && s->redis) cache_redis_put_content(s->redis, r);
+}
+
+int cache_store_fetch_content(cache_store *s, const cache_key *ns, const cache_key *keys,
+                              const int *n_tok, int n, content_rec **out) {
+    if (!s || !s->redis) {
+        for (int i = 0; i < n; i++) out[i] = NULL;
+        return 0;
+    }
+    return cache_redis_fetch_content(s->redis, ns, keys, n_tok, n, out);
 }

@@ -63,6 +63,7 @@ void cache_api_stats(server *s, http_reply *out) {
     }
     json_object_set_new(levels, "text", json_integer(cs.redis.text));
     json_object_set_new(redis, "levels", levels);
+    json_object_set_new(redis, "content_hits", json_integer(cs.redis.content_hits));
     json_object_set_new(tiers, "redis", redis);
     /* blend's content records, found by content anywhere in a prompt */
     json_t *bram = tier_json(&es.content, false);

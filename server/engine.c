@@ -948,6 +948,7 @@ static void store_content(engine *e, eseq *s) {
             }
         content_store_put(e->cs, rec);
         content_disk_put(e->o.blend_disk, rec);
+        cache_store_put_content(e->o.store, rec);
         content_rec_unref(rec);
     }
     free(rows);
@@ -1739,6 +1740,44 @@ static void prefetch(engine *e, gen_request *r) {
     note_fetched(r, cl, n_text);
 }
 
+/* Brings from the Redis tier the content records of r's content-defined chunks past its exact
+ * prefix that RAM and disk lack, into the content store, where the blend planned at admission
+ * finds them (the submitting thread, like the prefix fetch). */
+static void prefetch_content(engine *e, gen_request *r) {
+    if (!e->cs || !r->blend || r->prompt_logprobs || !cache_store_has_redis(e->o.store)) return;
+    int n = r->n_prompt, bt = kv_pool_layout(e->pool)->block_tokens;
+    int from = r->n_loaded ? (r->loaded_from + r->loaded_blocks) * bt : 0, n_want = 0;
+    int *cuts = malloc(sizeof *cuts * (size_t)n), *n_tok = malloc(sizeof *n_tok * (size_t)n);
+    cache_key *keys = malloc(sizeof *keys * (size_t)n);
+    content_rec **got = malloc(sizeof *got * (size_t)n);
+    if (!cuts || !n_tok || !keys || !got) goto done;
+    int n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, cuts, n);
+    for (int i = 0, a = 0; i < n_cuts; a = cuts[i++]) {
+        int b = cuts[i];
+        if (a < from || b > n - 1 || b - a < BLEND_CDC.min_tokens) continue;
+        cache_key *k = &keys[n_want];
+        cache_content_key(e->m->identity, &r->ns, r->prompt + a, b - a, k);
+        if (content_store_has(e->cs, k)) continue;
+        content_rec *on_disk = content_disk_get(e->o.blend_disk, k, b - a);
+        if (on_disk) {
+            content_rec_unref(on_disk);
+            continue;
+        }
+        n_tok[n_want++] = b - a;
+    }
+    if (n_want && cache_store_fetch_content(e->o.store, &r->ns, keys, n_tok, n_want, got) > 0)
+        for (int i = 0; i < n_want; i++)
+            if (got[i]) {
+                content_store_put(e->cs, got[i]);
+                content_rec_unref(got[i]);
+            }
+done:
+    free(cuts);
+    free(n_tok);
+    free(keys);
+    free(got);
+}
+
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
     /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
     r->cache = e->o.chunk_tokens > 0 && !r->pos && !r->skv;
@@ -1753,7 +1792,10 @@ int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fe
     bool queue_full = e->q_len >= e->q_cap;
     pthread_mutex_unlock(&e->mu);
     /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
-    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) prefetch(e, r);
+    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) {
+        prefetch(e, r);
+        prefetch_content(e, r);
+    }
     return 0;
 }
 

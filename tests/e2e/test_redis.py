@@ -5,8 +5,9 @@ and the stats and metrics say it is down; Redis restarted: the instances reconne
 and reuse through it again; Redis gone in the middle of a value: the rest is computed, the answer
 the same. Levels: every chunk forced to a codec level, to 8-bit or to text,
 and under a TTFT budget, with usage saying what each chunk came as; lossy KV never reaches the
-instance's exact tiers; the codec table found in the cache directory, or none. Skipped, visibly,
-where redis-server is not installed."""
+instance's exact tiers; the codec table found in the cache directory, or none. Blend's content
+records through Redis: one instance's passages blended by another. Skipped, visibly, where
+redis-server is not installed."""
 import os
 import shutil
 import subprocess
@@ -325,3 +326,22 @@ def test_redis_gone_in_the_middle_of_a_value(start_server, redis, codec_table):
         assert "lost" in b.stderr()
     finally:
         proxy.close()
+
+
+def test_passages_blended_from_another_instance(start_server, redis, codec_table):
+    """Blend's content records go to Redis too: passages one instance saw are blended by another,
+    in another order behind another question, with no shared disk."""
+    from test_blend import ask, details, rag
+    a = start_server("-c", "2048", *with_redis(redis, codec_table))
+    ask(a.client(), a.model_id, rag([0, 1, 2], "What is free software?"))
+    a.terminate()  # a clean stop finishes the queued writes
+    b = start_server("-c", "2048", *with_redis(redis, codec_table))
+    msgs = rag([2, 0, 1], "Who has responsibilities?")
+    full, _ = ask(b.client(), b.model_id, msgs, cache=False)
+    assert redis_tier(b)["content_hits"] == 0
+    got, usage = ask(b.client(), b.model_id, msgs, blend_ratio=1.0)
+    _, blended, _ = details(usage)
+    assert blended > 0.6 * usage.prompt_tokens, usage
+    assert got == full  # ratio 1: every token recomputed over the fetched records
+    st = redis_tier(b)
+    assert st["content_hits"] >= 3 and st["corrupt"] == 0, st

@@ -7,7 +7,8 @@
  * checksum is recomputed, so the checks behind it are reached without guessing SHA-256. The
  * file size is the input's. Whenever a header is accepted, its fields must be in range, and
  * when the layers that follow match their checksums, re-encoding the record must give back the
- * input header byte for byte (a header has one valid encoding). Any violation aborts. */
+ * input header byte for byte (a header has one valid encoding), and the whole-record parser must
+ * accept it exactly then, with the input's layers. Any violation aborts. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,11 @@ static void check(const uint8_t *buf, size_t len) {
         layers_ok = layers_ok && memcmp(s, buf + 168 + 32 * l, 32) == 0;
     }
     if (layers_ok && memcmp(again, buf, HB) != 0) abort();
+    /* the whole-record parser (the Redis tier's) accepts exactly the inputs whose layers match */
+    content_rec *whole = content_record_parse(model_id(), N_LAYER, KV_DIM, buf, len, &key, &err);
+    if ((whole != NULL) != layers_ok) abort();
+    if (whole && memcmp(whole->data, r->data, r->bytes) != 0) abort();
+    if (whole) content_rec_unref(whole);
     content_rec_unref(r);
 }
 
