@@ -173,7 +173,8 @@ int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layou
 
 int cache_record_decode_header_encoded(const uint8_t *buf, size_t len, const cache_layout *l,
                                        size_t max_payload, cache_record_info *out, kv_error *err) {
-    return decode_header(buf, len, l, max_payload ? max_payload : 1, out, err);
+    if (max_payload == 0) return kv_fail(err, "no room for an encoded payload");
+    return decode_header(buf, len, l, max_payload, out, err);
 }
 
 int cache_record_check_payload(const cache_record_info *info, const uint8_t *payload,

@@ -67,12 +67,12 @@ void cache_record_encode_header_as(const cache_layout *l, const cache_chunk *c, 
  * with err naming the first problem. len is how many bytes buf holds. */
 int cache_record_decode_header(const uint8_t *buf, size_t len, const cache_layout *l,
                                cache_record_info *out, kv_error *err);
-/* Checks a payload against the header's checksum; -1 with err on mismatch. payload holds
- * info->payload_bytes bytes (info from cache_record_decode_header, which bounds that size). */
 /* The same, also accepting encoded records (levels 1 .. CACHE_RECORD_MAX_LEVEL) whose payload
- * is 1 .. max_payload bytes; the payload's decoder checks the rest. */
+ * is 1 .. max_payload bytes (max_payload > 0); the payload's decoder checks the rest. */
 int cache_record_decode_header_encoded(const uint8_t *buf, size_t len, const cache_layout *l,
                                        size_t max_payload, cache_record_info *out, kv_error *err);
+/* Checks a payload against the header's checksum; -1 with err on mismatch. payload holds
+ * info->payload_bytes bytes (info from cache_record_decode_header, which bounds that size). */
 int cache_record_check_payload(const cache_record_info *info, const uint8_t *payload,
                                kv_error *err);
 

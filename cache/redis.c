@@ -27,7 +27,8 @@
 #define REDIS_BACKOFF_MIN_NS 100000000ull  /* 100 ms */
 #define REDIS_BACKOFF_MAX_NS 5000000000ull /* 5 s */
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
-#define REDIS_KEY_LEN 208 /* longest key: "kvserve:2:" + 16 + "-16x4096:" + 64 + ":r:" + 64 */
+#define REDIS_KEY_LEN 224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64  \
+                           */
 /* An alias: the record key, its namespace, then u32 sizes of the record's values, one per
  * encoding (0: not stored), as many as the writer offered. */
 #define REDIS_ALIAS_HEAD (2 * CACHE_KEY_BYTES)
@@ -39,6 +40,8 @@
 #define REDIS_PRIOR_RAW_NS 1.0
 #define REDIS_PRIOR_Q8_NS 2.0
 #define REDIS_PRIOR_CODEC_NS 6.0
+/* A link measure older than this is refreshed by fetching a request's first chunk. */
+#define REDIS_BW_FRESH_NS 10000000000ull
 /* Replies smaller than this measure the round trip more than the link. */
 #define REDIS_MIN_SAMPLE_BYTES 65536
 #define REDIS_SCAN_COUNT "512"
@@ -84,6 +87,7 @@ struct cache_redis {
     cache_tier_stats st;
     int state;                    /* -1: never connected yet, 0: down, 1: connected */
     double bw;                    /* lookup link, bytes per ns (EWMA; 0: not measured yet) */
+    uint64_t bw_at;               /* when bw was last sampled */
     double dec_ns[CACHE_ENC_MAX]; /* decode cost per KV element by encoding (EWMA) */
 
     pthread_t thread; /* the write thread, and its connection */
@@ -99,10 +103,14 @@ struct cache_redis {
 /* A record's value in encoding enc: ":r:" holds the lossless one, ":e<enc>:" the others. */
 static void key_value(const cache_redis *r, const cache_key *ns, const cache_key *key, int enc,
                       char out[REDIS_KEY_LEN]) {
-    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1], tag[8] = "r";
+    char nh[2 * CACHE_KEY_BYTES + 1], kh[2 * CACHE_KEY_BYTES + 1], tag[24] = "r";
     cache_key_hex(ns, nh);
     cache_key_hex(key, kh);
-    if (enc != CACHE_ENC_RAW) snprintf(tag, sizeof tag, "e%d", enc);
+    if (enc >= CACHE_ENC_CODEC) /* named with the table: instances with other tables miss */
+        snprintf(tag, sizeof tag, "e%d-%02x%02x%02x%02x", enc & 0xff, r->table->id[0],
+                 r->table->id[1], r->table->id[2], r->table->id[3]);
+    else if (enc != CACHE_ENC_RAW)
+        snprintf(tag, sizeof tag, "e%d", enc & 0xff);
     snprintf(out, REDIS_KEY_LEN, "%s%s:%s:%s", r->prefix, nh, tag, kh);
 }
 
@@ -333,10 +341,15 @@ static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const f
                       int i, int n, uint64_t t0) {
     const fetch_rec *f = &recs[i];
     if (p->force_enc == CACHE_ENC_TEXT) return CACHE_ENC_TEXT;
-    if (p->force_enc >= 0)
+    if (p->force_enc == CACHE_ENC_RAW || (p->force_enc > 0 && !p->lossless))
         return p->force_enc < r->n_enc && f->size[p->force_enc] ? p->force_enc : CACHE_ENC_RAW;
     double bw = r->bw > 0 ? r->bw : REDIS_PRIOR_BW;
-    double text = p->text_ns_per_token > 0 ? p->text_ns_per_token * f->tokens : 1e30;
+    /* Text is weighed against a measured link only: a request's first chunk is fetched when
+     * the last measure is old (or there is none), so one slow sample cannot keep every later
+     * request computing from text. */
+    bool measured = r->bw > 0 && clock_now_ns() - r->bw_at < REDIS_BW_FRESH_NS;
+    double text =
+        p->text_ns_per_token > 0 && (measured || i > 0) ? p->text_ns_per_token * f->tokens : 1e30;
     double raw = enc_cost(r, f, CACHE_ENC_RAW, bw);
     int exact = text < raw ? CACHE_ENC_TEXT : CACHE_ENC_RAW;
     double exact_cost = text < raw ? text : raw;
@@ -388,13 +401,20 @@ static void *decoder_thread(void *arg) {
         bool stale = false;
         cache_chunk *c = NULL;
         uint64_t t0 = clock_now_ns();
-        if (f->rep->type != REDIS_REPLY_NIL) /* expired, evicted or cleared: a plain miss */
-            c = value_decode(r, f->rep, &f->key, &f->ns, f->enc, &stale, &err);
+        /* nil (expired, evicted or cleared) or an error reply (e.g. LOADING): a plain miss */
+        bool value = f->rep->type == REDIS_REPLY_STRING;
+        if (value) c = value_decode(r, f->rep, &f->key, &f->ns, f->enc, &stale, &err);
         uint64_t dt = clock_now_ns() - t0;
-        if (!c && f->rep->type != REDIS_REPLY_NIL) {
+        if (!c && value) {
             key_value(r, &f->ns, &f->key, f->enc, d->bad);
             d->bad_stale = stale && strcmp(err.msg, "out of memory") != 0;
             log_warn("cache: redis %s: refusing %s: %s", r->url, d->bad, err.msg);
+        }
+        if (c) { /* never r->mu under d->mu: the reading thread takes them the other way */
+            pthread_mutex_lock(&r->mu);
+            double elems = (double)c->bytes / 2, ns = (double)dt / elems;
+            r->dec_ns[f->enc] = 0.5 * r->dec_ns[f->enc] + 0.5 * ns;
+            pthread_mutex_unlock(&r->mu);
         }
         pthread_mutex_lock(&d->mu);
         if (!c) {
@@ -404,10 +424,8 @@ static void *decoder_thread(void *arg) {
         d->out[i] = c;
         d->done = i + 1;
         d->bytes_out += (int64_t)f->rep->len;
-        pthread_mutex_lock(&r->mu);
-        double elems = (double)c->bytes / 2, ns = (double)dt / elems;
-        r->dec_ns[f->enc] = 0.5 * r->dec_ns[f->enc] + 0.5 * ns;
-        pthread_mutex_unlock(&r->mu);
+        freeReplyObject(f->rep); /* the wire copy goes as soon as the chunk is made */
+        f->rep = NULL;
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -437,37 +455,47 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
     pthread_cond_init(&d.cv, NULL);
     pthread_t th;
     bool threaded = pthread_create(&th, NULL, decoder_thread, &d) == 0;
-    int sent = 0;
+    int sent = 0, text_from = n; /* chunks from text_from on are left to text */
     pthread_mutex_lock(&r->mu);
     recs[0].enc = choose_enc(r, p, recs, 0, n, t0);
     pthread_mutex_unlock(&r->mu);
     if (!threaded)
         log_warn("cache: redis %s: cannot start a decoder thread (a miss)", r->url);
     else if (recs[0].enc == CACHE_ENC_TEXT)
-        *n_text = n;
+        text_from = 0;
     else if (send_get(r, c, &recs[0]))
         sent = 1;
-    for (int i = 0; i < sent; i++) {
+    for (int i = 0; i < sent;) {
         redisReply *rep = conn_reply(r, c);
         if (!rep) break;
         uint64_t now = clock_now_ns();
-        recs[i].rep = rep;
-        pthread_mutex_lock(&r->mu);
-        if (rep->type == REDIS_REPLY_STRING && rep->len >= REDIS_MIN_SAMPLE_BYTES) {
-            double bw = (double)rep->len / (double)(now - recs[i].t_sent + 1);
-            r->bw = r->bw > 0 ? 0.5 * r->bw + 0.5 * bw : bw;
+        fetch_rec *f = &recs[i];
+        if (rep->type != REDIS_REPLY_STRING && f->enc != CACHE_ENC_RAW && f->size[CACHE_ENC_RAW]) {
+            /* that encoding is gone (evicted, or written under another codec table): the
+             * lossless value instead */
+            freeReplyObject(rep);
+            f->enc = CACHE_ENC_RAW;
+            if (!send_get(r, c, f)) break;
+            continue;
         }
+        f->rep = rep;
         pthread_mutex_lock(&d.mu);
         bool more = rep->type == REDIS_REPLY_STRING && i + 1 < n && !d.failed;
         pthread_mutex_unlock(&d.mu);
+        pthread_mutex_lock(&r->mu);
+        if (rep->type == REDIS_REPLY_STRING && rep->len >= REDIS_MIN_SAMPLE_BYTES) {
+            double bw = (double)rep->len / (double)(now - f->t_sent + 1);
+            r->bw = r->bw > 0 ? 0.5 * r->bw + 0.5 * bw : bw;
+            r->bw_at = now;
+        }
         if (more) recs[i + 1].enc = choose_enc(r, p, recs, i + 1, n, t0);
         pthread_mutex_unlock(&r->mu);
         if (more && recs[i + 1].enc == CACHE_ENC_TEXT)
-            *n_text = n - (i + 1);
+            text_from = i + 1;
         else if (more && send_get(r, c, &recs[i + 1]))
             sent++;
         pthread_mutex_lock(&d.mu);
-        d.queued = i + 1;
+        d.queued = ++i;
         pthread_cond_signal(&d.cv);
         pthread_mutex_unlock(&d.mu);
     }
@@ -480,6 +508,8 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
         (*corrupt)++;
         if (d.bad_stale) delete_keys(r, c, &d.bad, 1);
     }
+    /* text continues the prefix only from where the fetched chunks end */
+    *n_text = d.done == text_from ? n - text_from : 0;
     for (int i = 0; i < n; i++)
         if (recs[i].rep) freeReplyObject(recs[i].rep);
     pthread_mutex_destroy(&d.mu);
@@ -586,13 +616,26 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *re
         ok = redisAppendCommandArgv(c->ctx, argc, av, al) == REDIS_OK;
         n_cmd += ok;
     }
-    for (int b = 0; b + 1 < ch->n_blocks && ok; b++)
-        for (int e = 0; e < r->n_enc && ok; e++) {
-            key_value(r, &ch->ns, &ch->bkeys[b], e, name);
-            const char *uv[2] = {"UNLINK", name};
-            ok = redisAppendCommandArgv(c->ctx, 2, uv, NULL) == REDIS_OK;
+    /* one UNLINK for every value of the records c supersedes (this instance's encodings;
+     * another table's expire with their TTL) */
+    int n_old = (ch->n_blocks - 1) * r->n_enc;
+    if (n_old > 0 && ok) {
+        char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)n_old);
+        const char **uv = malloc(sizeof *uv * (size_t)(n_old + 1));
+        ok = names && uv;
+        for (int b = 0, k = 0; ok && b + 1 < ch->n_blocks; b++)
+            for (int e = 0; e < r->n_enc; e++, k++) {
+                key_value(r, &ch->ns, &ch->bkeys[b], e, names[k]);
+                uv[k + 1] = names[k];
+            }
+        if (ok) {
+            uv[0] = "UNLINK";
+            ok = redisAppendCommandArgv(c->ctx, n_old + 1, uv, NULL) == REDIS_OK;
             n_cmd += ok;
         }
+        free(names);
+        free(uv);
+    }
     /* Every appended command's reply is read, so the connection stays in step. */
     bool all = ok;
     for (int i = 0; i < n_cmd; i++) {

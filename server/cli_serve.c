@@ -114,8 +114,9 @@ static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_
     if (base) {
         char hex[2 * CACHE_KEY_BYTES + 1];
         cache_key_hex((const cache_key *)(const void *)m->identity, hex);
-        if (asprintf(&dir, "%s/%.16s", base, hex) < 0 ||
-            asprintf(&saved, "%s/codec.kvcodec", dir) < 0) {
+        if (asprintf(&dir, "%s/%.16s", base, hex) < 0) dir = NULL;
+        if (!dir || asprintf(&saved, "%s/codec.kvcodec", dir) < 0) {
+            saved = NULL;
             kv_fail(err, "out of memory");
             goto done;
         }
@@ -135,8 +136,21 @@ static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_
              "model writes (once; --redis-codec off skips it)");
     cli_model_opts mo = {.path = c->model, .threads = c->threads};
     calib_opts co = CALIB_DEFAULTS;
-    if (calibrate_codec_table(&mo, &co, t, err)) {
-        kv_fail_wrap(err, "calibrating the codec table");
+    kv_error cerr = {{0}};
+    int n_chan = m->hp.n_kv_head * m->hp.head_dim;
+    if (m->hp.n_layer > CODEC_MAX_LAYERS || n_chan > CODEC_MAX_CHANNELS)
+        kv_fail(&cerr,
+                "the codec codes at most %d layers of %d KV channels; the model has %d of %d",
+                CODEC_MAX_LAYERS, CODEC_MAX_CHANNELS, m->hp.n_layer, n_chan);
+    else
+        calibrate_codec_table(&mo, &co, t, &cerr);
+    if (cerr.msg[0]) { /* the tier works without codec levels: lossless and q8 */
+        log_warn("cache: no codec table (%s): the Redis tier stores lossless and q8 only",
+                 cerr.msg);
+        codec_table_free(t);
+        free(t);
+        t = NULL;
+        rc = 0;
         goto done;
     }
     kv_error serr = {{0}};
@@ -148,7 +162,7 @@ static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_
     rc = 0;
 done:
     if (rc == 0) {
-        *out = t;
+        *out = t; /* NULL: none */
     } else if (t) {
         codec_table_free(t);
         free(t);

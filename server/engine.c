@@ -25,12 +25,12 @@
 
 /* Drops the chunks fetched for r (after admission used them, or with r). */
 static void gen_request_drop_loaded(gen_request *r) {
+    free(r->loaded_src);
+    r->loaded_src = NULL;
     if (!r->loaded) return;
     for (int i = 0; i < r->n_loaded; i++) cache_chunk_unref(r->loaded[i]);
     free(r->loaded);
-    free(r->loaded_src);
     r->loaded = NULL;
-    r->loaded_src = NULL;
     r->n_loaded = 0;
     if (r->loaded_budget) atomic_fetch_sub(r->loaded_budget, r->loaded_bytes);
     r->loaded_bytes = 0;
@@ -217,7 +217,9 @@ struct engine {
     blend_entry *bents; /* [max_seqs] this step's blended entries */
     blend_span *bspans; /* [bspans_cap] their spans, clipped to the step */
     int bspans_cap;
-    double ns_token_layer; /* measured compute per token and layer (the loading controller) */
+    /* measured compute per token and layer (the loading controller; read by the submitting
+     * threads' Redis fetch policy too) */
+    _Atomic double ns_token_layer;
     atomic_llong blended_tokens, recomputed_tokens;
     int n_batch; /* entries in this step's batch (the pooling hook reads it) */
 };
@@ -603,6 +605,9 @@ static void fork_siblings(engine *e, eseq *first, const float *logits) {
         }
         s->wait_fork = false;
         s->n_computed = first->n_computed;
+        /* the shared KV is as exact as the first choice's: no further */
+        s->exact_end = first->exact_end;
+        s->lossy_from = first->lossy_from;
         memcpy(e->work, logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
         eseq_sample(e, s, e->work);
     }
@@ -927,6 +932,7 @@ static void store_content(engine *e, eseq *s) {
     int sp = 0;
     for (int i = 0, a = 0; i < s->n_cuts && s->cuts[i] <= s->n_computed; a = s->cuts[i++]) {
         int b = s->cuts[i], n = b - a;
+        if (b > s->lossy_from) break; /* lossy KV, or computed after it */
         while (sp < s->n_spans && s->spans[sp].slot + s->spans[sp].n <= a) sp++;
         if (n < BLEND_CDC.min_tokens || (sp < s->n_spans && s->spans[sp].slot < b)) continue;
         cache_key key;
@@ -989,7 +995,6 @@ static void reuse_prefix(engine *e, eseq *s) {
         pthread_mutex_unlock(&r->mu);
     }
     plan_blend(e, s);
-    if (s->lossy_from < s->exact_end) s->exact_end = s->lossy_from;
 }
 
 /* Copies s's blocks [first, first + n) (one chunk's, from its start) into a record for the
@@ -1014,6 +1019,8 @@ static void write_back(engine *e, eseq *s) {
     int cb = e->o.chunk_tokens / bt;
     /* blended KV is not what a full prefill computes: no prefix key may name it */
     int exact = s->n_computed < s->exact_end ? s->n_computed : s->exact_end;
+    /* nor KV that came lossy from Redis, or was computed after it */
+    if (s->lossy_from < exact) exact = s->lossy_from;
     while ((s->n_stored + 1) * bt <= exact) {
         int i = s->n_stored;
         if (i >= s->n_keys) {
@@ -1743,6 +1750,8 @@ static void prefetch(engine *e, gen_request *r) {
 /* Brings from the Redis tier the content records of r's content-defined chunks past its exact
  * prefix that RAM and disk lack, into the content store, where the blend planned at admission
  * finds them (the submitting thread, like the prefix fetch). */
+#define PREFETCH_CONTENT_BATCH 64 /* content records per MGET */
+
 static void prefetch_content(engine *e, gen_request *r) {
     if (!e->cs || !r->blend || r->prompt_logprobs || !cache_store_has_redis(e->o.store)) return;
     int n = r->n_prompt, bt = kv_pool_layout(e->pool)->block_tokens;
@@ -1765,12 +1774,19 @@ static void prefetch_content(engine *e, gen_request *r) {
         }
         n_tok[n_want++] = b - a;
     }
-    if (n_want && cache_store_fetch_content(e->o.store, &r->ns, keys, n_tok, n_want, got) > 0)
-        for (int i = 0; i < n_want; i++)
-            if (got[i]) {
-                content_store_put(e->cs, got[i]);
-                content_rec_unref(got[i]);
+    /* in batches, and no more than the content store holds */
+    int64_t room = e->o.blend_bytes, kvd = e->m->hp.n_kv_head * e->m->hp.head_dim;
+    for (int i = 0; i < n_want && room > 0; i += PREFETCH_CONTENT_BATCH) {
+        int k = n_want - i < PREFETCH_CONTENT_BATCH ? n_want - i : PREFETCH_CONTENT_BATCH;
+        if (cache_store_fetch_content(e->o.store, &r->ns, keys + i, n_tok + i, k, got) == 0)
+            continue;
+        for (int j = 0; j < k; j++)
+            if (got[j]) {
+                room -= (int64_t)2 * 2 * e->m->hp.n_layer * kvd * got[j]->n_tok;
+                content_store_put(e->cs, got[j]);
+                content_rec_unref(got[j]);
             }
+    }
 done:
     free(cuts);
     free(n_tok);

@@ -183,12 +183,13 @@ def test_levels_through_redis(start_server, redis, codec_table):
     a.terminate()
     n = records_for(len(prompt))
 
-    # a codec level, forced: every chunk comes at it, from Redis
+    # a codec level, forced: every chunk comes at it, from Redis (two choices share the KV)
     b = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
-    text, cached, r = complete(b, prompt, kv_level="codec1")
+    text, cached, r = complete(b, prompt, kv_level="codec1", n=2)
     assert kv_levels(r) == (["codec1"] * n, {"redis"}), r["usage"]
     assert cached == reusable(len(prompt)) and text
-    # lossy KV stays with its request: b's RAM, disk and pool hold nothing of it, so a request
+    # lossy KV stays with its request: b's RAM, disk and pool hold nothing of it (neither choice
+    # stored it, nor what it computed after it), so a request
     # insisting on exact KV fetches the lossless values, and answers as a full prefill
     text, cached, r = complete(b, prompt, kv_lossless=True, ttft_budget_ms=1)
     assert kv_levels(r) == (["lossless"] * n, {"redis"}), r["usage"]
