@@ -640,16 +640,26 @@ static int fetch_policy(cache_redis *r, const cache_key *bkeys, const cache_fetc
     return cache_redis_fetch(r, bkeys, 0, 8, p, out, upto, enc, 2, n_text);
 }
 
+/* Two KV-like chunks of sequence seed (its first 128 tokens) written through r; their block keys
+ * into bkeys. */
+static void put_two(cache_redis *r, const cache_layout *l, const cache_key *ns, int seed,
+                    cache_chunk *c[2], cache_key *bkeys) {
+    for (int i = 0; i < 2; i++) {
+        c[i] = kv_chunk(l, ns, seed, i);
+        cache_redis_put(r, c[i]);
+    }
+    cache_redis_flush(r);
+    seq_keys(l, ns, seed, 128, 1 << 30, bkeys);
+}
+
 Test(cache_redis, every_encoding_through_redis_and_the_policy) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL), bkeys[32];
     codec_table t;
     chunk_codec_table(&t, &l, 1, 3);
     cache_redis *r = open_coded(&l, &t);
-    cache_chunk *c[2] = {kv_chunk(&l, &ns, 3, 0), kv_chunk(&l, &ns, 3, 1)};
-    for (int i = 0; i < 2; i++) cache_redis_put(r, c[i]);
-    cache_redis_flush(r);
-    seq_keys(&l, &ns, 3, 128, 1 << 30, bkeys);
+    cache_chunk *c[2];
+    put_two(r, &l, &ns, 3, c, bkeys);
     cache_chunk *out[2] = {0};
     uint8_t enc[2];
     int n_text = -1;
@@ -710,10 +720,8 @@ Test(cache_redis, another_codec_tables_values_are_not_used_and_kept) {
     chunk_codec_table(&t2, &l, 1.5f, 3);
     cr_assert_neq(memcmp(t1.id, t2.id, 4), 0);
     cache_redis *a = open_coded(&l, &t1), *b = open_coded(&l, &t2);
-    cache_chunk *c[2] = {kv_chunk(&l, &ns, 4, 0), kv_chunk(&l, &ns, 4, 1)};
-    for (int i = 0; i < 2; i++) cache_redis_put(a, c[i]);
-    cache_redis_flush(a);
-    seq_keys(&l, &ns, 4, 128, 1 << 30, bkeys);
+    cache_chunk *c[2];
+    put_two(a, &l, &ns, 4, c, bkeys);
     cache_chunk *out[2] = {0};
     uint8_t enc[2];
     int n_text;
@@ -766,10 +774,8 @@ Test(cache_redis, a_corrupt_coded_value_is_refused_and_deleted) {
     codec_table t;
     chunk_codec_table(&t, &l, 1, 3);
     cache_redis *r = open_coded(&l, &t);
-    cache_chunk *c[2] = {kv_chunk(&l, &ns, 5, 0), kv_chunk(&l, &ns, 5, 1)};
-    for (int i = 0; i < 2; i++) cache_redis_put(r, c[i]);
-    cache_redis_flush(r);
-    seq_keys(&l, &ns, 5, 128, 1 << 30, bkeys);
+    cache_chunk *c[2];
+    put_two(r, &l, &ns, 5, c, bkeys);
     /* one byte of the second chunk's codec2 payload flipped */
     char name[256];
     value_name(&l, &t, &ns, &c[1]->key, CACHE_ENC_CODEC + 2, name, sizeof name);
