@@ -66,8 +66,14 @@ size_t cache_enc_bound(const cache_layout *l, const codec_table *t, int enc, int
     return codec_encode_bound(t, sh.n_tok);
 }
 
-/* The pool blocks (per block [layer][kv][head][token][dim] f16) as x [layer][kv][token]
- * [head * head_dim + dim] f32, and back. */
+/* The pool blocks (kernels/backend.h's layout: per block [layer][kv][head] regions, a K region
+ * [head_dim][block_tokens] (transposed), a V region [block_tokens][head_dim], f16) as x [layer]
+ * [kv][token][head * head_dim + dim] f32, and back. */
+static size_t region_at(const cache_layout *l, int kv, int t, int d) {
+    return kv == 0 ? (size_t)d * (size_t)l->block_tokens + (size_t)t
+                   : (size_t)t * (size_t)l->head_dim + (size_t)d;
+}
+
 static void blocks_to_f32(const cache_layout *l, const cache_chunk *c, float *x) {
     int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head, nc = nh * hd;
     int n_tok = c->n_blocks * bt;
@@ -77,11 +83,12 @@ static void blocks_to_f32(const cache_layout *l, const cache_chunk *c, float *x)
         for (int ly = 0; ly < l->n_layer; ly++)
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < nh; h++) {
-                    const uint16_t *src = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
+                    const uint16_t *reg = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
                     float *dst =
                         x + (((size_t)ly * 2 + kv) * n_tok + (size_t)b * bt) * nc + (size_t)h * hd;
                     for (int t = 0; t < bt; t++)
-                        fp16_to_fp32_row(src + (size_t)t * hd, dst + (size_t)t * nc, hd);
+                        for (int d = 0; d < hd; d++)
+                            dst[(size_t)t * nc + d] = fp16_to_fp32(reg[region_at(l, kv, t, d)]);
                 }
     }
 }
@@ -95,11 +102,12 @@ static void f32_to_blocks(const cache_layout *l, const float *x, cache_chunk *c)
         for (int ly = 0; ly < l->n_layer; ly++)
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < nh; h++) {
-                    uint16_t *dst = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
+                    uint16_t *reg = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
                     const float *src =
                         x + (((size_t)ly * 2 + kv) * n_tok + (size_t)b * bt) * nc + (size_t)h * hd;
                     for (int t = 0; t < bt; t++)
-                        fp32_to_fp16_row(src + (size_t)t * nc, dst + (size_t)t * hd, hd);
+                        for (int d = 0; d < hd; d++)
+                            reg[region_at(l, kv, t, d)] = fp32_to_fp16(src[(size_t)t * nc + d]);
                 }
     }
 }

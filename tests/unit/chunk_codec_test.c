@@ -47,14 +47,6 @@ static cache_chunk *round_trip(const cache_layout *l, const codec_table *t, int 
     return d;
 }
 
-/* Element (layer, kv, token, chan) of a chunk's f16 blocks. */
-static float at(const cache_layout *l, const cache_chunk *c, int ly, int kv, int t, int ch) {
-    int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head;
-    const uint16_t *blk =
-        (const uint16_t *)(const void *)(c->data + (size_t)(t / bt) * cache_block_bytes(l));
-    return fp16_to_fp32(blk[((((size_t)ly * 2 + kv) * nh + ch / hd) * bt + t % bt) * hd + ch % hd]);
-}
-
 Test(chunk_codec, names_round_trip) {
     for (int e = CACHE_ENC_TEXT; e < CACHE_ENC_MAX; e++) {
         if (e == CACHE_ENC_ANY) continue;
@@ -87,16 +79,19 @@ Test(chunk_codec, every_encoding_within_its_bound) {
         if (enc > CACHE_ENC_CODEC) cr_assert_lt(len, prev, "coarser levels are smaller");
         if (enc >= CACHE_ENC_CODEC) prev = len;
         int nc = l.n_kv_head * l.head_dim;
+        float xs[64 * 16], ys[64 * 16]; /* one layer's K or V rows, read by the backend */
         for (int ly = 0; ly < l.n_layer; ly++)
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < 2; kv++) {
+                chunk_kv_rows(c, &l, ly, kv, xs);
+                chunk_kv_rows(d, &l, ly, kv, ys);
                 for (int tk = 0; tk < 64; tk++) {
                     float lo = INFINITY, hi = -INFINITY;
                     for (int ch = 0; ch < nc; ch++) {
-                        lo = fminf(lo, at(&l, c, ly, kv, tk, ch));
-                        hi = fmaxf(hi, at(&l, c, ly, kv, tk, ch));
+                        lo = fminf(lo, xs[tk * nc + ch]);
+                        hi = fmaxf(hi, xs[tk * nc + ch]);
                     }
                     for (int ch = 0; ch < nc; ch++) {
-                        float x = at(&l, c, ly, kv, tk, ch), y = at(&l, d, ly, kv, tk, ch);
+                        float x = xs[tk * nc + ch], y = ys[tk * nc + ch];
                         /* f16 rounding of the decoded value, and of q8's min and step */
                         float bound = enc == CACHE_ENC_RAW ? 0
                                       : enc == CACHE_ENC_Q8
@@ -109,6 +104,7 @@ Test(chunk_codec, every_encoding_within_its_bound) {
                                       tk, ch, x, y, bound);
                     }
                 }
+            }
         cache_chunk_unref(d);
     }
     cache_chunk_unref(c);
@@ -179,4 +175,42 @@ Test(chunk_codec, decoders_refuse_what_does_not_fit) {
     free(scratch);
     codec_table_free(&t);
     codec_table_free(&other);
+}
+
+/* What the codecs see of a chunk is what the backend reads from its blocks (kernels/backend.h
+ * owns the layout: K regions are transposed): encoding the chunk gives the bytes of encoding the
+ * backend's rows directly. A layout slip would still round-trip, but code other values. */
+Test(chunk_codec, codecs_see_the_backends_rows) {
+    cache_layout l = layout();
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 5);
+    cache_chunk *c = kv_chunk(&l, 4, 128, 9);
+    int nc = l.n_kv_head * l.head_dim, nt = 64;
+    float *x = malloc(sizeof(float) * cache_enc_scratch_floats(&l));
+    float *scratch = malloc(sizeof(float) * cache_enc_scratch_floats(&l));
+    for (int ly = 0; ly < l.n_layer; ly++)
+        for (int kv = 0; kv < 2; kv++)
+            chunk_kv_rows(c, &l, ly, kv, x + ((size_t)ly * 2 + kv) * (size_t)nt * nc);
+    const int encs[2] = {CACHE_ENC_Q8, CACHE_ENC_CODEC};
+    for (int i = 0; i < 2; i++) {
+        size_t cap = cache_enc_bound(&l, &t, encs[i], 4);
+        uint8_t *got = malloc(cap), *want = malloc(cap);
+        kv_error err = {{0}};
+        int64_t n = cache_enc_encode(&l, &t, encs[i], c, scratch, got, cap, &err);
+        codec_shape sh = {.n_layer = l.n_layer, .n_tok = nt, .n_chan = nc};
+        int64_t m = encs[i] == CACHE_ENC_Q8
+                        ? (codec_uniform_encode(x, &sh, 8, want, &err)
+                               ? -1
+                               : (int64_t)codec_uniform_bytes(&sh, 8))
+                        : codec_encode_chunk(&t, 0, x, nt, 128, want, cap, &err);
+        cr_assert(n > 0 && n == m, "encoding %d: %lld vs %lld bytes", encs[i], (long long)n,
+                  (long long)m);
+        cr_assert_eq(memcmp(got, want, (size_t)n), 0, "encoding %d", encs[i]);
+        free(got);
+        free(want);
+    }
+    free(x);
+    free(scratch);
+    cache_chunk_unref(c);
+    codec_table_free(&t);
 }

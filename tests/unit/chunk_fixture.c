@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/quant.h"
 
 void chunk_fill(cache_chunk *c, uint64_t seed) {
@@ -47,20 +48,59 @@ float chunk_kv_value(int layer, int kv, int pos, int chan, uint64_t seed) {
     return (float)(centre + spread * gauss);
 }
 
+/* The CPU backend, for its KV pool writer and reader (kernels/backend.h owns the block layout). */
+static backend *fixture_backend(void) {
+    static backend *b;
+    kv_error err = {{0}};
+    if (!b) b = backend_cpu_create(1, &err);
+    cr_assert_not_null(b, "%s", err.msg);
+    return b;
+}
+
+/* c's payload as a pool of its blocks: the layout, block table and slots of its tokens. */
+static kv_layout chunk_pool(const cache_layout *l, const cache_chunk *c, int32_t *table,
+                            int32_t *slots) {
+    for (int b = 0; b < c->n_blocks; b++) table[b] = b;
+    for (int t = 0; t < c->n_blocks * l->block_tokens; t++) slots[t] = t;
+    return (kv_layout){.n_layer = l->n_layer,
+                       .n_kv_head = l->n_kv_head,
+                       .head_dim = l->head_dim,
+                       .block_tokens = l->block_tokens,
+                       .n_blocks = c->n_blocks};
+}
+
 void chunk_fill_kv(cache_chunk *c, const cache_layout *l, uint64_t seed) {
-    int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head;
-    size_t bb = cache_block_bytes(l);
-    for (int b = 0; b < c->n_blocks; b++) {
-        uint16_t *blk = (uint16_t *)(void *)(c->data + (size_t)b * bb);
-        for (int ly = 0; ly < l->n_layer; ly++)
-            for (int kv = 0; kv < 2; kv++)
-                for (int h = 0; h < nh; h++)
-                    for (int t = 0; t < bt; t++)
-                        for (int d = 0; d < hd; d++)
-                            blk[((((size_t)ly * 2 + kv) * nh + h) * bt + t) * hd + d] =
-                                fp32_to_fp16(
-                                    chunk_kv_value(ly, kv, c->pos0 + b * bt + t, h * hd + d, seed));
+    int n = c->n_blocks * l->block_tokens, nc = l->n_kv_head * l->head_dim;
+    int32_t *table = malloc(sizeof *table * (size_t)c->n_blocks),
+            *slots = malloc(sizeof *slots * n);
+    float *k = malloc(sizeof *k * (size_t)n * nc), *v = malloc(sizeof *v * (size_t)n * nc);
+    cr_assert(table && slots && k && v);
+    kv_layout kl = chunk_pool(l, c, table, slots);
+    for (int ly = 0; ly < l->n_layer; ly++) {
+        for (int t = 0; t < n; t++)
+            for (int ch = 0; ch < nc; ch++) {
+                k[(size_t)t * nc + ch] = chunk_kv_value(ly, 0, c->pos0 + t, ch, seed);
+                v[(size_t)t * nc + ch] = chunk_kv_value(ly, 1, c->pos0 + t, ch, seed);
+            }
+        cr_assert_eq(backend_kv_store(fixture_backend(), c->data, &kl, ly, table, slots, n, k, v),
+                     0);
     }
+    free(table);
+    free(slots);
+    free(k);
+    free(v);
+}
+
+void chunk_kv_rows(const cache_chunk *c, const cache_layout *l, int layer, int kv, float *out) {
+    int n = c->n_blocks * l->block_tokens;
+    int32_t *table = malloc(sizeof *table * (size_t)c->n_blocks),
+            *slots = malloc(sizeof *slots * n);
+    cr_assert(table && slots);
+    kv_layout kl = chunk_pool(l, c, table, slots);
+    cr_assert_eq(backend_kv_load(fixture_backend(), c->data, &kl, layer, kv, table, slots, n, out),
+                 0);
+    free(table);
+    free(slots);
 }
 
 void chunk_codec_table(codec_table *t, const cache_layout *l, float coarse, uint64_t seed) {
