@@ -223,6 +223,8 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey);
  * Records of the same chunk that hold a prefix of c's blocks are dropped: c supersedes them.
  * Never blocks on I/O; a write that cannot be queued is dropped and counted. */
 void cache_store_put(cache_store *s, cache_chunk *c);
+/* The same into RAM and onto disk only: for a chunk Redis is known to hold already. */
+void cache_store_put_local(cache_store *s, cache_chunk *c);
 /* Pins or unpins records by their own keys (RAM and disk keep pinned chunks; pins may fill at
  * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
  * and pinned. */

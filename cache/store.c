@@ -185,9 +185,13 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey) {
            (s->disk && cache_disk_find(s->disk, bkey, &record, &block));
 }
 
-void cache_store_put(cache_store *s, cache_chunk *c) {
+void cache_store_put_local(cache_store *s, cache_chunk *c) {
     if (s->ram) cache_ram_put(s->ram, c);
     if (s->disk) cache_disk_put(s->disk, c);
+}
+
+void cache_store_put(cache_store *s, cache_chunk *c) {
+    cache_store_put_local(s, c);
     if (s->redis) cache_redis_put(s->redis, c);
 }
 

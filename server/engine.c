@@ -1006,7 +1006,11 @@ static void store_record(engine *e, eseq *s, int first, int n) {
         cache_chunk_create(cl, s->keys + first, n, &s->req->ns, first * cl->block_tokens);
     if (!c) return; /* not stored: only a later miss */
     kv_seq_export_blocks(e->pool, &s->kv, first, n, c->data);
-    cache_store_put(e->o.store, c);
+    /* computed from text though Redis holds it (the fetch chose to): not written there again */
+    if (first + n <= s->req->redis_held_blocks)
+        cache_store_put_local(e->o.store, c);
+    else
+        cache_store_put(e->o.store, c);
     cache_chunk_unref(c);
 }
 
@@ -1702,6 +1706,7 @@ static void note_fetched(gen_request *r, const cache_layout *cl, int n_text) {
             (gen_fetched){.tokens = n, .tier = CACHE_TIER_REDIS, .enc = CACHE_ENC_TEXT};
         tokens += n;
     }
+    if (n_text > 0) r->redis_held_blocks = tokens / cl->block_tokens;
 }
 
 /* Fetches from the store the records that continue r's prefix past the blocks the pool holds,

@@ -116,6 +116,8 @@ typedef struct gen_request {
      * submission, read-only afterwards. */
     gen_fetched *fetched;
     int n_fetched;
+    int redis_held_blocks; /* the prompt's blocks [0, this) Redis holds (computed ones are not
+                              written there again) */
     /* Blend (cache/blend.h): reuse chunks found by content anywhere in the prompt, recomputing
      * a share of them (blend_ratio in 0..1; negative: the engine's loading controller picks). */
     bool blend;

@@ -170,6 +170,19 @@ def test_redis_down_then_back(start_server, redis, codec_table):
     assert "lost" in b.stderr() and "reconnected" in b.stderr()
 
 
+def settled_bytes_in(srv):
+    """The Redis tier's bytes written, once its writes have stopped."""
+    last = -1
+    deadline = time.monotonic() + 60 * SLOW
+    while time.monotonic() < deadline:
+        now = redis_tier(srv)["bytes_in"]
+        if now == last:
+            return now
+        last = now
+        time.sleep(1.0)
+    raise AssertionError("the Redis tier's writes did not settle")
+
+
 def kv_levels(r):
     """The levels usage says the fetched chunks came in, and the tiers they came from."""
     chunks = r["usage"].get("kv_chunks", [])
@@ -207,7 +220,11 @@ def test_levels_through_redis(start_server, redis, codec_table):
     text, cached, r = complete(c, prompt, kv_level="text")
     assert (text, cached) == (ref, 0)
     assert kv_levels(r)[0] == ["text"] * n, r["usage"]
-    assert redis_tier(c)["levels"]["text"] == n
+    st = redis_tier(c)
+    assert st["levels"]["text"] == n
+    # what it computed of them is not written to Redis again (at most the last, partial one,
+    # which the answer's tokens extend)
+    assert settled_bytes_in(c) < n * CHUNK * KV_BYTES_PER_TOKEN, redis_tier(c)
     # 8-bit, and a budget no fetch can meet: whatever is fastest, every chunk accounted for
     d = start_server(*CTX, *EXACT, *with_redis(redis, codec_table))
     text, cached, r = complete(d, prompt, kv_level="q8")
