@@ -19,21 +19,28 @@ socket (best of 2), so the table says what tc gave.
 The method.
   1. Instance A (an empty cache directory, --redis to the namespace) computes the context with
      the link unshaped: a system prompt of about --context-tokens tokens of licence text (as
-     bench-ttft's, not a multiple of the chunk) through the chat template, then one question.
-     Its chunk records go to Redis in the background; A is stopped (which flushes what is still
-     queued) once its Redis tier has written nothing more for 2 s.
+     bench-ttft's, not a multiple of the chunk) through the chat template, then one question;
+     and a warm-up context of 600 tokens the same way. Their chunk records go to Redis in the
+     background; A is stopped (which flushes what is still queued) once its Redis tier has
+     written nothing more for 2 s.
   2. For each rate, the link is shaped, and for each repetition and each mode a fresh instance
-     B is started (its own empty cache directory, the same Redis, no --ttft-budget-ms), sent one
-     unrelated warm-up request without the cache, then the context and a question never asked
-     before, streamed ("blend": false: blend would find the context by content). TTFT is the time
-     from sending it to the first streamed content. B is restarted for every request, so its
-     pool, RAM and disk never hold the context: every chunk comes from Redis or from the text.
-     The bytes B read from Redis and `usage.kv_chunks` (the tier and level of each chunk) are
-     kept with each time. B is then killed, not stopped, so what it would still write to Redis
-     is dropped and every B finds there just what A wrote.
+     B is started (its own empty cache directory, the same Redis, no --ttft-budget-ms) and
+     warmed up as an instance that has served requests is: the warm-up context without the
+     cache (its compute speed measured), then, where the binary has levels, again with
+     "ttft_budget_ms": 1 (the link's throughput and decode costs measured on the values it
+     fetches). Then the context and a question never asked before, streamed ("blend": false:
+     blend would find the context by content). TTFT is the time from sending it to the first
+     streamed content. B is restarted for every request, so its pool, RAM and disk never hold
+     the context: every chunk comes from Redis or from the text. The bytes B read from Redis
+     and `usage.kv_chunks` (the tier and level of each chunk) are kept with each time. B is
+     then killed, not stopped, so what it would still write to Redis is dropped and every B
+     finds there just what A wrote.
 
   mode                  request fields
-  text recompute        "kv_level": "text" (a binary without levels: "cache": false)
+  text recompute        "kv_level": "text" (a binary without levels: "cache": false); the
+                        chunks computed are stored again, as any computed chunk is
+  recompute, cache off  "cache": false: nothing read or stored (with levels only; without,
+                        it is the row above)
   lossless (f16)        "kv_level": "lossless" (a binary without levels: none; all it has)
   8-bit per token       "kv_level": "q8"
   codec level 0..3      "kv_level": "codec0" .. "codec3"
@@ -51,7 +58,11 @@ Quality: `kvserve codec-eval` (after `kvserve calibrate` when the model's table 
 older than the binary) over the licence corpus of bench-codec, --eval-windows windows of 1024
 context tokens: perplexity of the held-out text and greedy agreement against exact KV for fp16,
 8-bit per token and each level. Text recompute is exact by construction (a token's KV does not
-depend on what else was cached). Adaptive's quality is that of the levels it used.
+depend on what else was cached). Adaptive's quality is that of the levels it used. Then, where
+the binary has levels, what the server serves (codec-eval codes the KV itself, not through the
+Redis tier): --quality-questions questions, each asked of a fresh B per fixed level over the
+unshaped link, 16 greedy tokens with the first token's top-20 logprobs; KL(text || level) of
+that first distribution (blend.py's kl) and how many answers are text recompute's word for word.
 
 The table: median TTFT of --reps per mode and rate, the levels adaptive used (c3x15: 15 chunks at
 codec level 3; t: recomputed from text), the ratios the issue's targets name (adaptive against
@@ -60,8 +71,8 @@ met wherever the coarsest level met it), then the megabytes read from Redis per 
 
     python3 scripts/bench/stream.py [--bin build/kvserve] [--model MODEL] [--threads 2]
         [--rates 50,200,1000,3000] [--reps 2] [--context-tokens 4000] [--budget-ms 1500]
-        [--delay-ms 0] [--eval-windows 2] [--redis-timeout-ms MS] [--modes text,lossless,...]
-        [--link-only]
+        [--delay-ms 0] [--eval-windows 2] [--quality-questions 3] [--redis-timeout-ms MS]
+        [--modes text,lossless,...] [--link-only]
 """
 import argparse
 import collections
@@ -76,6 +87,7 @@ import tempfile
 import time
 
 import benchlib
+import blend
 import codec
 import ttft
 from benchlib import ROOT
@@ -84,6 +96,7 @@ LEVELS = ["lossless", "q8", "codec0", "codec1", "codec2", "codec3"]
 # (key, name in the table, request fields); the budget mode's fields are filled in by main
 MODES = [("lossless", "lossless (f16)", {"kv_level": "lossless"}),
          ("text", "text recompute", {"kv_level": "text"}),
+         ("nocache", "recompute, cache off", {"cache": False}),
          ("q8", "8-bit per token", {"kv_level": "q8"}),
          *[(f"codec{i}", f"codec level {i}", {"kv_level": f"codec{i}"}) for i in range(4)],
          ("adaptive", "adaptive, fastest", {"ttft_budget_ms": 1}),
@@ -95,6 +108,7 @@ EVAL_NAMES = {"fp16": "lossless", "8-bit per token": "q8", **{f"level {i}": f"co
                                                            for i in range(4)}}
 SHORT = {"lossless": "L", "q8": "q8", "text": "t", **{f"codec{i}": f"c{i}" for i in range(4)}}
 MAX_TOKENS = 4
+WARM_TOKENS = 600  # the warm-up context: two chunks and a part
 PROBE_KEY, PROBE_BYTES = "kvserve-bench:probe", 20_000_000
 
 
@@ -311,26 +325,66 @@ class Server(benchlib.Server):
         sys.exit(f"the Redis tier's writes did not settle in {timeout_s} s: {st}")
 
 
-Run = collections.namedtuple("Run", "ttft usage redis")
+Run = collections.namedtuple("Run", "ttft usage redis text first_lp")
 
 
-def ask(args, url, cache_dir, sysmsg, question, fields):
-    """One request on a fresh instance B: Run(TTFT in s, usage, B's Redis tier stats after)."""
+def ask(args, url, cache_dir, warm, sysmsg, question, fields, levels, max_tokens=MAX_TOKENS,
+        extra=None):
+    """One request on a fresh instance B, after the warm-up (none when warm is None): Run(TTFT
+    in s, usage, B's Redis tier stats after less the warm-up's, the answer, its first token's
+    top logprobs when asked for in extra)."""
     srv = Server(args, cache_dir, url)
     try:
-        srv.chat_stream({"messages": [{"role": "user", "content": "Say hello."}],
-                         "max_tokens": 1, "cache": False})
-        t, _, _, usage, _ = srv.chat_stream({
+        if warm:
+            # the estimates adaptive chooses levels by, as an instance that has served requests
+            # has them: compute per token (prefill steps of 64 tokens or more), then the link's
+            # throughput and the decode costs (values of the warm-up context fetched at levels)
+            srv.chat_stream({"messages": [warm, {"role": "user", "content": "Say hello."}],
+                             "max_tokens": 1, "cache": False})
+            if levels:
+                srv.chat_stream({"messages": [warm, {"role": "user", "content": "Say hello."}],
+                                 "max_tokens": 1, "blend": False, "ttft_budget_ms": 1})
+        st0 = srv.redis_stats()
+        t, text, first_lp, usage, _ = srv.chat_stream({
             "messages": [sysmsg, {"role": "user", "content": question}],
-            "max_tokens": MAX_TOKENS, "temperature": 0, "blend": False,
-            "stream_options": {"include_usage": True}, **fields})
-        st = srv.redis_stats()
+            "max_tokens": max_tokens, "temperature": 0, "blend": False,
+            "stream_options": {"include_usage": True}, **(extra or {}), **fields})
+        st = {k: v - st0[k] if isinstance(v, int) and not isinstance(v, bool) else v
+              for k, v in srv.redis_stats().items()}
     finally:
         # not stopped: what B would still write (its question's chunk; after a text recompute,
         # every chunk again) is dropped, so every B finds in Redis just what A wrote
         srv.kill()
         shutil.rmtree(cache_dir, ignore_errors=True)
-    return Run(t, usage, st)
+    return Run(t, usage, st, text, first_lp)
+
+
+def served_quality(args, link, workdir, sysmsg, modes):
+    """The KV each fixed level serves against text recompute's (exact), end to end: for each of
+    --quality-questions questions, the first token's top-20 distribution and a 16-token greedy
+    answer per mode, a fresh B each, link unshaped. Lossy KV is never stored, so the lossy
+    levels go first; lossless (which stores its question's chunk) and text follow.
+    {mode: (mean KL(text || mode), answers identical to text's, questions)}."""
+    order = [k for k in ("q8", "codec0", "codec1", "codec2", "codec3", "lossless", "text")
+             if k in {m[0] for m in modes}]
+    if args.quality_questions <= 0 or "text" not in order:
+        return {}
+    fields = dict((k, f) for k, _, f in modes)
+    link.shape(None)
+    got = collections.defaultdict(list)
+    for i in range(args.quality_questions):
+        q = f"Quality check {i}: {ttft.QUESTIONS[i % len(ttft.QUESTIONS)]}"
+        for key in order:
+            r = ask(args, link.url, os.path.join(workdir, f"q{i}{key}"), None, sysmsg, q,
+                    fields[key], True, 16, {"logprobs": True, "top_logprobs": 20})
+            got[key].append(r)
+        print(f"quality check {i + 1}/{args.quality_questions} done", file=sys.stderr)
+    out = {}
+    for key in order:
+        kls = [blend.kl(ref.first_lp, r.first_lp) for ref, r in zip(got["text"], got[key])]
+        same = sum(ref.text == r.text for ref, r in zip(got["text"], got[key]))
+        out[key] = (statistics.mean(kls), same, len(kls))
+    return out
 
 
 def eval_quality(args, workdir):
@@ -386,6 +440,8 @@ def main():
                     help="netem delay on each direction (0: none)")
     ap.add_argument("--eval-windows", type=int, default=2,
                     help="codec-eval windows for the quality columns (0: leave them out)")
+    ap.add_argument("--quality-questions", type=int, default=3,
+                    help="questions of the served-quality check (0: leave it out)")
     ap.add_argument("--redis-timeout-ms", type=int, default=0,
                     help="kvserve's --redis-timeout-ms (0: the server's default)")
     ap.add_argument("--modes", default=",".join(k for k, _, _ in MODES),
@@ -428,7 +484,7 @@ def main():
                       f"Mbit/s) |")
             return
         quality = eval_quality(args, workdir)
-        results, link_bps, levels = run(args, link, workdir, rates, modes)
+        results, link_bps, levels, served = run(args, link, workdir, rates, modes)
     except Skip as e:
         print(f"bench-stream: SKIPPED: {e}")
         return
@@ -437,7 +493,7 @@ def main():
     finally:
         link.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    report(args, rates, modes, results, link_bps, levels, quality)
+    report(args, rates, modes, results, link_bps, levels, quality, served)
 
 
 def run(args, link, workdir, rates, modes):
@@ -455,12 +511,16 @@ def run(args, link, workdir, rates, modes):
     ok = False
     try:
         tag = f"stream {os.getpid()}.{time.time_ns()}"
+        text = ttft.licence_text()
         sysmsg = {"role": "system", "content": ttft.system_prompt(
-            srv, ttft.licence_text(), args.context_tokens, tag)}
-        _, _, _, usage, _ = srv.chat_stream({
-            "messages": [sysmsg, {"role": "user", "content": ttft.QUESTIONS[0]}],
-            "max_tokens": 1, "temperature": 0, "blend": False,
-            "stream_options": {"include_usage": True}})
+            srv, text, args.context_tokens, tag)}
+        warm = {"role": "system", "content": ttft.system_prompt(srv, text, WARM_TOKENS,
+                                                                f"{tag} warm-up")}
+        for m in (warm, sysmsg):
+            _, _, _, usage, _ = srv.chat_stream({
+                "messages": [m, {"role": "user", "content": ttft.QUESTIONS[0]}],
+                "max_tokens": 1, "temperature": 0, "blend": False,
+                "stream_options": {"include_usage": True}})
         st = srv.wait_redis_writes()
         ok = True
     finally:
@@ -487,7 +547,8 @@ def run(args, link, workdir, rates, modes):
                     fields = NO_LEVELS[key]
                 k += 1
                 q = f"Question {k}: {ttft.QUESTIONS[k % len(ttft.QUESTIONS)]}"
-                r = ask(args, link.url, os.path.join(workdir, f"b{k}"), sysmsg, q, fields)
+                r = ask(args, link.url, os.path.join(workdir, f"b{k}"), warm, sysmsg, q, fields,
+                        levels)
                 if k == 1 and "kv_chunks" not in r.usage:  # B's first answer, lossless
                     if levels:
                         print("warning: this kvserve has --ttft-budget-ms but its first answer "
@@ -501,13 +562,15 @@ def run(args, link, workdir, rates, modes):
                     levels = True
                 results.setdefault((key, mbps), []).append(r)
                 print(f"  rep {rep + 1} {name}: {r.ttft * 1000:.0f} ms, "
-                      f"{r.redis['bytes_out'] / 1e6:.1f} MB from Redis, "
+                      f"{r.redis['bytes_out'] / 1e6:.1f} MB from Redis "
+                      f"({r.redis['bytes_in'] / 1e6:.1f} MB written by then), "
                       f"{r.usage['prompt_tokens_details']['cached_tokens']} tokens reused "
                       f"{levels_used(r.usage)}", file=sys.stderr)
-    return results, link_bps, levels
+    served = served_quality(args, link, workdir, sysmsg, modes) if levels else {}
+    return results, link_bps, levels, served
 
 
-def report(args, rates, modes, results, link_bps, levels, quality):
+def report(args, rates, modes, results, link_bps, levels, quality, served):
     model = os.path.basename(args.model)[:-len(".gguf")]
     med = {km: statistics.median(r.ttft for r in runs) * 1000 for km, runs in results.items()}
     any_run = next(iter(results.values()))[0]
@@ -517,12 +580,15 @@ def report(args, rates, modes, results, link_bps, levels, quality):
           f"tbf on both directions"
           f"{f', netem {args.delay_ms:g} ms each way' if args.delay_ms else ''})")
     print(f"| mode | {' | '.join(rate_name(r) for r in rates)} | bytes/token | ppl vs exact "
-          f"| agreement |")
-    print(f"|---|{'---:|' * len(rates)}---:|---:|---:|")
+          f"| agreement | served: KL vs text | served: same answer |")
+    print(f"|---|{'---:|' * len(rates)}---:|---:|---:|---:|---:|")
+    blank = " | " * 5
     print(f"| link measured (MB/s) | "
-          f"{' | '.join(f'{link_bps[r] / 1e6:.1f}' for r in rates)} | | | |")
+          f"{' | '.join(f'{link_bps[r] / 1e6:.1f}' for r in rates)}{blank}|")
     notes = []
     for key, name, _ in modes:
+        if key == "nocache" and not levels:
+            continue
         cells = []
         for r in rates:
             runs = results.get((key, r))
@@ -538,23 +604,28 @@ def report(args, rates, modes, results, link_bps, levels, quality):
                 notes.append(f"{name} at {rate_name(r)}: only {reused} tokens reused: Redis "
                              f"read failed or fell short, the rest recomputed (B's log says)")
             cells.append(cell)
-        if key == "text":
+        if key in ("text", "nocache"):
             q = ("", "+0.00% (exact)", "100.0%")
         elif key in ("adaptive", "budget"):
             q = ("", "its levels'", "")
         else:
             q = quality.get(key, ("", "", ""))
-        print(f"| {name} | {' | '.join(cells)} | {' | '.join(q)} |")
+        sq = served.get(key)
+        sq = (f"{sq[0]:.4f}", f"{sq[1]}/{sq[2]}") if sq else ("", "")
+        print(f"| {name} | {' | '.join(cells)} | {' | '.join(q)} | {' | '.join(sq)} |")
 
-    def ratio(num_keys, den_key, r):
+    def ratio(num_keys, den_key, r, cache_off=False):
+        """The fastest of num_keys (text: the faster of its two rows) over den_key, at r."""
         nums = [med[(k, r)] for k in num_keys if (k, r) in med]
         if len(nums) < len(num_keys) or (den_key, r) not in med:
             return None
+        if cache_off and ("nocache", r) in med:
+            nums.append(med[("nocache", r)])
         return min(nums) / med[(den_key, r)]
     for label, num in (("best of (text, 8-bit) / adaptive", ["text", "q8"]),
                        ("8-bit / adaptive", ["q8"])):
-        cells = [ratio(num, "adaptive", r) for r in rates]
-        print(f"| {label} | {' | '.join(f'{c:.2f}x' if c else 'n/s' for c in cells)} | | | |")
+        cells = [ratio(num, "adaptive", r, "text" in num) for r in rates]
+        print(f"| {label} | {' | '.join(f'{c:.2f}x' if c else 'n/s' for c in cells)}{blank}|")
     budget_cells, budget_missed = [], []
     for r in rates:
         if ("budget", r) not in med or ("codec3", r) not in med:
@@ -569,17 +640,24 @@ def report(args, rates, modes, results, link_bps, levels, quality):
             budget_missed.append(rate_name(r))
         else:
             budget_cells.append("missed, as level 3 did")
-    print(f"| budget {args.budget_ms} ms | {' | '.join(budget_cells)} | | | |")
+    print(f"| budget {args.budget_ms} ms | {' | '.join(budget_cells)}{blank}|")
 
     if quality:
         print(f"\nQuality: kvserve codec-eval, {args.eval_windows} windows of 1024 context "
               f"tokens, {args.eval_windows * 256} held-out tokens for perplexity, agreement over "
               f"{args.eval_windows * 64} generated tokens (one token: "
               f"{100 / (args.eval_windows * 64):.1f}%).")
+    if served:
+        n = next(iter(served.values()))[2]
+        print(f"Served: the same {n} questions asked of a fresh instance per level (link "
+              f"unshaped): KL(text || level) of the first token's top-20 distribution, mean, "
+              f"and 16-token greedy answers identical to text recompute's.")
     print("\nMB read from Redis per request (median), chunks fetched")
     print(f"| mode | {' | '.join(rate_name(r) for r in rates)} |")
     print(f"|---|{'---:|' * len(rates)}")
     for key, name, _ in modes:
+        if key == "nocache" and not levels:
+            continue
         cells = []
         for r in rates:
             runs = results.get((key, r))
@@ -587,7 +665,7 @@ def report(args, rates, modes, results, link_bps, levels, quality):
                          f"({runs[-1].redis['hits']})" if runs else "n/s")
         print(f"| {name} | {' | '.join(cells)} |")
 
-    lacking = [name for key, name, _ in modes if key not in NO_LEVELS]
+    lacking = [name for key, name, _ in modes if key not in NO_LEVELS and key != "nocache"]
     if not levels:
         print("\nWithout levels in this binary (no --ttft-budget-ms, no usage.kv_chunks) text "
               "recompute ran with \"cache\": false and lossless with no field"
@@ -598,7 +676,8 @@ def report(args, rates, modes, results, link_bps, levels, quality):
     if not levels:
         print("not checkable without levels.")
         return
-    slower = [rate_name(r) for r in rates if (ratio(["text", "q8"], "adaptive", r) or 0) < 1]
+    slower = [rate_name(r) for r in rates
+              if (ratio(["text", "q8"], "adaptive", r, True) or 0) < 1]
     print(f"adaptive never slower than the best of text and 8-bit: "
           f"{'met' if not slower else 'NOT met at ' + ', '.join(slower)}", end="")
     x = ratio(["q8"], "adaptive", 200) if 200 in rates else None
