@@ -49,8 +49,8 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
-        format-check bench bench-serve bench-ttft bench-codec bench-blend bench-grammar \
-        bench-schema bench-gpu
+        format-check bench bench-serve bench-ttft bench-stream bench-codec bench-blend \
+        bench-grammar bench-schema bench-gpu
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -173,6 +173,12 @@ bench-serve: $(MODEL) $(BUILD)/kvserve
 # Time to first token: cold vs pool, RAM and disk hits of the context cache at 1K/4K/8K tokens.
 bench-ttft: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/ttft.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
+# KV over the network: TTFT of a 4K-token context whose KV is in a Redis behind a link shaped
+# with tc (50 Mbps to 3 Gbps, in a network namespace: needs root, else SKIPPED), per level, text
+# recompute and adaptive, with each level's quality against exact KV.
+bench-stream: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/stream.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
 # CacheBlend on a RAG set from local texts: quality against full prefill and TTFT per method.
 bench-blend: $(MODEL) $(BUILD)/kvserve

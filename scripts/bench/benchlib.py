@@ -27,7 +27,14 @@ class Server:
         self.proc = subprocess.Popen(
             [binary, "serve", "-m", model, "-t", str(threads), "--port", str(self.port),
              "--log-level", "warn", *extra], cwd=ROOT, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
+        try:
+            self.wait_healthy(120)
+        except BaseException:  # not left running when it fails or the script is interrupted
+            self.kill()
+            raise
+
+    def wait_healthy(self, seconds):
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             try:
                 if self.request("GET", "/health")[0] == 200:
@@ -85,8 +92,20 @@ class Server:
         return t_first, text, first_lp, usage, toks
 
     def stop(self):
+        """SIGTERM: running requests finish and the cache's queued writes are flushed; killed
+        when that takes over two minutes."""
         self.proc.terminate()
-        self.proc.wait(timeout=120)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self):
+        """At once, without draining (the script is failing or interrupted)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
 def sse_events(resp):

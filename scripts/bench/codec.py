@@ -21,6 +21,23 @@ import tempfile
 LICENSES = ["GPL-2", "LGPL-2.1", "MPL-2.0", "Apache-2.0", "GFDL-1.3", "MPL-1.1"]
 
 
+def write_corpus(path):
+    """The default corpus (LICENSES, concatenated) into path."""
+    with open(path, "wb") as out:
+        for name in LICENSES:
+            with open(os.path.join("/usr/share/common-licenses", name), "rb") as f:
+                out.write(f.read())
+
+
+def calibrate_if_stale(binary, model, threads, force=False):
+    """Runs `kvserve calibrate` when the model has no codec table, one older than the binary
+    (it may be of an older format or calibration), or with force."""
+    table = model + ".kvcodec"
+    if (force or not os.path.exists(table)
+            or os.path.getmtime(table) < os.path.getmtime(binary)):
+        subprocess.run([binary, "calibrate", "-m", model, "-t", str(threads)], check=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/kvserve")
@@ -30,19 +47,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--recalibrate", action="store_true")
     a = ap.parse_args()
-    table = a.model + ".kvcodec"
-    # a table older than the binary may be of an older format or calibration: make it again
-    if (a.recalibrate or not os.path.exists(table)
-            or os.path.getmtime(table) < os.path.getmtime(a.bin)):
-        subprocess.run([a.bin, "calibrate", "-m", a.model, "-t", str(a.threads)], check=True)
+    calibrate_if_stale(a.bin, a.model, a.threads, a.recalibrate)
     with tempfile.TemporaryDirectory() as d:
         text = a.text
         if not text:
             text = os.path.join(d, "licenses.txt")
-            with open(text, "wb") as out:
-                for name in LICENSES:
-                    with open(os.path.join("/usr/share/common-licenses", name), "rb") as f:
-                        out.write(f.read())
+            write_corpus(text)
         r = subprocess.run([a.bin, "codec-eval", "-m", a.model, "--text", text, "--windows",
                             str(a.windows), "-t", str(a.threads)])
     sys.exit(r.returncode)
