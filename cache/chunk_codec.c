@@ -68,16 +68,15 @@ size_t cache_enc_bound(const cache_layout *l, const codec_table *t, int enc, int
 
 /* The pool blocks (kernels/backend.h's layout: per block [layer][kv][head] regions, a K region
  * [head_dim][block_tokens] (transposed), a V region [block_tokens][head_dim], f16) as x [layer]
- * [kv][token][head * head_dim + dim] f32, and back. */
-static size_t region_at(const cache_layout *l, int kv, int t, int d) {
-    return kv == 0 ? (size_t)d * (size_t)l->block_tokens + (size_t)t
-                   : (size_t)t * (size_t)l->head_dim + (size_t)d;
-}
+ * [kv][token][head * head_dim + dim] f32, and back. Rows go through the vectorized row
+ * converters: a V region's token rows directly, a K region's dim rows through a gather. */
+#define CHUNK_CODEC_MAX_BT 4096 /* block tokens at most (cache_layout_check: a chunk's) */
 
 static void blocks_to_f32(const cache_layout *l, const cache_chunk *c, float *x) {
     int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head, nc = nh * hd;
     int n_tok = c->n_blocks * bt;
     size_t bb = cache_block_bytes(l);
+    float row[CHUNK_CODEC_MAX_BT];
     for (int b = 0; b < c->n_blocks; b++) {
         const uint16_t *blk = (const uint16_t *)(const void *)(c->data + (size_t)b * bb);
         for (int ly = 0; ly < l->n_layer; ly++)
@@ -86,9 +85,15 @@ static void blocks_to_f32(const cache_layout *l, const cache_chunk *c, float *x)
                     const uint16_t *reg = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
                     float *dst =
                         x + (((size_t)ly * 2 + kv) * n_tok + (size_t)b * bt) * nc + (size_t)h * hd;
-                    for (int t = 0; t < bt; t++)
-                        for (int d = 0; d < hd; d++)
-                            dst[(size_t)t * nc + d] = fp16_to_fp32(reg[region_at(l, kv, t, d)]);
+                    if (kv == 1) {
+                        for (int t = 0; t < bt; t++)
+                            fp16_to_fp32_row(reg + (size_t)t * hd, dst + (size_t)t * nc, hd);
+                        continue;
+                    }
+                    for (int d = 0; d < hd; d++) {
+                        fp16_to_fp32_row(reg + (size_t)d * bt, row, bt);
+                        for (int t = 0; t < bt; t++) dst[(size_t)t * nc + d] = row[t];
+                    }
                 }
     }
 }
@@ -97,6 +102,7 @@ static void f32_to_blocks(const cache_layout *l, const float *x, cache_chunk *c)
     int bt = l->block_tokens, hd = l->head_dim, nh = l->n_kv_head, nc = nh * hd;
     int n_tok = c->n_blocks * bt;
     size_t bb = cache_block_bytes(l);
+    float row[CHUNK_CODEC_MAX_BT];
     for (int b = 0; b < c->n_blocks; b++) {
         uint16_t *blk = (uint16_t *)(void *)(c->data + (size_t)b * bb);
         for (int ly = 0; ly < l->n_layer; ly++)
@@ -105,11 +111,21 @@ static void f32_to_blocks(const cache_layout *l, const float *x, cache_chunk *c)
                     uint16_t *reg = blk + (((size_t)ly * 2 + kv) * nh + h) * bt * hd;
                     const float *src =
                         x + (((size_t)ly * 2 + kv) * n_tok + (size_t)b * bt) * nc + (size_t)h * hd;
-                    for (int t = 0; t < bt; t++)
-                        for (int d = 0; d < hd; d++)
-                            reg[region_at(l, kv, t, d)] = fp32_to_fp16(src[(size_t)t * nc + d]);
+                    if (kv == 1) {
+                        for (int t = 0; t < bt; t++)
+                            fp32_to_fp16_row(src + (size_t)t * nc, reg + (size_t)t * hd, hd);
+                        continue;
+                    }
+                    for (int d = 0; d < hd; d++) {
+                        for (int t = 0; t < bt; t++) row[t] = src[(size_t)t * nc + d];
+                        fp32_to_fp16_row(row, reg + (size_t)d * bt, bt);
+                    }
                 }
     }
+}
+
+void cache_enc_from_f32(const cache_layout *l, const float *x, cache_chunk *c) {
+    f32_to_blocks(l, x, c);
 }
 
 int64_t cache_enc_encode(const cache_layout *l, const codec_table *t, int enc, const cache_chunk *c,

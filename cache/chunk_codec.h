@@ -34,6 +34,8 @@ size_t cache_enc_scratch_floats(const cache_layout *l);
  * needs the table t lacks). */
 size_t cache_enc_bound(const cache_layout *l, const codec_table *t, int enc, int n_blocks);
 
+/* Writes x (f32 [layer][kv][token][channel], c's tokens) into c's payload as pool blocks. */
+void cache_enc_from_f32(const cache_layout *l, const float *x, cache_chunk *c);
 /* Encodes c's payload as enc into out[0..cap): returns the length, or -1 with err. */
 int64_t cache_enc_encode(const cache_layout *l, const codec_table *t, int enc, const cache_chunk *c,
                          float *scratch, uint8_t *out, size_t cap, kv_error *err);

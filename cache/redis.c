@@ -27,8 +27,9 @@
 #define REDIS_BACKOFF_MIN_NS 100000000ull  /* 100 ms */
 #define REDIS_BACKOFF_MAX_NS 5000000000ull /* 5 s */
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
-#define REDIS_KEY_LEN 224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64  \
-                           */
+#define REDIS_KEY_LEN                                                                              \
+    224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
+         */
 /* An alias: the record key, its namespace, then u32 sizes of the record's values, one per
  * encoding (0: not stored), as many as the writer offered. */
 #define REDIS_ALIAS_HEAD (2 * CACHE_KEY_BYTES)
@@ -690,8 +691,57 @@ static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, 
     return ok;
 }
 
+/* Measures what decoding a full chunk costs on this machine in each encoding (the payload's
+ * checksum, the decode, the conversion to pool blocks), on KV-like values drawn around the codec
+ * table's channel centres, so the fetch policy weighs encodings by this machine's speed from the
+ * first request on (each is refined by the decodes requests do). On the write thread, at start. */
+static void measure_decode(cache_redis *r) {
+    const cache_layout *l = &r->layout;
+    int nb = cache_chunk_blocks(l), nt = l->chunk_tokens, nc = l->n_kv_head * l->head_dim;
+    cache_key zero = {{0}};
+    cache_chunk *c = cache_chunk_create(l, NULL, nb, &zero, 0), *d = NULL;
+    uint8_t *buf = malloc(r->max_payload);
+    if (!c || !buf || !(d = cache_chunk_create(l, NULL, nb, &zero, 0))) goto done;
+    uint64_t s = 0x9E3779B97F4A7C15ull;
+    for (int ly = 0; ly < l->n_layer; ly++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int t = 0; t < nt; t++)
+                for (int ch = 0; ch < nc; ch++) {
+                    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                    float u = (float)(s >> 40) / (float)(1 << 24) - 0.5f; /* -0.5 .. 0.5 */
+                    size_t at = ((size_t)ly * 2 + kv) * (size_t)nc + (size_t)ch;
+                    float centre = r->table ? r->table->center[at] : 0,
+                          unit = r->table ? r->table->scale[at] : 1;
+                    r->w_scratch[(((size_t)ly * 2 + kv) * nt + t) * nc + ch] =
+                        centre + 4 * u * unit;
+                }
+    cache_enc_from_f32(l, r->w_scratch, c);
+    double elems = (double)c->bytes / 2;
+    for (int e = 0; e < r->n_enc; e++) {
+        kv_error err = {{0}};
+        int64_t len = cache_enc_encode(l, r->table, e, c, r->w_scratch, buf, r->max_payload, &err);
+        if (len <= 0) continue;
+        cache_record_info info = {.payload_bytes = (uint64_t)len};
+        uint64_t t0 = clock_now_ns();
+        cache_record_check_payload(&info, buf, &err); /* a mismatch, timed all the same */
+        int rc = cache_enc_decode(l, r->table, e, buf, (size_t)len, d, r->w_scratch,
+                                  r->decode_threads, &err);
+        double ns = (double)(clock_now_ns() - t0) / elems;
+        if (rc) continue;
+        pthread_mutex_lock(&r->mu);
+        r->dec_ns[e] = ns;
+        pthread_mutex_unlock(&r->mu);
+        log_debug("cache: redis: decoding %d costs %.2f ns per KV element", e, ns);
+    }
+done:
+    if (c) cache_chunk_unref(c);
+    if (d) cache_chunk_unref(d);
+    free(buf);
+}
+
 static void *redis_thread(void *arg) {
     cache_redis *r = arg;
+    measure_decode(r);
     pthread_mutex_lock(&r->mu);
     for (;;) {
         if (r->wq_len) {
