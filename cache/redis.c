@@ -41,6 +41,8 @@
 #define REDIS_PRIOR_RAW_NS 1.0
 #define REDIS_PRIOR_Q8_NS 2.0
 #define REDIS_PRIOR_CODEC_NS 6.0
+/* The share of a TTFT budget the fetch plans to use. */
+#define REDIS_BUDGET_SHARE 0.8
 /* A link measure older than this is refreshed by fetching a request's first chunk. */
 #define REDIS_BW_FRESH_NS 10000000000ull
 /* Replies smaller than this measure the round trip more than the link. */
@@ -327,24 +329,35 @@ typedef struct fetch_rec {
     uint64_t t_sent; /* when its GET was sent */
 } fetch_rec;
 
-/* The time chunk f takes in encoding e (bytes over the measured link, decode on this machine,
- * which overlap: the next chunk travels while this one decodes). */
-static double enc_cost(const cache_redis *r, const fetch_rec *f, int e, double bw) {
+/* The time chunk f's value in encoding e takes on the measured link, and to decode here. */
+static double enc_net(const fetch_rec *f, int e, double bw) { return f->size[e] / bw; }
+
+static double enc_dec(const cache_redis *r, const fetch_rec *f, int e) {
     double elems =
         (double)f->tokens * 2 * r->layout.n_layer * r->layout.n_kv_head * r->layout.head_dim;
-    double net = f->size[e] / bw, dec = r->dec_ns[e] * elems;
+    return r->dec_ns[e] * elems;
+}
+
+/* Its time in a stream, where the next chunk travels while this one decodes. */
+static double enc_cost(const cache_redis *r, const fetch_rec *f, int e, double bw) {
+    double net = enc_net(f, e, bw), dec = enc_dec(r, f, e);
     return net > dec ? net : dec;
 }
 
-/* The encoding for chunk i of n (cache_fetch_policy says how): CACHE_ENC_TEXT to compute it and
- * the chunks after it from their text. Called with r->mu held. */
-static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs,
-                      int i, int n, uint64_t t0) {
+/* A fetch's plan so far: the link and decode time of the chunks chosen (estimates). */
+typedef struct fetch_plan {
+    double net, dec;
+} fetch_plan;
+
+/* choose_enc's choice. With a budget no encoding meets, the fastest: the one that finishes the
+ * plan soonest, the link and the decoder working at once (so a fast link mixes encodings light
+ * on the link with ones light on the decoder, rather than queueing all on one of them). */
+static int pick_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs, int i,
+                    int n, uint64_t t0, const fetch_plan *plan, double bw) {
     const fetch_rec *f = &recs[i];
     if (p->force_enc == CACHE_ENC_TEXT) return CACHE_ENC_TEXT;
     if (p->force_enc == CACHE_ENC_RAW || (p->force_enc > 0 && !p->lossless))
         return p->force_enc < r->n_enc && f->size[p->force_enc] ? p->force_enc : CACHE_ENC_RAW;
-    double bw = r->bw > 0 ? r->bw : REDIS_PRIOR_BW;
     /* Text is weighed against a measured link only: a request's first chunk is fetched when
      * the last measure is old (or there is none), so one slow sample cannot keep every later
      * request computing from text. */
@@ -355,23 +368,42 @@ static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const f
     int exact = text < raw ? CACHE_ENC_TEXT : CACHE_ENC_RAW;
     double exact_cost = text < raw ? text : raw;
     if (p->lossless || p->budget_ns <= 0) return exact;
-    /* what is left of the budget, shared by this chunk and the ones after it */
-    double left = ((double)t0 + (double)p->budget_ns - (double)clock_now_ns()) / (n - i);
+    /* what is left of the budget, shared by this chunk and the ones after it; the last part of
+     * the budget is kept for what follows the fetch (the last decode, copying into the pool, the
+     * prefill of the prompt's new tokens) */
+    double left =
+        ((double)t0 + REDIS_BUDGET_SHARE * (double)p->budget_ns - (double)clock_now_ns()) / (n - i);
     if (exact_cost <= left) return exact;
-    int fastest = exact;
-    double best = exact_cost;
-    for (int e = CACHE_ENC_Q8; e < r->n_enc; e++) { /* finest first */
+    for (int e = CACHE_ENC_Q8; e < r->n_enc; e++) /* finest first */
+        if (f->size[e] && enc_cost(r, f, e, bw) <= left) return e;
+    int fastest = CACHE_ENC_RAW;
+    double best = 1e300;
+    for (int e = CACHE_ENC_RAW; e < r->n_enc; e++) {
         if (!f->size[e]) continue;
-        double c = enc_cost(r, f, e, bw);
-        if (c <= left) return e;
-        if (c < best) {
-            best = c;
+        double net = plan->net + enc_net(f, e, bw), dec = plan->dec + enc_dec(r, f, e);
+        double done = net > dec ? net : dec;
+        if (done < best) {
+            best = done;
             fastest = e;
         }
     }
-    return fastest;
+    /* text only where it beats the chunk's own fetch: it runs after the stream, on the CPU */
+    return text < enc_cost(r, f, fastest, bw) ? CACHE_ENC_TEXT : fastest;
 }
 
+/* The encoding for chunk i of n (cache_fetch_policy says how): CACHE_ENC_TEXT to compute it and
+ * the chunks after it from their text. Adds the choice to plan. Called with r->mu held. */
+static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs,
+                      int i, int n, uint64_t t0, fetch_plan *plan) {
+    const fetch_rec *f = &recs[i];
+    double bw = r->bw > 0 ? r->bw : REDIS_PRIOR_BW;
+    int e = pick_enc(r, p, recs, i, n, t0, plan, bw);
+    if (e != CACHE_ENC_TEXT) {
+        plan->net += enc_net(f, e, bw);
+        plan->dec += enc_dec(r, f, e);
+    }
+    return e;
+}
 /* The decoder: a thread that turns the values the lookup thread reads into chunks, so chunk i
  * decodes while chunk i + 1 travels. */
 typedef struct decoder {
@@ -457,8 +489,9 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
     pthread_t th;
     bool threaded = pthread_create(&th, NULL, decoder_thread, &d) == 0;
     int sent = 0, text_from = n; /* chunks from text_from on are left to text */
+    fetch_plan plan = {0, 0};
     pthread_mutex_lock(&r->mu);
-    recs[0].enc = choose_enc(r, p, recs, 0, n, t0);
+    recs[0].enc = choose_enc(r, p, recs, 0, n, t0, &plan);
     pthread_mutex_unlock(&r->mu);
     if (!threaded)
         log_warn("cache: redis %s: cannot start a decoder thread (a miss)", r->url);
@@ -489,7 +522,7 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
             r->bw = r->bw > 0 ? 0.5 * r->bw + 0.5 * bw : bw;
             r->bw_at = now;
         }
-        if (more) recs[i + 1].enc = choose_enc(r, p, recs, i + 1, n, t0);
+        if (more) recs[i + 1].enc = choose_enc(r, p, recs, i + 1, n, t0, &plan);
         pthread_mutex_unlock(&r->mu);
         if (more && recs[i + 1].enc == CACHE_ENC_TEXT)
             text_from = i + 1;
