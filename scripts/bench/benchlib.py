@@ -9,6 +9,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def add_server_args(ap):
+    """The options every benchmark that starts kvserve takes: its binary, the model and the
+    compute threads."""
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvserve"))
+    ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--threads", type=int, default=2)
 
 
 def free_port():

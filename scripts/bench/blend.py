@@ -207,10 +207,7 @@ def six_passages(args, pool, lengths):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT,
-                                                    "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--questions", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=1)

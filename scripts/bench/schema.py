@@ -181,10 +181,7 @@ def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build/kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT,
-                                                    "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--sizes", default="1000,4000,8000")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=40)

@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 
+import benchlib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PROMPTS = [
@@ -95,10 +97,7 @@ def run_level(port, model, conc, n_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models",
-                                                    "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--reps", type=int, default=3)

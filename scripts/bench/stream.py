@@ -426,10 +426,7 @@ def levels_used(usage):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models",
-                                                    "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--rates", default="50,200,1000,3000", help="link rates in Mbit/s")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--context-tokens", type=int, default=4000,

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import benchlib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PERSON = {"type": "object", "additionalProperties": False,
@@ -81,10 +83,7 @@ def run(port, model, extra, max_tokens):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models",
-                                                    "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args()
     port = free_port()

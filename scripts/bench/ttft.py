@@ -123,10 +123,7 @@ def measure(srv, messages, times, key):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "kvserve"))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models",
-                                                    "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--threads", type=int, default=2)
+    benchlib.add_server_args(ap)
     ap.add_argument("--contexts", default="1000,2000,4000,8000",
                     help="system prompt lengths in tokens (about)")
     ap.add_argument("--reps", type=int, default=2)
