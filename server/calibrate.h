@@ -27,8 +27,9 @@ typedef struct calib_opts {
         .bins = "0.4,0.7,1,1.3", .margin = 4.0f                                                    \
     }
 
-/* Loads the model mo names and calibrates *t (overwritten; zeroed on failure) from its KV. */
+/* Loads the model mo names and calibrates *t (overwritten; zeroed on failure) from its KV; the
+ * chunks it calibrated on go to *n_chunks (when not NULL). */
 int calibrate_codec_table(const cli_model_opts *mo, const calib_opts *co, codec_table *t,
-                          kv_error *err);
+                          int *n_chunks, kv_error *err);
 
 #endif

@@ -235,7 +235,7 @@ static int parse_units(void *dst, const char *arg, kv_error *err) {
 }
 
 int calibrate_codec_table(const cli_model_opts *mo, const calib_opts *co, codec_table *table,
-                          kv_error *err) {
+                          int *n_chunks_out, kv_error *err) {
     int rc = -1;
     engine_single e = {0};
     char *text = NULL;
@@ -308,6 +308,7 @@ int calibrate_codec_table(const cli_model_opts *mo, const calib_opts *co, codec_
         goto done;
     log_info("calibrate: %d chunks of %d tokens (%d layers, %d KV channels, %d levels)", n_chunks,
              chunk, nl, nc, n_levels);
+    if (n_chunks_out) *n_chunks_out = n_chunks;
     rc = 0;
     goto done;
 oom:
@@ -353,7 +354,8 @@ int cli_calibrate(int argc, char **argv) {
     codec_table table = {0};
     char *auto_out = NULL;
     rc = 1;
-    if (calibrate_codec_table(&mo, &co, &table, &err)) goto done;
+    int n_chunks = 0;
+    if (calibrate_codec_table(&mo, &co, &table, &n_chunks, &err)) goto done;
     if (!out_path) {
         if (asprintf(&auto_out, "%s.kvcodec", mo.path) < 0) {
             kv_fail(&err, "out of memory");
@@ -362,7 +364,8 @@ int cli_calibrate(int argc, char **argv) {
         out_path = auto_out;
     }
     if (codec_table_save(&table, out_path, &err)) goto done;
-    printf("calibrated %d levels: %s\n", table.n_levels, out_path);
+    printf("calibrated %d chunks of %d tokens (%d layers, %d KV channels, %d levels): %s\n",
+           n_chunks, co.chunk, table.n_layer, table.n_chan, table.n_levels, out_path);
     rc = 0;
 done:
     if (rc) fprintf(stderr, "kvserve calibrate: %s\n", err.msg);

@@ -143,7 +143,7 @@ static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_
                 "the codec codes at most %d layers of %d KV channels; the model has %d of %d",
                 CODEC_MAX_LAYERS, CODEC_MAX_CHANNELS, m->hp.n_layer, n_chan);
     else
-        calibrate_codec_table(&mo, &co, t, &cerr);
+        calibrate_codec_table(&mo, &co, t, NULL, &cerr);
     if (cerr.msg[0]) { /* the tier works without codec levels: lossless and q8 */
         log_warn("cache: no codec table (%s): the Redis tier stores lossless and q8 only",
                  cerr.msg);
