@@ -1,6 +1,7 @@
 /* Chunk keys (DESIGN.md "Chunk keys") and chunk records in memory. Keys are SHA-256 through
  * OpenSSL's EVP interface, deterministic across processes and machines: every integer is
  * hashed little-endian and every field is fixed-length or tagged. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -197,4 +198,26 @@ void cache_chunk_unref(cache_chunk *c) {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1) return;
     free(c->data);
     free(c);
+}
+
+/* ---------------------------------------------------------------- encoding names */
+
+void cache_enc_name(int enc, char out[16]) {
+    if (enc == CACHE_ENC_TEXT)
+        snprintf(out, 16, "text");
+    else if (enc == CACHE_ENC_RAW)
+        snprintf(out, 16, "lossless");
+    else if (enc == CACHE_ENC_Q8)
+        snprintf(out, 16, "q8");
+    else
+        snprintf(out, 16, "codec%d", (enc - CACHE_ENC_CODEC) & 0xff);
+}
+
+int cache_enc_parse(const char *name) {
+    for (int e = CACHE_ENC_TEXT; e < CACHE_ENC_MAX; e++) {
+        char n[16];
+        cache_enc_name(e, n);
+        if (e != CACHE_ENC_ANY && strcmp(n, name) == 0) return e;
+    }
+    return CACHE_ENC_ANY;
 }

@@ -13,26 +13,6 @@ _Static_assert(CACHE_RECORD_MAX_LEVEL == CACHE_ENC_MAX - 1, "a record level per 
 
 int cache_enc_count(const codec_table *t) { return CACHE_ENC_CODEC + (t ? t->n_levels : 0); }
 
-void cache_enc_name(int enc, char out[16]) {
-    if (enc == CACHE_ENC_TEXT)
-        snprintf(out, 16, "text");
-    else if (enc == CACHE_ENC_RAW)
-        snprintf(out, 16, "lossless");
-    else if (enc == CACHE_ENC_Q8)
-        snprintf(out, 16, "q8");
-    else
-        snprintf(out, 16, "codec%d", (enc - CACHE_ENC_CODEC) & 0xff);
-}
-
-int cache_enc_parse(const char *name) {
-    for (int e = CACHE_ENC_TEXT; e < CACHE_ENC_MAX; e++) {
-        char n[16];
-        cache_enc_name(e, n);
-        if (e != CACHE_ENC_ANY && strcmp(n, name) == 0) return e;
-    }
-    return CACHE_ENC_ANY;
-}
-
 int cache_enc_check_table(const cache_layout *l, const codec_table *t, kv_error *err) {
     if (!t) return 0;
     if (memcmp(t->model_id, l->model_id, 32) != 0)
