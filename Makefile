@@ -38,6 +38,8 @@ LIB_OBJ     += $(patsubst %.cu,$(BUILD)/obj/%.cuda.o,$(sort $(wildcard kernels/c
 LDLIBS      += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 $(BUILD)/obj/kernels/backend.o: CFLAGS += -DKVSERVE_CUDA
 endif
+# plain `make` builds the server (the stamp rule below would otherwise be the first target)
+.DEFAULT_GOAL := all
 # backend.o is rebuilt when CUDA changes (it holds the stub backend_cuda_create otherwise)
 $(BUILD)/cuda-$(CUDA).stamp:
 	@mkdir -p $(BUILD) && rm -f $(BUILD)/cuda-*.stamp && touch $@
