@@ -104,6 +104,9 @@ typedef struct attn_job {
 
 #define ATTN_ROWS 16 /* query rows per work item (prefill) */
 #define ATTN_SPAN 64 /* most slots between the first and last row of a prefill work item */
+/* keys per pass of the weighted V sum: the V rows of a pass (32 KiB at head_dim 64) stay in L1
+ * while every query group uses them */
+#define ATTN_V_CHUNK 256
 /* The widest head the KV copies stage on the stack (model/llama.c refuses wider heads). */
 #define MAX_KV_HEAD_DIM 128
 
