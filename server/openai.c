@@ -563,8 +563,9 @@ void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
              (unsigned)call & 0xff);
 }
 
-/* A chat answer under tools: its calls (finish "tool_calls") when it is complete calls, else
- * its text as content. */
+/* A chat answer under tools: its calls (finish "tool_calls") when it is complete calls; the
+ * calls so far when max_tokens cut it inside them (finish "length", the last call's arguments
+ * cut short), as the streamed form has sent them; else its text as content. */
 static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
     const char *text = c->text ? c->text : "";
     chat_tool_parser tp;
@@ -575,7 +576,8 @@ static json_t *tools_message(const job *j, int index, const gen_choice *c, const
     int n;
     bool content = false;
     do {
-        n = chat_tools_parse(&tp, text, c->len, true, ev, 16);
+        /* a cut answer's unfinished syntax is held back (see stream_tools) */
+        n = chat_tools_parse(&tp, text, c->len, c->finish != GEN_FINISH_LENGTH, ev, 16);
         for (int k = 0; k < n; k++) {
             if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
                 content = true;
@@ -599,10 +601,13 @@ static json_t *tools_message(const job *j, int index, const gen_choice *c, const
             }
         }
     } while (n == 16);
-    if (!content && tp.mode == 2 && tp.complete && c->finish == GEN_FINISH_STOP &&
-        json_array_size(calls) > 0) {
-        *finish = "tool_calls";
-        return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
+    if (!content && tp.mode == 2 && json_array_size(calls) > 0) {
+        if (tp.complete && c->finish == GEN_FINISH_STOP) {
+            *finish = "tool_calls";
+            return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
+        }
+        if (c->finish == GEN_FINISH_LENGTH)
+            return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
     }
     json_decref(calls);
     return json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len);

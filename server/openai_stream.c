@@ -144,18 +144,9 @@ static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     return 1;
 }
 
-/* A chat choice under tools: its new text goes through the tool parser, so calls stream as
- * OpenAI streams them (delta.tool_calls: index, id, type and name first, then argument pieces)
- * and anything else as content; the finish is "tool_calls" after complete calls. */
-static int stream_tools(job *j, int index, const choice_news *nw) {
-    size_t len = j->acc_len[index];
-    char *acc = realloc(j->acc[index], len + nw->len + 1);
-    if (!acc) return -1;
-    memcpy(acc + len, nw->text, nw->len);
-    j->acc[index] = acc;
-    j->acc_len[index] = len += nw->len;
-    chat_tool_parser *tp = &j->tp[index];
-    bool final = nw->finish != GEN_RUNNING;
+/* Sends the parser's events on acc[0..len) as deltas. */
+static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const char *acc, size_t len,
+                              bool final) {
     chat_tool_event ev[16];
     int n;
     do {
@@ -182,6 +173,27 @@ static int stream_tools(job *j, int index, const choice_news *nw) {
             if (emit(j, chunk(j, json_pack("[o]", c)))) return -1;
         }
     } while (n == 16);
+    return 0;
+}
+
+/* A chat choice under tools: its new text goes through the tool parser, so calls stream as
+ * OpenAI streams them (delta.tool_calls: index, id, type and name first, then argument pieces)
+ * and anything else as content; the finish is "tool_calls" after complete calls. An answer that
+ * max_tokens cut inside its calls ends with the calls so far: the unfinished syntax after them is
+ * held back, not sent as content (the whole answer's form, tools_message, does the same). */
+static int stream_tools(job *j, int index, const choice_news *nw) {
+    size_t len = j->acc_len[index];
+    char *acc = realloc(j->acc[index], len + nw->len + 1);
+    if (!acc) return -1;
+    memcpy(acc + len, nw->text, nw->len);
+    j->acc[index] = acc;
+    j->acc_len[index] = len += nw->len;
+    chat_tool_parser *tp = &j->tp[index];
+    bool final = nw->finish != GEN_RUNNING, cut = nw->finish == GEN_FINISH_LENGTH;
+    if (stream_tool_events(j, index, tp, acc, len, final && !cut)) return -1;
+    /* cut before any call: what is left is content after all */
+    if (final && cut && tp->n_calls == 0 && stream_tool_events(j, index, tp, acc, len, true))
+        return -1;
     if (!final) return 0;
     const char *finish = job_finish_name(nw->finish);
     if (tp->mode == 2 && tp->complete && tp->n_calls > 0 && nw->finish == GEN_FINISH_STOP)

@@ -84,6 +84,31 @@ def stream_calls(client, **kw):
     return [calls[i] for i in sorted(calls)], finish
 
 
+def test_calls_cut_by_max_tokens(client, server):
+    """max_tokens ending inside a call's arguments: the whole answer holds the calls so far,
+    the last one's arguments cut short, with finish "length", as the streamed form sent them
+    (not the raw text of the call syntax as content)."""
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS, tool_choice="required",
+              temperature=0)
+    full = client.chat.completions.create(max_tokens=150, **kw)
+    assert full.choices[0].finish_reason == "tool_calls"
+    last = full.choices[0].message.tool_calls[-1].function
+    # cut a few tokens before the end: inside the last call's arguments or its closing syntax
+    cut = client.chat.completions.create(max_tokens=full.usage.completion_tokens - 3, **kw)
+    c = cut.choices[0]
+    assert c.finish_reason == "length"
+    assert c.message.content is None, c.message
+    calls = c.message.tool_calls
+    assert [t.function.name for t in calls] == \
+        [t.function.name for t in full.choices[0].message.tool_calls]
+    assert last.arguments.startswith(calls[-1].function.arguments)
+    assert all(t.id.startswith("call_") for t in calls)
+    streamed, finish = stream_calls(client, max_tokens=full.usage.completion_tokens - 3, **kw)
+    assert finish == "length"
+    assert [(x["name"], x["args"]) for x in streamed] == \
+        [(t.function.name, t.function.arguments) for t in calls]
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
                                                  "function": {"name": "get_weather"}}])
 def test_streamed_calls_equal_whole(client, server, choice):
@@ -104,6 +129,9 @@ def test_auto_and_none_answer(client, server):
         if c.finish_reason == "tool_calls":
             assert choice == "auto"
             check_calls(c.message.tool_calls)
+        elif c.message.tool_calls:  # max_tokens cut a call: the calls so far
+            assert choice == "auto" and c.finish_reason == "length", (name, c)
+            assert c.message.content is None
         else:
             assert c.message.content and not c.message.tool_calls
 
@@ -199,6 +227,9 @@ def test_family_answers_a_tool_result(family):
         if c.finish_reason == "tool_calls":
             assert choice == "auto"
             check_calls(c.message.tool_calls)
+        elif c.message.tool_calls:  # max_tokens cut a call: the calls so far
+            assert choice == "auto" and c.finish_reason == "length", (name, c)
+            assert c.message.content is None
         else:
             assert isinstance(c.message.content, str)
         assert r.usage.prompt_tokens > base.usage.prompt_tokens + 10
