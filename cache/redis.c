@@ -608,6 +608,32 @@ done:
 
 /* ---------------------------------------------------------------- writes */
 
+/* Appends SET name value (EX ttl when the tier has one) to the connection's pipeline. */
+static bool append_set(const cache_redis *r, redis_conn *c, const char *name, const void *value,
+                       size_t len) {
+    char ttl[24];
+    snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
+    const char *argv[5] = {"SET", name, value, "EX", ttl};
+    size_t argvlen[5] = {3, strlen(name), len, 2, strlen(ttl)};
+    return redisAppendCommandArgv(c->ctx, r->ttl_s > 0 ? 5 : 3, argv, argvlen) == REDIS_OK;
+}
+
+/* Reads the replies of n appended commands, every one, so the connection stays in step. False
+ * when the connection failed or a reply was an error (the first goes to refused). */
+static bool read_replies(cache_redis *r, redis_conn *c, int n, char *refused, size_t refused_len) {
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+        redisReply *rep = conn_reply(r, c);
+        if (!rep) return false;
+        if (rep->type == REDIS_REPLY_ERROR && all) {
+            all = false;
+            snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
+        }
+        freeReplyObject(rep);
+    }
+    return all;
+}
+
 /* One pipeline: the record's value in every encoding the tier offers (coarsest first, lossless
  * last), then each block's alias listing their sizes (so an alias never names a value not yet
  * stored), then UNLINK of the values of the same chunk's records that hold a prefix of c's
@@ -615,9 +641,8 @@ done:
  * reply was OK; else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
 static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *refused,
                         size_t refused_len, int64_t *bytes) {
-    char ttl[24], name[REDIS_KEY_LEN];
-    snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
-    int argc = r->ttl_s > 0 ? 5 : 3, n_cmd = 0;
+    char name[REDIS_KEY_LEN];
+    int n_cmd = 0;
     bool ok = true;
     uint8_t alias[REDIS_ALIAS_MAX] = {0};
     memcpy(alias, ch->key.b, CACHE_KEY_BYTES);
@@ -636,18 +661,14 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *re
         size_t vlen = r->header_bytes + (size_t)len;
         le_put_u32(alias + REDIS_ALIAS_HEAD + 4 * e, (uint32_t)vlen);
         key_value(r, &ch->ns, &ch->key, e, name);
-        const char *argv[5] = {"SET", name, (const char *)r->value, "EX", ttl};
-        size_t argvlen[5] = {3, strlen(name), vlen, 2, strlen(ttl)};
-        ok = redisAppendCommandArgv(c->ctx, argc, argv, argvlen) == REDIS_OK;
+        ok = append_set(r, c, name, r->value, vlen);
         n_cmd += ok;
         *bytes += (int64_t)vlen;
     }
     size_t alias_len = REDIS_ALIAS_HEAD + 4 * (size_t)r->n_enc;
     for (int b = 0; b < ch->n_blocks && ok; b++) {
         key_alias(r, &ch->bkeys[b], name);
-        const char *av[5] = {"SET", name, (const char *)alias, "EX", ttl};
-        size_t al[5] = {3, strlen(name), alias_len, 2, strlen(ttl)};
-        ok = redisAppendCommandArgv(c->ctx, argc, av, al) == REDIS_OK;
+        ok = append_set(r, c, name, alias, alias_len);
         n_cmd += ok;
     }
     /* one UNLINK for every value of the records c supersedes (this instance's encodings;
@@ -670,18 +691,8 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *re
         free(names);
         free(uv);
     }
-    /* Every appended command's reply is read, so the connection stays in step. */
-    bool all = ok;
-    for (int i = 0; i < n_cmd; i++) {
-        redisReply *rep = conn_reply(r, c);
-        if (!rep) return false;
-        if (rep->type == REDIS_REPLY_ERROR && all) {
-            all = false;
-            snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
-        }
-        freeReplyObject(rep);
-    }
-    if (!ok) conn_fail(r, c, "cannot build a command");
+    bool all = read_replies(r, c, n_cmd, refused, refused_len) && ok;
+    if (!ok && c->ctx) conn_fail(r, c, "cannot build a command");
     return all;
 }
 
@@ -699,29 +710,21 @@ static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, 
                           size_t refused_len, int64_t *bytes) {
     size_t hb = content_record_header_bytes(cr->n_layer), len = hb + cr->bytes;
     uint8_t *v = malloc(len);
-    char ttl[24], name[REDIS_KEY_LEN];
+    char name[REDIS_KEY_LEN];
     if (!v || content_record_encode_header(r->layout.model_id, cr, v)) {
         free(v);
         return false;
     }
     memcpy(v + hb, cr->data, cr->bytes);
-    snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
     key_content(r, &cr->ns, &cr->key, name);
-    const char *argv[5] = {"SET", name, (const char *)v, "EX", ttl};
-    size_t argvlen[5] = {3, strlen(name), len, 2, strlen(ttl)};
-    bool ok = redisAppendCommandArgv(c->ctx, r->ttl_s > 0 ? 5 : 3, argv, argvlen) == REDIS_OK;
+    bool ok = append_set(r, c, name, v, len);
     free(v);
     if (!ok) {
         conn_fail(r, c, "cannot build a command");
         return false;
     }
-    redisReply *rep = conn_reply(r, c);
-    if (!rep) return false;
-    ok = rep->type != REDIS_REPLY_ERROR;
-    if (!ok) snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
-    freeReplyObject(rep);
     *bytes = (int64_t)len;
-    return ok;
+    return read_replies(r, c, 1, refused, refused_len);
 }
 
 /* Measures what decoding a full chunk costs on this machine in each encoding (the payload's
