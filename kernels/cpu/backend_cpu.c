@@ -213,11 +213,14 @@ static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1, int
             if (t == 0 && wt != TENSOR_TYPE_F32) {
                 /* Every line of the tile's rows is asked for before the kernel touches them:
                  * decode streams each weight from memory once, and the kernel alone reaches
-                 * its lines a few at a time (tg128 at 2 threads: avx2 110 -> 145 tok/s, avx512
-                 * 187 -> 212; a tile or more ahead was worse) */
+                 * its lines a few at a time (tg128 at 2 threads on an AMD EPYC: avx2 110 ->
+                 * 145 tok/s, avx512 187 -> 212; a tile or more ahead was worse). Into every
+                 * level (prefetcht0): on an Intel Xeon the non-temporal hint left decode at
+                 * half the read bandwidth (1.1B-shape tg32, avx2 14.6 -> 23.3 tok/s, avx512
+                 * 17.1 -> 28.2; SmolLM2 tg128 avx2 103 -> 191), and AMD measured the hints alike */
                 const uint8_t *a = wd + (r - row0) * (int64_t)w_stride;
                 size_t bytes = (size_t)nw * w_stride;
-                for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(a + o, 0, 0);
+                for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(a + o, 0, 3);
             }
             dot_tile(wt, w->n_in, wd + (r - row0) * (int64_t)w_stride, w_stride, nw,
                      j->xq + (size_t)t * j->xq_stride, j->xq_stride, nx,
