@@ -320,10 +320,10 @@ int cpu_attention(backend *bk, const void *pool, const kv_layout *l, int layer, 
                     int ka = (int)((int64_t)kmax * k / ns) & ~15;
                     int kz = k + 1 == ns ? kmax : (int)((int64_t)kmax * (k + 1) / ns) & ~15;
                     *it = (attn_item){s, g, r0, r1, ka, kz, ns > 1 ? k : -1};
-                    /* scores [queries][keys], then the weighted V sums [queries, by 4][hd] */
-                    size_t nq = (size_t)(r1 - r0) * gs;
-                    size_t need = nq * (size_t)((kz - ka + 15) & ~15) +
-                                  ((nq + 3) & ~(size_t)3) * (size_t)l->head_dim;
+                    /* scores [queries][keys], then the weighted V sums [queries][hd] at
+                     * attn_item_kernel's acc_buf: both with the query count rounded up to 4 */
+                    size_t nq4 = ((size_t)(r1 - r0) * gs + 3) & ~(size_t)3;
+                    size_t need = nq4 * ((size_t)((kz - ka + 15) & ~15) + (size_t)l->head_dim);
                     scratch_need = need > scratch_need ? need : scratch_need;
                 }
             }
