@@ -39,11 +39,15 @@ uint8_t *cache_token_kinds(const tokenizer *t);
 /* Cuts tokens[0..n) into chunks: ends[i] is the end (exclusive) of chunk i; returns the count
  * (the last end is n; at most max_ends, the rest left uncut). A cut comes after a SOFT token
  * once the chunk holds min_tokens, where a gear hash of the last 16 ids hits (about every
- * avg - min tokens past min), at max_tokens, and before and after every HARD token, where the
- * hash also restarts. Cuts depend only on the tokens shortly before them and the last cut, so
- * a passage cuts the same way wherever it sits a few cuts into it. kinds may be NULL. */
+ * avg - min tokens past min), at max_tokens, before and after every HARD token, and before
+ * every segment bound (bounds[0..n_bounds), ascending token indices: where the request's
+ * content parts begin and end); after a HARD token or a bound the hash restarts. Cuts depend
+ * only on the tokens shortly before them and the last cut, so a passage cuts the same way
+ * wherever it sits a few cuts into it, and a content part from its first token on. kinds and
+ * bounds may be NULL. */
 int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_vocab,
-                  const cache_cdc_params *p, int *ends, int max_ends);
+                  const cache_cdc_params *p, const int *bounds, int n_bounds, int *ends,
+                  int max_ends);
 
 /* ---------------------------------------------------------------- content records */
 

@@ -34,13 +34,23 @@ static uint64_t gear(uint32_t id) {
 }
 
 int cache_cdc_cut(const int32_t *tokens, int n, const uint8_t *kinds, int n_vocab,
-                  const cache_cdc_params *p, int *ends, int max_ends) {
+                  const cache_cdc_params *p, const int *bounds, int n_bounds, int *ends,
+                  int max_ends) {
     int gap = p->avg_tokens - p->min_tokens;
     int bits = 0;
     while (bits < 32 && (1 << (bits + 1)) <= gap) bits++;
-    int n_ends = 0, start = 0;
+    int n_ends = 0, start = 0, nb = 0;
     uint64_t h = 0;
     for (int i = 0; i < n && n_ends < max_ends; i++) {
+        while (nb < n_bounds && bounds[nb] < i) nb++;
+        if (nb < n_bounds && bounds[nb] == i) { /* a segment starts here */
+            if (i > start) {
+                ends[n_ends++] = i;
+                if (n_ends == max_ends) return n_ends;
+                start = i;
+            }
+            h = 0;
+        }
         int32_t id = tokens[i];
         uint8_t kind = kinds && id >= 0 && id < n_vocab ? kinds[id] : CACHE_TOKEN_PLAIN;
         if (kind == CACHE_TOKEN_HARD) {

@@ -75,6 +75,10 @@ typedef struct chat_message {
     /* tool: the call answered, and its function's name (the generic format shows it) */
     const char *tool_call_id;
     const char *name;
+    /* content that came as n_parts > 1 text parts: where each ends (bytes into content), for
+     * the server's blend segments (a template writes content whole and ignores these) */
+    const size_t *part_ends;
+    int n_parts;
 } chat_message;
 
 /* A function the model may call (OpenAI's tools[].function). */

@@ -802,6 +802,22 @@ int tokenizer_token_bytes(const tokenizer *t, int32_t id, bool render_special, c
     return (int)n;
 }
 
+bool tokenizer_token_starts(const tokenizer *t, const int32_t *ids, int n, bool added_bos,
+                            const char *text, size_t len, size_t *starts) {
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n_vocab) return false;
+        starts[i] = off;
+        if (i == 0 && added_bos) continue; /* not in the text */
+        const uint8_t *p;
+        size_t np;
+        piece_of(t, ids[i], true, &p, &np);
+        if (np > len - off || memcmp(text + off, p, np) != 0) return false;
+        off += np;
+    }
+    return off == len;
+}
+
 /* Output of the UTF-8 repair: a caller's fixed buffer, or a growing one. */
 typedef struct utf8_out {
     uint8_t *p;

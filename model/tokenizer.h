@@ -47,6 +47,12 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, bool add_
  * length (like snprintf, without a NUL), or -1 for an out-of-range id. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, bool render_special, char *buf,
                           size_t cap);
+/* Where each of ids[0..n) begins in the text they encode (starts[i], in bytes), when their bytes
+ * (control tokens rendered) are that text exactly, the BOS the encoding added (added_bos: ids[0],
+ * at 0, spanning nothing) aside. False when they are not (SentencePiece's added leading space,
+ * a normalizer): then there is no such map. */
+bool tokenizer_token_starts(const tokenizer *t, const int32_t *ids, int n, bool added_bos,
+                            const char *text, size_t len, size_t *starts);
 /* The longest tokenizer_token_bytes of any token (render_special). */
 size_t tokenizer_max_token_len(const tokenizer *t);
 

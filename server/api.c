@@ -219,11 +219,12 @@ static json_t *parse_body(const char *body, size_t len, api_error *err) {
 /* ---------------------------------------------------------------- messages */
 
 /* content: a string, or an array of {"type": "text", "text": ..} parts joined with nothing
- * between them (as vLLM and llama.cpp join text parts). */
-static int parse_content(const json_t *v, int i, char **out, api_error *err) {
+ * between them (as vLLM and llama.cpp join text parts); m->part_ends records where each part
+ * ends when there are several. */
+static int parse_content(const json_t *v, int i, chat_message *m, api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
-    if (json_is_string(v)) return str_copy(v, param, out, err);
+    if (json_is_string(v)) return str_copy(v, param, (char **)&m->content, err);
     if (!json_is_array(v))
         return type_error(err, param, "a string or an array of content parts", v);
 
@@ -252,15 +253,20 @@ static int parse_content(const json_t *v, int i, char **out, api_error *err) {
     }
     char *s = malloc(total + 1);
     if (!s) return oom(err);
+    m->content = s;
+    size_t *ends = n > 1 ? malloc(sizeof *ends * n) : NULL;
+    if (n > 1 && !ends) return oom(err);
+    m->part_ends = ends;
+    m->n_parts = ends ? (int)n : 0;
     size_t off = 0;
     for (size_t j = 0; j < n; j++) {
         const json_t *text = json_object_get(json_array_get(v, j), "text");
         size_t len = json_string_length(text);
         memcpy(s + off, json_string_value(text), len);
         off += len;
+        if (ends) ends[j] = off;
     }
     s[off] = '\0';
-    *out = s;
     return 0;
 }
 
@@ -380,17 +386,15 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         (*msgs)[i].role = dup_str(canon);
         if (!(*msgs)[i].role) return oom(err);
         const json_t *content = field(m, "content");
-        char *text = NULL;
         if (content) {
-            if (parse_content(content, i, &text, err)) return -1;
+            if (parse_content(content, i, &(*msgs)[i], err)) return -1;
         } else if (assistant) {
-            text = dup_str(""); /* an assistant turn that only called tools has no content */
-            if (!text) return oom(err);
+            /* an assistant turn that only called tools has no content */
+            if (!((*msgs)[i].content = dup_str(""))) return oom(err);
         } else {
             snprintf(param, sizeof param, "messages[%d].content", i);
             return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
         }
-        (*msgs)[i].content = text;
         if (calls && parse_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
         if (strcmp(canon, "tool") != 0) continue;
         const json_t *id = field(m, "tool_call_id");
@@ -408,6 +412,7 @@ static void messages_free(chat_message *msgs, int n) {
         chat_message *m = &msgs[i];
         free((char *)m->role);
         free((char *)m->content);
+        free((void *)m->part_ends);
         for (int k = 0; k < m->n_tool_calls; k++) {
             free((char *)m->tool_calls[k].id);
             free((char *)m->tool_calls[k].name);

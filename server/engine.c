@@ -68,6 +68,7 @@ void gen_request_unref(gen_request *r) {
     free(r->choices);
     free(r->prompt_lps);
     free(r->prompt);
+    free(r->bounds);
     free(r->keys);
     free(r->pos);
     schema_kv_free(r->skv);
@@ -863,7 +864,8 @@ static void plan_blend(engine *e, eseq *s) {
     int n = r->n_prompt;
     if (!s->cuts) {
         if (!(s->cuts = malloc(sizeof *s->cuts * (size_t)n))) return;
-        s->n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, s->cuts, n);
+        s->n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, r->bounds,
+                                  r->n_bounds, s->cuts, n);
     }
     cache_tier_stats cst, dst;
     content_store_stats(e->cs, &cst);
@@ -1765,7 +1767,8 @@ static void prefetch_content(engine *e, gen_request *r) {
     cache_key *keys = malloc(sizeof *keys * (size_t)n);
     content_rec **got = malloc(sizeof *got * (size_t)n);
     if (!cuts || !n_tok || !keys || !got) goto done;
-    int n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, cuts, n);
+    int n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, r->bounds,
+                               r->n_bounds, cuts, n);
     for (int i = 0, a = 0; i < n_cuts; a = cuts[i++]) {
         int b = cuts[i];
         if (a < from || b > n - 1 || b - a < BLEND_CDC.min_tokens) continue;

@@ -70,6 +70,10 @@ typedef struct gen_request {
     /* ---- input: set before engine_submit, read-only afterwards */
     int32_t *prompt; /* [n_prompt] ids, owned */
     int n_prompt;
+    /* Segment bounds for blend (cache_cdc_cut): ascending token indices where the request's
+     * content parts begin and end. Owned; NULL when none. */
+    int *bounds;
+    int n_bounds;
     int n_choices;
     int max_tokens;    /* >= 0 (0: score the prompt only); also stops at the context's end */
     sampler_params sp; /* sp.bias points at bias */

@@ -21,10 +21,74 @@ static int fail_oom(api_error *err) {
     return api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
 }
 
-/* Renders messages (with tools, when given) with the model's chat template and tokenizes them.
+/* Where a content part (c[a..e)) is in the rendered prompt, searched from byte `from`: its
+ * bytes as sent, else without the white space around them (templates trim messages). */
+static const char *find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
+                             size_t e, size_t *n) {
+    for (int trim = 0; trim < 2; trim++) {
+        if (trim) {
+            while (a < e && strchr(" \t\r\n", c[a])) a++;
+            while (e > a && strchr(" \t\r\n", c[e - 1])) e--;
+        }
+        const char *hit = a < e ? memmem(text + from, len - from, c + a, e - a) : NULL;
+        if (hit) {
+            *n = e - a;
+            return hit;
+        }
+    }
+    return NULL;
+}
+
+/* The segment bounds of a chat prompt (gen_request's bounds): the tokens where its messages'
+ * content parts begin and end, so that each part cuts into content-defined chunks as a prompt's
+ * start does, and blend finds a passage sent as a part wherever it sits. Parts are found in the
+ * rendered text in order; a bound inside a token moves to that token's end. Returns the count
+ * (*out malloc'd), 0 when there are none or the tokens do not spell the text byte for byte
+ * (SentencePiece's added space): then the prompt is cut by content alone. */
+static int part_bounds(const model *m, const chat_message *msgs, int n, const char *text,
+                       const int32_t *ids, int n_ids, bool added_bos, int **out) {
+    *out = NULL;
+    int want = 0;
+    for (int i = 0; i < n; i++) want += msgs[i].n_parts;
+    if (want == 0) return 0;
+    size_t len = strlen(text), from = 0;
+    size_t *starts = malloc(sizeof *starts * (size_t)n_ids);
+    int *b = malloc(sizeof *b * 2 * (size_t)want), nb = 0, tok = 0;
+    if (!starts || !b ||
+        !tokenizer_token_starts(m->tok, ids, n_ids, added_bos, text, len, starts)) {
+        free(starts);
+        free(b);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < msgs[i].n_parts; j++) {
+            const char *c = msgs[i].content;
+            size_t a = j ? msgs[i].part_ends[j - 1] : 0, e = msgs[i].part_ends[j], n_hit;
+            const char *hit = find_part(text, len, from, c, a, e, &n_hit);
+            if (!hit) continue;
+            size_t edge[2] = {(size_t)(hit - text), (size_t)(hit - text) + n_hit};
+            from = edge[1];
+            for (int k = 0; k < 2; k++) {
+                while (tok < n_ids && starts[tok] < edge[k]) tok++;
+                if (tok > 0 && tok < n_ids && (nb == 0 || b[nb - 1] < tok)) b[nb++] = tok;
+            }
+        }
+    free(starts);
+    if (nb == 0) {
+        free(b);
+        return 0;
+    }
+    *out = b;
+    return nb;
+}
+
+/* Renders messages (with tools, when given) with the model's chat template and tokenizes them;
+ * *bounds (malloc'd, or NULL) gets the content parts' segment bounds and *n_bounds their count,
+ * unless bounds is NULL.
  * Templates that spell BOS out (Llama 3) must not get a second one from the tokenizer. */
 static int tokenize_messages(const model *m, const chat_message *msgs, int n,
-                             const chat_tool *tools, int n_tools, int32_t **ids, api_error *err) {
+                             const chat_tool *tools, int n_tools, int32_t **ids, int **bounds,
+                             int *n_bounds, api_error *err) {
     kv_error ke = {{0}};
     int32_t bos = tokenizer_bos(m->tok);
     const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
@@ -33,6 +97,8 @@ static int tokenize_messages(const model *m, const chat_message *msgs, int n,
     bool add_bos = tokenizer_add_bos(m->tok);
     if (bos_text && strncmp(text, bos_text, strlen(bos_text)) == 0) add_bos = false;
     int n_ids = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
+    if (n_ids > 0 && bounds)
+        *n_bounds = part_bounds(m, msgs, n, text, *ids, n_ids, add_bos, bounds);
     free(text);
     if (n_ids < 0) return fail_400(err, "messages", NULL, ke.msg);
     return n_ids;
@@ -142,15 +208,17 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
 /* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
  * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
  * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
-static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t **ids, char *param,
-                         size_t param_size, api_error *err) {
+static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t **ids, int **bounds,
+                         int *n_bounds, char *param, size_t param_size, api_error *err) {
     *ids = NULL;
+    *bounds = NULL;
+    *n_bounds = 0;
     if (rq->kind == API_CHAT) {
         snprintf(param, param_size, "messages");
         /* tool_choice none: no tools listed, earlier calls and results still written */
         bool tools = rq->tool_choice != CHAT_TOOL_NONE;
         return tokenize_messages(m, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
-                                 tools ? rq->n_tools : 0, ids, err);
+                                 tools ? rq->n_tools : 0, ids, bounds, n_bounds, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
@@ -280,7 +348,7 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
     int32_t *ids = NULL, *pos = NULL;
     schema_kv *skv = NULL;
     char param[32];
-    int span = 0;
+    int span = 0, *bounds = NULL, n_bounds = 0;
     int n_ids;
     if (rq->schema_prompt) {
         snprintf(param, sizeof param, "schema_prompt");
@@ -292,7 +360,7 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
         }
         n_ids = schema_prompt_tokens(j->s, rq, c, &ids, &pos, &skv, &span, err);
     } else {
-        n_ids = prompt_tokens(m, rq, p, &ids, param, sizeof param, err);
+        n_ids = prompt_tokens(m, rq, p, &ids, &bounds, &n_bounds, param, sizeof param, err);
         span = n_ids;
     }
     if (n_ids < 0) goto fail;
@@ -310,6 +378,8 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
     j->reqs[j->n_reqs++] = r;
     r->prompt = ids;
     r->n_prompt = n_ids;
+    r->bounds = bounds;
+    r->n_bounds = n_bounds;
     r->pos = pos;
     r->skv = skv;
     if (j->echo) {
@@ -325,6 +395,7 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
     return 0;
 fail:
     free(ids);
+    free(bounds);
     free(pos);
     schema_kv_free(skv);
     return -1;
@@ -939,7 +1010,7 @@ void openai_tokenize(server *s, const http_call *c, http_reply *out) {
     int n = -1;
     if (api_parse_tokenize(c->body, c->len, &t, &err) == 0) {
         if (t.messages)
-            n = tokenize_messages(s->m, t.messages, t.n_messages, NULL, 0, &ids, &err);
+            n = tokenize_messages(s->m, t.messages, t.n_messages, NULL, 0, &ids, NULL, NULL, &err);
         else
             n = tokenize_text(s->m, t.text, t.add_special, &ids, "content", &err);
     }

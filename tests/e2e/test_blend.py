@@ -90,6 +90,25 @@ def test_content_parts_are_blended(blend_server):
     assert blended > 0.6 * usage.prompt_tokens, usage
 
 
+def test_content_parts_without_line_breaks_are_segments(blend_server):
+    # passages as single lines, parts joined with nothing between them: only the part bounds
+    # cut a passage off its neighbours, so each is found whole wherever it sits
+    flat = [p.replace("\n", " ") for p in PASSAGES]
+
+    def msgs(order, question):
+        return [SYSTEM, {"role": "user", "content": [{"type": "text", "text": flat[p]}
+                                                     for p in order] + [
+            {"type": "text", "text": f"Question: {question}"}]}]
+
+    c, m = blend_server.client(), blend_server.model_id
+    n_passages = sum(len(blend_server.post_json("/tokenize", {"content": p, "add_special": False})
+                         [1]["tokens"]) for p in flat)
+    ask(c, m, msgs([1, 2, 0], "What do the licenses guarantee?"))
+    _, usage = ask(c, m, msgs([2, 0, 1], "What must you respect?"))
+    _, blended, _ = details(usage)
+    assert blended >= n_passages - 2, (usage, n_passages)
+
+
 def test_ratio_one_answers_as_full_prefill_and_blend_false_reuses_nothing(blend_server):
     c, m = blend_server.client(), blend_server.model_id
     ask(c, m, rag([0, 1, 2], "Summarize the documents."))

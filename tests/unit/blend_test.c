@@ -148,8 +148,8 @@ Test(blend, a_passage_cuts_the_same_wherever_it_sits) {
     memcpy(y + nb, p, sizeof *p * (size_t)np);
     cache_cdc_params prm = {.min_tokens = 8, .avg_tokens = 64, .max_tokens = 256};
     int ex[MAX_TOK], ey[MAX_TOK];
-    int n_ex = cache_cdc_cut(x, na + np, kinds, g_m->hp.n_vocab, &prm, ex, MAX_TOK);
-    int n_ey = cache_cdc_cut(y, nb + np, kinds, g_m->hp.n_vocab, &prm, ey, MAX_TOK);
+    int n_ex = cache_cdc_cut(x, na + np, kinds, g_m->hp.n_vocab, &prm, NULL, 0, ex, MAX_TOK);
+    int n_ey = cache_cdc_cut(y, nb + np, kinds, g_m->hp.n_vocab, &prm, NULL, 0, ey, MAX_TOK);
     cr_assert_eq(ex[n_ex - 1], na + np);
     cr_assert_eq(ey[n_ey - 1], nb + np);
     int cx[MAX_TOK], cy[MAX_TOK];
@@ -169,7 +169,7 @@ Test(blend, a_passage_cuts_the_same_wherever_it_sits) {
     int32_t flat[600];
     for (int i = 0; i < 600; i++) flat[i] = 1000 + i % 7;
     int ef[600];
-    int nf = cache_cdc_cut(flat, 600, kinds, g_m->hp.n_vocab, &prm, ef, 600);
+    int nf = cache_cdc_cut(flat, 600, kinds, g_m->hp.n_vocab, &prm, NULL, 0, ef, 600);
     for (int i = 0, s = 0; i < nf; s = ef[i++]) {
         cr_expect_leq(ef[i] - s, prm.max_tokens);
         cr_expect(ef[i] - s >= prm.min_tokens || ef[i] == 600);
@@ -181,10 +181,42 @@ Test(blend, a_passage_cuts_the_same_wherever_it_sits) {
     for (int i = 0; i < 40; i++) z[i] = 1000 + i;
     z[20] = im_start;
     int ez[40];
-    int nz = cache_cdc_cut(z, 40, kinds, g_m->hp.n_vocab, &prm, ez, 40);
+    int nz = cache_cdc_cut(z, 40, kinds, g_m->hp.n_vocab, &prm, NULL, 0, ez, 40);
     cr_assert_eq(nz, 3);
     cr_expect_eq(ez[0], 20);
     cr_expect_eq(ez[1], 21);
+    /* a segment bound cuts before it and restarts the hash: the tokens from the bound on cut
+     * as they do at the start of a prompt, whatever came before */
+    int bounds[] = {7, 29};
+    nz = cache_cdc_cut(z, 40, kinds, g_m->hp.n_vocab, &prm, bounds, 2, ez, 40);
+    cr_assert_eq(nz, 5);
+    cr_expect_eq(ez[0], 7);
+    cr_expect_eq(ez[1], 20);
+    cr_expect_eq(ez[2], 21);
+    cr_expect_eq(ez[3], 29);
+    cr_expect_eq(ez[4], 40);
+    int ea[MAX_TOK], eb[MAX_TOK], bound_a = na, bound_b = nb;
+    int n_ea = cache_cdc_cut(x, na + np, kinds, g_m->hp.n_vocab, &prm, &bound_a, 1, ea, MAX_TOK);
+    int n_eb = cache_cdc_cut(y, nb + np, kinds, g_m->hp.n_vocab, &prm, &bound_b, 1, eb, MAX_TOK);
+    int ka = chunks_within(ea, n_ea, na, na + np, cx),
+        kb = chunks_within(eb, n_eb, nb, nb + np, cy);
+    cr_assert_eq(ka, kb, "a passage that is a segment cuts alike after either prompt");
+    for (int i = 0; i < ka; i++) cr_expect_eq(cx[i], cy[i]);
+    /* ... also where a line break already cut there, and as it cuts alone */
+    int32_t *l;
+    int nl = tokenize("A line of some other text before it.\n", &l);
+    int32_t w[MAX_TOK];
+    memcpy(w, l, sizeof *l * (size_t)nl);
+    memcpy(w + nl, p, sizeof *p * (size_t)np);
+    int ew[MAX_TOK], ep[MAX_TOK];
+    cache_cdc_params fine = {.min_tokens = 1, .avg_tokens = 4, .max_tokens = 256}; /* hash-cut */
+    int n_ew = cache_cdc_cut(w, nl + np, kinds, g_m->hp.n_vocab, &fine, &nl, 1, ew, MAX_TOK);
+    int n_ep = cache_cdc_cut(p, np, kinds, g_m->hp.n_vocab, &fine, NULL, 0, ep, MAX_TOK);
+    cr_assert_gt(n_ep, 8);
+    int kw = chunks_within(ew, n_ew, nl, nl + np, cx);
+    cr_assert_eq(kw, n_ep);
+    for (int i = 0; i < kw; i++) cr_expect_eq(cx[i], ep[i]);
+    free(l);
     free(kinds);
     free(p);
     free(a);

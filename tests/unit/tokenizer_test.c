@@ -340,6 +340,42 @@ Test(tokenizer_decode, spm_leading_space) {
     unload(&l);
 }
 
+/* Where each token starts in the text it encodes: byte-level BPE spells the text exactly (a
+ * BOS the encoding added spans nothing); SentencePiece's added space does not, so no map. */
+Test(tokenizer_decode, token_starts) {
+    loaded l = load(SMOLLM);
+    const char *text = "<|im_start|>user\nHello, wörld.When<|im_end|>";
+    size_t len = strlen(text);
+    int32_t *ids;
+    int n = encode(l.t, text, true, true, &ids);
+    cr_assert_gt(n, 6);
+    size_t starts[64];
+    cr_assert(tokenizer_token_starts(l.t, ids, n, true, text, len, starts));
+    cr_expect_eq(starts[0], 0, "the added BOS");
+    cr_expect_eq(starts[1], 0, "<|im_start|>");
+    cr_expect_eq(starts[2], 12);
+    char piece[64];
+    for (int i = 2; i < n; i++) {
+        int w = tokenizer_token_bytes(l.t, ids[i], true, piece, sizeof piece);
+        size_t end = i + 1 < n ? starts[i + 1] : len;
+        cr_expect_eq(end - starts[i], (size_t)w, "token %d spans its bytes", i);
+        cr_expect(memcmp(text + starts[i], piece, (size_t)w) == 0);
+    }
+    cr_expect_not(tokenizer_token_starts(l.t, ids, n, true, text, len - 1, starts),
+                  "text too short");
+    cr_expect_not(tokenizer_token_starts(l.t, ids, n, false, text, len, starts),
+                  "SmolLM2's BOS is <|im_start|>: counted as text, the rest is off by one token");
+    cr_expect_not(tokenizer_token_starts(l.t, ids + 2, n - 2, false, text, len, starts),
+                  "the tokens must cover the text from its first byte");
+    free(ids);
+    unload(&l);
+    l = load(GOLDEN "spm_tiny.gguf");
+    n = encode(l.t, "hello world", true, false, &ids);
+    cr_expect_not(tokenizer_token_starts(l.t, ids, n, true, "hello world", 11, starts));
+    free(ids);
+    unload(&l);
+}
+
 /* ---------------------------------------------------------------- special ids */
 
 Test(tokenizer_special, smollm2_ids) {
