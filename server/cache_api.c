@@ -223,7 +223,7 @@ void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
      * record still being written is pinned once it is on disk: no need to wait for it. */
     const cache_layout *cl = cache_store_layout(s->store);
     int cb = cache_chunk_blocks(cl);
-    int n_records = (r->n_keys + cb - 1) / cb;
+    int n_records = (r->plan.n_keys + cb - 1) / cb;
     cache_key *records = malloc(sizeof *records * (size_t)(n_records > 0 ? n_records : 1));
     if (!records) {
         job_free(j);
@@ -231,7 +231,7 @@ void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin) {
         http_reply_error(out, &err);
         return;
     }
-    cache_record_keys(r->keys, r->n_keys, cb, records);
+    cache_record_keys(r->plan.keys, r->plan.n_keys, cb, records);
     int held = cache_store_pin(s->store, records, n_records, pin);
     free(records);
     json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",

@@ -11,7 +11,6 @@
  * The n choices of a request prefill the prompt once: the first choice computes it, the others
  * fork its KV blocks (shared by reference count) when it samples its first token. */
 #include "server/engine.h"
-#include "server/pool_cache.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -23,25 +22,11 @@
 
 /* ---------------------------------------------------------------- requests */
 
-/* Drops the chunks fetched for r (after admission used them, or with r). */
-static void gen_request_drop_loaded(gen_request *r) {
-    free(r->loaded_src);
-    r->loaded_src = NULL;
-    if (!r->loaded) return;
-    for (int i = 0; i < r->n_loaded; i++) cache_chunk_unref(r->loaded[i]);
-    free(r->loaded);
-    r->loaded = NULL;
-    r->n_loaded = 0;
-    if (r->loaded_budget) atomic_fetch_sub(r->loaded_budget, r->loaded_bytes);
-    r->loaded_bytes = 0;
-}
-
 gen_request *gen_request_create(int n_choices) {
     if (n_choices < 1) return NULL;
     gen_request *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    r->kv_level = CACHE_ENC_ANY;
-    r->ttft_budget_ms = -1;
+    plan_req_init(&r->plan);
     if (!(r->choices = calloc((size_t)n_choices, sizeof *r->choices))) {
         free(r);
         return NULL;
@@ -68,12 +53,9 @@ void gen_request_unref(gen_request *r) {
     free(r->choices);
     free(r->prompt_lps);
     free(r->prompt);
-    free(r->bounds);
-    free(r->keys);
     free(r->pos);
     schema_kv_free(r->skv);
-    gen_request_drop_loaded(r);
-    free(r->fetched);
+    plan_req_free(&r->plan);
     free(r->bias);
     free(r->embedding);
     stop_set_free(&r->stops);
@@ -161,25 +143,8 @@ typedef struct eseq {
     uint64_t admit_order; /* older sequences have priority for KV */
     bool preempted;       /* its KV was dropped; it has not yet recomputed its history */
     bool done;
-    /* context cache: prefix keys of hist's full blocks computed so far, how many leading blocks
-     * have been registered in the pool tier (and their full chunks stored), and up to which
-     * block a trailing partial chunk was last stored */
-    cache_key *keys;
-    int n_keys, cap_keys;
-    int n_stored;
-    int tail_stored;
     bool reuse_tried; /* looked up since it last held no KV */
-    /* blend: the prompt's content-defined chunk ends, the spans planned to come from the
-     * content store (a record reference each), and the first slot whose KV is not what a full
-     * prefill computes (prefix keys are stored only before it) */
-    int *cuts;
-    int n_cuts;
-    blend_span *spans;
-    int n_spans;
-    int exact_end;
-    int lossy_from; /* the first token whose KV came lossy from the Redis tier (INT_MAX: none) */
-    float blend_ratio;
-    int blended, recomputed; /* tokens reused by content so far, and recomputed of them */
+    plan_seq ps;      /* the context cache's and blend's side of it (cache/plan.h) */
 } eseq;
 
 struct engine {
@@ -204,69 +169,25 @@ struct engine {
     eseq **run; /* admitted sequences in admission order */
     int n_run;
     uint64_t admit_counter;
-    pool_cache *pc;             /* device-pool tier, or NULL */
+    planner *plan;              /* the context cache's reuse planner, or NULL: no cache */
     atomic_llong reused_tokens; /* prompt tokens served from the cache */
-    atomic_llong prefetched;    /* bytes of chunks fetched for requests not yet admitted */
     batch_seq *batch;           /* [max_seqs] */
     eseq **batch_seqs;          /* [max_seqs] */
     int32_t *batch_pos;         /* [fwd_tokens] */
     int fwd_tokens;             /* tokens one step may hold */
     /* blend */
-    content_store *cs; /* NULL: no blend */
-    uint8_t *kinds;    /* the chunker's token kinds */
-    blend_fusor *fus;
+    blend_fusor *fus;   /* NULL: no blend */
     blend_entry *bents; /* [max_seqs] this step's blended entries */
     blend_span *bspans; /* [bspans_cap] their spans, clipped to the step */
     int bspans_cap;
-    /* measured compute per token and layer (the loading controller; read by the submitting
-     * threads' Redis fetch policy too) */
-    _Atomic double ns_token_layer;
     atomic_llong blended_tokens, recomputed_tokens;
     int n_batch; /* entries in this step's batch (the pooling hook reads it) */
 };
 
-/* Content-defined chunking of prompts for blend: a cut after every line break, the hash cutting
- * long lines, so a passage's lines are found wherever it sits, its "Document k:" header and all
- * (a line is a short run, but its KV is only ever reused through the fusor). */
-#define BLEND_MIN_RUN 32
-static const cache_cdc_params BLEND_CDC = {.min_tokens = 1, .avg_tokens = 48, .max_tokens = 256};
+/* The pool tier, or NULL. */
+static pool_cache *pool_tier(const engine *e) { return e->plan ? planner_pool(e->plan) : NULL; }
 
-static void drop_spans(eseq *s) {
-    for (int i = 0; i < s->n_spans; i++) content_rec_unref(s->spans[i].rec);
-    free(s->spans);
-    s->spans = NULL;
-    s->n_spans = 0;
-    s->exact_end = INT_MAX;
-}
-
-/* After a blended pass over s. Records the pass read whole from disk go to the RAM content
- * store. When a record failed to read (its layer's checksum, a vanished file), the pass's KV
- * and logits of s are wrong: its spans from failed records are dropped, and true is returned
- * so that the step leaves s where it was (its tokens run again next step, the failed spans'
- * computed in full): never wrong, one step slower. */
-static bool blend_settle(engine *e, eseq *s, bool failed) {
-    int kept = 0;
-    for (int i = 0; i < s->n_spans; i++) {
-        content_rec *rec = s->spans[i].rec;
-        if (content_rec_failed(rec)) {
-            content_rec_unref(rec);
-            continue;
-        }
-        if (rec->src && content_rec_complete(rec)) {
-            content_rec_settle(rec);
-            content_store_put(e->cs, rec);
-        }
-        s->spans[kept++] = s->spans[i];
-    }
-    if (!failed) return false;
-    log_warn("blend: %d chunks unreadable on disk; computing them instead", s->n_spans - kept);
-    s->n_spans = kept;
-    if (kept == 0) drop_spans(s);
-    s->exact_end = kept == 0 || s->blend_ratio >= 1 ? INT_MAX : s->spans[0].slot;
-    return true;
-}
-
-/* True when batch entry i blended in this step's pass and the pass failed it (blend_settle). */
+/* True when batch entry i blended in this step's pass and the pass failed it (plan_settle). */
 static bool blend_failed(const engine *e, int i, int n_be) {
     for (int k = 0; k < n_be; k++)
         if (e->bents[k].entry == i) return e->bents[k].failed;
@@ -277,10 +198,8 @@ static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
     sampler_destroy(s->smp);
-    drop_spans(s);
-    free(s->cuts);
+    plan_seq_free(&s->ps);
     free(s->pooled);
-    free(s->keys);
     free(s->hist);
     free(s->pos);
     free(s->gen);
@@ -292,8 +211,6 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     eseq *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     kv_seq_init(&s->kv);
-    s->exact_end = INT_MAX;
-    s->lossy_from = INT_MAX;
     s->req = r;
     atomic_fetch_add(&r->refs, 1);
     s->choice = choice;
@@ -306,11 +223,7 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         if (!(s->pos = malloc(sizeof(int32_t) * (size_t)s->cap_hist))) goto oom;
         memcpy(s->pos, r->pos, sizeof(int32_t) * (size_t)r->n_prompt);
     }
-    if (r->n_keys > 0) {
-        if (!(s->keys = malloc(sizeof *s->keys * (size_t)r->n_keys))) goto oom;
-        memcpy(s->keys, r->keys, sizeof *s->keys * (size_t)r->n_keys);
-        s->n_keys = s->cap_keys = r->n_keys;
-    }
+    if (plan_seq_init(&s->ps, &r->plan)) goto oom;
     sampler_params sp = r->sp;
     sp.seed += (uint64_t)choice; /* n choices from one seed differ, reproducibly */
     if (!(s->smp = sampler_create(&sp, e->m->hp.n_vocab, err))) {
@@ -333,7 +246,6 @@ oom:
 }
 
 static bool cache_on(const engine *e, const eseq *s);
-static void store_tail(engine *e, eseq *s);
 
 /* Ends one choice: publishes the finish (and, for errors, the request's error) and wakes the
  * reader. The sequence's KV is released at once. */
@@ -353,7 +265,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
-    if (!s->done && cache_on(e, s)) store_tail(e, s);
+    if (!s->done && cache_on(e, s)) plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
     kv_seq_release(e->pool, &s->kv);
     s->done = true;
 }
@@ -607,8 +519,7 @@ static void fork_siblings(engine *e, eseq *first, const float *logits) {
         s->wait_fork = false;
         s->n_computed = first->n_computed;
         /* the shared KV is as exact as the first choice's: no further */
-        s->exact_end = first->exact_end;
-        s->lossy_from = first->lossy_from;
+        plan_seq_share(&s->ps, &first->ps);
         memcpy(e->work, logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
         eseq_sample(e, s, e->work);
     }
@@ -653,8 +564,8 @@ static eseq *youngest_holder_after(const engine *e, const eseq *s) {
 /* Free blocks after evicting idle cached chunks used before stamp keep_from, as far as needed
  * to reach need (and only if that reaches it). */
 static int64_t room_keep(engine *e, int64_t need, uint64_t keep_from) {
-    if (e->pc && kv_pool_free_blocks(e->pool) < need)
-        return pool_cache_make_room(e->pc, need, keep_from);
+    pool_cache *pc = pool_tier(e);
+    if (pc && kv_pool_free_blocks(e->pool) < need) return pool_cache_make_room(pc, need, keep_from);
     return kv_pool_free_blocks(e->pool);
 }
 
@@ -680,10 +591,10 @@ static void admit(engine *e) {
             if (e->n_run + r->n_choices > e->o.max_seqs) break;
             /* Leading blocks already in the pool are shared, not allocated; they become the
              * most recently used, so making room does not evict them. */
-            int64_t shared = 0;
-            uint64_t keep_from = e->pc ? pool_cache_clock(e->pc) : UINT64_MAX;
-            if (e->pc && r->cache && !r->prompt_logprobs)
-                shared = pool_cache_lookup(e->pc, r->keys, r->n_keys, NULL, false);
+            pool_cache *pc = pool_tier(e);
+            uint64_t keep_from = pc ? pool_cache_clock(pc) : UINT64_MAX;
+            int64_t shared =
+                e->plan ? plan_shared_blocks(e->plan, &r->plan, r->prompt_logprobs) : 0;
             int64_t need = blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
             if (e->n_run > 0 && room_keep(e, need, keep_from) < need) break;
         }
@@ -742,7 +653,8 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     while (kv_seq_reserve(e->pool, &s->kv, s->n_computed + n_tok, &err)) {
         /* Idle cached blocks give way before any sequence does. */
         int64_t free0 = kv_pool_free_blocks(e->pool);
-        if (e->pc && pool_cache_make_room(e->pc, free0 + 1, UINT64_MAX) > free0) continue;
+        pool_cache *pc = pool_tier(e);
+        if (pc && pool_cache_make_room(pc, free0 + 1, UINT64_MAX) > free0) continue;
         eseq *v = youngest_holder_after(e, s);
         if (!v) {
             bool others = false;
@@ -791,281 +703,30 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
 
 /* ---------------------------------------------------------------- context cache */
 
-static bool cache_on(const engine *e, const eseq *s) {
-    return e->o.chunk_tokens > 0 && s->req->cache;
-}
+static bool cache_on(const engine *e, const eseq *s) { return e->plan && s->req->plan.cache; }
 
-/* Appends to s the leading blocks of its history the pool tier holds, by reference. Returns
- * how many. */
-static int reuse_from_pool(engine *e, eseq *s, int n_blocks) {
-    int32_t *ids = n_blocks > 0 ? malloc(sizeof *ids * (size_t)n_blocks) : NULL;
-    if (!ids) return 0;
-    int held = pool_cache_lookup(e->pc, s->keys, n_blocks, ids, true);
-    kv_error err = {{0}};
-    if (held > 0 && kv_seq_append_blocks(e->pool, &s->kv, ids, held, &err)) {
-        log_warn("cache: cannot reuse pooled blocks: %s", err.msg);
-        held = 0;
-    }
-    free(ids);
-    return held;
-}
-
-/* Continues s's prefix (held blocks so far) with the records the submitting thread fetched from
- * RAM or disk: their blocks are copied into fresh pool blocks (and kept in the pool tier).
- * Returns the blocks s holds afterwards. */
-static int reuse_loaded(engine *e, eseq *s, int held, int n_blocks) {
-    gen_request *r = s->req;
-    int bt = kv_pool_layout(e->pool)->block_tokens;
-    size_t bb = kv_layout_block_bytes(kv_pool_layout(e->pool));
-    int upto = r->loaded_from + r->loaded_blocks;
-    if (upto > n_blocks) upto = n_blocks;
-    /* The pool may have lost blocks since the fetch: then the records do not continue s. */
-    if (held < r->loaded_from) return held;
-    for (int i = 0; i < r->n_loaded && held < upto; i++) {
-        const cache_chunk *c = r->loaded[i];
-        int c0 = c->pos0 / bt, hi = c0 + c->n_blocks < upto ? c0 + c->n_blocks : upto;
-        if (hi <= held) continue; /* the pool held these blocks after all */
-        if (c0 > held) break;
-        int n = hi - held;
-        kv_error err = {{0}};
-        if (kv_pool_free_blocks(e->pool) < n && e->pc) pool_cache_make_room(e->pc, n, UINT64_MAX);
-        if (kv_seq_import_blocks(e->pool, &s->kv, n, c->data + (size_t)(held - c0) * bb, &err))
-            break;
-        /* KV that came lossy (a codec level from Redis) is this request's alone: no prefix key
-         * may name it, and nothing computed after it is exact either */
-        bool lossy = r->loaded_src && r->loaded_src[i].enc != CACHE_ENC_RAW;
-        if (lossy && held * bt < s->lossy_from) s->lossy_from = held * bt;
-        for (int j = held; j < hi && e->pc && !lossy; j++)
-            pool_cache_put(e->pc, &s->keys[j], &r->ns, s->kv.blocks[j]);
-        held = hi;
-    }
-    return held;
-}
-
-/* The recompute ratio for s: the request's, else the loading controller's (CacheBlend section
- * 5): as many tokens as can be recomputed per layer while the next layer's reused KV loads
- * (measured: its copy and rotation per token against compute per token), never below the
- * quality floor (--blend-ratio). */
-static float blend_ratio_for(const engine *e, const gen_request *r, double ns_load_token_layer) {
-    if (r->blend_ratio >= 0) return r->blend_ratio;
-    double hide = e->ns_token_layer > 0 ? ns_load_token_layer / e->ns_token_layer : 0;
-    double ratio = hide > e->o.blend_ratio ? hide : e->o.blend_ratio;
-    return ratio > 1 ? 1.0f : (float)ratio;
-}
-
-/* Finds, past s's exact prefix, the content-defined chunks of its prompt that the content
- * store holds (any position, any earlier context): they become spans the blended prefill
- * reuses. The last prompt token is always computed, for its logits. */
-static void plan_blend(engine *e, eseq *s) {
-    gen_request *r = s->req;
-    drop_spans(s);
-    s->blended = s->recomputed = 0;
-    if (!e->cs || !r->blend || r->prompt_logprobs) return;
-    int n = r->n_prompt;
-    if (!s->cuts) {
-        if (!(s->cuts = malloc(sizeof *s->cuts * (size_t)n))) return;
-        s->n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, r->bounds,
-                                  r->n_bounds, s->cuts, n);
-    }
-    cache_tier_stats cst, dst;
-    content_store_stats(e->cs, &cst);
-    content_disk_stats(e->o.blend_disk, &dst);
-    if (cst.entries == 0 && dst.entries == 0) return;
-    int cap = 0;
-    for (int i = 0, a = 0; i < s->n_cuts; a = s->cuts[i++]) {
-        int b = s->cuts[i];
-        if (a < s->n_computed || b > n - 1 || b - a < BLEND_CDC.min_tokens) continue;
-        cache_key key;
-        cache_content_key(e->m->identity, &r->ns, r->prompt + a, b - a, &key);
-        content_rec *rec = content_store_get(e->cs, &key);
-        /* on disk: its layers are read by the fusor's loader as the pass reaches them */
-        if (!rec) rec = content_disk_get(e->o.blend_disk, &key, b - a);
-        if (!rec) continue;
-        if (rec->n_tok != b - a) {
-            content_rec_unref(rec);
-            continue;
-        }
-        if (s->n_spans == cap) {
-            cap = cap ? cap * 2 : 8;
-            blend_span *sp = realloc(s->spans, sizeof *sp * (size_t)cap);
-            if (!sp) {
-                content_rec_unref(rec);
-                break;
-            }
-            s->spans = sp;
-        }
-        s->spans[s->n_spans++] = (blend_span){.slot = a, .n = b - a, .off = 0, .rec = rec};
-    }
-    /* Only runs of BLEND_MIN_RUN tokens or more of consecutive found chunks are reused: a stray
-     * line found elsewhere saves little and costs the answer its own context. */
-    int kept = 0;
-    for (int i = 0; i < s->n_spans;) {
-        int j = i + 1, run = s->spans[i].n;
-        while (j < s->n_spans && s->spans[j].slot == s->spans[j - 1].slot + s->spans[j - 1].n)
-            run += s->spans[j++].n;
-        for (int k = i; k < j; k++) {
-            if (run >= BLEND_MIN_RUN)
-                s->spans[kept++] = s->spans[k];
-            else
-                content_rec_unref(s->spans[k].rec);
-        }
-        i = j;
-    }
-    s->n_spans = kept;
-    if (s->n_spans == 0) return;
-    s->blend_ratio = blend_ratio_for(e, r, blend_fusor_load_ns(e->fus));
-    /* at ratio 1 every token is computed: the KV is a full prefill's, bit for bit */
-    s->exact_end = s->blend_ratio >= 1 ? INT_MAX : s->spans[0].slot;
-    log_debug("blend: %d spans from token %d, ratio %.2f", s->n_spans, s->exact_end,
-              s->blend_ratio);
-}
-
-/* Keeps the KV of s's content-defined chunks it computed (every one but those it blended) in
- * the content store, so a later prompt finds them wherever they sit. A chunk after a blended
- * one attended to blended KV: like any content record, it is KV computed in some other
- * context, which is what blend expects of it. */
-static void store_content(engine *e, eseq *s) {
-    if (!e->cs || !s->cuts || s->choice != 0 || !s->req->blend) return;
-    gen_request *r = s->req;
-    const kv_layout *kl = kv_pool_layout(e->pool);
-    int kvd = kl->n_kv_head * kl->head_dim;
-    float *rows = NULL;
-    int32_t *slots = NULL;
-    int sp = 0;
-    for (int i = 0, a = 0; i < s->n_cuts && s->cuts[i] <= s->n_computed; a = s->cuts[i++]) {
-        int b = s->cuts[i], n = b - a;
-        if (b > s->lossy_from) break; /* lossy KV, or computed after it */
-        while (sp < s->n_spans && s->spans[sp].slot + s->spans[sp].n <= a) sp++;
-        if (n < BLEND_CDC.min_tokens || (sp < s->n_spans && s->spans[sp].slot < b)) continue;
-        cache_key key;
-        cache_content_key(e->m->identity, &r->ns, r->prompt + a, n, &key);
-        if (content_store_has(e->cs, &key)) continue;
-        if (!rows) {
-            rows = malloc(sizeof *rows * (size_t)BLEND_CDC.max_tokens * (size_t)kvd);
-            slots = malloc(sizeof *slots * (size_t)BLEND_CDC.max_tokens);
-            if (!rows || !slots) break;
-        }
-        content_rec *rec = content_rec_create(kl->n_layer, kvd, n, &key, &r->ns, a);
-        if (!rec) break;
-        for (int j = 0; j < n; j++) slots[j] = a + j;
-        for (int l = 0; l < kl->n_layer; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                backend_kv_load(e->b, kv_pool_memory(e->pool), kl, l, kv, s->kv.blocks, slots, n,
-                                rows);
-                fp32_to_fp16_row(rows, (uint16_t *)content_rec_rows(rec, l, kv), (int64_t)n * kvd);
-            }
-        content_store_put(e->cs, rec);
-        content_disk_put(e->o.blend_disk, rec);
-        cache_store_put_content(e->o.store, rec);
-        content_rec_unref(rec);
-    }
-    free(rows);
-    free(slots);
-}
-
-/* Gives s (holding no KV) its longest cached prefix, to the block: blocks in the pool are
- * appended by reference, then records the submitting thread fetched from RAM or disk are
- * copied. At least the last token is left to compute, so its logits are fresh (its block, if
- * shared, is copied when written). Prompt scoring needs every prompt row's logits and reuses
- * nothing. */
+/* Gives s (holding no KV) its longest cached prefix and plans its blend (cache/plan.h). At
+ * least the last token is left to compute, so its logits are fresh (its block, if shared, is
+ * copied when written). Prompt scoring needs every prompt row's logits and reuses nothing. */
 static void reuse_prefix(engine *e, eseq *s) {
     gen_request *r = s->req;
-    int bt = kv_pool_layout(e->pool)->block_tokens;
-    int held = 0;
-    bool first = s->choice == 0 && r->loaded; /* the fetched records are used once */
     s->reuse_tried = true;
-    if (!r->prompt_logprobs) {
-        int n_blocks = s->n_keys < s->n_hist / bt ? s->n_keys : s->n_hist / bt;
-        if (e->pc) held = reuse_from_pool(e, s, n_blocks);
-        if (first) held = reuse_loaded(e, s, held, n_blocks);
-    }
-    if (first) gen_request_drop_loaded(r);
-    int reused = held * bt;
-    if (reused >= s->n_hist) reused = s->n_hist - 1;
-    kv_seq_truncate(e->pool, &s->kv, reused);
+    double load_ns = e->fus ? blend_fusor_load_ns(e->fus) : 0;
+    int reused = plan_reuse(e->plan, &s->ps, &r->plan, &s->kv, s->hist, s->n_hist, r->n_prompt,
+                            s->choice == 0, r->prompt_logprobs, load_ns);
     s->n_computed = reused;
-    /* write_back revisits the reused blocks: a chunk that came from the pool but has left RAM
-     * and disk is stored again. */
-    s->n_stored = s->tail_stored = 0;
-    if (reused > 0) {
-        log_debug("cache: %d of %d tokens reused", reused, s->n_hist);
-        atomic_fetch_add(&e->reused_tokens, reused);
-    }
+    if (reused > 0) atomic_fetch_add(&e->reused_tokens, reused);
     if (s->choice == 0 && !s->preempted) {
         pthread_mutex_lock(&r->mu);
         r->cached_tokens = reused < r->n_prompt ? reused : r->n_prompt - 1;
         pthread_mutex_unlock(&r->mu);
     }
-    plan_blend(e, s);
-}
-
-/* Copies s's blocks [first, first + n) (one chunk's, from its start) into a record for the
- * store (RAM now, disk in the background), unless a record holds them already. */
-static void store_record(engine *e, eseq *s, int first, int n) {
-    const cache_layout *cl = cache_store_layout(e->o.store);
-    if (cache_store_holds(e->o.store, &s->keys[first + n - 1])) return;
-    cache_chunk *c =
-        cache_chunk_create(cl, s->keys + first, n, &s->req->ns, first * cl->block_tokens);
-    if (!c) return; /* not stored: only a later miss */
-    kv_seq_export_blocks(e->pool, &s->kv, first, n, c->data);
-    /* computed from text though Redis holds it (the fetch chose to): not written there again */
-    if (first + n <= s->req->redis_held_blocks)
-        cache_store_put_local(e->o.store, c);
-    else
-        cache_store_put(e->o.store, c);
-    cache_chunk_unref(c);
-}
-
-/* Registers the full blocks s has computed since the last call in the pool tier (their blocks
- * stay in the pool) and stores each chunk they complete. The copy is one memcpy of the chunk's
- * blocks, a small fraction of the step that computed them. */
-static void write_back(engine *e, eseq *s) {
-    gen_request *r = s->req;
-    int bt = kv_pool_layout(e->pool)->block_tokens;
-    int cb = e->o.chunk_tokens / bt;
-    /* blended KV is not what a full prefill computes: no prefix key may name it */
-    int exact = s->n_computed < s->exact_end ? s->n_computed : s->exact_end;
-    /* nor KV that came lossy from Redis, or was computed after it */
-    if (s->lossy_from < exact) exact = s->lossy_from;
-    while ((s->n_stored + 1) * bt <= exact) {
-        int i = s->n_stored;
-        if (i >= s->n_keys) {
-            if (s->n_keys == s->cap_keys) {
-                int cap = s->cap_keys ? s->cap_keys * 2 : 8;
-                cache_key *k = realloc(s->keys, sizeof *k * (size_t)cap);
-                if (!k) return; /* not stored: only a later miss */
-                s->keys = k;
-                s->cap_keys = cap;
-            }
-            cache_prefix_key(e->m->identity, &r->ns, i ? &s->keys[i - 1] : NULL,
-                             s->hist + (size_t)i * bt, bt, &s->keys[i]);
-            s->n_keys++;
-        }
-        if (e->pc) pool_cache_put(e->pc, &s->keys[i], &r->ns, s->kv.blocks[i]);
-        s->n_stored++;
-        if (e->o.store && s->n_stored % cb == 0) store_record(e, s, s->n_stored - cb, cb);
-    }
-}
-
-/* Stores s's trailing partial chunk (its full blocks past the last whole chunk), so the same
- * prompt reuses it from RAM or disk once the pool has let it go: when the prompt is computed
- * and when s ends (before its KV is released). Its pool blocks are touched last first, so the
- * pool tier evicts the prefix from its tail. */
-static void store_tail(engine *e, eseq *s) {
-    int cb = e->o.chunk_tokens / kv_pool_layout(e->pool)->block_tokens;
-    int n = s->n_stored;
-    if (e->pc && n > 0) pool_cache_lookup(e->pc, s->keys, n, NULL, false);
-    if (!e->o.store || n % cb == 0 || n <= s->tail_stored ||
-        s->kv.n_tokens < n * kv_pool_layout(e->pool)->block_tokens)
-        return;
-    store_record(e, s, n - n % cb, n % cb);
-    s->tail_stored = n;
 }
 
 /* True when s has reused spans at or after its next token. */
 static bool blending(const eseq *s) {
-    return s->n_spans > 0 &&
-           s->spans[s->n_spans - 1].slot + s->spans[s->n_spans - 1].n > s->n_computed;
+    return s->ps.n_spans > 0 &&
+           s->ps.spans[s->ps.n_spans - 1].slot + s->ps.spans[s->ps.n_spans - 1].n > s->n_computed;
 }
 
 /* How many pending tokens a blended prefill of s takes this step: a reused token costs two
@@ -1074,12 +735,12 @@ static bool blending(const eseq *s) {
 static int blend_take(const engine *e, const eseq *s, int budget, int *cost) {
     int pending = s->n_hist - s->n_computed;
     int cap = pending < e->o.blend_chunk ? pending : e->o.blend_chunk;
-    double w_reused = 2.0 / e->m->hp.n_layer + 1.5 * s->blend_ratio, c = 0;
+    double w_reused = 2.0 / e->m->hp.n_layer + 1.5 * s->ps.blend_ratio, c = 0;
     int n = 0, sp = 0;
     while (n < cap) {
         int t = s->n_computed + n;
-        while (sp < s->n_spans && s->spans[sp].slot + s->spans[sp].n <= t) sp++;
-        bool reused = sp < s->n_spans && s->spans[sp].slot <= t;
+        while (sp < s->ps.n_spans && s->ps.spans[sp].slot + s->ps.spans[sp].n <= t) sp++;
+        bool reused = sp < s->ps.n_spans && s->ps.spans[sp].slot <= t;
         double w = reused ? (w_reused < 1 ? w_reused : 1) : 1;
         if (n > 0 && c + w > budget) break;
         c += w;
@@ -1098,8 +759,8 @@ static int blend_entries(engine *e, int n_b) {
         eseq *s = e->batch_seqs[i];
         const batch_seq *bs = &e->batch[i];
         int lo = bs->kv_start, hi = bs->kv_start + bs->n_tok, first = n_sp;
-        for (int k = 0; k < s->n_spans; k++) {
-            blend_span sp = s->spans[k];
+        for (int k = 0; k < s->ps.n_spans; k++) {
+            blend_span sp = s->ps.spans[k];
             /* the entry's last token is computed: its logits row is the step's output */
             int a = sp.slot > lo ? sp.slot : lo,
                 b = sp.slot + sp.n < hi - 1 ? sp.slot + sp.n : hi - 1;
@@ -1117,7 +778,7 @@ static int blend_entries(engine *e, int n_b) {
         if (n_sp > first)
             e->bents[n_be++] = (blend_entry){.entry = i,
                                              .n_spans = n_sp - first,
-                                             .ratio = s->blend_ratio,
+                                             .ratio = s->ps.blend_ratio,
                                              .spans = (const blend_span *)(intptr_t)first};
     }
     /* the span array may have moved while growing: offsets become pointers now */
@@ -1143,14 +804,14 @@ static void schema_start(engine *e, eseq *s) {
     const schema_kv *k = r->skv;
     s->reuse_tried = true;
     if (k->fixup >= 0) {
-        if (s->spans) return; /* after a preemption: the spans are still there */
+        if (s->ps.spans) return; /* after a preemption: the spans are still there */
         kv_error err = {{0}};
-        int rc =
-            e->fus ? schema_kv_blend_spans(k, kv_pool_layout(e->pool), &s->spans, &s->n_spans, &err)
-                   : kv_fail(&err, "blend is off");
+        int rc = e->fus ? schema_kv_blend_spans(k, kv_pool_layout(e->pool), &s->ps.spans,
+                                                &s->ps.n_spans, &err)
+                        : kv_fail(&err, "blend is off");
         if (rc == 0) {
-            s->blend_ratio = k->fixup;
-            s->exact_end = 0;
+            s->ps.blend_ratio = k->fixup;
+            s->ps.exact_end = 0;
         } else {
             /* its layout is a full prefill's: computed in full, slower but right */
             log_warn("schema: no fix-up (%s): computing the prompt in full", err.msg);
@@ -1195,12 +856,12 @@ static void schema_done(engine *e, eseq *s) {
             pthread_mutex_unlock(&r->mu);
         }
     }
-    if (s->blended > 0) {
+    if (s->ps.blended > 0) {
         pthread_mutex_lock(&r->mu);
-        r->blended_tokens = s->blended;
-        r->recomputed_tokens = s->recomputed;
-        r->blend_ratio_used = s->blend_ratio;
-        r->cached_tokens = s->blended - s->recomputed;
+        r->blended_tokens = s->ps.blended;
+        r->recomputed_tokens = s->ps.recomputed;
+        r->blend_ratio_used = s->ps.blend_ratio;
+        r->cached_tokens = s->ps.blended - s->ps.recomputed;
         pthread_mutex_unlock(&r->mu);
     }
 }
@@ -1312,9 +973,10 @@ static void step(engine *e) {
             room(e, blocks_for(e, s->n_hist + 1)) < blocks_for(e, s->n_hist + 1))
             continue;
         int n = pending < budget ? pending : budget, cost = n;
-        if (blending(s) && s->n_computed < s->spans[0].slot) {
+        if (blending(s) && s->n_computed < s->ps.spans[0].slot) {
             /* up to the first reused token as any prefill, so blended steps start there */
-            if (n > s->spans[0].slot - s->n_computed) n = cost = s->spans[0].slot - s->n_computed;
+            if (n > s->ps.spans[0].slot - s->n_computed)
+                n = cost = s->ps.spans[0].slot - s->n_computed;
         } else if (blending(s)) {
             /* A blended step's tokens depend on s alone, never on what else runs, so its rows
              * are ranked over the same tokens alone or in any batch: it takes the whole budget,
@@ -1342,14 +1004,15 @@ static void step(engine *e) {
     }
     kv_error err = {{0}};
     forward_hooks hooks, *hk = NULL;
-    int n_be = e->cs ? blend_entries(e, n_b) : 0;
+    int n_be = e->fus ? blend_entries(e, n_b) : 0;
     if (n_be > 0) {
         if (blend_fusor_begin(e->fus, e->batch, n_b, e->bents, n_be, &hooks, &err) == 0) {
             hk = &hooks;
         } else {
             /* computed in full instead: slower, never wrong */
             log_warn("blend: %s; computing those tokens", err.msg);
-            for (int k = 0; k < n_be; k++) drop_spans(e->batch_seqs[e->bents[k].entry]);
+            for (int k = 0; k < n_be; k++)
+                plan_seq_drop_spans(&e->batch_seqs[e->bents[k].entry]->ps);
             n_be = 0;
         }
     }
@@ -1365,20 +1028,17 @@ static void step(engine *e) {
     uint64_t dt = clock_now_ns() - t0;
     log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
               (double)dt / 1e6);
-    if (n_out >= 0 && n_be == 0 && n_pos >= 64) {
-        /* compute per token and layer, for the loading controller (prefill-sized steps) */
-        double ns = (double)dt / n_pos / e->m->hp.n_layer;
-        e->ns_token_layer = e->ns_token_layer > 0 ? 0.8 * e->ns_token_layer + 0.2 * ns : ns;
-    }
+    /* compute per token and layer, for the loading controller */
+    if (n_out >= 0 && n_be == 0 && e->plan) planner_note_step(e->plan, dt, n_pos);
     for (int k = 0; k < n_be && n_out >= 0; k++) {
         eseq *s = e->batch_seqs[e->bents[k].entry];
-        if (blend_settle(e, s, e->bents[k].failed)) continue;
+        if (plan_settle(e->plan, &s->ps, e->bents[k].failed)) continue;
         log_debug("blend: entry of %d tokens: %d reused, %d recomputed (ratio %.2f); loading "
                   "%.0f ns, compute %.0f ns per token and layer",
                   e->batch[e->bents[k].entry].n_tok, e->bents[k].n_reused, e->bents[k].n_recomputed,
-                  e->bents[k].ratio, blend_fusor_load_ns(e->fus), e->ns_token_layer);
-        s->blended += e->bents[k].n_reused;
-        s->recomputed += e->bents[k].n_recomputed;
+                  e->bents[k].ratio, blend_fusor_load_ns(e->fus), planner_ns_token_layer(e->plan));
+        s->ps.blended += e->bents[k].n_reused;
+        s->ps.recomputed += e->bents[k].n_recomputed;
         atomic_fetch_add(&e->blended_tokens, e->bents[k].n_reused);
         atomic_fetch_add(&e->recomputed_tokens, e->bents[k].n_recomputed);
         metrics_blend(e->mx, e->bents[k].n_reused, e->bents[k].n_recomputed);
@@ -1402,19 +1062,21 @@ static void step(engine *e) {
         rows += (size_t)n_rows_i * n_vocab;
         if (blend_failed(e, i, n_be)) continue; /* the same tokens again, next step */
         s->n_computed += bs->n_tok;
-        if (!s->done && cache_on(e, s)) write_back(e, s);
+        if (!s->done && cache_on(e, s))
+            plan_write_back(e->plan, &s->ps, &s->req->plan, &s->kv, s->hist, s->n_computed);
         if (s->n_computed < s->n_hist) continue; /* more prompt to go */
         if (s->n_gen == 0 && !s->done && s->req->skv) schema_done(e, s);
         if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
-            store_tail(e, s);
-            store_content(e, s);
-            if (s->choice == 0 && s->blended > 0) {
-                gen_request *r = s->req;
+            gen_request *r = s->req;
+            plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
+            plan_store_content(e->plan, &s->ps, &r->plan, &s->kv, r->prompt, s->n_computed,
+                               s->choice == 0);
+            if (s->choice == 0 && s->ps.blended > 0) {
                 pthread_mutex_lock(&r->mu);
-                r->blended_tokens = s->blended;
-                r->recomputed_tokens = s->recomputed;
-                r->blend_ratio_used = s->blend_ratio;
-                r->cached_tokens += s->blended - s->recomputed;
+                r->blended_tokens = s->ps.blended;
+                r->recomputed_tokens = s->ps.recomputed;
+                r->blend_ratio_used = s->ps.blend_ratio;
+                r->cached_tokens += s->ps.blended - s->ps.recomputed;
                 pthread_mutex_unlock(&r->mu);
             }
         }
@@ -1437,13 +1099,14 @@ static void step(engine *e) {
 
 static void publish_gauges(engine *e, int waiting) {
     pool_cache_stats ps = {0};
-    if (e->pc) pool_cache_stats_get(e->pc, &ps);
+    pool_cache *pc = pool_tier(e);
+    if (pc) pool_cache_stats_get(pc, &ps);
     metrics_engine g = {
         .waiting = waiting,
         .running = e->n_run,
         .kv_blocks_total = kv_pool_total_blocks(e->pool),
         .kv_blocks_used = kv_pool_total_blocks(e->pool) - kv_pool_free_blocks(e->pool) -
-                          (e->pc ? pool_cache_idle_blocks(e->pc) : 0),
+                          (pc ? pool_cache_idle_blocks(pc) : 0),
         .kv_blocks_cached = ps.blocks,
         .kv_block_tokens = kv_pool_layout(e->pool)->block_tokens,
     };
@@ -1459,7 +1122,7 @@ static void *engine_main(void *arg) {
             pthread_mutex_unlock(&e->mu);
             break;
         }
-        if (e->pc) pool_cache_reclaim(e->pc);
+        if (pool_tier(e)) pool_cache_reclaim(pool_tier(e));
         admit(e);
         int waiting = e->q_len;
         pthread_mutex_unlock(&e->mu);
@@ -1530,28 +1193,23 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     atomic_init(&e->blended_tokens, 0);
     atomic_init(&e->recomputed_tokens, 0);
     if (blend) {
-        e->cs = content_store_create(o->blend_bytes);
-        e->kinds = cache_token_kinds(m->tok);
-        e->bents = calloc((size_t)o->max_seqs, sizeof *e->bents);
-        if (!e->cs || !e->kinds || !e->bents) {
+        if (!(e->bents = calloc((size_t)o->max_seqs, sizeof *e->bents))) {
             kv_fail(err, "out of memory for blend");
             goto fail;
         }
         if (!(e->fus = blend_fusor_create(m, e->b, e->pool, max_tokens, err))) goto fail;
     }
     atomic_init(&e->reused_tokens, 0);
-    atomic_init(&e->prefetched, 0);
     if (o->chunk_tokens > 0) {
-        int bt = kv_pool_layout(e->pool)->block_tokens;
-        if (o->chunk_tokens % bt != 0) {
-            kv_fail(err, "cache chunk size %d is not a multiple of the KV block size %d",
-                    o->chunk_tokens, bt);
-            goto fail;
-        }
-        if (o->pool_cache && !(e->pc = pool_cache_create(e->pool))) {
-            kv_fail(err, "out of memory");
-            goto fail;
-        }
+        plan_opts po = {.store = o->store,
+                        .chunk_tokens = o->chunk_tokens,
+                        .pool_tier = o->pool_cache,
+                        .prefetch_bytes = o->prefetch_bytes,
+                        .ttft_budget_ms = o->ttft_budget_ms,
+                        .blend_bytes = blend ? o->blend_bytes : 0,
+                        .blend_ratio = o->blend_ratio,
+                        .blend_disk = o->blend_disk};
+        if (!(e->plan = planner_create(m, e->b, e->pool, &po, err))) goto fail;
     }
     size_t n_vocab = (size_t)m->hp.n_vocab;
     /* One row per sequence, or every prompt row of a scoring request: pages are touched only
@@ -1604,11 +1262,9 @@ void engine_destroy(engine *e) {
     kv_aligned_free(e->work);
     forward_ctx_destroy(e->fwd);
     blend_fusor_destroy(e->fus);
-    content_store_destroy(e->cs);
-    free(e->kinds);
     free(e->bents);
     free(e->bspans);
-    pool_cache_destroy(e->pc);
+    planner_destroy(e->plan);
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
     pthread_mutex_destroy(&e->mu);
@@ -1684,152 +1340,24 @@ int engine_threads(const engine *e) { return backend_n_threads(e->b); }
 
 /* ---------------------------------------------------------------- context cache interface */
 
-/* Keeps, for usage, what the fetch brought (r->loaded, r->loaded_src) and how many chunks after
- * them it left to text. */
-static void note_fetched(gen_request *r, const cache_layout *cl, int n_text) {
-    if (r->n_loaded + n_text == 0) return;
-    if (!(r->fetched = calloc((size_t)(r->n_loaded + n_text), sizeof *r->fetched))) return;
-    /* tokens of the prompt's full blocks each covers (a record may hold more: the prompt
-     * diverged inside it) */
-    int tokens = r->loaded_from * cl->block_tokens, end = r->n_keys * cl->block_tokens;
-    for (int i = 0; i < r->n_loaded; i++) {
-        const cache_chunk *c = r->loaded[i];
-        int hi = c->pos0 + c->n_blocks * cl->block_tokens;
-        if (hi > end) hi = end;
-        r->fetched[i] = (gen_fetched){.tokens = hi > tokens ? hi - tokens : 0,
-                                      .tier = r->loaded_src[i].tier,
-                                      .enc = r->loaded_src[i].enc};
-        if (hi > tokens) tokens = hi;
-    }
-    r->n_fetched = r->n_loaded;
-    for (int i = 0; i < n_text && tokens < end; i++) {
-        int n = end - tokens < cl->chunk_tokens ? end - tokens : cl->chunk_tokens;
-        r->fetched[r->n_fetched++] =
-            (gen_fetched){.tokens = n, .tier = CACHE_TIER_REDIS, .enc = CACHE_ENC_TEXT};
-        tokens += n;
-    }
-    if (n_text > 0) r->redis_held_blocks = tokens / cl->block_tokens;
-}
-
-/* Fetches from the store the records that continue r's prefix past the blocks the pool holds,
- * as far as the prefetch budget allows (reserved a chunk at a time, then trimmed to what was
- * found). */
-static void prefetch(engine *e, gen_request *r) {
-    const cache_layout *cl = cache_store_layout(e->o.store);
-    int cb = cache_chunk_blocks(cl);
-    int first = 0;
-    if (e->pc)
-        while (first < r->n_keys && pool_cache_has(e->pc, &r->keys[first])) first++;
-    if (first >= r->n_keys) return;
-    int want = (r->n_keys - 1) / cb - first / cb + 1; /* chunks from first's to the last's */
-    int64_t chunk_bytes = (int64_t)cache_chunk_bytes(cl);
-    int64_t limit = e->o.prefetch_bytes > 0 ? e->o.prefetch_bytes : INT64_C(1) << 30;
-    int k = 0;
-    for (; k < want; k++)
-        if (atomic_fetch_add(&e->prefetched, chunk_bytes) + chunk_bytes > limit) {
-            atomic_fetch_sub(&e->prefetched, chunk_bytes);
-            break;
-        }
-    if (k == 0) return;
-    r->loaded_budget = &e->prefetched;
-    r->loaded_bytes = k * chunk_bytes;
-    int n_text = 0;
-    r->loaded = calloc((size_t)k, sizeof *r->loaded);
-    r->loaded_src = calloc((size_t)k, sizeof *r->loaded_src);
-    if (r->loaded && r->loaded_src) {
-        int64_t budget = r->ttft_budget_ms >= 0 ? r->ttft_budget_ms : e->o.ttft_budget_ms;
-        cache_fetch_policy p = {.force_enc = r->kv_level,
-                                .lossless = r->kv_lossless,
-                                .budget_ns = budget * 1000000,
-                                .start_ns = r->t_arrival,
-                                .text_ns_per_token = e->ns_token_layer * e->m->hp.n_layer};
-        r->loaded_from = first;
-        r->loaded_blocks = cache_store_fetch(e->o.store, r->keys, first, r->n_keys, &p, r->loaded,
-                                             r->loaded_src, k, &r->n_loaded, &n_text);
-    }
-    int64_t found = 0;
-    for (int i = 0; i < r->n_loaded; i++) found += (int64_t)r->loaded[i]->bytes;
-    atomic_fetch_sub(&e->prefetched, r->loaded_bytes - found);
-    r->loaded_bytes = found;
-    note_fetched(r, cl, n_text);
-}
-
-/* Brings from the Redis tier the content records of r's content-defined chunks past its exact
- * prefix that RAM and disk lack, into the content store, where the blend planned at admission
- * finds them (the submitting thread, like the prefix fetch). */
-#define PREFETCH_CONTENT_BATCH 64 /* content records per MGET */
-
-static void prefetch_content(engine *e, gen_request *r) {
-    if (!e->cs || !r->blend || r->prompt_logprobs || !cache_store_has_redis(e->o.store)) return;
-    int n = r->n_prompt, bt = kv_pool_layout(e->pool)->block_tokens;
-    int from = r->n_loaded ? (r->loaded_from + r->loaded_blocks) * bt : 0, n_want = 0;
-    int *cuts = malloc(sizeof *cuts * (size_t)n), *n_tok = malloc(sizeof *n_tok * (size_t)n);
-    cache_key *keys = malloc(sizeof *keys * (size_t)n);
-    content_rec **got = malloc(sizeof *got * (size_t)n);
-    if (!cuts || !n_tok || !keys || !got) goto done;
-    int n_cuts = cache_cdc_cut(r->prompt, n, e->kinds, e->m->hp.n_vocab, &BLEND_CDC, r->bounds,
-                               r->n_bounds, cuts, n);
-    for (int i = 0, a = 0; i < n_cuts; a = cuts[i++]) {
-        int b = cuts[i];
-        if (a < from || b > n - 1 || b - a < BLEND_CDC.min_tokens) continue;
-        cache_key *k = &keys[n_want];
-        cache_content_key(e->m->identity, &r->ns, r->prompt + a, b - a, k);
-        if (content_store_has(e->cs, k)) continue;
-        content_rec *on_disk = content_disk_get(e->o.blend_disk, k, b - a);
-        if (on_disk) {
-            content_rec_unref(on_disk);
-            continue;
-        }
-        n_tok[n_want++] = b - a;
-    }
-    /* in batches, and no more than the content store holds */
-    int64_t room = e->o.blend_bytes, kvd = e->m->hp.n_kv_head * e->m->hp.head_dim;
-    for (int i = 0; i < n_want && room > 0; i += PREFETCH_CONTENT_BATCH) {
-        int k = n_want - i < PREFETCH_CONTENT_BATCH ? n_want - i : PREFETCH_CONTENT_BATCH;
-        if (cache_store_fetch_content(e->o.store, &r->ns, keys + i, n_tok + i, k, got) == 0)
-            continue;
-        for (int j = 0; j < k; j++)
-            if (got[j]) {
-                room -= (int64_t)2 * 2 * e->m->hp.n_layer * kvd * got[j]->n_tok;
-                content_store_put(e->cs, got[j]);
-                content_rec_unref(got[j]);
-            }
-    }
-done:
-    free(cuts);
-    free(n_tok);
-    free(keys);
-    free(got);
-}
-
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
-    /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
-    r->cache = e->o.chunk_tokens > 0 && !r->pos && !r->skv;
-    if (!r->cache) return 0;
-    r->ns = *ns;
-    int bt = kv_pool_layout(e->pool)->block_tokens;
-    int n = r->n_prompt / bt;
-    if (n == 0) return 0;
-    if (!(r->keys = malloc(sizeof *r->keys * (size_t)n))) return -1;
-    r->n_keys = cache_prefix_keys(e->m->identity, ns, r->prompt, r->n_prompt, bt, r->keys, n);
+    if (!e->plan) return 0;
     pthread_mutex_lock(&e->mu);
     bool queue_full = e->q_len >= e->q_cap;
     pthread_mutex_unlock(&e->mu);
-    /* Scoring reuses nothing (it needs every row's logits): only the keys, for storing. */
-    if (fetch && e->o.store && !r->prompt_logprobs && !queue_full) {
-        prefetch(e, r);
-        prefetch_content(e, r);
-    }
-    return 0;
+    /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
+    return plan_prepare(e->plan, &r->plan, ns, r->prompt, r->n_prompt, r->pos || r->skv,
+                        r->prompt_logprobs, r->t_arrival, fetch && !queue_full);
 }
 
 int64_t engine_cache_clear(engine *e, const cache_key *ns) {
-    return e->pc ? pool_cache_clear(e->pc, ns) : 0;
+    return pool_tier(e) ? pool_cache_clear(pool_tier(e), ns) : 0;
 }
 
 void engine_blend_clear(engine *e, const cache_key *ns, bool ram, bool disk, int64_t *n_ram,
                         int64_t *n_disk) {
-    *n_ram = ram && e->cs ? content_store_clear(e->cs, ns) : 0;
+    content_store *cs = e->plan ? planner_content(e->plan) : NULL;
+    *n_ram = ram && cs ? content_store_clear(cs, ns) : 0;
     *n_disk = disk ? content_disk_clear(e->o.blend_disk, ns) : 0;
 }
 
@@ -1840,11 +1368,13 @@ void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
     out->reused_tokens = atomic_load(&e->reused_tokens);
     out->blended_tokens = atomic_load(&e->blended_tokens);
     out->recomputed_tokens = atomic_load(&e->recomputed_tokens);
-    if (e->cs) content_store_stats(e->cs, &out->content);
+    content_store *cs = e->plan ? planner_content(e->plan) : NULL;
+    if (cs) content_store_stats(cs, &out->content);
     content_disk_stats(e->o.blend_disk, &out->content_disk);
-    if (!e->pc) return;
+    pool_cache *pc = pool_tier(e);
+    if (!pc) return;
     pool_cache_stats ps;
-    pool_cache_stats_get(e->pc, &ps);
+    pool_cache_stats_get(pc, &ps);
     out->pool_entries = ps.entries;
     out->pool_blocks = ps.blocks;
     out->pool_hits = ps.hits;

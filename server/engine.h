@@ -18,6 +18,7 @@
 
 #include "cache/blend.h"
 #include "cache/cache.h"
+#include "cache/plan.h"
 #include "cache/schema.h"
 #include "model/model.h"
 #include "server/metrics.h"
@@ -58,22 +59,10 @@ typedef struct gen_choice {
     gen_finish finish;
 } gen_choice;
 
-/* A chunk of the prompt found in the store's tiers: its tokens, tier and encoding (cache.h's
- * CACHE_TIER_*, CACHE_ENC_*). */
-typedef struct gen_fetched {
-    int tokens;
-    int tier;
-    int enc;
-} gen_fetched;
-
 typedef struct gen_request {
     /* ---- input: set before engine_submit, read-only afterwards */
     int32_t *prompt; /* [n_prompt] ids, owned */
     int n_prompt;
-    /* Segment bounds for blend (cache_cdc_cut): ascending token indices where the request's
-     * content parts begin and end. Owned; NULL when none. */
-    int *bounds;
-    int n_bounds;
     int n_choices;
     int max_tokens;    /* >= 0 (0: score the prompt only); also stops at the context's end */
     sampler_params sp; /* sp.bias points at bias */
@@ -97,35 +86,10 @@ typedef struct gen_request {
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
-    /* Context cache (engine_prepare_cache fills these): reuse the cached prefix, store new
-     * blocks under namespace ns. */
-    bool cache;
-    cache_key ns;
-    cache_key *keys; /* [n_keys] prefix keys of the prompt's full KV blocks, owned */
-    int n_keys;
-    cache_chunk **loaded; /* [n_loaded] records fetched from RAM or disk, in order, one reference
-                             each; the engine drops them at admission */
-    int n_loaded;
-    cache_fetch_src *loaded_src; /* [n_loaded] where each came from, in what encoding */
-    int loaded_from;             /* the first block they continue (the pool held the ones before) */
-    int loaded_blocks;           /* blocks from loaded_from on that they hold for this prompt */
-    /* How chunks come from the Redis tier (cache_fetch_policy): kv_level forces an encoding
-     * (CACHE_ENC_ANY: none; CACHE_ENC_TEXT: none from Redis), kv_lossless insists on exact KV,
-     * ttft_budget_ms lets the fetch trade precision for time (< 0: the server's budget). */
-    int kv_level;
-    bool kv_lossless;
-    int64_t ttft_budget_ms;
-    /* What the fetch brought, for usage: one entry per chunk from the store's tiers, then one per
-     * chunk Redis held that the fetch left to text (enc CACHE_ENC_TEXT). Written before
-     * submission, read-only afterwards. */
-    gen_fetched *fetched;
-    int n_fetched;
-    int redis_held_blocks; /* the prompt's blocks [0, this) Redis holds (computed ones are not
-                              written there again) */
-    /* Blend (cache/blend.h): reuse chunks found by content anywhere in the prompt, recomputing
-     * a share of them (blend_ratio in 0..1; negative: the engine's loading controller picks). */
-    bool blend;
-    float blend_ratio;
+    /* Context cache and blend: the request's choices (kv_level, kv_lossless, ttft_budget_ms,
+     * blend, blend_ratio, bounds), then what engine_prepare_cache found (cache/plan.h; the engine
+     * must outlive the request, whose fetched records count against its budget). */
+    plan_req plan;
     /* Prompt Cache (cache/schema.h): the prompt tokens' RoPE positions (NULL: token i at
      * position i) and the KV its first skv->n_slots slots take from schema records at
      * admission instead of computing it (or, with skv->fixup >= 0, blend). A precompute
@@ -133,9 +97,6 @@ typedef struct gen_request {
      * says it could not. A sequence with positions stores no prefix keys. Both owned. */
     int32_t *pos;
     schema_kv *skv;
-    int64_t loaded_bytes;        /* their payload bytes, charged to *loaded_budget */
-    atomic_llong *loaded_budget; /* the engine's count of fetched bytes not yet admitted (the
-                                    engine must outlive the request) */
 
     /* ---- shared with the engine, under mu */
     pthread_mutex_t mu;

@@ -296,11 +296,11 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     r->logprobs = rq->logprobs;
     r->top_logprobs = rq->top_logprobs;
     r->ignore_eos = rq->ignore_eos;
-    r->blend = rq->blend;
-    r->blend_ratio = rq->blend_ratio;
-    r->kv_level = rq->kv_level;
-    r->kv_lossless = rq->kv_lossless;
-    r->ttft_budget_ms = rq->ttft_budget_ms;
+    r->plan.blend = rq->blend;
+    r->plan.blend_ratio = rq->blend_ratio;
+    r->plan.kv_level = rq->kv_level;
+    r->plan.kv_lossless = rq->kv_lossless;
+    r->plan.ttft_budget_ms = rq->ttft_budget_ms;
     r->prompt_logprobs = rq->kind == API_COMPLETION && rq->echo && rq->logprobs;
     r->t_arrival = clock_now_ns();
     if (rq->sampling.n_bias > 0) {
@@ -378,8 +378,8 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
     j->reqs[j->n_reqs++] = r;
     r->prompt = ids;
     r->n_prompt = n_ids;
-    r->bounds = bounds;
-    r->n_bounds = n_bounds;
+    r->plan.bounds = bounds;
+    r->plan.n_bounds = n_bounds;
     r->pos = pos;
     r->skv = skv;
     if (j->echo) {
@@ -487,8 +487,8 @@ static json_t *fetched_json(const job *j) {
     static const char *const tiers[] = {"ram", "disk", "redis"};
     json_t *a = NULL;
     for (int p = 0; p < j->n_reqs; p++)
-        for (int i = 0; i < j->reqs[p]->n_fetched; i++) {
-            const gen_fetched *f = &j->reqs[p]->fetched[i];
+        for (int i = 0; i < j->reqs[p]->plan.n_fetched; i++) {
+            const plan_fetched *f = &j->reqs[p]->plan.fetched[i];
             char enc[16];
             cache_enc_name(f->enc, enc);
             if (!a && !(a = json_array())) return NULL;

@@ -1,6 +1,6 @@
-/* The device-pool tier of the context cache (engine-internal): KV blocks that stay in the pool
- * after their sequence ends, found by prefix key, as vLLM's automatic prefix caching does. An
- * entry is one full block under its block key (cache/cache.h) and holds one reference on it, so
+/* The device-pool tier of the context cache (the planner's, cache/plan.h): KV blocks that stay in
+ * the pool after their sequence ends, found by prefix key, as vLLM's automatic prefix caching does.
+ * An entry is one full block under its block key (cache/cache.h) and holds one reference on it, so
  * a later request with the same prefix appends the blocks to its block table by reference (no
  * copy) and concurrent requests share them. When the pool needs room, least recently used
  * entries whose block no sequence shares are evicted first, before any sequence is preempted.
