@@ -31,9 +31,12 @@
 #include "cache/record.h"
 #include "util/keytable.h"
 
-#define DISK_RING_DEPTH 64     /* io_uring entries, and the most operations in flight */
-#define DISK_READ_GROUP 32     /* records read per batch: 2 operations each (header, payload) */
-#define DISK_MAX_OP (1u << 30) /* bytes per submitted operation (prep_* take an unsigned) */
+#define DISK_RING_DEPTH 64 /* io_uring entries, and the most operations in flight */
+/* Records are read in groups of DISK_READ_GROUP (2 operations each: header, payload), up to
+ * DISK_READ_AHEAD groups in flight while the oldest one's checksums are computed. */
+#define DISK_READ_GROUP 1
+#define DISK_READ_AHEAD 4
+#define DISK_MAX_OP (1u << 30)      /* bytes per submitted operation (prep_* take an unsigned) */
 #define DISK_WARN_NS 10000000000ull /* at most one I/O warning per 10 s */
 #define DISK_MAX_WRITE_QUEUE (1 << 20)
 #define DISK_TMP_NAME 128
@@ -85,6 +88,7 @@ typedef struct disk_op {
     size_t done;
     int err; /* errno; ENODATA: end of file before len (a torn record) */
     int retries;
+    bool inflight; /* submitted to the ring, its completion not yet reaped */
 } disk_op;
 
 struct cache_disk {
@@ -413,6 +417,62 @@ static void disk_io(cache_disk *d, disk_op *ops, int n, bool write) {
     io_sync(ops, n, write);
 }
 
+/* Reads ops[0..n) (with the other calls' in flight, at most DISK_RING_DEPTH) without waiting:
+ * read_wait finishes them, so the thread can work while the device does. */
+static void read_start(cache_disk *d, disk_op *ops, int n) {
+    int batch = 0;
+    for (int i = 0; i < n && d->have_ring; i++) {
+        if (ops[i].len > DISK_MAX_OP) continue; /* read_wait reads it */
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
+        if (!sqe) break; /* the ring is full: read_wait does the rest */
+        io_uring_prep_read(sqe, ops[i].fd, ops[i].buf, (unsigned)ops[i].len, (uint64_t)ops[i].off);
+        io_uring_sqe_set_data(sqe, &ops[i]);
+        ops[i].inflight = true;
+        batch++;
+    }
+    for (int submitted = 0; submitted < batch;) {
+        int r = io_uring_submit(&d->ring);
+        if (r > 0) {
+            submitted += r;
+            continue;
+        }
+        if (r == -EINTR || r == -EAGAIN || r == -EBUSY) continue;
+        /* SQEs the kernel did not take stay in the ring, which is not entered again: their
+         * ops are not in flight, and read_wait reads them itself. */
+        log_warn("cache: disk %s: io_uring submit failed (%s); using pread", d->path,
+                 strerror(r < 0 ? -r : EIO));
+        d->have_ring = false;
+        for (int i = 0, k = 0; i < n; i++)
+            if (ops[i].inflight && k++ >= submitted) ops[i].inflight = false;
+        break;
+    }
+}
+
+/* Waits until ops[0..n) (started by read_start) are done or failed: completions of other ops in
+ * flight are accounted as they come; what the ring did not finish is read here. */
+static void read_wait(cache_disk *d, disk_op *ops, int n) {
+    for (;;) {
+        bool waiting = false;
+        for (int i = 0; i < n && !waiting; i++) waiting = ops[i].inflight;
+        if (!waiting) break;
+        struct io_uring_cqe *cqe = NULL;
+        int r;
+        while ((r = io_uring_wait_cqe(&d->ring, &cqe)) == -EINTR || r == -EAGAIN) continue;
+        if (r != 0) {
+            /* Buffers may still be in the kernel's hands (see io_ring). */
+            log_error("cache: disk %s: io_uring wait failed (%s)", d->path, strerror(-r));
+            abort();
+        }
+        disk_op *o = io_uring_cqe_get_data(cqe);
+        o->inflight = false;
+        op_complete(o, cqe->res, false);
+        io_uring_cqe_seen(&d->ring, cqe);
+    }
+    /* Short reads, retries, no ring: here, one at a time. Not through the ring, where this
+     * thread would reap the completions of the other group's reads. */
+    io_sync(ops, n, false);
+}
+
 /* ---------------------------------------------------------------- the I/O thread's jobs */
 
 /* Writes c to a temporary file, renames it into place, publishes it and evicts down to the cap;
@@ -508,18 +568,25 @@ static int read_verify(cache_disk *d, const uint8_t *hdr, const cache_key *key, 
     return 0;
 }
 
-/* Reads and verifies the records of slots[0..n) (n <= DISK_READ_GROUP) as one batch. */
-static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n, uint8_t *hdrs) {
-    static const cache_key zero_ns;
+/* One group of a read job in flight: its slots, operations and headers. */
+typedef struct read_group {
+    read_slot *slots;
+    int n;
     disk_op ops[2 * DISK_READ_GROUP];
     int op_of[DISK_READ_GROUP];
+    uint8_t *hdrs; /* [DISK_READ_GROUP][header_bytes], aligned */
+} read_group;
+
+/* Opens the records of g's slots and starts reading them. */
+static void read_group_start(cache_disk *d, disk_job *j, read_group *g) {
+    static const cache_key zero_ns;
     int n_ops = 0;
     char name[2 * CACHE_KEY_BYTES + 5];
-    for (int s = 0; s < n; s++) {
-        read_slot *sl = &slots[s];
+    for (int s = 0; s < g->n; s++) {
+        read_slot *sl = &g->slots[s];
         sl->fd = -1;
         sl->c = NULL;
-        op_of[s] = -1;
+        g->op_of[s] = -1;
         record_name(&j->keys[sl->idx], name);
         sl->fd = open_direct(d->dir_fd, name, O_RDONLY);
         if (sl->fd < 0) {
@@ -532,31 +599,40 @@ static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n,
             sl->result = READ_SKIPPED;
             continue;
         }
-        op_of[s] = n_ops;
-        ops[n_ops++] = (disk_op){.fd = sl->fd,
-                                 .buf = hdrs + (size_t)s * d->header_bytes,
-                                 .len = d->header_bytes,
-                                 .off = 0};
-        ops[n_ops++] = (disk_op){.fd = sl->fd,
-                                 .buf = sl->c->data,
-                                 .len = padded(sl->c->bytes),
-                                 .off = (off_t)d->header_bytes};
+        g->op_of[s] = n_ops;
+        g->ops[n_ops++] = (disk_op){.fd = sl->fd,
+                                    .buf = g->hdrs + (size_t)s * d->header_bytes,
+                                    .len = d->header_bytes,
+                                    .off = 0};
+        g->ops[n_ops++] = (disk_op){.fd = sl->fd,
+                                    .buf = sl->c->data,
+                                    .len = padded(sl->c->bytes),
+                                    .off = (off_t)d->header_bytes};
     }
-    disk_io(d, ops, n_ops, false);
+    read_start(d, g->ops, n_ops);
+}
 
-    for (int s = 0; s < n; s++) {
-        read_slot *sl = &slots[s];
+/* Finishes g's reads and verifies its records. */
+static void read_group_finish(cache_disk *d, disk_job *j, read_group *g) {
+    int n_ops = 0;
+    for (int s = 0; s < g->n; s++)
+        if (g->op_of[s] >= 0) n_ops = g->op_of[s] + 2;
+    read_wait(d, g->ops, n_ops);
+    char name[2 * CACHE_KEY_BYTES + 5];
+    for (int s = 0; s < g->n; s++) {
+        read_slot *sl = &g->slots[s];
         if (sl->fd >= 0) close(sl->fd);
-        if (op_of[s] < 0) continue;
+        if (g->op_of[s] < 0) continue;
         record_name(&j->keys[sl->idx], name);
-        int e = ops[op_of[s]].err ? ops[op_of[s]].err : ops[op_of[s] + 1].err;
+        const disk_op *o = &g->ops[g->op_of[s]];
+        int e = o[0].err ? o[0].err : o[1].err;
         kv_error err = {{0}};
         if (e) {
             /* Short (torn) or unreadable records are dropped; other errors may pass. */
             sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
             disk_warn(d, "cannot read %s: %s", name,
                       e == ENODATA ? "file shorter than its record" : strerror(e));
-        } else if (read_verify(d, hdrs + (size_t)s * d->header_bytes, &j->keys[sl->idx], sl->c,
+        } else if (read_verify(d, g->hdrs + (size_t)s * d->header_bytes, &j->keys[sl->idx], sl->c,
                                &err) != 0) {
             sl->result = READ_CORRUPT;
             disk_warn(d, "dropping %s: %s", name, err.msg);
@@ -573,10 +649,12 @@ static void disk_read_group(cache_disk *d, disk_job *j, read_slot *slots, int n,
 /* A read job: every published key's record, in groups of DISK_READ_GROUP. */
 static void disk_read_job(cache_disk *d, disk_job *j) {
     read_slot *slots = calloc((size_t)j->n, sizeof *slots);
+    read_group *g = calloc(DISK_READ_AHEAD, sizeof *g);
+    size_t group_hdrs = (size_t)DISK_READ_GROUP * d->header_bytes;
     void *hdrs = NULL;
-    if (!slots ||
-        posix_memalign(&hdrs, CACHE_ALIGN, (size_t)DISK_READ_GROUP * d->header_bytes) != 0) {
+    if (!slots || !g || posix_memalign(&hdrs, CACHE_ALIGN, DISK_READ_AHEAD * group_hdrs) != 0) {
         free(slots);
+        free(g);
         pthread_mutex_lock(&d->mu);
         d->st.misses += j->n;
         pthread_mutex_unlock(&d->mu);
@@ -591,8 +669,20 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     }
     pthread_mutex_unlock(&d->mu);
 
-    for (int s = 0; s < m; s += DISK_READ_GROUP)
-        disk_read_group(d, j, slots + s, m - s < DISK_READ_GROUP ? m - s : DISK_READ_GROUP, hdrs);
+    /* groups k + 1 .. k + DISK_READ_AHEAD - 1 read while group k is checked */
+    for (int k = 0; k < DISK_READ_AHEAD; k++) g[k].hdrs = (uint8_t *)hdrs + k * group_hdrs;
+    int n_groups = (m + DISK_READ_GROUP - 1) / DISK_READ_GROUP;
+    for (int k = 0; k < n_groups + DISK_READ_AHEAD - 1; k++) {
+        if (k < n_groups) {
+            read_group *gk = &g[k % DISK_READ_AHEAD];
+            int rest = m - k * DISK_READ_GROUP;
+            gk->slots = slots + (size_t)k * DISK_READ_GROUP;
+            gk->n = rest < DISK_READ_GROUP ? rest : DISK_READ_GROUP;
+            read_group_start(d, j, gk);
+        }
+        int done = k - (DISK_READ_AHEAD - 1);
+        if (done >= 0) read_group_finish(d, j, &g[done % DISK_READ_AHEAD]);
+    }
 
     pthread_mutex_lock(&d->mu);
     d->st.misses += j->n - m; /* not indexed */
@@ -621,6 +711,7 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     pthread_mutex_unlock(&d->mu);
     unlink_victims(d);
     free(hdrs);
+    free(g);
     free(slots);
 }
 

@@ -23,9 +23,9 @@ struct planner {
     backend *b;
     kv_pool *pool;
     plan_opts o;
-    pool_cache *pc;    /* the pool tier, or NULL */
-    content_store *cs; /* NULL: no blend */
-    uint8_t *kinds;    /* the chunker's token kinds */
+    pool_cache *pc;          /* the pool tier, or NULL */
+    content_store *cs;       /* NULL: no blend */
+    uint8_t *kinds;          /* the chunker's token kinds */
     atomic_llong prefetched; /* bytes of chunks fetched for prompts not yet admitted */
     /* measured compute per token and layer (the loading controller; read by the submitting
      * threads' Redis fetch policy too) */
@@ -119,8 +119,8 @@ planner *planner_create(const model *m, backend *b, kv_pool *pool, const plan_op
         return NULL;
     }
     if ((o->pool_tier && !(p->pc = pool_cache_create(pool))) ||
-        (o->blend_bytes > 0 &&
-         (!(p->cs = content_store_create(o->blend_bytes)) || !(p->kinds = cache_token_kinds(m->tok))))) {
+        (o->blend_bytes > 0 && (!(p->cs = content_store_create(o->blend_bytes)) ||
+                                !(p->kinds = cache_token_kinds(m->tok))))) {
         kv_fail(err, "out of memory for the context cache");
         planner_destroy(p);
         return NULL;
@@ -183,8 +183,7 @@ static int reuse_loaded(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv
         int n = hi - held;
         kv_error err = {{0}};
         if (kv_pool_free_blocks(p->pool) < n && p->pc) pool_cache_make_room(p->pc, n, UINT64_MAX);
-        if (kv_seq_import_blocks(p->pool, kv, n, c->data + (size_t)(held - c0) * bb, &err))
-            break;
+        if (kv_seq_import_blocks(p->pool, kv, n, c->data + (size_t)(held - c0) * bb, &err)) break;
         /* KV that came lossy (a codec level from Redis) is this request's alone: no prefix key
          * may name it, and nothing computed after it is exact either */
         bool lossy = pr->loaded_src && pr->loaded_src[i].enc != CACHE_ENC_RAW;
@@ -210,15 +209,15 @@ static float blend_ratio_for(const planner *p, const plan_req *pr, double ns_loa
 
 static int cut_prompt(const planner *p, const plan_req *pr, const int32_t *prompt, int n,
                       int *cuts) {
-    return cache_cdc_cut(prompt, n, p->kinds, p->m->hp.n_vocab, &PLAN_CDC, pr->bounds,
-                         pr->n_bounds, cuts, n);
+    return cache_cdc_cut(prompt, n, p->kinds, p->m->hp.n_vocab, &PLAN_CDC, pr->bounds, pr->n_bounds,
+                         cuts, n);
 }
 
 /* Finds, past the exact prefix (n_computed), the content-defined chunks of the prompt that the
  * content store holds (any position, any earlier context): they become spans the blended
  * prefill reuses. The last prompt token is always computed, for its logits. */
-static void plan_blend(planner *p, plan_seq *ps, const plan_req *pr, const int32_t *prompt,
-                       int n, int n_computed, bool score, double load_ns) {
+static void plan_blend(planner *p, plan_seq *ps, const plan_req *pr, const int32_t *prompt, int n,
+                       int n_computed, bool score, double load_ns) {
     plan_seq_drop_spans(ps);
     ps->blended = ps->recomputed = 0;
     if (!p->cs || !pr->blend || score) return;
@@ -279,8 +278,8 @@ static void plan_blend(planner *p, plan_seq *ps, const plan_req *pr, const int32
               ps->blend_ratio);
 }
 
-int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist,
-               int n_hist, int n_prompt, bool first, bool score, double load_ns) {
+int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist, int n_hist,
+               int n_prompt, bool first, bool score, double load_ns) {
     int bt = kv_pool_layout(p->pool)->block_tokens;
     int held = 0;
     first = first && pr->loaded; /* the fetched records are used once */
@@ -310,8 +309,8 @@ int64_t plan_shared_blocks(planner *p, const plan_req *pr, bool score) {
 
 /* Copies blocks [first, first + n) of kv (one chunk's, from its start) into a record for the
  * store (RAM now, disk and Redis in the background), unless a record holds them already. */
-static void store_record(planner *p, const plan_seq *ps, const plan_req *pr, kv_seq *kv,
-                         int first, int n) {
+static void store_record(planner *p, const plan_seq *ps, const plan_req *pr, kv_seq *kv, int first,
+                         int n) {
     const cache_layout *cl = cache_store_layout(p->o.store);
     if (cache_store_holds(p->o.store, &ps->keys[first + n - 1])) return;
     cache_chunk *c = cache_chunk_create(cl, ps->keys + first, n, &pr->ns, first * cl->block_tokens);
@@ -325,8 +324,8 @@ static void store_record(planner *p, const plan_seq *ps, const plan_req *pr, kv_
     cache_chunk_unref(c);
 }
 
-void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv,
-                     const int32_t *hist, int n_computed) {
+void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, const int32_t *hist,
+                     int n_computed) {
     int bt = kv_pool_layout(p->pool)->block_tokens;
     int cb = p->o.chunk_tokens / bt;
     /* blended KV is not what a full prefill computes: no prefix key may name it */
@@ -349,7 +348,8 @@ void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv,
         }
         if (p->pc) pool_cache_put(p->pc, &ps->keys[i], &pr->ns, kv->blocks[i]);
         ps->n_stored++;
-        if (p->o.store && ps->n_stored % cb == 0) store_record(p, ps, pr, kv, ps->n_stored - cb, cb);
+        if (p->o.store && ps->n_stored % cb == 0)
+            store_record(p, ps, pr, kv, ps->n_stored - cb, cb);
     }
 }
 
@@ -490,8 +490,9 @@ static void prefetch(planner *p, plan_req *pr, uint64_t t_arrival) {
                                   .start_ns = t_arrival,
                                   .text_ns_per_token = p->ns_token_layer * p->m->hp.n_layer};
         pr->loaded_from = first;
-        pr->loaded_blocks = cache_store_fetch(p->o.store, pr->keys, first, pr->n_keys, &pol,
-                                              pr->loaded, pr->loaded_src, k, &pr->n_loaded, &n_text);
+        pr->loaded_blocks =
+            cache_store_fetch(p->o.store, pr->keys, first, pr->n_keys, &pol, pr->loaded,
+                              pr->loaded_src, k, &pr->n_loaded, &n_text);
     }
     int64_t found = 0;
     for (int i = 0; i < pr->n_loaded; i++) found += (int64_t)pr->loaded[i]->bytes;
@@ -545,8 +546,8 @@ done:
     free(got);
 }
 
-int plan_prepare(planner *p, plan_req *pr, const cache_key *ns, const int32_t *prompt,
-                 int n_prompt, bool positioned, bool score, uint64_t t_arrival, bool fetch) {
+int plan_prepare(planner *p, plan_req *pr, const cache_key *ns, const int32_t *prompt, int n_prompt,
+                 bool positioned, bool score, uint64_t t_arrival, bool fetch) {
     /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
     pr->cache = !positioned;
     if (!pr->cache) return 0;

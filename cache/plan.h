@@ -64,7 +64,7 @@ typedef struct plan_req {
     int *bounds;
     int n_bounds;
     /* ---- plan_prepare's */
-    bool cache;      /* the prompt may reuse and store KV, under namespace ns */
+    bool cache; /* the prompt may reuse and store KV, under namespace ns */
     cache_key ns;
     cache_key *keys; /* [n_keys] prefix keys of the prompt's full KV blocks, owned */
     int n_keys;
@@ -140,8 +140,8 @@ double planner_ns_token_layer(const planner *p);
  * budget and pr's policy; t_arrival starts the TTFT budget) and its content records from Redis.
  * A prompt with its own positions (Prompt Cache) or a scoring one (score: every row's logits)
  * reuses nothing. -1 when out of memory. */
-int plan_prepare(planner *p, plan_req *pr, const cache_key *ns, const int32_t *prompt,
-                 int n_prompt, bool positioned, bool score, uint64_t t_arrival, bool fetch);
+int plan_prepare(planner *p, plan_req *pr, const cache_key *ns, const int32_t *prompt, int n_prompt,
+                 bool positioned, bool score, uint64_t t_arrival, bool fetch);
 /* Admission: the prompt's leading blocks the pool tier holds (shared, not allocated). */
 int64_t plan_shared_blocks(planner *p, const plan_req *pr, bool score);
 
@@ -150,12 +150,12 @@ int64_t plan_shared_blocks(planner *p, const plan_req *pr, bool score);
  * records copied; at least the last of hist's n_hist tokens is left to compute. Then plans the
  * blend of the prompt (hist[0..n_prompt)) past it: load_ns is the fusor's measured load time
  * per token and layer. Returns the tokens reused. */
-int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist,
-               int n_hist, int n_prompt, bool first, bool score, double load_ns);
+int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist, int n_hist,
+               int n_prompt, bool first, bool score, double load_ns);
 /* After a step computed KV up to n_computed: registers the new full blocks in the pool tier and
  * stores each chunk they complete. */
-void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv,
-                     const int32_t *hist, int n_computed);
+void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, const int32_t *hist,
+                     int n_computed);
 /* Stores the trailing partial chunk (when the prompt is computed, and before the sequence's KV
  * is released), so the same prompt reuses it once the pool has let it go. */
 void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv);

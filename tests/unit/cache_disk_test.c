@@ -970,6 +970,50 @@ Test(disk, large_batch_reads_through_io_uring) {
     remove_tree(dir);
 }
 
+/* One batch crosses many read groups (the next group reads while the last is checked): damaged,
+ * torn and vanished records anywhere in it are refused each on its own, the rest served. */
+Test(disk, damaged_records_in_a_batch_leave_the_rest) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns("a");
+    cache_disk *d = open_disk(dir, &l, 1 << 20, 64);
+    enum { N = 23 };
+    cache_chunk *c[N], *out[N];
+    cache_key keys[N];
+    for (int i = 0; i < N; i++) {
+        c[i] = make_chunk(&l, &ns, i);
+        keys[i] = c[i]->key;
+        put_ok(d, c[i]);
+    }
+    cache_disk_flush(d);
+    char path[512];
+    for (int i = 0; i < N; i++) {
+        record_path(dir, &l, &keys[i], path, sizeof path);
+        if (i % 5 == 1) flip_byte(path, HEADER + 7 + i); /* payload */
+        if (i % 5 == 3) cr_assert_eq(truncate(path, HEADER + PAYLOAD / 2), 0);
+        if (i == 22) cr_assert_eq(unlink(path), 0);
+    }
+    cache_disk_read(d, keys, N, out);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        bool damaged = i % 5 == 1 || i % 5 == 3 || i == 22;
+        if (damaged) {
+            cr_expect_null(out[i], "record %d is damaged", i);
+            bad += i != 22;
+        } else {
+            chunk_assert_same(out[i], c[i]);
+        }
+        cache_chunk_unref(out[i]);
+        cache_chunk_unref(c[i]);
+    }
+    cache_tier_stats st = stats(d);
+    cr_expect_eq(st.corrupt, bad);
+    cr_expect_eq(st.hits, N - bad - 1);
+    cr_expect_eq(st.entries, N - bad - 1);
+    cache_disk_close(d);
+    remove_tree(dir);
+}
+
 /* ---------------------------------------------------------------- concurrency */
 
 #define CONC_KEYS 40
