@@ -1,0 +1,232 @@
+/* The reuse planner (cache/plan.h) on the real model's layout: a prompt's keys, prefix reuse from
+ * the pool tier by reference (to the block, the last token always left to compute), the fetched
+ * records copied in behind it, lossy records never named by a prefix key, and the write-back of
+ * whole and trailing chunks to the store. The KV itself is not computed here: the planner moves
+ * and names blocks, whatever they hold (the engine and e2e tests check the answers). */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/plan.h"
+
+#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define CHUNK 64 /* four 16-token blocks a chunk */
+#define N_PROMPT 150
+
+static model *g_m;
+static backend *g_b;
+static kv_pool *g_pool;
+static cache_store *g_store;
+static int32_t g_prompt[N_PROMPT];
+static cache_key g_ns;
+
+static void setup(void) {
+    kv_error err = {{0}};
+    g_m = model_load(MODEL_PATH, NULL, &err);
+    cr_assert_not_null(g_m, "load: %s", err.msg);
+    g_b = backend_cpu_create(1, &err);
+    cr_assert_not_null(g_b, "%s", err.msg);
+    g_pool = kv_pool_create(g_b, g_m, 2048, 16, &err);
+    cr_assert_not_null(g_pool, "%s", err.msg);
+    cache_layout l = {.n_layer = g_m->hp.n_layer,
+                      .n_kv_head = g_m->hp.n_kv_head,
+                      .head_dim = g_m->hp.head_dim,
+                      .block_tokens = 16,
+                      .chunk_tokens = CHUNK};
+    memcpy(l.model_id, g_m->identity, sizeof l.model_id);
+    cache_store_opts so = {.ram_bytes = 256 << 20};
+    g_store = cache_store_open(&l, &so, &err);
+    cr_assert_not_null(g_store, "%s", err.msg);
+    for (int i = 0; i < N_PROMPT; i++) g_prompt[i] = 1000 + (i * 37) % 5000;
+    memset(g_ns.b, 0x5a, sizeof g_ns.b);
+}
+
+static void teardown(void) {
+    cache_store_close(g_store);
+    kv_pool_destroy(g_pool);
+    backend_destroy(g_b);
+    model_free(g_m);
+}
+
+TestSuite(plan, .init = setup, .fini = teardown, .timeout = 120);
+
+static planner *make_planner(bool pool_tier, cache_store *store) {
+    kv_error err = {{0}};
+    plan_opts o = {.store = store, .chunk_tokens = CHUNK, .pool_tier = pool_tier};
+    planner *p = planner_create(g_m, g_b, g_pool, &o, &err);
+    cr_assert_not_null(p, "%s", err.msg);
+    return p;
+}
+
+static void prepare(planner *p, plan_req *pr, bool fetch) {
+    plan_req_init(pr);
+    cr_assert_eq(plan_prepare(p, pr, &g_ns, g_prompt, N_PROMPT, false, false, 0, fetch), 0);
+}
+
+/* A sequence that "computed" its whole prompt: blocks reserved and written back. */
+static void compute_all(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv) {
+    kv_error err = {{0}};
+    cr_assert_eq(plan_seq_init(ps, pr), 0);
+    kv_seq_init(kv);
+    cr_assert_eq(
+        plan_reuse(p, ps, (plan_req *)pr, kv, g_prompt, N_PROMPT, N_PROMPT, true, false, 0), 0,
+        "nothing cached yet");
+    cr_assert_eq(kv_seq_reserve(g_pool, kv, N_PROMPT, &err), 0, "%s", err.msg);
+    kv->n_tokens = N_PROMPT;
+    /* recognisable bytes in each block, for the copies to be compared */
+    size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
+    for (int i = 0; i < kv->n_blocks; i++) {
+        uint8_t *blk = (uint8_t *)kv_pool_memory(g_pool) + (size_t)kv->blocks[i] * bb;
+        for (size_t k = 0; k < bb; k += 64) blk[k] = (uint8_t)(i * 31 + k / 64);
+    }
+    plan_write_back(p, ps, pr, kv, g_prompt, N_PROMPT);
+    plan_store_tail(p, ps, pr, kv);
+}
+
+Test(plan, keys_are_the_prompts_full_blocks) {
+    planner *p = make_planner(true, NULL);
+    plan_req pr;
+    prepare(p, &pr, false);
+    cr_assert(pr.cache);
+    cr_assert_eq(pr.n_keys, N_PROMPT / 16);
+    cache_key want[N_PROMPT / 16];
+    cr_assert_eq(cache_prefix_keys(g_m->identity, &g_ns, g_prompt, N_PROMPT, 16, want, 16),
+                 N_PROMPT / 16);
+    cr_expect(memcmp(want, pr.keys, sizeof want) == 0);
+    plan_req_free(&pr);
+    /* a prompt with its own positions (Prompt Cache) names no prefix */
+    plan_req_init(&pr);
+    cr_assert_eq(plan_prepare(p, &pr, &g_ns, g_prompt, N_PROMPT, true, false, 0, true), 0);
+    cr_expect_not(pr.cache);
+    cr_expect_eq(pr.n_keys, 0);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
+Test(plan, the_pool_tier_lends_whole_blocks_and_leaves_the_last_token) {
+    planner *p = make_planner(true, NULL);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka);
+    cr_expect_eq(a.n_stored, N_PROMPT / 16, "every full block registered");
+    kv_seq_release(g_pool, &ka);
+    cr_expect_eq(plan_shared_blocks(p, &pr, false), N_PROMPT / 16);
+    cr_expect_eq(plan_shared_blocks(p, &pr, true), 0, "scoring shares nothing");
+
+    plan_seq b;
+    kv_seq kb;
+    kv_seq_init(&kb);
+    cr_assert_eq(plan_seq_init(&b, &pr), 0);
+    int reused = plan_reuse(p, &b, &pr, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0);
+    cr_expect_eq(reused, N_PROMPT / 16 * 16);
+    cr_expect_eq(kb.n_tokens, reused);
+    /* the same prompt cut at a block boundary: its last token is computed again */
+    plan_seq c;
+    kv_seq kc;
+    kv_seq_init(&kc);
+    cr_assert_eq(plan_seq_init(&c, &pr), 0);
+    cr_expect_eq(plan_reuse(p, &c, &pr, &kc, g_prompt, 128, 128, false, false, 0), 127);
+    /* scoring reuses nothing */
+    plan_seq d;
+    kv_seq kd;
+    kv_seq_init(&kd);
+    cr_assert_eq(plan_seq_init(&d, &pr), 0);
+    cr_expect_eq(plan_reuse(p, &d, &pr, &kd, g_prompt, N_PROMPT, N_PROMPT, false, true, 0), 0);
+    kv_seq_release(g_pool, &kb);
+    kv_seq_release(g_pool, &kc);
+    plan_seq_free(&b);
+    plan_seq_free(&c);
+    plan_seq_free(&d);
+    plan_seq_free(&a);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
+Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
+    planner *p = make_planner(false, g_store);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka);
+    /* two whole chunks (128 tokens) and the trailing partial one (block 8) */
+    cr_expect(cache_store_holds(g_store, &pr.keys[3]));
+    cr_expect(cache_store_holds(g_store, &pr.keys[7]));
+    cr_expect(cache_store_holds(g_store, &pr.keys[8]), "the trailing partial chunk is kept");
+    /* the blocks' bytes, to compare with what comes back */
+    size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
+    uint8_t *want = malloc(bb * (size_t)ka.n_blocks);
+    memset(want, 0, bb * (size_t)ka.n_blocks);
+    kv_seq_export_blocks(g_pool, &ka, 0, N_PROMPT / 16, want);
+    kv_seq_release(g_pool, &ka);
+
+    plan_req fetched;
+    prepare(p, &fetched, true);
+    cr_assert_eq(fetched.n_loaded, 3, "three records continue the prefix");
+    cr_expect_eq(fetched.loaded_blocks, N_PROMPT / 16);
+    cr_expect_eq(fetched.n_fetched, 3);
+    for (int i = 0; i < fetched.n_fetched; i++)
+        cr_expect_eq(fetched.fetched[i].tier, CACHE_TIER_RAM);
+    plan_seq b;
+    kv_seq kb;
+    kv_seq_init(&kb);
+    cr_assert_eq(plan_seq_init(&b, &fetched), 0);
+    cr_expect_eq(plan_reuse(p, &b, &fetched, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0),
+                 N_PROMPT / 16 * 16);
+    cr_expect_null(fetched.loaded, "the first choice uses the records up");
+    uint8_t *got = malloc(bb * (size_t)kb.n_blocks);
+    kv_seq_export_blocks(g_pool, &kb, 0, N_PROMPT / 16, got);
+    cr_expect(memcmp(got, want, bb * (N_PROMPT / 16)) == 0, "the records' blocks, copied in");
+    cr_expect_eq(b.lossy_from, INT_MAX);
+    free(got);
+    free(want);
+    kv_seq_release(g_pool, &kb);
+    plan_seq_free(&b);
+    plan_seq_free(&a);
+    plan_req_free(&fetched);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
+/* KV that came lossy (a codec level from Redis) is the request's alone: no prefix key names it,
+ * nor anything computed after it. */
+Test(plan, lossy_records_are_never_keyed) {
+    planner *p = make_planner(true, g_store);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka);
+    plan_seq_free(&a);
+    kv_seq_release(g_pool, &ka);
+    plan_req fetched;
+    prepare(p, &fetched, true);
+    /* the pool tier holds every block: nothing fetched; make it fetch by clearing the pool */
+    cr_assert_eq(fetched.n_loaded, 0);
+    plan_req_free(&fetched);
+    pool_cache_clear(planner_pool(p), NULL);
+    pool_cache_reclaim(planner_pool(p));
+    prepare(p, &fetched, true);
+    cr_assert_eq(fetched.n_loaded, 3);
+    fetched.loaded_src[1].enc = CACHE_ENC_Q8; /* as a lossy fetch marks it */
+    plan_seq b;
+    kv_seq kb;
+    kv_seq_init(&kb);
+    cr_assert_eq(plan_seq_init(&b, &fetched), 0);
+    cr_expect_eq(plan_reuse(p, &b, &fetched, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0),
+                 N_PROMPT / 16 * 16);
+    cr_expect_eq(b.lossy_from, CHUNK, "the second record's first token");
+    /* only the first record's blocks went back into the pool tier */
+    cr_expect_eq(plan_shared_blocks(p, &fetched, false), CHUNK / 16);
+    b.n_stored = 0;
+    plan_write_back(p, &b, &fetched, &kb, g_prompt, N_PROMPT);
+    cr_expect_eq(b.n_stored, CHUNK / 16, "write-back stops where the lossy KV starts");
+    kv_seq_release(g_pool, &kb);
+    plan_seq_free(&b);
+    plan_req_free(&fetched);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
