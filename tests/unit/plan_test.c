@@ -137,6 +137,7 @@ Test(plan, the_pool_tier_lends_whole_blocks_and_leaves_the_last_token) {
     cr_expect_eq(plan_reuse(p, &d, &pr, &kd, g_prompt, N_PROMPT, N_PROMPT, false, true, 0), 0);
     kv_seq_release(g_pool, &kb);
     kv_seq_release(g_pool, &kc);
+    kv_seq_release(g_pool, &kd);
     plan_seq_free(&b);
     plan_seq_free(&c);
     plan_seq_free(&d);
