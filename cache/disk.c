@@ -32,9 +32,8 @@
 #include "util/keytable.h"
 
 #define DISK_RING_DEPTH 64 /* io_uring entries, and the most operations in flight */
-/* Records are read in groups of DISK_READ_GROUP (2 operations each: header, payload), up to
- * DISK_READ_AHEAD groups in flight while the oldest one's checksums are computed. */
-#define DISK_READ_GROUP 1
+/* A read job keeps up to DISK_READ_AHEAD records in flight (2 operations each: header, payload)
+ * while it checks the oldest one's checksum. */
 #define DISK_READ_AHEAD 4
 #define DISK_MAX_OP (1u << 30)      /* bytes per submitted operation (prep_* take an unsigned) */
 #define DISK_WARN_NS 10000000000ull /* at most one I/O warning per 10 s */
@@ -568,93 +567,72 @@ static int read_verify(cache_disk *d, const uint8_t *hdr, const cache_key *key, 
     return 0;
 }
 
-/* One group of a read job in flight: its slots, operations and headers. */
-typedef struct read_group {
-    read_slot *slots;
-    int n;
-    disk_op ops[2 * DISK_READ_GROUP];
-    int op_of[DISK_READ_GROUP];
-    uint8_t *hdrs; /* [DISK_READ_GROUP][header_bytes], aligned */
-} read_group;
+/* One record of a read job in flight: its slot, header buffer and reads (header, payload). */
+typedef struct read_inflight {
+    read_slot *sl;
+    uint8_t *hdr; /* header_bytes, aligned */
+    disk_op ops[2];
+} read_inflight;
 
-/* Opens the records of g's slots and starts reading them. */
-static void read_group_start(cache_disk *d, disk_job *j, read_group *g) {
+/* Opens r's record and starts reading it (no reads when sl->c stays NULL: result says why). */
+static void read_record_start(cache_disk *d, disk_job *j, read_inflight *r) {
     static const cache_key zero_ns;
-    int n_ops = 0;
     char name[2 * CACHE_KEY_BYTES + 5];
-    for (int s = 0; s < g->n; s++) {
-        read_slot *sl = &g->slots[s];
-        sl->fd = -1;
+    read_slot *sl = r->sl;
+    sl->c = NULL;
+    record_name(&j->keys[sl->idx], name);
+    sl->fd = open_direct(d->dir_fd, name, O_RDONLY);
+    if (sl->fd < 0) {
+        sl->result = errno == ENOENT ? READ_VANISHED : READ_SKIPPED;
+        return;
+    }
+    /* Keys, ns and pos0 come from the header, once it has been checked. */
+    sl->c = cache_chunk_create(&d->layout, NULL, sl->n_blocks, &zero_ns, 0);
+    if (!sl->c) {
+        sl->result = READ_SKIPPED;
+        return;
+    }
+    r->ops[0] = (disk_op){.fd = sl->fd, .buf = r->hdr, .len = d->header_bytes, .off = 0};
+    r->ops[1] = (disk_op){.fd = sl->fd,
+                          .buf = sl->c->data,
+                          .len = padded(sl->c->bytes),
+                          .off = (off_t)d->header_bytes};
+    read_start(d, r->ops, 2);
+}
+
+/* Finishes r's reads and verifies its record. */
+static void read_record_finish(cache_disk *d, disk_job *j, read_inflight *r) {
+    read_slot *sl = r->sl;
+    if (sl->c) read_wait(d, r->ops, 2);
+    if (sl->fd >= 0) close(sl->fd);
+    if (!sl->c) return;
+    char name[2 * CACHE_KEY_BYTES + 5];
+    record_name(&j->keys[sl->idx], name);
+    int e = r->ops[0].err ? r->ops[0].err : r->ops[1].err;
+    kv_error err = {{0}};
+    if (e) {
+        /* Short (torn) or unreadable records are dropped; other errors may pass. */
+        sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
+        disk_warn(d, "cannot read %s: %s", name,
+                  e == ENODATA ? "file shorter than its record" : strerror(e));
+    } else if (read_verify(d, r->hdr, &j->keys[sl->idx], sl->c, &err) != 0) {
+        sl->result = READ_CORRUPT;
+        disk_warn(d, "dropping %s: %s", name, err.msg);
+    } else {
+        sl->result = READ_OK;
+    }
+    if (sl->result != READ_OK) {
+        cache_chunk_unref(sl->c);
         sl->c = NULL;
-        g->op_of[s] = -1;
-        record_name(&j->keys[sl->idx], name);
-        sl->fd = open_direct(d->dir_fd, name, O_RDONLY);
-        if (sl->fd < 0) {
-            sl->result = errno == ENOENT ? READ_VANISHED : READ_SKIPPED;
-            continue;
-        }
-        /* Keys, ns and pos0 come from the header, once it has been checked. */
-        sl->c = cache_chunk_create(&d->layout, NULL, sl->n_blocks, &zero_ns, 0);
-        if (!sl->c) {
-            sl->result = READ_SKIPPED;
-            continue;
-        }
-        g->op_of[s] = n_ops;
-        g->ops[n_ops++] = (disk_op){.fd = sl->fd,
-                                    .buf = g->hdrs + (size_t)s * d->header_bytes,
-                                    .len = d->header_bytes,
-                                    .off = 0};
-        g->ops[n_ops++] = (disk_op){.fd = sl->fd,
-                                    .buf = sl->c->data,
-                                    .len = padded(sl->c->bytes),
-                                    .off = (off_t)d->header_bytes};
-    }
-    read_start(d, g->ops, n_ops);
-}
-
-/* Finishes g's reads and verifies its records. */
-static void read_group_finish(cache_disk *d, disk_job *j, read_group *g) {
-    int n_ops = 0;
-    for (int s = 0; s < g->n; s++)
-        if (g->op_of[s] >= 0) n_ops = g->op_of[s] + 2;
-    read_wait(d, g->ops, n_ops);
-    char name[2 * CACHE_KEY_BYTES + 5];
-    for (int s = 0; s < g->n; s++) {
-        read_slot *sl = &g->slots[s];
-        if (sl->fd >= 0) close(sl->fd);
-        if (g->op_of[s] < 0) continue;
-        record_name(&j->keys[sl->idx], name);
-        const disk_op *o = &g->ops[g->op_of[s]];
-        int e = o[0].err ? o[0].err : o[1].err;
-        kv_error err = {{0}};
-        if (e) {
-            /* Short (torn) or unreadable records are dropped; other errors may pass. */
-            sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
-            disk_warn(d, "cannot read %s: %s", name,
-                      e == ENODATA ? "file shorter than its record" : strerror(e));
-        } else if (read_verify(d, g->hdrs + (size_t)s * d->header_bytes, &j->keys[sl->idx], sl->c,
-                               &err) != 0) {
-            sl->result = READ_CORRUPT;
-            disk_warn(d, "dropping %s: %s", name, err.msg);
-        } else {
-            sl->result = READ_OK;
-        }
-        if (sl->result != READ_OK) {
-            cache_chunk_unref(sl->c);
-            sl->c = NULL;
-        }
     }
 }
 
-/* A read job: every published key's record, in groups of DISK_READ_GROUP. */
+/* A read job: every published key's record, DISK_READ_AHEAD in flight at a time. */
 static void disk_read_job(cache_disk *d, disk_job *j) {
     read_slot *slots = calloc((size_t)j->n, sizeof *slots);
-    read_group *g = calloc(DISK_READ_AHEAD, sizeof *g);
-    size_t group_hdrs = (size_t)DISK_READ_GROUP * d->header_bytes;
     void *hdrs = NULL;
-    if (!slots || !g || posix_memalign(&hdrs, CACHE_ALIGN, DISK_READ_AHEAD * group_hdrs) != 0) {
+    if (!slots || posix_memalign(&hdrs, CACHE_ALIGN, DISK_READ_AHEAD * d->header_bytes) != 0) {
         free(slots);
-        free(g);
         pthread_mutex_lock(&d->mu);
         d->st.misses += j->n;
         pthread_mutex_unlock(&d->mu);
@@ -669,19 +647,16 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     }
     pthread_mutex_unlock(&d->mu);
 
-    /* groups k + 1 .. k + DISK_READ_AHEAD - 1 read while group k is checked */
-    for (int k = 0; k < DISK_READ_AHEAD; k++) g[k].hdrs = (uint8_t *)hdrs + k * group_hdrs;
-    int n_groups = (m + DISK_READ_GROUP - 1) / DISK_READ_GROUP;
-    for (int k = 0; k < n_groups + DISK_READ_AHEAD - 1; k++) {
-        if (k < n_groups) {
-            read_group *gk = &g[k % DISK_READ_AHEAD];
-            int rest = m - k * DISK_READ_GROUP;
-            gk->slots = slots + (size_t)k * DISK_READ_GROUP;
-            gk->n = rest < DISK_READ_GROUP ? rest : DISK_READ_GROUP;
-            read_group_start(d, j, gk);
+    /* records k + 1 .. k + DISK_READ_AHEAD - 1 read while record k is checked */
+    read_inflight fl[DISK_READ_AHEAD];
+    for (int k = 0; k < DISK_READ_AHEAD; k++) fl[k].hdr = (uint8_t *)hdrs + k * d->header_bytes;
+    for (int k = 0; k < m + DISK_READ_AHEAD - 1; k++) {
+        if (k < m) {
+            fl[k % DISK_READ_AHEAD].sl = &slots[k];
+            read_record_start(d, j, &fl[k % DISK_READ_AHEAD]);
         }
         int done = k - (DISK_READ_AHEAD - 1);
-        if (done >= 0) read_group_finish(d, j, &g[done % DISK_READ_AHEAD]);
+        if (done >= 0) read_record_finish(d, j, &fl[done % DISK_READ_AHEAD]);
     }
 
     pthread_mutex_lock(&d->mu);
@@ -711,7 +686,6 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     pthread_mutex_unlock(&d->mu);
     unlink_victims(d);
     free(hdrs);
-    free(g);
     free(slots);
 }
 
