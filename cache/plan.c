@@ -3,7 +3,6 @@
 #include "cache/plan.h"
 
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -217,8 +217,10 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
         snprintf(param, param_size, "messages");
         /* tool_choice none: no tools listed, earlier calls and results still written */
         bool tools = rq->tool_choice != CHAT_TOOL_NONE;
+        /* content parts bound blend's segments: not looked for when the request blends nothing */
         return tokenize_messages(m, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
-                                 tools ? rq->n_tools : 0, ids, bounds, n_bounds, err);
+                                 tools ? rq->n_tools : 0, ids, rq->blend ? bounds : NULL, n_bounds,
+                                 err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];

@@ -64,14 +64,24 @@ static void prepare(planner *p, plan_req *pr, bool fetch) {
     cr_assert_eq(plan_prepare(p, pr, &g_ns, g_prompt, N_PROMPT, false, false, 0, fetch), 0);
 }
 
-/* A sequence that "computed" its whole prompt: blocks reserved and written back. */
-static void compute_all(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv) {
-    kv_error err = {{0}};
-    cr_assert_eq(plan_seq_init(ps, pr), 0);
+/* A new sequence of g_prompt[0..n) takes its cached prefix: returns the tokens reused. */
+static int reuse_new(planner *p, plan_req *pr, plan_seq *ps, kv_seq *kv, int n, bool first,
+                     bool score) {
     kv_seq_init(kv);
-    cr_assert_eq(
-        plan_reuse(p, ps, (plan_req *)pr, kv, g_prompt, N_PROMPT, N_PROMPT, true, false, 0), 0,
-        "nothing cached yet");
+    cr_assert_eq(plan_seq_init(ps, pr), 0);
+    return plan_reuse(p, ps, pr, kv, g_prompt, n, n, first, score, 0);
+}
+
+/* Frees what reuse_new made. */
+static void drop(plan_seq *ps, kv_seq *kv) {
+    kv_seq_release(g_pool, kv);
+    plan_seq_free(ps);
+}
+
+/* A sequence that "computed" its whole prompt: blocks reserved and written back. */
+static void compute_all(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv) {
+    kv_error err = {{0}};
+    cr_assert_eq(reuse_new(p, pr, ps, kv, N_PROMPT, true, false), 0, "nothing cached yet");
     cr_assert_eq(kv_seq_reserve(g_pool, kv, N_PROMPT, &err), 0, "%s", err.msg);
     kv->n_tokens = N_PROMPT;
     /* recognisable bytes in each block, for the copies to be compared */
@@ -116,31 +126,18 @@ Test(plan, the_pool_tier_lends_whole_blocks_and_leaves_the_last_token) {
     cr_expect_eq(plan_shared_blocks(p, &pr, false), N_PROMPT / 16);
     cr_expect_eq(plan_shared_blocks(p, &pr, true), 0, "scoring shares nothing");
 
-    plan_seq b;
-    kv_seq kb;
-    kv_seq_init(&kb);
-    cr_assert_eq(plan_seq_init(&b, &pr), 0);
-    int reused = plan_reuse(p, &b, &pr, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0);
+    plan_seq b, c, d;
+    kv_seq kb, kc, kd;
+    int reused = reuse_new(p, &pr, &b, &kb, N_PROMPT, true, false);
     cr_expect_eq(reused, N_PROMPT / 16 * 16);
     cr_expect_eq(kb.n_tokens, reused);
     /* the same prompt cut at a block boundary: its last token is computed again */
-    plan_seq c;
-    kv_seq kc;
-    kv_seq_init(&kc);
-    cr_assert_eq(plan_seq_init(&c, &pr), 0);
-    cr_expect_eq(plan_reuse(p, &c, &pr, &kc, g_prompt, 128, 128, false, false, 0), 127);
+    cr_expect_eq(reuse_new(p, &pr, &c, &kc, 128, false, false), 127);
     /* scoring reuses nothing */
-    plan_seq d;
-    kv_seq kd;
-    kv_seq_init(&kd);
-    cr_assert_eq(plan_seq_init(&d, &pr), 0);
-    cr_expect_eq(plan_reuse(p, &d, &pr, &kd, g_prompt, N_PROMPT, N_PROMPT, false, true, 0), 0);
-    kv_seq_release(g_pool, &kb);
-    kv_seq_release(g_pool, &kc);
-    kv_seq_release(g_pool, &kd);
-    plan_seq_free(&b);
-    plan_seq_free(&c);
-    plan_seq_free(&d);
+    cr_expect_eq(reuse_new(p, &pr, &d, &kd, N_PROMPT, false, true), 0);
+    drop(&b, &kb);
+    drop(&c, &kc);
+    drop(&d, &kd);
     plan_seq_free(&a);
     plan_req_free(&pr);
     planner_destroy(p);
@@ -173,10 +170,7 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
         cr_expect_eq(fetched.fetched[i].tier, CACHE_TIER_RAM);
     plan_seq b;
     kv_seq kb;
-    kv_seq_init(&kb);
-    cr_assert_eq(plan_seq_init(&b, &fetched), 0);
-    cr_expect_eq(plan_reuse(p, &b, &fetched, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0),
-                 N_PROMPT / 16 * 16);
+    cr_expect_eq(reuse_new(p, &fetched, &b, &kb, N_PROMPT, true, false), N_PROMPT / 16 * 16);
     cr_expect_null(fetched.loaded, "the first choice uses the records up");
     uint8_t *got = malloc(bb * (size_t)kb.n_blocks);
     kv_seq_export_blocks(g_pool, &kb, 0, N_PROMPT / 16, got);
@@ -184,8 +178,7 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
     cr_expect_eq(b.lossy_from, INT_MAX);
     free(got);
     free(want);
-    kv_seq_release(g_pool, &kb);
-    plan_seq_free(&b);
+    drop(&b, &kb);
     plan_seq_free(&a);
     plan_req_free(&fetched);
     plan_req_free(&pr);
@@ -215,18 +208,14 @@ Test(plan, lossy_records_are_never_keyed) {
     fetched.loaded_src[1].enc = CACHE_ENC_Q8; /* as a lossy fetch marks it */
     plan_seq b;
     kv_seq kb;
-    kv_seq_init(&kb);
-    cr_assert_eq(plan_seq_init(&b, &fetched), 0);
-    cr_expect_eq(plan_reuse(p, &b, &fetched, &kb, g_prompt, N_PROMPT, N_PROMPT, true, false, 0),
-                 N_PROMPT / 16 * 16);
+    cr_expect_eq(reuse_new(p, &fetched, &b, &kb, N_PROMPT, true, false), N_PROMPT / 16 * 16);
     cr_expect_eq(b.lossy_from, CHUNK, "the second record's first token");
     /* only the first record's blocks went back into the pool tier */
     cr_expect_eq(plan_shared_blocks(p, &fetched, false), CHUNK / 16);
     b.n_stored = 0;
     plan_write_back(p, &b, &fetched, &kb, g_prompt, N_PROMPT);
     cr_expect_eq(b.n_stored, CHUNK / 16, "write-back stops where the lossy KV starts");
-    kv_seq_release(g_pool, &kb);
-    plan_seq_free(&b);
+    drop(&b, &kb);
     plan_req_free(&fetched);
     plan_req_free(&pr);
     planner_destroy(p);
