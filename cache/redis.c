@@ -20,6 +20,7 @@
 
 #include "cache/chunk_codec.h"
 #include "cache/content_disk.h"
+#include "cache/meter.h"
 #include "cache/record.h"
 #include "cache/redis.h"
 
@@ -36,17 +37,6 @@
 #define REDIS_ALIAS_MAX (REDIS_ALIAS_HEAD + 4 * CACHE_ENC_MAX)
 /* Before a lookup has measured the link, it is taken to move 1 Gb/s (bytes per ns). */
 #define REDIS_PRIOR_BW 0.125
-/* Decode costs assumed before they are measured, in ns per KV element (a token has n_layer * 2 *
- * channels): lossless is a checksum and a copy, q8 a dequantization, a codec level rANS. */
-#define REDIS_PRIOR_RAW_NS 1.0
-#define REDIS_PRIOR_Q8_NS 2.0
-#define REDIS_PRIOR_CODEC_NS 6.0
-/* The share of a TTFT budget the fetch plans to use. */
-#define REDIS_BUDGET_SHARE 0.8
-/* A link measure older than this is refreshed by fetching a request's first chunk. */
-#define REDIS_BW_FRESH_NS 10000000000ull
-/* Replies smaller than this measure the round trip more than the link. */
-#define REDIS_MIN_SAMPLE_BYTES 65536
 #define REDIS_SCAN_COUNT "512"
 
 /* A record queued for writing: a chunk record, or a blend content record (cache/blend.h). */
@@ -88,10 +78,8 @@ struct cache_redis {
     int n_writes; /* queued + in flight */
     bool stop;
     cache_tier_stats st;
-    int state;                    /* -1: never connected yet, 0: down, 1: connected */
-    double bw;                    /* lookup link, bytes per ns (EWMA; 0: not measured yet) */
-    uint64_t bw_at;               /* when bw was last sampled */
-    double dec_ns[CACHE_ENC_MAX]; /* decode cost per KV element by encoding (EWMA) */
+    int state;         /* -1: never connected yet, 0: down, 1: connected */
+    cache_meter meter; /* the lookup link and the decoders (cache/meter.h) */
 
     pthread_t thread; /* the write thread, and its connection */
     bool thread_started;
@@ -329,81 +317,13 @@ typedef struct fetch_rec {
     uint64_t t_sent; /* when its GET was sent */
 } fetch_rec;
 
-/* The time chunk f's value in encoding e takes on the measured link, and to decode here. */
-static double enc_net(const fetch_rec *f, int e, double bw) { return f->size[e] / bw; }
-
-static double enc_dec(const cache_redis *r, const fetch_rec *f, int e) {
-    double elems =
-        (double)f->tokens * 2 * r->layout.n_layer * r->layout.n_kv_head * r->layout.head_dim;
-    return r->dec_ns[e] * elems;
-}
-
-/* Its time in a stream, where the next chunk travels while this one decodes. */
-static double enc_cost(const cache_redis *r, const fetch_rec *f, int e, double bw) {
-    double net = enc_net(f, e, bw), dec = enc_dec(r, f, e);
-    return net > dec ? net : dec;
-}
-
-/* A fetch's plan so far: the link and decode time of the chunks chosen (estimates). */
-typedef struct fetch_plan {
-    double net, dec;
-} fetch_plan;
-
-/* choose_enc's choice. With a budget no encoding meets, the fastest: the one that finishes the
- * plan soonest, the link and the decoder working at once (so a fast link mixes encodings light
- * on the link with ones light on the decoder, rather than queueing all on one of them). */
-static int pick_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs, int i,
-                    int n, uint64_t t0, const fetch_plan *plan, double bw) {
-    const fetch_rec *f = &recs[i];
-    if (p->force_enc == CACHE_ENC_TEXT) return CACHE_ENC_TEXT;
-    if (p->force_enc == CACHE_ENC_RAW || (p->force_enc > 0 && !p->lossless))
-        return p->force_enc < r->n_enc && f->size[p->force_enc] ? p->force_enc : CACHE_ENC_RAW;
-    /* Text is weighed against a measured link only: a request's first chunk is fetched when
-     * the last measure is old (or there is none), so one slow sample cannot keep every later
-     * request computing from text. */
-    bool measured = r->bw > 0 && clock_now_ns() - r->bw_at < REDIS_BW_FRESH_NS;
-    double text =
-        p->text_ns_per_token > 0 && (measured || i > 0) ? p->text_ns_per_token * f->tokens : 1e30;
-    double raw = enc_cost(r, f, CACHE_ENC_RAW, bw);
-    int exact = text < raw ? CACHE_ENC_TEXT : CACHE_ENC_RAW;
-    double exact_cost = text < raw ? text : raw;
-    if (p->lossless || p->budget_ns <= 0) return exact;
-    /* what is left of the budget, shared by this chunk and the ones after it; the last part of
-     * the budget is kept for what follows the fetch (the last decode, copying into the pool, the
-     * prefill of the prompt's new tokens) */
-    double left =
-        ((double)t0 + REDIS_BUDGET_SHARE * (double)p->budget_ns - (double)clock_now_ns()) / (n - i);
-    if (exact_cost <= left) return exact;
-    for (int e = CACHE_ENC_Q8; e < r->n_enc; e++) /* finest first */
-        if (f->size[e] && enc_cost(r, f, e, bw) <= left) return e;
-    int fastest = CACHE_ENC_RAW;
-    double best = 1e300;
-    for (int e = CACHE_ENC_RAW; e < r->n_enc; e++) {
-        if (!f->size[e]) continue;
-        double net = plan->net + enc_net(f, e, bw), dec = plan->dec + enc_dec(r, f, e);
-        double done = net > dec ? net : dec;
-        if (done < best) {
-            best = done;
-            fastest = e;
-        }
-    }
-    /* text only where it beats the chunk's own fetch: it runs after the stream, on the CPU */
-    return text < enc_cost(r, f, fastest, bw) ? CACHE_ENC_TEXT : fastest;
-}
-
-/* The encoding for chunk i of n (cache_fetch_policy says how): CACHE_ENC_TEXT to compute it and
- * the chunks after it from their text. Adds the choice to plan. Called with r->mu held. */
+/* The encoding for chunk i of n (cache_meter_choose): CACHE_ENC_TEXT to compute it and the
+ * chunks after it from their text. Called with r->mu held. */
 static int choose_enc(const cache_redis *r, const cache_fetch_policy *p, const fetch_rec *recs,
-                      int i, int n, uint64_t t0, fetch_plan *plan) {
-    const fetch_rec *f = &recs[i];
-    double bw = r->bw > 0 ? r->bw : REDIS_PRIOR_BW;
-    int e = pick_enc(r, p, recs, i, n, t0, plan, bw);
-    if (e != CACHE_ENC_TEXT) {
-        plan->net += enc_net(f, e, bw);
-        plan->dec += enc_dec(r, f, e);
-    }
-    return e;
+                      int i, int n, uint64_t t0, cache_meter_plan *plan) {
+    return cache_meter_choose(&r->meter, p, recs[i].size, recs[i].tokens, i, n, t0, true, plan);
 }
+
 /* The decoder: a thread that turns the values the lookup thread reads into chunks, so chunk i
  * decodes while chunk i + 1 travels. */
 typedef struct decoder {
@@ -445,8 +365,7 @@ static void *decoder_thread(void *arg) {
         }
         if (c) { /* never r->mu under d->mu: the reading thread takes them the other way */
             pthread_mutex_lock(&r->mu);
-            double elems = (double)c->bytes / 2, ns = (double)dt / elems;
-            r->dec_ns[f->enc] = 0.5 * r->dec_ns[f->enc] + 0.5 * ns;
+            cache_meter_decode(&r->meter, f->enc, (double)c->bytes / 2, dt);
             pthread_mutex_unlock(&r->mu);
         }
         pthread_mutex_lock(&d->mu);
@@ -489,7 +408,7 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
     pthread_t th;
     bool threaded = pthread_create(&th, NULL, decoder_thread, &d) == 0;
     int sent = 0, text_from = n; /* chunks from text_from on are left to text */
-    fetch_plan plan = {0, 0};
+    cache_meter_plan plan = {0, 0};
     pthread_mutex_lock(&r->mu);
     recs[0].enc = choose_enc(r, p, recs, 0, n, t0, &plan);
     pthread_mutex_unlock(&r->mu);
@@ -517,11 +436,7 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
         bool more = rep->type == REDIS_REPLY_STRING && i + 1 < n && !d.failed;
         pthread_mutex_unlock(&d.mu);
         pthread_mutex_lock(&r->mu);
-        if (rep->type == REDIS_REPLY_STRING && rep->len >= REDIS_MIN_SAMPLE_BYTES) {
-            double bw = (double)rep->len / (double)(now - f->t_sent + 1);
-            r->bw = r->bw > 0 ? 0.5 * r->bw + 0.5 * bw : bw;
-            r->bw_at = now;
-        }
+        if (rep->type == REDIS_REPLY_STRING) cache_meter_link(&r->meter, rep->len, now - f->t_sent);
         if (more) recs[i + 1].enc = choose_enc(r, p, recs, i + 1, n, t0, &plan);
         pthread_mutex_unlock(&r->mu);
         if (more && recs[i + 1].enc == CACHE_ENC_TEXT)
@@ -727,52 +642,17 @@ static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, 
     return read_replies(r, c, 1, refused, refused_len);
 }
 
-/* Measures what decoding a full chunk costs on this machine in each encoding (the payload's
- * checksum, the decode, the conversion to pool blocks), on KV-like values drawn around the codec
- * table's channel centres, so the fetch policy weighs encodings by this machine's speed from the
- * first request on (each is refined by the decodes requests do). On the write thread, at start. */
+/* The decode costs of this machine, measured on the write thread at start (cache_meter_measure);
+ * each is refined by the decodes requests do. */
 static void measure_decode(cache_redis *r) {
-    const cache_layout *l = &r->layout;
-    int nb = cache_chunk_blocks(l), nt = l->chunk_tokens, nc = l->n_kv_head * l->head_dim;
-    cache_key zero = {{0}};
-    cache_chunk *c = cache_chunk_create(l, NULL, nb, &zero, 0), *d = NULL;
-    uint8_t *buf = malloc(r->max_payload);
-    if (!c || !buf || !(d = cache_chunk_create(l, NULL, nb, &zero, 0))) goto done;
-    uint64_t s = 0x9E3779B97F4A7C15ull;
-    for (int ly = 0; ly < l->n_layer; ly++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int t = 0; t < nt; t++)
-                for (int ch = 0; ch < nc; ch++) {
-                    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-                    float u = (float)(s >> 40) / (float)(1 << 24) - 0.5f; /* -0.5 .. 0.5 */
-                    size_t at = ((size_t)ly * 2 + kv) * (size_t)nc + (size_t)ch;
-                    float centre = r->table ? r->table->center[at] : 0,
-                          unit = r->table ? r->table->scale[at] : 1;
-                    r->w_scratch[(((size_t)ly * 2 + kv) * nt + t) * nc + ch] =
-                        centre + 4 * u * unit;
-                }
-    cache_enc_from_f32(l, r->w_scratch, c);
-    double elems = (double)c->bytes / 2;
-    for (int e = 0; e < r->n_enc; e++) {
-        kv_error err = {{0}};
-        int64_t len = cache_enc_encode(l, r->table, e, c, r->w_scratch, buf, r->max_payload, &err);
-        if (len <= 0) continue;
-        cache_record_info info = {.payload_bytes = (uint64_t)len};
-        uint64_t t0 = clock_now_ns();
-        cache_record_check_payload(&info, buf, &err); /* a mismatch, timed all the same */
-        int rc = cache_enc_decode(l, r->table, e, buf, (size_t)len, d, r->w_scratch,
-                                  r->decode_threads, &err);
-        double ns = (double)(clock_now_ns() - t0) / elems;
-        if (rc) continue;
-        pthread_mutex_lock(&r->mu);
-        r->dec_ns[e] = ns;
-        pthread_mutex_unlock(&r->mu);
-        log_debug("cache: redis: decoding %d costs %.2f ns per KV element", e, ns);
-    }
-done:
-    if (c) cache_chunk_unref(c);
-    if (d) cache_chunk_unref(d);
-    free(buf);
+    double dec_ns[CACHE_ENC_MAX];
+    pthread_mutex_lock(&r->mu);
+    memcpy(dec_ns, r->meter.dec_ns, sizeof dec_ns);
+    pthread_mutex_unlock(&r->mu);
+    cache_meter_measure(&r->layout, r->table, r->decode_threads, r->w_scratch, dec_ns);
+    pthread_mutex_lock(&r->mu);
+    memcpy(r->meter.dec_ns, dec_ns, sizeof dec_ns);
+    pthread_mutex_unlock(&r->mu);
 }
 
 static void *redis_thread(void *arg) {
@@ -940,10 +820,8 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
     for (int e = 0; e < r->n_enc; e++) {
         size_t b = cache_enc_bound(l, table, e, cache_chunk_blocks(l));
         if (b > r->max_payload) r->max_payload = b;
-        r->dec_ns[e] = e == CACHE_ENC_RAW  ? REDIS_PRIOR_RAW_NS
-                       : e == CACHE_ENC_Q8 ? REDIS_PRIOR_Q8_NS
-                                           : REDIS_PRIOR_CODEC_NS;
     }
+    cache_meter_init(&r->meter, l, r->n_enc, REDIS_PRIOR_BW);
     if (addr.path[0])
         snprintf(r->url, sizeof r->url, "unix://%.50s", addr.path);
     else
