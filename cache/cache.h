@@ -143,7 +143,7 @@ typedef struct cache_fetch_policy {
 enum { CACHE_TIER_RAM = 0, CACHE_TIER_DISK = 1, CACHE_TIER_REDIS = 2 };
 typedef struct cache_fetch_src {
     uint8_t tier; /* CACHE_TIER_* */
-    uint8_t enc;  /* CACHE_ENC_* it travelled in (RAM and disk: lossless) */
+    uint8_t enc;  /* CACHE_ENC_* it travelled in (RAM: lossless) */
 } cache_fetch_src;
 
 /* ---------------------------------------------------------------- statistics */
@@ -186,6 +186,7 @@ typedef struct cache_store_opts {
     int redis_timeout_ms;  /* each network wait (0: 200) */
     const codec_table *codec; /* the CacheGen codec's table for Redis's encodings (NULL: lossless
                                  and q8 only); borrowed, outlives the store */
+    bool disk_encoded;        /* the disk tier keeps every encoding too (cache/disk.h) */
 } cache_store_opts;
 
 typedef struct cache_store cache_store;

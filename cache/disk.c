@@ -14,7 +14,18 @@
  * byte is written, so after a crash or kill -9 the directory holds whole records or none. There
  * is no fdatasync: the cache promises nothing across a power loss, and a record torn by one
  * fails its checksums when read (or its size check at open) and is dropped like any corrupt
- * record. A sync per write would cost more than the recomputation it saves. */
+ * record. A sync per write would cost more than the recomputation it saves.
+ *
+ * Encodings (cache_disk_open_enc with encode). Beside each record <key>.kvc the tier keeps its
+ * chunk in every other encoding the Redis tier offers (cache/chunk_codec.h): <key>.e1.kvc for
+ * q8, <key>.e<N>-<table id>.kvc for codec level N - 2 (named with the codec table, so files of
+ * another table are deleted at open, never decoded). Each is a whole record of that level
+ * (cache/record.h), written like a record. An encoder thread, at a lower CPU priority, encodes
+ * each record once it is published and hands the files to the I/O thread; the index keeps their
+ * sizes with the record, and they count towards the cap, are evicted, cleared, superseded and
+ * deleted with it. A read chooses each record's encoding with the fetch policy (cache/meter.h)
+ * from this disk's measured read rate and this machine's decode costs; an encoding that fails
+ * its checks is dropped, and the lossless record is read instead. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -24,10 +35,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cache/chunk_codec.h"
 #include "cache/disk.h"
+#include "cache/meter.h"
 #include "cache/record.h"
 #include "util/keytable.h"
 
@@ -39,6 +53,11 @@
 #define DISK_WARN_NS 10000000000ull /* at most one I/O warning per 10 s */
 #define DISK_MAX_WRITE_QUEUE (1 << 20)
 #define DISK_TMP_NAME 128
+#define DISK_NAME_MAX (2 * CACHE_KEY_BYTES + 32) /* "<key>.e9-0123abcd.kvc" and room */
+/* Before a read has measured the disk, it is taken to read 1 GB/s (bytes per ns). */
+#define DISK_PRIOR_BW 1.0
+#define DISK_DECODE_THREADS 2
+#define DISK_ENCODE_NICE 10 /* the encoder's CPU priority below the engine's */
 
 /* ---------------------------------------------------------------- types */
 
@@ -52,6 +71,15 @@ typedef struct disk_block {
     cache_key key;
 } disk_block;
 
+/* A record's files: bit 0 its lossless record, bit e its encoding e. */
+typedef uint16_t disk_files;
+
+/* Files to delete once mu is released. */
+typedef struct disk_victim {
+    cache_key key;
+    disk_files files;
+} disk_victim;
+
 /* One record in the index. A record is "writing" from cache_disk_put until its file is renamed
  * into place (not readable, not counted in entries/bytes, not in the LRU list), then published.
  * A writing record cleared by cache_disk_clear is doomed: its write deletes it on completion. */
@@ -59,8 +87,9 @@ typedef struct disk_entry {
     kt_node by_key; /* in records, keyed by its last block's key (the record key) */
     lru_node lru;   /* published entries only */
     cache_key ns;
-    uint64_t gen;  /* distinguishes this entry from a later one with the same key */
-    int64_t bytes; /* payload bytes */
+    uint64_t gen;                 /* distinguishes this entry from a later one with the same key */
+    int64_t bytes;                /* payload bytes, of every file */
+    uint32_t size[CACHE_ENC_MAX]; /* file bytes by encoding ([0]: the record; 0: no file) */
     int n_blocks;
     bool pinned, writing, doomed;
     disk_block by_block[]; /* [n_blocks] */
@@ -71,9 +100,12 @@ typedef enum disk_job_kind { DISK_JOB_READ, DISK_JOB_UNLINK } disk_job_kind;
 /* A job whose caller waits for it (the struct lives on the caller's stack). */
 typedef struct disk_job {
     disk_job_kind kind;
-    const cache_key *keys; /* [n]: record keys to read, or records to delete */
+    const cache_key *keys;      /* [n]: record keys to read */
+    const disk_victim *victims; /* [n]: files to delete */
     int n;
-    cache_chunk **out; /* [n], reads */
+    const cache_fetch_policy *policy; /* reads: how to choose encodings (NULL: lossless) */
+    cache_chunk **out;                /* [n], reads */
+    uint8_t *enc_out;                 /* [n], reads: the encoding each came in (may be NULL) */
     bool done;
     struct disk_job *next;
 } disk_job;
@@ -90,9 +122,28 @@ typedef struct disk_op {
     bool inflight; /* submitted to the ring, its completion not yet reaped */
 } disk_op;
 
+/* A record's encodings, made by the encoder for the I/O thread to write: buf[e] holds len[e]
+ * bytes (header and padded payload; NULL: not made), payload[e] of them the payload. */
+typedef struct disk_sidecars {
+    cache_key key;
+    uint64_t gen; /* the entry they belong to */
+    uint8_t *buf[CACHE_ENC_MAX];
+    size_t len[CACHE_ENC_MAX];
+    uint64_t payload[CACHE_ENC_MAX];
+} disk_sidecars;
+
+/* A published record for the encoder. */
+typedef struct disk_encode {
+    cache_chunk *c;
+    uint64_t gen;
+} disk_encode;
+
 struct cache_disk {
     cache_layout layout;
-    size_t header_bytes; /* cache_record_header_bytes(layout) */
+    const codec_table *table; /* the codec's levels (NULL: q8 only); borrowed */
+    int n_enc;                /* encodings kept: 1 (lossless only) or cache_enc_count(table) */
+    size_t max_payload;       /* the largest encoded payload of a chunk */
+    size_t header_bytes;      /* cache_record_header_bytes(layout) */
     int64_t cap;
     int write_queue;
     char *path; /* dir/<model>, for messages */
@@ -114,6 +165,18 @@ struct cache_disk {
     bool stop;
     cache_tier_stats st;  /* capacity is filled in by cache_disk_stats */
     int64_t pinned_bytes; /* payload bytes of pinned entries (published or being written) */
+    cache_meter meter;    /* this disk's read rate and the decoders */
+    disk_encode *eq;      /* ring [max(write_queue, 1)] of records to encode, each a reference */
+    int eq_head, eq_len;
+    int n_encodes;           /* queued, being encoded or being written */
+    disk_sidecars *handoff;  /* encoded files for the I/O thread to write (one at a time) */
+    bool enc_stop;           /* the encoder is to stop */
+    pthread_cond_t enc_work; /* to the encoder: a record or stop */
+
+    pthread_t enc_thread; /* the encoder, when the tier keeps encodings */
+    bool enc_started;
+    float *enc_scratch; /* the encoder's */
+    float *scratch;     /* the I/O thread's: decoding */
 
     /* The I/O thread's own (and open's, before the thread starts). */
     pthread_t thread;
@@ -125,7 +188,7 @@ struct cache_disk {
     uint64_t warn_last_ns;
     int64_t warn_suppressed;
     bool warned_once;
-    cache_key *victims; /* records to delete once mu is released */
+    disk_victim *victims; /* files to delete once mu is released */
     size_t n_victims, cap_victims;
 };
 
@@ -135,9 +198,17 @@ static const cache_key *entry_key(const disk_entry *e) { return &e->by_block[e->
 
 /* ---------------------------------------------------------------- names and warnings */
 
-static void record_name(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 5]) {
-    cache_key_hex(k, out);
-    memcpy(out + 2 * CACHE_KEY_BYTES, ".kvc", 5);
+/* The name of record k's file in encoding enc: <key>.kvc, <key>.e1.kvc, <key>.e<N>-<table>.kvc. */
+static void file_name(const cache_disk *d, const cache_key *k, int enc, char out[DISK_NAME_MAX]) {
+    char hex[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(k, hex);
+    if (enc == CACHE_ENC_RAW)
+        snprintf(out, DISK_NAME_MAX, "%s.kvc", hex);
+    else if (enc < CACHE_ENC_CODEC || !d->table)
+        snprintf(out, DISK_NAME_MAX, "%s.e%d.kvc", hex, enc);
+    else
+        snprintf(out, DISK_NAME_MAX, "%s.e%d-%02x%02x%02x%02x.kvc", hex, enc, d->table->id[0],
+                 d->table->id[1], d->table->id[2], d->table->id[3]);
 }
 
 static int hex_digit(char c) {
@@ -146,16 +217,25 @@ static int hex_digit(char c) {
     return -1;
 }
 
-/* True when name is exactly <64 lower-case hex>.kvc; the key goes to k. */
-static bool record_name_parse(const char *name, cache_key *k) {
-    if (strlen(name) != 2 * CACHE_KEY_BYTES + 4 || strcmp(name + 2 * CACHE_KEY_BYTES, ".kvc"))
-        return false;
+static bool ends_with(const char *s, const char *suffix);
+
+/* True when name is one of this tier's files: <64 lower-case hex>.kvc (*enc 0) or
+ * <64 hex>.e<N>[-anything].kvc (*enc N, 1 .. CACHE_ENC_MAX - 1; whether it is a name this
+ * tier writes, file_name says). The key goes to k. */
+static bool file_name_parse(const char *name, cache_key *k, int *enc) {
+    size_t n = strlen(name);
+    if (n < 2 * CACHE_KEY_BYTES + 4 || !ends_with(name, ".kvc")) return false;
     for (int i = 0; i < CACHE_KEY_BYTES; i++) {
         int hi = hex_digit(name[2 * i]), lo = hex_digit(name[2 * i + 1]);
         if (hi < 0 || lo < 0) return false;
         k->b[i] = (uint8_t)(hi << 4 | lo);
     }
-    return true;
+    const char *rest = name + 2 * CACHE_KEY_BYTES;
+    *enc = CACHE_ENC_RAW;
+    if (strcmp(rest, ".kvc") == 0) return true;
+    if (rest[0] != '.' || rest[1] != 'e' || rest[2] < '1' || rest[2] > '9') return false;
+    *enc = rest[2] - '0';
+    return rest[3] == '.' || rest[3] == '-';
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -212,6 +292,7 @@ static disk_entry *table_add(cache_disk *d, const cache_key *bkeys, int n_blocks
     if (!e) return NULL;
     e->ns = *ns;
     e->bytes = bytes;
+    e->size[CACHE_ENC_RAW] = (uint32_t)cache_record_file_bytes(&d->layout, (size_t)bytes);
     e->n_blocks = n_blocks;
     e->gen = ++d->next_gen;
     e->writing = true;
@@ -236,6 +317,26 @@ static void entry_publish(cache_disk *d, disk_entry *e) {
     if (e->pinned) d->st.pinned++;
 }
 
+/* The files e has. */
+static disk_files entry_files(const disk_entry *e) {
+    disk_files f = 1;
+    for (int i = 1; i < CACHE_ENC_MAX; i++)
+        if (e->size[i]) f |= (disk_files)(1u << i);
+    return f;
+}
+
+/* Gives published entry e encoding enc's file of file_bytes bytes (0: takes it away); all but
+ * its header count as payload. */
+static void entry_set_enc(cache_disk *d, disk_entry *e, int enc, uint32_t file_bytes) {
+    int64_t hb = (int64_t)d->header_bytes;
+    int64_t delta = (file_bytes ? (int64_t)file_bytes - hb : 0) -
+                    (e->size[enc] ? (int64_t)e->size[enc] - hb : 0);
+    e->size[enc] = file_bytes;
+    e->bytes += delta;
+    d->st.bytes += delta;
+    if (e->pinned) d->pinned_bytes += delta;
+}
+
 /* Removes e from the index and frees it (its file, if any, is the caller's to delete). */
 static void entry_drop(cache_disk *d, disk_entry *e) {
     if (e->pinned) d->pinned_bytes -= e->bytes;
@@ -250,18 +351,23 @@ static void entry_drop(cache_disk *d, disk_entry *e) {
     free(e);
 }
 
-/* Remembers a record file to delete after mu is released (I/O thread, or open). False when out
- * of memory: the caller keeps the entry instead, so no file is ever left outside the index. */
-static bool victim_push(cache_disk *d, const cache_key *k) {
+/* Remembers files of record k to delete after mu is released (I/O thread, or open). False when
+ * out of memory: the caller keeps the entry instead, so no file is ever left outside the index. */
+static bool victim_push(cache_disk *d, const cache_key *k, disk_files files) {
     if (d->n_victims == d->cap_victims) {
         size_t cap = d->cap_victims ? 2 * d->cap_victims : 16;
-        cache_key *v = realloc(d->victims, cap * sizeof *v);
+        disk_victim *v = realloc(d->victims, cap * sizeof *v);
         if (!v) return false;
         d->victims = v;
         d->cap_victims = cap;
     }
-    d->victims[d->n_victims++] = *k;
+    d->victims[d->n_victims++] = (disk_victim){*k, files};
     return true;
+}
+
+/* Remembers every file of e to delete (victim_push). */
+static bool victim_entry(cache_disk *d, const disk_entry *e) {
+    return victim_push(d, entry_key(e), entry_files(e));
 }
 
 /* Drops least recently used unpinned records until bytes <= cap. Pins are honoured even when
@@ -271,7 +377,7 @@ static void evict_locked(cache_disk *d) {
         lru_node *next = v->newer;
         disk_entry *e = KT_ENTRY(v, disk_entry, lru);
         if (!e->pinned) {
-            if (!victim_push(d, entry_key(e))) break;
+            if (!victim_entry(d, e)) break;
             entry_drop(d, e);
             d->st.evictions++;
         }
@@ -285,7 +391,7 @@ static void supersede_locked(cache_disk *d, disk_entry *e) {
     bool pinned = false;
     for (int i = 0; i < e->n_blocks - 1; i++) {
         disk_entry *old = table_find(d, &e->by_block[i].key);
-        if (!old || old->writing || !victim_push(d, entry_key(old))) continue;
+        if (!old || old->writing || !victim_entry(d, old)) continue;
         pinned |= old->pinned;
         entry_drop(d, old);
     }
@@ -296,14 +402,21 @@ static void supersede_locked(cache_disk *d, disk_entry *e) {
     }
 }
 
+/* Deletes victims[0..n)'s files (without mu). */
+static void unlink_files(cache_disk *d, const disk_victim *victims, size_t n) {
+    char name[DISK_NAME_MAX];
+    for (size_t i = 0; i < n; i++)
+        for (int e = 0; e < CACHE_ENC_MAX; e++) {
+            if (!(victims[i].files & (1u << e))) continue;
+            file_name(d, &victims[i].key, e, name);
+            if (unlinkat(d->dir_fd, name, 0) != 0 && errno != ENOENT)
+                disk_warn(d, "cannot delete %s: %s", name, strerror(errno));
+        }
+}
+
 /* Deletes the files of d->victims (without mu). */
 static void unlink_victims(cache_disk *d) {
-    char name[2 * CACHE_KEY_BYTES + 5];
-    for (size_t i = 0; i < d->n_victims; i++) {
-        record_name(&d->victims[i], name);
-        if (unlinkat(d->dir_fd, name, 0) != 0 && errno != ENOENT)
-            disk_warn(d, "cannot delete %s: %s", name, strerror(errno));
-    }
+    unlink_files(d, d->victims, d->n_victims);
     d->n_victims = 0;
 }
 
@@ -476,35 +589,55 @@ static void read_wait(cache_disk *d, disk_op *ops, int n) {
 
 /* Writes c to a temporary file, renames it into place, publishes it and evicts down to the cap;
  * any failure leaves no file and counts a write error. Drops the queue's reference to c. */
-static void disk_write(cache_disk *d, cache_chunk *c) {
-    char hex[2 * CACHE_KEY_BYTES + 1], name[2 * CACHE_KEY_BYTES + 5], tmp[DISK_TMP_NAME];
-    cache_key_hex(&c->key, hex);
-    record_name(&c->key, name);
+/* Writes hdr[header_bytes] then body[body_len] (whole CACHE_ALIGN blocks) to a temporary file
+ * and renames it to name: 0, or an errno with *what the step that failed (no file left). */
+static int write_file(cache_disk *d, const cache_key *k, const char *name, uint8_t *hdr,
+                      uint8_t *body, size_t body_len, const char **what) {
+    char hex[2 * CACHE_KEY_BYTES + 1], tmp[DISK_TMP_NAME];
+    cache_key_hex(k, hex);
     snprintf(tmp, sizeof tmp, "tmp-%s-%ld-%llu.part", hex, (long)getpid(),
              (unsigned long long)++d->tmp_counter);
-    cache_record_encode_header(&d->layout, c, d->hdr);
-
-    int err = 0;
-    const char *what = "create";
+    *what = "create";
     int fd = open_direct(d->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL);
-    if (fd < 0) {
+    if (fd < 0) return errno;
+    disk_op ops[2] = {
+        {.fd = fd, .buf = hdr, .len = d->header_bytes, .off = 0},
+        {.fd = fd, .buf = body, .len = body_len, .off = (off_t)d->header_bytes},
+    };
+    disk_io(d, ops, 2, true);
+    int err = ops[0].err ? ops[0].err : ops[1].err;
+    *what = "write";
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && renameat(d->dir_fd, tmp, d->dir_fd, name) != 0) {
         err = errno;
-    } else {
-        /* The payload's padding is zeroed by cache_chunk_create: whole CACHE_ALIGN blocks. */
-        disk_op ops[2] = {
-            {.fd = fd, .buf = d->hdr, .len = d->header_bytes, .off = 0},
-            {.fd = fd, .buf = c->data, .len = padded(c->bytes), .off = (off_t)d->header_bytes},
-        };
-        disk_io(d, ops, 2, true);
-        err = ops[0].err ? ops[0].err : ops[1].err;
-        what = "write";
-        if (close(fd) != 0 && !err) err = errno;
-        if (!err && renameat(d->dir_fd, tmp, d->dir_fd, name) != 0) {
-            err = errno;
-            what = "rename";
-        }
-        if (err) unlinkat(d->dir_fd, tmp, 0);
+        *what = "rename";
     }
+    if (err) unlinkat(d->dir_fd, tmp, 0);
+    return err;
+}
+
+/* Queues published entry e's chunk c for the encoder (caller holds mu). */
+static void encode_queue_locked(cache_disk *d, disk_entry *e, cache_chunk *c) {
+    int cap = d->write_queue > 0 ? d->write_queue : 1;
+    if (d->n_enc <= 1 || d->enc_stop) return;
+    if (d->eq_len >= cap) {
+        d->st.dropped++;
+        return;
+    }
+    cache_chunk_ref(c);
+    d->eq[(d->eq_head + d->eq_len) % cap] = (disk_encode){c, e->gen};
+    d->eq_len++;
+    d->n_encodes++;
+    pthread_cond_signal(&d->enc_work);
+}
+
+static void disk_write(cache_disk *d, cache_chunk *c) {
+    char name[DISK_NAME_MAX];
+    file_name(d, &c->key, CACHE_ENC_RAW, name);
+    cache_record_encode_header(&d->layout, c, d->hdr);
+    const char *what;
+    /* The payload's padding is zeroed by cache_chunk_create: whole CACHE_ALIGN blocks. */
+    int err = write_file(d, &c->key, name, d->hdr, c->data, padded(c->bytes), &what);
 
     pthread_mutex_lock(&d->mu);
     disk_entry *e = table_find(d, &c->key); /* the writing entry cache_disk_put made */
@@ -516,7 +649,7 @@ static void disk_write(cache_disk *d, cache_chunk *c) {
         d->st.write_errors++;
         entry_drop(d, e);
     } else if (e->doomed) {
-        if (victim_push(d, entry_key(e)))
+        if (victim_entry(d, e))
             entry_drop(d, e);
         else
             entry_publish(d, e); /* out of memory: keep it indexed rather than orphaned */
@@ -525,11 +658,139 @@ static void disk_write(cache_disk *d, cache_chunk *c) {
         d->st.bytes_in += e->bytes;
         supersede_locked(d, e);
         evict_locked(d);
+        if (table_find(d, &c->key) == e) encode_queue_locked(d, e, c);
     }
     pthread_mutex_unlock(&d->mu);
     unlink_victims(d);
     if (err) disk_warn(d, "cannot %s record %s: %s", what, name, strerror(err));
     cache_chunk_unref(c);
+}
+
+/* Writes the encoder's files of one record, and indexes them with it; files whose record has
+ * gone since (evicted, cleared, superseded) are deleted again. Frees s. */
+static void disk_write_sidecars(cache_disk *d, disk_sidecars *s) {
+    disk_files written = 0;
+    uint32_t size[CACHE_ENC_MAX] = {0};
+    char name[DISK_NAME_MAX];
+    for (int e = 1; e < CACHE_ENC_MAX; e++) {
+        if (!s->buf[e]) continue;
+        const char *what;
+        file_name(d, &s->key, e, name);
+        int err = write_file(d, &s->key, name, s->buf[e], s->buf[e] + d->header_bytes,
+                             s->len[e] - d->header_bytes, &what);
+        if (err) {
+            disk_warn(d, "cannot %s %s: %s", what, name, strerror(err));
+            pthread_mutex_lock(&d->mu);
+            d->st.write_errors++;
+            pthread_mutex_unlock(&d->mu);
+            continue;
+        }
+        written |= (disk_files)(1u << e);
+        size[e] = (uint32_t)s->len[e];
+    }
+    pthread_mutex_lock(&d->mu);
+    disk_entry *e = table_find(d, &s->key);
+    if (e && e->gen == s->gen && !e->writing) {
+        for (int i = 1; i < CACHE_ENC_MAX; i++)
+            if (size[i]) {
+                entry_set_enc(d, e, i, size[i]);
+                d->st.bytes_in += (int64_t)size[i] - (int64_t)d->header_bytes;
+            }
+        evict_locked(d);
+    } else if (written && !victim_push(d, &s->key, written)) {
+        log_error("cache: disk %s: out of memory: encoded files of a dropped record left behind",
+                  d->path);
+    }
+    pthread_mutex_unlock(&d->mu);
+    unlink_victims(d);
+    for (int i = 0; i < CACHE_ENC_MAX; i++) free(s->buf[i]);
+    free(s);
+}
+
+/* The encoder's work on one record: its encodings, made while its entry lives, handed to the I/O
+ * thread (waiting while it writes the previous record's). */
+static void encode_record(cache_disk *d, const disk_encode *it) {
+    disk_sidecars *s = calloc(1, sizeof *s);
+    bool made = false;
+    if (s) {
+        s->key = it->c->key;
+        s->gen = it->gen;
+    }
+    for (int e = 1; s && e < d->n_enc; e++) {
+        pthread_mutex_lock(&d->mu);
+        disk_entry *en = table_find(d, &it->c->key);
+        bool live = en && en->gen == it->gen && !d->enc_stop;
+        pthread_mutex_unlock(&d->mu);
+        if (!live) break;
+        size_t cap = padded(cache_enc_bound(&d->layout, d->table, e, it->c->n_blocks));
+        void *buf = NULL;
+        if (cap == 0 || posix_memalign(&buf, CACHE_ALIGN, d->header_bytes + cap) != 0) continue;
+        kv_error err = {{0}};
+        uint8_t *payload = (uint8_t *)buf + d->header_bytes;
+        int64_t len =
+            cache_enc_encode(&d->layout, d->table, e, it->c, d->enc_scratch, payload, cap, &err);
+        if (len <= 0) {
+            log_debug("cache: disk: chunk not encoded as %d: %s", e, err.msg);
+            free(buf);
+            continue;
+        }
+        memset(payload + len, 0, padded((size_t)len) - (size_t)len);
+        cache_record_encode_header_as(&d->layout, it->c, (uint32_t)e, payload, (size_t)len, buf);
+        s->buf[e] = buf;
+        s->len[e] = d->header_bytes + padded((size_t)len);
+        made = true;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (made) {
+        while (d->handoff) pthread_cond_wait(&d->done, &d->mu);
+        d->handoff = s; /* n_encodes drops once it is written */
+        pthread_cond_signal(&d->work);
+    } else {
+        d->n_encodes--;
+        pthread_cond_broadcast(&d->done);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!made && s) free(s);
+}
+
+static void *encode_thread(void *arg) {
+    cache_disk *d = arg;
+    /* Encoding is background work: the engine's threads go first. */
+    if (setpriority(PRIO_PROCESS, (id_t)gettid(), DISK_ENCODE_NICE) != 0)
+        log_debug("cache: disk encoder: cannot lower its priority: %s", strerror(errno));
+    double dec_ns[CACHE_ENC_MAX];
+    pthread_mutex_lock(&d->mu);
+    memcpy(dec_ns, d->meter.dec_ns, sizeof dec_ns);
+    pthread_mutex_unlock(&d->mu);
+    cache_meter_measure(&d->layout, d->table, DISK_DECODE_THREADS, d->enc_scratch, dec_ns);
+    int cap = d->write_queue > 0 ? d->write_queue : 1;
+    pthread_mutex_lock(&d->mu);
+    memcpy(d->meter.dec_ns, dec_ns, sizeof dec_ns);
+    for (;;) {
+        if (d->eq_len && !d->enc_stop) {
+            disk_encode it = d->eq[d->eq_head];
+            d->eq_head = (d->eq_head + 1) % cap;
+            d->eq_len--;
+            pthread_mutex_unlock(&d->mu);
+            encode_record(d, &it);
+            cache_chunk_unref(it.c);
+            pthread_mutex_lock(&d->mu);
+        } else if (d->enc_stop) {
+            break;
+        } else {
+            pthread_cond_wait(&d->enc_work, &d->mu);
+        }
+    }
+    /* what was not encoded is not: the records stay lossless only */
+    while (d->eq_len) {
+        cache_chunk_unref(d->eq[d->eq_head].c);
+        d->eq_head = (d->eq_head + 1) % cap;
+        d->eq_len--;
+        d->n_encodes--;
+    }
+    pthread_cond_broadcast(&d->done);
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
 }
 
 typedef enum read_result {
@@ -543,44 +804,67 @@ typedef struct read_slot {
     int idx; /* into the job's keys and out */
     uint64_t gen;
     int n_blocks;
+    uint32_t size[CACHE_ENC_MAX]; /* the entry's files */
+    int enc;                      /* the file read */
     int fd;
     cache_chunk *c;
     read_result result;
+    int bad_enc; /* an encoding that failed (then the record was read instead; 0: none) */
+    read_result bad_result;
 } read_slot;
 
-/* Checks a record read into hdr and c->data: the header, the key it names against the one
- * asked for, its block count against the index's, the payload checksum. Then fills c's keys,
- * namespace and position from the header. */
-static int read_verify(cache_disk *d, const uint8_t *hdr, const cache_key *key, cache_chunk *c,
-                       kv_error *err) {
+/* Checks a record read into hdr and payload: the header (of level enc), the key it names
+ * against the one asked for, its block count against the index's, the payload checksum. Then
+ * fills c's keys, namespace and position from the header and, for an encoding, decodes the
+ * payload into c. */
+static int read_verify(cache_disk *d, int enc, const uint8_t *hdr, const uint8_t *payload,
+                       const cache_key *key, cache_chunk *c, kv_error *err) {
     cache_record_info info;
-    if (cache_record_decode_header(hdr, d->header_bytes, &d->layout, &info, err) != 0) return -1;
+    if (enc == CACHE_ENC_RAW
+            ? cache_record_decode_header(hdr, d->header_bytes, &d->layout, &info, err) != 0
+            : cache_record_decode_header_encoded(hdr, d->header_bytes, &d->layout, d->max_payload,
+                                                 &info, err) != 0)
+        return -1;
     if (memcmp(info.key.b, key->b, CACHE_KEY_BYTES) != 0)
         return kv_fail(err, "header names another key");
+    if (info.level != (uint32_t)enc)
+        return kv_fail(err, "header has level %u, its name %d", info.level, enc);
     if (info.n_blocks != c->n_blocks)
         return kv_fail(err, "header has %d blocks, the index %d", info.n_blocks, c->n_blocks);
-    if (cache_record_check_payload(&info, c->data, err) != 0) return -1;
+    if (cache_record_check_payload(&info, payload, err) != 0) return -1;
     memcpy(c->bkeys, info.bkeys, (size_t)info.n_blocks * CACHE_KEY_BYTES);
     c->key = info.key;
     c->ns = info.ns;
     c->pos0 = info.pos0;
+    if (enc == CACHE_ENC_RAW) return 0;
+    uint64_t t0 = clock_now_ns();
+    if (cache_enc_decode(&d->layout, d->table, enc, payload, (size_t)info.payload_bytes, c,
+                         d->scratch, DISK_DECODE_THREADS, err) != 0)
+        return -1;
+    pthread_mutex_lock(&d->mu);
+    cache_meter_decode(&d->meter, enc, (double)c->bytes / 2, clock_now_ns() - t0);
+    pthread_mutex_unlock(&d->mu);
     return 0;
 }
 
 /* One record of a read job in flight: its slot, header buffer and reads (header, payload). */
 typedef struct read_inflight {
     read_slot *sl;
-    uint8_t *hdr; /* header_bytes, aligned */
+    uint8_t *hdr;     /* header_bytes, aligned */
+    uint8_t *payload; /* an encoding's payload (aligned, allocated); NULL: into the chunk */
+    uint64_t t_start; /* when its reads were started */
     disk_op ops[2];
 } read_inflight;
 
-/* Opens r's record and starts reading it (no reads when sl->c stays NULL: result says why). */
+/* Opens r's record in encoding sl->enc and starts reading it (no reads when sl->c stays NULL:
+ * result says why). */
 static void read_record_start(cache_disk *d, disk_job *j, read_inflight *r) {
     static const cache_key zero_ns;
-    char name[2 * CACHE_KEY_BYTES + 5];
+    char name[DISK_NAME_MAX];
     read_slot *sl = r->sl;
     sl->c = NULL;
-    record_name(&j->keys[sl->idx], name);
+    r->payload = NULL;
+    file_name(d, &j->keys[sl->idx], sl->enc, name);
     sl->fd = open_direct(d->dir_fd, name, O_RDONLY);
     if (sl->fd < 0) {
         sl->result = errno == ENOENT ? READ_VANISHED : READ_SKIPPED;
@@ -588,46 +872,76 @@ static void read_record_start(cache_disk *d, disk_job *j, read_inflight *r) {
     }
     /* Keys, ns and pos0 come from the header, once it has been checked. */
     sl->c = cache_chunk_create(&d->layout, NULL, sl->n_blocks, &zero_ns, 0);
-    if (!sl->c) {
+    size_t body = padded(sl->c ? sl->c->bytes : 0);
+    if (sl->c && sl->enc != CACHE_ENC_RAW) {
+        void *p = NULL;
+        body = sl->size[sl->enc] - d->header_bytes;
+        if (posix_memalign(&p, CACHE_ALIGN, body) != 0) p = NULL;
+        r->payload = p;
+    }
+    if (!sl->c || (sl->enc != CACHE_ENC_RAW && !r->payload)) {
+        if (sl->c) cache_chunk_unref(sl->c);
+        sl->c = NULL;
         sl->result = READ_SKIPPED;
         return;
     }
     r->ops[0] = (disk_op){.fd = sl->fd, .buf = r->hdr, .len = d->header_bytes, .off = 0};
     r->ops[1] = (disk_op){.fd = sl->fd,
-                          .buf = sl->c->data,
-                          .len = padded(sl->c->bytes),
+                          .buf = r->payload ? r->payload : sl->c->data,
+                          .len = body,
                           .off = (off_t)d->header_bytes};
+    r->t_start = clock_now_ns();
     read_start(d, r->ops, 2);
 }
 
-/* Finishes r's reads and verifies its record. */
-static void read_record_finish(cache_disk *d, disk_job *j, read_inflight *r) {
+/* Finishes r's reads and verifies its record. first: the job's first record, whose read time
+ * samples the disk's rate. An encoding that fails is noted in the slot, and the record is read
+ * instead. */
+static void read_record_finish(cache_disk *d, disk_job *j, read_inflight *r, bool first) {
     read_slot *sl = r->sl;
     if (sl->c) read_wait(d, r->ops, 2);
+    uint64_t took = clock_now_ns() - r->t_start;
     if (sl->fd >= 0) close(sl->fd);
-    if (!sl->c) return;
-    char name[2 * CACHE_KEY_BYTES + 5];
-    record_name(&j->keys[sl->idx], name);
-    int e = r->ops[0].err ? r->ops[0].err : r->ops[1].err;
-    kv_error err = {{0}};
-    if (e) {
-        /* Short (torn) or unreadable records are dropped; other errors may pass. */
-        sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
-        disk_warn(d, "cannot read %s: %s", name,
-                  e == ENODATA ? "file shorter than its record" : strerror(e));
-    } else if (read_verify(d, r->hdr, &j->keys[sl->idx], sl->c, &err) != 0) {
-        sl->result = READ_CORRUPT;
-        disk_warn(d, "dropping %s: %s", name, err.msg);
-    } else {
-        sl->result = READ_OK;
+    if (sl->c) {
+        char name[DISK_NAME_MAX];
+        file_name(d, &j->keys[sl->idx], sl->enc, name);
+        int e = r->ops[0].err ? r->ops[0].err : r->ops[1].err;
+        kv_error err = {{0}};
+        if (e) {
+            /* Short (torn) or unreadable records are dropped; other errors may pass. */
+            sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
+            disk_warn(d, "cannot read %s: %s", name,
+                      e == ENODATA ? "file shorter than its record" : strerror(e));
+        } else if (read_verify(d, sl->enc, r->hdr, r->payload ? r->payload : sl->c->data,
+                               &j->keys[sl->idx], sl->c, &err) != 0) {
+            sl->result = READ_CORRUPT;
+            disk_warn(d, "dropping %s: %s", name, err.msg);
+        } else {
+            sl->result = READ_OK;
+            if (first && j->policy) {
+                pthread_mutex_lock(&d->mu);
+                cache_meter_link(&d->meter, sl->size[sl->enc], took);
+                pthread_mutex_unlock(&d->mu);
+            }
+        }
+        if (sl->result != READ_OK) {
+            cache_chunk_unref(sl->c);
+            sl->c = NULL;
+        }
     }
-    if (sl->result != READ_OK) {
-        cache_chunk_unref(sl->c);
-        sl->c = NULL;
+    free(r->payload);
+    r->payload = NULL;
+    if (sl->result != READ_OK && sl->enc != CACHE_ENC_RAW) {
+        sl->bad_enc = sl->enc;
+        sl->bad_result = sl->result;
+        sl->enc = CACHE_ENC_RAW;
+        read_record_start(d, j, r);
+        read_record_finish(d, j, r, false);
     }
 }
 
-/* A read job: every published key's record, DISK_READ_AHEAD in flight at a time. */
+/* A read job: every published key's record, DISK_READ_AHEAD in flight at a time, each in the
+ * encoding the job's policy chooses. */
 static void disk_read_job(cache_disk *d, disk_job *j) {
     read_slot *slots = calloc((size_t)j->n, sizeof *slots);
     void *hdrs = NULL;
@@ -642,21 +956,32 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < j->n; i++) {
         disk_entry *e = table_find(d, &j->keys[i]);
-        if (e && !e->writing)
-            slots[m++] = (read_slot){.idx = i, .gen = e->gen, .n_blocks = e->n_blocks};
+        if (!e || e->writing) continue;
+        slots[m] = (read_slot){.idx = i, .gen = e->gen, .n_blocks = e->n_blocks};
+        memcpy(slots[m++].size, e->size, sizeof e->size);
     }
     pthread_mutex_unlock(&d->mu);
 
-    /* records k + 1 .. k + DISK_READ_AHEAD - 1 read while record k is checked */
+    /* records k + 1 .. k + DISK_READ_AHEAD - 1 read while record k is checked (and decoded) */
+    uint64_t t0 = j->policy && j->policy->start_ns ? j->policy->start_ns : clock_now_ns();
+    cache_meter_plan plan = {0, 0};
     read_inflight fl[DISK_READ_AHEAD];
     for (int k = 0; k < DISK_READ_AHEAD; k++) fl[k].hdr = (uint8_t *)hdrs + k * d->header_bytes;
     for (int k = 0; k < m + DISK_READ_AHEAD - 1; k++) {
         if (k < m) {
-            fl[k % DISK_READ_AHEAD].sl = &slots[k];
+            read_slot *sl = &slots[k];
+            if (j->policy && d->n_enc > 1) {
+                pthread_mutex_lock(&d->mu);
+                sl->enc = cache_meter_choose(&d->meter, j->policy, sl->size,
+                                             sl->n_blocks * d->layout.block_tokens, k, m, t0, false,
+                                             &plan);
+                pthread_mutex_unlock(&d->mu);
+            }
+            fl[k % DISK_READ_AHEAD].sl = sl;
             read_record_start(d, j, &fl[k % DISK_READ_AHEAD]);
         }
         int done = k - (DISK_READ_AHEAD - 1);
-        if (done >= 0) read_record_finish(d, j, &fl[done % DISK_READ_AHEAD]);
+        if (done >= 0) read_record_finish(d, j, &fl[done % DISK_READ_AHEAD], done == 0);
     }
 
     pthread_mutex_lock(&d->mu);
@@ -665,10 +990,22 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
         read_slot *sl = &slots[s];
         disk_entry *e = table_find(d, &j->keys[sl->idx]);
         bool same = e && e->gen == sl->gen && !e->writing;
+        if (same && sl->bad_enc && sl->bad_result != READ_SKIPPED && e->size[sl->bad_enc]) {
+            /* an encoding gone or refused: the record keeps its others */
+            if (sl->bad_result == READ_CORRUPT) {
+                d->st.corrupt++;
+                if (!victim_push(d, entry_key(e), (disk_files)(1u << sl->bad_enc))) continue;
+            }
+            entry_set_enc(d, e, sl->bad_enc, 0);
+        }
         if (sl->result == READ_OK) {
             j->out[sl->idx] = sl->c;
+            if (j->enc_out) j->enc_out[sl->idx] = (uint8_t)sl->enc;
             d->st.hits++;
-            d->st.bytes_out += (int64_t)sl->c->bytes;
+            d->st.enc_hits[sl->enc]++;
+            d->st.bytes_out += sl->enc == CACHE_ENC_RAW
+                                   ? (int64_t)sl->c->bytes
+                                   : (int64_t)sl->size[sl->enc] - (int64_t)d->header_bytes;
             if (same) lru_touch(&d->lru, &e->lru);
             continue;
         }
@@ -677,10 +1014,10 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
          * since then made a new entry (another gen) whose file is sound. */
         if (!same) continue;
         if (sl->result == READ_VANISHED) {
-            entry_drop(d, e);
+            if (victim_push(d, entry_key(e), entry_files(e) & ~(disk_files)1)) entry_drop(d, e);
         } else if (sl->result == READ_CORRUPT) {
             d->st.corrupt++;
-            if (victim_push(d, entry_key(e))) entry_drop(d, e);
+            if (victim_entry(d, e)) entry_drop(d, e);
         }
     }
     pthread_mutex_unlock(&d->mu);
@@ -690,12 +1027,7 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
 }
 
 static void disk_unlink_job(cache_disk *d, disk_job *j) {
-    char name[2 * CACHE_KEY_BYTES + 5];
-    for (int i = 0; i < j->n; i++) {
-        record_name(&j->keys[i], name);
-        if (unlinkat(d->dir_fd, name, 0) != 0 && errno != ENOENT)
-            disk_warn(d, "cannot delete %s: %s", name, strerror(errno));
-    }
+    unlink_files(d, j->victims, (size_t)j->n);
 }
 
 /* Waiting callers' jobs first, then queued writes; exits once stopped and drained. */
@@ -724,6 +1056,14 @@ static void *disk_thread(void *arg) {
             pthread_mutex_lock(&d->mu);
             /* After the write's deletions too, so a flush sees the directory settled. */
             d->n_writes--;
+            pthread_cond_broadcast(&d->done);
+        } else if (d->handoff) {
+            disk_sidecars *sc = d->handoff;
+            pthread_mutex_unlock(&d->mu);
+            disk_write_sidecars(d, sc);
+            pthread_mutex_lock(&d->mu);
+            d->handoff = NULL;
+            d->n_encodes--;
             pthread_cond_broadcast(&d->done);
         } else if (d->stop) {
             break;
@@ -774,9 +1114,10 @@ static int scan_item_cmp(const void *a, const void *b) {
     return (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
 }
 
-/* Checks one record file at open: header, key against the name, size. 0 and info when valid;
- * -1 with err (the caller deletes it); 1 when it cannot be opened (left alone). */
-static int scan_check(cache_disk *d, const char *name, const cache_key *key, off_t size,
+/* Checks one file at open, of a record (enc 0) or an encoding: header, key and level against the
+ * name, size. 0 and info when valid; -1 with err (the caller deletes it); 1 when it cannot be
+ * opened (left alone). */
+static int scan_check(cache_disk *d, const char *name, const cache_key *key, int enc, off_t size,
                       uint8_t *hdr, cache_record_info *info, kv_error *err) {
     int fd = openat(d->dir_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 1;
@@ -784,9 +1125,15 @@ static int scan_check(cache_disk *d, const char *name, const cache_key *key, off
     int saved = errno;
     close(fd);
     if (got < 0) return kv_fail(err, "%s", strerror(saved));
-    if (cache_record_decode_header(hdr, (size_t)got, &d->layout, info, err) != 0) return -1;
+    if (enc == CACHE_ENC_RAW
+            ? cache_record_decode_header(hdr, (size_t)got, &d->layout, info, err) != 0
+            : cache_record_decode_header_encoded(hdr, (size_t)got, &d->layout, d->max_payload, info,
+                                                 err) != 0)
+        return -1;
     if (memcmp(info->key.b, key->b, CACHE_KEY_BYTES) != 0)
         return kv_fail(err, "header names another key");
+    if (info->level != (uint32_t)enc)
+        return kv_fail(err, "header has level %u, its name %d", info->level, enc);
     size_t want = cache_record_file_bytes(&d->layout, (size_t)info->payload_bytes);
     if ((uint64_t)size != (uint64_t)want)
         return kv_fail(err, "file has %lld bytes, its record %zu", (long long)size, want);
@@ -804,7 +1151,9 @@ static int disk_scan(cache_disk *d, kv_error *err) {
     }
     uint8_t *hdr = malloc(d->header_bytes);
     scan_item *items = NULL;
-    size_t n_items = 0, cap_items = 0;
+    size_t n_items = 0, cap_items = 0, n_side = 0, cap_side = 0;
+    disk_victim *side = NULL; /* encodings' files: their records' keys, one file each */
+    int64_t stale = 0;
     int rc = 0;
     if (!hdr) {
         rc = kv_fail(err, "out of memory");
@@ -820,13 +1169,36 @@ static int disk_scan(cache_disk *d, kv_error *err) {
             if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
             continue;
         }
-        if (!record_name_parse(name, &key)) continue; /* not ours: left alone */
+        int enc;
+        if (!file_name_parse(name, &key, &enc)) continue; /* not ours: left alone */
         struct stat sb;
         if (fstatat(d->dir_fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode))
             continue;
+        if (enc != CACHE_ENC_RAW) {
+            /* checked once their records are indexed; of an encoding not kept (another codec
+             * table, or none): deleted */
+            char want[DISK_NAME_MAX];
+            file_name(d, &key, enc, want);
+            if (enc >= d->n_enc || strcmp(want, name) != 0) {
+                stale += unlinkat(d->dir_fd, name, 0) == 0;
+                continue;
+            }
+            if (n_side == cap_side) {
+                size_t cap = cap_side ? 2 * cap_side : 64;
+                disk_victim *v = realloc(side, cap * sizeof *v);
+                if (!v) {
+                    rc = kv_fail(err, "out of memory");
+                    goto done;
+                }
+                side = v;
+                cap_side = cap;
+            }
+            side[n_side++] = (disk_victim){key, (disk_files)(1u << enc)};
+            continue;
+        }
         cache_record_info info;
         kv_error why = {{0}};
-        int r = scan_check(d, name, &key, sb.st_size, hdr, &info, &why);
+        int r = scan_check(d, name, &key, CACHE_ENC_RAW, sb.st_size, hdr, &info, &why);
         if (r > 0) continue;
         if (r < 0) {
             log_warn("cache: disk %s: deleting %s: %s", d->path, name, why.msg);
@@ -853,12 +1225,39 @@ static int disk_scan(cache_disk *d, kv_error *err) {
     }
     if (n_items) qsort(items, n_items, sizeof *items, scan_item_cmp);
     for (size_t i = 0; i < n_items; i++) entry_publish(d, items[i].e);
+    for (size_t i = 0; i < n_side; i++) {
+        char name[DISK_NAME_MAX];
+        int enc = __builtin_ctz(side[i].files);
+        file_name(d, &side[i].key, enc, name);
+        disk_entry *e = table_find(d, &side[i].key);
+        struct stat sb;
+        cache_record_info info;
+        kv_error why = {{0}};
+        int r = !e ? -1
+                : fstatat(d->dir_fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0
+                    ? 1
+                    : scan_check(d, name, &side[i].key, enc, sb.st_size, hdr, &info, &why);
+        if (r == 0 && info.n_blocks != e->n_blocks)
+            r = kv_fail(&why, "%d blocks, its record %d", info.n_blocks, e->n_blocks);
+        if (r == 0) {
+            entry_set_enc(d, e, enc, (uint32_t)sb.st_size);
+        } else if (!e) { /* its record was deleted before it (a crash in between) */
+            stale += unlinkat(d->dir_fd, name, 0) == 0;
+        } else if (r < 0) {
+            log_warn("cache: disk %s: deleting %s: %s", d->path, name, why.msg);
+            if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
+        }
+    }
+    if (stale)
+        log_info("cache: disk %s: %lld encoded files of no record or encoding kept deleted",
+                 d->path, (long long)stale);
     evict_locked(d);
     unlink_victims(d);
 done:
     /* On failure the entries already added are freed with the table by disk_free. */
     closedir(dir);
     free(items);
+    free(side);
     free(hdr);
     return rc;
 }
@@ -874,19 +1273,50 @@ static void disk_free(cache_disk *d) {
     if (d->dir_fd >= 0) close(d->dir_fd);
     pthread_cond_destroy(&d->done);
     pthread_cond_destroy(&d->work);
+    pthread_cond_destroy(&d->enc_work);
     pthread_mutex_destroy(&d->mu);
     keytable_free(&d->records);
     keytable_free(&d->blocks);
     free(d->wq);
+    free(d->eq);
+    free(d->scratch);
+    free(d->enc_scratch);
     free(d->hdr);
     free(d->victims);
     free(d->path);
     free(d);
 }
 
+/* Stops the encoder (what it has not begun is not encoded), then the I/O thread. */
+static void threads_stop(cache_disk *d) {
+    pthread_mutex_lock(&d->mu);
+    d->enc_stop = true;
+    pthread_cond_signal(&d->enc_work);
+    pthread_mutex_unlock(&d->mu);
+    if (d->enc_started) pthread_join(d->enc_thread, NULL);
+    d->enc_started = false;
+    /* The I/O thread drains the jobs and writes still queued before it sees stop. */
+    pthread_mutex_lock(&d->mu);
+    d->stop = true;
+    pthread_cond_signal(&d->work);
+    pthread_mutex_unlock(&d->mu);
+    if (d->thread_started) pthread_join(d->thread, NULL);
+    d->thread_started = false;
+}
+
 cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_bytes,
                             int write_queue, kv_error *err) {
+    return cache_disk_open_enc(dir, l, cap_bytes, write_queue, NULL, false, err);
+}
+
+cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t cap_bytes,
+                                int write_queue, const codec_table *table, bool encode,
+                                kv_error *err) {
     if (cache_layout_check(l, err) != 0) {
+        kv_fail_wrap(err, "cache disk");
+        return NULL;
+    }
+    if (encode && cache_enc_check_table(l, table, err)) {
         kv_fail_wrap(err, "cache disk");
         return NULL;
     }
@@ -908,7 +1338,15 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work, NULL);
     pthread_cond_init(&d->done, NULL);
+    pthread_cond_init(&d->enc_work, NULL);
     d->layout = *l;
+    d->table = encode ? table : NULL;
+    d->n_enc = encode ? cache_enc_count(table) : 1;
+    for (int e = 1; e < d->n_enc; e++) {
+        size_t b = cache_enc_bound(l, d->table, e, cache_chunk_blocks(l));
+        if (b > d->max_payload) d->max_payload = b;
+    }
+    cache_meter_init(&d->meter, l, d->n_enc, DISK_PRIOR_BW);
     d->header_bytes = cache_record_header_bytes(l);
     d->cap = cap_bytes;
     d->write_queue = write_queue;
@@ -925,7 +1363,14 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
     void *hdr = NULL;
     if (posix_memalign(&hdr, CACHE_ALIGN, d->header_bytes) != 0) hdr = NULL;
     d->hdr = hdr;
-    if (!d->path || !tables || !d->wq || !d->hdr) {
+    bool enc_ok = true;
+    if (d->n_enc > 1) {
+        d->eq = calloc(write_queue > 0 ? (size_t)write_queue : 1, sizeof *d->eq);
+        d->scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+        d->enc_scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+        enc_ok = d->eq && d->scratch && d->enc_scratch;
+    }
+    if (!d->path || !tables || !d->wq || !d->hdr || !enc_ok) {
         kv_fail(err, "cache disk: out of memory");
         goto fail;
     }
@@ -951,11 +1396,19 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
         goto fail;
     }
     d->thread_started = true;
+    if (d->n_enc > 1) {
+        if (pthread_create(&d->enc_thread, NULL, encode_thread, d) != 0) {
+            kv_fail(err, "cache disk: cannot start the encoder thread");
+            goto fail;
+        }
+        d->enc_started = true;
+    }
     log_info("cache: disk %s: %lld records, %lld bytes (cap %lld); %lld invalid files deleted",
              d->path, (long long)d->st.entries, (long long)d->st.bytes, (long long)d->cap,
              (long long)d->st.corrupt);
     return d;
 fail:
+    threads_stop(d);
     disk_free(d);
     return NULL;
 }
@@ -964,12 +1417,7 @@ fail:
 
 void cache_disk_close(cache_disk *d) {
     if (!d) return;
-    /* The thread drains the jobs and writes still queued before it sees stop. */
-    pthread_mutex_lock(&d->mu);
-    d->stop = true;
-    pthread_cond_signal(&d->work);
-    pthread_mutex_unlock(&d->mu);
-    if (d->thread_started) pthread_join(d->thread, NULL);
+    threads_stop(d);
     disk_free(d);
 }
 
@@ -1014,7 +1462,15 @@ bool cache_disk_put(cache_disk *d, cache_chunk *c) {
 }
 
 void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out) {
-    for (int i = 0; i < n; i++) out[i] = NULL;
+    cache_disk_read_enc(d, keys, n, NULL, out, NULL);
+}
+
+void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
+                         const cache_fetch_policy *policy, cache_chunk **out, uint8_t *enc_out) {
+    for (int i = 0; i < n; i++) {
+        out[i] = NULL;
+        if (enc_out) enc_out[i] = CACHE_ENC_RAW;
+    }
     if (n <= 0) return;
     pthread_mutex_lock(&d->mu);
     bool any = false;
@@ -1025,7 +1481,12 @@ void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **
     if (!any) {
         d->st.misses += n; /* nothing to read: no trip through the I/O thread */
     } else {
-        disk_job j = {.kind = DISK_JOB_READ, .keys = keys, .n = n, .out = out};
+        disk_job j = {.kind = DISK_JOB_READ,
+                      .keys = keys,
+                      .n = n,
+                      .policy = policy,
+                      .out = out,
+                      .enc_out = enc_out};
         job_run_locked(d, &j);
     }
     pthread_mutex_unlock(&d->mu);
@@ -1053,8 +1514,8 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
 typedef struct clear_walk {
     cache_disk *d;
     const cache_key *ns;
-    bool drop;       /* false: only count */
-    cache_key *keys; /* [count], when drop */
+    bool drop;          /* false: only count */
+    disk_victim *files; /* [count], when drop */
     int64_t n;
 } clear_walk;
 
@@ -1068,7 +1529,7 @@ static void clear_visit(void *ud, kt_node *node) {
         /* Writes in flight are not counted: they delete themselves when they complete. */
         e->doomed = true;
     } else {
-        w->keys[w->n++] = *entry_key(e);
+        w->files[w->n++] = (disk_victim){*entry_key(e), entry_files(e)};
         entry_drop(w->d, e);
     }
 }
@@ -1077,22 +1538,22 @@ int64_t cache_disk_clear(cache_disk *d, const cache_key *ns) {
     pthread_mutex_lock(&d->mu);
     clear_walk w = {.d = d, .ns = ns};
     keytable_each(&d->records, clear_visit, &w);
-    cache_key *keys = w.n ? malloc((size_t)w.n * sizeof *keys) : NULL;
-    if (w.n && !keys) {
+    disk_victim *files = w.n ? malloc((size_t)w.n * sizeof *files) : NULL;
+    if (w.n && !files) {
         pthread_mutex_unlock(&d->mu);
         log_error("cache: disk %s: out of memory clearing the cache", d->path);
         return 0;
     }
-    w = (clear_walk){.d = d, .ns = ns, .drop = true, .keys = keys};
+    w = (clear_walk){.d = d, .ns = ns, .drop = true, .files = files};
     keytable_each(&d->records, clear_visit, &w);
     /* The I/O thread deletes the files (it owns every file operation); until then the keys are
      * out of the index, so nothing reads them, and a new write of one queues behind this. */
     if (w.n) {
-        disk_job j = {.kind = DISK_JOB_UNLINK, .keys = keys, .n = (int)w.n};
+        disk_job j = {.kind = DISK_JOB_UNLINK, .victims = files, .n = (int)w.n};
         job_run_locked(d, &j);
     }
     pthread_mutex_unlock(&d->mu);
-    free(keys);
+    free(files);
     return w.n;
 }
 
@@ -1105,6 +1566,6 @@ void cache_disk_stats(cache_disk *d, cache_tier_stats *out) {
 
 void cache_disk_flush(cache_disk *d) {
     pthread_mutex_lock(&d->mu);
-    while (d->n_writes > 0) pthread_cond_wait(&d->done, &d->mu);
+    while (d->n_writes > 0 || d->n_encodes > 0) pthread_cond_wait(&d->done, &d->mu);
     pthread_mutex_unlock(&d->mu);
 }

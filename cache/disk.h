@@ -12,6 +12,7 @@
 #define KVSERVE_CACHE_DISK_H
 
 #include "cache/cache.h"
+#include "cache/codec.h"
 
 typedef struct cache_disk cache_disk;
 
@@ -23,6 +24,15 @@ typedef struct cache_disk cache_disk;
  * (cap_bytes < 0, write_queue outside 0..2^20). */
 cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_bytes,
                             int write_queue, kv_error *err);
+/* The same; with encode, the tier also keeps each record's chunk in every other encoding of
+ * table (cache/chunk_codec.h: q8, then table's levels; NULL: q8 only), each in a file beside the
+ * record, made in the background by an encoder thread at a lower CPU priority (its queue holds
+ * write_queue records; beyond: dropped, counted). The files count towards cap_bytes and go with
+ * their record. At open, files of another table or of no record are deleted; without encode,
+ * every encoding's file is. */
+cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t cap_bytes,
+                                int write_queue, const codec_table *table, bool encode,
+                                kv_error *err);
 /* Finishes queued writes, stops the I/O thread, frees the index. */
 void cache_disk_close(cache_disk *d);
 
@@ -42,6 +52,12 @@ bool cache_disk_put(cache_disk *d, cache_chunk *c);
  * or failing its header or payload checksum (then deleted and counted as corrupt). Counts
  * hits/misses. */
 void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out);
+/* The same, each record read in the encoding policy chooses (cache_meter_choose, with this disk's
+ * measured read rate; never text; NULL: lossless) from the ones it has; enc_out[i] (may be NULL)
+ * gets the encoding out[i] came in. An encoding that fails its checks is deleted (counted as
+ * corrupt) and the record is read lossless instead. */
+void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
+                         const cache_fetch_policy *policy, cache_chunk **out, uint8_t *enc_out);
 /* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
  * it is on disk); returns how many were held. Pinned records may fill at most half the
  * capacity: a pin beyond that is refused (the key does not count as held). */
@@ -50,7 +66,7 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin);
  * disk. Records still being written are not counted: they are deleted when their write ends. */
 int64_t cache_disk_clear(cache_disk *d, const cache_key *ns);
 void cache_disk_stats(cache_disk *d, cache_tier_stats *out);
-/* Waits until no write is queued or in flight. */
+/* Waits until no write (nor encoding) is queued or in flight. */
 void cache_disk_flush(cache_disk *d);
 
 #endif

@@ -37,8 +37,9 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         goto fail;
     }
     if (o->dir && o->dir[0] && o->disk_bytes > 0 &&
-        !(s->disk = cache_disk_open(o->dir, l, o->disk_bytes,
-                                    o->write_queue > 0 ? o->write_queue : 64, err)))
+        !(s->disk = cache_disk_open_enc(o->dir, l, o->disk_bytes,
+                                        o->write_queue > 0 ? o->write_queue : 64, o->codec,
+                                        o->disk_encoded, err)))
         goto fail;
     if (o->redis_url && o->redis_url[0] &&
         !(s->redis = cache_redis_open(
@@ -114,11 +115,12 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     int *disk_at = malloc(sizeof(int) * (size_t)cap); /* out[] slots to read from disk */
     cache_key *disk_keys = malloc(sizeof(cache_key) * (size_t)cap);
     int n = 0, n_disk = 0, covered = 0, j = first;
-    uint8_t *enc = malloc((size_t)cap); /* out[i]'s encoding, from Redis */
+    uint8_t *enc = malloc((size_t)cap);  /* out[i]'s encoding, from Redis */
+    uint8_t *denc = malloc((size_t)cap); /* the encodings disk reads came in */
     bool unheld = false; /* the walk stopped at a chunk RAM and disk have no record of */
     *n_out = 0;
     *n_text = 0;
-    if (!upto || !disk_at || !disk_keys || !enc) goto done;
+    if (!upto || !disk_at || !disk_keys || !enc || !denc) goto done;
 
     /* Chunk by chunk: a chunk's record continues the prefix only when it reaches the chunk's
      * end (or the sequence's last block). */
@@ -150,8 +152,12 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     if (n_disk > 0) {
         /* One batch of parallel reads for every chunk the prefix still needs. */
         cache_chunk **dc = calloc((size_t)n_disk, sizeof *dc);
-        if (dc) cache_disk_read(s->disk, disk_keys, n_disk, dc);
-        for (int i = 0; i < n_disk; i++) out[disk_at[i]] = promote(s, dc ? dc[i] : NULL);
+        if (dc) cache_disk_read_enc(s->disk, disk_keys, n_disk, policy, dc, denc);
+        for (int i = 0; i < n_disk; i++) {
+            bool exact = !dc || denc[i] == CACHE_ENC_RAW; /* lossy ones are not promoted */
+            out[disk_at[i]] = exact ? promote(s, dc ? dc[i] : NULL) : dc[i];
+            if (src) src[disk_at[i]].enc = dc ? denc[i] : CACHE_ENC_RAW;
+        }
         free(dc);
     }
     /* Lossless chunks from Redis are kept here too; lossy ones reach the pool only, for this
@@ -175,6 +181,7 @@ done:
     free(disk_at);
     free(disk_keys);
     free(enc);
+    free(denc);
     return covered;
 }
 

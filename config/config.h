@@ -50,6 +50,7 @@ typedef struct kv_config {
     char *cache_dir;          /* disk tier directory; "auto": $XDG_CACHE_HOME or ~/.cache, /kvserve;
                                  "off": no disk tier */
     int64_t cache_disk_bytes; /* disk tier cap */
+    bool cache_disk_encoded;  /* the disk tier keeps each chunk's q8 and codec levels too */
     char *redis;              /* Redis tier URL (cache/redis.h), or NULL for none */
     int64_t redis_ttl;        /* seconds the Redis tier's keys live; 0: no expiry */
     int redis_timeout_ms;     /* each Redis connect, send or receive */

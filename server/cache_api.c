@@ -31,6 +31,19 @@ static json_t *tier_json(const cache_tier_stats *t, bool disk) {
     return v;
 }
 
+/* Chunks fetched per encoding (the fetch policy's choices): lossless and q8 always, a codec
+ * level once it has served one. */
+static json_t *levels_json(const cache_tier_stats *t) {
+    json_t *levels = json_object();
+    for (int e = 0; e < CACHE_ENC_MAX; e++) {
+        char name[16];
+        cache_enc_name(e, name);
+        if (e < CACHE_ENC_CODEC || t->enc_hits[e])
+            json_object_set_new(levels, name, json_integer(t->enc_hits[e]));
+    }
+    return levels;
+}
+
 void cache_api_stats(server *s, http_reply *out) {
     engine_cache_stats es;
     engine_cache_stats_get(s->eng, &es);
@@ -48,19 +61,13 @@ void cache_api_stats(server *s, http_reply *out) {
     json_object_set_new(tiers, "ram", ram);
     json_t *disk = tier_json(&cs.disk, true);
     json_object_set_new(disk, "enabled", json_boolean(cs.disk_enabled));
+    json_object_set_new(disk, "levels", levels_json(&cs.disk));
     json_object_set_new(tiers, "disk", disk);
     /* Redis is shared: what it holds (entries, bytes) is not this instance's to report. */
     json_t *redis = tier_json(&cs.redis, true);
     json_object_set_new(redis, "enabled", json_boolean(cs.redis_enabled));
     json_object_set_new(redis, "connected", json_boolean(cs.redis_connected));
-    /* chunks fetched per encoding, and those left to text (the fetch policy's choices) */
-    json_t *levels = json_object();
-    for (int e = 0; e < CACHE_ENC_MAX; e++) {
-        char name[16];
-        cache_enc_name(e, name);
-        if (e < CACHE_ENC_CODEC || cs.redis.enc_hits[e])
-            json_object_set_new(levels, name, json_integer(cs.redis.enc_hits[e]));
-    }
+    json_t *levels = levels_json(&cs.redis);
     json_object_set_new(levels, "text", json_integer(cs.redis.text));
     json_object_set_new(redis, "levels", levels);
     json_object_set_new(redis, "content_hits", json_integer(cs.redis.content_hits));
@@ -247,6 +254,16 @@ static void metric(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* name{level="..."} of every level levels_json lists. */
+static void level_lines(FILE *f, const char *name, const cache_tier_stats *t) {
+    for (int e = 0; e < CACHE_ENC_MAX; e++) {
+        char level[16];
+        cache_enc_name(e, level);
+        if (e < CACHE_ENC_CODEC || t->enc_hits[e])
+            fprintf(f, "%s{level=\"%s\"} %lld\n", name, level, (long long)t->enc_hits[e]);
+    }
+}
+
 char *cache_api_metrics(server *s, char *text, size_t *len) {
     char *buf = NULL;
     size_t n = 0;
@@ -313,14 +330,11 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
             (long long)cs.redis.dropped);
     metric(f, "kvserve_cache_redis_chunks_total", "counter",
            "Chunks fetched from Redis, by the level they came in (text: left to be computed).");
-    for (int e = 0; e < CACHE_ENC_MAX; e++) {
-        char name[16];
-        cache_enc_name(e, name);
-        if (e < CACHE_ENC_CODEC || cs.redis.enc_hits[e])
-            fprintf(f, "kvserve_cache_redis_chunks_total{level=\"%s\"} %lld\n", name,
-                    (long long)cs.redis.enc_hits[e]);
-    }
+    level_lines(f, "kvserve_cache_redis_chunks_total", &cs.redis);
     fprintf(f, "kvserve_cache_redis_chunks_total{level=\"text\"} %lld\n", (long long)cs.redis.text);
+    metric(f, "kvserve_cache_disk_chunks_total", "counter",
+           "Chunks read from disk, by the level they came in (--cache-disk-encoded).");
+    level_lines(f, "kvserve_cache_disk_chunks_total", &cs.disk);
     metric(f, "kvserve_cache_redis_connected", "gauge",
            "1 when the last exchange with the Redis tier succeeded (0: down or no Redis tier).");
     fprintf(f, "kvserve_cache_redis_connected %d\n", cs.redis_connected ? 1 : 0);

@@ -93,7 +93,7 @@ static int start_schemas(server *s, const kv_config *c, const model *m, kv_error
  * minute, once: it is saved there). NULL in *out with no table. */
 static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_error *err) {
     *out = NULL;
-    if (!c->redis || strcmp(c->redis_codec, "off") == 0) return 0;
+    if ((!c->redis && !c->cache_disk_encoded) || strcmp(c->redis_codec, "off") == 0) return 0;
     codec_table *t = calloc(1, sizeof *t);
     char *beside = NULL, *dir = NULL, *saved = NULL, *base = cache_dir_from(c);
     int rc = -1;
@@ -201,7 +201,8 @@ static cache_store *open_store(const kv_config *c, const model *m, const codec_t
                           .redis_url = c->redis,
                           .redis_ttl_s = c->redis_ttl,
                           .redis_timeout_ms = c->redis_timeout_ms,
-                          .codec = codec};
+                          .codec = codec,
+                          .disk_encoded = c->cache_disk_encoded && dir};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);

@@ -6,8 +6,10 @@ and reuse through it again; Redis gone in the middle of a value: the rest is com
 the same. Levels: every chunk forced to a codec level, to 8-bit or to text,
 and under a TTFT budget, with usage saying what each chunk came as; lossy KV never reaches the
 instance's exact tiers; the codec table found in the cache directory, or none. Blend's content
-records through Redis: one instance's passages blended by another. Skipped, visibly, where
-redis-server is not installed."""
+records through Redis: one instance's passages blended by another. The disk tier with every
+level (--cache-disk-encoded, no Redis): levels read from disk after a restart. The Redis tests
+are skipped, visibly, where redis-server is not installed."""
+import glob
 import os
 import shutil
 import subprocess
@@ -187,6 +189,53 @@ def kv_levels(r):
     """The levels usage says the fetched chunks came in, and the tiers they came from."""
     chunks = r["usage"].get("kv_chunks", [])
     return [c["level"] for c in chunks], {c["tier"] for c in chunks}
+
+
+def encoded_files(cache_dir):
+    return glob.glob(os.path.join(cache_dir, "*", "*.e*.kvc"))
+
+
+def test_levels_from_an_encoded_disk_tier(start_server, tmp_dir, codec_table):
+    """--cache-disk-encoded: the disk tier keeps every level beside each record, with no Redis;
+    a restarted instance reads them as asked, and lossy KV stays with its request."""
+    cache_dir = tmp_dir("kvserve-encdisk-")
+    args = [*CTX, *EXACT, "--cache-dir", cache_dir, "--cache-disk-encoded",
+            "--redis-codec", codec_table]
+    a = start_server(*args)
+    prompt = document_tokens(a, 2 * CHUNK + 40, seed=43) + question_tokens(a)
+    ref, _, _ = complete(a, prompt)
+    n = records_for(len(prompt))
+    # the encodings are made in the background after each record is written: wait for them
+    deadline, last, since = time.monotonic() + 120 * SLOW, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now = len(encoded_files(cache_dir))
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now > 0 and time.monotonic() - since > 2:
+            break
+        time.sleep(0.25)
+    levels = len(encoded_files(cache_dir)) // n
+    assert levels >= 2 and len(encoded_files(cache_dir)) == n * levels, encoded_files(cache_dir)
+    a.terminate()
+
+    b = start_server(*args)  # an empty RAM tier: the chunks come from disk
+    text, cached, r = complete(b, prompt, kv_level="codec1")
+    assert kv_levels(r) == (["codec1"] * n, {"disk"}), r["usage"]
+    assert cached == reusable(len(prompt)) and text
+    text, cached, r = complete(b, prompt, kv_level="q8")
+    assert kv_levels(r) == (["q8"] * n, {"disk"}), r["usage"]
+    # neither was kept above disk: a request insisting on exact KV reads the records, and
+    # answers as the full prefill did
+    text, cached, r = complete(b, prompt, kv_lossless=True, ttft_budget_ms=1)
+    assert kv_levels(r) == (["lossless"] * n, {"disk"}), r["usage"]
+    assert (text, cached) == (ref, reusable(len(prompt)))
+    st = stats(b)["tiers"]["disk"]
+    assert st["levels"]["codec1"] == n and st["levels"]["q8"] == n, st
+    assert st["levels"]["lossless"] == n and st["corrupt"] == 0, st
+    assert b.metrics()['kvserve_cache_disk_chunks_total{level="codec1"}'] == n
+    # a cleared cache takes the encodings with the records
+    clear(b)
+    assert encoded_files(cache_dir) == []
 
 
 def test_levels_through_redis(start_server, redis, codec_table):

@@ -4,7 +4,10 @@
  * temporary files, LRU eviction under a cap with pins (also the order rebuilt from mtimes at
  * open), clear by namespace (also of writes in flight), a full write queue, a full disk (a 64 KiB
  * tmpfs, when mounting is allowed), the pread/pwrite fallback (io_uring_setup blocked by seccomp)
- * and concurrent puts, reads and clears. */
+ * and concurrent puts, reads and clears. Then the tier's encodings: each record kept in every
+ * encoding, read as forced bit for bit, reindexed at open (another table's deleted, all deleted
+ * when encodings are off), a damaged or vanished encoding falling back to the record, and the
+ * encodings going with their record (clear, supersede, eviction). */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +30,7 @@
 
 #include <openssl/evp.h>
 
+#include "cache/chunk_codec.h"
 #include "cache/disk.h"
 #include "cache/record.h"
 #include "tests/unit/chunk_fixture.h"
@@ -1026,6 +1030,214 @@ typedef struct conc_arg {
     uint64_t seed;
     int bad; /* chunks read back wrong */
 } conc_arg;
+
+/* ---------------------------------------------------------------- encodings */
+
+/* A sidecar: a 4096-byte header and an encoded payload padded to 4096. */
+#define ENC_PAYLOAD 4096
+
+static cache_disk *open_enc(const char *dir, const cache_layout *l, int64_t cap,
+                            const codec_table *t) {
+    kv_error err = {{0}};
+    cache_disk *d = cache_disk_open_enc(dir, l, cap, 16, t, true, &err);
+    cr_assert_not_null(d, "cache_disk_open_enc: %s", err.msg);
+    return d;
+}
+
+/* Chunk i of ns with a KV-like payload (codecs code it as they would KV). */
+static cache_chunk *kv_chunk(const cache_layout *l, const cache_key *ns, int i) {
+    cache_chunk *c = make_chunk(l, ns, i);
+    chunk_fill_kv(c, l, (uint64_t)(7 + i));
+    return c;
+}
+
+/* The file of c's record in encoding enc (a name as the tier writes it). */
+static void enc_path(const char *dir, const cache_layout *l, const codec_table *t,
+                     const cache_key *k, int enc, char *out, size_t n) {
+    char hex[65], name[100];
+    cache_key_hex(k, hex);
+    if (enc < CACHE_ENC_CODEC)
+        snprintf(name, sizeof name, "%s.e%d.kvc", hex, enc);
+    else
+        snprintf(name, sizeof name, "%s.e%d-%02x%02x%02x%02x.kvc", hex, enc, t->id[0], t->id[1],
+                 t->id[2], t->id[3]);
+    model_path(dir, l, name, out, n);
+}
+
+/* Reads c[0..n) with encoding e forced, for every e of t: each comes in e, bit for bit what e
+ * makes of it. */
+static void read_each_encoding(cache_disk *d, const cache_layout *l, const codec_table *t,
+                               cache_chunk **c, int n) {
+    for (int e = 0; e < cache_enc_count(t); e++) {
+        cache_fetch_policy p = {.force_enc = e};
+        for (int i = 0; i < n; i++) {
+            cache_chunk *got = NULL;
+            uint8_t enc = 0xff;
+            cache_disk_read_enc(d, &c[i]->key, 1, &p, &got, &enc);
+            cr_assert_eq(enc, e, "chunk %d came as %d, not %d", i, enc, e);
+            cache_chunk *want = chunk_coded_copy(l, t, e, c[i]);
+            chunk_assert_same(got, want);
+            if (e == CACHE_ENC_RAW) chunk_assert_same(got, c[i]);
+            cache_chunk_unref(want);
+            cache_chunk_unref(got);
+        }
+    }
+}
+
+Test(disk, encodings_are_kept_read_as_asked_and_reindexed_at_open) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    codec_table t, other;
+    chunk_codec_table(&t, &l, 1, 3);
+    chunk_codec_table(&other, &l, 1.5f, 3);
+    int n_enc = cache_enc_count(&t);
+    cr_assert_gt(n_enc, 3);
+    cache_disk *d = open_enc(dir, &l, 1 << 20, &t);
+    cache_chunk *c[2] = {kv_chunk(&l, &ns, 0), kv_chunk(&l, &ns, 1)};
+    for (int i = 0; i < 2; i++) put_ok(d, c[i]);
+    cache_disk_flush(d);
+    int64_t all = 2 * PAYLOAD + 2 * (n_enc - 1) * ENC_PAYLOAD;
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 2 * n_enc, "a file per record and encoding");
+    cr_assert_eq(stats(d).bytes, all, "the encodings count towards the cap");
+    read_each_encoding(d, &l, &t, c, 2);
+    cache_tier_stats st = stats(d);
+    for (int e = 0; e < n_enc; e++) cr_assert_eq(st.enc_hits[e], 2);
+    /* a policy with no budget, or insisting on exact KV, reads the records */
+    cache_fetch_policy plain = {.force_enc = CACHE_ENC_ANY},
+                       strict = {.force_enc = CACHE_ENC_ANY, .lossless = true, .budget_ns = 1};
+    for (int k = 0; k < 2; k++) {
+        cache_chunk *got = NULL;
+        uint8_t enc = 0xff;
+        cache_disk_read_enc(d, &c[0]->key, 1, k ? &strict : &plain, &got, &enc);
+        cr_assert_eq(enc, CACHE_ENC_RAW);
+        chunk_assert_same(got, c[0]);
+        cache_chunk_unref(got);
+    }
+    cache_disk_close(d);
+
+    /* Reopened with the same table: every encoding indexed again. */
+    d = open_enc(dir, &l, 1 << 20, &t);
+    cr_assert_eq(stats(d).entries, 2);
+    cr_assert_eq(stats(d).bytes, all);
+    read_each_encoding(d, &l, &t, c, 2);
+    cache_disk_close(d);
+
+    /* With another table: its levels' files are another table's, deleted; q8 stays. */
+    d = open_enc(dir, &l, 1 << 20, &other);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 2 * 2);
+    cr_assert_eq(stats(d).bytes, 2 * PAYLOAD + 2 * ENC_PAYLOAD);
+    cr_assert_eq(stats(d).corrupt, 0);
+    cache_fetch_policy level = {.force_enc = CACHE_ENC_CODEC};
+    cache_chunk *got = NULL;
+    uint8_t enc = 0xff;
+    cache_disk_read_enc(d, &c[0]->key, 1, &level, &got, &enc);
+    cr_assert_eq(enc, CACHE_ENC_RAW, "no level of this table: the record");
+    chunk_assert_same(got, c[0]);
+    cache_chunk_unref(got);
+    cache_disk_close(d);
+
+    /* Without encodings: only the records stay. */
+    d = open_disk(dir, &l, 1 << 20, 16);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 2);
+    cr_assert_eq(stats(d).bytes, 2 * PAYLOAD);
+    cache_disk_close(d);
+    for (int i = 0; i < 2; i++) cache_chunk_unref(c[i]);
+    codec_table_free(&t);
+    codec_table_free(&other);
+    remove_tree(dir);
+}
+
+Test(disk, damaged_or_vanished_encoding_falls_back_to_the_record) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    cache_disk *d = open_enc(dir, &l, 1 << 20, &t);
+    cache_chunk *c = kv_chunk(&l, &ns, 0);
+    put_ok(d, c);
+    cache_disk_flush(d);
+    int64_t bytes = stats(d).bytes;
+    char q8[512], lvl[512];
+    enc_path(dir, &l, &t, &c->key, CACHE_ENC_Q8, q8, sizeof q8);
+    enc_path(dir, &l, &t, &c->key, CACHE_ENC_CODEC, lvl, sizeof lvl);
+    cr_assert(file_exists(q8) && file_exists(lvl));
+    flip_byte(q8, HEADER + 10);
+    cr_assert_eq(unlink(lvl), 0);
+    for (int e = CACHE_ENC_Q8; e <= CACHE_ENC_CODEC; e++) {
+        cache_fetch_policy p = {.force_enc = e};
+        cache_chunk *got = NULL;
+        uint8_t enc = 0xff;
+        cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+        cr_assert_eq(enc, CACHE_ENC_RAW, "encoding %d failed: the record instead", e);
+        chunk_assert_same(got, c);
+        cache_chunk_unref(got);
+    }
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.corrupt, 1, "the flipped file, not the vanished one");
+    cr_assert_eq(st.entries, 1, "the record and its other encodings stay");
+    cr_assert_eq(st.bytes, bytes - 2 * ENC_PAYLOAD);
+    cr_assert_not(file_exists(q8), "the damaged encoding is deleted");
+    /* the others still serve */
+    cache_fetch_policy p = {.force_enc = CACHE_ENC_CODEC + 1};
+    cache_chunk *got = NULL;
+    uint8_t enc = 0xff;
+    cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+    cr_assert_eq(enc, CACHE_ENC_CODEC + 1);
+    cache_chunk *want = chunk_coded_copy(&l, &t, CACHE_ENC_CODEC + 1, c);
+    chunk_assert_same(got, want);
+    cache_chunk_unref(want);
+    cache_chunk_unref(got);
+    cache_disk_close(d);
+    cache_chunk_unref(c);
+    codec_table_free(&t);
+    remove_tree(dir);
+}
+
+Test(disk, encodings_go_with_their_record) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    int n_enc = cache_enc_count(&t);
+    int64_t rec = PAYLOAD + (n_enc - 1) * ENC_PAYLOAD; /* a whole record's bytes */
+    cache_disk *d = open_enc(dir, &l, 2 * rec + rec / 2, &t);
+    /* superseded: a record of the chunk's first block, then the whole chunk */
+    cache_chunk *part = make_part(&l, &ns, 0, 1);
+    chunk_fill_kv(part, &l, 7);
+    put_ok(d, part);
+    cache_disk_flush(d);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), n_enc);
+    cache_chunk *c[3] = {kv_chunk(&l, &ns, 0), kv_chunk(&l, &ns, 1), kv_chunk(&l, &ns, 2)};
+    put_ok(d, c[0]);
+    cache_disk_flush(d);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), n_enc, "the part's encodings went with it");
+    char p[512];
+    enc_path(dir, &l, &t, &part->key, CACHE_ENC_Q8, p, sizeof p);
+    cr_assert_not(file_exists(p));
+    /* evicted: a third record over a cap of two and a half */
+    for (int i = 1; i < 3; i++) {
+        put_ok(d, c[i]);
+        cache_disk_flush(d);
+    }
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.entries, 2);
+    cr_assert_eq(st.bytes, 2 * rec);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 2 * n_enc, "the evicted record's went with it");
+    enc_path(dir, &l, &t, &c[0]->key, CACHE_ENC_Q8, p, sizeof p);
+    cr_assert_not(file_exists(p));
+    /* cleared */
+    cr_assert_eq(cache_disk_clear(d, &ns), 2);
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 0);
+    cr_assert_eq(stats(d).bytes, 0);
+    cache_disk_close(d);
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
+    cache_chunk_unref(part);
+    codec_table_free(&t);
+    remove_tree(dir);
+}
 
 static void *conc_worker(void *p) {
     conc_arg *a = p;

@@ -617,22 +617,6 @@ static cache_chunk *kv_chunk(const cache_layout *l, const cache_key *ns, int see
     return c;
 }
 
-/* What c becomes through encoding enc and back, computed here. */
-static cache_chunk *coded_copy(const cache_layout *l, const codec_table *t, int enc,
-                               const cache_chunk *c) {
-    size_t cap = cache_enc_bound(l, t, enc, c->n_blocks);
-    uint8_t *buf = malloc(cap);
-    float *scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
-    cache_chunk *d = cache_chunk_create(l, c->bkeys, c->n_blocks, &c->ns, c->pos0);
-    kv_error err = {{0}};
-    int64_t len = cache_enc_encode(l, t, enc, c, scratch, buf, cap, &err);
-    cr_assert(len > 0 && cache_enc_decode(l, t, enc, buf, (size_t)len, d, scratch, 1, &err) == 0,
-              "%s", err.msg);
-    free(buf);
-    free(scratch);
-    return d;
-}
-
 /* A fetch of a 2-chunk sequence under policy p: chunks into out[], their encodings into enc[]. */
 static int fetch_policy(cache_redis *r, const cache_key *bkeys, const cache_fetch_policy *p,
                         cache_chunk **out, uint8_t *enc, int *n_text) {
@@ -669,7 +653,7 @@ Test(cache_redis, every_encoding_through_redis_and_the_policy) {
         cr_assert_eq(fetch_policy(r, bkeys, &p, out, enc, &n_text), 2, "encoding %d", e);
         for (int i = 0; i < 2; i++) {
             cr_assert_eq(enc[i], e);
-            cache_chunk *want = coded_copy(&l, &t, e, c[i]);
+            cache_chunk *want = chunk_coded_copy(&l, &t, e, c[i]);
             chunk_assert_same(out[i], want);
             cache_chunk_unref(want);
             cache_chunk_unref(out[i]);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/chunk_codec.h"
 #include "kernels/backend.h"
 #include "kernels/quant.h"
 
@@ -17,6 +18,21 @@ void chunk_fill(cache_chunk *c, uint64_t seed) {
         s ^= s << 17;
         c->data[b] = (uint8_t)(s >> 32);
     }
+}
+
+cache_chunk *chunk_coded_copy(const cache_layout *l, const codec_table *t, int enc,
+                              const cache_chunk *c) {
+    size_t cap = cache_enc_bound(l, t, enc, c->n_blocks);
+    uint8_t *buf = malloc(cap);
+    float *scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+    cache_chunk *d = cache_chunk_create(l, c->bkeys, c->n_blocks, &c->ns, c->pos0);
+    kv_error err = {{0}};
+    int64_t len = cache_enc_encode(l, t, enc, c, scratch, buf, cap, &err);
+    cr_assert(len > 0 && cache_enc_decode(l, t, enc, buf, (size_t)len, d, scratch, 1, &err) == 0,
+              "%s", err.msg);
+    free(buf);
+    free(scratch);
+    return d;
 }
 
 void chunk_assert_same(const cache_chunk *got, const cache_chunk *want) {

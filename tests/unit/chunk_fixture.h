@@ -24,6 +24,10 @@ void chunk_kv_rows(const cache_chunk *c, const cache_layout *l, int layer, int k
  * of seed. */
 void chunk_codec_table(codec_table *t, const cache_layout *l, float coarse, uint64_t seed);
 
+/* What c becomes through encoding enc (cache/chunk_codec.h) and back, computed here. */
+cache_chunk *chunk_coded_copy(const cache_layout *l, const codec_table *t, int enc,
+                              const cache_chunk *c);
+
 /* Fails the test unless got (not NULL) equals want: keys, blocks, namespace, position, payload. */
 void chunk_assert_same(const cache_chunk *got, const cache_chunk *want);
 

@@ -637,6 +637,7 @@ static const char *const ALL_FLAGS[] = {
     "--cache-ram-bytes",
     "--cache-dir",
     "--cache-disk-bytes",
+    "--cache-disk-encoded",
     "--blend",
     "--no-blend",
     "--blend-recompute",
