@@ -100,6 +100,9 @@ typedef struct cache_chunk {
     size_t bytes;     /* payload bytes: n_blocks pool blocks */
     uint8_t *data;    /* [bytes rounded up to CACHE_ALIGN], CACHE_ALIGN-aligned, host */
     cache_key *bkeys; /* [n_blocks] prefix keys of its blocks; bkeys[n_blocks - 1] == key */
+    uint8_t enc;      /* CACHE_ENC_* of the payload: raw pool blocks (0) everywhere but inside an
+                         encoded RAM tier (cache_store_opts.ram_enc), whose chunks hold an
+                         encoding and are decoded by the store before anyone sees them */
     atomic_int refs;
 } cache_chunk;
 
@@ -108,6 +111,10 @@ typedef struct cache_chunk {
  * payload; NULL when out of memory or n_blocks is out of range. */
 cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, int n_blocks,
                                 const cache_key *ns, int32_t pos0);
+/* A chunk with like's keys, namespace, position and blocks whose payload is payload[0..len), an
+ * encoding enc of like's (the encoded RAM tier's). NULL when out of memory. */
+cache_chunk *cache_chunk_create_encoded(const cache_chunk *like, int enc, const uint8_t *payload,
+                                        size_t len);
 void cache_chunk_ref(cache_chunk *c);
 void cache_chunk_unref(cache_chunk *c);
 
@@ -187,6 +194,8 @@ typedef struct cache_store_opts {
     const codec_table *codec; /* the CacheGen codec's table for Redis's encodings (NULL: lossless
                                  and q8 only); borrowed, outlives the store */
     bool disk_encoded;        /* the disk tier keeps every encoding too (cache/disk.h) */
+    int ram_enc;              /* the RAM tier holds chunks in this encoding (CACHE_ENC_RAW: as
+                                 computed; else lossy, decoded when found) */
 } cache_store_opts;
 
 typedef struct cache_store cache_store;

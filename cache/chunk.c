@@ -163,9 +163,9 @@ size_t cache_chunk_bytes(const cache_layout *l) {
     return cache_block_bytes(l) * (size_t)cache_chunk_blocks(l);
 }
 
-cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, int n_blocks,
-                                const cache_key *ns, int32_t pos0) {
-    if (n_blocks < 1 || n_blocks > cache_chunk_blocks(l)) return NULL;
+/* A chunk of a payload of `bytes` bytes (uninitialised; its padding zero). */
+static cache_chunk *chunk_alloc(const cache_key *bkeys, int n_blocks, const cache_key *ns,
+                                int32_t pos0, size_t bytes) {
     /* The block keys live in the same allocation. */
     cache_chunk *c = calloc(1, sizeof *c + sizeof(cache_key) * (size_t)n_blocks);
     if (!c) return NULL;
@@ -177,7 +177,7 @@ cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, i
     c->ns = *ns;
     c->pos0 = pos0;
     c->n_blocks = n_blocks;
-    c->bytes = cache_block_bytes(l) * (size_t)n_blocks;
+    c->bytes = bytes;
     size_t cap = (c->bytes + CACHE_ALIGN - 1) / CACHE_ALIGN * CACHE_ALIGN;
     void *p = NULL;
     if (posix_memalign(&p, CACHE_ALIGN, cap) != 0) {
@@ -189,6 +189,21 @@ cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, i
      * blocks): zero it so no stale heap bytes leave the process. */
     memset(c->data + c->bytes, 0, cap - c->bytes);
     atomic_init(&c->refs, 1);
+    return c;
+}
+
+cache_chunk *cache_chunk_create(const cache_layout *l, const cache_key *bkeys, int n_blocks,
+                                const cache_key *ns, int32_t pos0) {
+    if (n_blocks < 1 || n_blocks > cache_chunk_blocks(l)) return NULL;
+    return chunk_alloc(bkeys, n_blocks, ns, pos0, cache_block_bytes(l) * (size_t)n_blocks);
+}
+
+cache_chunk *cache_chunk_create_encoded(const cache_chunk *like, int enc, const uint8_t *payload,
+                                        size_t len) {
+    cache_chunk *c = chunk_alloc(like->bkeys, like->n_blocks, &like->ns, like->pos0, len);
+    if (!c) return NULL;
+    memcpy(c->data, payload, len);
+    c->enc = (uint8_t)enc;
     return c;
 }
 

@@ -166,6 +166,26 @@ out:
     return ok;
 }
 
+bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c) {
+    pthread_mutex_lock(&r->mu);
+    ram_entry *e = find_record(r, &old->key);
+    bool ok = e && e->c == old && c->n_blocks == old->n_blocks &&
+              memcmp(c->bkeys, old->bkeys, sizeof(cache_key) * (size_t)c->n_blocks) == 0;
+    if (ok) {
+        int64_t delta = (int64_t)c->bytes - (int64_t)old->bytes;
+        r->st.bytes += delta;
+        if (e->pinned) r->pinned_bytes += delta;
+        cache_chunk_ref(c);
+        cache_chunk_unref(e->c);
+        e->c = c;
+        /* the tables key the entry by its chunk's keys: the same, now in c */
+        e->by_key.key = c->key.b;
+        for (int i = 0; i < c->n_blocks; i++) e->by_block[i].node.key = c->bkeys[i].b;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
 int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin) {
     int held = 0;
     pthread_mutex_lock(&r->mu);

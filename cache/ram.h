@@ -23,6 +23,10 @@ bool cache_ram_contains(cache_ram *r, const cache_key *key);
  * are replaced by it; evicts least recently used unpinned chunks down to the cap. False when
  * not inserted. */
 bool cache_ram_put(cache_ram *r, cache_chunk *c);
+/* Replaces the chunk old, where it is still the record held under its key, by c (taking a
+ * reference; c holds the same blocks, e.g. old encoded), keeping its place in the LRU order and
+ * its pin. False when old is no longer held. */
+bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c);
 /* Pins (pin) or unpins keys; returns how many were held and (pinning) pinned. Pinned chunks
  * may fill at most half the capacity, so unpinned traffic always has room. */
 int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin);

@@ -1,24 +1,141 @@
 /* The chunk store: the RAM tier over the disk tier over Redis (DESIGN.md "Store tiers"). A lookup
  * walks RAM, then disk, then Redis for the chunks the first two lack; hits below RAM are promoted
  * into RAM (Redis hits onto disk too). A put goes into RAM at once and onto disk and into Redis in
- * the background (each tier's own thread), so storing never waits for I/O. */
+ * the background (each tier's own thread), so storing never waits for I/O.
+ *
+ * An encoded RAM tier (cache_store_opts.ram_enc) takes a chunk lossless, and an encoder thread at
+ * a lower CPU priority swaps it for its encoding soon after (a full queue leaves it lossless). A
+ * lookup decodes what it finds there before returning it, reported as that encoding: lossy KV,
+ * never taken by a fetch that insists on exact KV (it reads disk instead). */
+#include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "cache/blend.h"
 #include "cache/cache.h"
+#include "cache/chunk_codec.h"
 #include "cache/disk.h"
 #include "cache/ram.h"
 #include "cache/redis.h"
 
 #define STORE_REDIS_TIMEOUT_MS 200
+#define STORE_ENCODE_QUEUE 64
+#define STORE_ENCODE_NICE 10
+#define STORE_DECODE_THREADS 2
 
 struct cache_store {
     cache_layout layout;
     cache_ram *ram;     /* NULL: no RAM tier */
     cache_disk *disk;   /* NULL: no disk tier */
     cache_redis *redis; /* NULL: no Redis tier */
+
+    /* The encoded RAM tier (ram_enc != CACHE_ENC_RAW). */
+    int ram_enc;
+    const codec_table *table;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    cache_chunk *eq[STORE_ENCODE_QUEUE]; /* ring of lossless chunks in RAM to encode */
+    int eq_head, eq_len;
+    int n_encodes; /* queued or being encoded */
+    bool stop;
+    pthread_t enc_thread;
+    bool enc_started;
+    float *enc_scratch;
+    uint8_t *enc_buf;
+    size_t enc_cap;
 };
+
+/* ---------------------------------------------------------------- the encoded RAM tier */
+
+/* Encodes c and swaps it into RAM in its place (when RAM still holds c). Encoder thread. */
+static void ram_encode(cache_store *s, cache_chunk *c) {
+    kv_error err = {{0}};
+    int64_t len = cache_enc_encode(&s->layout, s->table, s->ram_enc, c, s->enc_scratch, s->enc_buf,
+                                   s->enc_cap, &err);
+    if (len <= 0) {
+        log_warn("cache: RAM tier: a chunk stays lossless: %s", err.msg);
+        return;
+    }
+    cache_chunk *e = cache_chunk_create_encoded(c, s->ram_enc, s->enc_buf, (size_t)len);
+    if (!e) return;
+    cache_ram_swap(s->ram, c, e);
+    cache_chunk_unref(e);
+}
+
+static void *ram_encode_thread(void *arg) {
+    cache_store *s = arg;
+    if (setpriority(PRIO_PROCESS, (id_t)gettid(), STORE_ENCODE_NICE) != 0)
+        log_debug("cache: RAM encoder: cannot lower its priority: %s", strerror(errno));
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        if (s->eq_len && !s->stop) {
+            cache_chunk *c = s->eq[s->eq_head];
+            s->eq_head = (s->eq_head + 1) % STORE_ENCODE_QUEUE;
+            s->eq_len--;
+            pthread_mutex_unlock(&s->mu);
+            ram_encode(s, c);
+            cache_chunk_unref(c);
+            pthread_mutex_lock(&s->mu);
+            s->n_encodes--;
+            pthread_cond_broadcast(&s->done);
+        } else if (s->stop) {
+            break;
+        } else {
+            pthread_cond_wait(&s->work, &s->mu);
+        }
+    }
+    while (s->eq_len) {
+        cache_chunk_unref(s->eq[s->eq_head]);
+        s->eq_head = (s->eq_head + 1) % STORE_ENCODE_QUEUE;
+        s->eq_len--;
+        s->n_encodes--;
+    }
+    pthread_cond_broadcast(&s->done);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Puts c into RAM; a lossless chunk of an encoded tier is queued for the encoder. */
+static bool ram_put(cache_store *s, cache_chunk *c) {
+    if (!cache_ram_put(s->ram, c)) return false;
+    if (s->ram_enc != CACHE_ENC_RAW && c->enc == CACHE_ENC_RAW) {
+        pthread_mutex_lock(&s->mu);
+        if (s->eq_len < STORE_ENCODE_QUEUE && !s->stop) {
+            cache_chunk_ref(c);
+            s->eq[(s->eq_head + s->eq_len) % STORE_ENCODE_QUEUE] = c;
+            s->eq_len++;
+            s->n_encodes++;
+            pthread_cond_signal(&s->work);
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return true;
+}
+
+/* c as pool blocks: itself when lossless, else decoded into a new chunk (c's reference is
+ * dropped); NULL when that fails. */
+static cache_chunk *ram_decode(cache_store *s, cache_chunk *c) {
+    if (c->enc == CACHE_ENC_RAW) return c;
+    cache_chunk *d = cache_chunk_create(&s->layout, c->bkeys, c->n_blocks, &c->ns, c->pos0);
+    float *scratch = malloc(sizeof(float) * cache_enc_scratch_floats(&s->layout));
+    kv_error err = {{0}};
+    if (!d || !scratch ||
+        cache_enc_decode(&s->layout, s->table, c->enc, c->data, c->bytes, d, scratch,
+                         STORE_DECODE_THREADS, &err) != 0) {
+        log_warn("cache: RAM tier: cannot decode a chunk: %s",
+                 d && scratch ? err.msg : "out of memory");
+        if (d) cache_chunk_unref(d);
+        d = NULL;
+    }
+    free(scratch);
+    cache_chunk_unref(c);
+    return d;
+}
+
+/* ---------------------------------------------------------------- open */
 
 cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err) {
     if (cache_layout_check(l, err)) return NULL;
@@ -32,9 +149,37 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         return NULL;
     }
     s->layout = *l;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work, NULL);
+    pthread_cond_init(&s->done, NULL);
     if (o->ram_bytes > 0 && !(s->ram = cache_ram_create(o->ram_bytes))) {
         kv_fail(err, "out of memory");
         goto fail;
+    }
+    if (o->ram_enc != CACHE_ENC_RAW && s->ram) {
+        char name[16];
+        cache_enc_name(o->ram_enc, name);
+        if (o->ram_enc < 0 || o->ram_enc >= cache_enc_count(o->codec)) {
+            kv_fail(err, "RAM tier encoding %s: %s", name,
+                    o->ram_enc >= CACHE_ENC_CODEC ? "no such level in the codec table"
+                                                  : "not an encoding");
+            goto fail;
+        }
+        if (cache_enc_check_table(l, o->codec, err)) goto fail;
+        s->ram_enc = o->ram_enc;
+        s->table = o->codec;
+        s->enc_cap = cache_enc_bound(l, o->codec, o->ram_enc, cache_chunk_blocks(l));
+        s->enc_buf = malloc(s->enc_cap);
+        s->enc_scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
+        if (!s->enc_buf || !s->enc_scratch) {
+            kv_fail(err, "out of memory");
+            goto fail;
+        }
+        if (pthread_create(&s->enc_thread, NULL, ram_encode_thread, s) != 0) {
+            kv_fail(err, "cannot start the RAM tier's encoder thread");
+            goto fail;
+        }
+        s->enc_started = true;
     }
     if (o->dir && o->dir[0] && o->disk_bytes > 0 &&
         !(s->disk = cache_disk_open_enc(o->dir, l, o->disk_bytes,
@@ -59,9 +204,19 @@ int cache_store_check_redis_url(const char *url, kv_error *err) {
 
 void cache_store_close(cache_store *s) {
     if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = true;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    if (s->enc_started) pthread_join(s->enc_thread, NULL);
     cache_redis_close(s->redis);
     cache_disk_close(s->disk);
     cache_ram_destroy(s->ram);
+    pthread_cond_destroy(&s->work);
+    pthread_cond_destroy(&s->done);
+    pthread_mutex_destroy(&s->mu);
+    free(s->enc_buf);
+    free(s->enc_scratch);
     free(s);
 }
 
@@ -69,12 +224,17 @@ const cache_layout *cache_store_layout(const cache_store *s) { return &s->layout
 
 /* The furthest of blocks [j, end) of the sequence (end inside j's chunk) that a record holds,
  * probing RAM and then disk from the last block down: its index, with the RAM record (a
- * reference) in *ram or the disk record's key in *disk_key. -1 when no record holds block j. */
-static int probe_chunk(cache_store *s, const cache_key *bkeys, int j, int end, cache_chunk **ram,
-                       cache_key *disk_key) {
+ * reference; exact: only a lossless one) in *ram or the disk record's key in *disk_key. -1 when
+ * no record holds block j. */
+static int probe_chunk(cache_store *s, const cache_key *bkeys, int j, int end, bool exact,
+                       cache_chunk **ram, cache_key *disk_key) {
     int block;
     for (int b = end - 1; b >= j; b--) {
-        if (s->ram && (*ram = cache_ram_find(s->ram, &bkeys[b], &block))) return b;
+        if (s->ram && (*ram = cache_ram_find(s->ram, &bkeys[b], &block))) {
+            if (!exact || (*ram)->enc == CACHE_ENC_RAW) return b;
+            cache_chunk_unref(*ram);
+            *ram = NULL;
+        }
         if (s->disk && cache_disk_find(s->disk, &bkeys[b], disk_key, &block)) return b;
     }
     return -1;
@@ -94,9 +254,13 @@ static bool holds_block(const cache_store *s, const cache_chunk *c, const cache_
  * that copy is returned instead (c's reference dropped), so concurrent requests for one prefix
  * hold one copy. */
 static cache_chunk *promote(cache_store *s, cache_chunk *c) {
-    if (c && s->ram && !cache_ram_put(s->ram, c)) {
+    if (c && s->ram && !ram_put(s, c)) {
         int block;
         cache_chunk *shared = cache_ram_find(s->ram, &c->key, &block);
+        if (shared && shared->enc != CACHE_ENC_RAW) { /* an encoding: c is better */
+            cache_chunk_unref(shared);
+            shared = NULL;
+        }
         if (shared) {
             cache_chunk_unref(c);
             c = shared;
@@ -118,6 +282,8 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     uint8_t *enc = malloc((size_t)cap);  /* out[i]'s encoding, from Redis */
     uint8_t *denc = malloc((size_t)cap); /* the encodings disk reads came in */
     bool unheld = false; /* the walk stopped at a chunk RAM and disk have no record of */
+    /* a fetch insisting on exact KV takes no encoding from an encoded RAM tier */
+    bool exact = !policy || policy->lossless || policy->force_enc == CACHE_ENC_RAW;
     *n_out = 0;
     *n_text = 0;
     if (!upto || !disk_at || !disk_keys || !enc || !denc) goto done;
@@ -127,14 +293,18 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
     while (j < n_blocks && n < max_out) {
         int end = (j / cb + 1) * cb < n_blocks ? (j / cb + 1) * cb : n_blocks;
         cache_chunk *c = NULL;
-        int b = probe_chunk(s, bkeys, j, end, &c, &disk_keys[n_disk]);
+        int b = probe_chunk(s, bkeys, j, end, exact, &c, &disk_keys[n_disk]);
         if (!c && s->ram) cache_ram_count_miss(s->ram);
         if (b < 0) {
             unheld = true;
             break;
         }
+        int enc_c = c ? c->enc : CACHE_ENC_RAW;
+        if (c && !(c = ram_decode(s, c))) break; /* the prefix ends here */
         if (!c) disk_at[n_disk++] = n;
-        if (src) src[n] = (cache_fetch_src){.tier = c ? CACHE_TIER_RAM : CACHE_TIER_DISK};
+        if (src)
+            src[n] = (cache_fetch_src){.tier = c ? CACHE_TIER_RAM : CACHE_TIER_DISK,
+                                       .enc = (uint8_t)enc_c};
         out[n] = c;
         upto[n++] = b + 1;
         j = b + 1;
@@ -154,8 +324,8 @@ int cache_store_fetch(cache_store *s, const cache_key *bkeys, int first, int n_b
         cache_chunk **dc = calloc((size_t)n_disk, sizeof *dc);
         if (dc) cache_disk_read_enc(s->disk, disk_keys, n_disk, policy, dc, denc);
         for (int i = 0; i < n_disk; i++) {
-            bool exact = !dc || denc[i] == CACHE_ENC_RAW; /* lossy ones are not promoted */
-            out[disk_at[i]] = exact ? promote(s, dc ? dc[i] : NULL) : dc[i];
+            bool raw = !dc || denc[i] == CACHE_ENC_RAW; /* lossy ones are not promoted */
+            out[disk_at[i]] = raw ? promote(s, dc ? dc[i] : NULL) : dc[i];
             if (src) src[disk_at[i]].enc = dc ? denc[i] : CACHE_ENC_RAW;
         }
         free(dc);
@@ -193,7 +363,7 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey) {
 }
 
 void cache_store_put_local(cache_store *s, cache_chunk *c) {
-    if (s->ram) cache_ram_put(s->ram, c);
+    if (s->ram) ram_put(s, c);
     if (s->disk) cache_disk_put(s->disk, c);
 }
 
@@ -225,6 +395,9 @@ void cache_store_stats(cache_store *s, cache_stats *out) {
 }
 
 void cache_store_flush(cache_store *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->n_encodes > 0) pthread_cond_wait(&s->done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
     if (s->disk) cache_disk_flush(s->disk);
     if (s->redis) cache_redis_flush(s->redis);
 }

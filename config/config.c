@@ -75,6 +75,11 @@ typedef struct opt_row {
     const char *help;
 } opt_row;
 
+/* cache_enc_name's names of the encodings a tier holds (cache/cache.h), codec levels up to
+ * CODEC_MAX_LEVELS */
+static const char *const RAM_ENCODINGS[] = {"lossless", "q8",     "codec0", "codec1",
+                                            "codec2",   "codec3", "codec4", "codec5",
+                                            "codec6",   "codec7", NULL};
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL};
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
@@ -177,6 +182,10 @@ static const opt_row OPTIONS[] = {
         "tokens per cached chunk (a multiple of 16)"),
     NUM(cache_ram_bytes, 0, OPT_INT64, 0, INT64_C(1) << 40, true, true, "2G", "BYTES",
         "RAM tier capacity (0: no RAM tier)"),
+    {.key = "cache_ram_encoding", .type = OPT_ENUM, .group = GROUP,
+     .offset = offsetof(kv_config, cache_ram_encoding), .choices = RAM_ENCODINGS,
+     .def = "lossless", .metavar = "ENC",
+     .help = "RAM tier holds chunks as lossless, q8 or codec0..7 (lossy: more fit)"},
     STR(cache_dir, 0, "auto", false, "DIR",
         "disk tier directory (auto: ~/.cache/kvserve or $XDG_CACHE_HOME; off)"),
     NUM(cache_disk_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 44, false, true, "4G", "BYTES",

@@ -47,6 +47,7 @@ typedef struct kv_config {
     bool cache;               /* reuse cached prefixes and store new chunks */
     int cache_chunk_tokens;   /* tokens per chunk (multiple of 16) */
     int64_t cache_ram_bytes;  /* RAM tier cap; 0: no RAM tier */
+    char *cache_ram_encoding; /* what the RAM tier holds: lossless, q8 or codec0..7 (cache.h) */
     char *cache_dir;          /* disk tier directory; "auto": $XDG_CACHE_HOME or ~/.cache, /kvserve;
                                  "off": no disk tier */
     int64_t cache_disk_bytes; /* disk tier cap */

@@ -91,9 +91,20 @@ static int start_schemas(server *s, const kv_config *c, const model *m, kv_error
  * q8 only); a path: that file; auto: MODEL.kvcodec (what `kvserve calibrate` writes), else
  * <cache dir>/<model>/codec.kvcodec, else one calibrated now from text the model writes (about a
  * minute, once: it is saved there). NULL in *out with no table. */
+/* --cache-ram-encoding's encoding into *enc (the configuration accepts only the names of
+ * encodings); -1 with err on one this build does not know. */
+static int ram_encoding(const kv_config *c, int *enc, kv_error *err) {
+    *enc = cache_enc_parse(c->cache_ram_encoding);
+    if (*enc >= 0) return 0;
+    return kv_fail(err, "--cache-ram-encoding: no encoding '%s'", c->cache_ram_encoding);
+}
+
 static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_error *err) {
     *out = NULL;
-    if ((!c->redis && !c->cache_disk_encoded) || strcmp(c->redis_codec, "off") == 0) return 0;
+    int ram_enc;
+    if (ram_encoding(c, &ram_enc, err)) return -1;
+    bool levels = c->redis || c->cache_disk_encoded || ram_enc >= CACHE_ENC_CODEC;
+    if (!levels || strcmp(c->redis_codec, "off") == 0) return 0;
     codec_table *t = calloc(1, sizeof *t);
     char *beside = NULL, *dir = NULL, *saved = NULL, *base = cache_dir_from(c);
     int rc = -1;
@@ -193,6 +204,8 @@ static cache_store *open_store(const kv_config *c, const model *m, const codec_t
         kv_fail_wrap(err, "--redis");
         return NULL;
     }
+    int ram_enc;
+    if (ram_encoding(c, &ram_enc, err)) return NULL;
     char *dir = cache_dir_from(c);
     cache_store_opts o = {.ram_bytes = c->cache_ram_bytes,
                           .dir = dir,
@@ -202,7 +215,8 @@ static cache_store *open_store(const kv_config *c, const model *m, const codec_t
                           .redis_ttl_s = c->redis_ttl,
                           .redis_timeout_ms = c->redis_timeout_ms,
                           .codec = codec,
-                          .disk_encoded = c->cache_disk_encoded && dir};
+                          .disk_encoded = c->cache_disk_encoded && dir,
+                          .ram_enc = ram_enc};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);

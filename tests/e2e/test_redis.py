@@ -7,7 +7,8 @@ the same. Levels: every chunk forced to a codec level, to 8-bit or to text,
 and under a TTFT budget, with usage saying what each chunk came as; lossy KV never reaches the
 instance's exact tiers; the codec table found in the cache directory, or none. Blend's content
 records through Redis: one instance's passages blended by another. The disk tier with every
-level (--cache-disk-encoded, no Redis): levels read from disk after a restart. The Redis tests
+level (--cache-disk-encoded, no Redis): levels read from disk after a restart; an encoded RAM
+tier (--cache-ram-encoding). The Redis tests
 are skipped, visibly, where redis-server is not installed."""
 import glob
 import os
@@ -18,7 +19,7 @@ import time
 import pytest
 
 from conftest import MODEL, SLOW, free_port, run_kvserve
-from test_cache import (CHUNK, CTX, EXACT, KV_BYTES_PER_TOKEN, MAX_TOKENS, clear, complete,
+from test_cache import (BLOCK, CHUNK, CTX, EXACT, KV_BYTES_PER_TOKEN, MAX_TOKENS, clear, complete,
                         document_tokens, question_tokens, records_for, reusable, stats)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -236,6 +237,32 @@ def test_levels_from_an_encoded_disk_tier(start_server, tmp_dir, codec_table):
     # a cleared cache takes the encodings with the records
     clear(b)
     assert encoded_files(cache_dir) == []
+
+
+def test_an_encoded_ram_tier(start_server, codec_table):
+    """--cache-ram-encoding codec1: the RAM tier holds chunks at that level (swapped in by its
+    encoder soon after they are stored, so more fit in --cache-ram-bytes); a reuse from it is
+    lossy, said in usage, and a request insisting on exact KV does not take it."""
+    srv = start_server(*CTX, *EXACT, "--cache-dir", "off", "--cache-ram-encoding", "codec1",
+                       "--redis-codec", codec_table)
+    prompt = document_tokens(srv, 2 * CHUNK + 40, seed=45) + question_tokens(srv)
+    ref, _, _ = complete(srv, prompt)
+    n = records_for(len(prompt))
+    raw = (len(prompt) - 1) // BLOCK * BLOCK * KV_BYTES_PER_TOKEN  # what it computed, as f16
+    deadline = time.monotonic() + 60 * SLOW
+    while stats(srv)["tiers"]["ram"]["bytes"] > raw // 3:
+        assert time.monotonic() < deadline, stats(srv)["tiers"]["ram"]
+        time.sleep(0.2)
+    assert stats(srv)["tiers"]["ram"]["entries"] == n
+    clear(srv, tiers=["pool"])  # the pool holds the exact blocks: RAM's are asked for
+    text, cached, r = complete(srv, prompt)
+    assert kv_levels(r) == (["codec1"] * n, {"ram"}), r["usage"]
+    assert cached == reusable(len(prompt)) and text
+    # exact KV insisted on: RAM has only the level, there is no disk, so the prompt is computed,
+    # and answered as the first time
+    text, cached, r = complete(srv, prompt, kv_lossless=True)
+    assert (text, cached) == (ref, 0), r["usage"]
+    assert "kv_chunks" not in r["usage"]
 
 
 def test_levels_through_redis(start_server, redis, codec_table):

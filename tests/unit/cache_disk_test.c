@@ -7,7 +7,7 @@
  * and concurrent puts, reads and clears. Then the tier's encodings: each record kept in every
  * encoding, read as forced bit for bit, reindexed at open (another table's deleted, all deleted
  * when encodings are off), a damaged or vanished encoding falling back to the record, and the
- * encodings going with their record (clear, supersede, eviction). */
+ * encodings going with their record (clear, supersede, eviction); the store's encoded RAM tier. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -1235,6 +1235,75 @@ Test(disk, encodings_go_with_their_record) {
     cache_disk_close(d);
     for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
     cache_chunk_unref(part);
+    codec_table_free(&t);
+    remove_tree(dir);
+}
+
+/* ---------------------------------------------------------------- the store's encoded RAM tier */
+
+/* Fetches c's record (its blocks' keys) from s under policy p: the chunk, its source in *src. */
+static cache_chunk *store_get(cache_store *s, const cache_chunk *c, const cache_fetch_policy *p,
+                              cache_fetch_src *src) {
+    cache_chunk *out = NULL;
+    int n = 0, n_text = 0;
+    int covered = cache_store_fetch(s, c->bkeys, 0, c->n_blocks, p, &out, src, 1, &n, &n_text);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(covered, c->n_blocks);
+    return out;
+}
+
+Test(store, encoded_ram_serves_its_level_and_exact_fetches_read_disk) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    cache_store_opts o = {.ram_bytes = 1 << 20,
+                          .dir = dir,
+                          .disk_bytes = 1 << 20,
+                          .codec = &t,
+                          .ram_enc = CACHE_ENC_CODEC + 1};
+    kv_error err = {{0}};
+    cache_store *s = cache_store_open(&l, &o, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    cache_chunk *c = kv_chunk(&l, &ns, 0);
+    cache_store_put(s, c);
+    cache_store_flush(s); /* the disk write, and the RAM tier's encoding */
+    cache_stats st;
+    cache_store_stats(s, &st);
+    cr_assert_eq(st.ram.entries, 1);
+    cr_assert_lt(st.ram.bytes, PAYLOAD / 2, "RAM holds the level: %lld bytes",
+                 (long long)st.ram.bytes);
+    /* any fetch takes the level from RAM, decoded */
+    cache_fetch_src src = {0};
+    cache_fetch_policy any = {.force_enc = CACHE_ENC_ANY};
+    cache_chunk *got = store_get(s, c, &any, &src);
+    cr_assert_eq(src.tier, CACHE_TIER_RAM);
+    cr_assert_eq(src.enc, CACHE_ENC_CODEC + 1);
+    cache_chunk *want = chunk_coded_copy(&l, &t, CACHE_ENC_CODEC + 1, c);
+    chunk_assert_same(got, want);
+    cache_chunk_unref(want);
+    cache_chunk_unref(got);
+    /* one insisting on exact KV (or with no policy) reads the record on disk, and does not
+     * bring it into RAM over the level */
+    cache_fetch_policy exact[2] = {{.force_enc = CACHE_ENC_ANY, .lossless = true},
+                                   {.force_enc = CACHE_ENC_RAW}};
+    for (int k = 0; k < 3; k++) {
+        got = store_get(s, c, k < 2 ? &exact[k] : NULL, &src);
+        cr_assert_eq(src.tier, CACHE_TIER_DISK);
+        cr_assert_eq(src.enc, CACHE_ENC_RAW);
+        chunk_assert_same(got, c);
+        cache_chunk_unref(got);
+    }
+    cache_store_stats(s, &st);
+    cr_assert_eq(st.ram.entries, 1);
+    cr_assert_lt(st.ram.bytes, PAYLOAD / 2);
+    cache_store_close(s);
+    /* a level the table lacks is refused at open */
+    o.ram_enc = CACHE_ENC_CODEC + t.n_levels;
+    cr_assert_null(cache_store_open(&l, &o, &err));
+    cr_assert(strstr(err.msg, "codec table"), "%s", err.msg);
+    cache_chunk_unref(c);
     codec_table_free(&t);
     remove_tree(dir);
 }

@@ -1,6 +1,7 @@
 /* cache/: chunk keys against goldens from an independent implementation
  * (scripts/ref/make_cache_key_golden.py, Python hashlib), the chaining and namespace
- * properties, and the RAM tier (LRU, byte cap, pins, namespaces, references). */
+ * properties, and the RAM tier (LRU, byte cap, pins, namespaces, references, swapping a chunk for
+ * its encoding). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -258,6 +259,53 @@ Test(cache_ram, records_are_found_by_any_block_and_superseded_by_longer_ones) {
     cr_assert_eq(st.entries, 1);
     cache_chunk_unref(part);
     cache_chunk_unref(whole);
+    cache_ram_destroy(r);
+}
+
+Test(cache_ram, swap_keeps_the_place_and_pin_and_counts_the_new_bytes) {
+    size_t cb = cache_chunk_bytes(&SMALL);
+    cache_ram *r = cache_ram_create((int64_t)(3 * cb));
+    cache_key ns = {{0}};
+    cache_chunk *c[3];
+    for (int i = 0; i < 3; i++) {
+        c[i] = chunk_n(i, &ns);
+        cr_assert(cache_ram_put(r, c[i]));
+    }
+    cache_key k0 = key_n(0), k1 = key_n(1);
+    cr_assert_eq(cache_ram_pin(r, &k1, 1, true), 1);
+    uint8_t payload[100];
+    memset(payload, 0x5A, sizeof payload);
+    cache_chunk *e0 = cache_chunk_create_encoded(c[0], CACHE_ENC_Q8, payload, sizeof payload);
+    cache_chunk *e1 = cache_chunk_create_encoded(c[1], CACHE_ENC_Q8, payload, sizeof payload);
+    cr_assert(e0 && e1);
+    cr_assert_eq(e1->pos0, c[1]->pos0);
+    cr_assert(cache_ram_swap(r, c[0], e0));
+    cr_assert(cache_ram_swap(r, c[1], e1));
+    cr_assert_not(cache_ram_swap(r, c[1], e1), "c[1] is no longer what RAM holds");
+    cache_tier_stats st;
+    cache_ram_stats(r, &st);
+    cr_assert_eq(st.entries, 3);
+    cr_assert_eq(st.bytes, (int64_t)(cb + 2 * sizeof payload));
+    cr_assert_eq(st.pinned, 1);
+    /* found by any block, as the encoding */
+    cache_key b0 = block_key(1, 0);
+    cache_chunk *g = ram_get(r, &b0);
+    cr_assert_eq(g, e1);
+    cr_assert_eq(g->enc, CACHE_ENC_Q8);
+    cache_chunk_unref(g);
+    /* its place in the LRU order is kept: 0 is still the oldest, and goes first (1 is pinned) */
+    cache_chunk *c3 = chunk_n(3, &ns), *c4 = chunk_n(4, &ns);
+    cr_assert(cache_ram_put(r, c3));
+    cr_assert(cache_ram_put(r, c4));
+    cr_assert_not(cache_ram_contains(r, &k0));
+    cr_assert(cache_ram_contains(r, &k1));
+    /* a chunk of other blocks is not swapped in */
+    cr_assert_not(cache_ram_swap(r, c3, e1));
+    cache_chunk_unref(c3);
+    cache_chunk_unref(c4);
+    cache_chunk_unref(e0);
+    cache_chunk_unref(e1);
+    for (int i = 0; i < 3; i++) cache_chunk_unref(c[i]);
     cache_ram_destroy(r);
 }
 

@@ -638,6 +638,7 @@ static const char *const ALL_FLAGS[] = {
     "--cache-dir",
     "--cache-disk-bytes",
     "--cache-disk-encoded",
+    "--cache-ram-encoding",
     "--blend",
     "--no-blend",
     "--blend-recompute",
