@@ -51,7 +51,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
-        format-check bench bench-serve bench-ttft bench-stream bench-codec bench-blend \
+        format-check bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
         bench-grammar bench-schema bench-gpu
 all: $(BUILD)/kvserve
 
@@ -181,6 +181,11 @@ bench-ttft: $(MODEL) $(BUILD)/kvserve
 # recompute and adaptive, with each level's quality against exact KV.
 bench-stream: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/stream.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
+# The local tiers holding encodings: RAM (--cache-ram-encoding) and disk (--cache-disk-encoded),
+# per encoding: room, TTFT and answers against a full prefill.
+bench-levels: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/levels.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
 # CacheBlend on a RAG set from local texts: quality against full prefill and TTFT per method.
 bench-blend: $(MODEL) $(BUILD)/kvserve

@@ -35,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,6 +42,7 @@
 #include "cache/disk.h"
 #include "cache/meter.h"
 #include "cache/record.h"
+#include "cache/worker.h"
 #include "util/keytable.h"
 
 #define DISK_RING_DEPTH 64 /* io_uring entries, and the most operations in flight */
@@ -57,7 +57,6 @@
 /* Before a read has measured the disk, it is taken to read 1 GB/s (bytes per ns). */
 #define DISK_PRIOR_BW 1.0
 #define DISK_DECODE_THREADS 2
-#define DISK_ENCODE_NICE 10 /* the encoder's CPU priority below the engine's */
 
 /* ---------------------------------------------------------------- types */
 
@@ -132,12 +131,6 @@ typedef struct disk_sidecars {
     uint64_t payload[CACHE_ENC_MAX];
 } disk_sidecars;
 
-/* A published record for the encoder. */
-typedef struct disk_encode {
-    cache_chunk *c;
-    uint64_t gen;
-} disk_encode;
-
 struct cache_disk {
     cache_layout layout;
     const codec_table *table; /* the codec's levels (NULL: q8 only); borrowed */
@@ -163,18 +156,12 @@ struct cache_disk {
     int n_writes; /* queued + in flight */
     disk_job *jobs, *jobs_tail;
     bool stop;
-    cache_tier_stats st;  /* capacity is filled in by cache_disk_stats */
-    int64_t pinned_bytes; /* payload bytes of pinned entries (published or being written) */
-    cache_meter meter;    /* this disk's read rate and the decoders */
-    disk_encode *eq;      /* ring [max(write_queue, 1)] of records to encode, each a reference */
-    int eq_head, eq_len;
-    int n_encodes;           /* queued, being encoded or being written */
-    disk_sidecars *handoff;  /* encoded files for the I/O thread to write (one at a time) */
-    bool enc_stop;           /* the encoder is to stop */
-    pthread_cond_t enc_work; /* to the encoder: a record or stop */
+    cache_tier_stats st;    /* capacity is filled in by cache_disk_stats */
+    int64_t pinned_bytes;   /* payload bytes of pinned entries (published or being written) */
+    cache_meter meter;      /* this disk's read rate and the decoders */
+    chunk_worker *encoder;  /* encodes published records (NULL: none, or stopping) */
+    disk_sidecars *handoff; /* encoded files for the I/O thread to write (one at a time) */
 
-    pthread_t enc_thread; /* the encoder, when the tier keeps encodings */
-    bool enc_started;
     float *enc_scratch; /* the encoder's */
     float *scratch;     /* the I/O thread's: decoding */
 
@@ -616,19 +603,10 @@ static int write_file(cache_disk *d, const cache_key *k, const char *name, uint8
     return err;
 }
 
-/* Queues published entry e's chunk c for the encoder (caller holds mu). */
+/* Queues published entry e's chunk c for the encoder (caller holds mu); a full queue leaves
+ * the record lossless only (counted as dropped). */
 static void encode_queue_locked(cache_disk *d, disk_entry *e, cache_chunk *c) {
-    int cap = d->write_queue > 0 ? d->write_queue : 1;
-    if (d->n_enc <= 1 || d->enc_stop) return;
-    if (d->eq_len >= cap) {
-        d->st.dropped++;
-        return;
-    }
-    cache_chunk_ref(c);
-    d->eq[(d->eq_head + d->eq_len) % cap] = (disk_encode){c, e->gen};
-    d->eq_len++;
-    d->n_encodes++;
-    pthread_cond_signal(&d->enc_work);
+    if (d->encoder && !chunk_worker_queue(d->encoder, c, e->gen)) d->st.dropped++;
 }
 
 static void disk_write(cache_disk *d, cache_chunk *c) {
@@ -707,90 +685,63 @@ static void disk_write_sidecars(cache_disk *d, disk_sidecars *s) {
     free(s);
 }
 
-/* The encoder's work on one record: its encodings, made while its entry lives, handed to the I/O
- * thread (waiting while it writes the previous record's). */
-static void encode_record(cache_disk *d, const disk_encode *it) {
+/* The encoder's work on record c (of entry generation gen): its encodings, made while its entry
+ * lives and the tier is not stopping, handed to the I/O thread (waiting while it writes the
+ * previous record's). */
+static void encode_record(void *ud, cache_chunk *c, uint64_t gen) {
+    cache_disk *d = ud;
     disk_sidecars *s = calloc(1, sizeof *s);
     bool made = false;
     if (s) {
-        s->key = it->c->key;
-        s->gen = it->gen;
+        s->key = c->key;
+        s->gen = gen;
     }
     for (int e = 1; s && e < d->n_enc; e++) {
         pthread_mutex_lock(&d->mu);
-        disk_entry *en = table_find(d, &it->c->key);
-        bool live = en && en->gen == it->gen && !d->enc_stop;
+        disk_entry *en = table_find(d, &c->key);
+        bool live = en && en->gen == gen && d->encoder;
         pthread_mutex_unlock(&d->mu);
         if (!live) break;
-        size_t cap = padded(cache_enc_bound(&d->layout, d->table, e, it->c->n_blocks));
+        size_t cap = padded(cache_enc_bound(&d->layout, d->table, e, c->n_blocks));
         void *buf = NULL;
         if (cap == 0 || posix_memalign(&buf, CACHE_ALIGN, d->header_bytes + cap) != 0) continue;
         kv_error err = {{0}};
         uint8_t *payload = (uint8_t *)buf + d->header_bytes;
         int64_t len =
-            cache_enc_encode(&d->layout, d->table, e, it->c, d->enc_scratch, payload, cap, &err);
+            cache_enc_encode(&d->layout, d->table, e, c, d->enc_scratch, payload, cap, &err);
         if (len <= 0) {
             log_debug("cache: disk: chunk not encoded as %d: %s", e, err.msg);
             free(buf);
             continue;
         }
         memset(payload + len, 0, padded((size_t)len) - (size_t)len);
-        cache_record_encode_header_as(&d->layout, it->c, (uint32_t)e, payload, (size_t)len, buf);
+        cache_record_encode_header_as(&d->layout, c, (uint32_t)e, payload, (size_t)len, buf);
         s->buf[e] = buf;
         s->len[e] = d->header_bytes + padded((size_t)len);
         made = true;
     }
-    pthread_mutex_lock(&d->mu);
-    if (made) {
-        while (d->handoff) pthread_cond_wait(&d->done, &d->mu);
-        d->handoff = s; /* n_encodes drops once it is written */
-        pthread_cond_signal(&d->work);
-    } else {
-        d->n_encodes--;
-        pthread_cond_broadcast(&d->done);
+    if (!made) {
+        free(s);
+        return;
     }
+    pthread_mutex_lock(&d->mu);
+    while (d->handoff) pthread_cond_wait(&d->done, &d->mu);
+    d->handoff = s;
+    pthread_cond_signal(&d->work);
     pthread_mutex_unlock(&d->mu);
-    if (!made && s) free(s);
 }
 
-static void *encode_thread(void *arg) {
-    cache_disk *d = arg;
-    /* Encoding is background work: the engine's threads go first. */
-    if (setpriority(PRIO_PROCESS, (id_t)gettid(), DISK_ENCODE_NICE) != 0)
-        log_debug("cache: disk encoder: cannot lower its priority: %s", strerror(errno));
+/* The encoder's first work: what decoding costs here, for the fetch policy. */
+static void encoder_first(void *ud) {
+    cache_disk *d = ud;
     double dec_ns[CACHE_ENC_MAX];
     pthread_mutex_lock(&d->mu);
     memcpy(dec_ns, d->meter.dec_ns, sizeof dec_ns);
     pthread_mutex_unlock(&d->mu);
     cache_meter_measure(&d->layout, d->table, DISK_DECODE_THREADS, d->enc_scratch, dec_ns);
-    int cap = d->write_queue > 0 ? d->write_queue : 1;
     pthread_mutex_lock(&d->mu);
     memcpy(d->meter.dec_ns, dec_ns, sizeof dec_ns);
-    for (;;) {
-        if (d->eq_len && !d->enc_stop) {
-            disk_encode it = d->eq[d->eq_head];
-            d->eq_head = (d->eq_head + 1) % cap;
-            d->eq_len--;
-            pthread_mutex_unlock(&d->mu);
-            encode_record(d, &it);
-            cache_chunk_unref(it.c);
-            pthread_mutex_lock(&d->mu);
-        } else if (d->enc_stop) {
-            break;
-        } else {
-            pthread_cond_wait(&d->enc_work, &d->mu);
-        }
-    }
-    /* what was not encoded is not: the records stay lossless only */
-    while (d->eq_len) {
-        cache_chunk_unref(d->eq[d->eq_head].c);
-        d->eq_head = (d->eq_head + 1) % cap;
-        d->eq_len--;
-        d->n_encodes--;
-    }
-    pthread_cond_broadcast(&d->done);
     pthread_mutex_unlock(&d->mu);
-    return NULL;
 }
 
 typedef enum read_result {
@@ -1063,7 +1014,6 @@ static void *disk_thread(void *arg) {
             disk_write_sidecars(d, sc);
             pthread_mutex_lock(&d->mu);
             d->handoff = NULL;
-            d->n_encodes--;
             pthread_cond_broadcast(&d->done);
         } else if (d->stop) {
             break;
@@ -1273,12 +1223,10 @@ static void disk_free(cache_disk *d) {
     if (d->dir_fd >= 0) close(d->dir_fd);
     pthread_cond_destroy(&d->done);
     pthread_cond_destroy(&d->work);
-    pthread_cond_destroy(&d->enc_work);
     pthread_mutex_destroy(&d->mu);
     keytable_free(&d->records);
     keytable_free(&d->blocks);
     free(d->wq);
-    free(d->eq);
     free(d->scratch);
     free(d->enc_scratch);
     free(d->hdr);
@@ -1289,12 +1237,12 @@ static void disk_free(cache_disk *d) {
 
 /* Stops the encoder (what it has not begun is not encoded), then the I/O thread. */
 static void threads_stop(cache_disk *d) {
+    /* No record is queued for the encoder once it is out of the tier. */
     pthread_mutex_lock(&d->mu);
-    d->enc_stop = true;
-    pthread_cond_signal(&d->enc_work);
+    chunk_worker *w = d->encoder;
+    d->encoder = NULL;
     pthread_mutex_unlock(&d->mu);
-    if (d->enc_started) pthread_join(d->enc_thread, NULL);
-    d->enc_started = false;
+    chunk_worker_stop(w);
     /* The I/O thread drains the jobs and writes still queued before it sees stop. */
     pthread_mutex_lock(&d->mu);
     d->stop = true;
@@ -1338,7 +1286,6 @@ cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t 
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work, NULL);
     pthread_cond_init(&d->done, NULL);
-    pthread_cond_init(&d->enc_work, NULL);
     d->layout = *l;
     d->table = encode ? table : NULL;
     d->n_enc = encode ? cache_enc_count(table) : 1;
@@ -1365,10 +1312,9 @@ cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t 
     d->hdr = hdr;
     bool enc_ok = true;
     if (d->n_enc > 1) {
-        d->eq = calloc(write_queue > 0 ? (size_t)write_queue : 1, sizeof *d->eq);
         d->scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
         d->enc_scratch = malloc(sizeof(float) * cache_enc_scratch_floats(l));
-        enc_ok = d->eq && d->scratch && d->enc_scratch;
+        enc_ok = d->scratch && d->enc_scratch;
     }
     if (!d->path || !tables || !d->wq || !d->hdr || !enc_ok) {
         kv_fail(err, "cache disk: out of memory");
@@ -1397,11 +1343,14 @@ cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t 
     }
     d->thread_started = true;
     if (d->n_enc > 1) {
-        if (pthread_create(&d->enc_thread, NULL, encode_thread, d) != 0) {
-            kv_fail(err, "cache disk: cannot start the encoder thread");
+        chunk_worker *w = chunk_worker_start(write_queue, encode_record, encoder_first, d, err);
+        if (!w) {
+            kv_fail_wrap(err, "cache disk");
             goto fail;
         }
-        d->enc_started = true;
+        pthread_mutex_lock(&d->mu);
+        d->encoder = w;
+        pthread_mutex_unlock(&d->mu);
     }
     log_info("cache: disk %s: %lld records, %lld bytes (cap %lld); %lld invalid files deleted",
              d->path, (long long)d->st.entries, (long long)d->st.bytes, (long long)d->cap,
@@ -1566,6 +1515,11 @@ void cache_disk_stats(cache_disk *d, cache_tier_stats *out) {
 
 void cache_disk_flush(cache_disk *d) {
     pthread_mutex_lock(&d->mu);
-    while (d->n_writes > 0 || d->n_encodes > 0) pthread_cond_wait(&d->done, &d->mu);
+    while (d->n_writes > 0) pthread_cond_wait(&d->done, &d->mu);
+    chunk_worker *w = d->encoder; /* stopped only by close: not while a caller flushes */
+    pthread_mutex_unlock(&d->mu);
+    if (w) chunk_worker_flush(w); /* the encodings of what was written */
+    pthread_mutex_lock(&d->mu);
+    while (d->n_writes > 0 || d->handoff) pthread_cond_wait(&d->done, &d->mu);
     pthread_mutex_unlock(&d->mu);
 }

@@ -7,12 +7,8 @@
  * a lower CPU priority swaps it for its encoding soon after (a full queue leaves it lossless). A
  * lookup decodes what it finds there before returning it, reported as that encoding: lossy KV,
  * never taken by a fetch that insists on exact KV (it reads disk instead). */
-#include <errno.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include "cache/blend.h"
 #include "cache/cache.h"
@@ -20,10 +16,10 @@
 #include "cache/disk.h"
 #include "cache/ram.h"
 #include "cache/redis.h"
+#include "cache/worker.h"
 
 #define STORE_REDIS_TIMEOUT_MS 200
 #define STORE_ENCODE_QUEUE 64
-#define STORE_ENCODE_NICE 10
 #define STORE_DECODE_THREADS 2
 
 struct cache_store {
@@ -35,15 +31,8 @@ struct cache_store {
     /* The encoded RAM tier (ram_enc != CACHE_ENC_RAW). */
     int ram_enc;
     const codec_table *table;
-    pthread_mutex_t mu;
-    pthread_cond_t work, done;
-    cache_chunk *eq[STORE_ENCODE_QUEUE]; /* ring of lossless chunks in RAM to encode */
-    int eq_head, eq_len;
-    int n_encodes; /* queued or being encoded */
-    bool stop;
-    pthread_t enc_thread;
-    bool enc_started;
-    float *enc_scratch;
+    chunk_worker *encoder; /* encodes the lossless chunks put into RAM */
+    float *enc_scratch;    /* the encoder's */
     uint8_t *enc_buf;
     size_t enc_cap;
 };
@@ -51,7 +40,9 @@ struct cache_store {
 /* ---------------------------------------------------------------- the encoded RAM tier */
 
 /* Encodes c and swaps it into RAM in its place (when RAM still holds c). Encoder thread. */
-static void ram_encode(cache_store *s, cache_chunk *c) {
+static void ram_encode(void *ud, cache_chunk *c, uint64_t tag) {
+    cache_store *s = ud;
+    (void)tag;
     kv_error err = {{0}};
     int64_t len = cache_enc_encode(&s->layout, s->table, s->ram_enc, c, s->enc_scratch, s->enc_buf,
                                    s->enc_cap, &err);
@@ -65,53 +56,11 @@ static void ram_encode(cache_store *s, cache_chunk *c) {
     cache_chunk_unref(e);
 }
 
-static void *ram_encode_thread(void *arg) {
-    cache_store *s = arg;
-    if (setpriority(PRIO_PROCESS, (id_t)gettid(), STORE_ENCODE_NICE) != 0)
-        log_debug("cache: RAM encoder: cannot lower its priority: %s", strerror(errno));
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        if (s->eq_len && !s->stop) {
-            cache_chunk *c = s->eq[s->eq_head];
-            s->eq_head = (s->eq_head + 1) % STORE_ENCODE_QUEUE;
-            s->eq_len--;
-            pthread_mutex_unlock(&s->mu);
-            ram_encode(s, c);
-            cache_chunk_unref(c);
-            pthread_mutex_lock(&s->mu);
-            s->n_encodes--;
-            pthread_cond_broadcast(&s->done);
-        } else if (s->stop) {
-            break;
-        } else {
-            pthread_cond_wait(&s->work, &s->mu);
-        }
-    }
-    while (s->eq_len) {
-        cache_chunk_unref(s->eq[s->eq_head]);
-        s->eq_head = (s->eq_head + 1) % STORE_ENCODE_QUEUE;
-        s->eq_len--;
-        s->n_encodes--;
-    }
-    pthread_cond_broadcast(&s->done);
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-/* Puts c into RAM; a lossless chunk of an encoded tier is queued for the encoder. */
+/* Puts c into RAM; a lossless chunk of an encoded tier is queued for the encoder (a full
+ * queue leaves it lossless). */
 static bool ram_put(cache_store *s, cache_chunk *c) {
     if (!cache_ram_put(s->ram, c)) return false;
-    if (s->ram_enc != CACHE_ENC_RAW && c->enc == CACHE_ENC_RAW) {
-        pthread_mutex_lock(&s->mu);
-        if (s->eq_len < STORE_ENCODE_QUEUE && !s->stop) {
-            cache_chunk_ref(c);
-            s->eq[(s->eq_head + s->eq_len) % STORE_ENCODE_QUEUE] = c;
-            s->eq_len++;
-            s->n_encodes++;
-            pthread_cond_signal(&s->work);
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (s->encoder && c->enc == CACHE_ENC_RAW) chunk_worker_queue(s->encoder, c, 0);
     return true;
 }
 
@@ -149,9 +98,6 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         return NULL;
     }
     s->layout = *l;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->work, NULL);
-    pthread_cond_init(&s->done, NULL);
     if (o->ram_bytes > 0 && !(s->ram = cache_ram_create(o->ram_bytes))) {
         kv_fail(err, "out of memory");
         goto fail;
@@ -175,11 +121,8 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
             kv_fail(err, "out of memory");
             goto fail;
         }
-        if (pthread_create(&s->enc_thread, NULL, ram_encode_thread, s) != 0) {
-            kv_fail(err, "cannot start the RAM tier's encoder thread");
+        if (!(s->encoder = chunk_worker_start(STORE_ENCODE_QUEUE, ram_encode, NULL, s, err)))
             goto fail;
-        }
-        s->enc_started = true;
     }
     if (o->dir && o->dir[0] && o->disk_bytes > 0 &&
         !(s->disk = cache_disk_open_enc(o->dir, l, o->disk_bytes,
@@ -204,17 +147,10 @@ int cache_store_check_redis_url(const char *url, kv_error *err) {
 
 void cache_store_close(cache_store *s) {
     if (!s) return;
-    pthread_mutex_lock(&s->mu);
-    s->stop = true;
-    pthread_cond_signal(&s->work);
-    pthread_mutex_unlock(&s->mu);
-    if (s->enc_started) pthread_join(s->enc_thread, NULL);
+    chunk_worker_stop(s->encoder);
     cache_redis_close(s->redis);
     cache_disk_close(s->disk);
     cache_ram_destroy(s->ram);
-    pthread_cond_destroy(&s->work);
-    pthread_cond_destroy(&s->done);
-    pthread_mutex_destroy(&s->mu);
     free(s->enc_buf);
     free(s->enc_scratch);
     free(s);
@@ -395,9 +331,7 @@ void cache_store_stats(cache_store *s, cache_stats *out) {
 }
 
 void cache_store_flush(cache_store *s) {
-    pthread_mutex_lock(&s->mu);
-    while (s->n_encodes > 0) pthread_cond_wait(&s->done, &s->mu);
-    pthread_mutex_unlock(&s->mu);
+    if (s->encoder) chunk_worker_flush(s->encoder);
     if (s->disk) cache_disk_flush(s->disk);
     if (s->redis) cache_redis_flush(s->redis);
 }
