@@ -57,6 +57,9 @@
 /* Before a read has measured the disk, it is taken to read 1 GB/s (bytes per ns). */
 #define DISK_PRIOR_BW 1.0
 #define DISK_DECODE_THREADS 2
+/* Records waiting for the encoder, each a lossless chunk held in memory: a burst beyond it is
+ * not encoded (an encoding costs more than a write; a deep queue would only hold memory). */
+#define DISK_ENCODE_QUEUE 16
 
 /* ---------------------------------------------------------------- types */
 
@@ -88,7 +91,7 @@ typedef struct disk_entry {
     cache_key ns;
     uint64_t gen;                 /* distinguishes this entry from a later one with the same key */
     int64_t bytes;                /* payload bytes, of every file */
-    uint32_t size[CACHE_ENC_MAX]; /* file bytes by encoding ([0]: the record; 0: no file) */
+    uint64_t size[CACHE_ENC_MAX]; /* file bytes by encoding ([0]: the record; 0: no file) */
     int n_blocks;
     bool pinned, writing, doomed;
     disk_block by_block[]; /* [n_blocks] */
@@ -206,9 +209,9 @@ static int hex_digit(char c) {
 
 static bool ends_with(const char *s, const char *suffix);
 
-/* True when name is one of this tier's files: <64 lower-case hex>.kvc (*enc 0) or
- * <64 hex>.e<N>[-anything].kvc (*enc N, 1 .. CACHE_ENC_MAX - 1; whether it is a name this
- * tier writes, file_name says). The key goes to k. */
+/* True when name is one of the names this tier writes, for any codec table: <64 lower-case
+ * hex>.kvc (*enc 0), <64 hex>.e<N>.kvc or <64 hex>.e<N>-<8 hex>.kvc (*enc N, 1 .. 9; whether
+ * it is this instance's, file_name says). The key goes to k. */
 static bool file_name_parse(const char *name, cache_key *k, int *enc) {
     size_t n = strlen(name);
     if (n < 2 * CACHE_KEY_BYTES + 4 || !ends_with(name, ".kvc")) return false;
@@ -222,7 +225,11 @@ static bool file_name_parse(const char *name, cache_key *k, int *enc) {
     if (strcmp(rest, ".kvc") == 0) return true;
     if (rest[0] != '.' || rest[1] != 'e' || rest[2] < '1' || rest[2] > '9') return false;
     *enc = rest[2] - '0';
-    return rest[3] == '.' || rest[3] == '-';
+    if (strcmp(rest + 3, ".kvc") == 0) return true;
+    if (rest[3] != '-') return false;
+    for (int i = 4; i < 12; i++) /* stops at the terminating zero */
+        if (hex_digit(rest[i]) < 0) return false;
+    return strcmp(rest + 12, ".kvc") == 0;
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -279,7 +286,7 @@ static disk_entry *table_add(cache_disk *d, const cache_key *bkeys, int n_blocks
     if (!e) return NULL;
     e->ns = *ns;
     e->bytes = bytes;
-    e->size[CACHE_ENC_RAW] = (uint32_t)cache_record_file_bytes(&d->layout, (size_t)bytes);
+    e->size[CACHE_ENC_RAW] = cache_record_file_bytes(&d->layout, (size_t)bytes);
     e->n_blocks = n_blocks;
     e->gen = ++d->next_gen;
     e->writing = true;
@@ -314,7 +321,7 @@ static disk_files entry_files(const disk_entry *e) {
 
 /* Gives published entry e encoding enc's file of file_bytes bytes (0: takes it away); all but
  * its header count as payload. */
-static void entry_set_enc(cache_disk *d, disk_entry *e, int enc, uint32_t file_bytes) {
+static void entry_set_enc(cache_disk *d, disk_entry *e, int enc, uint64_t file_bytes) {
     int64_t hb = (int64_t)d->header_bytes;
     int64_t delta = (file_bytes ? (int64_t)file_bytes - hb : 0) -
                     (e->size[enc] ? (int64_t)e->size[enc] - hb : 0);
@@ -645,10 +652,11 @@ static void disk_write(cache_disk *d, cache_chunk *c) {
 }
 
 /* Writes the encoder's files of one record, and indexes them with it; files whose record has
- * gone since (evicted, cleared, superseded) are deleted again. Frees s. */
+ * gone since (evicted, cleared, superseded), or would take a pinned record's pins over half the
+ * tier, are deleted again. Frees s. */
 static void disk_write_sidecars(cache_disk *d, disk_sidecars *s) {
     disk_files written = 0;
-    uint32_t size[CACHE_ENC_MAX] = {0};
+    uint64_t size[CACHE_ENC_MAX] = {0};
     char name[DISK_NAME_MAX];
     for (int e = 1; e < CACHE_ENC_MAX; e++) {
         if (!s->buf[e]) continue;
@@ -664,11 +672,16 @@ static void disk_write_sidecars(cache_disk *d, disk_sidecars *s) {
             continue;
         }
         written |= (disk_files)(1u << e);
-        size[e] = (uint32_t)s->len[e];
+        size[e] = s->len[e];
     }
     pthread_mutex_lock(&d->mu);
     disk_entry *e = table_find(d, &s->key);
-    if (e && e->gen == s->gen && !e->writing) {
+    int64_t added = 0;
+    for (int i = 1; i < CACHE_ENC_MAX; i++)
+        added += size[i] ? (int64_t)size[i] - (int64_t)d->header_bytes : 0;
+    /* a pinned record's encodings are pinned too: only as far as pins may fill half the tier */
+    bool room = e && (!e->pinned || d->pinned_bytes + added <= d->cap / 2);
+    if (e && e->gen == s->gen && !e->writing && room) {
         for (int i = 1; i < CACHE_ENC_MAX; i++)
             if (size[i]) {
                 entry_set_enc(d, e, i, size[i]);
@@ -734,13 +747,10 @@ static void encode_record(void *ud, cache_chunk *c, uint64_t gen) {
 /* The encoder's first work: what decoding costs here, for the fetch policy. */
 static void encoder_first(void *ud) {
     cache_disk *d = ud;
-    double dec_ns[CACHE_ENC_MAX];
-    pthread_mutex_lock(&d->mu);
-    memcpy(dec_ns, d->meter.dec_ns, sizeof dec_ns);
-    pthread_mutex_unlock(&d->mu);
+    double dec_ns[CACHE_ENC_MAX] = {0};
     cache_meter_measure(&d->layout, d->table, DISK_DECODE_THREADS, d->enc_scratch, dec_ns);
     pthread_mutex_lock(&d->mu);
-    memcpy(d->meter.dec_ns, dec_ns, sizeof dec_ns);
+    cache_meter_set_decode(&d->meter, dec_ns);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -755,7 +765,7 @@ typedef struct read_slot {
     int idx; /* into the job's keys and out */
     uint64_t gen;
     int n_blocks;
-    uint32_t size[CACHE_ENC_MAX]; /* the entry's files */
+    uint64_t size[CACHE_ENC_MAX]; /* the entry's files */
     int enc;                      /* the file read */
     int fd;
     cache_chunk *c;
@@ -764,12 +774,13 @@ typedef struct read_slot {
     read_result bad_result;
 } read_slot;
 
-/* Checks a record read into hdr and payload: the header (of level enc), the key it names
- * against the one asked for, its block count against the index's, the payload checksum. Then
- * fills c's keys, namespace and position from the header and, for an encoding, decodes the
- * payload into c. */
+/* Checks a record read into hdr and payload[0..body): the header (of level enc), the key it
+ * names against the one asked for, its block count against the index's, its payload's size
+ * against what was read, the payload checksum. Then fills c's keys, namespace and position from
+ * the header and, for an encoding, decodes the payload into c. 0; -1 with err when the record
+ * fails a check; 1 with err when decoding ran out of memory (the file may be sound). */
 static int read_verify(cache_disk *d, int enc, const uint8_t *hdr, const uint8_t *payload,
-                       const cache_key *key, cache_chunk *c, kv_error *err) {
+                       size_t body, const cache_key *key, cache_chunk *c, kv_error *err) {
     cache_record_info info;
     if (enc == CACHE_ENC_RAW
             ? cache_record_decode_header(hdr, d->header_bytes, &d->layout, &info, err) != 0
@@ -782,6 +793,9 @@ static int read_verify(cache_disk *d, int enc, const uint8_t *hdr, const uint8_t
         return kv_fail(err, "header has level %u, its name %d", info.level, enc);
     if (info.n_blocks != c->n_blocks)
         return kv_fail(err, "header has %d blocks, the index %d", info.n_blocks, c->n_blocks);
+    if (info.payload_bytes > body)
+        return kv_fail(err, "header has a %llu-byte payload, the file %zu bytes after it",
+                       (unsigned long long)info.payload_bytes, body);
     if (cache_record_check_payload(&info, payload, err) != 0) return -1;
     memcpy(c->bkeys, info.bkeys, (size_t)info.n_blocks * CACHE_KEY_BYTES);
     c->key = info.key;
@@ -791,7 +805,7 @@ static int read_verify(cache_disk *d, int enc, const uint8_t *hdr, const uint8_t
     uint64_t t0 = clock_now_ns();
     if (cache_enc_decode(&d->layout, d->table, enc, payload, (size_t)info.payload_bytes, c,
                          d->scratch, DISK_DECODE_THREADS, err) != 0)
-        return -1;
+        return strstr(err->msg, "out of memory") ? 1 : -1;
     pthread_mutex_lock(&d->mu);
     cache_meter_decode(&d->meter, enc, (double)c->bytes / 2, clock_now_ns() - t0);
     pthread_mutex_unlock(&d->mu);
@@ -858,15 +872,16 @@ static void read_record_finish(cache_disk *d, disk_job *j, read_inflight *r, boo
         file_name(d, &j->keys[sl->idx], sl->enc, name);
         int e = r->ops[0].err ? r->ops[0].err : r->ops[1].err;
         kv_error err = {{0}};
+        int v;
         if (e) {
             /* Short (torn) or unreadable records are dropped; other errors may pass. */
             sl->result = e == ENODATA || e == EIO ? READ_CORRUPT : READ_SKIPPED;
             disk_warn(d, "cannot read %s: %s", name,
                       e == ENODATA ? "file shorter than its record" : strerror(e));
-        } else if (read_verify(d, sl->enc, r->hdr, r->payload ? r->payload : sl->c->data,
-                               &j->keys[sl->idx], sl->c, &err) != 0) {
-            sl->result = READ_CORRUPT;
-            disk_warn(d, "dropping %s: %s", name, err.msg);
+        } else if ((v = read_verify(d, sl->enc, r->hdr, r->payload ? r->payload : sl->c->data,
+                                    r->ops[1].len, &j->keys[sl->idx], sl->c, &err)) != 0) {
+            sl->result = v > 0 ? READ_SKIPPED : READ_CORRUPT;
+            disk_warn(d, "%s %s: %s", v > 0 ? "cannot decode" : "dropping", name, err.msg);
         } else {
             sl->result = READ_OK;
             if (first && j->policy) {
@@ -942,12 +957,12 @@ static void disk_read_job(cache_disk *d, disk_job *j) {
         disk_entry *e = table_find(d, &j->keys[sl->idx]);
         bool same = e && e->gen == sl->gen && !e->writing;
         if (same && sl->bad_enc && sl->bad_result != READ_SKIPPED && e->size[sl->bad_enc]) {
-            /* an encoding gone or refused: the record keeps its others */
-            if (sl->bad_result == READ_CORRUPT) {
-                d->st.corrupt++;
-                if (!victim_push(d, entry_key(e), (disk_files)(1u << sl->bad_enc))) continue;
-            }
-            entry_set_enc(d, e, sl->bad_enc, 0);
+            /* an encoding gone or refused: the record keeps its others (a file that cannot be
+             * queued for deletion, for want of memory, stays indexed) */
+            bool corrupt = sl->bad_result == READ_CORRUPT;
+            if (corrupt) d->st.corrupt++;
+            if (!corrupt || victim_push(d, entry_key(e), (disk_files)(1u << sl->bad_enc)))
+                entry_set_enc(d, e, sl->bad_enc, 0);
         }
         if (sl->result == READ_OK) {
             j->out[sl->idx] = sl->c;
@@ -1190,7 +1205,7 @@ static int disk_scan(cache_disk *d, kv_error *err) {
         if (r == 0 && info.n_blocks != e->n_blocks)
             r = kv_fail(&why, "%d blocks, its record %d", info.n_blocks, e->n_blocks);
         if (r == 0) {
-            entry_set_enc(d, e, enc, (uint32_t)sb.st_size);
+            entry_set_enc(d, e, enc, (uint64_t)sb.st_size);
         } else if (!e) { /* its record was deleted before it (a crash in between) */
             stale += unlinkat(d->dir_fd, name, 0) == 0;
         } else if (r < 0) {
@@ -1343,7 +1358,8 @@ cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t 
     }
     d->thread_started = true;
     if (d->n_enc > 1) {
-        chunk_worker *w = chunk_worker_start(write_queue, encode_record, encoder_first, d, err);
+        chunk_worker *w =
+            chunk_worker_start(DISK_ENCODE_QUEUE, encode_record, encoder_first, d, err);
         if (!w) {
             kv_fail_wrap(err, "cache disk");
             goto fail;

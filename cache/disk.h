@@ -27,8 +27,8 @@ cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_
 /* The same; with encode, the tier also keeps each record's chunk in every other encoding of
  * table (cache/chunk_codec.h: q8, then table's levels; NULL: q8 only), each in a file beside the
  * record, made in the background by an encoder thread at a lower CPU priority (its queue holds
- * write_queue records; beyond: dropped, counted). The files count towards cap_bytes and go with
- * their record. At open, files of another table or of no record are deleted; without encode,
+ * 16 records; beyond: not encoded, counted as dropped). The files count towards cap_bytes and go
+ * with their record. At open, files of another table or of no record are deleted; without encode,
  * every encoding's file is. */
 cache_disk *cache_disk_open_enc(const char *dir, const cache_layout *l, int64_t cap_bytes,
                                 int write_queue, const codec_table *table, bool encode,

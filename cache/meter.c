@@ -35,6 +35,12 @@ void cache_meter_link(cache_meter *m, size_t bytes, uint64_t ns) {
 void cache_meter_decode(cache_meter *m, int enc, double elems, uint64_t ns) {
     if (enc < 0 || enc >= m->n_enc || elems <= 0) return;
     m->dec_ns[enc] = 0.5 * m->dec_ns[enc] + 0.5 * (double)ns / elems;
+    m->sampled[enc] = true;
+}
+
+void cache_meter_set_decode(cache_meter *m, const double *dec_ns) {
+    for (int e = 0; e < m->n_enc; e++)
+        if (dec_ns[e] > 0 && !m->sampled[e]) m->dec_ns[e] = dec_ns[e];
 }
 
 bool cache_meter_fresh(const cache_meter *m) {
@@ -43,18 +49,18 @@ bool cache_meter_fresh(const cache_meter *m) {
 
 /* The time a chunk of `tokens` tokens and size[e] bytes takes in encoding e: on the link, and to
  * decode here. */
-static double enc_net(const uint32_t *size, int e, double bw) { return size[e] / bw; }
+static double enc_net(const uint64_t *size, int e, double bw) { return (double)size[e] / bw; }
 
 static double enc_dec(const cache_meter *m, int tokens, int e) {
     return m->dec_ns[e] * m->elems_per_token * tokens;
 }
 
-static double enc_cost(const cache_meter *m, const uint32_t *size, int tokens, int e, double bw) {
+static double enc_cost(const cache_meter *m, const uint64_t *size, int tokens, int e, double bw) {
     double net = enc_net(size, e, bw), dec = enc_dec(m, tokens, e);
     return net > dec ? net : dec;
 }
 
-static int pick(const cache_meter *m, const cache_fetch_policy *p, const uint32_t *size, int tokens,
+static int pick(const cache_meter *m, const cache_fetch_policy *p, const uint64_t *size, int tokens,
                 int i, int n, uint64_t t0, bool text_ok, const cache_meter_plan *plan, double bw) {
     if (p->force_enc == CACHE_ENC_TEXT) return text_ok ? CACHE_ENC_TEXT : CACHE_ENC_RAW;
     if (p->force_enc == CACHE_ENC_RAW || (p->force_enc > 0 && !p->lossless))
@@ -90,7 +96,7 @@ static int pick(const cache_meter *m, const cache_fetch_policy *p, const uint32_
     return text < enc_cost(m, size, tokens, fastest, bw) ? CACHE_ENC_TEXT : fastest;
 }
 
-int cache_meter_choose(const cache_meter *m, const cache_fetch_policy *p, const uint32_t *size,
+int cache_meter_choose(const cache_meter *m, const cache_fetch_policy *p, const uint64_t *size,
                        int tokens, int i, int n, uint64_t t0, bool text_ok,
                        cache_meter_plan *plan) {
     double bw = m->bw > 0 ? m->bw : m->prior_bw;

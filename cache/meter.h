@@ -21,6 +21,7 @@ typedef struct cache_meter {
     double bw;                    /* measured link, bytes per ns (EWMA; 0: not measured yet) */
     uint64_t bw_at;               /* when bw was last sampled (monotonic ns) */
     double dec_ns[CACHE_ENC_MAX]; /* decode cost per KV element by encoding (EWMA) */
+    bool sampled[CACHE_ENC_MAX];  /* dec_ns[e] has a sample of a real decode */
 } cache_meter;
 
 /* A fetch's plan so far: the link and decode time of the chunks chosen (estimates). */
@@ -35,6 +36,9 @@ void cache_meter_init(cache_meter *m, const cache_layout *l, int n_enc, double p
 void cache_meter_link(cache_meter *m, size_t bytes, uint64_t ns);
 /* Samples a decode of encoding enc: elems KV elements in ns. */
 void cache_meter_decode(cache_meter *m, int enc, double elems, uint64_t ns);
+/* Takes the costs cache_meter_measure measured (dec_ns[e] > 0) in place of the priors; the
+ * encodings it did not measure, or that real decodes have sampled meanwhile, keep theirs. */
+void cache_meter_set_decode(cache_meter *m, const double *dec_ns);
 /* True when the link was measured within the last 10 s: older, a tier fetches a request's first
  * chunk whatever it costs, so one slow sample cannot keep every later request from the tier. */
 bool cache_meter_fresh(const cache_meter *m);
@@ -47,7 +51,7 @@ bool cache_meter_fresh(const cache_meter *m);
  *   - else the finest encoding whose cost fits the chunk's share of what is left of the budget;
  *     none fitting, the one that finishes the plan soonest, or text where that beats it.
  * Text is an option only when text_ok and the link is measured (or i > 0). */
-int cache_meter_choose(const cache_meter *m, const cache_fetch_policy *p, const uint32_t *size,
+int cache_meter_choose(const cache_meter *m, const cache_fetch_policy *p, const uint64_t *size,
                        int tokens, int i, int n, uint64_t t0, bool text_ok, cache_meter_plan *plan);
 
 /* Measures what decoding a full chunk costs on this machine in each of t's encodings (the

@@ -77,10 +77,14 @@ void cache_ram_destroy(cache_ram *r) {
 }
 
 cache_chunk *cache_ram_find(cache_ram *r, const cache_key *bkey, int *block) {
+    return cache_ram_find_as(r, bkey, false, block);
+}
+
+cache_chunk *cache_ram_find_as(cache_ram *r, const cache_key *bkey, bool lossless, int *block) {
     pthread_mutex_lock(&r->mu);
     kt_node *n = keytable_find(&r->blocks, bkey->b);
     cache_chunk *c = NULL;
-    if (n) {
+    if (n && (!lossless || KT_ENTRY(n, ram_block, node)->e->c->enc == CACHE_ENC_RAW)) {
         ram_block *b = KT_ENTRY(n, ram_block, node);
         ram_entry *e = b->e;
         *block = (int)(b - e->by_block);
@@ -164,6 +168,14 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
 out:
     pthread_mutex_unlock(&r->mu);
     return ok;
+}
+
+bool cache_ram_has(cache_ram *r, const cache_chunk *c) {
+    pthread_mutex_lock(&r->mu);
+    ram_entry *e = find_record(r, &c->key);
+    bool held = e && e->c == c;
+    pthread_mutex_unlock(&r->mu);
+    return held;
 }
 
 bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c) {

@@ -12,6 +12,9 @@ void cache_ram_destroy(cache_ram *r);
 /* A new reference to a chunk holding a block whose key is bkey (made most recently used; a
  * hit), and the block's index in it; NULL when none does (no statistics: the caller probes). */
 cache_chunk *cache_ram_find(cache_ram *r, const cache_key *bkey, int *block);
+/* The same; with lossless, a chunk held in an encoding (cache_chunk.enc) is not found (no hit
+ * counted, no LRU change). */
+cache_chunk *cache_ram_find_as(cache_ram *r, const cache_key *bkey, bool lossless, int *block);
 /* True when a chunk holds a block whose key is bkey (no statistics, no LRU change). */
 bool cache_ram_holds(cache_ram *r, const cache_key *bkey);
 /* Counts a miss (a lookup the caller gave up on). */
@@ -23,6 +26,8 @@ bool cache_ram_contains(cache_ram *r, const cache_key *key);
  * are replaced by it; evicts least recently used unpinned chunks down to the cap. False when
  * not inserted. */
 bool cache_ram_put(cache_ram *r, cache_chunk *c);
+/* True when c itself is the record held under its key. */
+bool cache_ram_has(cache_ram *r, const cache_chunk *c);
 /* Replaces the chunk old, where it is still the record held under its key, by c (taking a
  * reference; c holds the same blocks, e.g. old encoded), keeping its place in the LRU order and
  * its pin. False when old is no longer held. */

@@ -310,7 +310,7 @@ static bool alias_ok(const redisReply *a) {
 /* One record a lookup continues the prefix with: its names and the sizes of its values. */
 typedef struct fetch_rec {
     cache_key key, ns;
-    uint32_t size[CACHE_ENC_MAX]; /* value bytes per encoding, 0: not stored */
+    uint64_t size[CACHE_ENC_MAX]; /* value bytes per encoding, 0: not stored */
     int tokens;
     int enc;         /* the encoding asked for */
     redisReply *rep; /* its value, once read (the decoder frees it) */
@@ -645,13 +645,10 @@ static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, 
 /* The decode costs of this machine, measured on the write thread at start (cache_meter_measure);
  * each is refined by the decodes requests do. */
 static void measure_decode(cache_redis *r) {
-    double dec_ns[CACHE_ENC_MAX];
-    pthread_mutex_lock(&r->mu);
-    memcpy(dec_ns, r->meter.dec_ns, sizeof dec_ns);
-    pthread_mutex_unlock(&r->mu);
+    double dec_ns[CACHE_ENC_MAX] = {0};
     cache_meter_measure(&r->layout, r->table, r->decode_threads, r->w_scratch, dec_ns);
     pthread_mutex_lock(&r->mu);
-    memcpy(r->meter.dec_ns, dec_ns, sizeof dec_ns);
+    cache_meter_set_decode(&r->meter, dec_ns);
     pthread_mutex_unlock(&r->mu);
 }
 

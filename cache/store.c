@@ -19,7 +19,7 @@
 #include "cache/worker.h"
 
 #define STORE_REDIS_TIMEOUT_MS 200
-#define STORE_ENCODE_QUEUE 64
+#define STORE_ENCODE_QUEUE 16 /* chunks waiting for the RAM tier's encoder (as on disk) */
 #define STORE_DECODE_THREADS 2
 
 struct cache_store {
@@ -43,6 +43,7 @@ struct cache_store {
 static void ram_encode(void *ud, cache_chunk *c, uint64_t tag) {
     cache_store *s = ud;
     (void)tag;
+    if (!cache_ram_has(s->ram, c)) return; /* evicted or superseded since it was queued */
     kv_error err = {{0}};
     int64_t len = cache_enc_encode(&s->layout, s->table, s->ram_enc, c, s->enc_scratch, s->enc_buf,
                                    s->enc_cap, &err);
@@ -166,11 +167,7 @@ static int probe_chunk(cache_store *s, const cache_key *bkeys, int j, int end, b
                        cache_chunk **ram, cache_key *disk_key) {
     int block;
     for (int b = end - 1; b >= j; b--) {
-        if (s->ram && (*ram = cache_ram_find(s->ram, &bkeys[b], &block))) {
-            if (!exact || (*ram)->enc == CACHE_ENC_RAW) return b;
-            cache_chunk_unref(*ram);
-            *ram = NULL;
-        }
+        if (s->ram && (*ram = cache_ram_find_as(s->ram, &bkeys[b], exact, &block))) return b;
         if (s->disk && cache_disk_find(s->disk, &bkeys[b], disk_key, &block)) return b;
     }
     return -1;
@@ -192,11 +189,8 @@ static bool holds_block(const cache_store *s, const cache_chunk *c, const cache_
 static cache_chunk *promote(cache_store *s, cache_chunk *c) {
     if (c && s->ram && !ram_put(s, c)) {
         int block;
-        cache_chunk *shared = cache_ram_find(s->ram, &c->key, &block);
-        if (shared && shared->enc != CACHE_ENC_RAW) { /* an encoding: c is better */
-            cache_chunk_unref(shared);
-            shared = NULL;
-        }
+        /* (not one RAM holds in an encoding: c is better) */
+        cache_chunk *shared = cache_ram_find_as(s->ram, &c->key, true, &block);
         if (shared) {
             cache_chunk_unref(c);
             c = shared;

@@ -87,10 +87,6 @@ static int start_schemas(server *s, const kv_config *c, const model *m, kv_error
     return rc;
 }
 
-/* The codec table the Redis tier encodes its levels with (--redis-codec): off: none (lossless and
- * q8 only); a path: that file; auto: MODEL.kvcodec (what `kvserve calibrate` writes), else
- * <cache dir>/<model>/codec.kvcodec, else one calibrated now from text the model writes (about a
- * minute, once: it is saved there). NULL in *out with no table. */
 /* --cache-ram-encoding's encoding into *enc (the configuration accepts only the names of
  * encodings); -1 with err on one this build does not know. */
 static int ram_encoding(const kv_config *c, int *enc, kv_error *err) {
@@ -99,6 +95,10 @@ static int ram_encoding(const kv_config *c, int *enc, kv_error *err) {
     return kv_fail(err, "--cache-ram-encoding: no encoding '%s'", c->cache_ram_encoding);
 }
 
+/* The codec table the tiers encode their levels with (Redis, an encoded disk or RAM tier;
+ * --redis-codec): off: none (lossless and q8 only); a path: that file; auto: MODEL.kvcodec (what
+ * `kvserve calibrate` writes), else <cache dir>/<model>/codec.kvcodec, else one calibrated now from
+ * text the model writes (about a minute, once: it is saved there). NULL in *out with no table. */
 static int load_codec(const kv_config *c, const model *m, codec_table **out, kv_error *err) {
     *out = NULL;
     int ram_enc;

@@ -1137,8 +1137,15 @@ Test(disk, encodings_are_kept_read_as_asked_and_reindexed_at_open) {
     cache_chunk_unref(got);
     cache_disk_close(d);
 
-    /* Without encodings: only the records stay. */
+    /* Without encodings: only the records stay (and files named otherwise, left alone). */
+    char stray[512], hex[65], name[100];
+    cache_key_hex(&c[0]->key, hex);
+    snprintf(name, sizeof name, "%s.e1.notes.kvc", hex);
+    model_path(dir, &l, name, stray, sizeof stray);
+    write_file(stray, "x", 1);
     d = open_disk(dir, &l, 1 << 20, 16);
+    cr_assert(file_exists(stray), "not a name the tier writes: left alone");
+    cr_assert_eq(unlink(stray), 0);
     cr_assert_eq(count_files(dir, &l, ".kvc"), 2);
     cr_assert_eq(stats(d).bytes, 2 * PAYLOAD);
     cache_disk_close(d);
@@ -1188,6 +1195,35 @@ Test(disk, damaged_or_vanished_encoding_falls_back_to_the_record) {
     cache_chunk *want = chunk_coded_copy(&l, &t, CACHE_ENC_CODEC + 1, c);
     chunk_assert_same(got, want);
     cache_chunk_unref(want);
+    cache_chunk_unref(got);
+    cache_disk_close(d);
+    cache_chunk_unref(c);
+    codec_table_free(&t);
+    remove_tree(dir);
+}
+
+Test(disk, a_pinned_records_encodings_keep_pins_within_half_the_tier) {
+    char *dir = make_tmpdir();
+    cache_layout l = small_layout();
+    cache_key ns = make_ns(NULL);
+    codec_table t;
+    chunk_codec_table(&t, &l, 1, 3);
+    /* half the tier holds the pinned record, not its encodings as well */
+    cache_disk *d = open_enc(dir, &l, 4 * ENC_PAYLOAD, &t);
+    cache_chunk *c = kv_chunk(&l, &ns, 0);
+    put_ok(d, c);
+    cr_assert_eq(cache_disk_pin(d, &c->key, 1, true), 1, "pinned while it is written");
+    cache_disk_flush(d);
+    cache_tier_stats st = stats(d);
+    cr_assert_eq(st.pinned, 1);
+    cr_assert_eq(st.bytes, PAYLOAD, "the encodings were not indexed");
+    cr_assert_eq(count_files(dir, &l, ".kvc"), 1, "and their files were deleted");
+    cache_fetch_policy p = {.force_enc = CACHE_ENC_Q8};
+    cache_chunk *got = NULL;
+    uint8_t enc = 0xff;
+    cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+    cr_assert_eq(enc, CACHE_ENC_RAW);
+    chunk_assert_same(got, c);
     cache_chunk_unref(got);
     cache_disk_close(d);
     cache_chunk_unref(c);
@@ -1288,6 +1324,8 @@ Test(store, encoded_ram_serves_its_level_and_exact_fetches_read_disk) {
      * bring it into RAM over the level */
     cache_fetch_policy exact[2] = {{.force_enc = CACHE_ENC_ANY, .lossless = true},
                                    {.force_enc = CACHE_ENC_RAW}};
+    cache_store_stats(s, &st);
+    int64_t ram_hits = st.ram.hits;
     for (int k = 0; k < 3; k++) {
         got = store_get(s, c, k < 2 ? &exact[k] : NULL, &src);
         cr_assert_eq(src.tier, CACHE_TIER_DISK);
@@ -1298,6 +1336,7 @@ Test(store, encoded_ram_serves_its_level_and_exact_fetches_read_disk) {
     cache_store_stats(s, &st);
     cr_assert_eq(st.ram.entries, 1);
     cr_assert_lt(st.ram.bytes, PAYLOAD / 2);
+    cr_assert_eq(st.ram.hits, ram_hits, "an encoding passed over is no RAM hit");
     cache_store_close(s);
     /* a level the table lacks is refused at open */
     o.ram_enc = CACHE_ENC_CODEC + t.n_levels;
