@@ -467,8 +467,11 @@ static int fetch_node(const schema *sc, int node, int upto, cache_store *st, sch
     cache_chunk **got = calloc((size_t)(want > 0 ? want : 1), sizeof *got);
     if (!got) return -1;
     int n_got = 0, n_text;
+    /* no budget: lossless from disk and Redis; an encoded RAM tier's records are taken (its
+     * operator chose them over exact KV, and without a disk tier they are all there is) */
+    static const cache_fetch_policy any = {.force_enc = CACHE_ENC_ANY};
     int covered =
-        nb > 0 ? cache_store_fetch(st, nd->bkeys, 0, nb, NULL, got, NULL, want, &n_got, &n_text)
+        nb > 0 ? cache_store_fetch(st, nd->bkeys, 0, nb, &any, got, NULL, want, &n_got, &n_text)
                : 0;
     *first = k->n_recs;
     int rc = covered < nb || n_got != want ? 1 : 0;

@@ -336,3 +336,23 @@ def test_a_prompt_to_a_schema_still_building_is_answered(start_server):
     wait_ready(s, "big")
     _, usage = answer(s, p)
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_modules_from_an_encoded_ram_tier(start_server):
+    """--cache-ram-encoding q8 and no disk tier: the modules' records are swapped for their q8
+    encoding, and a prompt still reuses them (decoded) rather than computing them again."""
+    srv = start_server("-c", "2048", "--cache-dir", "off", "--cache-ram-encoding", "q8")
+    register(srv, TRAVEL)
+    deadline, last, since = time.monotonic() + 60 * SLOW, None, time.monotonic()
+    while time.monotonic() - since < 2:  # the encoder has swapped every record
+        assert time.monotonic() < deadline
+        _, st = call(srv, "GET", "/v1/cache/stats")
+        if st["tiers"]["ram"]["bytes"] != last:
+            last, since = st["tiers"]["ram"]["bytes"], time.monotonic()
+        time.sleep(0.2)
+    assert st["tiers"]["ram"]["entries"] > 0
+    per_token = 30 * 2 * 3 * 64  # q8: a byte per KV element (SmolLM2-135M), plus scales
+    assert last < 1.5 * per_token * st["tiers"]["ram"]["entries"] * 256, st["tiers"]["ram"]
+    p = '<prompt schema="travel"><plan days="2"/><miami><surf/></miami><user>Go?</user></prompt>'
+    text, usage = answer(srv, p)
+    assert text and usage["prompt_tokens_details"]["cached_tokens"] > 0, usage

@@ -1064,16 +1064,24 @@ static void enc_path(const char *dir, const cache_layout *l, const codec_table *
     model_path(dir, l, name, out, n);
 }
 
+/* Reads record k with encoding force (CACHE_ENC_*) forced: the chunk; the encoding it came in
+ * into *enc. */
+static cache_chunk *read_forced(cache_disk *d, const cache_key *k, int force, uint8_t *enc) {
+    cache_fetch_policy p = {.force_enc = force};
+    cache_chunk *got = NULL;
+    *enc = 0xff;
+    cache_disk_read_enc(d, k, 1, &p, &got, enc);
+    return got;
+}
+
 /* Reads c[0..n) with encoding e forced, for every e of t: each comes in e, bit for bit what e
  * makes of it. */
 static void read_each_encoding(cache_disk *d, const cache_layout *l, const codec_table *t,
                                cache_chunk **c, int n) {
     for (int e = 0; e < cache_enc_count(t); e++) {
-        cache_fetch_policy p = {.force_enc = e};
         for (int i = 0; i < n; i++) {
-            cache_chunk *got = NULL;
-            uint8_t enc = 0xff;
-            cache_disk_read_enc(d, &c[i]->key, 1, &p, &got, &enc);
+            uint8_t enc;
+            cache_chunk *got = read_forced(d, &c[i]->key, e, &enc);
             cr_assert_eq(enc, e, "chunk %d came as %d, not %d", i, enc, e);
             cache_chunk *want = chunk_coded_copy(l, t, e, c[i]);
             chunk_assert_same(got, want);
@@ -1128,10 +1136,8 @@ Test(disk, encodings_are_kept_read_as_asked_and_reindexed_at_open) {
     cr_assert_eq(count_files(dir, &l, ".kvc"), 2 * 2);
     cr_assert_eq(stats(d).bytes, 2 * PAYLOAD + 2 * ENC_PAYLOAD);
     cr_assert_eq(stats(d).corrupt, 0);
-    cache_fetch_policy level = {.force_enc = CACHE_ENC_CODEC};
-    cache_chunk *got = NULL;
-    uint8_t enc = 0xff;
-    cache_disk_read_enc(d, &c[0]->key, 1, &level, &got, &enc);
+    uint8_t enc;
+    cache_chunk *got = read_forced(d, &c[0]->key, CACHE_ENC_CODEC, &enc);
     cr_assert_eq(enc, CACHE_ENC_RAW, "no level of this table: the record");
     chunk_assert_same(got, c[0]);
     cache_chunk_unref(got);
@@ -1173,10 +1179,8 @@ Test(disk, damaged_or_vanished_encoding_falls_back_to_the_record) {
     flip_byte(q8, HEADER + 10);
     cr_assert_eq(unlink(lvl), 0);
     for (int e = CACHE_ENC_Q8; e <= CACHE_ENC_CODEC; e++) {
-        cache_fetch_policy p = {.force_enc = e};
-        cache_chunk *got = NULL;
-        uint8_t enc = 0xff;
-        cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+        uint8_t enc;
+        cache_chunk *got = read_forced(d, &c->key, e, &enc);
         cr_assert_eq(enc, CACHE_ENC_RAW, "encoding %d failed: the record instead", e);
         chunk_assert_same(got, c);
         cache_chunk_unref(got);
@@ -1187,10 +1191,8 @@ Test(disk, damaged_or_vanished_encoding_falls_back_to_the_record) {
     cr_assert_eq(st.bytes, bytes - 2 * ENC_PAYLOAD);
     cr_assert_not(file_exists(q8), "the damaged encoding is deleted");
     /* the others still serve */
-    cache_fetch_policy p = {.force_enc = CACHE_ENC_CODEC + 1};
-    cache_chunk *got = NULL;
-    uint8_t enc = 0xff;
-    cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+    uint8_t enc;
+    cache_chunk *got = read_forced(d, &c->key, CACHE_ENC_CODEC + 1, &enc);
     cr_assert_eq(enc, CACHE_ENC_CODEC + 1);
     cache_chunk *want = chunk_coded_copy(&l, &t, CACHE_ENC_CODEC + 1, c);
     chunk_assert_same(got, want);
@@ -1218,10 +1220,8 @@ Test(disk, a_pinned_records_encodings_keep_pins_within_half_the_tier) {
     cr_assert_eq(st.pinned, 1);
     cr_assert_eq(st.bytes, PAYLOAD, "the encodings were not indexed");
     cr_assert_eq(count_files(dir, &l, ".kvc"), 1, "and their files were deleted");
-    cache_fetch_policy p = {.force_enc = CACHE_ENC_Q8};
-    cache_chunk *got = NULL;
-    uint8_t enc = 0xff;
-    cache_disk_read_enc(d, &c->key, 1, &p, &got, &enc);
+    uint8_t enc;
+    cache_chunk *got = read_forced(d, &c->key, CACHE_ENC_Q8, &enc);
     cr_assert_eq(enc, CACHE_ENC_RAW);
     chunk_assert_same(got, c);
     cache_chunk_unref(got);
