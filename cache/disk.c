@@ -260,6 +260,16 @@ static void __attribute__((format(printf, 2, 3))) disk_warn(cache_disk *d, const
     d->warn_suppressed = 0;
 }
 
+/* arr (n of *cap elements of elem bytes used) with room for one more: itself, or moved to twice
+ * the room (at least 16); NULL when out of memory (arr is then unchanged). */
+static void *grown(void *arr, size_t n, size_t *cap, size_t elem) {
+    if (n < *cap) return arr;
+    size_t c = *cap ? 2 * *cap : 16;
+    void *v = realloc(arr, c * elem);
+    if (v) *cap = c;
+    return v;
+}
+
 /* ---------------------------------------------------------------- index (caller holds mu) */
 
 static disk_entry *table_find(const cache_disk *d, const cache_key *k) {
@@ -348,13 +358,9 @@ static void entry_drop(cache_disk *d, disk_entry *e) {
 /* Remembers files of record k to delete after mu is released (I/O thread, or open). False when
  * out of memory: the caller keeps the entry instead, so no file is ever left outside the index. */
 static bool victim_push(cache_disk *d, const cache_key *k, disk_files files) {
-    if (d->n_victims == d->cap_victims) {
-        size_t cap = d->cap_victims ? 2 * d->cap_victims : 16;
-        disk_victim *v = realloc(d->victims, cap * sizeof *v);
-        if (!v) return false;
-        d->victims = v;
-        d->cap_victims = cap;
-    }
+    disk_victim *v = grown(d->victims, d->n_victims, &d->cap_victims, sizeof *v);
+    if (!v) return false;
+    d->victims = v;
     d->victims[d->n_victims++] = (disk_victim){*k, files};
     return true;
 }
@@ -1148,16 +1154,12 @@ static int disk_scan(cache_disk *d, kv_error *err) {
                 stale += unlinkat(d->dir_fd, name, 0) == 0;
                 continue;
             }
-            if (n_side == cap_side) {
-                size_t cap = cap_side ? 2 * cap_side : 64;
-                disk_victim *v = realloc(side, cap * sizeof *v);
-                if (!v) {
-                    rc = kv_fail(err, "out of memory");
-                    goto done;
-                }
-                side = v;
-                cap_side = cap;
+            disk_victim *v = grown(side, n_side, &cap_side, sizeof *side);
+            if (!v) {
+                rc = kv_fail(err, "out of memory");
+                goto done;
             }
+            side = v;
             side[n_side++] = (disk_victim){key, (disk_files)(1u << enc)};
             continue;
         }
@@ -1170,16 +1172,12 @@ static int disk_scan(cache_disk *d, kv_error *err) {
             if (unlinkat(d->dir_fd, name, 0) == 0) d->st.corrupt++;
             continue;
         }
-        if (n_items == cap_items) {
-            size_t cap = cap_items ? 2 * cap_items : 64;
-            scan_item *v = realloc(items, cap * sizeof *v);
-            if (!v) {
-                rc = kv_fail(err, "out of memory");
-                goto done;
-            }
-            items = v;
-            cap_items = cap;
+        scan_item *v = grown(items, n_items, &cap_items, sizeof *items);
+        if (!v) {
+            rc = kv_fail(err, "out of memory");
+            goto done;
         }
+        items = v;
         disk_entry *e = table_add(d, (const cache_key *)(const void *)info.bkeys, info.n_blocks,
                                   &info.ns, (int64_t)info.payload_bytes);
         if (!e) {
