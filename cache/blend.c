@@ -41,7 +41,9 @@ struct blend_fusor {
     int *keep;        /* [max_tokens] rows kept */
     int32_t *ridx;    /* [max_tokens] per flattened token: its reused index, or -1 */
     int32_t *tok_ent; /* [max_tokens] per flattened token: its blend entry, or -1 */
+    uint8_t *forced;  /* [max_tokens] per reused index: recomputed at every layer */
     int *first;       /* [n_ents] reused index of each entry's first reused token */
+    int *n_forced;    /* [n_ents] its forced tokens */
     int cap_ents;
     /* the pass */
     const batch_seq *seqs;
@@ -64,23 +66,6 @@ struct blend_fusor {
 };
 
 double blend_fusor_load_ns(const blend_fusor *f) { return f->load_ns; }
-
-int blend_rows_at_layer(float ratio, int reused, int layer) {
-    /* Layer 0's K and V are a token's embedding through one norm and one projection: the same in
-     * any context (re-rotation aside), so its deviation says nothing. Layer 1 is the first whose
-     * KV depends on the context: every reused token is computed through it and ranked there. */
-    if (layer <= 1) return ratio > 0 ? reused : 0;
-    /* Gradual filtering (CacheBlend section 4.3): twice the ratio at layer 2, then down to it
-     * within a few layers, as 1 + 1 / (l - 1)^2: deviation ranks agree closely from one layer
-     * to the next (the paper's figure 8), so long tails of extra rows bought nothing measurable
-     * (bench-blend, 16 questions at 15%: first-token KL 0.101 with 1 + 1 / (l - 1), 0.104 with
-     * this, for 5% less time). */
-    double d = (double)(layer - 1);
-    double r = (double)ratio * (1.0 + 1.0 / (d * d));
-    if (r >= 1) return reused;
-    int n = (int)ceil(r * reused - 1e-9);
-    return n < 0 ? 0 : n;
-}
 
 blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int max_tokens,
                                 kv_error *err) {
@@ -110,8 +95,9 @@ blend_fusor *blend_fusor_create(const model *m, backend *b, kv_pool *pool, int m
     f->keep = malloc(sizeof(int) * nt);
     f->ridx = malloc(sizeof(int32_t) * nt);
     f->tok_ent = malloc(sizeof(int32_t) * nt);
+    f->forced = malloc(nt);
     if (!bufs || !f->fk || !f->fv || !f->slots || !f->delta || !f->dcs || !f->cand || !f->c_slots ||
-        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent)
+        !f->dev || !f->order || !f->keep || !f->ridx || !f->tok_ent || !f->forced)
         goto oom;
     return f;
 oom:
@@ -147,7 +133,9 @@ void blend_fusor_destroy(blend_fusor *f) {
     free(f->keep);
     free(f->ridx);
     free(f->tok_ent);
+    free(f->forced);
     free(f->first);
+    free(f->n_forced);
     free(f);
 }
 
@@ -255,21 +243,31 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
     int n_rows = forward_state_n_rows(st);
     const int32_t *rows = forward_state_rows(st);
     int kvd = f->kvd;
-    /* keep[r] = 1 for rows that stay; reused rows start dropped */
-    for (int r = 0; r < n_rows; r++) f->keep[r] = f->ridx[rows[r]] < 0;
+    /* keep[r] = 1 for rows that stay; reused rows start dropped, but for the forced ones */
+    for (int r = 0; r < n_rows; r++) {
+        int k = f->ridx[rows[r]];
+        f->keep[r] = k < 0 || f->forced[k];
+    }
     for (int e = 0; e < f->n_ents; e++) {
         blend_entry *be = &f->ents[e];
-        int n_c = 0;
+        int n_c = 0, n_f = 0;
         int lo = -1;
-        for (int r = 0; r < n_rows; r++)
-            if (f->tok_ent[rows[r]] == e && f->ridx[rows[r]] >= 0) {
-                if (lo < 0) lo = r;
-                f->cand[n_c] = f->ridx[rows[r]];
-                f->c_slots[n_c++] = f->slots[f->ridx[rows[r]]];
+        /* candidates: the entry's reused rows still computed that are not forced */
+        for (int r = 0; r < n_rows; r++) {
+            int k = f->ridx[rows[r]];
+            if (f->tok_ent[rows[r]] != e || k < 0) continue;
+            if (f->forced[k]) {
+                n_f++;
+                continue;
             }
-        if (!computing) be->n_recomputed = n_c; /* the last layer: nothing narrows */
+            if (lo < 0) lo = r;
+            f->cand[n_c] = k;
+            f->c_slots[n_c++] = f->slots[k];
+        }
+        if (!computing) be->n_recomputed = n_c + n_f; /* the last layer: nothing narrows */
         if (n_c == 0 || !computing) continue;
-        int want = blend_rows_at_layer(be->ratio, be->n_reused, il + 1);
+        /* the forced tokens spend their share of the layer's budget first */
+        int want = blend_rows_at_layer(be->ratio, be->n_reused, il + 1) - f->n_forced[e];
         /* order[c] becomes 1 for the candidates kept */
         if (want >= n_c || want <= 0) {
             for (int c = 0; c < n_c; c++) f->order[c] = want > 0;
@@ -293,9 +291,10 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
             for (int c = 0; c < want; c++) f->dev[f->order[c]] = -1; /* selected */
             for (int c = 0; c < n_c; c++) f->order[c] = f->dev[c] == -1;
         }
-        /* the candidates are the entry's reused rows in row order, from lo */
+        /* the candidates are the entry's reused rows not forced in row order, from lo */
         for (int r = lo, c = 0; r < n_rows && c < n_c; r++)
-            if (f->tok_ent[rows[r]] == e && f->ridx[rows[r]] >= 0) f->keep[r] = f->order[c++];
+            if (f->tok_ent[rows[r]] == e && f->ridx[rows[r]] >= 0 && !f->forced[f->ridx[rows[r]]])
+                f->keep[r] = f->order[c++];
     }
     if (!computing) return 0;
     int n_keep = 0;
@@ -304,19 +303,23 @@ static int narrow(blend_fusor *f, forward_state *st, int il, bool computing) {
     return n_keep == n_rows ? 0 : forward_state_keep_rows(st, f->keep, n_keep);
 }
 
+/* True when entry e's reused tokens that are not forced are reused as they are from layer 0 on:
+ * full reuse (ratio 0), or a policy that ranks none of them (LegoLink). */
+static bool reused_from_layer0(const blend_entry *be) { return be->ratio <= 0 || be->only_forced; }
+
 static int before_layer(void *ud, forward_state *st, int il) {
     blend_fusor *f = ud;
     loader_reach(f, il);
-    /* full reuse: not even layer 0 recomputes a reused token */
-    bool any_zero = false;
-    for (int e = 0; e < f->n_ents; e++) any_zero |= f->ents[e].ratio <= 0;
-    if (il == 0 && any_zero) {
+    bool any = false;
+    for (int e = 0; e < f->n_ents; e++) any |= reused_from_layer0(&f->ents[e]);
+    if (il == 0 && any) {
         int n_rows = forward_state_n_rows(st);
         const int32_t *rows = forward_state_rows(st);
         int n_keep = 0;
         for (int r = 0; r < n_rows; r++) {
-            int e = f->tok_ent[rows[r]];
-            if (e < 0 || f->ridx[rows[r]] < 0 || f->ents[e].ratio > 0) f->keep[n_keep++] = r;
+            int e = f->tok_ent[rows[r]], k = f->ridx[rows[r]];
+            if (e < 0 || k < 0 || f->forced[k] || !reused_from_layer0(&f->ents[e]))
+                f->keep[n_keep++] = r;
         }
         if (n_keep < n_rows) return forward_state_keep_rows(st, f->keep, n_keep);
     }
@@ -336,8 +339,10 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
                        f->max_tokens);
     if (n_entries > f->cap_ents) {
         int *first = realloc(f->first, sizeof *first * (size_t)n_entries);
-        if (!first) return kv_fail(err, "out of memory");
-        f->first = first;
+        if (first) f->first = first;
+        int *n_forced = realloc(f->n_forced, sizeof *n_forced * (size_t)n_entries);
+        if (n_forced) f->n_forced = n_forced;
+        if (!first || !n_forced) return kv_fail(err, "out of memory");
         f->cap_ents = n_entries;
     }
     for (int t = 0; t < n_tok; t++) f->ridx[t] = f->tok_ent[t] = -1;
@@ -351,6 +356,7 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
         for (int s = 0; s < be->entry; s++) t0 += seqs[s].n_tok;
         for (int i = 0; i < bs->n_tok; i++) f->tok_ent[t0 + i] = e;
         f->first[e] = k;
+        f->n_forced[e] = 0;
         be->n_reused = be->n_recomputed = 0;
         be->failed = false;
         int prev_end = bs->kv_start;
@@ -358,19 +364,21 @@ int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_e
             const blend_span *sp = &be->spans[s];
             const content_rec *r = sp->rec;
             if (sp->n < 1 || sp->slot < prev_end || sp->slot + sp->n > bs->kv_start + bs->n_tok ||
-                sp->off < 0 || sp->off + sp->n > r->n_tok || r->n_layer != f->m->hp.n_layer ||
-                r->kv_dim != f->kvd)
+                sp->off < 0 || sp->off + sp->n > r->n_tok || sp->forced < 0 || sp->forced > sp->n ||
+                r->n_layer != f->m->hp.n_layer || r->kv_dim != f->kvd)
                 return kv_fail(err, "blend span %d of entry %d does not fit its batch entry", s, e);
             prev_end = sp->slot + sp->n;
             for (int i = 0; i < sp->n; i++, k++) {
                 int t = t0 + sp->slot - bs->kv_start + i;
                 f->ridx[t] = k;
                 f->slots[k] = sp->slot + i;
+                f->forced[k] = i < sp->forced;
                 /* K moves from where the record computed it to the token's position (Prompt
                  * Cache's fix-up reuses KV at the position it was computed at: delta 0) */
                 f->delta[k] = bs->pos[sp->slot - bs->kv_start + i] - (r->pos0 + sp->off + i);
             }
             be->n_reused += sp->n;
+            f->n_forced[e] += sp->forced;
         }
         /* the last token's logits are always computed */
         int t_last = t0 + bs->n_tok - 1;

@@ -149,13 +149,21 @@ int cache_store_fetch_content(cache_store *s, const cache_key *ns, const cache_k
 
 /* Tokens at KV slots slot .. slot + n - 1 of a blended batch entry take their KV from rec's
  * tokens off .. off + n - 1 (computed at rec->pos0 + off + i), their K rotated to the slot's
- * position. */
+ * position. The first `forced` of them are recomputed at every layer whatever their deviation
+ * (the selection policy's chunk-start tokens, below). */
 typedef struct blend_span {
     int slot;
     int n;
     int off;
+    int forced;
     content_rec *rec; /* borrowed: the caller keeps it alive through the pass */
 } blend_span;
+
+/* Sets spans[i].forced for policy at ratio (spans in slot order, as the planner found them):
+ * a run is a stretch of spans adjacent both in the prompt and in the positions their records
+ * were computed at (one earlier context); its first k tokens are forced, k the same for every
+ * run. Returns k (0 for HKVD). */
+int blend_force_run_starts(blend_span *spans, int n_spans, blend_policy policy, float ratio);
 
 /* A batch entry that blends: seqs[entry] of the batch, its reused spans (inside its slots, in
  * slot order; positions equal slots), and the recompute ratio. The pass fills the counts. */
@@ -164,6 +172,10 @@ typedef struct blend_entry {
     const blend_span *spans;
     int n_spans;
     float ratio; /* 0: full reuse (even layer 0 reuses); 1: every token computed, a full prefill */
+    /* false: the reused tokens not forced go through layers 0 and 1 and HKVD ranks them for
+     * what the forced ones leave of the budget; true: they are reused as they are from layer 0
+     * on, and only the forced ones are recomputed (LegoLink) */
+    bool only_forced;
     /* out */
     int n_reused;     /* tokens of the spans */
     int n_recomputed; /* of them, computed at the last layer */
@@ -186,7 +198,9 @@ void blend_fusor_destroy(blend_fusor *f);
  * context, so layer 1 is where deviation shows), then ratio * (1 + 1 / (l - 1)^2) of them at
  * layer l >= 2 (gradual filtering, never more than the layer before computed), so from layer 5
  * on about ratio of them are computed (rows dropped at layer l skip its attention and
- * feed-forward: after_kv). A loader thread writes layer l + 1's reused KV into the pool while
+ * feed-forward: after_kv). A span's forced tokens are computed at every layer and spend their
+ * share of each layer's count first; an entry with only_forced computes no other reused token,
+ * not even at layer 0. A loader thread writes layer l + 1's reused KV into the pool while
  * layer l computes (CacheBlend's pipelining). -1 with err when the spans do not fit. */
 int blend_fusor_begin(blend_fusor *f, const batch_seq *seqs, int n_seqs, blend_entry *entries,
                       int n_entries, forward_hooks *hooks, kv_error *err);

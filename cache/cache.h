@@ -248,4 +248,30 @@ void cache_store_stats(cache_store *s, cache_stats *out);
 /* Waits until every queued disk and Redis write has finished (tests, shutdown). */
 void cache_store_flush(cache_store *s);
 
+/* ---------------------------------------------------------------- blend's selection policy */
+
+/* Which reused tokens are recomputed (DESIGN.md "Segments, content keys and blend"), at the
+ * same budget: ratio x the reused tokens at the deep layers.
+ * - HKVD (CacheBlend section 4.3): every reused token through layers 0 and 1, then the most
+ *   deviating ones, ranked layer by layer (gradual filtering).
+ * - LEGOLINK (EPIC, ICML'25): the first tokens of every run of KV computed in one other context
+ *   (they carry that context's attention-sink pattern), the budget spread over the runs; the
+ *   other reused tokens are reused as they are from layer 0 on.
+ * - HYBRID: up to BLEND_HYBRID_K chunk-start tokens of every run, HKVD for the rest of the
+ *   budget. */
+typedef enum blend_policy {
+    BLEND_POLICY_HKVD = 0,
+    BLEND_POLICY_LEGOLINK = 1,
+    BLEND_POLICY_HYBRID = 2,
+    BLEND_POLICY_COUNT
+} blend_policy;
+
+/* The chunk-start tokens HYBRID forces per run, at most. */
+#define BLEND_HYBRID_K 8
+
+/* "hkvd", "legolink", "hybrid". */
+const char *blend_policy_name(blend_policy p);
+/* The policy named name (as blend_policy_name spells it); -1 when none is. */
+int blend_policy_parse(const char *name);
+
 #endif

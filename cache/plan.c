@@ -37,6 +37,7 @@ void plan_req_init(plan_req *pr) {
     memset(pr, 0, sizeof *pr);
     pr->kv_level = CACHE_ENC_ANY;
     pr->ttft_budget_ms = -1;
+    pr->blend_policy = -1;
 }
 
 /* Drops the chunks fetched for pr (after admission used them, or with pr). */
@@ -271,10 +272,12 @@ static void plan_blend(planner *p, plan_seq *ps, const plan_req *pr, const int32
     ps->n_spans = kept;
     if (ps->n_spans == 0) return;
     ps->blend_ratio = blend_ratio_for(p, pr, load_ns);
+    ps->blend_policy = pr->blend_policy >= 0 ? (blend_policy)pr->blend_policy : p->o.blend_policy;
+    int k = blend_force_run_starts(ps->spans, ps->n_spans, ps->blend_policy, ps->blend_ratio);
     /* at ratio 1 every token is computed: the KV is a full prefill's, bit for bit */
     ps->exact_end = ps->blend_ratio >= 1 ? INT_MAX : ps->spans[0].slot;
-    log_debug("blend: %d spans from token %d, ratio %.2f", ps->n_spans, ps->exact_end,
-              ps->blend_ratio);
+    log_debug("blend: %d spans from token %d, ratio %.2f, %s (%d run-start tokens forced)",
+              ps->n_spans, ps->exact_end, ps->blend_ratio, blend_policy_name(ps->blend_policy), k);
 }
 
 int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist, int n_hist,
@@ -423,6 +426,8 @@ bool plan_settle(planner *p, plan_seq *ps, bool failed) {
     log_warn("blend: %d chunks unreadable on disk; computing them instead", ps->n_spans - kept);
     ps->n_spans = kept;
     if (kept == 0) plan_seq_drop_spans(ps);
+    /* a dropped span ends a run: the one after it starts one */
+    blend_force_run_starts(ps->spans, ps->n_spans, ps->blend_policy, ps->blend_ratio);
     ps->exact_end = kept == 0 || ps->blend_ratio >= 1 ? INT_MAX : ps->spans[0].slot;
     return true;
 }

@@ -33,6 +33,7 @@ typedef struct plan_opts {
      * loading controller picks, and content records on disk (the caller's, or NULL) */
     int64_t blend_bytes;
     float blend_ratio;
+    blend_policy blend_policy; /* which reused tokens are recomputed (blend.h) */
     content_disk *blend_disk;
 } plan_opts;
 
@@ -59,6 +60,7 @@ typedef struct plan_req {
      * (blend_ratio in 0..1; negative: the loading controller picks). */
     bool blend;
     float blend_ratio;
+    int blend_policy; /* blend_policy; -1: the server's */
     /* Segment bounds (cache_cdc_cut): ascending token indices where the request's content parts
      * begin and end. Owned; NULL when none. */
     int *bounds;
@@ -108,6 +110,7 @@ typedef struct plan_seq {
     int exact_end;
     int lossy_from; /* the first token whose KV came lossy from the Redis tier (INT_MAX: none) */
     float blend_ratio;
+    blend_policy blend_policy;
     int blended, recomputed; /* tokens reused by content so far, and recomputed of them */
 } plan_seq;
 

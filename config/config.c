@@ -84,6 +84,8 @@ static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL}
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
 static const char *const DEVICES[] = {"auto", "cuda", "cpu", NULL};
+/* blend_policy_name's names (cache/blend.h) */
+static const char *const BLEND_POLICIES[] = {"hkvd", "legolink", "hybrid", NULL};
 
 /* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the
  * message never quotes one. */
@@ -206,6 +208,9 @@ static const opt_row OPTIONS[] = {
          "reuse chunks found by content anywhere in a prompt (CacheBlend)"),
     NUM(blend_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",
         "least percentage of blended tokens recomputed"),
+    {.key = "blend_policy", .type = OPT_ENUM, .group = GROUP,
+     .offset = offsetof(kv_config, blend_policy), .choices = BLEND_POLICIES, .def = "hkvd",
+     .metavar = "HOW", .help = "blended tokens recomputed: hkvd, legolink (chunk starts), hybrid"},
     NUM(blend_ram_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 40, true, true, "0", "BYTES",
         "blend content store capacity (0: a quarter of cache-ram-bytes)"),
     NUM(blend_disk_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 40, true, true, "0", "BYTES",

@@ -59,6 +59,7 @@ typedef struct kv_config {
     int64_t ttft_budget_ms;   /* default budget of Redis fetches (0: none, lossless) */
     bool blend;               /* reuse chunks found by content anywhere in a prompt (CacheBlend) */
     int blend_recompute;      /* least recompute ratio of blended tokens, percent */
+    char *blend_policy;       /* which reused tokens are recomputed: hkvd, legolink, hybrid */
     int64_t blend_ram_bytes;  /* content store cap */
     int64_t blend_disk_bytes; /* content records on disk: cap (in the cache directory) */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */

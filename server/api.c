@@ -934,6 +934,14 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    char *policy = NULL;
+    if (opt_string(root, "blend_policy", &policy, err) < 0) return -1;
+    if (policy) {
+        r->blend_policy = blend_policy_parse(policy);
+        free(policy);
+        if (r->blend_policy < 0)
+            return API_BAD(err, "blend_policy", "'blend_policy' must be hkvd, legolink or hybrid");
+    }
     if (opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
     if (opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
     char *level = NULL;
@@ -973,6 +981,7 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->cache = true;
     out->blend = true;
     out->blend_ratio = -1;
+    out->blend_policy = -1;
     out->kv_level = CACHE_ENC_ANY;
     out->ttft_budget_ms = -1;
     out->fixup = -1;

@@ -84,6 +84,7 @@ typedef struct api_request {
     bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
     bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
+    int blend_policy;  /* "blend_policy": which are recomputed (blend_policy); -1: the server's */
     /* The Redis tier's fetch (cache_fetch_policy): "kv_level" forces an encoding
      * (CACHE_ENC_ANY: none), "kv_lossless" insists on exact KV, "ttft_budget_ms" (-1: the
      * server's) lets levels adapt to a time budget. */

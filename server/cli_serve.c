@@ -418,6 +418,7 @@ int cli_serve(int argc, char **argv) {
                        : cfg.blend_ram_bytes    ? cfg.blend_ram_bytes
                                                 : cfg.cache_ram_bytes / 4,
         .blend_ratio = (float)cfg.blend_recompute / 100.0f,
+        .blend_policy = (blend_policy)blend_policy_parse(cfg.blend_policy),
         .blend_chunk = cfg.blend_chunk,
         .ttft_budget_ms = cfg.ttft_budget_ms,
     };

@@ -735,7 +735,10 @@ static bool blending(const eseq *s) {
 static int blend_take(const engine *e, const eseq *s, int budget, int *cost) {
     int pending = s->n_hist - s->n_computed;
     int cap = pending < e->o.blend_chunk ? pending : e->o.blend_chunk;
-    double w_reused = 2.0 / e->m->hp.n_layer + 1.5 * s->ps.blend_ratio, c = 0;
+    /* LegoLink's reused tokens skip layers 0 and 1 too */
+    double w_reused = (s->ps.blend_policy == BLEND_POLICY_LEGOLINK ? 0 : 2.0 / e->m->hp.n_layer) +
+                      1.5 * s->ps.blend_ratio,
+           c = 0;
     int n = 0, sp = 0;
     while (n < cap) {
         int t = s->n_computed + n;
@@ -772,14 +775,23 @@ static int blend_entries(engine *e, int n_b) {
                 e->bspans = t;
                 e->bspans_cap = cap;
             }
-            e->bspans[n_sp++] =
-                (blend_span){.slot = a, .n = b - a, .off = sp.off + a - sp.slot, .rec = sp.rec};
+            /* the span's forced tokens that fall in the step */
+            int forced = sp.slot + sp.forced - a;
+            e->bspans[n_sp++] = (blend_span){.slot = a,
+                                             .n = b - a,
+                                             .off = sp.off + a - sp.slot,
+                                             .forced = forced < 0       ? 0
+                                                       : forced < b - a ? forced
+                                                                        : b - a,
+                                             .rec = sp.rec};
         }
         if (n_sp > first)
-            e->bents[n_be++] = (blend_entry){.entry = i,
-                                             .n_spans = n_sp - first,
-                                             .ratio = s->ps.blend_ratio,
-                                             .spans = (const blend_span *)(intptr_t)first};
+            e->bents[n_be++] =
+                (blend_entry){.entry = i,
+                              .n_spans = n_sp - first,
+                              .ratio = s->ps.blend_ratio,
+                              .only_forced = s->ps.blend_policy == BLEND_POLICY_LEGOLINK,
+                              .spans = (const blend_span *)(intptr_t)first};
     }
     /* the span array may have moved while growing: offsets become pointers now */
     for (int k = 0; k < n_be; k++) e->bents[k].spans = e->bspans + (intptr_t)e->bents[k].spans;
@@ -861,6 +873,7 @@ static void schema_done(engine *e, eseq *s) {
         r->blended_tokens = s->ps.blended;
         r->recomputed_tokens = s->ps.recomputed;
         r->blend_ratio_used = s->ps.blend_ratio;
+        r->blend_policy_used = s->ps.blend_policy;
         r->cached_tokens = s->ps.blended - s->ps.recomputed;
         pthread_mutex_unlock(&r->mu);
     }
@@ -1076,6 +1089,7 @@ static void step(engine *e) {
                 r->blended_tokens = s->ps.blended;
                 r->recomputed_tokens = s->ps.recomputed;
                 r->blend_ratio_used = s->ps.blend_ratio;
+                r->blend_policy_used = s->ps.blend_policy;
                 r->cached_tokens += s->ps.blended - s->ps.recomputed;
                 pthread_mutex_unlock(&r->mu);
             }
@@ -1208,6 +1222,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
                         .ttft_budget_ms = o->ttft_budget_ms,
                         .blend_bytes = blend ? o->blend_bytes : 0,
                         .blend_ratio = o->blend_ratio,
+                        .blend_policy = o->blend_policy,
                         .blend_disk = o->blend_disk};
         if (!(e->plan = planner_create(m, e->b, e->pool, &po, err))) goto fail;
     }

@@ -112,6 +112,7 @@ typedef struct gen_request {
     int blended_tokens;     /* of the prompt, tokens reused by content (blend) */
     int recomputed_tokens;  /* of those, recomputed up to the last layer */
     float blend_ratio_used; /* the recompute ratio the blend ran at */
+    int blend_policy_used;  /* the selection policy it ran (blend_policy) */
     bool export_failed;     /* a precompute's records could not be stored (error says why) */
     atomic_bool cancelled;  /* the client went away: the engine frees its sequences */
     atomic_int refs;
@@ -151,6 +152,7 @@ typedef struct engine_opts {
      * loading controller picks, and the most tokens one blended prefill step takes */
     int64_t blend_bytes;
     float blend_ratio;
+    blend_policy blend_policy; /* which reused tokens are recomputed */
     int blend_chunk;
     content_disk *blend_disk; /* content records on disk (the caller's), or NULL */
     int64_t ttft_budget_ms;   /* Redis fetches: the default budget (0: none, lossless) */

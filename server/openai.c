@@ -300,6 +300,7 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     r->ignore_eos = rq->ignore_eos;
     r->plan.blend = rq->blend;
     r->plan.blend_ratio = rq->blend_ratio;
+    r->plan.blend_policy = rq->blend_policy;
     r->plan.kv_level = rq->kv_level;
     r->plan.kv_lossless = rq->kv_lossless;
     r->plan.ttft_budget_ms = rq->ttft_budget_ms;
@@ -507,6 +508,7 @@ json_t *job_usage(const job *j) {
             completion += j->reqs[p]->choices[i].n_tokens;
     int cached = 0, blended = 0, recomputed = 0;
     float ratio = -1;
+    int policy = BLEND_POLICY_HKVD;
     for (int p = 0; p < j->n_reqs; p++) {
         gen_request *r = j->reqs[p];
         pthread_mutex_lock(&r->mu);
@@ -514,6 +516,7 @@ json_t *job_usage(const job *j) {
         blended += r->blended_tokens;
         recomputed += r->recomputed_tokens;
         if (r->blended_tokens > 0 && r->blend_ratio_used > ratio) ratio = r->blend_ratio_used;
+        if (r->blended_tokens > 0) policy = r->blend_policy_used;
         pthread_mutex_unlock(&r->mu);
     }
     json_t *details = json_pack("{s:i}", "cached_tokens", cached);
@@ -522,6 +525,8 @@ json_t *job_usage(const job *j) {
         json_object_set_new(details, "blended_tokens", json_integer(blended));
         json_object_set_new(details, "recomputed_tokens", json_integer(recomputed));
         json_object_set_new(details, "blend_ratio", json_real(ratio));
+        json_object_set_new(details, "blend_policy",
+                            json_string(blend_policy_name((blend_policy)policy)));
     }
     json_t *u = json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", j->prompt_tokens,
                           "completion_tokens", completion, "total_tokens",

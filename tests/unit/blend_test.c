@@ -293,14 +293,25 @@ static void scene_free(scene *sc) {
     free(sc->ctx_b);
 }
 
-/* Runs prompt b with the passage blended from rec at ratio; logits in out; counts in *be. */
-static void run_blended(const scene *sc, content_rec *rec, float ratio, kv_seq *s, float *out,
-                        blend_entry *be) {
+/* Runs prompt b with the passage blended from rec at ratio under policy, as the planner and
+ * the engine set it up; logits in out; counts in *be. */
+static void run_policy(const scene *sc, content_rec *rec, float ratio, blend_policy policy,
+                       kv_seq *s, float *out, blend_entry *be) {
     kv_seq_init(s);
     blend_span sp = {.slot = sc->x_b, .n = sc->n_x, .off = 0, .rec = rec};
-    *be = (blend_entry){.entry = 0, .spans = &sp, .n_spans = 1, .ratio = ratio};
+    blend_force_run_starts(&sp, 1, policy, ratio);
+    *be = (blend_entry){.entry = 0,
+                        .spans = &sp,
+                        .n_spans = 1,
+                        .ratio = ratio,
+                        .only_forced = policy == BLEND_POLICY_LEGOLINK};
     run(s, sc->ctx_b, sc->n_b, NULL, be, 1);
     memcpy(out, g_logits, sizeof(float) * (size_t)g_m->hp.n_vocab);
+}
+
+static void run_blended(const scene *sc, content_rec *rec, float ratio, kv_seq *s, float *out,
+                        blend_entry *be) {
+    run_policy(sc, rec, ratio, BLEND_POLICY_HKVD, s, out, be);
 }
 
 Test(blend, ratio_one_is_a_full_prefill_bit_for_bit) {
@@ -316,12 +327,16 @@ Test(blend, ratio_one_is_a_full_prefill_bit_for_bit) {
     float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
     memcpy(ref, g_logits, sizeof(float) * nv);
     blend_entry be;
-    run_blended(&sc, rec, 1.0f, &bl, got, &be);
-    cr_expect_eq(be.n_reused, sc.n_x);
-    cr_expect_eq(be.n_recomputed, sc.n_x);
-    cr_expect(memcmp(ref, got, sizeof(float) * nv) == 0, "ratio 1 logits differ from full");
-    cr_expect(same_kv(&full, &bl, 0, sc.n_b), "ratio 1 KV differs from a full prefill");
-    kv_seq_release(g_pool, &bl);
+    for (int p = 0; p < BLEND_POLICY_COUNT; p++) {
+        run_policy(&sc, rec, 1.0f, (blend_policy)p, &bl, got, &be);
+        cr_expect_eq(be.n_reused, sc.n_x);
+        cr_expect_eq(be.n_recomputed, sc.n_x);
+        cr_expect(memcmp(ref, got, sizeof(float) * nv) == 0, "%s: ratio 1 logits differ",
+                  blend_policy_name((blend_policy)p));
+        cr_expect(same_kv(&full, &bl, 0, sc.n_b), "%s: ratio 1 KV differs from a full prefill",
+                  blend_policy_name((blend_policy)p));
+        kv_seq_release(g_pool, &bl);
+    }
     /* full reuse takes the other context's KV as is: not the same */
     run_blended(&sc, rec, 0.0f, &bl, got, &be);
     cr_expect_eq(be.n_recomputed, 0);
@@ -375,6 +390,128 @@ Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
     free(ref);
     free(got);
     scene_free(&sc);
+}
+
+/* The passage's exact KV (exported from the full prefill of the same prompt) with the KV of the
+ * listed tokens spoiled at every layer. */
+static content_rec *spoiled_rec(const scene *sc, const kv_seq *full, const int *bad, int n_bad) {
+    content_rec *rec = export_rec(full, sc->x_b, sc->n_x);
+    for (int l = 0; l < g_m->hp.n_layer; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < n_bad; i++) {
+                uint16_t *row = (uint16_t *)content_rec_rows(rec, l, kv) + (size_t)bad[i] * g_kvd;
+                for (int j = 0; j < g_kvd; j++)
+                    row[j] = fp32_to_fp16(fp16_to_fp32(row[j]) + (j % 2 ? 3.0f : -3.0f));
+            }
+    return rec;
+}
+
+Test(blend, legolink_recomputes_the_first_tokens_of_a_run_and_nothing_else) {
+    scene sc;
+    scene_make(&sc);
+    size_t nv = (size_t)g_m->hp.n_vocab;
+    kv_seq full, bl;
+    kv_seq_init(&full);
+    run(&full, sc.ctx_b, sc.n_b, NULL, NULL, 0);
+    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
+    memcpy(ref, g_logits, sizeof(float) * nv);
+    /* a budget of 6 tokens on one run: its first 6 */
+    float ratio = 6.0f / (float)sc.n_x;
+    blend_entry be;
+    const int head[] = {0, 1, 2, 5};
+    content_rec *rec = spoiled_rec(&sc, &full, head, 4);
+    run_policy(&sc, rec, ratio, BLEND_POLICY_LEGOLINK, &bl, got, &be);
+    cr_expect_eq(be.n_recomputed, 6, "%d", be.n_recomputed);
+    cr_expect(memcmp(ref, got, sizeof(float) * nv) == 0, "the run's first tokens were reused");
+    cr_expect(same_kv(&full, &bl, 0, sc.n_b));
+    kv_seq_release(g_pool, &bl);
+    content_rec_unref(rec);
+    /* spoiled past the run's start: LegoLink does not look there */
+    const int mid[] = {20};
+    rec = spoiled_rec(&sc, &full, mid, 1);
+    run_policy(&sc, rec, ratio, BLEND_POLICY_LEGOLINK, &bl, got, &be);
+    cr_expect_eq(be.n_recomputed, 6, "%d", be.n_recomputed);
+    cr_expect(memcmp(ref, got, sizeof(float) * nv) != 0);
+    kv_seq_release(g_pool, &bl);
+    content_rec_unref(rec);
+    kv_seq_release(g_pool, &full);
+    free(ref);
+    free(got);
+    scene_free(&sc);
+}
+
+Test(blend, hybrid_forces_the_run_start_and_ranks_the_rest) {
+    scene sc;
+    scene_make(&sc);
+    size_t nv = (size_t)g_m->hp.n_vocab;
+    kv_seq full, bl;
+    kv_seq_init(&full);
+    run(&full, sc.ctx_b, sc.n_b, NULL, NULL, 0);
+    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
+    memcpy(ref, g_logits, sizeof(float) * nv);
+    /* spoiled at the run's start and twice past the hybrid's BLEND_HYBRID_K forced tokens */
+    const int bad[] = {0, 3, 20, 31};
+    content_rec *rec = spoiled_rec(&sc, &full, bad, 4);
+    float ratio = (float)(BLEND_HYBRID_K + 3) / (float)sc.n_x;
+    blend_entry be;
+    /* LegoLink's budget stops short of 20 and 31; the hybrid's HKVD part finds them */
+    run_policy(&sc, rec, ratio, BLEND_POLICY_LEGOLINK, &bl, got, &be);
+    cr_expect(memcmp(ref, got, sizeof(float) * nv) != 0);
+    kv_seq_release(g_pool, &bl);
+    run_policy(&sc, rec, ratio, BLEND_POLICY_HYBRID, &bl, got, &be);
+    cr_expect_lt(be.n_recomputed, sc.n_x / 3);
+    cr_expect(memcmp(ref, got, sizeof(float) * nv) == 0, "a spoiled token was not recomputed");
+    cr_expect(same_kv(&full, &bl, 0, sc.n_b));
+    kv_seq_release(g_pool, &bl);
+    content_rec_unref(rec);
+    kv_seq_release(g_pool, &full);
+    free(ref);
+    free(got);
+    scene_free(&sc);
+}
+
+/* Spans over records computed at pos0 (one layer, one channel: only positions matter here). */
+static void make_spans(blend_span *sp, content_rec **recs, const int *slot, const int *n,
+                       const int *pos0, int count) {
+    cache_key key = {{0}};
+    for (int i = 0; i < count; i++) {
+        recs[i] = content_rec_create(1, 1, n[i], &key, &key, pos0[i]);
+        cr_assert_not_null(recs[i]);
+        sp[i] = (blend_span){.slot = slot[i], .n = n[i], .rec = recs[i]};
+    }
+}
+
+Test(blend, run_starts_are_where_the_earlier_context_breaks) {
+    /* A and B: one run of 40 (adjacent in the prompt and where they were computed); C: 5 tokens
+     * computed elsewhere; D: adjacent to nothing in the prompt. 85 reused tokens. */
+    const int slot[] = {10, 30, 50, 60}, n[] = {20, 20, 5, 40}, pos0[] = {100, 120, 7, 300};
+    blend_span sp[4];
+    content_rec *recs[4];
+    make_spans(sp, recs, slot, n, pos0, 4);
+    /* 26 tokens (30%): k = 11 spends it (11 + 5 + 11 = 27; 10 would give 25) */
+    cr_expect_eq(blend_force_run_starts(sp, 4, BLEND_POLICY_LEGOLINK, 0.3f), 11);
+    int want[][4] = {{11, 0, 5, 11}, {8, 0, 5, 8}, {20, 16, 5, 36}, {20, 20, 5, 40}};
+    for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, want[0][i], "span %d", i);
+    /* the hybrid forces at most BLEND_HYBRID_K of each run */
+    cr_expect_eq(blend_force_run_starts(sp, 4, BLEND_POLICY_HYBRID, 0.3f), BLEND_HYBRID_K);
+    for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, want[1][i], "span %d", i);
+    /* a k past a span's end goes on in the next span of its run */
+    cr_expect_eq(blend_force_run_starts(sp, 4, BLEND_POLICY_LEGOLINK, 0.9f), 36);
+    for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, want[2][i], "span %d", i);
+    /* ratio 1 forces everything, under LegoLink and the hybrid alike */
+    for (int p = BLEND_POLICY_LEGOLINK; p <= BLEND_POLICY_HYBRID; p++) {
+        blend_force_run_starts(sp, 4, (blend_policy)p, 1.0f);
+        for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, want[3][i], "span %d", i);
+    }
+    /* HKVD, and ratio 0, force nothing */
+    cr_expect_eq(blend_force_run_starts(sp, 4, BLEND_POLICY_HKVD, 0.5f), 0);
+    for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, 0);
+    cr_expect_eq(blend_force_run_starts(sp, 4, BLEND_POLICY_LEGOLINK, 0.0f), 0);
+    for (int i = 0; i < 4; i++) cr_expect_eq(sp[i].forced, 0);
+    cr_expect_str_eq(blend_policy_name(BLEND_POLICY_HYBRID), "hybrid");
+    cr_expect_eq(blend_policy_parse("legolink"), BLEND_POLICY_LEGOLINK);
+    cr_expect_eq(blend_policy_parse("LegoLink"), -1);
+    for (int i = 0; i < 4; i++) content_rec_unref(recs[i]);
 }
 
 Test(blend, spans_that_do_not_fit_are_refused) {
