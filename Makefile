@@ -52,6 +52,7 @@ TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
+        calibrate-reuse \
         bench-grammar bench-schema bench-gpu
 all: $(BUILD)/kvserve
 
@@ -156,13 +157,20 @@ setup:
 
 $(MODEL):
 	@bash scripts/fetch-model.sh $(MODEL)
-model: $(MODEL)
+# The default model's reuse-quality calibration ships with the repository (scripts/quality/;
+# regenerate it with `make calibrate-reuse`): it goes beside the model, where the server looks,
+# unless a calibration is there already (your own `make calibrate-reuse` is kept).
+SHIPPED_QUALITY := $(wildcard scripts/quality/$(notdir $(MODEL)).kvquality.json)
+QUALITY := $(if $(SHIPPED_QUALITY),$(MODEL).kvquality.json)
+$(MODEL).kvquality.json: | $(MODEL)
+	@if [ -n "$(SHIPPED_QUALITY)" ] && [ ! -f $@ ]; then cp $(SHIPPED_QUALITY) $@; fi
+model: $(MODEL) $(QUALITY)
 
 # ---------------------------------------------------------------- run
 
 # Extra `kvserve serve` options: make run ARGS="--port 9000 --api-key secret"
 ARGS ?=
-run: setup $(MODEL) $(BUILD)/kvserve
+run: setup $(MODEL) $(QUALITY) $(BUILD)/kvserve
 	$(BUILD)/kvserve serve -m $(MODEL) -t $(THREADS) $(ARGS)
 
 bench: $(MODEL) $(BUILD)/kvserve
@@ -187,9 +195,20 @@ bench-stream: $(MODEL) $(BUILD)/kvserve
 bench-levels: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/levels.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
-# CacheBlend on a RAG set from local texts: quality against full prefill and TTFT per method.
-bench-blend: $(MODEL) $(BUILD)/kvserve
-	$(PYTHON) scripts/bench/blend.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+# CacheBlend on a RAG set from local texts: quality against full prefill and TTFT per selection
+# policy and ratio, beside the noise floor, the server's default, and the frontier drawn.
+bench-blend: $(MODEL) $(QUALITY) $(BUILD)/kvserve
+	@$(PYTHON) -c "import matplotlib" 2>/dev/null || $(PYTHON) -m pip install --quiet matplotlib
+	$(PYTHON) scripts/bench/blend.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS) \
+	    --plot $(BUILD)/blend-frontier.png
+
+# Approximate reuse's quality on MODEL (every blend policy over a sweep of ratios, against full
+# prefill and the noise floor): writes MODEL.kvquality.json, which the server's
+# --reuse-quality budget picks from. CALIBRATE_ARGS="--prompts FILE.jsonl" for your own prompts.
+CALIBRATE_ARGS ?=
+calibrate-reuse: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/calibrate_reuse.py --bin $(BUILD)/kvserve --model $(MODEL) \
+	    --threads $(THREADS) $(CALIBRATE_ARGS)
 
 # Prompt Cache: TTFT with a schema's modules reused vs full prefill at 1K/4K/8K tokens of
 # modules, and the answers' quality (plain and with the fix-up) against full prefill.
@@ -216,7 +235,7 @@ bench-grammar: $(MODEL) $(BUILD)/kvserve $(BUILD)/grammar_bench
 
 # ---------------------------------------------------------------- tests
 
-test: setup $(MODEL)
+test: setup $(MODEL) $(QUALITY)
 	$(MAKE) --no-print-directory test-unit test-e2e
 
 test-unit: $(TEST_BIN) $(BUILD)/kvserve
@@ -230,7 +249,7 @@ test-e2e: $(BUILD)/kvserve
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The CUDA backend's host code is left out (CUDA=0): its kernels are covered under the sanitizers
 # by the emulated build the unit tests use (device memory is then malloc'd: ASan checks bounds).
-test-asan: setup $(MODEL)
+test-asan: setup $(MODEL) $(QUALITY)
 	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 CUDA=0 \
 	    LDLIBS="$(BASE_LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
 
@@ -255,6 +274,7 @@ FUZZ_DEPS_pml_fuzz := cache/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
+FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

@@ -144,6 +144,9 @@ typedef struct cache_fetch_policy {
     int64_t budget_ns;        /* time to have the reused KV ready (0: none) */
     uint64_t start_ns;        /* when the budget started (monotonic; 0: at the lookup) */
     double text_ns_per_token; /* measured cost of computing a token from text (0: unknown) */
+    /* lossy encodings a budget may not choose (bit e: CACHE_ENC_* e; cache/quality.h's budget
+     * rules them out on this model); a forced encoding is still taken */
+    uint32_t barred;
 } cache_fetch_policy;
 
 /* Where each chunk a lookup returned came from. */

@@ -77,14 +77,15 @@ static int pick(const cache_meter *m, const cache_fetch_policy *p, const uint64_
         ((double)t0 + METER_BUDGET_SHARE * (double)p->budget_ns - (double)clock_now_ns()) / (n - i);
     if (exact_cost <= left) return exact;
     for (int e = CACHE_ENC_Q8; e < m->n_enc; e++) /* finest first */
-        if (size[e] && enc_cost(m, size, tokens, e, bw) <= left) return e;
+        if (size[e] && !(p->barred & (1u << e)) && enc_cost(m, size, tokens, e, bw) <= left)
+            return e;
     /* With a budget no encoding meets, the fastest: the one that finishes the plan soonest, the
      * link and the decoder working at once (so a fast link mixes encodings light on the link
      * with ones light on the decoder, rather than queueing all on one of them). */
     int fastest = CACHE_ENC_RAW;
     double best = 1e300;
     for (int e = CACHE_ENC_RAW; e < m->n_enc; e++) {
-        if (!size[e]) continue;
+        if (!size[e] || (p->barred & (1u << e))) continue;
         double net = plan->net + enc_net(size, e, bw), dec = plan->dec + enc_dec(m, tokens, e);
         double done = net > dec ? net : dec;
         if (done < best) {

@@ -220,11 +220,12 @@ static void plan_blend(planner *p, plan_seq *ps, const plan_req *pr, const int32
                        int n_computed, bool score, double load_ns) {
     plan_seq_drop_spans(ps);
     ps->blended = ps->recomputed = 0;
-    if (!p->cs || !pr->blend || score) return;
+    if (!p->cs || pr->blend == PLAN_BLEND_OFF || score) return;
     if (!ps->cuts) {
         if (!(ps->cuts = malloc(sizeof *ps->cuts * (size_t)n))) return;
         ps->n_cuts = cut_prompt(p, pr, prompt, n, ps->cuts);
     }
+    if (pr->blend != PLAN_BLEND_ON) return; /* its chunks are stored (the cuts), none reused */
     cache_tier_stats cst, dst;
     content_store_stats(p->cs, &cst);
     content_disk_stats(p->o.blend_disk, &dst);
@@ -369,7 +370,7 @@ void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv) {
  * computed in some other context, which is what blend expects of it. */
 void plan_store_content(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv,
                         const int32_t *prompt, int n_computed, bool first) {
-    if (!p->cs || !ps->cuts || !first || !pr->blend) return;
+    if (!p->cs || !ps->cuts || !first || pr->blend == PLAN_BLEND_OFF) return;
     const kv_layout *kl = kv_pool_layout(p->pool);
     int kvd = kl->n_kv_head * kl->head_dim;
     float *rows = NULL;
@@ -492,7 +493,8 @@ static void prefetch(planner *p, plan_req *pr, uint64_t t_arrival) {
                                   .lossless = pr->kv_lossless,
                                   .budget_ns = budget * 1000000,
                                   .start_ns = t_arrival,
-                                  .text_ns_per_token = p->ns_token_layer * p->m->hp.n_layer};
+                                  .text_ns_per_token = p->ns_token_layer * p->m->hp.n_layer,
+                                  .barred = p->o.levels_barred};
         pr->loaded_from = first;
         pr->loaded_blocks =
             cache_store_fetch(p->o.store, pr->keys, first, pr->n_keys, &pol, pr->loaded,
@@ -509,7 +511,7 @@ static void prefetch(planner *p, plan_req *pr, uint64_t t_arrival) {
  * its fetched prefix that RAM and disk lack, into the content store, where the blend planned at
  * admission finds them. */
 static void prefetch_content(planner *p, plan_req *pr, const int32_t *prompt, int n) {
-    if (!p->cs || !pr->blend || !cache_store_has_redis(p->o.store)) return;
+    if (!p->cs || pr->blend != PLAN_BLEND_ON || !cache_store_has_redis(p->o.store)) return;
     int bt = kv_pool_layout(p->pool)->block_tokens;
     int from = pr->n_loaded ? (pr->loaded_from + pr->loaded_blocks) * bt : 0, n_want = 0;
     int *cuts = malloc(sizeof *cuts * (size_t)n), *n_tok = malloc(sizeof *n_tok * (size_t)n);

@@ -21,6 +21,14 @@
 #include "cache/pool_cache.h"
 #include "model/model.h"
 
+/* What a prompt does with reuse by content (blend). */
+typedef enum plan_blend_mode {
+    PLAN_BLEND_OFF = 0,   /* nothing: "blend": false */
+    PLAN_BLEND_STORE = 1, /* its chunks are kept for later prompts, none reused in it (the
+                             quality budget keeps blend off for requests that ask nothing) */
+    PLAN_BLEND_ON = 2,    /* kept, and chunks found by content reused */
+} plan_blend_mode;
+
 typedef struct plan_opts {
     cache_store *store; /* RAM/disk/Redis tiers, or NULL */
     int chunk_tokens;   /* a record's tokens (a multiple of the pool's block) */
@@ -35,6 +43,9 @@ typedef struct plan_opts {
     float blend_ratio;
     blend_policy blend_policy; /* which reused tokens are recomputed (blend.h) */
     content_disk *blend_disk;
+    /* lossy encodings fetches may not choose by budget (cache_fetch_policy's barred: the quality
+     * budget rules them out on this model) */
+    uint32_t levels_barred;
 } plan_opts;
 
 /* A chunk of the prompt found in the store's tiers: its tokens, tier and encoding (cache.h's
@@ -56,9 +67,10 @@ typedef struct plan_req {
     int kv_level;
     bool kv_lossless;
     int64_t ttft_budget_ms;
-    /* Blend: reuse chunks found by content anywhere in the prompt, recomputing a share of them
-     * (blend_ratio in 0..1; negative: the loading controller picks). */
-    bool blend;
+    /* Blend: keep the prompt's chunks by content and reuse those found anywhere in it,
+     * recomputing a share of them (blend_ratio in 0..1; negative: the loading controller picks,
+     * from the server's least ratio). */
+    plan_blend_mode blend;
     float blend_ratio;
     int blend_policy; /* blend_policy; -1: the server's */
     /* Segment bounds (cache_cdc_cut): ascending token indices where the request's content parts

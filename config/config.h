@@ -62,6 +62,8 @@ typedef struct kv_config {
     char *blend_policy;       /* which reused tokens are recomputed: hkvd, legolink, hybrid */
     int64_t blend_ram_bytes;  /* content store cap */
     int64_t blend_disk_bytes; /* content records on disk: cap (in the cache directory) */
+    char *reuse_quality;      /* approximate reuse's budget: none, floor, balanced, fast, a KL */
+    char *reuse_calibration;  /* the model's reuse-quality calibration: auto or a path */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */
     bool schema_fixup;        /* Prompt Cache: the fix-up by default */
     int schema_fixup_recompute; /* its recompute ratio, percent */

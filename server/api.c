@@ -932,7 +932,10 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
     if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
-    if (opt_bool(root, "blend", &r->blend, err) < 0) return -1;
+    bool blend = false;
+    int got_blend = opt_bool(root, "blend", &blend, err);
+    if (got_blend < 0) return -1;
+    if (got_blend) r->blend = blend;
     if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
     char *policy = NULL;
     if (opt_string(root, "blend_policy", &policy, err) < 0) return -1;
@@ -979,7 +982,7 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->max_tokens = -1;
     out->n = 1;
     out->cache = true;
-    out->blend = true;
+    out->blend = -1;
     out->blend_ratio = -1;
     out->blend_policy = -1;
     out->kv_level = CACHE_ENC_ANY;

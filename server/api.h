@@ -82,7 +82,7 @@ typedef struct api_request {
     bool cache;        /* "cache": false opts out; default true */
     char *cache_salt;  /* "cache_salt": namespace salt, or NULL */
     bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
-    bool blend;        /* "blend": false turns reuse by content (CacheBlend) off; default true */
+    int blend;         /* "blend": 0 off, 1 on (CacheBlend); -1 unset: the quality budget's */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
     int blend_policy;  /* "blend_policy": which are recomputed (blend_policy); -1: the server's */
     /* The Redis tier's fetch (cache_fetch_policy): "kv_level" forces an encoding

@@ -79,10 +79,39 @@ void cache_api_stats(server *s, http_reply *out) {
     json_t *bdisk = tier_json(&es.content_disk, true);
     json_object_set_new(bdisk, "enabled", json_boolean(s->blend_disk != NULL));
     json_object_set_new(tiers, "blend_disk", bdisk);
+    /* the identity records and calibrations are bound to (make calibrate-reuse reads it) */
+    char hex[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex((const cache_key *)(const void *)s->m->identity, hex);
     http_reply_json(out, 200,
-                    json_pack("{s:s,s:b,s:i,s:I,s:o}", "object", "cache.stats", "enabled",
+                    json_pack("{s:s,s:b,s:i,s:I,s:s,s:o,s:o}", "object", "cache.stats", "enabled",
                               es.enabled, "chunk_tokens", es.chunk_tokens, "reused_tokens",
-                              (json_int_t)es.reused_tokens, "tiers", tiers));
+                              (json_int_t)es.reused_tokens, "model_identity", hex, "tiers", tiers,
+                              "reuse_quality", cache_api_reuse_json(s)));
+}
+
+json_t *cache_api_reuse_json(const server *s) {
+    const server_reuse *r = &s->reuse;
+    const quality_choice *c = &r->choice;
+    json_t *levels = json_array();
+    for (int e = CACHE_ENC_Q8; e < CACHE_ENC_MAX; e++)
+        if (!c->gated || (c->levels & (1u << e))) {
+            char name[16];
+            cache_enc_name(e, name);
+            json_array_append_new(levels, json_string(name));
+        }
+    json_t *blend =
+        json_pack("{s:b,s:s}", "on", !c->gated || c->blend, "why", c->why[QUALITY_BLEND]);
+    if (c->blend) {
+        json_object_set_new(blend, "policy", json_string(blend_policy_name(c->blend_policy)));
+        json_object_set_new(blend, "ratio", json_real(c->blend_ratio));
+    }
+    json_t *fixup = json_pack("{s:s}", "why", c->why[QUALITY_FIXUP]);
+    if (c->fixup_ratio >= 0) json_object_set_new(fixup, "ratio", json_real(c->fixup_ratio));
+    return json_pack("{s:s,s:s,s:s?,s:s?,s:{s:o,s:o,s:{s:o,s:s}}}", "budget", r->budget_name,
+                     "bounds", r->bounds, "calibration", r->calibration[0] ? r->calibration : NULL,
+                     "calibration_error", r->calib_error[0] ? r->calib_error : NULL, "methods",
+                     "blend", blend, "fixup", fixup, "levels", "allowed", levels, "why",
+                     c->why[QUALITY_LEVEL]);
 }
 
 static int fail_400(api_error *err, const char *param, const char *fmt, const char *detail) {

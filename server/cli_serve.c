@@ -95,6 +95,55 @@ static int ram_encoding(const kv_config *c, int *enc, kv_error *err) {
     return kv_fail(err, "--cache-ram-encoding: no encoding '%s'", c->cache_ram_encoding);
 }
 
+/* Approximate reuse's budget (--reuse-quality) over the model's calibration
+ * (--reuse-calibration; auto: MODEL.kvquality.json beside the model, as `make calibrate-reuse`
+ * writes it): what each method may do for requests that ask nothing, logged with the reason.
+ * -1 with err on a budget that is not one, or a calibration named explicitly that cannot be
+ * used; one found automatically that cannot is logged and passed over (exact reuse only). */
+static int reuse_setup(const kv_config *c, const model *m, server_reuse *r, kv_error *err) {
+    memset(r, 0, sizeof *r);
+    if (quality_budget_parse(c->reuse_quality, &r->budget, err)) return -1;
+    snprintf(r->budget_name, sizeof r->budget_name, "%s", c->reuse_quality);
+    quality_table *t = calloc(1, sizeof *t);
+    if (!t) return kv_fail(err, "out of memory");
+    bool auto_path = strcmp(c->reuse_calibration, "auto") == 0;
+    if (auto_path)
+        snprintf(r->calibration, sizeof r->calibration, "%s.kvquality.json", c->model);
+    else
+        snprintf(r->calibration, sizeof r->calibration, "%s", c->reuse_calibration);
+    bool found = !auto_path || access(r->calibration, F_OK) == 0;
+    kv_error lerr = {{0}};
+    if (found && r->budget.kind != QUALITY_BUDGET_NONE &&
+        quality_table_load(t, r->calibration, m->identity, &lerr)) {
+        if (!auto_path) {
+            free(t);
+            return kv_fail(err, "--reuse-calibration: %s", lerr.msg);
+        }
+        snprintf(r->calib_error, sizeof r->calib_error, "%s", lerr.msg);
+        log_warn("reuse quality: calibration not used: %s", lerr.msg);
+        found = false;
+    }
+    if (!found || r->budget.kind == QUALITY_BUDGET_NONE) r->calibration[0] = 0;
+    const quality_table *use = r->calibration[0] ? t : NULL;
+    quality_choose(&r->budget, use, &r->choice);
+    quality_budget_describe(&r->budget, use, r->bounds, sizeof r->bounds);
+    if (!r->choice.gated)
+        log_info("reuse quality: none (no gate): blend, the fix-up and levels as configured");
+    else if (!use)
+        log_info("reuse quality: %s: no calibration of this model (%s): exact reuse only, "
+                 "unless a request asks; calibrate it with `make calibrate-reuse "
+                 "MODEL=%s`",
+                 r->budget_name, r->calib_error[0] ? r->calib_error : "none found", c->model);
+    else
+        log_info("reuse quality: %s (%s, calibration %s over %d prompts): blend %s; fix-up %s; "
+                 "levels %s",
+                 r->budget_name, r->bounds, r->calibration, t->prompts,
+                 r->choice.why[QUALITY_BLEND], r->choice.why[QUALITY_FIXUP],
+                 r->choice.why[QUALITY_LEVEL]);
+    free(t);
+    return 0;
+}
+
 /* The codec table the tiers encode their levels with (Redis, an encoded disk or RAM tier;
  * --redis-codec): off: none (lossless and q8 only); a path: that file; auto: MODEL.kvcodec (what
  * `kvserve calibrate` writes), else <cache dir>/<model>/codec.kvcodec, else one calibrated now from
@@ -427,6 +476,15 @@ int cli_serve(int argc, char **argv) {
                 (long long)eo.kv_pool_tokens, s.ctx);
         goto done;
     }
+    if (reuse_setup(&cfg, m, &s.reuse, &err)) goto done;
+    if (s.reuse.choice.blend) {
+        /* the budget's setting for requests that ask nothing: the loading controller's floor */
+        eo.blend_ratio = s.reuse.choice.blend_ratio;
+        eo.blend_policy = s.reuse.choice.blend_policy;
+    }
+    if (s.reuse.choice.gated)
+        for (int e = CACHE_ENC_Q8; e < CACHE_ENC_MAX; e++)
+            if (!(s.reuse.choice.levels & (1u << e))) eo.levels_barred |= 1u << e;
     if (cfg.cache && load_codec(&cfg, m, &codec, &err)) goto done;
     if (cfg.cache && !(s.store = open_store(&cfg, m, codec, &err))) goto done;
     eo.store = s.store;

@@ -1223,7 +1223,8 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
                         .blend_bytes = blend ? o->blend_bytes : 0,
                         .blend_ratio = o->blend_ratio,
                         .blend_policy = o->blend_policy,
-                        .blend_disk = o->blend_disk};
+                        .blend_disk = o->blend_disk,
+                        .levels_barred = o->levels_barred};
         if (!(e->plan = planner_create(m, e->b, e->pool, &po, err))) goto fail;
     }
     size_t n_vocab = (size_t)m->hp.n_vocab;

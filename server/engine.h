@@ -156,6 +156,7 @@ typedef struct engine_opts {
     int blend_chunk;
     content_disk *blend_disk; /* content records on disk (the caller's), or NULL */
     int64_t ttft_budget_ms;   /* Redis fetches: the default budget (0: none, lossless) */
+    uint32_t levels_barred;   /* lossy encodings a budget may not choose (cache_fetch_policy) */
 } engine_opts;
 
 typedef struct engine engine;

@@ -424,6 +424,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_HEALTH: {
         bool up = atomic_load(&s->ready) && !draining;
         json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
+        if (up) json_object_set_new(v, "reuse_quality", cache_api_reuse_json(s));
         http_reply_json(&r, up ? 200 : 503, v);
         if (!up) r.retry_after = 1;
         return send_reply(conn, cr, &r);

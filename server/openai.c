@@ -219,8 +219,8 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
         bool tools = rq->tool_choice != CHAT_TOOL_NONE;
         /* content parts bound blend's segments: not looked for when the request blends nothing */
         return tokenize_messages(m, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
-                                 tools ? rq->n_tools : 0, ids, rq->blend ? bounds : NULL, n_bounds,
-                                 err);
+                                 tools ? rq->n_tools : 0, ids, rq->blend != 0 ? bounds : NULL,
+                                 n_bounds, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
@@ -298,7 +298,13 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     r->logprobs = rq->logprobs;
     r->top_logprobs = rq->top_logprobs;
     r->ignore_eos = rq->ignore_eos;
-    r->plan.blend = rq->blend;
+    /* Blend: a request naming "blend": true, a ratio or a policy blends; one that says nothing
+     * blends where the quality budget lets it (cache/quality.h); both keep their chunks for
+     * later prompts unless they say "blend": false. */
+    bool asks = rq->blend == 1 || rq->blend_ratio >= 0 || rq->blend_policy >= 0;
+    r->plan.blend = rq->blend == 0                                            ? PLAN_BLEND_OFF
+                    : asks || s->reuse.choice.blend || !s->reuse.choice.gated ? PLAN_BLEND_ON
+                                                                              : PLAN_BLEND_STORE;
     r->plan.blend_ratio = rq->blend_ratio;
     r->plan.blend_policy = rq->blend_policy;
     r->plan.kv_level = rq->kv_level;

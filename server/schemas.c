@@ -807,8 +807,11 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
         goto done;
     }
     if (out->kv) {
-        float ratio =
-            rq->fixup_ratio >= 0 ? rq->fixup_ratio : (float)s->cfg->schema_fixup_recompute / 100.0f;
+        /* the request's ratio, else the least the quality budget accepts, else the server's */
+        float ratio = rq->fixup_ratio >= 0 ? rq->fixup_ratio
+                      : s->reuse.choice.fixup_ratio >= 0
+                          ? s->reuse.choice.fixup_ratio
+                          : (float)s->cfg->schema_fixup_recompute / 100.0f;
         out->kv->fixup = fixup ? ratio : -1;
     } else if (out->missing && st == ENTRY_READY) {
         /* a record is gone (cleared, evicted, corrupt): computed in full now, rebuilt after */

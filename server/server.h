@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "cache/cache.h"
+#include "cache/quality.h"
 #include "config/config.h"
 #include "model/model.h"
 #include "server/api.h"
@@ -22,6 +23,16 @@
 
 typedef struct server server;
 typedef struct schema_registry schema_registry;
+
+/* Approximate reuse under the quality budget (cache/quality.h), as decided at start. */
+typedef struct server_reuse {
+    quality_budget budget;
+    quality_choice choice;
+    char budget_name[32];  /* --reuse-quality as given */
+    char bounds[96];       /* what the budget allows on this model, in words */
+    char calibration[512]; /* the calibration's path, or "" with none */
+    char calib_error[600]; /* why a calibration found was not used, or "" */
+} server_reuse;
 
 struct server {
     const kv_config *cfg;
@@ -37,6 +48,7 @@ struct server {
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
     schema_registry *schemas;   /* Prompt Cache schemas (schemas.c), or NULL */
     content_disk *blend_disk;   /* blend's content records on disk, or NULL */
+    server_reuse reuse;         /* approximate reuse's quality budget and what it chose */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
     int n_keys;
     long started;                    /* start time (Unix seconds) */
@@ -134,6 +146,8 @@ void openai_embeddings(server *s, const http_call *c, http_reply *out);
 void server_cache_namespace(const server *s, const http_call *c, const char *salt, cache_key *ns);
 /* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */
 void cache_api_stats(server *s, http_reply *out);
+/* What the quality budget lets approximate reuse do, and why (GET /health, /v1/cache/stats). */
+json_t *cache_api_reuse_json(const server *s);
 void cache_api_clear(server *s, const http_call *c, http_reply *out);
 void cache_api_pin(server *s, const http_call *c, http_reply *out, bool pin);
 /* Prompt Cache (schemas.c): the registry and its builder thread, started once the engine runs

@@ -111,7 +111,7 @@ class KvServer:
                 except OSError:  # not listening yet
                     status = None
                 if status == 200:
-                    assert json.loads(body) == {"status": "ok"}, body
+                    assert json.loads(body)["status"] == "ok", body
                     return self
                 if status is not None:  # listening while the model loads
                     assert status == 503 and json.loads(body) == {"status": "loading"}, \

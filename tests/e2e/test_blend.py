@@ -16,6 +16,9 @@ import pytest
 from conftest import SANITIZED
 
 MAX_TOKENS = 4 if SANITIZED else 12
+# The mechanism as configured, with no quality budget: blend's default setting here is the
+# server's --blend-recompute (test_reuse_quality.py tests the budget over a calibration)
+CTX = ("-c", "2048", "--reuse-quality", "none")
 
 PASSAGES = [
     "The licenses for most software and other practical works are designed\n"
@@ -63,7 +66,7 @@ def details(usage):
 
 @pytest.fixture
 def blend_server(start_server):
-    return start_server("-c", "2048")
+    return start_server(*CTX)
 
 
 def test_passages_in_another_order_are_blended(blend_server):
@@ -137,7 +140,7 @@ def test_blend_ratio_out_of_range_is_400(blend_server):
 
 
 def test_no_blend_server_blends_nothing(start_server):
-    s = start_server("-c", "2048", "--no-blend")
+    s = start_server(*CTX, "--no-blend")
     c, m = s.client(), s.model_id
     ask(c, m, rag([0, 1, 2], "What is free software?"))
     _, usage = ask(c, m, rag([2, 0, 1], "Who has responsibilities?"))
@@ -194,7 +197,7 @@ def flip_layer_byte(path, layer):
 
 def test_records_survive_a_restart_and_a_damaged_one_is_computed_instead(start_server, tmp_dir):
     base = tmp_dir("kvserve-blend-")
-    srv = start_server("-c", "2048", "--cache-dir", base)
+    srv = start_server(*CTX, "--cache-dir", base)
     c, m = srv.client(), srv.model_id
     ask(c, m, rag([0, 1, 2], "What is free software?"))
     srv.terminate()  # a clean stop finishes the queued writes
@@ -210,7 +213,7 @@ def test_records_survive_a_restart_and_a_damaged_one_is_computed_instead(start_s
     # after a restart the passages come from disk, read layer by layer as the pass goes, and
     # the records read whole are promoted to RAM; at ratio 1 the answer is a full prefill's
     msgs = rag([2, 0, 1], "Who has responsibilities?")
-    srv = start_server("-c", "2048", "--cache-dir", base)
+    srv = start_server(*CTX, "--cache-dir", base)
     st = blend_tier(srv)
     assert st["entries"] == len(files) and st["corrupt"] == 0, st
     full, _ = ask(srv.client(), m, msgs, cache=False)
@@ -232,12 +235,12 @@ def test_records_survive_a_restart_and_a_damaged_one_is_computed_instead(start_s
         n_layer, = struct.unpack_from("<I", fh.read(116), 112)
     flip_layer_byte(os.path.join(damaged, rel), n_layer // 2)  # found mid-pass
     os.remove(os.path.join(missing, rel))
-    srv = start_server("-c", "2048", "--cache-dir", missing)
+    srv = start_server(*CTX, "--cache-dir", missing)
     want, usage_want = ask(srv.client(), m, msgs)
     srv.terminate()
     with open(os.path.join(damaged, rel), "rb") as fh:
         bad_bytes = fh.read()
-    srv = start_server("-c", "2048", "--cache-dir", damaged)
+    srv = start_server(*CTX, "--cache-dir", damaged)
     got, usage_got = ask(srv.client(), m, msgs)
     st = blend_tier(srv)
     assert st["corrupt"] == 1, st
@@ -251,7 +254,7 @@ def test_records_survive_a_restart_and_a_damaged_one_is_computed_instead(start_s
     # and at ratio 1 the damaged record still leaves the answer a full prefill's
     damaged = copies["damaged1"]
     flip_layer_byte(os.path.join(damaged, rel), n_layer - 1)
-    srv = start_server("-c", "2048", "--cache-dir", damaged)
+    srv = start_server(*CTX, "--cache-dir", damaged)
     full, _ = ask(srv.client(), m, msgs, cache=False)
     got, usage = ask(srv.client(), m, msgs, blend_ratio=1.0)
     assert details(usage)[1] > 0 and blend_tier(srv)["corrupt"] == 1

@@ -461,7 +461,13 @@ def test_accept_any_model(start_server):
 def test_health(server):
     r = requests.get(server.url + "/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok"}
+    body = r.json()
+    assert body["status"] == "ok"
+    # what the quality budget lets approximate reuse do on this model, and why
+    q = body["reuse_quality"]
+    assert q["budget"] == "floor"
+    assert set(q["methods"]) == {"blend", "fixup", "levels"}
+    assert all(m["why"] for m in q["methods"].values())
 
 
 @pytest.mark.parametrize("text", ["Hello world", "Héllo wörld, 你好 🙂!\n\tTabs  and  spaces"])

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Calibrates approximate reuse on a model (cache/quality.h, DESIGN.md "Reuse quality").
+
+Measures, against a full prefill of the same prompts, in first-token KL, top-1 agreement and
+identical greedy answers, with the TTFT speed-up:
+  - the noise floor: the same full prefill on a server with --precise (rounding only);
+  - blend under every selection policy (hkvd, legolink, hybrid) over a sweep of ratios;
+  - full reuse (ratio 0), for scale;
+  - q8 and every codec level of the model's codec table (MODEL.kvcodec, made first when missing),
+    as exact-prefix KV read back from a disk tier that holds every encoding (kv_level forced);
+and writes MODEL.kvquality.json beside the model (bound to its identity, as the codec table is),
+which `kvserve serve` reads at start: --reuse-quality picks from it, per method, the cheapest
+setting within budget, and turns off a method with none. Prints the table.
+
+Prompts: the RAG set bench-blend uses (passages of the licence texts in
+/usr/share/common-licenses, 4-6 per question, shuffled; --questions), or your own with
+--prompts FILE.jsonl: one JSON object per line,
+    {"messages": [...chat messages...], "passages": ["...", ...]}
+where the passages (optional) are the documents the prompt holds, sent alone first as a RAG
+frontend's precompute would; without them the prompts are sent in the file's order, so that a
+later prompt reuses what earlier ones computed.
+
+    python3 scripts/calibrate_reuse.py [--model MODEL] [--questions 24] [--prompts FILE.jsonl]
+                                       [--ratios 0.05,0.15,0.3,0.5,0.8] [--out PATH]
+
+About 15 minutes on 2 cores for the default model and 24 questions; `make calibrate-reuse`.
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
+import benchlib  # noqa: E402
+import blend  # noqa: E402
+import codec  # noqa: E402
+
+
+def load_prompts(path):
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            o = json.loads(line)
+            msgs, ps = o.get("messages"), o.get("passages", [])
+            if not isinstance(msgs, list) or not msgs:
+                sys.exit(f"{path}:{i}: 'messages' must be a non-empty list")
+            if not isinstance(ps, list) or not all(isinstance(p, str) for p in ps):
+                sys.exit(f"{path}:{i}: 'passages' must be a list of strings")
+            items.append((msgs, ps))
+    if not items:
+        sys.exit(f"{path}: no prompts")
+    return items
+
+
+def wait_steady(read, seconds=300):
+    """Polls read() until it has not changed for 3 s."""
+    deadline, last, since = time.monotonic() + seconds, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > 3:
+            return now
+        time.sleep(0.2)
+    sys.exit("the disk tier's encoder did not settle")
+
+
+def measure_levels(args, items):
+    """{level: summary} of the KV encodings: each prompt computed once into a disk tier that
+    keeps every encoding (no RAM tier, no blend), then, per prompt, a full prefill (the
+    reference) and the prompt again with each encoding forced (kv_level), the pool cleared
+    before each, so its prefix comes from disk in that encoding."""
+    codec.calibrate_if_stale(args.bin, args.model, args.threads)
+    work = tempfile.mkdtemp(prefix="kvserve-calibrate-")
+    srv = None
+    try:
+        srv = blend.Server(args, ["--reuse-quality", "none", "--no-blend", "--cache-ram-bytes",
+                                  "0", "--cache-disk-encoded"], cache_dir=work)
+        for msgs, _ in items:
+            srv.chat(msgs, 1, {})
+        wait_steady(lambda: len(glob.glob(os.path.join(work, "*", "*.kvc"))))
+        names = {"e1": "q8", **{f"e{2 + i}": f"codec{i}" for i in range(8)}}
+        found = {os.path.basename(p)[64:][1:].split(".")[0].split("-")[0]
+                 for p in glob.glob(os.path.join(work, "*", "*.e*.kvc"))}
+        levels = sorted((names[e] for e in found if e in names),
+                        key=lambda n: (n != "q8", n))
+        rows = {lv: [] for lv in levels}
+        rows["full prefill"] = []
+        for qi, (msgs, _) in enumerate(items):
+            srv.request("POST", "/v1/cache/clear", {"tiers": ["pool"]})
+            t0, ref_text, ref_lp, _, ref_toks = srv.chat(msgs, args.max_tokens, {"cache": False})
+            rows["full prefill"].append({"t": t0, "n": 1, "blended": 0, "same": True,
+                                         "same8": True, "top1": True, "f1": 1.0, "kl": 0.0})
+            for lv in levels:
+                srv.request("POST", "/v1/cache/clear", {"tiers": ["pool"]})
+                t, text, lp, usage, toks = srv.chat(msgs, args.max_tokens, {"kv_level": lv})
+                got = {c["level"] for c in usage.get("kv_chunks", [])}
+                if got != {lv}:
+                    sys.exit(f"prompt {qi + 1}: asked for {lv}, the chunks came as {got}")
+                rows[lv].append({"t": t, "n": 1, "blended": 0, "same": text == ref_text,
+                                 "same8": toks[:8] == ref_toks[:8],
+                                 "top1": toks[:1] == ref_toks[:1],
+                                 "f1": blend.f1(text, ref_text), "kl": blend.kl(ref_lp, lp)})
+            print(f"levels: prompt {qi + 1}/{len(items)}", file=sys.stderr)
+    finally:
+        if srv:
+            srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    full_t = statistics.mean(r["t"] for r in rows.pop("full prefill"))
+    return {lv: blend.summary(r, full_t) for lv, r in rows.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    benchlib.add_server_args(ap)
+    ap.add_argument("--questions", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--prompts", default="", help="your prompts (JSONL), instead of the RAG set")
+    ap.add_argument("--policies", default=",".join(blend.POLICIES))
+    ap.add_argument("--ratios", default="0.05,0.15,0.3,0.5,0.8")
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--out", default="", help="default: MODEL.kvquality.json")
+    ap.add_argument("--level-prompts", type=int, default=8,
+                    help="prompts the KV encodings are measured on (0: not measured)")
+    args = ap.parse_args()
+    out = args.out or args.model + ".kvquality.json"
+    methods = [m for m in blend.methods_for(args.policies.split(","),
+                                            [float(r) for r in args.ratios.split(",")])
+               if m[0] != "server default" and not m[0].endswith(" 100%")]
+
+    srv = blend.Server(args, ["--reuse-quality", "none"])
+    precise = None
+    try:
+        st, stats = srv.request("GET", "/v1/cache/stats")
+        if st != 200 or "model_identity" not in stats:
+            sys.exit(f"cannot read the model's identity: {st} {stats}")
+        identity = stats["model_identity"]
+        if args.prompts:
+            items = load_prompts(args.prompts)
+        else:
+            pool = blend.passages(srv)
+            qs = blend.question_set(pool, args.questions, random.Random(args.seed))
+            items = [(blend.messages(pool, docs, q), [pool[d] for d in docs]) for docs, q in qs]
+        print(f"{len(items)} prompts; {len(methods)} methods", file=sys.stderr)
+        precise = blend.Server(args, ["--precise"])
+        res = blend.measure(srv, precise, items, methods, args.max_tokens)
+    finally:
+        srv.stop()
+        if precise:
+            precise.stop()
+
+    levels = measure_levels(args, items[:args.level_prompts]) if args.level_prompts else {}
+    full_t = statistics.mean(r["t"] for r in res["full prefill"])
+    table = {name: blend.summary(rows, full_t) for name, rows in res.items()}
+    floor = table["full prefill, f32"]
+    points = []
+    for name, extra in methods:
+        if "blend_policy" not in extra:
+            continue
+        v = table[name]
+        points.append({"method": "blend", "policy": extra["blend_policy"],
+                       "ratio": extra["blend_ratio"], "kl": round(v["kl"], 6),
+                       "top1": round(v["top1"], 4), "same": round(v["same"], 4),
+                       "same8": round(v["same8"], 4), "speedup": round(v["speedup"], 3)})
+    for lv, v in levels.items():
+        points.append({"method": "level", "level": lv, "kl": round(v["kl"], 6),
+                       "top1": round(v["top1"], 4), "same": round(v["same"], 4),
+                       "same8": round(v["same8"], 4), "speedup": round(v["speedup"], 3)})
+    doc = {"format": "kvserve-kvquality", "version": 1, "model_identity": identity,
+           "model": os.path.basename(args.model),
+           "made": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+           "made_by": "scripts/calibrate_reuse.py " + " ".join(sys.argv[1:]),
+           "prompts": len(items), "level_prompts": min(args.level_prompts, len(items)),
+           "max_tokens": args.max_tokens,
+           "set": args.prompts or f"licence RAG set, seed {args.seed}",
+           "floor": {"kl": round(floor["kl"], 6), "top1": round(floor["top1"], 4),
+                     "same": round(floor["same"], 4), "same8": round(floor["same8"], 4)},
+           "full_reuse": {"kl": round(table["full reuse (0%)"]["kl"], 6),
+                          "top1": round(table["full reuse (0%)"]["top1"], 4)},
+           "points": points}
+    with open(out + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(out + ".tmp", out)
+
+    print(f"\n{len(items)} prompts, {args.max_tokens} greedy tokens; against a full prefill:\n")
+    print("| method | identical answer | first 8 tokens | top-1 | KL first token | speed-up |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in ["full prefill, f32"] + [m[0] for m in methods[1:]]:
+        v = table[name]
+        print(f"| {name} | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
+              f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
+    for lv, v in levels.items():
+        print(f"| {lv} (exact prefix from disk) | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
+              f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
+    print(f"\nwritten: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Approximate reuse under the quality budget (--reuse-quality over the model's calibration,
+cache/quality.h), through the server with the unmodified openai client: a client that asks
+nothing gets blend only where the calibration shows a setting within budget, at that setting;
+one that names a ratio or a policy still gets it; /health and /v1/cache/stats say what is on
+and why; a calibration of another model, or a budget that is not one, is refused at start."""
+import json
+import os
+
+import pytest
+
+from conftest import MODEL, free_port, run_kvserve
+from test_blend import ask, details, rag
+
+CTX = ("-c", "2048")
+
+
+def identity(server):
+    return server.get_json("/v1/cache/stats")["model_identity"]
+
+
+def calibration(path, model_identity, points, floor=(0.004, 0.98)):
+    with open(path, "w") as f:
+        json.dump({"format": "kvserve-kvquality", "version": 1,
+                   "model_identity": model_identity, "prompts": 10,
+                   "floor": {"kl": floor[0], "top1": floor[1]}, "points": points}, f)
+    return path
+
+
+def blend_point(policy, ratio, kl, top1, speedup):
+    return {"method": "blend", "policy": policy, "ratio": ratio, "kl": kl, "top1": top1,
+            "speedup": speedup}
+
+
+@pytest.fixture
+def model_identity(server):
+    return identity(server)
+
+
+def test_a_client_that_asks_nothing_gets_the_calibrated_setting(start_server, tmp_dir,
+                                                                 model_identity):
+    # within floor (KL <= 0.008, top-1 >= 96%): legolink 30% is the fastest that is
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), model_identity, [
+        blend_point("hkvd", 0.15, 0.1, 0.7, 4.2),
+        blend_point("legolink", 0.3, 0.007, 0.97, 3.0),
+        blend_point("legolink", 0.8, 0.004, 0.98, 1.2),
+        {"method": "level", "level": "q8", "kl": 0.003, "top1": 0.99},
+        {"method": "level", "level": "codec0", "kl": 0.05, "top1": 0.9}])
+    srv = start_server(*CTX, "--reuse-calibration", path)
+    q = srv.get_json("/health")["reuse_quality"]
+    assert q["calibration"] == path
+    assert q["methods"]["blend"]["on"] and q["methods"]["blend"]["policy"] == "legolink"
+    assert q["methods"]["blend"]["ratio"] == pytest.approx(0.3)
+    assert "legolink 30%" in q["methods"]["blend"]["why"]
+    assert q["methods"]["levels"]["allowed"] == ["q8"]
+    assert srv.get_json("/v1/cache/stats")["reuse_quality"] == q
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    _, usage = ask(c, m, rag([2, 0, 1], "Who has responsibilities?"))
+    _, blended, recomputed = details(usage)
+    extra = usage.prompt_tokens_details.model_extra
+    assert blended > 0.6 * usage.prompt_tokens, usage
+    assert extra["blend_policy"] == "legolink" and extra["blend_ratio"] == pytest.approx(0.3)
+    assert recomputed < blended
+
+
+def test_a_method_out_of_budget_is_off_unless_a_request_asks(start_server, tmp_dir,
+                                                             model_identity):
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), model_identity, [
+        blend_point("hkvd", 0.15, 0.1, 0.7, 4.2), blend_point("hybrid", 0.5, 0.03, 0.9, 1.8)])
+    srv = start_server(*CTX, "--reuse-calibration", path)
+    blend = srv.get_json("/health")["reuse_quality"]["methods"]["blend"]
+    assert not blend["on"]
+    assert "no setting within KL <= 0.0080" in blend["why"] and "hybrid 50%" in blend["why"]
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    msgs = rag([2, 0, 1], "Who has responsibilities?")
+    full, _ = ask(c, m, msgs, cache=False)
+    # the passages were kept all the same: asked for, they are reused
+    got, usage = ask(c, m, msgs)
+    assert details(usage)[1] == 0, usage
+    assert got == full
+    _, usage = ask(c, m, rag([1, 2, 0], "What may you charge for?"), blend_ratio=0.5,
+                   blend_policy="hybrid")
+    assert details(usage)[1] > 0.6 * usage.prompt_tokens, usage
+    # a looser budget of the same calibration takes it
+    srv2 = start_server(*CTX, "--reuse-calibration", path, "--reuse-quality", "0.05")
+    blend = srv2.get_json("/health")["reuse_quality"]["methods"]["blend"]
+    assert blend["on"] and blend["policy"] == "hybrid"
+
+
+def test_no_calibration_means_exact_reuse_only(start_server, tmp_dir):
+    # the model under another path, with no calibration beside it
+    d = tmp_dir("kvserve-quality-")
+    alone = os.path.join(d, os.path.basename(MODEL))
+    os.symlink(os.path.abspath(MODEL), alone)
+    srv = start_server(*CTX, "-m", alone)
+    q = srv.get_json("/health")["reuse_quality"]
+    assert q["budget"] == "floor" and q["calibration"] is None
+    assert not q["methods"]["blend"]["on"] and q["methods"]["levels"]["allowed"] == []
+    assert "no calibration" in q["methods"]["blend"]["why"]
+    assert "calibrate-reuse" in srv.stderr()
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    _, usage = ask(c, m, rag([2, 0, 1], "Who has responsibilities?"))
+    assert details(usage)[1] == 0, usage
+
+
+def test_another_models_calibration_and_a_bad_budget_are_refused(tmp_dir, model_identity):
+    other = ("0" if model_identity[0] != "0" else "1") + model_identity[1:]
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), other,
+                       [blend_point("hkvd", 0.15, 0.001, 1.0, 4.0)])
+    r = run_kvserve("serve", "-m", MODEL, "--port", str(free_port()), "-c", "256", "--reuse-calibration", path,
+                    timeout=120)
+    assert r.returncode != 0 and "another model" in r.stderr, r.stderr
+    r = run_kvserve("serve", "-m", MODEL, "--port", str(free_port()), "-c", "256", "--reuse-quality",
+                    "excellent", timeout=120)
+    assert r.returncode != 0 and "--reuse-quality must be" in r.stderr, r.stderr

@@ -1,0 +1,192 @@
+/* Reuse quality (cache/quality.h): a calibration is bound to its model and checked field by
+ * field, budgets parse, and a budget picks per method the cheapest setting within it from a
+ * constructed table (and turns off a method with none). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cache/quality.h"
+
+static const uint8_t ID[32] = {0xab, 0xcd, 1, 2, 3};
+static const char *ID_HEX = "abcd010203000000000000000000000000000000000000000000000000000000";
+
+/* A calibration: floor KL 0.004, top-1 0.98; blend points, a fix-up point and two levels. */
+static char *calibration(const char *id_hex) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{\"format\": \"kvserve-kvquality\", \"version\": 1, \"model_identity\": \"%s\","
+             " \"prompts\": 20, \"floor\": {\"kl\": 0.004, \"top1\": 0.98, \"same\": 0.5},"
+             " \"points\": ["
+             "  {\"method\": \"blend\", \"policy\": \"hkvd\", \"ratio\": 0.15, \"kl\": 0.1,"
+             "   \"top1\": 0.7, \"speedup\": 4.2},"
+             "  {\"method\": \"blend\", \"policy\": \"hkvd\", \"ratio\": 0.5, \"kl\": 0.03,"
+             "   \"top1\": 0.9, \"speedup\": 1.8},"
+             "  {\"method\": \"blend\", \"policy\": \"legolink\", \"ratio\": 0.3, \"kl\": 0.007,"
+             "   \"top1\": 0.97, \"speedup\": 3.0},"
+             "  {\"method\": \"blend\", \"policy\": \"legolink\", \"ratio\": 0.5, \"kl\": 0.005,"
+             "   \"top1\": 0.98, \"speedup\": 2.0},"
+             "  {\"method\": \"blend\", \"policy\": \"hybrid\", \"ratio\": 0.15, \"kl\": 0.012,"
+             "   \"top1\": 0.95, \"speedup\": 4.0, \"same\": 0.3},"
+             "  {\"method\": \"fixup\", \"ratio\": 0.3, \"kl\": 0.006, \"top1\": 0.98},"
+             "  {\"method\": \"level\", \"level\": \"q8\", \"kl\": 0.003, \"top1\": 0.99},"
+             "  {\"method\": \"level\", \"level\": \"codec1\", \"kl\": 0.02, \"top1\": 0.93}]}",
+             id_hex);
+    return buf;
+}
+
+static void parse_ok(quality_table *t) {
+    kv_error err = {{0}};
+    const char *j = calibration(ID_HEX);
+    cr_assert_eq(quality_table_parse(t, j, strlen(j), ID, &err), 0, "%s", err.msg);
+}
+
+Test(quality, a_calibration_is_read_with_every_figure) {
+    quality_table t;
+    parse_ok(&t);
+    cr_expect_eq(t.prompts, 20);
+    cr_expect_float_eq(t.floor_kl, 0.004, 1e-12);
+    cr_expect_float_eq(t.floor_top1, 0.98, 1e-12);
+    cr_expect_eq(t.n_pts, 8);
+    cr_expect_eq(t.pts[2].method, QUALITY_BLEND);
+    cr_expect_eq(t.pts[2].policy, BLEND_POLICY_LEGOLINK);
+    cr_expect_float_eq(t.pts[2].ratio, 0.3f, 1e-6);
+    cr_expect_float_eq(t.pts[4].same, 0.3, 1e-12);
+    cr_expect_float_eq(t.pts[0].same, -1, 1e-12); /* not measured */
+    cr_expect_eq(t.pts[6].enc, CACHE_ENC_Q8);
+    cr_expect_eq(t.pts[7].enc, CACHE_ENC_CODEC + 1);
+}
+
+Test(quality, another_models_calibration_is_refused) {
+    quality_table t;
+    kv_error err = {{0}};
+    const char *j = calibration("abcd010203000000000000000000000000000000000000000000000000000001");
+    cr_expect_eq(quality_table_parse(&t, j, strlen(j), ID, &err), -1);
+    cr_expect(strstr(err.msg, "another model") != NULL, "%s", err.msg);
+}
+
+Test(quality, malformed_calibrations_are_refused_with_the_reason) {
+    struct {
+        const char *from, *to, *says;
+    } cases[] = {
+        {"kvserve-kvquality", "kvserve-kvcodec", "format"},
+        {"\"version\": 1", "\"version\": 2", "version"},
+        {"\"prompts\": 20", "\"prompts\": 0", "prompts"},
+        {"\"kl\": 0.004", "\"kl\": -1", "'kl'"},
+        {"\"top1\": 0.98,", "\"top1\": 1.5,", "'top1'"},
+        {"\"policy\": \"hkvd\", \"ratio\": 0.15", "\"policy\": \"best\", \"ratio\": 0.15",
+         "policy"},
+        {"\"ratio\": 0.5, \"kl\": 0.03", "\"ratio\": \"half\", \"kl\": 0.03", "'ratio'"},
+        {"\"level\": \"q8\"", "\"level\": \"lossless\"", "level"},
+        {"\"method\": \"fixup\"", "\"method\": \"magic\"", "method"},
+        {"\"kl\": 0.003,", "", "'kl' is missing"},
+        {"]}", "]", "JSON"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char j[4096];
+        const char *src = calibration(ID_HEX), *at = strstr(src, cases[i].from);
+        cr_assert_not_null(at, "case %zu", i);
+        size_t pre = (size_t)(at - src);
+        snprintf(j, sizeof j, "%.*s%s%s", (int)pre, src, cases[i].to, at + strlen(cases[i].from));
+        quality_table t;
+        kv_error err = {{0}};
+        cr_expect_eq(quality_table_parse(&t, j, strlen(j), ID, &err), -1, "case %zu", i);
+        cr_expect(strstr(err.msg, cases[i].says) != NULL, "case %zu: %s", i, err.msg);
+    }
+}
+
+Test(quality, budgets_parse_and_refuse_what_is_not_one) {
+    quality_budget b;
+    kv_error err = {{0}};
+    cr_expect_eq(quality_budget_parse("floor", &b, &err), 0);
+    cr_expect_eq(b.kind, QUALITY_BUDGET_FLOOR);
+    cr_expect_eq(quality_budget_parse("none", &b, &err), 0);
+    cr_expect_eq(b.kind, QUALITY_BUDGET_NONE);
+    cr_expect_eq(quality_budget_parse("0.02", &b, &err), 0);
+    cr_expect_eq(b.kind, QUALITY_BUDGET_KL);
+    cr_expect_float_eq(b.max_kl, 0.02, 1e-12);
+    const char *bad[] = {"", "-1", "0", "nan", "0.02x", "Floor", "inf"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_expect_eq(quality_budget_parse(bad[i], &b, &err), -1, "'%s'", bad[i]);
+        cr_expect(strstr(err.msg, "--reuse-quality") != NULL);
+    }
+}
+
+Test(quality, each_budget_picks_the_fastest_setting_within_it) {
+    quality_table t;
+    parse_ok(&t);
+    quality_budget b;
+    quality_choice c;
+    kv_error err = {{0}};
+    /* floor: KL <= 0.008, top-1 >= 96%: legolink 30% (3.0x) beats legolink 50% (2.0x) */
+    quality_budget_parse("floor", &b, &err);
+    quality_choose(&b, &t, &c);
+    cr_expect(c.gated);
+    cr_expect(c.blend);
+    cr_expect_eq(c.blend_policy, BLEND_POLICY_LEGOLINK);
+    cr_expect_float_eq(c.blend_ratio, 0.3f, 1e-6);
+    cr_expect(strstr(c.why[QUALITY_BLEND], "legolink 30%") != NULL, "%s", c.why[QUALITY_BLEND]);
+    cr_expect_float_eq(c.fixup_ratio, 0.3f, 1e-6);
+    cr_expect_eq(c.levels, 1u << CACHE_ENC_Q8);
+    /* balanced: KL <= 0.02, top-1 >= 93%: the hybrid at 15% (4.0x); codec1 joins q8 */
+    quality_budget_parse("balanced", &b, &err);
+    quality_choose(&b, &t, &c);
+    cr_expect_eq(c.blend_policy, BLEND_POLICY_HYBRID);
+    cr_expect_float_eq(c.blend_ratio, 0.15f, 1e-6);
+    cr_expect_eq(c.levels, (1u << CACHE_ENC_Q8) | (1u << (CACHE_ENC_CODEC + 1)));
+    /* a KL budget alone: 0.11 takes hkvd 15% (4.2x), top-1 not checked */
+    quality_budget_parse("0.11", &b, &err);
+    quality_choose(&b, &t, &c);
+    cr_expect_eq(c.blend_policy, BLEND_POLICY_HKVD);
+    cr_expect_float_eq(c.blend_ratio, 0.15f, 1e-6);
+}
+
+Test(quality, a_method_with_no_setting_within_budget_is_off_and_says_why) {
+    quality_table t;
+    parse_ok(&t);
+    quality_budget b;
+    quality_choice c;
+    kv_error err = {{0}};
+    quality_budget_parse("0.001", &b, &err);
+    quality_choose(&b, &t, &c);
+    cr_expect(c.gated);
+    cr_expect_not(c.blend);
+    cr_expect_float_eq(c.fixup_ratio, -1, 1e-6);
+    cr_expect_eq(c.levels, 0u);
+    cr_expect(strstr(c.why[QUALITY_BLEND], "off: no setting within KL <= 0.0010") != NULL, "%s",
+              c.why[QUALITY_BLEND]);
+    /* the closest is named, so a user sees how far off it is */
+    cr_expect(strstr(c.why[QUALITY_BLEND], "legolink 50%: KL 0.0050") != NULL, "%s",
+              c.why[QUALITY_BLEND]);
+    cr_expect(strstr(c.why[QUALITY_LEVEL], "lossless only") != NULL, "%s", c.why[QUALITY_LEVEL]);
+}
+
+Test(quality, no_calibration_means_exact_reuse_only_and_none_means_no_gate) {
+    quality_budget b;
+    quality_choice c;
+    kv_error err = {{0}};
+    quality_budget_parse("fast", &b, &err);
+    quality_choose(&b, NULL, &c);
+    cr_expect(c.gated);
+    cr_expect_not(c.blend);
+    cr_expect_eq(c.levels, 0u);
+    cr_expect(strstr(c.why[QUALITY_BLEND], "no calibration") != NULL, "%s", c.why[QUALITY_BLEND]);
+    quality_budget_parse("none", &b, &err);
+    quality_choose(&b, NULL, &c);
+    cr_expect_not(c.gated);
+}
+
+Test(quality, a_calibration_file_is_loaded_and_a_missing_one_named) {
+    char path[] = "/tmp/kvserve-quality-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fputs(calibration(ID_HEX), f);
+    fclose(f);
+    quality_table t;
+    kv_error err = {{0}};
+    cr_expect_eq(quality_table_load(&t, path, ID, &err), 0, "%s", err.msg);
+    cr_expect_eq(t.n_pts, 8);
+    remove(path);
+    cr_expect_eq(quality_table_load(&t, path, ID, &err), -1);
+    cr_expect(strstr(err.msg, path) != NULL, "%s", err.msg);
+}
