@@ -391,6 +391,35 @@ Test(engine, a_group_takes_one_place_in_the_queue_and_takes_turns) {
     stop_engine();
 }
 
+Test(engine, a_cancelled_group_leaves_the_queue) {
+    metrics *mx;
+    engine *e = start(256, 256, 1, 1, &mx);
+    kv_error err = {{0}};
+    gen_request *a = request(PROMPTS[0], 1, 200, 0, 0);
+    submit_ok(e, a);
+    wait_first_token(a);
+    gen_request *g[3];
+    for (int i = 0; i < 3; i++) g[i] = request(PROMPTS[i + 1], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit_group(e, g, 3, &err), ENGINE_SUBMIT_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) atomic_store(&g[i]->cancelled, true); /* the client went away */
+    atomic_store(&a->cancelled, true);
+    gen_request *b = request(PROMPTS[1], 1, 8, 0, 0);
+    engine_submit_status st = ENGINE_SUBMIT_QUEUE_FULL;
+    for (int i = 0; i < 200; i++) { /* the group's place frees once the engine drops it */
+        if ((st = engine_submit(e, b, &err)) == ENGINE_SUBMIT_OK) break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_eq(st, ENGINE_SUBMIT_OK, "the cancelled group kept its place: %s", err.msg);
+    wait_done(b);
+    cr_assert_eq(b->choices[0].finish, GEN_FINISH_LENGTH);
+    for (int i = 0; i < 3; i++) cr_assert_eq(g[i]->choices[0].n_tokens, 0);
+    wait_idle(mx);
+    gen_request *reqs[] = {a, g[0], g[1], g[2], b};
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) gen_request_unref(reqs[i]);
+    stop_engine();
+}
+
 Test(engine, stop_ends_streams_with_an_error) {
     metrics *mx;
     engine *e = start(4096, 4096, 1, 4, &mx);
