@@ -482,7 +482,7 @@ static int parse_prompts(const json_t *v, const char *key, int max, api_prompt *
     if (!json_is_string(first) && !json_is_array(first))
         return type_error(err, pp, "a string, an array of token ids or a token id", first);
     if (n > (size_t)max)
-        return API_BAD(err, key, "'%s' has %zu prompts, more than the limit of %d", key, n, max);
+        return API_BAD(err, key, "'%s' has %zu %ss, more than the limit of %d", key, n, key, max);
     *out = calloc(n, sizeof **out);
     if (!*out) return oom(err);
     *n_out = (int)n;

@@ -17,7 +17,7 @@
 #define API_MAX_N 16    /* choices per request */
 #define API_MAX_TOP_LOGPROBS 20
 #define API_MAX_LOGIT_BIAS 1024
-#define API_MAX_PROMPTS 64        /* prompts in one /v1/completions request */
+#define API_MAX_PROMPTS 2048      /* prompts in one /v1/completions request, as embeddings */
 #define API_MAX_TOKENS (1 << 20)  /* ids in one token-id prompt or /detokenize body */
 #define API_MAX_CACHE_SALT 256    /* bytes */
 #define API_MAX_TOOLS 128         /* as OpenAI */

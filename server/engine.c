@@ -577,9 +577,26 @@ static bool any_preempted(const engine *e) {
     return false;
 }
 
+/* Takes the queue's head request out. Its group's next request, if any, stays queued: behind
+ * every entry when the head had its turn (was admitted), else in the head's place (the head
+ * was cancelled, or the queue is being emptied). Called with e->mu held. */
+static void queue_pop(engine *e, bool had_turn) {
+    gen_request *r = e->queue[e->q_head], *next = r->group_next;
+    r->group_next = NULL;
+    if (next && !had_turn) {
+        e->queue[e->q_head] = next;
+        return;
+    }
+    e->q_head = (e->q_head + 1) % e->q_cap;
+    e->q_len--;
+    if (next) e->queue[(e->q_head + e->q_len++) % e->q_cap] = next;
+}
+
 /* Moves requests from the queue into the batch while there are sequence slots and KV blocks
  * for their prompts (plus one block of growth per running sequence). FIFO: the head waits
- * rather than being overtaken. Called with e->mu held. */
+ * rather than being overtaken; a group (engine_submit_group) gets one request admitted per
+ * turn and then waits behind the entries queued after it, so every client request in the queue
+ * is admitted at the pace of the others. Called with e->mu held. */
 static void admit(engine *e) {
     /* Preempted sequences come back before anything new is admitted. */
     bool blocked = any_preempted(e);
@@ -598,8 +615,7 @@ static void admit(engine *e) {
             int64_t need = blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
             if (e->n_run > 0 && room_keep(e, need, keep_from) < need) break;
         }
-        e->q_head = (e->q_head + 1) % e->q_cap;
-        e->q_len--;
+        queue_pop(e, !cancelled);
         if (cancelled) {
             gen_request_unref(r);
             continue;
@@ -1159,8 +1175,7 @@ static void *engine_main(void *arg) {
     pthread_mutex_lock(&e->mu);
     while (e->q_len > 0) {
         gen_request *r = e->queue[e->q_head];
-        e->q_head = (e->q_head + 1) % e->q_cap;
-        e->q_len--;
+        queue_pop(e, false);
         request_fail(r, 503, "the server is shutting down");
         gen_request_unref(r);
     }
@@ -1288,46 +1303,59 @@ void engine_destroy(engine *e) {
     free(e);
 }
 
-engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
+/* Checks r as engine_submit must before queueing it: false with err. */
+static bool request_valid(engine *e, gen_request *r, kv_error *err) {
     int n_vocab = e->m->hp.n_vocab;
     if (r->n_choices > e->o.max_seqs) {
         kv_fail(err, "n = %d exceeds the server's %d concurrent sequences", r->n_choices,
                 e->o.max_seqs);
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     if (r->n_prompt < 1 || r->n_prompt >= e->o.ctx) {
         kv_fail(err, "the prompt has %d tokens; it must have 1 to %d", r->n_prompt, e->o.ctx - 1);
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     if (r->logprobs && (r->top_logprobs < 0 || r->top_logprobs > GEN_MAX_TOP_LOGPROBS)) {
         kv_fail(err, "top_logprobs must be in [0, %d]", GEN_MAX_TOP_LOGPROBS);
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     if (r->max_tokens < 0) {
         kv_fail(err, "max_tokens must not be negative");
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     if (r->pooling != GEN_POOL_NONE &&
         (!r->embedding || r->n_choices != 1 || r->max_tokens != 0 || r->prompt_logprobs)) {
         kv_fail(err, "an embedding request has one choice, no tokens to generate and a vector");
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     if (r->prompt_logprobs && !r->prompt_lps &&
         !(r->prompt_lps = calloc((size_t)r->n_prompt, sizeof *r->prompt_lps))) {
         kv_fail(err, "out of memory for the prompt's logprobs");
-        return ENGINE_SUBMIT_INVALID;
+        return false;
     }
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= n_vocab) {
             kv_fail(err, "token id %d at prompt position %d is outside the vocabulary [0, %d)",
                     r->prompt[i], i, n_vocab);
-            return ENGINE_SUBMIT_INVALID;
+            return false;
         }
     r->sp.bias = r->bias;
     sampler *probe = sampler_create(&r->sp, n_vocab, err); /* validates the parameters */
-    if (!probe) return ENGINE_SUBMIT_INVALID;
+    if (!probe) return false;
     sampler_destroy(probe);
+    return true;
+}
 
+engine_submit_status engine_submit_group(engine *e, gen_request *const *rs, int n, kv_error *err) {
+    if (n < 1) {
+        kv_fail(err, "a group holds at least one request, not %d", n);
+        return ENGINE_SUBMIT_INVALID;
+    }
+    for (int i = 0; i < n; i++)
+        if (!request_valid(e, rs[i], err)) {
+            if (n > 1) kv_fail_wrap(err, "request %d of %d", i, n);
+            return ENGINE_SUBMIT_INVALID;
+        }
     pthread_mutex_lock(&e->mu);
     engine_submit_status st = ENGINE_SUBMIT_OK;
     if (e->stopping) {
@@ -1337,13 +1365,20 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
         st = ENGINE_SUBMIT_QUEUE_FULL;
         kv_fail(err, "the server is busy: %d requests are waiting; retry later", e->q_len);
     } else {
-        atomic_fetch_add(&r->refs, 1);
-        e->queue[(e->q_head + e->q_len) % e->q_cap] = r;
+        for (int i = 0; i < n; i++) {
+            atomic_fetch_add(&rs[i]->refs, 1);
+            rs[i]->group_next = i + 1 < n ? rs[i + 1] : NULL;
+        }
+        e->queue[(e->q_head + e->q_len) % e->q_cap] = rs[0];
         e->q_len++;
         pthread_cond_signal(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
     return st;
+}
+
+engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
+    return engine_submit_group(e, &r, 1, err);
 }
 
 int engine_ctx(const engine *e) { return e->o.ctx; }

@@ -120,6 +120,10 @@ typedef struct gen_request {
      * variable: the HTTP side resumes the connection waiting on the request. Must not block. */
     void (*notify)(void *arg, const struct gen_request *r);
     void *notify_arg;
+
+    /* ---- the engine's, under its queue lock: the next request of the group r was submitted
+     * in (engine_submit_group), admitted after r */
+    struct gen_request *group_next;
 } gen_request;
 
 /* A request with n_choices empty choices and one reference; NULL when out of memory. The
@@ -178,6 +182,14 @@ typedef enum engine_submit_status {
 
 /* Queues r (the engine takes its own reference). */
 engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
+/* Queues rs[0..n) (a client request's embedding inputs or prompts) as one group: it takes one
+ * place in the queue, whatever n, so one request is one admission, and --max-queue bounds the
+ * client requests waiting, not their inputs. The group's requests are admitted in order as
+ * sequence slots and KV allow, one per turn: after each, the rest of the group goes back
+ * behind the requests queued after it, so a group of many inputs shares the batch with them
+ * instead of holding it until its last input is admitted. All are queued, or (any invalid, the
+ * queue full, shutting down) none; err then names the first invalid one by its index. */
+engine_submit_status engine_submit_group(engine *e, gen_request *const *rs, int n, kv_error *err);
 
 /* Context cache. On the submitting thread, before engine_submit: computes r's prefix keys in
  * namespace ns and (fetch) fetches the chunks the pool does not hold from the store (RAM, or

@@ -427,8 +427,17 @@ static void job_notify(void *arg, const gen_request *r) {
     if (j->streaming || r->n_finished == r->n_choices) j->wake(j->wake_arg);
 }
 
-/* Allocates the stream's cursors and queues every request. -1 with err; the requests already
- * queued are cancelled by job_free. */
+/* The answer to a refused submission. */
+static int submit_fail(engine_submit_status st, const kv_error *ke, api_error *err) {
+    if (st == ENGINE_SUBMIT_QUEUE_FULL)
+        return api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke->msg);
+    if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
+        return api_fail(err, 503, "server_error", NULL, NULL, "%s", ke->msg);
+    return api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke->msg);
+}
+
+/* Allocates the stream's cursors and queues the prompts' requests as one group (one place in
+ * the queue, fed to the batch as room allows). -1 with err, and nothing queued. */
 static int job_submit(job *j, api_error *err) {
     int n_choices = j->n_reqs * j->n;
     j->text_off = calloc((size_t)n_choices, sizeof *j->text_off);
@@ -441,21 +450,14 @@ static int job_submit(job *j, api_error *err) {
         return fail_oom(err);
     for (int i = 0; j->tp && i < n_choices; i++)
         chat_tool_parser_init(&j->tp[i], j->s->m->chat.tools);
-    for (int p = 0; p < j->n_reqs; p++) {
-        kv_error ke = {{0}};
-        if (j->wake) gen_request_watch(j->reqs[p], job_notify, j);
-        engine_submit_status st = engine_submit(j->s->eng, j->reqs[p], &ke);
-        if (st == ENGINE_SUBMIT_OK) continue;
-        if (st == ENGINE_SUBMIT_QUEUE_FULL)
-            return api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
-        if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
-            return api_fail(err, 503, "server_error", NULL, NULL, "%s", ke.msg);
-        return api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke.msg);
-    }
-    return 0;
+    for (int p = 0; p < j->n_reqs && j->wake; p++) gen_request_watch(j->reqs[p], job_notify, j);
+    kv_error ke = {{0}};
+    engine_submit_status st = engine_submit_group(j->s->eng, j->reqs, j->n_reqs, &ke);
+    return st == ENGINE_SUBMIT_OK ? 0 : submit_fail(st, &ke, err);
 }
 
-/* Builds and submits one gen_request per prompt. On failure nothing stays queued. */
+/* Builds one gen_request per prompt and submits them as one group. On failure nothing stays
+ * queued. */
 job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err) {
     if (!model_accepted(s, rq->model)) {
         model_not_found(s, rq->model, "model", err);
@@ -903,7 +905,7 @@ static json_t *vector_json(const float *v, int n, bool base64) {
 }
 
 /* POST /v1/embeddings (and /embeddings): every input is a prefill-only sequence in the engine's
- * batch; the vectors come back in input order. */
+ * batch, the request's inputs one group in its queue; the vectors come back in input order. */
 void openai_embeddings(server *s, const http_call *c, http_reply *out) {
     api_embeddings rq;
     api_error err = {0};
@@ -929,20 +931,13 @@ void openai_embeddings(server *s, const http_call *c, http_reply *out) {
         n_reqs++;
         tokens += n;
     }
-    for (int i = 0; i < n_reqs; i++) {
-        kv_error ke = {{0}};
-        engine_submit_status st = engine_submit(s->eng, reqs[i], &ke);
-        if (st == ENGINE_SUBMIT_QUEUE_FULL) {
-            api_fail(&err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke.msg);
-            out->retry_after = 1;
-            goto fail;
-        }
-        if (st != ENGINE_SUBMIT_OK) {
-            api_fail(&err, st == ENGINE_SUBMIT_SHUTTING_DOWN ? 503 : 400,
-                     st == ENGINE_SUBMIT_SHUTTING_DOWN ? "server_error" : "invalid_request_error",
-                     NULL, NULL, "%s", ke.msg);
-            goto fail;
-        }
+    /* One request, one place in the queue: the inputs go to the batch as room allows. */
+    kv_error ke = {{0}};
+    engine_submit_status st = engine_submit_group(s->eng, reqs, n_reqs, &ke);
+    if (st != ENGINE_SUBMIT_OK) {
+        submit_fail(st, &ke, &err);
+        if (st == ENGINE_SUBMIT_QUEUE_FULL) out->retry_after = 1;
+        goto fail;
     }
     for (int i = 0; i < n_reqs; i++) {
         gen_request *r = reqs[i];

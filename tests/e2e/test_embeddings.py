@@ -1,7 +1,8 @@
 """POST /v1/embeddings (and llama-server's /embeddings) through the official `openai` client:
 vectors of the model's width, L2-normalized, a paraphrase closer than an unrelated sentence,
 float and base64 (the SDK's default) agreeing, token-id inputs, dimensions, usage, and the
-400s (an input over the context names the limit)."""
+400s (an input over the context names the limit, 2049 inputs the field). One request is one
+admission: more inputs (or completion prompts) than --max-queue are served, each as alone."""
 import base64
 import math
 import struct
@@ -75,9 +76,34 @@ def test_token_inputs_and_dimensions(client, server):
     ({"input": [[1, 2], [10 ** 7]]}, "input[1]", "vocabulary"),
     ({"input": "word " * 3000}, "input", "context length"),
     ({}, "input", "required"),
+    ({"input": ["a"] * 2049}, "input", "limit of 2048"),
 ])
 def test_bad_inputs_are_400(server, body, param, needle):
     status, r = server.post_json("/v1/embeddings", {"model": server.model_id, **body})
     assert status == 400, r
     assert r["error"]["param"] == param, r
     assert needle in r["error"]["message"], r["error"]["message"]
+
+
+def test_more_inputs_than_the_queue_holds(start_server):
+    """A request's inputs take one place in the queue and go to the batch (2 sequences here)
+    as room allows: 10 inputs, or 10 prompts, on a server that queues 4 requests."""
+    s = start_server("-c", "256", "--max-seqs", "2", "--max-queue", "4")
+    texts = [f"Note {i}: the {w} is on the table." for i, w in
+             enumerate(["cup", "book", "key", "lamp", "pen", "bowl", "map", "coin", "box", "hat"])]
+    status, r = s.post_json("/v1/embeddings", {"model": s.model_id, "input": texts})
+    assert status == 200, r
+    assert [d["index"] for d in r["data"]] == list(range(10))
+    for t, d in zip(texts, r["data"]):
+        status, alone = s.post_json("/v1/embeddings", {"model": s.model_id, "input": t})
+        assert d["embedding"] == pytest.approx(alone["data"][0]["embedding"], abs=1e-5)
+    body = {"model": s.model_id, "max_tokens": 6, "temperature": 0}
+    status, r = s.post_json("/v1/completions", {**body, "prompt": texts})
+    assert status == 200, r
+    assert sorted(c["index"] for c in r["choices"]) == list(range(10))
+    for c in r["choices"]:
+        status, alone = s.post_json("/v1/completions", {**body, "prompt": texts[c["index"]]})
+        assert c["text"] == alone["choices"][0]["text"]
+    status, r = s.post_json("/v1/completions", {**body, "prompt": ["a"] * 2049})
+    assert status == 400 and r["error"]["param"] == "prompt", r
+    assert "limit of 2048" in r["error"]["message"]

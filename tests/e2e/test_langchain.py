@@ -1,8 +1,9 @@
 """langchain-openai, unmodified, against kvserve: with_structured_output(Model) returns the
 Pydantic object with method="json_schema" (response_format) and "function_calling" (a named
-tool call). Skipped, visibly, where langchain-openai is not installed (`make setup` installs
-it). The tests run against a server of their own: their chats would otherwise leave cached
-blocks of the default system prompt in the shared server, which later tests assume cold."""
+tool call); embed_documents sends hundreds of passages in one request. Skipped, visibly,
+where langchain-openai is not installed (`make setup` installs it). The tests run against a
+server of their own: their chats would otherwise leave cached blocks of the default system
+prompt in the shared server, which later tests assume cold."""
 import pytest
 
 langchain_openai = pytest.importorskip("langchain_openai")
@@ -47,3 +48,18 @@ def test_tool_calls_through_bind_tools(server):
         "What is the weather in Paris?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
     assert isinstance(msg.tool_calls[0]["args"]["city"], str)
+
+
+def test_embed_documents_sends_hundreds_of_passages_at_once(server):
+    """A RAG frontend ingesting documents: embed_documents sends up to 1,000 texts in one
+    request (its chunk_size), far more than --max-queue's 64, and every vector is the passage's
+    own. check_embedding_ctx_length=False sends the texts as they are (the length check would
+    fetch a tiktoken encoding)."""
+    emb = langchain_openai.OpenAIEmbeddings(base_url=server.url + "/v1", api_key="x",
+                                            model=server.model_id, max_retries=0,
+                                            check_embedding_ctx_length=False)
+    passages = [f"note {i}" for i in range(300)]
+    vecs = emb.embed_documents(passages)
+    assert len(vecs) == 300 and all(len(v) == 576 for v in vecs)
+    for i in (0, 123, 299):
+        assert vecs[i] == pytest.approx(emb.embed_query(passages[i]), abs=1e-5)

@@ -550,11 +550,23 @@ Test(api, out_of_range) {
     fail(API_CHAT, chat_with(salt), "cache_salt", "longer than 256 bytes");
 }
 
+/* A body whose field key is a list of n one-letter strings. */
+static char *list_body(const char *key, int n) {
+    static char body[32 + 4 * (API_MAX_PROMPTS + API_MAX_EMBED_INPUTS + 2)];
+    size_t len = (size_t)snprintf(body, sizeof body, "{\"model\":\"m\",\"%s\":[", key);
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(body + len, sizeof body - len, "%s\"a\"", i ? "," : "");
+    snprintf(body + len, sizeof body - len, "]}");
+    return body;
+}
+
 Test(api, too_many_prompts) {
-    char body[1024] = "{\"model\":\"m\",\"prompt\":[";
-    for (int i = 0; i < API_MAX_PROMPTS + 1; i++) strcat(body, i ? ",\"a\"" : "\"a\"");
-    strcat(body, "]}");
-    fail(API_COMPLETION, body, "prompt", "more than the limit of 64");
+    api_request r;
+    parse_ok(API_COMPLETION, list_body("prompt", API_MAX_PROMPTS), &r);
+    cr_assert_eq(r.n_prompts, API_MAX_PROMPTS);
+    api_request_free(&r);
+    fail(API_COMPLETION, list_body("prompt", API_MAX_PROMPTS + 1), "prompt",
+         "'prompt' has 2049 prompts, more than the limit of 2048");
 }
 
 Test(api, stops) {
@@ -774,6 +786,7 @@ Test(api, embeddings_parse) {
         {"{\"model\":\"m\",\"input\":\"a\",\"dimensions\":0}", "dimensions"},
         {"{\"model\":\"m\",\"input\":\"a\",\"encoding_format\":\"hex\"}", "encoding_format"},
         {"{\"model\":\"m\",\"input\":[[1],\"a\"]}", "input[1]"},
+        {list_body("input", API_MAX_EMBED_INPUTS + 1), "input"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         memset(&err, 0, sizeof err);

@@ -1,7 +1,7 @@
 /* The engine on the real model: continuous batching gives every request the output it gets
  * alone (greedy), also when the KV pool is too small for all of them and sequences are preempted
  * and recomputed; n choices fork one prompt; cancellation frees KV at once; the queue limit,
- * invalid requests and shutdown answer as engine.h says. */
+ * groups, invalid requests and shutdown answer as engine.h says. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +348,78 @@ Test(engine, queue_limit_and_invalid_requests) {
     stop_engine();
 }
 
+Test(engine, a_group_takes_one_place_in_the_queue_and_takes_turns) {
+    metrics *mx;
+    engine *e = start(256, 256, 1, 2, &mx);
+    kv_error err = {{0}};
+    gen_request *a = request(PROMPTS[0], 1, 200, 0, 0);
+    submit_ok(e, a);
+    wait_first_token(a); /* a runs: the one sequence slot is taken */
+    /* three prompts, more than the queue holds, in one place of it */
+    gen_request *g[3];
+    for (int i = 0; i < 3; i++) g[i] = request(PROMPTS[i + 1], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit_group(e, g, 3, &err), ENGINE_SUBMIT_OK, "%s", err.msg);
+    gen_request *b = request(PROMPTS[2], 1, 8, 0, 0);
+    submit_ok(e, b); /* the second place */
+    gen_request *c = request(PROMPTS[3], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit(e, c, &err), ENGINE_SUBMIT_QUEUE_FULL);
+    /* a group with an invalid member is refused whole, naming it */
+    gen_request *bad[2] = {request(PROMPTS[1], 1, 8, 0, 0), request(PROMPTS[2], 1, 8, 0, 0)};
+    bad[1]->prompt[0] = -1;
+    cr_assert_eq(engine_submit_group(e, bad, 2, &err), ENGINE_SUBMIT_INVALID);
+    cr_assert(strstr(err.msg, "request 1 of 2"), "%s", err.msg);
+
+    atomic_store(&a->cancelled, true);
+    for (int i = 0; i < 3; i++) wait_done(g[i]);
+    wait_done(b);
+    /* each alone gives the same text (the slot is taken one request at a time) */
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(g[i]->choices[0].finish, GEN_FINISH_LENGTH);
+        gen_request *alone = request(PROMPTS[i + 1], 1, 8, 0, 0);
+        submit_ok(e, alone);
+        wait_done(alone);
+        cr_assert_str_eq(g[i]->choices[0].text, alone->choices[0].text);
+        gen_request_unref(alone);
+    }
+    /* b, queued after the group, went in after its first request, not after its last */
+    cr_assert_lt(g[0]->t_first_token, b->t_first_token);
+    cr_assert_lt(b->t_first_token, g[1]->t_first_token);
+    cr_assert_lt(g[1]->t_first_token, g[2]->t_first_token);
+    wait_idle(mx);
+    gen_request *reqs[] = {a, g[0], g[1], g[2], b, c, bad[0], bad[1]};
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) gen_request_unref(reqs[i]);
+    stop_engine();
+}
+
+Test(engine, a_cancelled_group_leaves_the_queue) {
+    metrics *mx;
+    engine *e = start(256, 256, 1, 1, &mx);
+    kv_error err = {{0}};
+    gen_request *a = request(PROMPTS[0], 1, 200, 0, 0);
+    submit_ok(e, a);
+    wait_first_token(a);
+    gen_request *g[3];
+    for (int i = 0; i < 3; i++) g[i] = request(PROMPTS[i + 1], 1, 8, 0, 0);
+    cr_assert_eq(engine_submit_group(e, g, 3, &err), ENGINE_SUBMIT_OK, "%s", err.msg);
+    for (int i = 0; i < 3; i++) atomic_store(&g[i]->cancelled, true); /* the client went away */
+    atomic_store(&a->cancelled, true);
+    gen_request *b = request(PROMPTS[1], 1, 8, 0, 0);
+    engine_submit_status st = ENGINE_SUBMIT_QUEUE_FULL;
+    for (int i = 0; i < 200; i++) { /* the group's place frees once the engine drops it */
+        if ((st = engine_submit(e, b, &err)) == ENGINE_SUBMIT_OK) break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_eq(st, ENGINE_SUBMIT_OK, "the cancelled group kept its place: %s", err.msg);
+    wait_done(b);
+    cr_assert_eq(b->choices[0].finish, GEN_FINISH_LENGTH);
+    for (int i = 0; i < 3; i++) cr_assert_eq(g[i]->choices[0].n_tokens, 0);
+    wait_idle(mx);
+    gen_request *reqs[] = {a, g[0], g[1], g[2], b};
+    for (size_t i = 0; i < sizeof reqs / sizeof reqs[0]; i++) gen_request_unref(reqs[i]);
+    stop_engine();
+}
+
 Test(engine, stop_ends_streams_with_an_error) {
     metrics *mx;
     engine *e = start(4096, 4096, 1, 4, &mx);
@@ -356,9 +428,13 @@ Test(engine, stop_ends_streams_with_an_error) {
     submit_ok(e, run);
     wait_first_token(run);
     submit_ok(e, queued);
+    gen_request *g[2] = {request(PROMPTS[2], 1, 8, 0, 0), request(PROMPTS[3], 1, 8, 0, 0)};
+    kv_error gerr = {{0}};
+    cr_assert_eq(engine_submit_group(e, g, 2, &gerr), ENGINE_SUBMIT_OK, "%s", gerr.msg);
     engine_stop(e);
-    for (int i = 0; i < 2; i++) {
-        gen_request *r = i ? queued : run;
+    gen_request *ended[] = {run, queued, g[0], g[1]};
+    for (int i = 0; i < 4; i++) {
+        gen_request *r = ended[i];
         wait_done(r);
         cr_assert_eq(r->choices[0].finish, GEN_FINISH_ERROR);
         cr_assert_eq(r->error_status, 503);
@@ -367,8 +443,7 @@ Test(engine, stop_ends_streams_with_an_error) {
     kv_error err = {{0}};
     gen_request *late = request(PROMPTS[2], 1, 8, 0, 0);
     cr_assert_eq(engine_submit(e, late, &err), ENGINE_SUBMIT_SHUTTING_DOWN);
-    gen_request_unref(run);
-    gen_request_unref(queued);
+    for (int i = 0; i < 4; i++) gen_request_unref(ended[i]);
     gen_request_unref(late);
     stop_engine();
 }
