@@ -139,6 +139,10 @@ void planner_destroy(planner *p) {
 pool_cache *planner_pool(planner *p) { return p->pc; }
 content_store *planner_content(planner *p) { return p->cs; }
 
+void planner_set_blend_ratio(planner *p, float ratio) {
+    p->o.blend_ratio = ratio < 0 ? 0 : ratio > 1 ? 1 : ratio;
+}
+
 void planner_note_step(planner *p, uint64_t dt_ns, int n_tokens) {
     if (n_tokens < 64) return;
     double ns = (double)dt_ns / n_tokens / p->m->hp.n_layer, old = p->ns_token_layer;

@@ -148,6 +148,8 @@ content_store *planner_content(planner *p);
 /* A prefill step took dt_ns for n_tokens tokens: compute per token and layer, for the loading
  * controller and the Redis fetch's text cost (prefill-sized steps only). */
 void planner_note_step(planner *p, uint64_t dt_ns, int n_tokens);
+/* The least blend ratio of prompts that name none (the quality monitor's steps). */
+void planner_set_blend_ratio(planner *p, float ratio);
 double planner_ns_token_layer(const planner *p);
 
 /* Submitting thread: pr's keys over prompt[0..n_prompt) in namespace ns, and, with fetch, the

@@ -319,3 +319,127 @@ void quality_choose(const quality_budget *b, const quality_table *t, quality_cho
     }
     if (best[QUALITY_FIXUP]) out->fixup_ratio = best[QUALITY_FIXUP]->ratio;
 }
+
+/* ---------------------------------------------------------------- the live check */
+
+void quality_monitor_init(quality_monitor *mon, const quality_budget *b, const quality_table *t,
+                          const quality_choice *c) {
+    memset(mon, 0, sizeof *mon);
+    if (!c->gated || !c->blend || !t) return;
+    mon->on = true;
+    bounds(b, t, &mon->max_kl, &mon->min_top1);
+    mon->policy = c->blend_policy;
+    /* the calibrated ratio, then every higher one measured for the policy, then 1 */
+    mon->ladder[mon->n_ladder++] = c->blend_ratio;
+    for (;;) {
+        float last = mon->ladder[mon->n_ladder - 1], next = 1;
+        for (int i = 0; i < t->n_pts; i++) {
+            const quality_point *p = &t->pts[i];
+            if (p->method == QUALITY_BLEND && p->policy == c->blend_policy && p->ratio > last &&
+                p->ratio < next)
+                next = p->ratio;
+        }
+        if (last >= 1 || mon->n_ladder == QUALITY_LADDER) break;
+        mon->ladder[mon->n_ladder++] = next;
+    }
+}
+
+float quality_monitor_ratio(const quality_monitor *mon) {
+    return mon->on ? mon->ladder[mon->at] : -1;
+}
+
+int quality_monitor_add(quality_monitor *mon, double kl, bool top1, char *why, size_t cap) {
+    if (why && cap) why[0] = 0;
+    if (!mon->on || !isfinite(kl)) return 0;
+    mon->samples++;
+    mon->kl[mon->head] = kl;
+    mon->top1[mon->head] = top1;
+    mon->head = (mon->head + 1) % QUALITY_WINDOW;
+    if (mon->n < QUALITY_WINDOW) mon->n++;
+    if (mon->n < QUALITY_WINDOW) return 0; /* a window of samples at this setting first */
+    double sum = 0;
+    int agree = 0;
+    for (int i = 0; i < QUALITY_WINDOW; i++) {
+        sum += mon->kl[i];
+        agree += mon->top1[i];
+    }
+    double m_kl = sum / QUALITY_WINDOW, m_top1 = (double)agree / QUALITY_WINDOW;
+    mon->last_kl = m_kl;
+    mon->last_top1 = m_top1;
+    int step = 0;
+    /* out of budget: one step safer; within half the budget's KL at a safer setting than the
+     * calibrated one for long enough (longer each time the setting below left the budget): one
+     * step back */
+    bool out = m_kl > mon->max_kl || m_top1 < mon->min_top1;
+    bool well = m_kl <= 0.5 * mon->max_kl && m_top1 >= mon->min_top1;
+    mon->good = well ? mon->good + 1 : 0;
+    if (out) mon->fails[mon->at]++;
+    if (out && mon->at + 1 < mon->n_ladder) {
+        step = +1;
+    } else if (mon->at > 0 && well) {
+        int f = mon->fails[mon->at - 1];
+        if (mon->good >= 1 << (f < 4 ? f : 4)) step = -1;
+    }
+    if (!step) {
+        mon->n = mon->head = 0; /* the next window: new samples only */
+        return 0;
+    }
+    mon->good = 0;
+    float from = mon->ladder[mon->at];
+    mon->at += step;
+    mon->n = mon->head = 0; /* the next window is the new setting's */
+    if (step > 0)
+        mon->steps_up++;
+    else
+        mon->steps_down++;
+    if (why)
+        snprintf(why, cap,
+                 "%s %.0f%% -> %.0f%%: rolling first-token KL %.4f, top-1 %.0f%% over %d "
+                 "samples (budget: KL <= %.4f, top-1 >= %.0f%%)",
+                 blend_policy_name(mon->policy), 100.0 * from, 100.0 * mon->ladder[mon->at], m_kl,
+                 100 * m_top1, QUALITY_WINDOW, mon->max_kl, 100 * mon->min_top1);
+    return step;
+}
+
+/* The logprob a token missing from a top-k list is given: the least of the list, or the mass
+ * the list leaves out, whichever is smaller. */
+static double topk_floor(const float *lps, int n) {
+    double least = 0, mass = 0;
+    for (int i = 0; i < n; i++) {
+        mass += exp((double)lps[i]);
+        if (i == 0 || lps[i] < least) least = lps[i];
+    }
+    double rest = log(1 - mass > 1e-12 ? 1 - mass : 1e-12);
+    return n == 0 ? rest : least < rest ? least : rest;
+}
+
+static int topk_find(const int32_t *ids, int n, int32_t t) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == t) return i;
+    return -1;
+}
+
+double quality_kl_topk(const int32_t *p_ids, const float *p_lps, int n_p, const int32_t *q_ids,
+                       const float *q_lps, int n_q) {
+    double fp = topk_floor(p_lps, n_p), fq = topk_floor(q_lps, n_q);
+    /* the union of both lists: p's tokens, then q's that p lacks; [0] p's mass, [1] q's */
+    double zp = 0, zq = 0, kl = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int side = 0; side < 2; side++) {
+            const int32_t *ids = side ? q_ids : p_ids;
+            int n = side ? n_q : n_p;
+            for (int i = 0; i < n; i++) {
+                if (side && topk_find(p_ids, n_p, ids[i]) >= 0) continue; /* counted with p */
+                int ip = topk_find(p_ids, n_p, ids[i]), iq = topk_find(q_ids, n_q, ids[i]);
+                double lp = ip >= 0 ? p_lps[ip] : fp, lq = iq >= 0 ? q_lps[iq] : fq;
+                if (pass == 0) {
+                    zp += exp(lp);
+                    zq += exp(lq);
+                } else {
+                    double p = exp(lp) / zp, q = exp(lq) / zq;
+                    kl += p * log(p / q);
+                }
+            }
+        }
+    return kl;
+}

@@ -101,4 +101,52 @@ typedef struct quality_choice {
  * speed-ups were not measured); t NULL: no calibration, exact reuse only (unless b is NONE). */
 void quality_choose(const quality_budget *b, const quality_table *t, quality_choice *out);
 
+/* ---------------------------------------------------------------- the live check
+ *
+ * A sampled share of blended requests is computed again as a full prefill when the engine has
+ * nothing else to do, and the two first-token distributions compared. The monitor keeps the
+ * rolling figures of the setting in force; when they leave the budget it steps to the next
+ * safer setting of the same policy (a higher ratio the calibration measured, then a full
+ * prefill: ratio 1), and when a safer setting has stayed well within budget for a window it
+ * steps back towards the calibrated one. Not thread-safe: its owner locks. */
+
+#define QUALITY_WINDOW 20 /* samples the rolling figures are over */
+#define QUALITY_LADDER 16
+
+typedef struct quality_monitor {
+    bool on;       /* a blend setting is in force and a budget judges it */
+    double max_kl; /* the budget's bounds on this model */
+    double min_top1;
+    float ladder[QUALITY_LADDER]; /* ratios, cheapest first: the calibrated one .. 1 */
+    int n_ladder;
+    int at; /* the ratio in force: ladder[at] */
+    blend_policy policy;
+    double kl[QUALITY_WINDOW]; /* the samples since the last step, a ring */
+    bool top1[QUALITY_WINDOW];
+    int n, head;
+    /* hysteresis: windows well within budget in a row at this setting, and how often each
+     * setting left the budget (a step back to it waits 2^fails windows, at most 16) */
+    int good;
+    int fails[QUALITY_LADDER];
+    int64_t samples, steps_up, steps_down; /* totals */
+    double last_kl, last_top1;             /* the rolling figures when last full */
+} quality_monitor;
+
+/* A monitor of the setting c chose under b over t (off when c has no blend setting). */
+void quality_monitor_init(quality_monitor *mon, const quality_budget *b, const quality_table *t,
+                          const quality_choice *c);
+/* Adds a sample (the KL of the sampled request's first token against the full prefill's, and
+ * whether their top tokens agree). Returns +1 when the monitor stepped to a safer setting, -1
+ * when it stepped back, 0 otherwise; why says so, with the numbers. */
+int quality_monitor_add(quality_monitor *mon, double kl, bool top1, char *why, size_t cap);
+/* The ratio in force. */
+float quality_monitor_ratio(const quality_monitor *mon);
+
+/* KL(p || q) of two next-token distributions known by their top-k lists (token ids and
+ * logprobs, most likely first), over the union of both lists: a token one list lacks gets the
+ * smaller of that list's least logprob and the mass it leaves out (the estimator
+ * scripts/bench/blend.py uses, so the live figures compare with the offline ones). */
+double quality_kl_topk(const int32_t *p_ids, const float *p_lps, int n_p, const int32_t *q_ids,
+                       const float *q_lps, int n_q);
+
 #endif

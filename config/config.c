@@ -221,6 +221,8 @@ static const opt_row OPTIONS[] = {
         "approximate reuse within: floor, balanced, fast, a first-token KL, none (no gate)"),
     STR(reuse_calibration, 0, "auto", false, "auto|PATH",
         "the model's reuse-quality calibration (auto: MODEL.kvquality.json)"),
+    NUM(quality_sample, 0, OPT_INT, 0, 100, true, false, "2", "PCT",
+        "blended requests checked against a full prefill when idle (0: no live check)"),
     BOOL(schema_fixup, "false",
          "Prompt Cache's fix-up by default"),
     NUM(schema_fixup_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",

@@ -64,6 +64,7 @@ typedef struct kv_config {
     int64_t blend_disk_bytes; /* content records on disk: cap (in the cache directory) */
     char *reuse_quality;      /* approximate reuse's budget: none, floor, balanced, fast, a KL */
     char *reuse_calibration;  /* the model's reuse-quality calibration: auto or a path */
+    int quality_sample;       /* percent of blended requests the live check computes again */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */
     bool schema_fixup;        /* Prompt Cache: the fix-up by default */
     int schema_fixup_recompute; /* its recompute ratio, percent */

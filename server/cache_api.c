@@ -92,6 +92,8 @@ void cache_api_stats(server *s, http_reply *out) {
 json_t *cache_api_reuse_json(const server *s) {
     const server_reuse *r = &s->reuse;
     const quality_choice *c = &r->choice;
+    engine_quality_stats q;
+    engine_quality_stats_get(s->eng, &q);
     json_t *levels = json_array();
     for (int e = CACHE_ENC_Q8; e < CACHE_ENC_MAX; e++)
         if (!c->gated || (c->levels & (1u << e))) {
@@ -103,8 +105,18 @@ json_t *cache_api_reuse_json(const server *s) {
         json_pack("{s:b,s:s}", "on", !c->gated || c->blend, "why", c->why[QUALITY_BLEND]);
     if (c->blend) {
         json_object_set_new(blend, "policy", json_string(blend_policy_name(c->blend_policy)));
-        json_object_set_new(blend, "ratio", json_real(c->blend_ratio));
+        /* the live check's steps move it from the calibrated one */
+        json_object_set_new(blend, "ratio", json_real(q.on ? q.ratio : c->blend_ratio));
+        json_object_set_new(blend, "calibrated_ratio", json_real(c->blend_ratio));
     }
+    json_t *live = json_pack(
+        "{s:b,s:f,s:I,s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:I,s:I}", "on", q.on, "sample", q.sample,
+        "sampled", (json_int_t)q.sampled, "checked", (json_int_t)q.checked, "dropped",
+        (json_int_t)q.dropped, "abandoned", (json_int_t)q.abandoned, "mean_kl", q.mean_kl,
+        "mean_top1", q.mean_top1, "rolling_kl", q.rolling_kl, "rolling_top1", q.rolling_top1,
+        "steps_up", (json_int_t)q.steps_up, "steps_down", (json_int_t)q.steps_down);
+    if (q.last_step[0]) json_object_set_new(live, "last_step", json_string(q.last_step));
+    json_object_set_new(blend, "live_check", live);
     json_t *fixup = json_pack("{s:s}", "why", c->why[QUALITY_FIXUP]);
     if (c->fixup_ratio >= 0) json_object_set_new(fixup, "ratio", json_real(c->fixup_ratio));
     return json_pack("{s:s,s:s,s:s?,s:s?,s:{s:o,s:o,s:{s:o,s:s}}}", "budget", r->budget_name,
@@ -343,6 +355,37 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"blend_disk\"} %lld\n",
             (long long)es.content_disk.corrupt);
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"redis\"} %lld\n", (long long)cs.redis.corrupt);
+    /* the live check of approximate reuse (cache/quality.h) */
+    engine_quality_stats q;
+    engine_quality_stats_get(s->eng, &q);
+    metric(f, "kvserve_reuse_quality_checks_total", "counter",
+           "Blended requests computed again as a full prefill and compared.");
+    fprintf(f, "kvserve_reuse_quality_checks_total{method=\"blend\"} %lld\n", (long long)q.checked);
+    metric(f, "kvserve_reuse_quality_kl", "gauge",
+           "First-token KL of blended requests against a full prefill: over the last window, "
+           "and over every check.");
+    fprintf(f, "kvserve_reuse_quality_kl{method=\"blend\",window=\"rolling\"} %.6f\n",
+            q.rolling_kl);
+    fprintf(f, "kvserve_reuse_quality_kl{method=\"blend\",window=\"all\"} %.6f\n", q.mean_kl);
+    metric(f, "kvserve_reuse_quality_top1", "gauge",
+           "Share of checked blended requests whose first token a full prefill agrees with.");
+    fprintf(f, "kvserve_reuse_quality_top1{method=\"blend\",window=\"rolling\"} %.4f\n",
+            q.rolling_top1);
+    fprintf(f, "kvserve_reuse_quality_top1{method=\"blend\",window=\"all\"} %.4f\n", q.mean_top1);
+    metric(f, "kvserve_reuse_quality_steps_total", "counter",
+           "The live check's steps of the blend setting: up (safer), down (back).");
+    fprintf(f, "kvserve_reuse_quality_steps_total{method=\"blend\",direction=\"up\"} %lld\n",
+            (long long)q.steps_up);
+    fprintf(f, "kvserve_reuse_quality_steps_total{method=\"blend\",direction=\"down\"} %lld\n",
+            (long long)q.steps_down);
+    metric(f, "kvserve_blend_ratio", "gauge",
+           "The blend ratio requests that name none get (-1: blend off for them).");
+    const quality_choice *c = &s->reuse.choice;
+    double ratio = q.on                         ? q.ratio
+                   : c->blend                   ? c->blend_ratio
+                   : !c->gated && s->cfg->blend ? s->cfg->blend_recompute / 100.0
+                                                : -1.0;
+    fprintf(f, "kvserve_blend_ratio %.4f\n", ratio);
     metric(f, "kvserve_cache_write_errors_total", "counter",
            "Failed or dropped write-backs (a full disk, a full queue).");
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",

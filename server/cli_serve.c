@@ -126,6 +126,7 @@ static int reuse_setup(const kv_config *c, const model *m, server_reuse *r, kv_e
     if (!found || r->budget.kind == QUALITY_BUDGET_NONE) r->calibration[0] = 0;
     const quality_table *use = r->calibration[0] ? t : NULL;
     quality_choose(&r->budget, use, &r->choice);
+    quality_monitor_init(&r->monitor, &r->budget, use, &r->choice);
     quality_budget_describe(&r->budget, use, r->bounds, sizeof r->bounds);
     if (!r->choice.gated)
         log_info("reuse quality: none (no gate): blend, the fix-up and levels as configured");
@@ -470,6 +471,7 @@ int cli_serve(int argc, char **argv) {
         .blend_policy = (blend_policy)blend_policy_parse(cfg.blend_policy),
         .blend_chunk = cfg.blend_chunk,
         .ttft_budget_ms = cfg.ttft_budget_ms,
+        .quality_sample = cfg.quality_sample / 100.0,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
@@ -477,6 +479,7 @@ int cli_serve(int argc, char **argv) {
         goto done;
     }
     if (reuse_setup(&cfg, m, &s.reuse, &err)) goto done;
+    eo.monitor = s.reuse.monitor;
     if (s.reuse.choice.blend) {
         /* the budget's setting for requests that ask nothing: the loading controller's floor */
         eo.blend_ratio = s.reuse.choice.blend_ratio;

@@ -147,6 +147,20 @@ typedef struct eseq {
     plan_seq ps;      /* the context cache's and blend's side of it (cache/plan.h) */
 } eseq;
 
+/* The live check (cache/quality.h): a request picked for it leaves its prompt and its first
+ * token's top logprobs here until the engine is idle, when the prompt is computed again as a
+ * full prefill and the two compared. */
+#define SHADOW_CAP 4
+/* A check's prefill steps are this short: the longest a client request arriving meanwhile
+ * waits before the check gives way to it. */
+#define SHADOW_STEP 128
+
+typedef struct shadow {
+    int32_t *prompt; /* [n_prompt], owned */
+    int n_prompt;
+    gen_logprob first; /* the blended request's first token: its top logprobs */
+} shadow;
+
 struct engine {
     const model *m;
     engine_opts o;
@@ -182,6 +196,18 @@ struct engine {
     int bspans_cap;
     atomic_llong blended_tokens, recomputed_tokens;
     int n_batch; /* entries in this step's batch (the pooling hook reads it) */
+    /* the live check: checks waiting for an idle engine (oldest first), the running one's
+     * request (NULL: none), the share picked so far; the monitor and the counters under qmu
+     * (the stats read them) */
+    shadow shadows[SHADOW_CAP];
+    int n_shadows;
+    gen_request *shadow_req;
+    double q_acc;
+    pthread_mutex_t qmu;
+    quality_monitor mon;
+    int64_t q_sampled, q_checked, q_dropped, q_abandoned;
+    double q_kl_sum, q_top1_sum;
+    char q_last_step[300];
 };
 
 /* The pool tier, or NULL. */
@@ -814,6 +840,130 @@ static int blend_entries(engine *e, int n_b) {
     return n_be;
 }
 
+/* ---------------------------------------------------------------- the live check */
+
+/* s (a first choice) has computed its prompt: when it blended at the server's setting, the
+ * monitor watches that setting, and s's turn in the sample has come, its prompt and first
+ * token's distribution (row) wait for a check. */
+static void quality_probe(engine *e, const eseq *s, const float *row) {
+    const gen_request *r = s->req;
+    if (!e->mon.on || s->choice != 0 || s->n_gen > 0 || s->ps.blended == 0 || r->skv ||
+        r->plan.blend_ratio >= 0 || r->plan.blend_policy >= 0 || r == e->shadow_req)
+        return;
+    e->q_acc += e->o.quality_sample;
+    if (e->q_acc < 1) return;
+    e->q_acc -= 1;
+    shadow *sh = e->n_shadows < SHADOW_CAP ? &e->shadows[e->n_shadows] : NULL;
+    if (sh && (sh->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt))) {
+        memcpy(sh->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+        sh->n_prompt = r->n_prompt;
+        top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &sh->first);
+        e->n_shadows++;
+    } else {
+        sh = NULL;
+    }
+    pthread_mutex_lock(&e->qmu);
+    e->q_sampled++;
+    if (!sh) e->q_dropped++;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* The engine is idle (nothing running, nothing queued): the oldest check starts, a full prefill
+ * of its prompt that reuses and stores nothing. */
+static void shadow_start(engine *e) {
+    shadow *sh = &e->shadows[0];
+    gen_request *r = gen_request_create(1);
+    kv_error err = {{0}};
+    eseq *s = NULL;
+    if (r && (r->prompt = malloc(sizeof(int32_t) * (size_t)sh->n_prompt))) {
+        memcpy(r->prompt, sh->prompt, sizeof(int32_t) * (size_t)sh->n_prompt);
+        r->n_prompt = sh->n_prompt;
+        r->t_arrival = clock_now_ns();
+        s = eseq_create(e, r, 0, &err);
+    }
+    if (!s) { /* out of memory: this check is dropped */
+        gen_request_unref(r);
+        free(sh->prompt);
+        memmove(&e->shadows[0], &e->shadows[1], sizeof *sh * (size_t)--e->n_shadows);
+        return;
+    }
+    e->run[e->n_run++] = s;
+    e->shadow_req = r; /* the creation's reference */
+}
+
+/* Ends the running check's sequence (quietly: no client reads it). */
+static void shadow_stop(engine *e) {
+    for (int i = 0; i < e->n_run; i++)
+        if (e->run[i]->req == e->shadow_req) {
+            kv_seq_release(e->pool, &e->run[i]->kv);
+            e->run[i]->done = true;
+        }
+    gen_request_unref(e->shadow_req);
+    e->shadow_req = NULL;
+}
+
+/* A client request came while a check runs: the check gives way (and runs again later). */
+static void shadow_yield(engine *e) {
+    if (!e->shadow_req) return;
+    bool client = e->q_len > 0;
+    for (int i = 0; i < e->n_run && !client; i++)
+        client = e->run[i]->req != e->shadow_req && !e->run[i]->done;
+    if (!client) return;
+    shadow_stop(e);
+    pthread_mutex_lock(&e->qmu);
+    e->q_abandoned++;
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* The check's full prefill is done (row: its last token's logits): the two first-token
+ * distributions are compared and the monitor told; a step changes the ratio blended prompts
+ * that name none get. */
+static void shadow_done(engine *e, const float *row) {
+    shadow *sh = &e->shadows[0];
+    gen_logprob full = {0};
+    top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &full);
+    double kl = quality_kl_topk(full.top_ids, full.top_lps, full.n_top, sh->first.top_ids,
+                                sh->first.top_lps, sh->first.n_top);
+    bool top1 = full.n_top > 0 && sh->first.n_top > 0 && full.top_ids[0] == sh->first.top_ids[0];
+    char why[300];
+    pthread_mutex_lock(&e->qmu);
+    e->q_checked++;
+    e->q_kl_sum += kl;
+    e->q_top1_sum += top1;
+    int step = quality_monitor_add(&e->mon, kl, top1, why, sizeof why);
+    float ratio = quality_monitor_ratio(&e->mon);
+    if (step) snprintf(e->q_last_step, sizeof e->q_last_step, "%s", why);
+    pthread_mutex_unlock(&e->qmu);
+    if (step) {
+        if (e->plan) planner_set_blend_ratio(e->plan, ratio);
+        log_warn("reuse quality: live check: blend %s", why);
+    }
+    free(sh->prompt);
+    memmove(&e->shadows[0], &e->shadows[1], sizeof *sh * (size_t)--e->n_shadows);
+    shadow_stop(e);
+}
+
+void engine_quality_stats_get(engine *e, engine_quality_stats *out) {
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&e->qmu);
+    out->on = e->mon.on;
+    out->ratio = quality_monitor_ratio(&e->mon);
+    out->policy = e->mon.policy;
+    out->sample = e->o.quality_sample;
+    out->sampled = e->q_sampled;
+    out->checked = e->q_checked;
+    out->dropped = e->q_dropped;
+    out->abandoned = e->q_abandoned;
+    out->mean_kl = e->q_checked ? e->q_kl_sum / (double)e->q_checked : 0;
+    out->mean_top1 = e->q_checked ? e->q_top1_sum / (double)e->q_checked : 0;
+    out->rolling_kl = e->mon.last_kl;
+    out->rolling_top1 = e->mon.last_top1;
+    out->steps_up = e->mon.steps_up;
+    out->steps_down = e->mon.steps_down;
+    snprintf(out->last_step, sizeof out->last_step, "%s", e->q_last_step);
+    pthread_mutex_unlock(&e->qmu);
+}
+
 /* ---------------------------------------------------------------- Prompt Cache */
 
 /* True while s waits for its schema KV (the import did not fit the pool yet): none of its
@@ -1016,6 +1166,7 @@ static void step(engine *e) {
         } else if (n > e->fwd_tokens - n_pos) {
             n = e->fwd_tokens - n_pos;
         }
+        if (s->req == e->shadow_req && n > SHADOW_STEP) n = cost = SHADOW_STEP;
         if (n > 0 && batch_add(e, s, n, &n_b, &n_pos)) budget -= cost < budget ? cost : budget;
     }
     if (n_b == 0) return;
@@ -1111,6 +1262,11 @@ static void step(engine *e) {
             }
         }
         s->preempted = false;
+        if (s->req == e->shadow_req) {
+            shadow_done(e, row);
+            continue;
+        }
+        quality_probe(e, s, row);
         if (s->req->pooling != GEN_POOL_NONE) {
             embed_finish(e, s);
             continue;
@@ -1147,7 +1303,10 @@ static void *engine_main(void *arg) {
     engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && e->q_len == 0 && e->n_run == 0) pthread_cond_wait(&e->cv, &e->mu);
+        /* idle: a check waiting runs now */
+        while (!e->stopping && e->q_len == 0 && e->n_run == 0 &&
+               (e->n_shadows == 0 || e->shadow_req))
+            pthread_cond_wait(&e->cv, &e->mu);
         if (e->stopping) {
             pthread_mutex_unlock(&e->mu);
             break;
@@ -1155,6 +1314,8 @@ static void *engine_main(void *arg) {
         if (pool_tier(e)) pool_cache_reclaim(pool_tier(e));
         admit(e);
         int waiting = e->q_len;
+        shadow_yield(e);
+        if (e->n_run == 0 && e->q_len == 0 && e->n_shadows > 0 && !e->shadow_req) shadow_start(e);
         pthread_mutex_unlock(&e->mu);
         reap(e);
         publish_gauges(e, waiting);
@@ -1168,6 +1329,7 @@ static void *engine_main(void *arg) {
         publish_gauges(e, waiting);
     }
     /* Shutting down: end every stream with an error the client can see. */
+    if (e->shadow_req) shadow_stop(e);
     for (int i = 0; i < e->n_run; i++)
         if (!e->run[i]->done)
             eseq_finish(e, e->run[i], GEN_FINISH_ERROR, 503, "the server is shutting down");
@@ -1203,6 +1365,9 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     e->o = *o;
     e->mx = mx;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->qmu, NULL);
+    e->mon = o->monitor;
+    if (o->quality_sample <= 0) e->mon.on = false; /* no check: nothing steps */
     pthread_cond_init(&e->cv, NULL);
     if (!(e->b = backend_create(o->device, o->threads, err))) goto fail;
     backend_set_precision(e->b, o->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
@@ -1298,7 +1463,9 @@ void engine_destroy(engine *e) {
     planner_destroy(e->plan);
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
+    for (int i = 0; i < e->n_shadows; i++) free(e->shadows[i].prompt);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->qmu);
     pthread_cond_destroy(&e->cv);
     free(e);
 }

@@ -19,6 +19,7 @@
 #include "cache/blend.h"
 #include "cache/cache.h"
 #include "cache/plan.h"
+#include "cache/quality.h"
 #include "cache/schema.h"
 #include "model/model.h"
 #include "server/metrics.h"
@@ -161,6 +162,13 @@ typedef struct engine_opts {
     content_disk *blend_disk; /* content records on disk (the caller's), or NULL */
     int64_t ttft_budget_ms;   /* Redis fetches: the default budget (0: none, lossless) */
     uint32_t levels_barred;   /* lossy encodings a budget may not choose (cache_fetch_policy) */
+    /* The live check (cache/quality.h): this share (0..1) of the requests that blended at the
+     * server's setting is computed again as a full prefill while no client request runs or
+     * waits, and their first-token distributions compared; the monitor (started at the
+     * server's setting; off: no check) steps the blend ratio when the rolling figures leave the
+     * budget, and back when they return. */
+    double quality_sample;
+    quality_monitor monitor;
 } engine_opts;
 
 typedef struct engine engine;
@@ -212,6 +220,23 @@ typedef struct engine_cache_stats {
     cache_tier_stats content_disk; /* its records on disk */
 } engine_cache_stats;
 void engine_cache_stats_get(engine *e, engine_cache_stats *out);
+
+/* The live check's figures. */
+typedef struct engine_quality_stats {
+    bool on;     /* a blend setting is watched */
+    float ratio; /* the blend ratio in force */
+    blend_policy policy;
+    double sample;                   /* the share of blended requests checked */
+    int64_t sampled;                 /* requests picked for a check */
+    int64_t checked;                 /* checks done (a full prefill compared) */
+    int64_t dropped;                 /* picked with the check queue full */
+    int64_t abandoned;               /* checks given up for a client request (retried later) */
+    double mean_kl, mean_top1;       /* over every check */
+    double rolling_kl, rolling_top1; /* the last full window's (0 before one) */
+    int64_t steps_up, steps_down;
+    char last_step[300]; /* the last step, with its numbers, or "" */
+} engine_quality_stats;
+void engine_quality_stats_get(engine *e, engine_quality_stats *out);
 
 int engine_ctx(const engine *e);
 int engine_max_seqs(const engine *e);

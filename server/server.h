@@ -28,10 +28,11 @@ typedef struct schema_registry schema_registry;
 typedef struct server_reuse {
     quality_budget budget;
     quality_choice choice;
-    char budget_name[32];  /* --reuse-quality as given */
-    char bounds[96];       /* what the budget allows on this model, in words */
-    char calibration[512]; /* the calibration's path, or "" with none */
-    char calib_error[600]; /* why a calibration found was not used, or "" */
+    char budget_name[32];    /* --reuse-quality as given */
+    char bounds[96];         /* what the budget allows on this model, in words */
+    char calibration[512];   /* the calibration's path, or "" with none */
+    char calib_error[600];   /* why a calibration found was not used, or "" */
+    quality_monitor monitor; /* the live check's, as it starts (the engine keeps it after) */
 } server_reuse;
 
 struct server {

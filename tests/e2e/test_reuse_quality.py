@@ -3,15 +3,19 @@ cache/quality.h), through the server with the unmodified openai client: a client
 nothing gets blend only where the calibration shows a setting within budget, at that setting;
 one that names a ratio or a policy still gets it; /health and /v1/cache/stats say what is on
 and why; a calibration of another model, or a budget that is not one, is refused at start."""
+import itertools
 import json
 import os
+import threading
+import time
 
 import pytest
 
 from conftest import MODEL, free_port, run_kvserve
-from test_blend import ask, details, rag
+from test_blend import PASSAGES, SYSTEM, ask, details, rag
 
 CTX = ("-c", "2048")
+QUALITY_WINDOW = 20  # cache/quality.h
 
 
 def identity(server):
@@ -115,3 +119,103 @@ def test_another_models_calibration_and_a_bad_budget_are_refused(tmp_dir, model_
     r = run_kvserve("serve", "-m", MODEL, "--port", str(free_port()), "-c", "256", "--reuse-quality",
                     "excellent", timeout=120)
     assert r.returncode != 0 and "--reuse-quality must be" in r.stderr, r.stderr
+
+
+FOURTH = ("Developers that use the GNU GPL protect your rights with two steps:\n"
+          "(1) assert copyright on the software, and (2) offer you this License\n"
+          "giving you legal permission to copy, distribute and/or modify it.")
+
+
+def rag4(order, question):
+    docs = [*PASSAGES, FOURTH]
+    body = "\n\n".join(f"Document {i + 1}:\n{docs[p]}" for i, p in enumerate(order))
+    return [SYSTEM, {"role": "user", "content": f"{body}\n\nQuestion: {question}"}]
+
+
+def live(srv):
+    return srv.get_json("/v1/cache/stats")["reuse_quality"]["methods"]["blend"]
+
+
+def wait_checked(srv, n, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if live(srv)["live_check"]["checked"] >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} checks: {live(srv)}")
+
+
+def test_the_live_check_steps_up_from_a_calibration_that_claims_too_much(start_server, tmp_dir,
+                                                                        model_identity):
+    # it claims legolink at 5% is as close to a full prefill as rounding is: it is not
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), model_identity, [
+        blend_point("legolink", 0.05, 1e-6, 1.0, 8.0),
+        blend_point("legolink", 0.5, 1e-6, 1.0, 2.0)], floor=(1e-6, 1.0))
+    srv = start_server(*CTX, "--reuse-calibration", path, "--quality-sample", "100")
+    b = live(srv)
+    assert b["on"] and b["ratio"] == pytest.approx(0.05) and b["live_check"]["on"]
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag4([0, 1, 2, 3], "What is free software?"))
+    orders = list(itertools.permutations(range(4)))[1:]
+    checked, ratios = 0, []
+    for order in orders[:-1]:
+        _, usage = ask(c, m, rag4(order, "Who has responsibilities?"))
+        if details(usage)[1] == 0:
+            continue  # nothing blended: nothing to check
+        ratios.append(usage.prompt_tokens_details.model_extra["blend_ratio"])
+        checked += 1
+        wait_checked(srv, checked)  # the engine is idle now: the check runs
+        if live(srv)["live_check"]["steps_up"]:
+            break
+    q = live(srv)
+    # a window of samples found it out, and the ratio stepped up the calibrated ladder
+    assert q["live_check"]["steps_up"] == 1, (checked, q["live_check"])
+    assert checked == QUALITY_WINDOW, q
+    assert q["ratio"] == pytest.approx(0.5) and q["calibrated_ratio"] == pytest.approx(0.05)
+    assert q["live_check"]["rolling_kl"] > 2e-6 and "legolink 5% -> 50%" in q["live_check"][
+        "last_step"]
+    assert ratios == [pytest.approx(0.05)] * len(ratios)
+    _, usage = ask(c, m, rag4(orders[-1], "What may you charge for?"))
+    assert usage.prompt_tokens_details.model_extra["blend_ratio"] == pytest.approx(0.5)
+    metrics = srv.metrics()
+    assert metrics['kvserve_reuse_quality_steps_total{method="blend",direction="up"}'] == 1
+    assert metrics["kvserve_blend_ratio"] == pytest.approx(0.5)
+    assert "live check" in srv.stderr()
+
+
+def test_a_check_gives_way_to_client_requests(start_server, tmp_dir, model_identity):
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), model_identity, [
+        blend_point("legolink", 0.3, 0.0, 1.0, 3.0)], floor=(0.01, 1.0))
+    srv = start_server(*CTX, "--reuse-calibration", path, "--quality-sample", "100")
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag4([0, 1, 2, 3], "What is free software?"))
+    stop = threading.Event()
+    errors = []
+
+    def load():
+        cl = srv.client()
+        try:
+            while not stop.is_set():
+                cl.completions.create(model=m, prompt="Count: one, two,", max_tokens=24,
+                                      temperature=0, extra_body={"cache": False})
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        for order in [(1, 0, 2, 3), (2, 3, 0, 1)]:  # two blended requests, checks queued
+            _, usage = ask(c, m, rag4(order, "Who has responsibilities?"))
+            assert details(usage)[1] > 0, usage
+        time.sleep(2)
+        during = live(srv)["live_check"]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    # while clients kept the engine busy no check ran to its end
+    assert during["sampled"] == 2 and during["checked"] == 0, during
+    wait_checked(srv, 2)  # idle: both ran

@@ -2,9 +2,11 @@
  * field, budgets parse, and a budget picks per method the cheapest setting within it from a
  * constructed table (and turns off a method with none). */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cache/meter.h"
 #include "cache/quality.h"
 
 static const uint8_t ID[32] = {0xab, 0xcd, 1, 2, 3};
@@ -189,4 +191,108 @@ Test(quality, a_calibration_file_is_loaded_and_a_missing_one_named) {
     remove(path);
     cr_expect_eq(quality_table_load(&t, path, ID, &err), -1);
     cr_expect(strstr(err.msg, path) != NULL, "%s", err.msg);
+}
+
+/* The fetch policy (cache/meter.h) never takes a level the budget barred: on a slow link where
+ * lossless misses the budget, the finest level that fits is taken, or, barred, the next. */
+Test(quality, a_barred_level_is_never_chosen_by_budget) {
+    cache_layout l = {
+        .n_layer = 30, .n_kv_head = 3, .head_dim = 64, .block_tokens = 16, .chunk_tokens = 256};
+    cache_meter m;
+    cache_meter_init(&m, &l, CACHE_ENC_CODEC + 2, 0.01); /* 10 MB/s */
+    /* lossless, q8, codec0, codec1: a chunk's bytes in each */
+    uint64_t size[CACHE_ENC_MAX] = {5800000, 2900000, 1300000, 1000000};
+    cache_fetch_policy p = {.force_enc = CACHE_ENC_ANY, .budget_ns = INT64_C(10000000000)};
+    cache_meter_plan plan = {0};
+    uint64_t t0 = clock_now_ns();
+    /* 10 s for 8 chunks: lossless (580 ms each) fits, more than finest-first needs */
+    int e = cache_meter_choose(&m, &p, size, 256, 0, 8, t0, false, &plan);
+    cr_expect_eq(e, CACHE_ENC_RAW);
+    /* 2 s for 8 chunks (250 ms each): q8 (290 ms) misses, codec0 (130 ms) fits */
+    p.budget_ns = INT64_C(2000000000);
+    plan = (cache_meter_plan){0};
+    e = cache_meter_choose(&m, &p, size, 256, 0, 8, t0, false, &plan);
+    cr_expect_eq(e, CACHE_ENC_CODEC);
+    /* codec0 barred: codec1 */
+    p.barred = 1u << CACHE_ENC_CODEC;
+    plan = (cache_meter_plan){0};
+    e = cache_meter_choose(&m, &p, size, 256, 0, 8, t0, false, &plan);
+    cr_expect_eq(e, CACHE_ENC_CODEC + 1);
+    /* every lossy level barred: lossless, however late */
+    p.barred = ~1u;
+    plan = (cache_meter_plan){0};
+    e = cache_meter_choose(&m, &p, size, 256, 0, 8, t0, false, &plan);
+    cr_expect_eq(e, CACHE_ENC_RAW);
+    /* a forced level is the request's own: taken even when barred */
+    p.force_enc = CACHE_ENC_Q8;
+    e = cache_meter_choose(&m, &p, size, 256, 0, 8, t0, false, &plan);
+    cr_expect_eq(e, CACHE_ENC_Q8);
+}
+
+/* The live check: a calibration that claims too much is found out within a window of samples
+ * and the ratio steps up the policy's measured ratios; once the figures are well within budget
+ * it steps back, waiting longer each time the setting below it failed. */
+Test(quality, the_monitor_steps_up_when_samples_leave_the_budget_and_back_when_they_return) {
+    quality_table t;
+    parse_ok(&t);
+    quality_budget b;
+    quality_choice c;
+    kv_error err = {{0}};
+    quality_budget_parse("floor", &b, &err); /* KL <= 0.008, top-1 >= 96% */
+    quality_choose(&b, &t, &c);              /* legolink 30% */
+    quality_monitor mon;
+    quality_monitor_init(&mon, &b, &t, &c);
+    cr_assert(mon.on);
+    cr_expect_eq(mon.n_ladder, 3); /* 30%, 50%, then a full prefill */
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 0.3f, 1e-6);
+    char why[256];
+    int step = 0, at = 0;
+    /* samples 4x over the budget's KL: the first full window steps up */
+    for (int i = 0; i < 50 && !step; i++, at = i)
+        step = quality_monitor_add(&mon, 0.03, true, why, sizeof why);
+    cr_expect_eq(step, 1);
+    cr_expect_eq(at, QUALITY_WINDOW);
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 0.5f, 1e-6);
+    cr_expect(strstr(why, "legolink 30% -> 50%") && strstr(why, "KL 0.0300"), "%s", why);
+    /* top-1 too low steps up too, to a full prefill, and no further */
+    for (int i = 0; i < QUALITY_WINDOW; i++)
+        step = quality_monitor_add(&mon, 0.001, i % 4 != 0, why, sizeof why);
+    cr_expect_eq(step, 1);
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 1.0f, 1e-6);
+    for (int i = 0; i < QUALITY_WINDOW; i++)
+        step = quality_monitor_add(&mon, 0.5, false, why, sizeof why);
+    cr_expect_eq(step, 0);
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 1.0f, 1e-6);
+    /* well within budget again: 50% failed once, so two good windows before stepping back to it */
+    for (int i = 0; i < QUALITY_WINDOW; i++)
+        step = quality_monitor_add(&mon, 0.001, true, why, sizeof why);
+    cr_expect_eq(step, 0);
+    for (int i = 0; i < QUALITY_WINDOW; i++)
+        step = quality_monitor_add(&mon, 0.001, true, why, sizeof why);
+    cr_expect_eq(step, -1);
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 0.5f, 1e-6);
+    cr_expect(strstr(why, "100% -> 50%") != NULL, "%s", why);
+    /* within budget but not well within (above half its KL): it stays */
+    for (int i = 0; i < 4 * QUALITY_WINDOW; i++)
+        step = quality_monitor_add(&mon, 0.006, true, why, sizeof why);
+    cr_expect_float_eq(quality_monitor_ratio(&mon), 0.5f, 1e-6);
+    cr_expect_eq(mon.steps_up, 2);
+    cr_expect_eq(mon.steps_down, 1);
+    /* no blend setting: nothing to watch */
+    quality_budget_parse("0.001", &b, &err);
+    quality_choose(&b, &t, &c);
+    quality_monitor_init(&mon, &b, &t, &c);
+    cr_expect_not(mon.on);
+    cr_expect_eq(quality_monitor_add(&mon, 1.0, false, why, sizeof why), 0);
+}
+
+/* The live check's KL is the offline bench's (scripts/bench/blend.py kl(): the reference value
+ * below is what it prints for these lists), so the two compare. */
+Test(quality, top_k_kl_matches_the_benchs_estimator) {
+    /* p: a 0.5, b 0.3, c 0.1; q: a 0.4, c 0.35, d 0.2 (ids a=1, b=2, c=3, d=4) */
+    const int32_t p_ids[] = {1, 2, 3}, q_ids[] = {1, 3, 4};
+    const float p_lps[] = {logf(0.5f), logf(0.3f), logf(0.1f)};
+    const float q_lps[] = {logf(0.4f), logf(0.35f), logf(0.2f)};
+    cr_expect_float_eq(quality_kl_topk(p_ids, p_lps, 3, q_ids, q_lps, 3), 0.454508601520, 1e-6);
+    cr_expect_float_eq(quality_kl_topk(p_ids, p_lps, 3, p_ids, p_lps, 3), 0.0, 1e-12);
 }
