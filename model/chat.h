@@ -207,4 +207,39 @@ typedef struct chat_tool_event {
 int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
                      chat_tool_event *ev, int max);
 
+/* What closes a turn's calls in format f after the last one ("]" for Mistral's list, else ""). */
+const char *chat_tools_closing(chat_tool_format f);
+
+/* Repeated calls. A model made to call (tool_choice "required") can repeat its call until
+ * max_tokens cuts it: SmolLM2 at temperature 0 calls get_weather for Paris again and again. No
+ * context-free grammar can refuse "a call equal to an earlier one", so the sequence's guard does,
+ * beside its grammar: it follows the answer as it is generated, and when a call's name and
+ * arguments equal an earlier call's of the turn (as text: the grammar writes JSON in one layout)
+ * the answer is cut after the calls before it and the turn ends there, with the format's closing.
+ * A call that may still turn out to repeat one is held back from where it begins (its separator
+ * included), so a stream never sends it. */
+typedef struct chat_tool_guard {
+    chat_tool_parser p;
+    size_t fed;      /* bytes of the answer given to p */
+    size_t last_end; /* where the syntax of the last call ended (0: no call yet) */
+    int n_done;      /* calls whose arguments are complete */
+    bool fresh;      /* the call in progress already differs from every earlier call */
+    bool free_text;  /* the answer is content, not calls: nothing to guard */
+    /* each call's name and arguments, as offsets into the answer (which may move) */
+    struct chat_tool_span {
+        size_t name, name_len, args, args_len;
+        bool has_args;
+    } * calls;
+    int n_calls, cap_calls;
+} chat_tool_guard;
+
+void chat_tool_guard_init(chat_tool_guard *g, chat_tool_format f);
+void chat_tool_guard_free(chat_tool_guard *g);
+/* Follows text[0..len), the answer so far (it only grows between calls). *release receives how
+ * much of it may be released. Returns 1 when the call just completed repeats an earlier one:
+ * *cut then receives where the answer ends instead (after the calls before it; the caller
+ * appends chat_tools_closing). 0 otherwise, -1 when out of memory. */
+int chat_tool_guard_scan(chat_tool_guard *g, const char *text, size_t len, size_t *release,
+                         size_t *cut);
+
 #endif

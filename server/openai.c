@@ -322,6 +322,9 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
         return fail_400(err, "stop", NULL, ke.msg);
     bool tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    /* a call repeating one the answer already made ends the turn instead (chat_tool_guard) */
+    r->guard_calls = tools;
+    r->call_format = s->m->chat.tools;
     return rq->gbnf || tools ? request_grammar(s, r, rq, err) : 0;
 }
 

@@ -121,6 +121,22 @@ def test_streamed_calls_equal_whole(client, server, choice):
         [(t.function.name, t.function.arguments) for t in whole]
 
 
+def test_a_forced_call_is_not_repeated(client, server):
+    """tool_choice "required" at temperature 0: the model would call get_weather for Paris again
+    and again until max_tokens cut the third copy; a call equal to one the answer already made
+    ends the turn instead (finish "tool_calls", the calls before it), streamed or whole."""
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS[:1], tool_choice="required",
+              max_tokens=100, temperature=0)
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls", c
+    check_calls(c.message.tool_calls)
+    calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+    assert len(set(calls)) == len(calls), calls
+    streamed, finish = stream_calls(client, **kw)
+    assert finish == "tool_calls"
+    assert [(x["name"], x["args"]) for x in streamed] == calls
+
+
 def test_auto_and_none_answer(client, server):
     for choice in ("auto", "none"):
         r = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
