@@ -118,6 +118,35 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
                   const chat_tool *tools, int n_tools, bool add_generation_prompt, const char *bos,
                   kv_error *err);
 
+/* ---------------------------------------------------------------- tool turns (chat_tools.c)
+ *
+ * The rules a conversation's tool turns keep, whatever API brought them (OpenAI's chat messages;
+ * Anthropic's tool_use and tool_result blocks, the Responses API's function_call items, once
+ * mapped onto these messages): the results of an assistant message's calls come in the tool
+ * messages right after it, one for each of its calls, by id. Each API words the verdict its own
+ * way (for OpenAI, api.c). */
+
+typedef enum chat_turn_problem {
+    CHAT_TURNS_OK = 0,
+    CHAT_TURNS_RESULT_WITHOUT_CALLS, /* tool message msg does not follow a message with calls */
+    CHAT_TURNS_UNKNOWN_ID,           /* tool message msg answers an id the calls before it lack */
+    CHAT_TURNS_ANSWERED_TWICE,       /* tool message msg answers a call answered by message other */
+    CHAT_TURNS_UNANSWERED, /* assistant message msg's call `call` has no result after it */
+} chat_turn_problem;
+
+typedef struct chat_turn_check {
+    chat_turn_problem problem;
+    int msg;   /* the message at fault */
+    int call;  /* UNANSWERED: its first call without a result */
+    int other; /* ANSWERED_TWICE: the tool message that answered it first */
+} chat_turn_check;
+
+/* Checks msgs[0..n)'s tool turns; the first problem found (in message order) goes into *out,
+ * which is also returned. A call or result without an id is never answered. */
+chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_turn_check *out);
+/* Whether call k of assistant message i has a result among the tool messages right after it. */
+bool chat_call_answered(const chat_message *msgs, int n, int i, int k);
+
 /* ---------------------------------------------------------------- tools (chat_tools.c)
  *
  * Each tool format, as its template writes it (tools, the answer's calls, results); the

@@ -254,6 +254,47 @@ int chat_tools_generic_messages(const chat_message *msgs, int n, const chat_tool
     return 0;
 }
 
+/* ---------------------------------------------------------------- tool turns */
+
+static bool is_tool(const chat_message *m) { return m->role && !strcmp(m->role, "tool"); }
+
+static bool same_id(const char *a, const char *b) { return a && b && !strcmp(a, b); }
+
+bool chat_call_answered(const chat_message *msgs, int n, int i, int k) {
+    for (int j = i + 1; j < n && is_tool(&msgs[j]); j++)
+        if (same_id(msgs[j].tool_call_id, msgs[i].tool_calls[k].id)) return true;
+    return false;
+}
+
+static chat_turn_problem turn_problem(chat_turn_check *out, chat_turn_problem p, int msg, int call,
+                                      int other) {
+    *out = (chat_turn_check){p, msg, call, other};
+    return p;
+}
+
+chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_turn_check *out) {
+    int calls = -1; /* the assistant message whose results may come now, or -1 */
+    for (int i = 0; i <= n; i++) {
+        if (i < n && is_tool(&msgs[i])) {
+            if (calls < 0) return turn_problem(out, CHAT_TURNS_RESULT_WITHOUT_CALLS, i, -1, -1);
+            const chat_message *a = &msgs[calls];
+            int k = 0;
+            while (k < a->n_tool_calls && !same_id(a->tool_calls[k].id, msgs[i].tool_call_id)) k++;
+            if (k == a->n_tool_calls) return turn_problem(out, CHAT_TURNS_UNKNOWN_ID, i, -1, -1);
+            for (int j = calls + 1; j < i; j++)
+                if (same_id(msgs[j].tool_call_id, msgs[i].tool_call_id))
+                    return turn_problem(out, CHAT_TURNS_ANSWERED_TWICE, i, k, j);
+            continue;
+        }
+        /* the results of the calls before (if any) have ended */
+        for (int k = 0; calls >= 0 && k < msgs[calls].n_tool_calls; k++)
+            if (!chat_call_answered(msgs, n, calls, k))
+                return turn_problem(out, CHAT_TURNS_UNANSWERED, calls, k, -1);
+        calls = i < n && msgs[i].n_tool_calls > 0 ? i : -1;
+    }
+    return turn_problem(out, CHAT_TURNS_OK, -1, -1, -1);
+}
+
 /* ---------------------------------------------------------------- grammar */
 
 /* A GBNF string literal of s. */

@@ -322,16 +322,63 @@ static int parse_tool_calls(const json_t *calls, int i, chat_message *msg, api_e
         if (str_copy(name, param, (char **)&tc[k].name, err)) return -1;
         const json_t *args = field(fn, "arguments");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.arguments", i, k);
-        if (!args) continue;
-        if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
-        if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
-        json_error_t je;
-        json_t *parsed =
-            *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je) : json_object();
-        if (!parsed) return API_BAD(err, param, "'%s' is not JSON: %s", param, je.text);
-        json_decref(parsed);
+        if (args) {
+            if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
+            if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
+            json_error_t je;
+            json_t *parsed = *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je)
+                                              : json_object();
+            if (!parsed) return API_BAD(err, param, "'%s' is not JSON: %s", param, je.text);
+            json_decref(parsed);
+        }
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].id", i, k);
+        if (!tc[k].id)
+            return API_BAD(err, param, "'%s' is required: tool messages answer it", param);
     }
     return 0;
+}
+
+/* The conversation's tool turns (chat_check_tool_turns) in OpenAI's words: its messages for a
+ * result that follows no calls (its spelling of "preceeding" included), for an id the calls lack
+ * and for calls left without results. */
+static int check_tool_turns(const chat_message *msgs, int n, api_error *err) {
+    chat_turn_check c;
+    if (chat_check_tool_turns(msgs, n, &c) == CHAT_TURNS_OK) return 0;
+    char param[64];
+    const char *id = msgs[c.msg].tool_call_id ? msgs[c.msg].tool_call_id : "";
+    snprintf(param, sizeof param, "messages[%d].tool_call_id", c.msg);
+    switch (c.problem) {
+    case CHAT_TURNS_RESULT_WITHOUT_CALLS:
+        snprintf(param, sizeof param, "messages[%d].role", c.msg);
+        return API_BAD(err, param,
+                       "Invalid parameter: messages with role 'tool' must be a response to a "
+                       "preceeding message with 'tool_calls'.");
+    case CHAT_TURNS_UNKNOWN_ID:
+        return API_BAD(err, param,
+                       "Invalid parameter: 'tool_call_id' of '%.64s' not found in 'tool_calls' "
+                       "of previous message.",
+                       id);
+    case CHAT_TURNS_ANSWERED_TWICE:
+        return API_BAD(err, param,
+                       "Invalid parameter: 'tool_call_id' of '%.64s' was already answered by "
+                       "messages[%d].",
+                       id, c.other);
+    default: {
+        /* every call of that message without a result, as OpenAI lists them */
+        char ids[256] = "";
+        size_t used = 0;
+        for (int k = c.call; k < msgs[c.msg].n_tool_calls && used < sizeof ids; k++)
+            if (!chat_call_answered(msgs, n, c.msg, k))
+                used += (size_t)snprintf(ids + used, sizeof ids - used, "%s%.64s", used ? ", " : "",
+                                         msgs[c.msg].tool_calls[k].id);
+        snprintf(param, sizeof param, "messages[%d].role", c.msg);
+        return API_BAD(err, param,
+                       "An assistant message with 'tool_calls' must be followed by tool messages "
+                       "responding to each 'tool_call_id'. The following tool_call_ids did not "
+                       "have response messages: %s",
+                       ids);
+    }
+    }
 }
 
 /* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
@@ -399,12 +446,13 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         if (strcmp(canon, "tool") != 0) continue;
         const json_t *id = field(m, "tool_call_id");
         snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
-        if (id && str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
+        if (!id) return API_BAD(err, param, "'%s' is required for role 'tool'", param);
+        if (str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
         const json_t *name = field(m, "name"); /* else the template finds it by the id */
         snprintf(param, sizeof param, "messages[%d].name", i);
         if (name && str_copy(name, param, (char **)&(*msgs)[i].name, err)) return -1;
     }
-    return 0;
+    return check_tool_turns(*msgs, *n_msgs, err);
 }
 
 static void messages_free(chat_message *msgs, int n) {

@@ -166,6 +166,34 @@ def test_conversation_with_a_tool_result(client, server):
     assert r.choices[0].message.content
 
 
+CALL_1 = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
+
+
+@pytest.mark.parametrize("msgs,param,words", [
+    (ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "18"}], "messages[1].role",
+     "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'"),
+    (ASK + [CALL_1, {"role": "tool", "tool_call_id": "call_2", "content": "18"}],
+     "messages[2].tool_call_id", "'tool_call_id' of 'call_2' not found in 'tool_calls'"),
+    (ASK + [CALL_1] + ASK, "messages[1].role",
+     "The following tool_call_ids did not have response messages: call_1"),
+])
+def test_tool_turns_must_answer_calls(client, server, msgs, param, words):
+    """A tool message answers a call of the assistant message right before it, and every call
+    gets its result: otherwise a 400 naming the message, in OpenAI's words."""
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=2)
+    err = e.value.body
+    assert err["param"] == param, err
+    assert words in err["message"], err
+    # answered, the same conversation goes on
+    ok = ASK + [CALL_1, {"role": "tool", "tool_call_id": "call_1", "content": "18"}]
+    r = client.chat.completions.create(model=server.model_id, messages=ok, max_tokens=2)
+    assert r.choices[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize("body,param", [
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
      "tools[0].function.name"),
@@ -256,7 +284,8 @@ def test_family_template_refusals_are_400(family):
     two_calls = ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": f"call_{i}", "type": "function",
          "function": {"name": "get_time", "arguments": json.dumps({"tz": "UTC"})}}
-        for i in range(2)]}]
+        for i in range(2)]}] + [
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": "12:00"} for i in range(2)]
     status, r = server.post_json("/v1/chat/completions", {
         "model": server.model_id, "messages": two_calls, "tools": TOOLS, "max_tokens": 5})
     if name == "llama3.1":

@@ -619,3 +619,40 @@ Test(chat_tools, repeats_in_every_format_with_several_calls) {
         }
     }
 }
+
+/* ---------------------------------------------------------------- tool turns */
+
+Test(chat_tools, tool_turns_answer_the_calls_right_before_them) {
+    const chat_tool_call two[] = {{.id = "a", .name = "f"}, {.id = "b", .name = "f"}};
+    const chat_message user = {.role = "user", .content = "q"};
+    const chat_message calls = {.role = "assistant", .tool_calls = two, .n_tool_calls = 2};
+    const chat_message ra = {.role = "tool", .content = "1", .tool_call_id = "a"};
+    const chat_message rb = {.role = "tool", .content = "2", .tool_call_id = "b"};
+    const chat_message rx = {.role = "tool", .content = "?", .tool_call_id = "x"};
+    const chat_message no_id = {.role = "tool", .content = "?"};
+    const struct {
+        chat_message m[6];
+        int n;
+        chat_turn_check want;
+    } cases[] = {
+        {{user, calls, rb, ra, user}, 5, {CHAT_TURNS_OK, -1, -1, -1}},
+        {{user, ra}, 2, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 1, -1, -1}},
+        {{ra, user}, 2, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 0, -1, -1}},
+        {{user, calls, ra, rb, user, rb}, 6, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 5, -1, -1}},
+        {{user, calls, ra, rx}, 4, {CHAT_TURNS_UNKNOWN_ID, 3, -1, -1}},
+        {{user, calls, no_id}, 3, {CHAT_TURNS_UNKNOWN_ID, 2, -1, -1}},
+        {{user, calls, rb, ra, rb}, 5, {CHAT_TURNS_ANSWERED_TWICE, 4, 1, 2}},
+        {{user, calls, rb, user}, 4, {CHAT_TURNS_UNANSWERED, 1, 0, -1}},
+        {{user, calls, ra}, 3, {CHAT_TURNS_UNANSWERED, 1, 1, -1}},
+        {{user, calls}, 2, {CHAT_TURNS_UNANSWERED, 1, 0, -1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        chat_turn_check got;
+        cr_assert_eq(chat_check_tool_turns(cases[i].m, cases[i].n, &got), cases[i].want.problem,
+                     "case %zu", i);
+        cr_assert_eq(got.problem, cases[i].want.problem, "case %zu", i);
+        cr_assert_eq(got.msg, cases[i].want.msg, "case %zu: msg %d", i, got.msg);
+        cr_assert_eq(got.call, cases[i].want.call, "case %zu: call %d", i, got.call);
+        cr_assert_eq(got.other, cases[i].want.other, "case %zu", i);
+    }
+}
