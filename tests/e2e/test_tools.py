@@ -204,12 +204,40 @@ def test_tool_turns_must_answer_calls(client, server, msgs, param, words):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": TOOLS, "functions": [t["function"] for t in TOOLS]}, "functions"),
+    ({"tools": TOOLS, "tool_choice": "auto", "function_call": "auto"}, "function_call"),
+    ({"functions": [{"name": "bad name"}]}, "functions[0].name"),
+    ({"functions": [t["function"] for t in TOOLS], "function_call": "required"},
+     "function_call"),
 ])
 def test_bad_tools_are_400(server, body, param):
     status, r = server.post_json("/v1/chat/completions",
                                  {"model": server.model_id, "messages": ASK, **body})
     assert status == 400, r
     assert r["error"]["param"] == param, r
+
+
+def test_legacy_functions_answer_as_function_call(client, server):
+    """functions and function_call, OpenAI's deprecated form of tools and tool_choice, still
+    work as OpenAI answers them: one call, as message.function_call with finish "function_call",
+    streamed as delta.function_call."""
+    kw = dict(model=server.model_id, messages=ASK, functions=[t["function"] for t in TOOLS],
+              function_call={"name": "get_weather"}, max_tokens=60, temperature=0)
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "function_call", c
+    assert c.message.tool_calls is None and c.message.content is None, c.message
+    fc = c.message.function_call
+    assert fc.name == "get_weather"
+    jsonschema.validate(json.loads(fc.arguments), WEATHER)
+    name, args, finish = None, "", None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        d = ch.choices[0].delta
+        assert not d.tool_calls and not d.content, d
+        if d.function_call:
+            name = name or d.function_call.name
+            args += d.function_call.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert (name, args, finish) == (fc.name, fc.arguments, "function_call")
 
 
 # ---------------------------------------------------------------- per-family tool formats

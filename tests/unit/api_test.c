@@ -551,6 +551,56 @@ Test(api, tool_turns_checked) {
 #undef USER
 }
 
+/* OpenAI's deprecated functions / function_call are tools / tool_choice: one call per answer,
+ * given back in the legacy shape; both forms at once name the legacy field. */
+Test(api, legacy_functions_are_tools) {
+    api_request r;
+    parse_ok(API_CHAT,
+             chat_with(",\"functions\":[{\"name\":\"get\",\"description\":\"d\","
+                       "\"parameters\":{\"type\":\"object\"}},{\"name\":\"put\"}],"
+                       "\"function_call\":{\"name\":\"put\"}"),
+             &r);
+    cr_assert_eq(r.n_tools, 2);
+    cr_assert_str_eq(r.tools[0].name, "get");
+    cr_assert_str_eq(r.tools[0].description, "d");
+    cr_assert_not_null(r.tools[0].parameters);
+    cr_assert_str_eq(r.tools[1].name, "put");
+    cr_assert_eq(r.tool_choice, CHAT_TOOL_NAMED);
+    cr_assert_str_eq(r.tool_choice_name, "put");
+    cr_assert(r.legacy_functions);
+    cr_assert_not(r.parallel_tool_calls, "a legacy answer holds one function_call");
+    api_request_free(&r);
+    const char *choices[] = {"\"none\"", "\"auto\""};
+    const chat_tool_choice want[] = {CHAT_TOOL_NONE, CHAT_TOOL_AUTO};
+    for (int i = 0; i < 2; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ",\"functions\":[{\"name\":\"f\"}],\"function_call\":%s",
+                 choices[i]);
+        parse_ok(API_CHAT, chat_with(extra), &r);
+        cr_assert_eq(r.tool_choice, want[i]);
+        api_request_free(&r);
+    }
+    parse_ok(API_CHAT,
+             chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), &r);
+    cr_assert_not(r.legacy_functions);
+    api_request_free(&r);
+    fail(API_CHAT,
+         chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                   "\"functions\":[{\"name\":\"f\"}]"),
+         "functions", "deprecated form of 'tools'");
+    fail(API_CHAT,
+         chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                   "\"tool_choice\":\"auto\",\"function_call\":\"auto\""),
+         "function_call", "deprecated form of 'tool_choice'");
+    fail(API_CHAT, chat_with(",\"functions\":[{\"name\":\"f\"}],\"function_call\":\"required\""),
+         "function_call", "must be 'none', 'auto' or {\"name\": ...}");
+    fail(API_CHAT,
+         chat_with(",\"functions\":[{\"name\":\"f\"}],\"function_call\":{\"name\":\"g\"}"),
+         "function_call", "names 'g', which is not in 'functions'");
+    fail(API_CHAT, chat_with(",\"functions\":[{\"name\":\"f\",\"parameters\":3}]"),
+         "functions[0].parameters", "must be a JSON Schema object");
+}
+
 Test(api, image_part) {
     fail(API_CHAT,
          "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
