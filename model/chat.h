@@ -118,6 +118,35 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
                   const chat_tool *tools, int n_tools, bool add_generation_prompt, const char *bos,
                   kv_error *err);
 
+/* ---------------------------------------------------------------- tool turns (chat_tools.c)
+ *
+ * The rules a conversation's tool turns keep, whatever API brought them (OpenAI's chat messages;
+ * Anthropic's tool_use and tool_result blocks, the Responses API's function_call items, once
+ * mapped onto these messages): the results of an assistant message's calls come in the tool
+ * messages right after it, one for each of its calls, by id. Each API words the verdict its own
+ * way (for OpenAI, api.c). */
+
+typedef enum chat_turn_problem {
+    CHAT_TURNS_OK = 0,
+    CHAT_TURNS_RESULT_WITHOUT_CALLS, /* tool message msg does not follow a message with calls */
+    CHAT_TURNS_UNKNOWN_ID,           /* tool message msg answers an id the calls before it lack */
+    CHAT_TURNS_ANSWERED_TWICE,       /* tool message msg answers a call answered by message other */
+    CHAT_TURNS_UNANSWERED, /* assistant message msg's call `call` has no result after it */
+} chat_turn_problem;
+
+typedef struct chat_turn_check {
+    chat_turn_problem problem;
+    int msg;   /* the message at fault */
+    int call;  /* UNANSWERED: its first call without a result */
+    int other; /* ANSWERED_TWICE: the tool message that answered it first */
+} chat_turn_check;
+
+/* Checks msgs[0..n)'s tool turns; the first problem found (in message order) goes into *out,
+ * which is also returned. A call or result without an id is never answered. */
+chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_turn_check *out);
+/* Whether call k of assistant message i has a result among the tool messages right after it. */
+bool chat_call_answered(const chat_message *msgs, int n, int i, int k);
+
 /* ---------------------------------------------------------------- tools (chat_tools.c)
  *
  * Each tool format, as its template writes it (tools, the answer's calls, results); the
@@ -206,5 +235,40 @@ typedef struct chat_tool_event {
  * format's syntax is content from there on (complete is then false). */
 int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
                      chat_tool_event *ev, int max);
+
+/* What closes a turn's calls in format f after the last one ("]" for Mistral's list, else ""). */
+const char *chat_tools_closing(chat_tool_format f);
+
+/* Repeated calls. A model made to call (tool_choice "required") can repeat its call until
+ * max_tokens cuts it: SmolLM2 at temperature 0 calls get_weather for Paris again and again. No
+ * context-free grammar can refuse "a call equal to an earlier one", so the sequence's guard does,
+ * beside its grammar: it follows the answer as it is generated, and when a call's name and
+ * arguments equal an earlier call's of the turn (as text: the grammar writes JSON in one layout)
+ * the answer is cut after the calls before it and the turn ends there, with the format's closing.
+ * A call that may still turn out to repeat one is held back from where it begins (its separator
+ * included), so a stream never sends it. */
+typedef struct chat_tool_guard {
+    chat_tool_parser p;
+    size_t fed;      /* bytes of the answer given to p */
+    size_t last_end; /* where the syntax of the last call ended (0: no call yet) */
+    int n_done;      /* calls whose arguments are complete */
+    bool fresh;      /* the call in progress already differs from every earlier call */
+    bool free_text;  /* the answer is content, not calls: nothing to guard */
+    /* each call's name and arguments, as offsets into the answer (which may move) */
+    struct chat_tool_span {
+        size_t name, name_len, args, args_len;
+        bool has_args;
+    } * calls;
+    int n_calls, cap_calls;
+} chat_tool_guard;
+
+void chat_tool_guard_init(chat_tool_guard *g, chat_tool_format f);
+void chat_tool_guard_free(chat_tool_guard *g);
+/* Follows text[0..len), the answer so far (it only grows between calls). *release receives how
+ * much of it may be released. Returns 1 when the call just completed repeats an earlier one:
+ * *cut then receives where the answer ends instead (after the calls before it; the caller
+ * appends chat_tools_closing). 0 otherwise, -1 when out of memory. */
+int chat_tool_guard_scan(chat_tool_guard *g, const char *text, size_t len, size_t *release,
+                         size_t *cut);
 
 #endif

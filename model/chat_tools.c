@@ -254,6 +254,47 @@ int chat_tools_generic_messages(const chat_message *msgs, int n, const chat_tool
     return 0;
 }
 
+/* ---------------------------------------------------------------- tool turns */
+
+static bool is_tool(const chat_message *m) { return m->role && !strcmp(m->role, "tool"); }
+
+static bool same_id(const char *a, const char *b) { return a && b && !strcmp(a, b); }
+
+bool chat_call_answered(const chat_message *msgs, int n, int i, int k) {
+    for (int j = i + 1; j < n && is_tool(&msgs[j]); j++)
+        if (same_id(msgs[j].tool_call_id, msgs[i].tool_calls[k].id)) return true;
+    return false;
+}
+
+static chat_turn_problem turn_problem(chat_turn_check *out, chat_turn_problem p, int msg, int call,
+                                      int other) {
+    *out = (chat_turn_check){p, msg, call, other};
+    return p;
+}
+
+chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_turn_check *out) {
+    int calls = -1; /* the assistant message whose results may come now, or -1 */
+    for (int i = 0; i <= n; i++) {
+        if (i < n && is_tool(&msgs[i])) {
+            if (calls < 0) return turn_problem(out, CHAT_TURNS_RESULT_WITHOUT_CALLS, i, -1, -1);
+            const chat_message *a = &msgs[calls];
+            int k = 0;
+            while (k < a->n_tool_calls && !same_id(a->tool_calls[k].id, msgs[i].tool_call_id)) k++;
+            if (k == a->n_tool_calls) return turn_problem(out, CHAT_TURNS_UNKNOWN_ID, i, -1, -1);
+            for (int j = calls + 1; j < i; j++)
+                if (same_id(msgs[j].tool_call_id, msgs[i].tool_call_id))
+                    return turn_problem(out, CHAT_TURNS_ANSWERED_TWICE, i, k, j);
+            continue;
+        }
+        /* the results of the calls before (if any) have ended */
+        for (int k = 0; calls >= 0 && k < msgs[calls].n_tool_calls; k++)
+            if (!chat_call_answered(msgs, n, calls, k))
+                return turn_problem(out, CHAT_TURNS_UNANSWERED, calls, k, -1);
+        calls = i < n && msgs[i].n_tool_calls > 0 ? i : -1;
+    }
+    return turn_problem(out, CHAT_TURNS_OK, -1, -1, -1);
+}
+
 /* ---------------------------------------------------------------- grammar */
 
 /* A GBNF string literal of s. */
@@ -526,4 +567,95 @@ int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool fin
         p->phase = PH_BROKEN;
     }
     return k;
+}
+
+/* ---------------------------------------------------------------- repeated calls */
+
+const char *chat_tools_closing(chat_tool_format f) { return syntax_of(f)->close; }
+
+void chat_tool_guard_init(chat_tool_guard *g, chat_tool_format f) {
+    memset(g, 0, sizeof *g);
+    chat_tool_parser_init(&g->p, f);
+}
+
+void chat_tool_guard_free(chat_tool_guard *g) {
+    free(g->calls);
+    g->calls = NULL;
+    g->n_calls = g->cap_calls = 0;
+}
+
+/* Whether call k has the name of an earlier call and arguments that (whole) equal that call's,
+ * or (not whole) are the beginning of them so far. */
+static bool guard_repeats(const chat_tool_guard *g, const char *text, int k, bool whole) {
+    const struct chat_tool_span *c = &g->calls[k];
+    for (int i = 0; i < k; i++) {
+        const struct chat_tool_span *e = &g->calls[i];
+        if (e->name_len != c->name_len || memcmp(text + e->name, text + c->name, c->name_len))
+            continue;
+        if (whole ? e->args_len != c->args_len : e->args_len < c->args_len) continue;
+        if (!memcmp(text + e->args, text + c->args, c->args_len)) return true;
+    }
+    return false;
+}
+
+/* Takes the parser's events on the answer's next bytes into g's spans. -1 when out of memory. */
+static int guard_events(chat_tool_guard *g, const char *text, const chat_tool_event *ev, int n) {
+    for (int i = 0; i < n; i++) {
+        if (ev[i].kind == CHAT_TOOL_EVENT_CONTENT) {
+            g->free_text = true;
+            return 0;
+        }
+        if (ev[i].kind == CHAT_TOOL_EVENT_CALL) {
+            if (g->n_calls == g->cap_calls) {
+                int cap = g->cap_calls ? 2 * g->cap_calls : 8;
+                void *p = realloc(g->calls, sizeof *g->calls * (size_t)cap);
+                if (!p) return -1;
+                g->calls = p;
+                g->cap_calls = cap;
+            }
+            g->calls[g->n_calls++] =
+                (struct chat_tool_span){.name = (size_t)(ev[i].s - text), .name_len = ev[i].n};
+            g->fresh = !guard_repeats(g, text, g->n_calls - 1, false);
+            continue;
+        }
+        struct chat_tool_span *c = &g->calls[g->n_calls - 1];
+        if (!c->has_args) c->args = (size_t)(ev[i].s - text), c->has_args = true;
+        c->args_len = (size_t)(ev[i].s + ev[i].n - text) - c->args;
+        if (!g->fresh) g->fresh = !guard_repeats(g, text, g->n_calls - 1, false);
+    }
+    return 0;
+}
+
+int chat_tool_guard_scan(chat_tool_guard *g, const char *text, size_t len, size_t *release,
+                         size_t *cut) {
+    *cut = len;
+    /* One byte at a time, so that every end of a call is seen where it is. */
+    while (!g->free_text && g->fed < len) {
+        int before = g->p.phase, n;
+        chat_tool_event ev[4];
+        g->fed++;
+        do {
+            n = chat_tools_parse(&g->p, text, g->fed, false, ev, 4);
+            if (guard_events(g, text, ev, n)) return -1;
+        } while (n == 4 && !g->free_text);
+        if (g->free_text || g->p.phase == PH_BROKEN) {
+            g->free_text = true;
+            break;
+        }
+        if (before == PH_ARGS && g->p.phase != PH_ARGS) { /* the arguments are complete */
+            g->n_done++;
+            if (!g->fresh && guard_repeats(g, text, g->n_calls - 1, true)) {
+                *cut = *release = g->last_end;
+                return 1;
+            }
+            g->fresh = true;
+        }
+        if (before != PH_NEXT && g->p.phase == PH_NEXT) { /* the call's syntax has ended */
+            g->last_end = g->p.cur;
+            g->fresh = false; /* what follows may begin a repeat */
+        }
+    }
+    bool hold = !g->free_text && g->n_done > 0 && !g->fresh && g->p.phase != PH_DONE;
+    *release = hold ? g->last_end : len;
+    return 0;
 }

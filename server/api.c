@@ -322,16 +322,63 @@ static int parse_tool_calls(const json_t *calls, int i, chat_message *msg, api_e
         if (str_copy(name, param, (char **)&tc[k].name, err)) return -1;
         const json_t *args = field(fn, "arguments");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.arguments", i, k);
-        if (!args) continue;
-        if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
-        if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
-        json_error_t je;
-        json_t *parsed =
-            *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je) : json_object();
-        if (!parsed) return API_BAD(err, param, "'%s' is not JSON: %s", param, je.text);
-        json_decref(parsed);
+        if (args) {
+            if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
+            if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
+            json_error_t je;
+            json_t *parsed = *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je)
+                                              : json_object();
+            if (!parsed) return API_BAD(err, param, "'%s' is not JSON: %s", param, je.text);
+            json_decref(parsed);
+        }
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].id", i, k);
+        if (!tc[k].id)
+            return API_BAD(err, param, "'%s' is required: tool messages answer it", param);
     }
     return 0;
+}
+
+/* The conversation's tool turns (chat_check_tool_turns) in OpenAI's words: its messages for a
+ * result that follows no calls (its spelling of "preceeding" included), for an id the calls lack
+ * and for calls left without results. */
+static int check_tool_turns(const chat_message *msgs, int n, api_error *err) {
+    chat_turn_check c;
+    if (chat_check_tool_turns(msgs, n, &c) == CHAT_TURNS_OK) return 0;
+    char param[64];
+    const char *id = msgs[c.msg].tool_call_id ? msgs[c.msg].tool_call_id : "";
+    snprintf(param, sizeof param, "messages[%d].tool_call_id", c.msg);
+    switch (c.problem) {
+    case CHAT_TURNS_RESULT_WITHOUT_CALLS:
+        snprintf(param, sizeof param, "messages[%d].role", c.msg);
+        return API_BAD(err, param,
+                       "Invalid parameter: messages with role 'tool' must be a response to a "
+                       "preceeding message with 'tool_calls'.");
+    case CHAT_TURNS_UNKNOWN_ID:
+        return API_BAD(err, param,
+                       "Invalid parameter: 'tool_call_id' of '%.64s' not found in 'tool_calls' "
+                       "of previous message.",
+                       id);
+    case CHAT_TURNS_ANSWERED_TWICE:
+        return API_BAD(err, param,
+                       "Invalid parameter: 'tool_call_id' of '%.64s' was already answered by "
+                       "messages[%d].",
+                       id, c.other);
+    default: {
+        /* every call of that message without a result, as OpenAI lists them */
+        char ids[256] = "";
+        size_t used = 0;
+        for (int k = c.call; k < msgs[c.msg].n_tool_calls && used < sizeof ids; k++)
+            if (!chat_call_answered(msgs, n, c.msg, k))
+                used += (size_t)snprintf(ids + used, sizeof ids - used, "%s%.64s", used ? ", " : "",
+                                         msgs[c.msg].tool_calls[k].id);
+        snprintf(param, sizeof param, "messages[%d].role", c.msg);
+        return API_BAD(err, param,
+                       "An assistant message with 'tool_calls' must be followed by tool messages "
+                       "responding to each 'tool_call_id'. The following tool_call_ids did not "
+                       "have response messages: %s",
+                       ids);
+    }
+    }
 }
 
 /* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
@@ -399,12 +446,13 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         if (strcmp(canon, "tool") != 0) continue;
         const json_t *id = field(m, "tool_call_id");
         snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
-        if (id && str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
+        if (!id) return API_BAD(err, param, "'%s' is required for role 'tool'", param);
+        if (str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
         const json_t *name = field(m, "name"); /* else the template finds it by the id */
         snprintf(param, sizeof param, "messages[%d].name", i);
         if (name && str_copy(name, param, (char **)&(*msgs)[i].name, err)) return -1;
     }
-    return 0;
+    return check_tool_turns(*msgs, *n_msgs, err);
 }
 
 static void messages_free(chat_message *msgs, int n) {
@@ -778,90 +826,121 @@ static int parse_constraints(const json_t *root, api_request *r, api_error *err)
 
 /* ---------------------------------------------------------------- tools */
 
-static int parse_tools(const json_t *root, api_request *r, api_error *err) {
-    const json_t *v = field(root, "tools");
-    r->parallel_tool_calls = true;
-    if (opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
-    if (v) {
-        if (!json_is_array(v)) return type_error(err, "tools", "an array", v);
-        size_t n = json_array_size(v);
-        if (n > API_MAX_TOOLS)
-            return API_BAD(err, "tools", "'tools' has %zu tools, more than the limit of %d", n,
-                           API_MAX_TOOLS);
-        if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return oom(err);
-        for (size_t i = 0; i < n; i++) {
-            const json_t *t = json_array_get(v, i);
-            char pp[64];
-            snprintf(pp, sizeof pp, "tools[%zu]", i);
-            if (!json_is_object(t)) return type_error(err, pp, "an object", t);
-            const json_t *type = json_object_get(t, "type");
-            if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
-                return API_BAD(err, pp, "'%s.type' must be 'function'", pp);
-            const json_t *fn = json_object_get(t, "function");
-            snprintf(pp, sizeof pp, "tools[%zu].function", i);
-            if (!json_is_object(fn)) return type_error(err, pp, "an object", fn);
-            chat_tool *ct = &r->tools[i];
-            r->n_tools = (int)i + 1;
-            snprintf(pp, sizeof pp, "tools[%zu].function.name", i);
-            const json_t *name = json_object_get(fn, "name");
-            if (!json_is_string(name) ||
-                !tool_name_ok(json_string_value(name), json_string_length(name)))
-                return API_BAD(err, pp, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", pp);
-            for (size_t k = 0; k < i; k++)
-                if (!strcmp(r->tools[k].name, json_string_value(name)))
-                    return API_BAD(err, pp, "two tools are named '%s'", json_string_value(name));
-            if (str_copy(name, pp, (char **)&ct->name, err)) return -1;
-            snprintf(pp, sizeof pp, "tools[%zu].function.description", i);
-            if (opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
-            const json_t *params = field(fn, "parameters");
-            if (params) {
-                snprintf(pp, sizeof pp, "tools[%zu].function.parameters", i);
-                if (!json_is_object(params))
-                    return type_error(err, pp, "a JSON Schema object", params);
-                if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
-                /* the schema must compile: an unsupported keyword is named now */
-                kv_error ke = {{0}};
-                char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
-                if (!g) return API_BAD(err, pp, "'%s': %s", pp, ke.msg);
-                free(g);
-            }
+/* One function ({name, description, parameters}) at param pp (tools[i].function, or the legacy
+ * functions[i]) into r->tools[i]. */
+static int parse_function(const json_t *fn, const char *pp, size_t i, api_request *r,
+                          api_error *err) {
+    char p[64];
+    if (!json_is_object(fn)) return type_error(err, pp, "an object", fn);
+    chat_tool *ct = &r->tools[i];
+    r->n_tools = (int)i + 1;
+    snprintf(p, sizeof p, "%s.name", pp);
+    const json_t *name = json_object_get(fn, "name");
+    if (!json_is_string(name) || !tool_name_ok(json_string_value(name), json_string_length(name)))
+        return API_BAD(err, p, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", p);
+    for (size_t k = 0; k < i; k++)
+        if (!strcmp(r->tools[k].name, json_string_value(name)))
+            return API_BAD(err, p, "two tools are named '%s'", json_string_value(name));
+    if (str_copy(name, p, (char **)&ct->name, err)) return -1;
+    snprintf(p, sizeof p, "%s.description", pp);
+    if (opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
+    const json_t *params = field(fn, "parameters");
+    if (!params) return 0;
+    snprintf(p, sizeof p, "%s.parameters", pp);
+    if (!json_is_object(params)) return type_error(err, p, "a JSON Schema object", params);
+    if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
+    /* the schema must compile: an unsupported keyword is named now */
+    kv_error ke = {{0}};
+    char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
+    if (!g) return API_BAD(err, p, "'%s': %s", p, ke.msg);
+    free(g);
+    return 0;
+}
+
+/* tools, or the legacy functions (key "functions": the functions themselves, not wrapped). */
+static int parse_tool_list(const json_t *v, const char *key, api_request *r, api_error *err) {
+    bool legacy = !strcmp(key, "functions");
+    if (!json_is_array(v)) return type_error(err, key, "an array", v);
+    size_t n = json_array_size(v);
+    if (n > API_MAX_TOOLS)
+        return API_BAD(err, key, "'%s' has %zu tools, more than the limit of %d", key, n,
+                       API_MAX_TOOLS);
+    if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return oom(err);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(v, i);
+        char pp[64];
+        snprintf(pp, sizeof pp, "%s[%zu]", key, i);
+        if (legacy) {
+            if (parse_function(t, pp, i, r, err)) return -1;
+            continue;
         }
+        if (!json_is_object(t)) return type_error(err, pp, "an object", t);
+        const json_t *type = json_object_get(t, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return API_BAD(err, pp, "'%s.type' must be 'function'", pp);
+        snprintf(pp, sizeof pp, "tools[%zu].function", i);
+        if (parse_function(json_object_get(t, "function"), pp, i, r, err)) return -1;
     }
-    r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
-    const json_t *tc = field(root, "tool_choice");
-    if (!tc) return 0;
+    return 0;
+}
+
+/* tool_choice, or the legacy function_call ("none", "auto" or {"name"}; key says which). */
+static int parse_tool_choice(const json_t *tc, const char *key, api_request *r, api_error *err) {
+    bool legacy = !strcmp(key, "function_call");
     if (json_is_string(tc)) {
         const char *c = json_string_value(tc);
         if (!strcmp(c, "none"))
             r->tool_choice = CHAT_TOOL_NONE;
         else if (!strcmp(c, "auto"))
             r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
-        else if (!strcmp(c, "required"))
+        else if (!strcmp(c, "required") && !legacy)
             r->tool_choice = CHAT_TOOL_REQUIRED;
+        else if (legacy)
+            return API_BAD(err, key, "'%s' must be 'none', 'auto' or {\"name\": ...}, got '%.40s'",
+                           key, c);
         else
-            return API_BAD(err, "tool_choice",
-                           "'tool_choice' must be 'none', 'auto', 'required' or a function, got "
-                           "'%.40s'",
-                           c);
-    } else if (json_is_object(tc)) {
-        const json_t *fn = json_object_get(tc, "function");
-        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
-        if (!json_is_string(name))
-            return API_BAD(err, "tool_choice",
-                           "'tool_choice' must be {\"type\": \"function\", \"function\": "
-                           "{\"name\": ...}}");
-        if (str_copy(name, "tool_choice", &r->tool_choice_name, err)) return -1;
-        bool found = false;
-        for (int i = 0; i < r->n_tools; i++)
-            found |= !strcmp(r->tools[i].name, r->tool_choice_name);
-        if (!found)
-            return API_BAD(err, "tool_choice",
-                           "'tool_choice' names '%.64s', which is not in 'tools'",
-                           r->tool_choice_name);
-        r->tool_choice = CHAT_TOOL_NAMED;
-    } else {
-        return type_error(err, "tool_choice", "a string or an object", tc);
+            return API_BAD(err, key,
+                           "'%s' must be 'none', 'auto', 'required' or a function, got '%.40s'",
+                           key, c);
+        return 0;
     }
+    if (!json_is_object(tc)) return type_error(err, key, "a string or an object", tc);
+    const json_t *fn = legacy ? tc : json_object_get(tc, "function");
+    const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+    if (!json_is_string(name))
+        return API_BAD(err, key, "'%s' must be %s", key,
+                       legacy ? "{\"name\": ...}"
+                              : "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (str_copy(name, key, &r->tool_choice_name, err)) return -1;
+    bool found = false;
+    for (int i = 0; i < r->n_tools; i++) found |= !strcmp(r->tools[i].name, r->tool_choice_name);
+    if (!found)
+        return API_BAD(err, key, "'%s' names '%.64s', which is not in '%s'", key,
+                       r->tool_choice_name, legacy ? "functions" : "tools");
+    r->tool_choice = CHAT_TOOL_NAMED;
+    return 0;
+}
+
+/* tools and tool_choice, or the legacy functions and function_call that OpenAI still takes
+ * (mapped onto tools: one call per answer, given back as message.function_call). */
+static int parse_tools(const json_t *root, api_request *r, api_error *err) {
+    const json_t *tools = field(root, "tools"), *functions = field(root, "functions");
+    const json_t *choice = field(root, "tool_choice"), *call = field(root, "function_call");
+    if (tools && functions)
+        return API_BAD(err, "functions",
+                       "'functions' is the deprecated form of 'tools': give one of them");
+    if (choice && call)
+        return API_BAD(err, "function_call",
+                       "'function_call' is the deprecated form of 'tool_choice': give one of them");
+    r->legacy_functions = functions || (call && !tools);
+    r->parallel_tool_calls = !r->legacy_functions;
+    if (opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
+    if (r->legacy_functions) r->parallel_tool_calls = false; /* one function_call per answer */
+    if (tools && parse_tool_list(tools, "tools", r, err)) return -1;
+    if (functions && parse_tool_list(functions, "functions", r, err)) return -1;
+    r->tool_choice = r->n_tools > 0 ? CHAT_TOOL_AUTO : CHAT_TOOL_NONE;
+    if (choice && parse_tool_choice(choice, "tool_choice", r, err)) return -1;
+    if (call && parse_tool_choice(call, "function_call", r, err)) return -1;
     if (r->tool_choice == CHAT_TOOL_REQUIRED && r->n_tools == 0)
         return API_BAD(err, "tool_choice", "'tool_choice' is 'required' but there are no 'tools'");
     return 0;

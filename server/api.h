@@ -114,6 +114,10 @@ typedef struct api_request {
     chat_tool_choice tool_choice;
     char *tool_choice_name; /* CHAT_TOOL_NAMED */
     bool parallel_tool_calls;
+    /* The tools came as the legacy "functions" and "function_call" (OpenAI's deprecated form,
+     * still taken): one call per answer, given back as message.function_call with finish
+     * "function_call". Both forms at once are a 400. */
+    bool legacy_functions;
 } api_request;
 
 /* Parses and validates a body of len bytes (not NUL-terminated). Returns 0, or -1 with err

@@ -134,6 +134,7 @@ typedef struct eseq {
     /* the grammar's state after hist's generated tokens: preemption keeps them (it recomputes
      * their KV only), so the state needs no rollback */
     int32_t gstate;
+    chat_tool_guard *guard; /* the request's guard_calls, or NULL */
     double *pooled; /* embedding: [dim] sum (mean) or the chosen row of normed hidden states */
     detok_state ds;
     char *gen; /* everything detokenized so far (the stop-string scan reads it) */
@@ -229,6 +230,8 @@ static void eseq_destroy(engine *e, eseq *s) {
     free(s->hist);
     free(s->pos);
     free(s->gen);
+    if (s->guard) chat_tool_guard_free(s->guard);
+    free(s->guard);
     gen_request_unref(s->req);
     free(s);
 }
@@ -257,6 +260,10 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         return NULL;
     }
     detok_init(&s->ds);
+    if (r->guard_calls) {
+        if (!(s->guard = malloc(sizeof *s->guard))) goto oom;
+        chat_tool_guard_init(s->guard, r->call_format);
+    }
     if (r->pooling && !(s->pooled = calloc((size_t)e->m->hp.dim, sizeof *s->pooled))) goto oom;
     if (r->gm && (s->gstate = gmatch_start(r->gm)) < 0) {
         kv_fail(err, "the grammar is too complex to match");
@@ -412,6 +419,23 @@ static int64_t detok_finish(eseq *s) {
     return (int64_t)s->gen_len;
 }
 
+/* The call guard on s's text (released up to release_end so far): returns how far it may be
+ * released, and on a repeated call cuts the text after the calls before it, closes them as the
+ * format does and sets *ended. -1 when out of memory. */
+static int64_t guard_step(eseq *s, int64_t release_end, bool *ended) {
+    size_t release, cut;
+    int rc = chat_tool_guard_scan(s->guard, s->gen, s->gen_len, &release, &cut);
+    if (rc < 0) return -1;
+    if (rc == 0) return (int64_t)release < release_end ? (int64_t)release : release_end;
+    const char *close = chat_tools_closing(s->req->call_format);
+    s->gen_len = cut;
+    if (gen_reserve(s, strlen(close))) return -1;
+    memcpy(s->gen + s->gen_len, close, strlen(close) + 1);
+    s->gen_len += strlen(close);
+    *ended = true;
+    return (int64_t)s->gen_len;
+}
+
 /* Publishes s's text up to release_end and the token's logprob (none for an end-of-generation
  * token) to its reader, under the request's mutex; the request's first token sets its TTFT.
  * -1 when out of memory. */
@@ -437,8 +461,8 @@ static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logpr
 }
 
 /* Appends token t (with its logprob) to s's history and publishes the text that became safe to
- * release; ends s on a stop, a complete grammar, its length limit, or an error. Returns true
- * when s ended. */
+ * release; ends s on a stop, a repeated tool call, a complete grammar, its length limit, or an
+ * error. Returns true when s ended. */
 static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
     gen_request *r = s->req;
     if (hist_push(s, t)) {
@@ -452,6 +476,8 @@ static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
 
     bool eog = !r->ignore_eos && tokenizer_is_eog(e->m->tok, t), stopped = false;
     int64_t release_end = eog ? (int64_t)s->emitted : detok_step(e, s, t, &stopped);
+    if (release_end >= 0 && !eog && !stopped && s->guard)
+        release_end = guard_step(s, release_end, &stopped);
     gen_finish fin = eog || stopped ? GEN_FINISH_STOP : GEN_RUNNING;
     if (fin == GEN_RUNNING && r->gm && gmatch_is_final(r->gm, s->gstate)) fin = GEN_FINISH_STOP;
     if (fin == GEN_RUNNING && (s->n_gen >= r->max_tokens || s->n_hist >= e->o.ctx))

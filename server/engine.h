@@ -78,6 +78,10 @@ typedef struct gen_request {
     grammar *grammar;
     gmatch *gm;
     bool jump_forward;
+    /* Tool calls in this format are guarded (chat_tool_guard): a call that repeats an earlier
+     * one of the answer ends it instead, after the calls before it (stop). */
+    bool guard_calls;
+    chat_tool_format call_format;
     /* Embedding (max_tokens 0, one choice): the prompt's final hidden states (after the output
      * norm) pooled, L2-normalized into embedding (malloc'd [dim] by the submitter, written before
      * the choice finishes); the sequence keeps no KV afterwards and stores nothing in the cache. */

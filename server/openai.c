@@ -193,6 +193,7 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->top_logprobs = rq->top_logprobs;
     j->include_usage = rq->include_usage;
     j->tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    j->legacy = rq->legacy_functions;
     j->call_salt = (uint32_t)random_u64();
     uint64_t idv = random_u64();
     snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
@@ -322,6 +323,9 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     if (stop_set_init(&r->stops, (const char *const *)rq->stops, rq->n_stops, &ke))
         return fail_400(err, "stop", NULL, ke.msg);
     bool tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
+    /* a call repeating one the answer already made ends the turn instead (chat_tool_guard) */
+    r->guard_calls = tools;
+    r->call_format = s->m->chat.tools;
     return rq->gbnf || tools ? request_grammar(s, r, rq, err) : 0;
 }
 
@@ -651,7 +655,8 @@ void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
 
 /* A chat answer under tools: its calls (finish "tool_calls") when it is complete calls; the
  * calls so far when max_tokens cut it inside them (finish "length", the last call's arguments
- * cut short), as the streamed form has sent them; else its text as content. */
+ * cut short), as the streamed form has sent them; else its text as content. Legacy functions
+ * get the call as function_call (finish "function_call"), as OpenAI answers them. */
 static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
     const char *text = c->text ? c->text : "";
     chat_tool_parser tp;
@@ -687,13 +692,16 @@ static json_t *tools_message(const job *j, int index, const gen_choice *c, const
             }
         }
     } while (n == 16);
-    if (!content && tp.mode == 2 && json_array_size(calls) > 0) {
-        if (tp.complete && c->finish == GEN_FINISH_STOP) {
-            *finish = "tool_calls";
+    bool done = tp.complete && c->finish == GEN_FINISH_STOP;
+    if (!content && tp.mode == 2 && json_array_size(calls) > 0 &&
+        (done || c->finish == GEN_FINISH_LENGTH)) {
+        if (done) *finish = j->legacy ? "function_call" : "tool_calls";
+        if (!j->legacy)
             return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
-        }
-        if (c->finish == GEN_FINISH_LENGTH)
-            return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "tool_calls", calls);
+        /* legacy functions: the one call, without its id and type */
+        json_t *fn = json_incref(json_object_get(json_array_get(calls, 0), "function"));
+        json_decref(calls);
+        return json_pack("{s:s,s:n,s:o}", "role", "assistant", "content", "function_call", fn);
     }
     json_decref(calls);
     return json_pack("{s:s,s:s%}", "role", "assistant", "content", text, c->len);

@@ -28,6 +28,7 @@ typedef struct job {
     void *wake_arg;
     char request_id[HTTP_REQUEST_ID_MAX]; /* for the log */
     bool tools;                           /* chat with tools: answers are parsed into tool calls */
+    bool legacy;                          /* ... given back as function_call (legacy functions) */
     uint32_t call_salt;                   /* tool call ids: call_<salt><choice><call> */
     chat_tool_parser *tp;                 /* streaming, per choice */
     char **acc;                           /* streaming with tools, per choice: the text so far */

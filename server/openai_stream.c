@@ -155,6 +155,13 @@ static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const cha
             json_t *c;
             if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
                 c = choice_delta(j, index, ev[k].s, ev[k].n, NULL, NULL);
+            } else if (j->legacy) { /* function_call: the name, then argument pieces */
+                json_t *fn =
+                    ev[k].kind == CHAT_TOOL_EVENT_CALL
+                        ? json_pack("{s:s%,s:s}", "name", ev[k].s, ev[k].n, "arguments", "")
+                        : json_pack("{s:s%}", "arguments", ev[k].s, ev[k].n);
+                c = json_pack("{s:i,s:{s:o},s:n,s:n}", "index", index, "delta", "function_call", fn,
+                              "logprobs", "finish_reason");
             } else {
                 json_t *call;
                 if (ev[k].kind == CHAT_TOOL_EVENT_CALL) {
@@ -180,7 +187,9 @@ static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const cha
  * OpenAI streams them (delta.tool_calls: index, id, type and name first, then argument pieces)
  * and anything else as content; the finish is "tool_calls" after complete calls. An answer that
  * max_tokens cut inside its calls ends with the calls so far: the unfinished syntax after them is
- * held back, not sent as content (the whole answer's form, tools_message, does the same). */
+ * held back, not sent as content (the whole answer's form, tools_message, does the same). Legacy
+ * functions stream as delta.function_call (the name, then argument pieces), finish
+ * "function_call". */
 static int stream_tools(job *j, int index, const choice_news *nw) {
     size_t len = j->acc_len[index];
     char *acc = realloc(j->acc[index], len + nw->len + 1);
@@ -197,7 +206,7 @@ static int stream_tools(job *j, int index, const choice_news *nw) {
     if (!final) return 0;
     const char *finish = job_finish_name(nw->finish);
     if (tp->mode == 2 && tp->complete && tp->n_calls > 0 && nw->finish == GEN_FINISH_STOP)
-        finish = "tool_calls";
+        finish = j->legacy ? "function_call" : "tool_calls";
     return emit(j, chunk(j, json_pack("[o]", choice_delta(j, index, "", 0, NULL, finish))));
 }
 

@@ -121,6 +121,22 @@ def test_streamed_calls_equal_whole(client, server, choice):
         [(t.function.name, t.function.arguments) for t in whole]
 
 
+def test_a_forced_call_is_not_repeated(client, server):
+    """tool_choice "required" at temperature 0: the model would call get_weather for Paris again
+    and again until max_tokens cut the third copy; a call equal to one the answer already made
+    ends the turn instead (finish "tool_calls", the calls before it), streamed or whole."""
+    kw = dict(model=server.model_id, messages=ASK, tools=TOOLS[:1], tool_choice="required",
+              max_tokens=100, temperature=0)
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls", c
+    check_calls(c.message.tool_calls)
+    calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+    assert len(set(calls)) == len(calls), calls
+    streamed, finish = stream_calls(client, **kw)
+    assert finish == "tool_calls"
+    assert [(x["name"], x["args"]) for x in streamed] == calls
+
+
 def test_auto_and_none_answer(client, server):
     for choice in ("auto", "none"):
         r = client.chat.completions.create(model=server.model_id, messages=ASK, tools=TOOLS,
@@ -150,6 +166,34 @@ def test_conversation_with_a_tool_result(client, server):
     assert r.choices[0].message.content
 
 
+CALL_1 = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
+
+
+@pytest.mark.parametrize("msgs,param,words", [
+    (ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "18"}], "messages[1].role",
+     "messages with role 'tool' must be a response to a preceeding message with 'tool_calls'"),
+    (ASK + [CALL_1, {"role": "tool", "tool_call_id": "call_2", "content": "18"}],
+     "messages[2].tool_call_id", "'tool_call_id' of 'call_2' not found in 'tool_calls'"),
+    (ASK + [CALL_1] + ASK, "messages[1].role",
+     "The following tool_call_ids did not have response messages: call_1"),
+])
+def test_tool_turns_must_answer_calls(client, server, msgs, param, words):
+    """A tool message answers a call of the assistant message right before it, and every call
+    gets its result: otherwise a 400 naming the message, in OpenAI's words."""
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=2)
+    err = e.value.body
+    assert err["param"] == param, err
+    assert words in err["message"], err
+    # answered, the same conversation goes on
+    ok = ASK + [CALL_1, {"role": "tool", "tool_call_id": "call_1", "content": "18"}]
+    r = client.chat.completions.create(model=server.model_id, messages=ok, max_tokens=2)
+    assert r.choices[0].finish_reason == "length"
+
+
 @pytest.mark.parametrize("body,param", [
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]},
      "tools[0].function.name"),
@@ -160,12 +204,40 @@ def test_conversation_with_a_tool_result(client, server):
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "tool_choice"),
     ({"tools": [{"type": "retrieval"}]}, "tools[0]"),
+    ({"tools": TOOLS, "functions": [t["function"] for t in TOOLS]}, "functions"),
+    ({"tools": TOOLS, "tool_choice": "auto", "function_call": "auto"}, "function_call"),
+    ({"functions": [{"name": "bad name"}]}, "functions[0].name"),
+    ({"functions": [t["function"] for t in TOOLS], "function_call": "required"},
+     "function_call"),
 ])
 def test_bad_tools_are_400(server, body, param):
     status, r = server.post_json("/v1/chat/completions",
                                  {"model": server.model_id, "messages": ASK, **body})
     assert status == 400, r
     assert r["error"]["param"] == param, r
+
+
+def test_legacy_functions_answer_as_function_call(client, server):
+    """functions and function_call, OpenAI's deprecated form of tools and tool_choice, still
+    work as OpenAI answers them: one call, as message.function_call with finish "function_call",
+    streamed as delta.function_call."""
+    kw = dict(model=server.model_id, messages=ASK, functions=[t["function"] for t in TOOLS],
+              function_call={"name": "get_weather"}, max_tokens=60, temperature=0)
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "function_call", c
+    assert c.message.tool_calls is None and c.message.content is None, c.message
+    fc = c.message.function_call
+    assert fc.name == "get_weather"
+    jsonschema.validate(json.loads(fc.arguments), WEATHER)
+    name, args, finish = None, "", None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        d = ch.choices[0].delta
+        assert not d.tool_calls and not d.content, d
+        if d.function_call:
+            name = name or d.function_call.name
+            args += d.function_call.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    assert (name, args, finish) == (fc.name, fc.arguments, "function_call")
 
 
 # ---------------------------------------------------------------- per-family tool formats
@@ -240,7 +312,8 @@ def test_family_template_refusals_are_400(family):
     two_calls = ASK + [{"role": "assistant", "content": None, "tool_calls": [
         {"id": f"call_{i}", "type": "function",
          "function": {"name": "get_time", "arguments": json.dumps({"tz": "UTC"})}}
-        for i in range(2)]}]
+        for i in range(2)]}] + [
+        {"role": "tool", "tool_call_id": f"call_{i}", "content": "12:00"} for i in range(2)]
     status, r = server.post_json("/v1/chat/completions", {
         "model": server.model_id, "messages": two_calls, "tools": TOOLS, "max_tokens": 5})
     if name == "llama3.1":

@@ -456,7 +456,7 @@ Test(api, tool_turns_kept) {
              "\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
              "\"{\\\"a\\\": 1}\"}},{\"id\":\"c2\",\"function\":{\"name\":\"put\"}}]},"
              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"sunny\"},"
-             "{\"role\":\"tool\",\"tool_call_id\":\"c9\",\"name\":\"lookup\",\"content\":\"?\"}],"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"name\":\"lookup\",\"content\":\"?\"}],"
              "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\","
              "\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
              "\"integer\"}}}}}],\"tool_choice\":\"required\"}",
@@ -473,7 +473,7 @@ Test(api, tool_turns_kept) {
     cr_assert_str_eq(t->content, "sunny");
     cr_assert_str_eq(t->tool_call_id, "c1");
     cr_assert_null(t->name, "not given: the template looks the call up by its id");
-    cr_assert_str_eq(r.messages[3].tool_call_id, "c9");
+    cr_assert_str_eq(r.messages[3].tool_call_id, "c2");
     cr_assert_str_eq(r.messages[3].name, "lookup");
     cr_assert_eq(r.n_tools, 1);
     cr_assert_eq(r.tool_choice, CHAT_TOOL_REQUIRED);
@@ -493,17 +493,112 @@ Test(api, tool_calls_bad) {
          "messages[0].tool_calls[0].function.arguments", "must be a string (JSON text)");
     fail(API_CHAT, ASSISTANT_CALL("{\"id\":7,\"function\":{\"name\":\"f\"}}"),
          "messages[0].tool_calls[0].id", "must be a string");
-    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"f\"}}, 3"),
+    fail(API_CHAT, ASSISTANT_CALL("{\"id\":\"c\",\"function\":{\"name\":\"f\"}}, 3"),
          "messages[0].tool_calls[1]", "must be an object");
+    fail(API_CHAT, ASSISTANT_CALL("{\"function\":{\"name\":\"f\"}}"),
+         "messages[0].tool_calls[0].id", "is required: tool messages answer it");
 #undef ASSISTANT_CALL
     /* an empty argument string is an empty object, as before */
     api_request r;
     parse_ok(API_CHAT,
              "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{"
-             "\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]}]}",
+             "\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"\"}}]},"
+             "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}]}",
              &r);
     cr_assert_str_eq(r.messages[0].tool_calls[0].arguments, "");
     api_request_free(&r);
+}
+
+/* A tool message answers a call of the assistant message right before it (or before the other
+ * results of its calls), by id, once; every call gets its result before the conversation goes
+ * on. OpenAI's words, with the message at fault as the param. */
+Test(api, tool_turns_checked) {
+#define CONV(msgs) "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}," msgs "]}"
+#define CALLS(ids) "{\"role\":\"assistant\",\"tool_calls\":[" ids "]}"
+#define CALL(id) "{\"id\":\"" id "\",\"function\":{\"name\":\"f\"}}"
+#define RESULT(id) "{\"role\":\"tool\",\"tool_call_id\":\"" id "\",\"content\":\"r\"}"
+#define USER "{\"role\":\"user\",\"content\":\"u\"}"
+    fail(API_CHAT, CONV(RESULT("c1")), "messages[1].role",
+         "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+         "message with 'tool_calls'.");
+    fail(API_CHAT, CONV(CALLS(CALL("c1")) "," RESULT("c1") "," USER "," RESULT("c1")),
+         "messages[4].role", "must be a response to a preceeding message");
+    fail(API_CHAT, CONV(CALLS(CALL("c1")) "," RESULT("c2")), "messages[2].tool_call_id",
+         "Invalid parameter: 'tool_call_id' of 'c2' not found in 'tool_calls' of previous "
+         "message.");
+    fail(API_CHAT, CONV(CALLS(CALL("c1") "," CALL("c2")) "," RESULT("c1") "," RESULT("c1")),
+         "messages[3].tool_call_id", "'c1' was already answered by messages[2]");
+    fail(API_CHAT, CONV(CALLS(CALL("c1") "," CALL("c2") "," CALL("c3")) "," RESULT("c2")),
+         "messages[1].role",
+         "An assistant message with 'tool_calls' must be followed by tool messages responding "
+         "to each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+         "c1, c3");
+    fail(API_CHAT, CONV(CALLS(CALL("c1")) "," USER), "messages[1].role",
+         "did not have response messages: c1");
+    fail(API_CHAT, CONV("{\"role\":\"tool\",\"content\":\"r\"}"), "messages[1].tool_call_id",
+         "is required for role 'tool'");
+    /* results in any order, then the conversation goes on, with more calls */
+    api_request r;
+    parse_ok(API_CHAT,
+             CONV(CALLS(CALL("c1") "," CALL("c2")) "," RESULT("c2") "," RESULT(
+                 "c1") "," USER "," CALLS(CALL("c3")) "," RESULT("c3")),
+             &r);
+    api_request_free(&r);
+#undef CONV
+#undef CALLS
+#undef CALL
+#undef RESULT
+#undef USER
+}
+
+/* OpenAI's deprecated functions / function_call are tools / tool_choice: one call per answer,
+ * given back in the legacy shape; both forms at once name the legacy field. */
+Test(api, legacy_functions_are_tools) {
+    api_request r;
+    parse_ok(API_CHAT,
+             chat_with(",\"functions\":[{\"name\":\"get\",\"description\":\"d\","
+                       "\"parameters\":{\"type\":\"object\"}},{\"name\":\"put\"}],"
+                       "\"function_call\":{\"name\":\"put\"}"),
+             &r);
+    cr_assert_eq(r.n_tools, 2);
+    cr_assert_str_eq(r.tools[0].name, "get");
+    cr_assert_str_eq(r.tools[0].description, "d");
+    cr_assert_not_null(r.tools[0].parameters);
+    cr_assert_str_eq(r.tools[1].name, "put");
+    cr_assert_eq(r.tool_choice, CHAT_TOOL_NAMED);
+    cr_assert_str_eq(r.tool_choice_name, "put");
+    cr_assert(r.legacy_functions);
+    cr_assert_not(r.parallel_tool_calls, "a legacy answer holds one function_call");
+    api_request_free(&r);
+    const char *choices[] = {"\"none\"", "\"auto\""};
+    const chat_tool_choice want[] = {CHAT_TOOL_NONE, CHAT_TOOL_AUTO};
+    for (int i = 0; i < 2; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, ",\"functions\":[{\"name\":\"f\"}],\"function_call\":%s",
+                 choices[i]);
+        parse_ok(API_CHAT, chat_with(extra), &r);
+        cr_assert_eq(r.tool_choice, want[i]);
+        api_request_free(&r);
+    }
+    parse_ok(API_CHAT,
+             chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"), &r);
+    cr_assert_not(r.legacy_functions);
+    api_request_free(&r);
+    fail(API_CHAT,
+         chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                   "\"functions\":[{\"name\":\"f\"}]"),
+         "functions", "deprecated form of 'tools'");
+    fail(API_CHAT,
+         chat_with(",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+                   "\"tool_choice\":\"auto\",\"function_call\":\"auto\""),
+         "function_call", "deprecated form of 'tool_choice'");
+    fail(API_CHAT, chat_with(",\"functions\":[{\"name\":\"f\"}],\"function_call\":\"required\""),
+         "function_call", "must be 'none', 'auto' or {\"name\": ...}");
+    fail(API_CHAT,
+         chat_with(",\"functions\":[{\"name\":\"f\"}],\"function_call\":{\"name\":\"g\"}"),
+         "function_call", "names 'g', which is not in 'functions'");
+    fail(API_CHAT, chat_with(",\"functions\":[{\"name\":\"f\",\"parameters\":3}]"),
+         "functions[0].parameters", "must be a JSON Schema object");
 }
 
 Test(api, image_part) {

@@ -492,3 +492,167 @@ Test(chat_tools, render_errors) {
     cr_assert_null(chat_render(&t, sys, 1, &tool, 1, true, "", &err));
     cr_assert(strstr(err.msg, "first user message"), "%s", err.msg);
 }
+
+/* ---------------------------------------------------------------- repeated calls */
+
+typedef struct guarded {
+    int repeat;     /* the scan's verdict at the end (1: a call repeated an earlier one) */
+    size_t cut;     /* where the answer was cut */
+    size_t release; /* the most ever released */
+    size_t fed;     /* bytes fed when it ended */
+} guarded;
+
+/* Feeds text to a guard `step` bytes at a time, as the engine does token by token; checks that
+ * what is released never shrinks; stops at a repeat. */
+static guarded guard_pieces(chat_tool_format f, const char *text, size_t step) {
+    chat_tool_guard g;
+    chat_tool_guard_init(&g, f);
+    guarded r = {0};
+    size_t len = strlen(text);
+    for (size_t have = 0; have < len;) {
+        have = have + step < len ? have + step : len;
+        size_t release, cut;
+        r.repeat = chat_tool_guard_scan(&g, text, have, &release, &cut);
+        cr_assert_geq(r.repeat, 0);
+        cr_assert_geq(release, r.release, "released text is never taken back");
+        cr_assert_leq(release, have);
+        r.release = release;
+        r.fed = have;
+        if (r.repeat) {
+            r.cut = cut;
+            break;
+        }
+    }
+    chat_tool_guard_free(&g);
+    return r;
+}
+
+/* The answer cut where the guard said, with the format's closing: complete calls, the first
+ * n_calls of text's. */
+static void check_cut(chat_tool_format f, const char *text, size_t cut, int n_calls) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%.*s%s", (int)cut, text, chat_tools_closing(f));
+    chat_tool_parser p;
+    chat_tool_parser_init(&p, f);
+    chat_tool_event ev[16];
+    while (chat_tools_parse(&p, buf, strlen(buf), true, ev, 16) == 16) {
+    }
+    cr_assert(p.complete, "cut answer '%s' is complete calls", buf);
+    cr_assert_eq(p.n_calls, n_calls, "'%s'", buf);
+}
+
+#define CALL_A "<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"
+#define CALL_B "<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>"
+#define CALL_C "<tool_call>{\"name\": \"put\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"
+
+Test(chat_tools, a_repeated_call_ends_the_answer_after_the_calls_before_it) {
+    const char *text = CALL_A "\n" CALL_B "\n" CALL_A "\n" CALL_C;
+    size_t two = strlen(CALL_A "\n" CALL_B);
+    for (size_t step = 1; step <= 7; step++) {
+        guarded r = guard_pieces(CHAT_TOOLS_GENERIC, text, step);
+        cr_assert_eq(r.repeat, 1, "step %zu", step);
+        cr_assert_eq(r.cut, two, "cut after the two calls before the repeat (step %zu)", step);
+        cr_assert_leq(r.release, two, "the repeat was never released (step %zu)", step);
+        cr_assert_lt(r.fed, strlen(text) - strlen(CALL_C), "it ends as soon as the repeat does");
+        check_cut(CHAT_TOOLS_GENERIC, text, r.cut, 2);
+    }
+}
+
+Test(chat_tools, calls_that_differ_are_released_as_soon_as_they_differ) {
+    /* the same arguments under another name, another city under the same name */
+    const char *text = CALL_A "\n" CALL_C "\n" CALL_B;
+    guarded r = guard_pieces(CHAT_TOOLS_GENERIC, text, 1);
+    cr_assert_eq(r.repeat, 0);
+    cr_assert_eq(r.release, strlen(text));
+    /* a second call is held back while it could still be the first one again */
+    chat_tool_guard g;
+    chat_tool_guard_init(&g, CHAT_TOOLS_GENERIC);
+    const char *held = CALL_A "\n<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"Pa";
+    size_t release, cut;
+    cr_assert_eq(chat_tool_guard_scan(&g, held, strlen(held), &release, &cut), 0);
+    cr_assert_eq(release, strlen(CALL_A), "held from the end of the first call");
+    const char *differs = CALL_A "\n<tool_call>{\"name\": \"get\", \"arguments\": {\"city\": \"Pas";
+    cr_assert_eq(chat_tool_guard_scan(&g, differs, strlen(differs), &release, &cut), 0);
+    cr_assert_eq(release, strlen(differs), "released once it differs");
+    chat_tool_guard_free(&g);
+    /* content is never held */
+    r = guard_pieces(CHAT_TOOLS_GENERIC, "It is sunny. It is sunny.", 2);
+    cr_assert_eq(r.repeat, 0);
+    cr_assert_eq(r.release, strlen("It is sunny. It is sunny."));
+}
+
+Test(chat_tools, repeats_in_every_format_with_several_calls) {
+    const struct {
+        chat_tool_format f;
+        const char *text;
+        size_t cut; /* bytes of the calls before the repeat */
+    } cases[] = {
+        {CHAT_TOOLS_HERMES,
+         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+         strlen("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>")},
+        /* Mistral's ids differ; the name and arguments decide, before the id is generated */
+        {CHAT_TOOLS_MISTRAL,
+         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcdefghi\"}, "
+         "{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"zzzzzzzzz\"}]",
+         strlen(
+             "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}, \"id\": \"abcdefghi\"}")},
+        {CHAT_TOOLS_MISTRAL_V3,
+         "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}, "
+         "{\"name\": \"g\", \"arguments\": {}, \"id\": \"bcdefghij\"}, "
+         "{\"name\": \"f\", \"arguments\": {}, \"id\": \"cdefghijk\"}]",
+         strlen("[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {}, \"id\": \"abcdefghi\"}, "
+                "{\"name\": \"g\", \"arguments\": {}, \"id\": \"bcdefghij\"}")},
+        {CHAT_TOOLS_MISTRAL_V7,
+         "[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{\"a\": [1, 2]}"
+         "[TOOL_CALLS]f[CALL_ID]bcdefghij[ARGS]{\"a\": [1, 2]}",
+         strlen("[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{\"a\": [1, 2]}")},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        for (size_t step = 1; step <= 5; step += 4) {
+            guarded r = guard_pieces(cases[i].f, cases[i].text, step);
+            cr_assert_eq(r.repeat, 1, "%s step %zu", chat_tools_format_name(cases[i].f), step);
+            cr_assert_eq(r.cut, cases[i].cut, "%s", chat_tools_format_name(cases[i].f));
+            cr_assert_leq(r.release, r.cut);
+            int n = cases[i].f == CHAT_TOOLS_MISTRAL_V3 ? 2 : 1;
+            check_cut(cases[i].f, cases[i].text, r.cut, n);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- tool turns */
+
+Test(chat_tools, tool_turns_answer_the_calls_right_before_them) {
+    const chat_tool_call two[] = {{.id = "a", .name = "f"}, {.id = "b", .name = "f"}};
+    const chat_message user = {.role = "user", .content = "q"};
+    const chat_message calls = {.role = "assistant", .tool_calls = two, .n_tool_calls = 2};
+    const chat_message ra = {.role = "tool", .content = "1", .tool_call_id = "a"};
+    const chat_message rb = {.role = "tool", .content = "2", .tool_call_id = "b"};
+    const chat_message rx = {.role = "tool", .content = "?", .tool_call_id = "x"};
+    const chat_message no_id = {.role = "tool", .content = "?"};
+    const struct {
+        chat_message m[6];
+        int n;
+        chat_turn_check want;
+    } cases[] = {
+        {{user, calls, rb, ra, user}, 5, {CHAT_TURNS_OK, -1, -1, -1}},
+        {{user, ra}, 2, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 1, -1, -1}},
+        {{ra, user}, 2, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 0, -1, -1}},
+        {{user, calls, ra, rb, user, rb}, 6, {CHAT_TURNS_RESULT_WITHOUT_CALLS, 5, -1, -1}},
+        {{user, calls, ra, rx}, 4, {CHAT_TURNS_UNKNOWN_ID, 3, -1, -1}},
+        {{user, calls, no_id}, 3, {CHAT_TURNS_UNKNOWN_ID, 2, -1, -1}},
+        {{user, calls, rb, ra, rb}, 5, {CHAT_TURNS_ANSWERED_TWICE, 4, 1, 2}},
+        {{user, calls, rb, user}, 4, {CHAT_TURNS_UNANSWERED, 1, 0, -1}},
+        {{user, calls, ra}, 3, {CHAT_TURNS_UNANSWERED, 1, 1, -1}},
+        {{user, calls}, 2, {CHAT_TURNS_UNANSWERED, 1, 0, -1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        chat_turn_check got;
+        cr_assert_eq(chat_check_tool_turns(cases[i].m, cases[i].n, &got), cases[i].want.problem,
+                     "case %zu", i);
+        cr_assert_eq(got.problem, cases[i].want.problem, "case %zu", i);
+        cr_assert_eq(got.msg, cases[i].want.msg, "case %zu: msg %d", i, got.msg);
+        cr_assert_eq(got.call, cases[i].want.call, "case %zu: call %d", i, got.call);
+        cr_assert_eq(got.other, cases[i].want.other, "case %zu", i);
+    }
+}
