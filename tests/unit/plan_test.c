@@ -220,3 +220,79 @@ Test(plan, lossy_records_are_never_keyed) {
     plan_req_free(&pr);
     planner_destroy(p);
 }
+
+/* ---------------------------------------------------------------- blend's content records */
+
+static const char *PASS_X =
+    "The licenses for most software and other practical works are designed\n"
+    "to take away your freedom to share and change the works. By contrast,\n"
+    "the GNU General Public License is intended to guarantee your freedom to\n"
+    "share and change all versions of a program--to make sure it remains free\n";
+static const char *PASS_Y =
+    "When we speak of free software, we are referring to freedom, not\n"
+    "price. Our General Public Licenses are designed to make sure that you\n";
+static const char *PASS_Z =
+    "To protect your rights, we need to prevent others from denying you\n"
+    "these rights or asking you to surrender the rights. Therefore, you have\n";
+
+/* Plans, "computes" and stores the content of the prompt of the given texts, joined; returns
+ * the tokens it blended. */
+static int blend_prompt(planner *p, const char *const *texts, int n_texts) {
+    char buf[2048] = "";
+    for (int i = 0; i < n_texts; i++) strcat(buf, texts[i]);
+    kv_error err = {{0}};
+    int32_t *ids = NULL;
+    int n = tokenizer_encode(g_m->tok, buf, strlen(buf), false, false, &ids, &err);
+    cr_assert_gt(n, 0, "%s", err.msg);
+    plan_req pr;
+    plan_req_init(&pr);
+    pr.blend = PLAN_BLEND_ON;
+    pr.blend_ratio = 0.5f;
+    cr_assert_eq(plan_prepare(p, &pr, &g_ns, ids, n, false, false, 0, false), 0);
+    plan_seq ps;
+    kv_seq kv;
+    kv_seq_init(&kv);
+    cr_assert_eq(plan_seq_init(&ps, &pr), 0);
+    plan_reuse(p, &ps, &pr, &kv, ids, n, n, true, false, 0);
+    int blended = 0;
+    for (int i = 0; i < ps.n_spans; i++) blended += ps.spans[i].n;
+    cr_assert_eq(kv_seq_reserve(g_pool, &kv, n, &err), 0, "%s", err.msg);
+    kv.n_tokens = n;
+    plan_store_content(p, &ps, &pr, &kv, ids, n, true);
+    drop(&ps, &kv);
+    plan_req_free(&pr);
+    free(ids);
+    return blended;
+}
+
+static int64_t content_entries(planner *p) {
+    cache_tier_stats st;
+    content_store_stats(planner_content(p), &st);
+    return st.entries;
+}
+
+Test(plan, content_records_stop_where_blended_kv_starts) {
+    kv_error err = {{0}};
+    plan_opts o = {.chunk_tokens = CHUNK, .blend_bytes = 64 << 20, .blend_ratio = 0.15f};
+    planner *p = planner_create(g_m, g_b, g_pool, &o, &err);
+    cr_assert_not_null(p, "%s", err.msg);
+    /* X alone: every chunk of it kept */
+    cr_expect_eq(blend_prompt(p, (const char *[]){PASS_X}, 1), 0);
+    int64_t x = content_entries(p);
+    cr_assert_gt(x, 1);
+    /* Y, X, Z: Y computed before any blended token is kept; X is blended; Z attended to the
+     * blended X and is not kept */
+    cr_expect_gt(blend_prompt(p, (const char *[]){PASS_Y, PASS_X, PASS_Z}, 3), 32);
+    int64_t yxz = content_entries(p);
+    cr_expect_gt(yxz, x, "Y's chunks are kept");
+    /* so a prompt of Z then X blends X alone, and one of Y then X blends both */
+    int only_x = blend_prompt(p, (const char *[]){PASS_Z, PASS_X, "Question?\n"}, 3);
+    int y_and_x = blend_prompt(p, (const char *[]){PASS_Y, PASS_X, "Question?\n"}, 3);
+    int32_t *ids = NULL;
+    int n_x = tokenizer_encode(g_m->tok, PASS_X, strlen(PASS_X), false, false, &ids, &err);
+    free(ids);
+    cr_expect_leq(only_x, n_x, "Z was kept");
+    cr_expect_gt(only_x, n_x / 2);
+    cr_expect_gt(y_and_x, n_x, "Y was not kept");
+    planner_destroy(p);
+}
