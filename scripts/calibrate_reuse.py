@@ -129,9 +129,17 @@ def main():
     ap.add_argument("--ratios", default="0.05,0.15,0.3,0.5,0.8")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--out", default="", help="default: MODEL.kvquality.json")
+    ap.add_argument("--plot", default="", help="draw the blend frontier here (PNG)")
+    ap.add_argument("--replot", default="",
+                    help="draw the frontier of this calibration file, measuring nothing")
     ap.add_argument("--level-prompts", type=int, default=8,
                     help="prompts the KV encodings are measured on (0: not measured)")
     args = ap.parse_args()
+    if args.replot:
+        with open(args.replot, encoding="utf-8") as f:
+            doc = json.load(f)
+        draw(doc, args.plot or args.replot[:-len(".json")] + ".png")
+        return
     out = args.out or args.model + ".kvquality.json"
     methods = [m for m in blend.methods_for(args.policies.split(","),
                                             [float(r) for r in args.ratios.split(",")])
@@ -203,6 +211,15 @@ def main():
         print(f"| {lv} (exact prefix from disk) | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
               f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
     print(f"\nwritten: {out}")
+    if args.plot:
+        draw(doc, args.plot)
+
+
+def draw(doc, path):
+    blend.plot_points([p for p in doc["points"] if p["method"] == "blend"], doc["floor"]["kl"],
+                      path, title=f"{doc['model']}: blend against full prefill "
+                                  f"({doc['prompts']} prompts)")
+    print(f"frontier drawn in {path}")
 
 
 if __name__ == "__main__":

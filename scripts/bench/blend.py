@@ -288,27 +288,37 @@ def summary(rows, full_t):
 
 
 def plot(table, path):
-    """The frontier: first-token KL against TTFT speed-up per policy, the floor as a line."""
-    import matplotlib
+    """The frontier of a bench run's table (plot_points)."""
+    points = [{"policy": k.split(" ")[0], "kl": v["kl"], "speedup": v["speedup"]}
+              for k, v in table.items() if k.split(" ")[0] in POLICIES and not k.endswith(" 100%")]
+    full = table.get("full reuse (0%)")
+    plot_points(points, table["full prefill, f32"]["kl"], path,
+                (full["speedup"], full["kl"]) if full else None)
+
+
+def plot_points(points, floor_kl, path, full_reuse=None, title=""):
+    """The frontier: first-token KL against TTFT speed-up per policy (points: dicts with policy,
+    kl, speedup), the floor and the floor budget's bound (2x) as lines."""
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit("the plot needs matplotlib: python3 -m pip install matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for pol in POLICIES:
-        pts = sorted((v["speedup"], v["kl"]) for k, v in table.items() if k.startswith(pol + " ")
-                     and not k.endswith(" 100%"))
+        pts = sorted((p["speedup"], p["kl"]) for p in points if p["policy"] == pol)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=pol)
-    if "full reuse (0%)" in table:
-        v = table["full reuse (0%)"]
-        ax.plot([v["speedup"]], [v["kl"]], "kx", label="full reuse")
-    floor = table["full prefill, f32"]["kl"]
-    ax.axhline(floor, color="grey", ls="--", label="floor (rounding only)")
-    ax.axhline(2 * floor, color="grey", ls=":", label="2x floor (--reuse-quality floor)")
+    if full_reuse:
+        ax.plot([full_reuse[0]], [full_reuse[1]], "kx", label="full reuse")
+    ax.axhline(floor_kl, color="grey", ls="--", label="floor (rounding only)")
+    ax.axhline(2 * floor_kl, color="grey", ls=":", label="2x floor (--reuse-quality floor)")
     ax.set_xlabel("TTFT speed-up over full prefill")
-    ax.set_ylabel("first-token KL vs full prefill")
+    ax.set_ylabel("first-token KL against full prefill")
     ax.set_yscale("log")
     ax.legend(fontsize=8)
-    ax.set_title("blend: quality against speed per selection policy")
+    ax.set_title(title or "blend: quality against speed per selection policy")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
