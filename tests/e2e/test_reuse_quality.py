@@ -219,3 +219,22 @@ def test_a_check_gives_way_to_client_requests(start_server, tmp_dir, model_ident
     # while clients kept the engine busy no check ran to its end
     assert during["sampled"] == 2 and during["checked"] == 0, during
     wait_checked(srv, 2)  # idle: both ran
+
+
+def test_the_default_server_reuses_reordered_passages_as_its_budget_says(server):
+    # the server as `make run` starts it, the default model's calibration beside it
+    q = server.get_json("/health")["reuse_quality"]
+    blend = q["methods"]["blend"]
+    c, m = server.client(), server.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    msgs = rag([2, 0, 1], "Who has responsibilities?")
+    full, _ = ask(c, m, msgs, cache=False)
+    got, usage = ask(c, m, msgs)
+    _, blended, _ = details(usage)
+    if not blend["on"]:
+        # exact reuse only: the answer is the full prefill's
+        assert blended == 0 and got == full, (usage, blend["why"])
+    else:
+        extra = usage.prompt_tokens_details.model_extra
+        assert blended > 0 and extra["blend_policy"] == blend["policy"], usage
+        assert extra["blend_ratio"] >= blend["ratio"] - 1e-6
