@@ -94,7 +94,7 @@ typedef struct quality_choice {
     uint32_t levels;
     /* per method, why: "hkvd 30%: KL 0.0071, top-1 98% (speed-up 2.6x)" or the reason it is
      * off */
-    char why[QUALITY_METHOD_COUNT][200];
+    char why[QUALITY_METHOD_COUNT][320];
 } quality_choice;
 
 /* Picks, per method, the setting of t within b with the highest speed-up (the least ratio where

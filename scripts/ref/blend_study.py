@@ -134,25 +134,29 @@ class Model:
         k = self.rope(kv[:, :self.kvd].reshape(-1, self.n_kv, self.hd), pos).reshape(-1, self.kvd)
         return k, np.ascontiguousarray(kv[:, self.kvd:]), h
 
-    def attend_ffn(self, l, x, h, qpos, K, V, kpos):
-        """The rest of layer l for query rows (hidden x, normed h, positions qpos) over the
-        pool's keys K, V [n][kvd] at positions kpos (causal by position)."""
+    def attend_ffn(self, l, x, h, qpos, K, V):
+        """The rest of layer l for query rows (hidden x, normed h, ascending positions qpos) over
+        the pool's keys K, V [n][kvd] at positions 0..n-1 (causal)."""
         m, nh, nkv, hd = len(x), self.n_head, self.n_kv, self.hd
-        q = self.rope((h @ self.L[l]["wq"]).reshape(m, nh, hd), qpos)
+        qpos = np.asarray(qpos)
+        q = self.rope((h @ self.L[l]["wq"]).reshape(m, nh, hd), qpos) * F32(1.0 / math.sqrt(hd))
         g = nh // nkv
-        scale = F32(1.0 / math.sqrt(hd))
         Kh = K.reshape(-1, nkv, hd)
         Vh = V.reshape(-1, nkv, hd)
-        mask = np.where(np.asarray(kpos)[None, :] > np.asarray(qpos)[:, None], F32(-np.inf),
-                        F32(0))
         o = np.empty((m, nh, hd), F32)
-        for j in range(nkv):
-            qq = q[:, j * g:(j + 1) * g].transpose(1, 0, 2)  # [g][m][hd]
-            s = (qq @ Kh[:, j].T) * scale + mask[None]
-            s -= s.max(-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(-1, keepdims=True)
-            o[:, j * g:(j + 1) * g] = (s @ Vh[:, j]).transpose(1, 0, 2)
+        B = 256
+        for b0 in range(0, m, B):
+            qp = qpos[b0:b0 + B]
+            kend = int(qp.max()) + 1
+            mask = np.where(np.arange(kend)[None, :] > qp[:, None], F32(-np.inf), F32(0))
+            for j in range(nkv):
+                qq = q[b0:b0 + B, j * g:(j + 1) * g].transpose(1, 0, 2)  # [g][b][hd]
+                s = qq @ Kh[:kend, j].T
+                s += mask
+                s -= s.max(-1, keepdims=True)
+                np.exp(s, out=s)
+                z = s.sum(-1, keepdims=True)
+                o[b0:b0 + B, j * g:(j + 1) * g] = ((s @ Vh[:kend, j]) / z).transpose(1, 0, 2)
         x = x + o.reshape(m, -1) @ self.L[l]["wo"]
         h = self.rms(x, self.L[l]["fn"])
         gu = h @ self.L[l]["wgu"]
@@ -175,7 +179,7 @@ class Model:
                 k, v = f16(k), f16(v)
             Ks.append(k)
             Vs.append(v)
-            x = self.attend_ffn(l, x, h, pos, k, v, pos)
+            x = self.attend_ffn(l, x, h, pos, k, v)
         lg = (self.rms(x, self.out_norm) @ self.out) if all_logits else self.logits(x[-1])
         return np.stack(Ks), np.stack(Vs), None, lg
 
@@ -234,7 +238,7 @@ def blend_sim(M, ids, is_reused, ridx, Kr, Vr, Kfull, Vfull, policy, init):
         else:
             Q = np.array([n - 1])
         qi = np.searchsorted(A, Q)
-        x[Q] = M.attend_ffn(l, x[Q], h[qi], pos[Q], K, V, pos)
+        x[Q] = M.attend_ffn(l, x[Q], h[qi], pos[Q], K, V)
     return M.logits(x[n - 1]), counts, pooldev
 
 
@@ -302,6 +306,264 @@ def find_sub(hay, needle, start=0):
     return -1
 
 
+# ---------------------------------------------------------------- what the server reuses
+
+
+M64 = (1 << 64) - 1
+
+
+def gear(i):
+    z = (i + 0x9e3779b97f4a7c15) & M64
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+    return z ^ (z >> 31)
+
+
+def cdc_cut(ids, kinds, bounds, avg=48, mn=1, mx=256):
+    """cache/content.c's cache_cdc_cut with plan.c's PLAN_CDC: chunk ends. kinds: id -> 0 plain,
+    1 soft (a line break), 2 hard (a control token)."""
+    gap, bits = avg - mn, 0
+    while bits < 32 and (1 << (bits + 1)) <= gap:
+        bits += 1
+    ends, start, h, bset = [], 0, 0, set(bounds)
+    for i, t in enumerate(ids):
+        if i in bset:
+            if i > start:
+                ends.append(i)
+                start = i
+            h = 0
+        k = kinds.get(t, 0)
+        if k == 2:
+            if i > start:
+                ends.append(i)
+            ends.append(i + 1)
+            start, h = i + 1, 0
+            continue
+        h = ((h << 4) + gear(t)) & M64
+        ln = i + 1 - start
+        cut = ln >= mx
+        if ln >= mn:
+            cut = cut or k == 1 or (bits > 0 and (h >> (64 - bits)) == 0)
+        if cut:
+            ends.append(i + 1)
+            start = i + 1
+    if start < len(ids):
+        ends.append(len(ids))
+    return ends
+
+
+def content_bounds(ids, im_start, im_end):
+    """Where the messages' contents begin and end: after "<|im_start|>role\n", at <|im_end|>."""
+    b = []
+    for i, t in enumerate(ids):
+        if t == im_start:
+            j = i + 1
+            while j < len(ids) and ids[j] != im_end and "\u010a" not in ids_text[ids[j]]:
+                j += 1
+            b.append(j + 1)
+        elif t == im_end:
+            b.append(i)
+    return sorted(set(x for x in b if 0 < x < len(ids)))
+
+
+ids_text = []
+
+
+def plan_spans(ids, cuts, store):
+    """plan.c's plan_blend: the chunks found in the store (the last token's excluded), kept in
+    runs of 32 tokens or more: [(a, b, source)]."""
+    found, a = [], 0
+    for b in cuts:
+        if b <= len(ids) - 1 and tuple(ids[a:b]) in store:
+            found.append((a, b, store[tuple(ids[a:b])]))
+        a = b
+    out, i = [], 0
+    while i < len(found):
+        j, run = i + 1, found[i][1] - found[i][0]
+        while j < len(found) and found[j][0] == found[j - 1][1]:
+            run += found[j][1] - found[j][0]
+            j += 1
+        if run >= 32:
+            out += found[i:j]
+        i = j
+    return out
+
+
+def store_prompt(ids, cuts, spans, store, label):
+    """plan_store_content: every chunk outside the spans whose key is not held yet."""
+    covered = set()
+    for a, b, _ in spans:
+        covered.update(range(a, b))
+    a = 0
+    for b in cuts:
+        if not covered.intersection(range(a, b)) and tuple(ids[a:b]) not in store:
+            store[tuple(ids[a:b])] = (label, a)
+        a = b
+
+
+def server_chunks(tok, vocab, types, pool, qs_all, prompts):
+    """Emulates what the server reuses in bench-blend (its chunking, its content store filled by
+    the precompute, then by the questions in order) and compares it with the runs this study
+    reuses (each passage's own precompute, by the longest common run). Returns (per question:
+    a row of counts, and {token: (source, offset)} of the server's reused tokens; the source
+    prompts' ids)."""
+    global ids_text
+    ids_text = vocab
+    soft = lambda t: "\u010a" in vocab[t]
+    kinds = {i: (2 if types[i] == 3 else 1) for i in range(len(vocab))
+             if types[i] == 3 or soft(i)}
+    im_start, im_end = vocab.index("<|im_start|>"), vocab.index("<|im_end|>")
+    store = {}
+    used = sorted({d for docs, _ in qs_all for d in docs})
+    src_ids = {}
+    pre_spans = {}
+    for d in used:
+        ids = tok({"messages": [{"role": "user", "content": "Document 1:\n" + pool[d]}]})
+        cuts = cdc_cut(ids, kinds, content_bounds(ids, im_start, im_end))
+        spans = plan_spans(ids, cuts, store)
+        store_prompt(ids, cuts, spans, store, ("pre", d))
+        src_ids[("pre", d)] = ids
+        pre_spans[d] = spans
+    rows, maps = [], []
+    classes = ["lone line-break chunk", "other chunk of another passage's precompute",
+               "chunk of an earlier question's prompt", "own precompute, other offset",
+               "outside the study's runs (template, headers)"]
+    for qi, (docs, q, full, pre_runs) in enumerate(prompts):
+        cuts = cdc_cut(full, kinds, content_bounds(full, im_start, im_end))
+        spans = plan_spans(full, cuts, store)
+        own = {}
+        for d, (ids, a, b) in zip(docs, pre_runs):
+            i, j, c = longest_common_run(ids[a:b], full)
+            for t in range(c):
+                own[j + t] = (("pre", d), i + a + t)
+        srv_tok = {}
+        cls = dict.fromkeys(classes, 0)
+        ex = []
+        for a, b, (label, off) in spans:
+            for t in range(a, b):
+                srv_tok[t] = (label, off + t - a)
+            if all(own.get(t) == (label, off + t - a) for t in range(a, b)):
+                continue
+            if a not in own:
+                k = classes[4]
+            elif b - a == 1 and soft(full[a]):
+                k = classes[0]
+            elif label[0] == "q":
+                k = classes[2]
+            elif label == own[a][0]:
+                k = classes[3]
+            else:
+                k = classes[1]
+            cls[k] += b - a
+            if k != classes[0] and k != classes[4]:
+                ex.append((f"{label[0]}{label[1]}", "".join(vocab[x] for x in full[a:b])
+                           .replace("\u0120", " ").replace("\u010a", "\\n")[:40]))
+        same = sum(1 for t, v in srv_tok.items() if own.get(t) == v)
+        rows.append({"n": len(full), "study_reused": len(own), "server_reused": len(srv_tok),
+                     "same_context": same, "other_context": len(srv_tok) - same,
+                     "other_by_class": cls,
+                     "study_only": sum(1 for t in own if t not in srv_tok),
+                     "precompute_tokens_blended": sum(b - a for d in docs
+                                                      for a, b, _ in pre_spans[d]),
+                     "n_spans": len(spans), "examples": ex[:8]})
+        maps.append(srv_tok)
+        store_prompt(full, cuts, spans, store, ("q", qi))
+        src_ids[("q", qi)] = full
+    print("\n## e. What the server reuses (its chunking and content store emulated)\n")
+    print("Reused tokens per question: the study's (each passage's own precompute, by the "
+          "longest common run) against the server's (line chunks found in the content store, "
+          "runs of 32+), and whose context the server's KV came from.\n")
+    print("| q | tokens | study reused | server reused | same KV as the study | other context: "
+          + " / ".join(classes) + " | study-reused, server computes | precompute tokens "
+          "themselves blended |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    for qi, r in enumerate(rows):
+        print(f"| {qi + 1} | {r['n']} | {r['study_reused']} | {r['server_reused']} | "
+              f"{r['same_context']} | " + " / ".join(str(r["other_by_class"][c]) for c in classes)
+              + f" | {r['study_only']} | {r['precompute_tokens_blended']} |")
+    ex = [e for r in rows for e in r["examples"]][:12]
+    if ex:
+        print("\nExamples of chunks reused from another context (pre<d>: passage d's precompute, "
+              "q<k>: question k's prompt): " + "; ".join(f"{a}: {b!r}" for a, b in ex))
+    # where the lone line-break chunks take their KV from: the token before it in its source
+    lone = {}
+    for (docs, q, full, pre_runs), m in zip(prompts, maps):
+        for t, (lab, off) in m.items():
+            if soft(full[t]) and (t - 1 not in m or m[t - 1][0] != lab or m[t - 1][1] != off - 1):
+                prev = vocab[src_ids[lab][off - 1]] if off > 0 else "(start)"
+                key = f"{lab[0]}{lab[1]} offset {off} (after {prev!r})"
+                lone[key] = lone.get(key, 0) + 1
+    top = sorted(lone.items(), key=lambda kv: -kv[1])[:4]
+    print("\nLine-break tokens reused as chunks of their own, by their KV's source: "
+          + "; ".join(f"{k}: {v}" for k, v in top))
+    return rows, maps, src_ids
+
+
+def server_like(M, prompts, maps, src_ids, n_q, ratios=(0.0, 0.15, 0.30)):
+    """Section f: the blend (hkvd, as blend.c) on the first n_q questions whose server-reused
+    KV all comes from precomputes, with the server's reuse (which tokens, from which context)
+    against the study's (each passage's own precompute) and the server's less its tokens from
+    other contexts."""
+    L = M.n_layer
+    picks = [qi for qi, m in enumerate(maps) if all(v[0][0] == "pre" for v in m.values())][:n_q]
+    cache = {}
+
+    def src_kv(label):
+        if label not in cache:
+            K, V, _, _ = M.forward(src_ids[label])
+            cache[label] = (f16(K), f16(V))
+        return cache[label]
+
+    out = {}
+    for qi in picks:
+        docs, q, full, pre_runs = prompts[qi]
+        Kf, Vf, _, lg_full = M.forward(full)
+        own = {}
+        for d, (ids, a, b) in zip(docs, pre_runs):
+            i, j, c = longest_common_run(ids[a:b], full)
+            for t in range(c):
+                own[j + t] = (("pre", d), i + a + t)
+        srv = maps[qi]
+        variants = {"study (own precompute, whole runs)": own,
+                    "server chunks": srv,
+                    "server chunks, other-context tokens computed":
+                        {t: v for t, v in srv.items() if own.get(t) == v}}
+        for name, m in variants.items():
+            toks = np.asarray(sorted(m), dtype=np.int64)
+            n_r = len(toks)
+            is_reused = np.zeros(len(full), bool)
+            is_reused[toks] = True
+            ridx = -np.ones(len(full), np.int64)
+            ridx[toks] = np.arange(n_r)
+            Kr = np.empty((L, n_r, M.kvd), F32)
+            Vr = np.empty((L, n_r, M.kvd), F32)
+            for r, t in enumerate(toks):
+                Ks, Vs = src_kv(m[t][0])
+                off = m[t][1]
+                Kr[:, r] = M.rope(Ks[:, off].reshape(L, M.n_kv, M.hd),
+                                  np.full(L, t - off)).reshape(L, M.kvd)
+                Vr[:, r] = Vs[:, off]
+            for ratio in ratios:
+                pol = make_policy("hkvd", ratio, n_r, None, [])
+                init = list(range(n_r)) if ratio > 0 else []
+                lg, _, _ = blend_sim(M, full, is_reused, ridx, Kr, Vr, Kf, Vf, pol, init)
+                r = (kl(lg_full, lg), int(np.argmax(lg) == np.argmax(lg_full)))
+                out.setdefault(f"{name}@{ratio}", []).append(r + (qi + 1, n_r))
+                print(f"  f: q{qi + 1} {name} {ratio}: KL {r[0]:.4f} ({n_r} reused)",
+                      file=sys.stderr)
+    print("\n## f. The server's reuse against the study's (hkvd as blend.c, questions "
+          + ", ".join(str(q + 1) for q in picks) + ")\n")
+    print("| reuse | ratio | " + " | ".join(f"q{q + 1} KL" for q in picks)
+          + " | mean KL | top-1 agree |")
+    print("| --- | ---: |" + " ---: |" * len(picks) + " ---: | ---: |")
+    for k, v in out.items():
+        name, ratio = k.rsplit("@", 1)
+        print(f"| {name} | {float(ratio):.2f} | " + " | ".join(f"{x[0]:.4f}" for x in v)
+              + f" | {np.mean([x[0] for x in v]):.4f} | "
+              f"{100 * np.mean([x[1] for x in v]):.0f}% |")
+    return out
+
+
 # ---------------------------------------------------------------- the study
 
 
@@ -319,6 +581,19 @@ def main():
                          "set it draws (the same rng sequence as bench-blend)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="/tmp/blend_study.json")
+    ap.add_argument("--ratios", default=",".join(str(r) for r in RATIOS))
+    ap.add_argument("--policies", default="hkvd,hkvd-layer1,oracle,legolink,hybrid")
+    ap.add_argument("--hybrid-k0", default="4,8")
+    ap.add_argument("--floor", type=int, default=1, help="0: skip the f16 floor's forward")
+    ap.add_argument("--max-passages", type=int, default=0,
+                    help="keep only questions with at most this many passages (0: all); the "
+                         "first --questions of those are taken")
+    ap.add_argument("--server-chunks", type=int, default=1,
+                    help="1: also emulate what the server reuses (section e; text only, cheap)")
+    ap.add_argument("--only-server-chunks", action="store_true",
+                    help="sections e and f alone")
+    ap.add_argument("--server-like", type=int, default=2,
+                    help="section f: on this many questions (0: skip)")
     ap.add_argument("--check", action="store_true",
                     help="also check the forward pass against the server and the goldens")
     args = ap.parse_args()
@@ -329,7 +604,10 @@ def main():
         tok = lambda body: srv.request("POST", "/tokenize", body)[1]["tokens"]
         pool = rag.passages(srv)
         rng = random.Random(args.seed)
-        qs = rag.question_set(pool, args.pool_questions, rng)[:args.questions]
+        qs_all = qs = rag.question_set(pool, args.pool_questions, rng)
+        if args.max_passages:
+            qs = [q for q in qs if len(q[0]) <= args.max_passages]
+        qs = qs[:args.questions]
         hdr = tok({"content": "Document 1:\n", "add_special": False})
         im_end = tok({"content": "<|im_end|>", "add_special": False})
         prompts = []
@@ -343,6 +621,14 @@ def main():
                 b = find_sub(ids, im_end, a)
                 pre.append((ids, a + len(hdr), b))
             prompts.append((docs, q, full, pre))
+        chunk_rows = None
+        if args.server_chunks or args.only_server_chunks:
+            rd = GGUFReader(args.model)
+            chunk_rows, chunk_maps, src_ids = server_chunks(tok, [str(t) for t in
+                                             rd.fields["tokenizer.ggml.tokens"].contents()],
+                                       list(rd.fields["tokenizer.ggml.token_type"].contents()),
+                                       pool, qs_all, prompts)
+            sys.stdout.flush()
         M = Model(args.model)
         if args.check:
             check_forward(M, srv, tok)
@@ -351,13 +637,21 @@ def main():
     print(f"model loaded; {len(prompts)} questions; {time.time() - t_start:.0f}s",
           file=sys.stderr)
 
+    if args.only_server_chunks:
+        if args.server_like:
+            f_out = server_like(M, prompts, chunk_maps, src_ids, args.server_like)
+            with open(args.json, "w") as f:
+                json.dump({"server_chunks": chunk_rows, "server_like": f_out}, f, indent=1,
+                          default=float)
+        return
     L = M.n_layer
-    raw = {"questions": [], "args": vars(args)}
+    raw = {"questions": [], "args": vars(args), "server_chunks": chunk_rows}
     # accumulators
     acc_top = {l: [] for l in range(L)}          # share of deviation in top 15%
     acc_j1 = {l: [] for l in range(L)}           # jaccard with layer 1
     acc_jp = {l: [] for l in range(L)}           # jaccard with layer l-1
     acc_pos = {l: [[] for _ in POS_BUCKETS] for l in range(L)}
+    acc_ord = {}                                  # passage ordinal -> layer -> rel dev
     results = {}                                  # (policy, ratio) -> list of (kl, top1)
     classes = {}                                  # class -> layer -> list of rel dev
     resid = {}                                    # (policy, ratio) -> class -> [L] lists
@@ -365,13 +659,17 @@ def main():
     floor = []
     kfrac = []
 
+    ratios = [float(r) for r in args.ratios.split(",") if r]
+    pols = args.policies.split(",")
+    k0s = [int(k) for k in args.hybrid_k0.split(",")] if "hybrid" in pols else []
     for qi, (docs, q, full, pre) in enumerate(prompts):
         t0 = time.time()
         n = len(full)
+        print(f"question {qi + 1}: {n} tokens, {len(docs)} passages", file=sys.stderr)
         Kf, Vf, Hf, lg_full = M.forward(full)
-        Kf16, Vf16, _, lg_f16 = M.forward(full, round_kv=True)
-        floor.append((kl(lg_full, lg_f16), int(np.argmax(lg_full) == np.argmax(lg_f16))))
-        del Kf16, Vf16
+        if args.floor:
+            _, _, _, lg_f16 = M.forward(full, round_kv=True)
+            floor.append((kl(lg_full, lg_f16), int(np.argmax(lg_full) == np.argmax(lg_f16))))
         is_reused = np.zeros(n, bool)
         ridx = -np.ones(n, np.int64)
         Kr = np.zeros((L, 0, M.kvd), F32)
@@ -426,6 +724,10 @@ def main():
         for ri, (j, c, _) in enumerate(runs):
             idx_in_run[ridx[j:j + c]] = np.arange(c)
             run_of[ridx[j:j + c]] = ri
+        for ri in range(len(runs)):
+            d = acc_ord.setdefault(ri + 1, {l: [] for l in range(L)})
+            for l in range(L):
+                d[l].append(float(dev[l][run_of == ri].mean() / dev[l].mean()))
         for l in range(L):
             mu = dev[l].mean()
             for bi, (lo, hi) in enumerate(POS_BUCKETS):
@@ -474,24 +776,27 @@ def main():
 
         # c: the blend
         qrec = {"docs": docs, "question": q, "n": n, "n_reused": n_r,
-                "runs": [(int(j), int(c), int(o)) for j, c, o in runs], "floor": floor[-1],
-                "policies": {}}
+                "runs": [(int(j), int(c), int(o)) for j, c, o in runs],
+                "policies": {}, "floor": floor[-1] if floor else None}
         firsts = lambda k: [ridx[j + t] for (j, c, _) in runs for t in range(min(k, c))]
         sims = [("full reuse", 0.0, "hkvd", [], None)]
-        for ratio in RATIOS:
+        for ratio in ratios:
             budget = blend_rows_at_layer(ratio, n_r, 1 << 20)
             k_ll = min(32, max(1, int(round(budget / len(runs)))))
-            sims.append(("hkvd", ratio, "hkvd", list(range(n_r)), None))
-            sims.append(("hkvd-layer1", ratio, "hkvd-layer1", list(range(n_r)), None))
-            sims.append(("oracle", ratio, "oracle", list(range(n_r)), None))
-            sims.append(("legolink", ratio, "legolink", firsts(k_ll), k_ll))
-            for k0 in (4, 8):
+            for pol in ("hkvd", "hkvd-layer1", "oracle"):
+                if pol in pols:
+                    sims.append((pol, ratio, pol, list(range(n_r)), None))
+            if "legolink" in pols:
+                sims.append(("legolink", ratio, "legolink", firsts(k_ll), k_ll))
+            for k0 in k0s:
                 if k0 * len(runs) < budget:
                     sims.append((f"hybrid k0={k0}", ratio, "hybrid", list(range(n_r)),
                                  firsts(k0)))
-        if qi == 0:
+        if qi == 0 and "hkvd" in pols:
             sims.append(("check: all rows (100%)", 1.0, "hkvd", list(range(n_r)), None))
+        print(f"  full, floor, precompute: {time.time() - t0:.0f}s", file=sys.stderr)
         for label, ratio, pol, init, extra in sims:
+            ts = time.time()
             forced = extra if pol == "hybrid" else (init if pol == "legolink" else [])
             policy = make_policy(pol, ratio, n_r, dev, forced)
             lg, counts, pooldev = blend_sim(M, full, is_reused, ridx, Kr, Vr, Kf, Vf, policy, init)
@@ -502,6 +807,8 @@ def main():
             if pol == "legolink":
                 info["k"] = extra
             qrec["policies"][f"{label}@{ratio}"] = info
+            print(f"  {label} {ratio}: KL {r[0]:.4f} top1 {r[1]} ({time.time() - ts:.0f}s)",
+                  file=sys.stderr)
             # residual deviation of the final pool by token class, relative to full reuse's mean
             # over reused tokens
             rc = resid.setdefault(key, {})
@@ -520,7 +827,9 @@ def main():
               f"{time.time() - t0:.0f}s (total {time.time() - t_start:.0f}s)", file=sys.stderr)
 
     report(L, prompts, raw, acc_top, acc_j1, acc_jp, acc_pos, results, classes, resid, rot,
-           floor, kfrac)
+           floor, kfrac, acc_ord)
+    if chunk_rows is not None and args.server_like:
+        raw["server_like"] = server_like(M, prompts, chunk_maps, src_ids, args.server_like)
     raw["results"] = {f"{k[0]}@{k[1]}": v for k, v in results.items()}
     raw["rotation"] = rot
     with open(args.json, "w") as f:
@@ -529,7 +838,7 @@ def main():
 
 
 def report(L, prompts, raw, acc_top, acc_j1, acc_jp, acc_pos, results, classes, resid, rot,
-           floor, kfrac):
+           floor, kfrac, acc_ord):
     nq = len(prompts)
     qs = raw["questions"]
     print(f"## Setup\n\n{nq} questions (blend.py's set), mean prompt "
@@ -557,8 +866,19 @@ def report(L, prompts, raw, acc_top, acc_j1, acc_jp, acc_pos, results, classes, 
         raw["b"][l] = vals
         print(f"| {l} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
 
+    print("\nBy the passage's place in the prompt (1: the first passage, right after the system "
+          "prompt): its tokens' mean deviation relative to the layer's mean (questions)\n")
+    print("| passage | " + " | ".join(f"layer {l}" for l in POS_LAYERS) + " |")
+    print("| ---: |" + " ---: |" * len(POS_LAYERS))
+    raw["b_passage"] = {}
+    for o in sorted(acc_ord):
+        vals = [np.mean(acc_ord[o][l]) for l in POS_LAYERS]
+        raw["b_passage"][o] = vals
+        print(f"| {o} | " + " | ".join(f"{v:.2f}" for v in vals)
+              + f" ({len(acc_ord[o][POS_LAYERS[0]])}) |")
+
     print("\n## c. Blend: last token's next-token distribution against the full prefill\n")
-    fl = np.asarray(floor)
+    fl = np.asarray(floor) if floor else np.full((1, 2), np.nan)
     print(f"Floor (the same full prefill with K and V rounded to f16 at every layer, vs f32): "
           f"mean KL {fl[:, 0].mean():.2e}, max {fl[:, 0].max():.2e}, top-1 agree "
           f"{100 * fl[:, 1].mean():.0f}%\n")
