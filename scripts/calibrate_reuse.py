@@ -35,12 +35,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
 import benchlib  # noqa: E402
 import blend  # noqa: E402
 import codec  # noqa: E402
+from levels import wait_steady  # noqa: E402
 
 
 def load_prompts(path):
@@ -59,19 +59,6 @@ def load_prompts(path):
     if not items:
         sys.exit(f"{path}: no prompts")
     return items
-
-
-def wait_steady(read, seconds=300):
-    """Polls read() until it has not changed for 3 s."""
-    deadline, last, since = time.monotonic() + seconds, None, time.monotonic()
-    while time.monotonic() < deadline:
-        now = read()
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since > 3:
-            return now
-        time.sleep(0.2)
-    sys.exit("the disk tier's encoder did not settle")
 
 
 def measure_levels(args, items):

@@ -350,6 +350,20 @@ Test(blend, ratio_one_is_a_full_prefill_bit_for_bit) {
     scene_free(&sc);
 }
 
+/* The passage's exact KV (exported from the full prefill of the same prompt) with the KV of the
+ * listed tokens spoiled at every layer. */
+static content_rec *spoiled_rec(const scene *sc, const kv_seq *full, const int *bad, int n_bad) {
+    content_rec *rec = export_rec(full, sc->x_b, sc->n_x);
+    for (int l = 0; l < g_m->hp.n_layer; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int i = 0; i < n_bad; i++) {
+                uint16_t *row = (uint16_t *)content_rec_rows(rec, l, kv) + (size_t)bad[i] * g_kvd;
+                for (int j = 0; j < g_kvd; j++)
+                    row[j] = fp32_to_fp16(fp16_to_fp32(row[j]) + (j % 2 ? 3.0f : -3.0f));
+            }
+    return rec;
+}
+
 Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
     scene sc;
     scene_make(&sc);
@@ -360,16 +374,9 @@ Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
     float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
     memcpy(ref, g_logits, sizeof(float) * nv);
     /* the passage's own KV from the same prompt (exact), with a few tokens' KV spoiled */
-    content_rec *rec = export_rec(&full, sc.x_b, sc.n_x);
     const int bad[] = {3, 11, 20, 31, 42};
     const int n_bad = (int)(sizeof bad / sizeof bad[0]);
-    for (int l = 0; l < g_m->hp.n_layer; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int i = 0; i < n_bad; i++) {
-                uint16_t *row = (uint16_t *)content_rec_rows(rec, l, kv) + (size_t)bad[i] * g_kvd;
-                for (int j = 0; j < g_kvd; j++)
-                    row[j] = fp32_to_fp16(fp16_to_fp32(row[j]) + (j % 2 ? 3.0f : -3.0f));
-            }
+    content_rec *rec = spoiled_rec(&sc, &full, bad, n_bad);
     /* full reuse serves the spoiled KV: the answer changes */
     blend_entry be;
     run_blended(&sc, rec, 0.0f, &bl, got, &be);
@@ -390,20 +397,6 @@ Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
     free(ref);
     free(got);
     scene_free(&sc);
-}
-
-/* The passage's exact KV (exported from the full prefill of the same prompt) with the KV of the
- * listed tokens spoiled at every layer. */
-static content_rec *spoiled_rec(const scene *sc, const kv_seq *full, const int *bad, int n_bad) {
-    content_rec *rec = export_rec(full, sc->x_b, sc->n_x);
-    for (int l = 0; l < g_m->hp.n_layer; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int i = 0; i < n_bad; i++) {
-                uint16_t *row = (uint16_t *)content_rec_rows(rec, l, kv) + (size_t)bad[i] * g_kvd;
-                for (int j = 0; j < g_kvd; j++)
-                    row[j] = fp32_to_fp16(fp16_to_fp32(row[j]) + (j % 2 ? 3.0f : -3.0f));
-            }
-    return rec;
 }
 
 Test(blend, legolink_recomputes_the_first_tokens_of_a_run_and_nothing_else) {
