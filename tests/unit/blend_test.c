@@ -350,6 +350,18 @@ Test(blend, ratio_one_is_a_full_prefill_bit_for_bit) {
     scene_free(&sc);
 }
 
+/* Prompt b computed in full into *full: its last token's logits in *ref; *got has room for as
+ * many (both malloc'd). */
+static size_t full_prefill(const scene *sc, kv_seq *full, float **ref, float **got) {
+    size_t nv = (size_t)g_m->hp.n_vocab;
+    kv_seq_init(full);
+    run(full, sc->ctx_b, sc->n_b, NULL, NULL, 0);
+    *ref = malloc(sizeof(float) * nv);
+    *got = malloc(sizeof(float) * nv);
+    memcpy(*ref, g_logits, sizeof(float) * nv);
+    return nv;
+}
+
 /* The passage's exact KV (exported from the full prefill of the same prompt) with the KV of the
  * listed tokens spoiled at every layer. */
 static content_rec *spoiled_rec(const scene *sc, const kv_seq *full, const int *bad, int n_bad) {
@@ -367,12 +379,9 @@ static content_rec *spoiled_rec(const scene *sc, const kv_seq *full, const int *
 Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
     scene sc;
     scene_make(&sc);
-    size_t nv = (size_t)g_m->hp.n_vocab;
     kv_seq full, bl;
-    kv_seq_init(&full);
-    run(&full, sc.ctx_b, sc.n_b, NULL, NULL, 0);
-    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
-    memcpy(ref, g_logits, sizeof(float) * nv);
+    float *ref, *got;
+    size_t nv = full_prefill(&sc, &full, &ref, &got);
     /* the passage's own KV from the same prompt (exact), with a few tokens' KV spoiled */
     const int bad[] = {3, 11, 20, 31, 42};
     const int n_bad = (int)(sizeof bad / sizeof bad[0]);
@@ -402,12 +411,9 @@ Test(blend, selection_recomputes_the_tokens_whose_kv_deviates) {
 Test(blend, legolink_recomputes_the_first_tokens_of_a_run_and_nothing_else) {
     scene sc;
     scene_make(&sc);
-    size_t nv = (size_t)g_m->hp.n_vocab;
     kv_seq full, bl;
-    kv_seq_init(&full);
-    run(&full, sc.ctx_b, sc.n_b, NULL, NULL, 0);
-    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
-    memcpy(ref, g_logits, sizeof(float) * nv);
+    float *ref, *got;
+    size_t nv = full_prefill(&sc, &full, &ref, &got);
     /* a budget of 6 tokens on one run: its first 6 */
     float ratio = 6.0f / (float)sc.n_x;
     blend_entry be;
@@ -436,12 +442,9 @@ Test(blend, legolink_recomputes_the_first_tokens_of_a_run_and_nothing_else) {
 Test(blend, hybrid_forces_the_run_start_and_ranks_the_rest) {
     scene sc;
     scene_make(&sc);
-    size_t nv = (size_t)g_m->hp.n_vocab;
     kv_seq full, bl;
-    kv_seq_init(&full);
-    run(&full, sc.ctx_b, sc.n_b, NULL, NULL, 0);
-    float *ref = malloc(sizeof(float) * nv), *got = malloc(sizeof(float) * nv);
-    memcpy(ref, g_logits, sizeof(float) * nv);
+    float *ref, *got;
+    size_t nv = full_prefill(&sc, &full, &ref, &got);
     /* spoiled at the run's start and twice past the hybrid's BLEND_HYBRID_K forced tokens */
     const int bad[] = {0, 3, 20, 31};
     content_rec *rec = spoiled_rec(&sc, &full, bad, 4);
