@@ -385,7 +385,7 @@ bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(v
                      "cuda emulator: kernel %s: invalid launch grid (%u,%u,%u) block (%u,%u,%u) "
                      "shared %zu\n",
                      kernel, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
-        g_last_error = cudaErrorInvalidConfiguration;
+        g_last_error = cudaErrorInvalidValue; /* what the device's runtime reports */
         return false;
     }
     scheduler &s = sched();

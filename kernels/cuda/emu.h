@@ -186,7 +186,7 @@ unsigned ballot(bool pred);
 unsigned active_mask();
 
 /* Runs fn(arg) as every thread of every block; false when the configuration is invalid (the
- * launch then sets cudaErrorInvalidConfiguration, as the device does). */
+ * launch then sets cudaErrorInvalidValue, as CUDA 13's runtime does on an H200). */
 bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg);
 
 /* Live cudaMalloc allocations (tests check a backend frees what it allocated). */

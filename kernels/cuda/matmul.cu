@@ -1,8 +1,10 @@
 /* Matmul kernels of the CUDA backend, per weight type (quant.cuh):
- * - kernel_gemv: decode-sized matmuls (up to GEMV_MAX_TOKENS rows) read each weight row once from
+ * - kernel_gemv: decode-sized matmuls (2 to GEMV_MAX_TOKENS rows) read each weight row once from
  *   its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows at a time: a warp
- *   per 1-4 output rows, lanes over 8-element groups, one scattering warp reduction for all its
+ *   per 1-2 output rows, lanes over 8-element groups, one scattering warp reduction for all its
  *   sums. Bandwidth-bound, as decode is.
+ * - kernel_gemv1: one row (decode at batch 1): a block per output row, its GEMV_WARPS warps over
+ *   the row's groups, so that a step keeps n_out x GEMV_WARPS warps' loads in flight.
  * - kernel_dequant: prefill's weight rows dequantized to f16 (f32 for F32/BF16 weights) tiles that
  *   cuBLAS multiplies on tensor cores (backend_cuda.cu), with the activations converted once by
  *   kernel_to_f16.
@@ -101,6 +103,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         y[(size_t)(t0 + t) * n_out + row0 + r] = s;
 }
 
+/* y[row] = W[row] . x for one activation row x: the block's threads take the row's 8-element
+ * groups in turn, and the warps' sums meet in shared memory. (Four rows per warp, as kernel_gemv
+ * would take them, left 96% of an H200's bandwidth unused at batch 1: too few loads in flight.) */
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    kernel_gemv1(const uint8_t *w, size_t row_bytes, int n_in, const float *x, float *y) {
+    __shared__ float part[GEMV_WARPS];
+    const uint8_t *wr = w + (size_t)blockIdx.x * row_bytes;
+    float acc = 0.0f;
+    for (int u = threadIdx.x; u < n_in / 8; u += GEMV_WARPS * 32) {
+        float v[8];
+        dq8<T>(wr, u, v);
+        const float4 *xp = reinterpret_cast<const float4 *>(x + 8 * u);
+        const float4 a = xp[0], b = xp[1];
+        acc += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
+               v[6] * b.z + v[7] * b.w;
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        KV_UNROLL
+        for (int i = 0; i < GEMV_WARPS; i++) s += part[i];
+        y[blockIdx.x] = s;
+    }
+}
+
 /* out[r][i] = W[r0 + r][i] as f16 (or f32): one thread per 8 elements. */
 template <int T, typename O>
 __global__ void kernel_dequant(const uint8_t *w, size_t row_bytes, int n_in, int64_t r0,
@@ -139,7 +169,7 @@ __global__ void kernel_to_f16(const float *x, uint16_t *y, int64_t n) {
 
 /* ---------------------------------------------------------------- launch wrappers */
 
-/* Rows per warp: 4 for one token, 2 for up to 4, 1 for up to 8 (8 sums per warp at most). */
+/* Rows per warp: 2 for up to 4 tokens, 1 for up to 8 (8 sums per warp at most). */
 template <int T, int NT, int R>
 static void gemv_launch_nt(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
     const int n_out = (int)w->n_out;
@@ -153,9 +183,10 @@ static void gemv_launch_nt(cudaStream_t s, const weight *w, const float *x, int 
 
 template <int T>
 static void gemv_launch(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y) {
-    if (n_tok == 1)
-        gemv_launch_nt<T, 1, 4>(s, w, x, n_tok, y);
-    else if (n_tok <= 4)
+    if (n_tok == 1) {
+        KV_LAUNCH(kernel_gemv1<T>, dim3((unsigned)w->n_out), dim3(GEMV_WARPS * 32), 0, s,
+                  static_cast<const uint8_t *>(w->data), w->row_bytes, (int)w->n_in, x, y);
+    } else if (n_tok <= 4)
         gemv_launch_nt<T, 4, 2>(s, w, x, n_tok, y);
     else
         gemv_launch_nt<T, GEMV_TOKENS, 1>(s, w, x, n_tok, y);

@@ -172,6 +172,33 @@ static double gemm_rate(backend *b) {
     return best;
 }
 
+/* One weight's matmul over n_tok activation rows (the decode GEMV kernels), as the weight's bytes
+ * read per second, GB/s: the kernel alone against the copy bandwidth. */
+static double gemv_rate(backend *b, const weight *host_w, int n_tok) {
+    kv_error err = {{0}};
+    weight w = *host_w;
+    size_t bytes = w.row_bytes * (size_t)w.n_out;
+    float *x = backend_alloc(b, sizeof(float) * (size_t)n_tok * w.n_in);
+    float *y = backend_alloc(b, sizeof(float) * (size_t)n_tok * w.n_out);
+    double best = -1;
+    if (x && y && (w.data = backend_weight_data(b, host_w->data, bytes, &err))) {
+        for (int r = 0; r < 6; r++) {
+            backend_sync(b);
+            uint64_t t0 = clock_now_ns();
+            for (int i = 0; i < 10; i++)
+                if (backend_matmul(b, &w, x, n_tok, y)) goto done;
+            if (backend_sync(b)) goto done;
+            double gbs = 10.0 * bytes / ((double)(clock_now_ns() - t0) / 1e9) / 1e9;
+            if (r > 0 && gbs > best) best = gbs; /* the first run warms up */
+        }
+    done:
+        backend_weight_release(b, host_w->data);
+    }
+    backend_free(b, x);
+    backend_free(b, y);
+    return best;
+}
+
 typedef struct engine {
     backend *b;
     kv_pool *pool;
@@ -184,8 +211,10 @@ typedef struct engine {
  * batch: tokens/s. */
 static double decode_rate(engine *e, const model *m, int n_seqs, int ctx, int steps) {
     kv_error err = {{0}};
-    int32_t tok[512], pos[512];
-    for (int i = 0; i < 512; i++)
+    /* positions run past the context by the steps (at most 256) */
+    int32_t tok[512 + 256], pos[512 + 256];
+    if (ctx + steps > 512 + 256) return -1;
+    for (int i = 0; i < 512 + 256; i++)
         tok[i] = (int32_t)(next64() % (uint64_t)m->hp.n_vocab), pos[i] = i;
     batch_seq bs[32];
     for (int s = 0; s < n_seqs; s++) {
@@ -296,9 +325,17 @@ int main(int argc, char **argv) {
         params += (double)L->wq.n_in * (L->wq.n_out + L->wk.n_out + L->wv.n_out) +
                   (double)L->wo.n_in * L->wo.n_out + 3.0 * L->w_gate.n_in * L->w_gate.n_out;
     }
-    printf("model: %s, %d layers, %.2f GB of weights read per decode step\n\n", m->name, n_layer,
+    printf("model: %s, %d layers, %.2f GB of weights read per decode step\n", m->name, n_layer,
            bytes / 1e9);
-    printf("| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
+    const weight *ffn = &m->layers[0].w_gate;
+    for (int n_tok = 1; n_tok <= 32; n_tok *= 32) {
+        double g = gemv_rate(b, ffn, n_tok);
+        printf("GEMV Q4_K %lld x %lld, %d row%s: %.0f GB/s of weights (%.0f%% of the copy "
+               "bandwidth)\n",
+               (long long)ffn->n_in, (long long)ffn->n_out, n_tok, n_tok > 1 ? "s" : "", g,
+               100 * g / bw);
+    }
+    printf("\n| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
     for (int batch = 1; batch <= 32; batch *= 32) {
         double tps = decode_rate(&e, m, batch, 512, steps);
         double roof = batch * bw * 1e9 / bytes;

@@ -1,0 +1,56 @@
+#!/bin/bash
+# The device check, on a GPU machine over what scripts/device/pack.sh packed into .gpu/: make
+# test-gpu's recipe (the GPU tests, then compute-sanitizer memcheck and racecheck), make
+# bench-gpu's, and the server end to end on CUDA against the CPU (scripts/device/smoke.py), plus
+# `kvserve bench` on both. STEPS picks some (default: all): probe tests sanitize bench smoke
+# kvbench emu. The model is pack.sh's 4-layer cut of the default model.
+# Each step's log goes to $OUT (or /tmp/kvcheck); a step that fails is reported and the rest run.
+cd "$(dirname "$0")/../.."
+STEPS=${STEPS:-probe tests sanitize bench smoke kvbench}
+LOG=${OUT:-/tmp/kvcheck}; mkdir -p "$LOG"
+K=/tmp/kvpack; rm -rf $K; mkdir -p $K/need && tar xJf .gpu/pack.tar.xz -C $K || exit 1
+for l in $K/lib/*; do ldconfig -p | grep -q "^\s*$(basename $l) " || cp $l $K/need/; done
+export LD_LIBRARY_PATH=$K/need
+mkdir -p build/gpu-tests models
+cp $K/bin/cuda_* build/gpu-tests/ && cp $K/bin/kvserve $K/bin/gpu_bench build/
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+cp .gpu/models/*.gguf models/
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+status=0
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+step() { # step NAME TIMEOUT CMD...: runs CMD, its output to the console and $LOG/NAME.log
+    local name=$1 t=$2; shift 2
+    echo "== $name ($(date +%T))"
+    timeout $t "$@" >"$LOG/$name.log" 2>&1; local rc=$?
+    tail -n 25 "$LOG/$name.log"; echo "== $name: rc $rc"
+    [ $rc -eq 0 ] || status=1
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+echo "libraries carried: $(ls $K/need | tr '\n' ' ')"
+ldd build/kvserve build/gpu-tests/cuda_test | grep "not found"
+has probe && step probe 60 build/gpu_bench --probe
+if has tests; then
+    for t in cuda_test cuda_forward_test cuda_emu_test; do step $t 120 build/gpu-tests/$t --jobs 1; done
+elif has emu; then
+    step cuda_emu_test 120 build/gpu-tests/cuda_emu_test --jobs 1
+fi
+if has sanitize; then
+    for tool in memcheck racecheck; do
+        step $tool 150 $SAN --tool $tool --target-processes all --error-exitcode 1 \
+            build/gpu-tests/cuda_test --jobs 1
+    done
+    step memcheck_forward 150 $SAN --tool memcheck --leak-check full --target-processes all \
+        --error-exitcode 1 build/gpu-tests/cuda_forward_test --jobs 1 --filter 'cuda_forward/tiny*'
+fi
+has bench && step bench 200 build/gpu_bench
+if has smoke; then
+    step smoke 150 bash -c "build/kvserve serve -m $MODEL --device cuda --port 8091 --cache-dir /tmp/c1 >$LOG/serve_cuda.txt 2>&1 & a=\$!;
+        build/kvserve serve -m $MODEL --device cpu -t 8 --port 8092 --cache-dir /tmp/c2 >$LOG/serve_cpu.txt 2>&1 & b=\$!;
+        python3 scripts/device/smoke.py http://127.0.0.1:8091 http://127.0.0.1:8092; rc=\$?; kill \$a \$b; wait; exit \$rc"
+fi
+if has kvbench; then
+    step kvbench_cuda 120 build/kvserve bench -m $MODEL --device cuda -r 3
+    step kvbench_cpu 120 build/kvserve bench -m $MODEL --device cpu -t 8 -r 1
+fi
+echo "device check: $([ $status -eq 0 ] && echo passed || echo FAILED)"
+exit $status
