@@ -128,7 +128,11 @@ int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cuda
 /* ---------------------------------------------------------------- launch wrappers */
 
 /* matmul.cu */
-#define GEMV_MAX_TOKENS 32 /* matmuls of up to this many rows use the GEMV kernels */
+/* Matmuls of up to this many rows use the GEMV kernels; more go through dequantized tiles and
+ * cuBLAS. Measured on an H200 (gpu_bench, Q4_K 4096 x 14336): GEMV 234 GB/s of weights at 8 rows,
+ * 123 at 16 and 62 at 32 (each pass over 8 rows re-reads the weights), against 127 for the tiles
+ * before their stores were vectorized. */
+#define GEMV_MAX_TOKENS 8
 int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y);
 /* W rows [r0, r0 + rows) as f16 (or f32 when f32) rows of n_in. */
 int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32);
@@ -164,9 +168,12 @@ int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int lay
                    float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
                    float *part);
 
-/* Split decode rows into key ranges of at least this many keys, at most ATTN_MAX_SPLIT. */
-#define ATTN_MIN_SPLIT_KEYS 256
-#define ATTN_MAX_SPLIT 16
+/* Split decode rows into key ranges of at least this many keys (a warp's tile), at most
+ * ATTN_MAX_SPLIT: a decode step has only n_seqs x n_head rows, and a warp that walks a long range
+ * alone is latency-bound (on an H200, 256-key ranges made attention 2/3 of an 8B-shape decode
+ * step at context 512). */
+#define ATTN_MIN_SPLIT_KEYS 32
+#define ATTN_MAX_SPLIT 32
 /* Rows of a sequence that may split (decode steps): at most this many per sequence. */
 #define ATTN_SPLIT_ROWS 4
 

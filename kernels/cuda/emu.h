@@ -62,6 +62,13 @@ struct alignas(8) float2 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
 
 /* ---------------------------------------------------------------- runtime API */
 

@@ -1,6 +1,6 @@
 /* Matmul kernels of the CUDA backend, per weight type (quant.cuh):
- * - kernel_gemv: decode-sized matmuls (2 to GEMV_MAX_TOKENS rows) read each weight row once from
- *   its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows at a time: a warp
+ * - kernel_gemv: decode-sized matmuls (2 to GEMV_MAX_TOKENS rows, cuda.h) read each weight row
+ *   once from its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows: a warp
  *   per 1-2 output rows, lanes over 8-element groups, one scattering warp reduction for all its
  *   sums. Bandwidth-bound, as decode is.
  * - kernel_gemv1: one row (decode at batch 1): a block per output row, its GEMV_WARPS warps over
@@ -141,12 +141,19 @@ __global__ void kernel_dequant(const uint8_t *w, size_t row_bytes, int n_in, int
     const int64_t r = i / upr, u = i % upr;
     float v[8];
     dq8<T>(w + (size_t)(r0 + r) * row_bytes, u, v);
-    O *o = out + r * n_in + 8 * u;
-    for (int j = 0; j < 8; j++) {
-        if (sizeof(O) == 2)
-            o[j] = (O)f2h(v[j]);
-        else
-            o[j] = (O)v[j];
+    /* one 16-byte store per 8 halves (two per 8 floats): element stores would write each 16-byte
+     * group in 8 pieces, which made dequantizing slower than the GEMM it feeds */
+    O *o = out + r * n_in + 8 * u; /* 16-byte aligned: n_in % 8 == 0 */
+    if (sizeof(O) == 2) {
+        uint32_t p[4];
+        KV_UNROLL
+        for (int j = 0; j < 4; j++)
+            p[j] = (uint32_t)f2h(v[2 * j]) | ((uint32_t)f2h(v[2 * j + 1]) << 16);
+        *reinterpret_cast<uint4 *>(o) = make_uint4(p[0], p[1], p[2], p[3]);
+    } else {
+        float4 *o4 = reinterpret_cast<float4 *>(o);
+        o4[0] = make_float4(v[0], v[1], v[2], v[3]);
+        o4[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
 }
 
