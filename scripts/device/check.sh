@@ -3,7 +3,7 @@
 # test-gpu's recipe (the GPU tests, then compute-sanitizer memcheck and racecheck), make
 # bench-gpu's, and the server end to end on CUDA against the CPU (scripts/device/smoke.py), plus
 # `kvserve bench` on both. STEPS picks some (default: all): probe tests sanitize bench smoke
-# kvbench emu. The model is pack.sh's 4-layer cut of the default model.
+# kvbench emu profile (ncu's time for every kernel of gpu_bench at 2 layers). The model is pack.sh's 4-layer cut of the default model.
 # Each step's log goes to $OUT (or /tmp/kvcheck); a step that fails is reported and the rest run.
 cd "$(dirname "$0")/../.."
 STEPS=${STEPS:-probe tests sanitize bench smoke kvbench}
@@ -47,6 +47,13 @@ if has smoke; then
     step smoke 150 bash -c "build/kvserve serve -m $MODEL --device cuda --port 8091 --cache-dir /tmp/c1 >$LOG/serve_cuda.txt 2>&1 & a=\$!;
         build/kvserve serve -m $MODEL --device cpu -t 8 --port 8092 --cache-dir /tmp/c2 >$LOG/serve_cpu.txt 2>&1 & b=\$!;
         python3 scripts/device/smoke.py http://127.0.0.1:8091 http://127.0.0.1:8092; rc=\$?; kill \$a \$b; wait; exit \$rc"
+fi
+if has profile; then
+    # every kernel launch's device time, in launch order (ncu replays each: slow, so 2 layers)
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    step bench_2layers 60 build/gpu_bench --layers 2 --steps 8
+    step profile 300 $NCU --clock-control none --csv --page raw --metrics gpu__time_duration.sum \
+        --log-file "$LOG/ncu.csv" build/gpu_bench --layers 2 --steps 3
 fi
 if has kvbench; then
     step kvbench_cuda 120 build/kvserve bench -m $MODEL --device cuda -r 3
