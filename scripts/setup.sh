@@ -4,8 +4,10 @@
 set -euo pipefail
 python=${PYTHON:-python3}
 
+# chromium and chromium-driver: the headless browser the web page's end-to-end test drives
 apt_pkgs=(build-essential pkg-config clang libclang-rt-14-dev libcriterion-dev libjansson-dev
-          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server)
+          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server
+          chromium chromium-driver)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,9 +23,11 @@ fi
 # pytest runs the end-to-end tests; openai is the official client they drive the server with;
 # requests sends the raw (malformed, oversized) bodies a client library would refuse to send;
 # jsonschema validates the structured outputs' answers against their schemas; langchain-openai
-# is the agent framework whose structured output and tool calls the e2e tests drive.
-py_pkgs=(pytest openai requests jsonschema langchain-openai)
-if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai" 2>/dev/null; then
+# is the agent framework whose structured output and tool calls the e2e tests drive; selenium
+# drives chromium (through chromium-driver, above: it downloads no browser) in the web page's test.
+py_pkgs=(pytest openai requests jsonschema langchain-openai selenium)
+if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium" \
+        2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi
