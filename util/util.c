@@ -146,3 +146,58 @@ int kv_mkdir_p(const char *path, kv_error *err) {
     free(p);
     return 0;
 }
+
+int kv_write_full(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -1;
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off) {
+    uint8_t *b = buf;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, b + got, len - got, (off_t)(off + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+void kv_hex_encode(const void *b, size_t n, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *p = b;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+bool kv_hex_decode(const char *s, size_t n, uint8_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(s[2 * i]);
+        int lo = hi < 0 ? -1 : hex_digit(s[2 * i + 1]);
+        if (lo < 0) return false;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}

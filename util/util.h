@@ -1,9 +1,11 @@
 /* util: the bottom layer every other folder may use: errors as values, the logger, clocks,
- * aligned allocation. No mutable state except the logger's level (set once at start-up). */
+ * aligned allocation, whole-buffer file I/O. No mutable state except the logger's level (set
+ * once at start-up). */
 #ifndef KVSERVE_UTIL_H
 #define KVSERVE_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -80,9 +82,24 @@ static inline uint64_t le_get_u64(const uint8_t *p) {
     return (uint64_t)le_get_u32(p) | (uint64_t)le_get_u32(p + 4) << 32;
 }
 
+/* Lower-case hex of b[0..n) to out[2n + 1] (terminated). */
+void kv_hex_encode(const void *b, size_t n, char *out);
+/* The n bytes that the 2n lower-case hex digits at s spell, to out; false at any other character
+ * (out is then partly written). The names of cache files are parsed with it. */
+bool kv_hex_decode(const char *s, size_t n, uint8_t *out);
+
 /* Makes a directory and its missing parents (mode 0755); -1 with err naming the one that
  * could not be made. */
 int kv_mkdir_p(const char *path, kv_error *err);
+
+/* ---------------------------------------------------------------- file I/O */
+
+/* Writes p[0..n) to fd at its file offset, retrying short writes and EINTR: 0, or -1 with errno
+ * (EIO when the device took nothing). */
+int kv_write_full(int fd, const void *p, size_t n);
+/* Reads buf[0..len) from fd at offset off, retrying short reads and EINTR, stopping early only at
+ * the end of the file: the bytes read (< len: the file ended), or -1 with errno. */
+int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off);
 
 /* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
 static inline int size_mul(size_t a, size_t b, size_t *out) {
