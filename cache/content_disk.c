@@ -12,7 +12,6 @@
  * records (by file time at open) go first when the cap is reached. */
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -53,20 +52,9 @@ struct content_src {
 
 size_t content_record_header_bytes(int n_layer) { return OFF_LAYER_SHA + 32 * (size_t)n_layer; }
 
-static int sha256(const void *data, size_t len, uint8_t out[32]) {
-    unsigned n = 0;
-    return EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
-}
-
+/* The header's own checksum: every header byte but the checksum field. */
 static int header_sha(const uint8_t *hdr, size_t hb, uint8_t out[32]) {
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned n = 0;
-    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
-             EVP_DigestUpdate(md, hdr, OFF_HEADER_SHA) == 1 &&
-             EVP_DigestUpdate(md, hdr + OFF_LAYER_SHA, hb - OFF_LAYER_SHA) == 1 &&
-             EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32;
-    EVP_MD_CTX_free(md);
-    return ok ? 0 : -1;
+    return kv_sha256_2(hdr, OFF_HEADER_SHA, hdr + OFF_LAYER_SHA, hb - OFF_LAYER_SHA, out);
 }
 
 size_t content_record_layer_bytes(int kv_dim, int n_tok) {
@@ -89,7 +77,8 @@ int content_record_encode_header(const uint8_t model_id[32], const content_rec *
     le_put_u32(hdr + OFF_DIMS + 12, (uint32_t)r->pos0);
     le_put_u64(hdr + OFF_LAYER_BYTES, lb);
     for (int l = 0; l < r->n_layer; l++)
-        if (sha256(content_rec_rows(r, l, 0), lb, hdr + OFF_LAYER_SHA + 32 * (size_t)l)) return -1;
+        if (kv_sha256(content_rec_rows(r, l, 0), lb, hdr + OFF_LAYER_SHA + 32 * (size_t)l))
+            return -1;
     return header_sha(hdr, hb, hdr + OFF_HEADER_SHA);
 }
 
@@ -143,7 +132,7 @@ content_rec *content_record_parse(const uint8_t model_id[32], int n_layer, int k
     for (int l = 0; l < n_layer; l++) {
         uint8_t sha[32];
         const uint8_t *layer = buf + hb + (size_t)l * lb;
-        if (sha256(layer, lb, sha) || memcmp(sha, info.layer_sha + 32 * (size_t)l, 32) != 0) {
+        if (kv_sha256(layer, lb, sha) || memcmp(sha, info.layer_sha + 32 * (size_t)l, 32) != 0) {
             content_rec_unref(r);
             kv_fail(err, "layer %d checksum", l);
             return NULL;
@@ -356,7 +345,7 @@ int content_rec_read_layer(content_rec *r, int layer) {
     uint8_t *dst = (uint8_t *)(uintptr_t)content_rec_rows(r, layer, 0), sha[32];
     int64_t n = kv_pread_full(src->fd, dst, lb, (int64_t)(hb + (size_t)layer * lb));
     if (n != (int64_t)lb) return src_fail(r, n < 0 ? strerror(errno) : "short read");
-    if (sha256(dst, lb, sha) || memcmp(sha, src->layer_sha + 32 * (size_t)layer, 32) != 0)
+    if (kv_sha256(dst, lb, sha) || memcmp(sha, src->layer_sha + 32 * (size_t)layer, 32) != 0)
         return src_fail(r, "layer checksum");
     dirstore_lock(d->ds);
     dirstore_stats_locked(d->ds)->bytes_out += (int64_t)lb;

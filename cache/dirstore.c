@@ -162,13 +162,9 @@ static void entry_drop(dirstore *ds, dirstore_entry *e) {
 
 bool dirstore_unlink_locked(dirstore *ds, const cache_key *k, uint16_t files) {
     if (!files) return true;
-    if (ds->n_victims == ds->cap_victims) {
-        size_t c = ds->cap_victims ? 2 * ds->cap_victims : 16;
-        dirstore_victim *v = realloc(ds->victims, c * sizeof *v);
-        if (!v) return false;
-        ds->victims = v;
-        ds->cap_victims = c;
-    }
+    if (kv_array_reserve((void **)&ds->victims, &ds->cap_victims, ds->n_victims + 1,
+                         sizeof *ds->victims, 16))
+        return false;
     ds->victims[ds->n_victims++] = (dirstore_victim){*k, files};
     pthread_cond_signal(&ds->work);
     return true;
@@ -436,13 +432,8 @@ static int scan_name(dirstore *ds, scan_state *s, const char *name, kv_error *er
             s->stale += unlinkat(ds->dir_fd, name, 0) == 0;
             return 0;
         }
-        if (s->n_side == s->cap_side) {
-            size_t c = s->cap_side ? 2 * s->cap_side : 16;
-            dirstore_victim *v = realloc(s->side, c * sizeof *v);
-            if (!v) return kv_fail(err, "out of memory");
-            s->side = v;
-            s->cap_side = c;
-        }
+        if (kv_array_reserve((void **)&s->side, &s->cap_side, s->n_side + 1, sizeof *s->side, 16))
+            return kv_fail(err, "out of memory");
         s->side[s->n_side++] = (dirstore_victim){key, (uint16_t)(1u << file)};
         return 0;
     }
@@ -455,15 +446,9 @@ static int scan_name(dirstore *ds, scan_state *s, const char *name, kv_error *er
         return 0;
     }
     if (!e) return kv_fail(err, "out of memory");
-    if (s->n_items == s->cap_items) {
-        size_t c = s->cap_items ? 2 * s->cap_items : 16;
-        scan_item *v = realloc(s->items, c * sizeof *v);
-        if (!v) {
-            free(e);
-            return kv_fail(err, "out of memory");
-        }
-        s->items = v;
-        s->cap_items = c;
+    if (kv_array_reserve((void **)&s->items, &s->cap_items, s->n_items + 1, sizeof *s->items, 16)) {
+        free(e);
+        return kv_fail(err, "out of memory");
     }
     entry_add(ds, e);
     s->items[s->n_items++] = (scan_item){e, sb.st_mtim};

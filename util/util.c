@@ -1,6 +1,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,4 +201,65 @@ bool kv_hex_decode(const char *s, size_t n, uint8_t *out) {
         out[i] = (uint8_t)(hi << 4 | lo);
     }
     return true;
+}
+
+int kv_sha256_2(const void *a, size_t na, const void *b, size_t nb, uint8_t out[32]) {
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned int n = 0;
+    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(md, a, na) == 1 && (nb == 0 || EVP_DigestUpdate(md, b, nb) == 1) &&
+             EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32;
+    EVP_MD_CTX_free(md);
+    return ok ? 0 : -1;
+}
+
+int kv_array_reserve(void **arr, size_t *cap, size_t need, size_t elem, size_t min_cap) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : min_cap ? min_cap : 1;
+    while (c < need) c = c > SIZE_MAX / 2 ? need : 2 * c;
+    size_t bytes;
+    if (size_mul(c, elem, &bytes)) return -1;
+    void *v = realloc(*arr, bytes);
+    if (!v) return -1;
+    *arr = v;
+    *cap = c;
+    return 0;
+}
+
+void kv_buf_append(kv_buf *b, const void *s, size_t n) {
+    size_t need;
+    if (b->oom) return;
+    if (size_add(b->len, n, &need) || size_add(need, 1, &need) ||
+        kv_array_reserve((void **)&b->p, &b->cap, need, 1, 256)) {
+        b->oom = true;
+        return;
+    }
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void kv_buf_puts(kv_buf *b, const char *s) { kv_buf_append(b, s, strlen(s)); }
+
+void kv_buf_printf(kv_buf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        kv_buf_append(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    kv_buf_append(b, big, (size_t)n);
+    free(big);
 }
