@@ -282,7 +282,7 @@ FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/pml.c
-FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
+FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/dirstore.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c
