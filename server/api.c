@@ -13,6 +13,7 @@
 #include "server/api.h"
 #include "cache/cache.h"
 #include "model/grammar.h"
+#include "server/api_impl.h"
 #include "util/json.h"
 #include "util/utf8.h"
 
@@ -23,9 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define API_INVALID "invalid_request_error"
-#define API_BAD(err, param, ...) api_fail((err), 400, API_INVALID, NULL, (param), __VA_ARGS__)
 
 /* ---------------------------------------------------------------- errors */
 
@@ -948,6 +946,47 @@ static int parse_tools(const json_t *root, api_request *r, api_error *err) {
 
 /* ---------------------------------------------------------------- requests */
 
+/* kvserve's own fields: the context cache's choices and vLLM's ignore_eos. */
+static int parse_extensions(const json_t *root, api_request *r, api_error *err) {
+    if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
+    if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
+    if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
+    if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
+        return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
+                       API_MAX_CACHE_SALT);
+    bool blend = false;
+    int got_blend = opt_bool(root, "blend", &blend, err);
+    if (got_blend < 0) return -1;
+    if (got_blend) r->blend = blend;
+    if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    char *policy = NULL;
+    if (opt_string(root, "blend_policy", &policy, err) < 0) return -1;
+    if (policy) {
+        r->blend_policy = blend_policy_parse(policy);
+        free(policy);
+        if (r->blend_policy < 0)
+            return API_BAD(err, "blend_policy", "'blend_policy' must be hkvd, legolink or hybrid");
+    }
+    if (opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
+    if (opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
+    char *level = NULL;
+    if (opt_string(root, "kv_level", &level, err) < 0) return -1;
+    if (level) {
+        r->kv_level = cache_enc_parse(level);
+        free(level);
+        if (r->kv_level == CACHE_ENC_ANY)
+            return API_BAD(err, "kv_level",
+                           "'kv_level' must be lossless, q8, codec0 to codec%d, or text",
+                           CACHE_ENC_MAX - CACHE_ENC_CODEC - 1);
+    }
+    bool fixup = false;
+    int got_fixup = opt_bool(root, "fixup", &fixup, err);
+    if (got_fixup < 0) return -1;
+    if (got_fixup) r->fixup = fixup;
+    if (opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
+    return 0;
+}
+
 static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
     const json_t *model = field(root, "model");
     if (!model) return API_BAD(err, "model", "'model' is required");
@@ -1008,39 +1047,7 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (parse_logprobs(root, r, err)) return -1;
     if (parse_sampling(root, r, err)) return -1;
     if (opt_string(root, "user", &r->user, err) < 0) return -1;
-    if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
-    if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
-    if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
-    bool blend = false;
-    int got_blend = opt_bool(root, "blend", &blend, err);
-    if (got_blend < 0) return -1;
-    if (got_blend) r->blend = blend;
-    if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
-    char *policy = NULL;
-    if (opt_string(root, "blend_policy", &policy, err) < 0) return -1;
-    if (policy) {
-        r->blend_policy = blend_policy_parse(policy);
-        free(policy);
-        if (r->blend_policy < 0)
-            return API_BAD(err, "blend_policy", "'blend_policy' must be hkvd, legolink or hybrid");
-    }
-    if (opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
-    if (opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
-    char *level = NULL;
-    if (opt_string(root, "kv_level", &level, err) < 0) return -1;
-    if (level) {
-        r->kv_level = cache_enc_parse(level);
-        free(level);
-        if (r->kv_level == CACHE_ENC_ANY)
-            return API_BAD(err, "kv_level",
-                           "'kv_level' must be lossless, q8, codec0 to codec%d, or text",
-                           CACHE_ENC_MAX - CACHE_ENC_CODEC - 1);
-    }
-    bool fixup = false;
-    int got_fixup = opt_bool(root, "fixup", &fixup, err);
-    if (got_fixup < 0) return -1;
-    if (got_fixup) r->fixup = fixup;
-    if (opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
+    if (parse_extensions(root, r, err)) return -1;
     if (parse_constraints(root, r, err)) return -1;
     if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
     /* The calls' grammar depends on the model's tool format: openai.c builds it. */
@@ -1048,14 +1055,10 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
         return API_BAD(err, "tool_choice",
                        "tools may be called only without '%s' (or with tool_choice 'none')",
                        r->gbnf_param);
-    if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
-        return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
-                       API_MAX_CACHE_SALT);
     return 0;
 }
 
-int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
-                      api_error *err) {
+void api_request_init(api_kind kind, api_request *out) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1;
@@ -1070,6 +1073,11 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->fixup_ratio = -1;
     out->jump_forward = true;
     sampler_params_default(&out->sampling);
+}
+
+int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
+                      api_error *err) {
+    api_request_init(kind, out);
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
 
@@ -1224,4 +1232,50 @@ int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_
         rc = parse_token_array(v, "tokens", tokens, n_tokens, err);
     json_decref(root);
     return rc;
+}
+
+/* ---------------------------------------------------------------- shared (api_impl.h)
+ *
+ * The helpers above under the names other APIs' parsers (responses_parse.c) call them by. */
+
+json_t *api_parse_body(const char *body, size_t len, api_error *err) {
+    return parse_body(body, len, err);
+}
+json_t *api_field(const json_t *obj, const char *key) { return field(obj, key); }
+int api_type_error(api_error *err, const char *param, const char *want, const json_t *got) {
+    return type_error(err, param, want, got);
+}
+int api_opt_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
+    return opt_bool(obj, key, out, err);
+}
+int api_opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
+                   float *out, api_error *err) {
+    return opt_number(obj, key, lo, hi, lo_open, out, err);
+}
+int api_opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                api_error *err) {
+    return opt_int(obj, key, lo, hi, out, err);
+}
+int api_opt_string(const json_t *obj, const char *key, char **out, api_error *err) {
+    return opt_string(obj, key, out, err);
+}
+int api_str_copy(const json_t *v, const char *param, char **out, api_error *err) {
+    return str_copy(v, param, out, err);
+}
+int api_oom(api_error *err) { return oom(err); }
+bool api_tool_name_ok(const char *s, size_t len) { return tool_name_ok(s, len); }
+int api_parse_function(const json_t *fn, const char *pp, size_t i, api_request *r, api_error *err) {
+    return parse_function(fn, pp, i, r, err);
+}
+int api_parse_sampling(const json_t *obj, api_request *r, api_error *err) {
+    return parse_sampling(obj, r, err);
+}
+int api_parse_extensions(const json_t *root, api_request *r, api_error *err) {
+    return parse_extensions(root, r, err);
+}
+int api_schema_field(const json_t *schema, const char *param, api_request *r, api_error *err) {
+    return schema_field(schema, param, false, r, err);
+}
+int api_set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
+    return set_gbnf(r, param, gbnf, err);
 }

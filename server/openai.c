@@ -167,6 +167,7 @@ void job_free(job *j) {
     free(j->acc_len);
     free(j->tp);
     free(j->buf);
+    if (j->ext_free) j->ext_free(j->ext);
     free(j);
 }
 
@@ -657,7 +658,7 @@ void job_call_id(const job *j, int choice, int call, char *out, size_t cap) {
  * calls so far when max_tokens cut it inside them (finish "length", the last call's arguments
  * cut short), as the streamed form has sent them; else its text as content. Legacy functions
  * get the call as function_call (finish "function_call"), as OpenAI answers them. */
-static json_t *tools_message(const job *j, int index, const gen_choice *c, const char **finish) {
+json_t *job_message_json(const job *j, int index, const gen_choice *c, const char **finish) {
     const char *text = c->text ? c->text : "";
     chat_tool_parser tp;
     chat_tool_parser_init(&tp, j->s->m->chat.tools);
@@ -719,7 +720,7 @@ static void job_reply(const job *j, http_reply *out) {
             const char *text = c->text ? c->text : "";
             const char *finish = job_finish_name(c->finish);
             if (j->kind == API_CHAT && j->tools) {
-                json_object_set_new(ch, "message", tools_message(j, p * j->n + i, c, &finish));
+                json_object_set_new(ch, "message", job_message_json(j, p * j->n + i, c, &finish));
             } else if (j->kind == API_CHAT) {
                 json_object_set_new(
                     ch, "message",

@@ -7,7 +7,30 @@
 
 #include "server/server.h"
 
-typedef struct job {
+typedef struct job job;
+
+/* How a job's stream is written (job.fmt): OpenAI's chat and completion chunks
+ * (openai_stream.c's), or another API's events over the same driver (the Responses API's,
+ * responses.c). The driver takes each choice's news under its request's lock and hands it to the
+ * hooks outside it, tool calls already parsed; the hooks queue bytes with job_put and return 0,
+ * or -1 when out of memory. */
+typedef struct job_stream_format {
+    /* The opening events: 1 sent, 0 not ready yet (the stream waits), -1 out of memory. */
+    int (*open)(job *j);
+    /* Choice index's next text s[0..n) (n may be 0) with the logprobs of the tokens it covers
+     * (chat/completions' shape, or NULL; the hook takes the reference) and, when it ends the
+     * choice, the finish reason ("stop", "length", "tool_calls", "function_call"; NULL while
+     * the choice runs). */
+    int (*text)(job *j, int index, const char *s, size_t n, json_t *logprobs, const char *finish);
+    /* A call of choice index: one begins (CHAT_TOOL_EVENT_CALL: s is its name) or its arguments
+     * continue (CHAT_TOOL_EVENT_ARGS). */
+    int (*call)(job *j, int index, const chat_tool_event *ev);
+    /* The closing events once every choice has finished; err: the first error, or NULL. */
+    int (*close)(job *j, const api_error *err);
+    const char *path; /* the endpoint, for the log; NULL: chat's or completions' by j->kind */
+} job_stream_format;
+
+struct job {
     server *s;
     api_kind kind;
     char id[48];
@@ -40,7 +63,12 @@ typedef struct job {
     bool started, ended;
     char *buf; /* SSE bytes not yet handed to the connection */
     size_t buf_len, buf_off, buf_cap;
-} job;
+    const job_stream_format *fmt; /* NULL: OpenAI's chunks */
+    /* Another API's state for the request (its stream hooks' and reply's), freed by ext_free
+     * with the job. */
+    void *ext;
+    void (*ext_free)(void *ext);
+};
 
 /* Validates, tokenizes and (submit) submits rq (openai.c); without submit, only computes the
  * prompts' cache keys. NULL with err on any problem. */
@@ -65,7 +93,13 @@ json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lp
 json_t *job_prompt_logprobs_json(const job *j, int prompt);
 /* The id of a choice's call. */
 void job_call_id(const job *j, int choice, int call, char *out, size_t cap);
-/* Turns j into a stream (which owns it from then on). */
+/* A chat answer under tools as OpenAI's message (role, content or tool_calls; legacy functions:
+ * function_call), with *finish "tool_calls" ("function_call") for complete calls; choice index
+ * c of j. */
+json_t *job_message_json(const job *j, int index, const gen_choice *c, const char **finish);
+/* Turns j into a stream (which owns it from then on), written in j->fmt. */
 void job_stream(job *j, http_stream *out);
+/* Queues n bytes of the stream; -1 when out of memory. */
+int job_put(job *j, const char *s, size_t n);
 
 #endif

@@ -1,14 +1,16 @@
-/* Streaming responses: OpenAI's server-sent events. Each event is `data: {chunk}\n\n`; a chat
- * stream opens with the assistant role per choice, then content deltas, then a chunk with the
- * finish reason; with stream_options.include_usage every chunk carries "usage": null and a last
- * chunk with no choices carries the usage; `data: [DONE]` ends the stream. An error after the
- * stream began is sent as `data: {"error": {...}}` before [DONE]. */
+/* Streaming responses: the driver that follows a job's choices (their text, tool calls parsed as
+ * they stream, finish) and hands them to the job's format (job_stream_format), and OpenAI's
+ * chat/completions format. There each event is `data: {chunk}\n\n`; a chat stream opens with
+ * the assistant role per choice, then content deltas, then a chunk with the finish reason; with
+ * stream_options.include_usage every chunk carries "usage": null and a last chunk with no choices
+ * carries the usage; `data: [DONE]` ends the stream. An error after the stream began is sent as
+ * `data: {"error": {...}}` before [DONE]. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/openai_job.h"
 
-static int buf_put(job *j, const char *s, size_t n) {
+int job_put(job *j, const char *s, size_t n) {
     if (j->buf_len + n > j->buf_cap) {
         size_t cap = (j->buf_len + n) * 2;
         char *b = realloc(j->buf, cap);
@@ -26,7 +28,7 @@ static int emit(job *j, json_t *v) {
     char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
     if (!s) return -1;
-    int rc = buf_put(j, "data: ", 6) || buf_put(j, s, strlen(s)) || buf_put(j, "\n\n", 2);
+    int rc = job_put(j, "data: ", 6) || job_put(j, s, strlen(s)) || job_put(j, "\n\n", 2);
     free(s);
     return rc ? -1 : 0;
 }
@@ -73,9 +75,8 @@ static bool prompts_scored(job *j) {
 /* The opening chunks: the assistant role (chat) or the echoed prompt (completions, with the
  * prompt's logprobs when asked: those wait for the engine to score it). Returns 1 when sent,
  * 0 when the prompt's scores are not ready yet, -1 when out of memory. */
-static int stream_open(job *j) {
+static int chat_open(job *j) {
     if (j->echo && j->logprobs && !prompts_scored(j)) return 0;
-    j->started = true;
     for (int p = 0; p < j->n_reqs; p++)
         for (int i = 0; i < j->n; i++) {
             int index = p * j->n + i;
@@ -144,7 +145,7 @@ static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     return 1;
 }
 
-/* Sends the parser's events on acc[0..len) as deltas. */
+/* Hands the parser's events on acc[0..len) to the format. */
 static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const char *acc, size_t len,
                               bool final) {
     chat_tool_event ev[16];
@@ -152,35 +153,47 @@ static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const cha
     do {
         n = chat_tools_parse(tp, acc, len, final, ev, 16);
         for (int k = 0; k < n; k++) {
-            json_t *c;
-            if (ev[k].kind == CHAT_TOOL_EVENT_CONTENT) {
-                c = choice_delta(j, index, ev[k].s, ev[k].n, NULL, NULL);
-            } else if (j->legacy) { /* function_call: the name, then argument pieces */
-                json_t *fn =
-                    ev[k].kind == CHAT_TOOL_EVENT_CALL
-                        ? json_pack("{s:s%,s:s}", "name", ev[k].s, ev[k].n, "arguments", "")
-                        : json_pack("{s:s%}", "arguments", ev[k].s, ev[k].n);
-                c = json_pack("{s:i,s:{s:o},s:n,s:n}", "index", index, "delta", "function_call", fn,
-                              "logprobs", "finish_reason");
-            } else {
-                json_t *call;
-                if (ev[k].kind == CHAT_TOOL_EVENT_CALL) {
-                    char id[48];
-                    job_call_id(j, index, ev[k].index, id, sizeof id);
-                    call = json_pack("{s:i,s:s,s:s,s:{s:s%,s:s}}", "index", ev[k].index, "id", id,
-                                     "type", "function", "function", "name", ev[k].s, ev[k].n,
-                                     "arguments", "");
-                } else {
-                    call = json_pack("{s:i,s:{s:s%}}", "index", ev[k].index, "function",
-                                     "arguments", ev[k].s, ev[k].n);
-                }
-                c = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", index, "delta", "tool_calls",
-                              call, "logprobs", "finish_reason");
-            }
-            if (emit(j, chunk(j, json_pack("[o]", c)))) return -1;
+            int rc = ev[k].kind == CHAT_TOOL_EVENT_CONTENT
+                         ? j->fmt->text(j, index, ev[k].s, ev[k].n, NULL, NULL)
+                         : j->fmt->call(j, index, &ev[k]);
+            if (rc) return -1;
         }
     } while (n == 16);
     return 0;
+}
+
+/* A call event as chat chunks: the call's index, id, type and name first, then argument pieces;
+ * legacy functions as delta.function_call (the name, then argument pieces). */
+static int chat_call(job *j, int index, const chat_tool_event *ev) {
+    json_t *c;
+    if (j->legacy) {
+        json_t *fn = ev->kind == CHAT_TOOL_EVENT_CALL
+                         ? json_pack("{s:s%,s:s}", "name", ev->s, ev->n, "arguments", "")
+                         : json_pack("{s:s%}", "arguments", ev->s, ev->n);
+        c = json_pack("{s:i,s:{s:o},s:n,s:n}", "index", index, "delta", "function_call", fn,
+                      "logprobs", "finish_reason");
+    } else {
+        json_t *call;
+        if (ev->kind == CHAT_TOOL_EVENT_CALL) {
+            char id[48];
+            job_call_id(j, index, ev->index, id, sizeof id);
+            call = json_pack("{s:i,s:s,s:s,s:{s:s%,s:s}}", "index", ev->index, "id", id, "type",
+                             "function", "function", "name", ev->s, ev->n, "arguments", "");
+        } else {
+            call = json_pack("{s:i,s:{s:s%}}", "index", ev->index, "function", "arguments", ev->s,
+                             ev->n);
+        }
+        c = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", index, "delta", "tool_calls", call,
+                      "logprobs", "finish_reason");
+    }
+    return emit(j, chunk(j, json_pack("[o]", c)));
+}
+
+/* Text as one chunk of choice index: a content delta (or completions' text) with its logprobs
+ * and finish reason. */
+static int chat_text(job *j, int index, const char *s, size_t n, json_t *logprobs,
+                     const char *finish) {
+    return emit(j, chunk(j, json_pack("[o]", choice_delta(j, index, s, n, logprobs, finish))));
 }
 
 /* A chat choice under tools: its new text goes through the tool parser, so calls stream as
@@ -207,7 +220,7 @@ static int stream_tools(job *j, int index, const choice_news *nw) {
     const char *finish = job_finish_name(nw->finish);
     if (tp->mode == 2 && tp->complete && tp->n_calls > 0 && nw->finish == GEN_FINISH_STOP)
         finish = j->legacy ? "function_call" : "tool_calls";
-    return emit(j, chunk(j, json_pack("[o]", choice_delta(j, index, "", 0, NULL, finish))));
+    return j->fmt->text(j, index, "", 0, NULL, finish);
 }
 
 /* Queues a chunk for every choice with new output. Sets *progress when something was queued
@@ -232,9 +245,8 @@ static int stream_collect(job *j, bool *progress, bool *done) {
                 json_t *lps = nw.n_lps > 0 ? job_logprobs_json(j, nw.lps, nw.n_lps,
                                                                job_echo_len(j, p) + nw.text_base)
                                            : NULL;
-                json_t *d =
-                    choice_delta(j, p * j->n + i, nw.text, nw.len, lps, job_finish_name(nw.finish));
-                rc = emit(j, chunk(j, json_pack("[o]", d)));
+                rc =
+                    j->fmt->text(j, p * j->n + i, nw.text, nw.len, lps, job_finish_name(nw.finish));
                 *progress = true;
             }
             free(nw.text);
@@ -245,15 +257,11 @@ static int stream_collect(job *j, bool *progress, bool *done) {
     return 0;
 }
 
-static int stream_close_events(job *j) {
-    api_error err = {0};
-    if (job_error(j, &err)) {
-        /* The access line says 200 (what the status line said): this line says why it ended. */
-        log_warn("POST %s %d id=%s: the stream ended with an error event: %s",
-                 j->kind == API_CHAT ? "/v1/chat/completions" : "/v1/completions", err.status,
-                 j->request_id, err.message);
-        char *e = api_error_json(&err);
-        int rc = !e || buf_put(j, "data: ", 6) || buf_put(j, e, strlen(e)) || buf_put(j, "\n\n", 2);
+/* The error event, or the usage chunk when asked for, then [DONE]. */
+static int chat_close(job *j, const api_error *err) {
+    if (err) {
+        char *e = api_error_json(err);
+        int rc = !e || job_put(j, "data: ", 6) || job_put(j, e, strlen(e)) || job_put(j, "\n\n", 2);
         free(e);
         if (rc) return -1;
     } else if (j->include_usage) {
@@ -261,8 +269,22 @@ static int stream_close_events(job *j) {
         json_object_set_new(v, "usage", job_usage(j));
         if (emit(j, v)) return -1;
     }
+    return job_put(j, "data: [DONE]\n\n", 14);
+}
+
+static const job_stream_format CHAT_FORMAT = {chat_open, chat_text, chat_call, chat_close, NULL};
+
+static int stream_close_events(job *j) {
+    api_error err = {0};
+    bool failed = job_error(j, &err) != 0;
+    if (failed) /* the access line says 200 (what the status line said): this says why it ended */
+        log_warn("POST %s %d id=%s: the stream ended with an error event: %s",
+                 j->fmt->path          ? j->fmt->path
+                 : j->kind == API_CHAT ? "/v1/chat/completions"
+                                       : "/v1/completions",
+                 err.status, j->request_id, err.message);
     j->ended = true;
-    return buf_put(j, "data: [DONE]\n\n", 14);
+    return j->fmt->close(j, failed ? &err : NULL);
 }
 
 static long stream_read(void *ud, char *buf, size_t max) {
@@ -277,9 +299,10 @@ static long stream_read(void *ud, char *buf, size_t max) {
         j->buf_len = j->buf_off = 0;
         if (j->ended) return 0;
         if (!j->started) {
-            int rc = stream_open(j);
+            int rc = j->fmt->open(j);
             if (rc < 0) return -1;
             if (rc == 0) return http_client_gone(j->fd) ? -1 : HTTP_WAIT;
+            j->started = true;
             continue;
         }
         bool progress, done;
@@ -297,5 +320,6 @@ static long stream_read(void *ud, char *buf, size_t max) {
 static void stream_close(void *ud) { job_free(ud); }
 
 void job_stream(job *j, http_stream *out) {
+    if (!j->fmt) j->fmt = &CHAT_FORMAT;
     *out = (http_stream){.ud = j, .read = stream_read, .close = stream_close};
 }
