@@ -162,6 +162,10 @@ static const opt_row OPTIONS[] = {
     NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
         "on SIGTERM, time running requests get to finish"),
     BOOL(webui, "true", "the web page at / (chat and a live view of the cache)"),
+    NUM(responses_store, 0, OPT_INT, 1, 1 << 24, true, false, "1024", "N",
+        "Responses API: stored responses kept, all keys (0: none stored)"),
+    NUM(responses_store_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 33, false, true, "64M", "BYTES",
+        "Responses API: bytes of stored responses kept"),
 #undef GROUP
 #define GROUP GROUP_ENGINE
     NUM(threads, 't', OPT_INT, 1, 256, false, false, "2", "N",

@@ -36,6 +36,9 @@ typedef struct kv_config {
     int idle_timeout;     /* seconds a connection may wait with no complete request */
     int shutdown_timeout; /* seconds running requests get to finish after SIGTERM */
     bool webui;           /* the web page at / and its files under /webui/ */
+    /* Responses API: stored responses (in memory), least recently used evicted over either bound */
+    int responses_store;           /* at most this many (0: none stored) */
+    int64_t responses_store_bytes; /* and this many bytes of their JSON */
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */

@@ -18,6 +18,7 @@
 #include "server/calibrate.h"
 #include "server/cli.h"
 #include "server/cli_common.h"
+#include "server/responses.h"
 #include "server/server.h"
 #include "util/utf8.h"
 
@@ -498,6 +499,11 @@ int cli_serve(int argc, char **argv) {
     s.pooling = embed_pooling(cfg.pooling, m);
     s.m = m;
     if (s.store && start_schemas(&s, &cfg, m, &err)) goto done;
+    if (cfg.responses_store > 0 &&
+        !(s.responses = resp_store_create(cfg.responses_store, cfg.responses_store_bytes))) {
+        kv_fail(&err, "out of memory");
+        goto done;
+    }
     atomic_store(&s.ready, true);
     int64_t pool = engine_kv_pool_tokens(s.eng);
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
@@ -525,6 +531,7 @@ done:
     }
     server_stop(&s);
     schemas_stop(&s);
+    resp_store_destroy(s.responses);
     engine_destroy(s.eng);
     grammar_vocab_destroy(s.gvocab);
     if (s.store) {

@@ -303,6 +303,9 @@ typedef enum route_kind {
     ROUTE_SCHEMAS, /* /v1/schemas: GET lists, POST registers */
     ROUTE_SCHEMA,  /* /v1/schemas/{name}: GET, DELETE */
     ROUTE_WEBUI,   /* / and /webui/{file}: the web page (gone with --no-webui) */
+    /* /v1/responses: POST; /v1/responses/{id}: GET, DELETE */
+    ROUTE_RESPONSES,
+    ROUTE_RESPONSE,
 } route_kind;
 
 typedef struct route {
@@ -330,6 +333,8 @@ static const route ROUTES[] = {
     {"/webui/", ROUTE_WEBUI, false, true},
     {"/v1/schemas", ROUTE_SCHEMAS, true, false},
     {"/v1/schemas/", ROUTE_SCHEMA, false, false},
+    {"/v1/responses", ROUTE_RESPONSES, true, false},
+    {"/v1/responses/", ROUTE_RESPONSE, false, false},
 };
 
 /* Routes that take more than one method (the table's post flag aside). */
@@ -337,7 +342,7 @@ static bool route_method_ok(const route *rt, const char *method) {
     if (rt->kind == ROUTE_SCHEMAS)
         return strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-    if (rt->kind == ROUTE_SCHEMA)
+    if (rt->kind == ROUTE_SCHEMA || rt->kind == ROUTE_RESPONSE)
         return strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
                strcmp(method, MHD_HTTP_METHOD_DELETE) == 0;
     return strcmp(method, rt->post ? MHD_HTTP_METHOD_POST : MHD_HTTP_METHOD_GET) == 0;
@@ -345,8 +350,14 @@ static bool route_method_ok(const route *rt, const char *method) {
 
 static const char *route_allow(const route *rt) {
     if (rt->kind == ROUTE_SCHEMAS) return "GET, POST";
-    if (rt->kind == ROUTE_SCHEMA) return "GET, DELETE";
+    if (rt->kind == ROUTE_SCHEMA || rt->kind == ROUTE_RESPONSE) return "GET, DELETE";
     return rt->post ? "POST" : "GET";
+}
+
+static const route *route_of(route_kind kind) {
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
+        if (ROUTES[i].kind == kind) return &ROUTES[i];
+    return NULL;
 }
 
 static const route *route_find(const server *s, const char *url) {
@@ -357,8 +368,9 @@ static const route *route_find(const server *s, const char *url) {
     /* /v1/models/{id} */
     if (strncmp(url, "/v1/models/", 11) == 0) return &ROUTES[2];
     /* /v1/schemas/{name} */
-    if (strncmp(url, "/v1/schemas/", 12) == 0 && url[12])
-        return &ROUTES[sizeof ROUTES / sizeof ROUTES[0] - 1];
+    if (strncmp(url, "/v1/schemas/", 12) == 0 && url[12]) return route_of(ROUTE_SCHEMA);
+    /* /v1/responses/{id} */
+    if (strncmp(url, "/v1/responses/", 14) == 0 && url[14]) return route_of(ROUTE_RESPONSE);
     return NULL;
 }
 
@@ -440,6 +452,7 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         size_t len = 0;
         char *text = metrics_render(s->mx, &len);
         if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
+        if (text) text = responses_metrics(s, text, &len);
         if (text) text = http_metrics(s, text, &len);
         if (!text) return send_error(conn, cr, 500, "server_error", NULL, "out of memory");
         r = (http_reply){.status = 200,
@@ -474,8 +487,10 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         return send_reply(conn, cr, &r);
     case ROUTE_CHAT:
     case ROUTE_COMPLETIONS:
-        rc = rt->kind == ROUTE_CHAT ? openai_chat(s, &call, &r, &st, &pend)
-                                    : openai_completions(s, &call, &r, &st, &pend);
+    case ROUTE_RESPONSES:
+        rc = rt->kind == ROUTE_CHAT          ? openai_chat(s, &call, &r, &st, &pend)
+             : rt->kind == ROUTE_COMPLETIONS ? openai_completions(s, &call, &r, &st, &pend)
+                                             : responses_create(s, &call, &r, &st, &pend);
         if (rc == 1) return send_stream(conn, cr, &st);
         if (rc == 2) {
             cr->pending = pend;
@@ -504,6 +519,9 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_SCHEMAS:
     case ROUTE_SCHEMA:
         schemas_api(s, &call, cr->method, rt->kind == ROUTE_SCHEMA ? url + 12 : NULL, &r);
+        return send_reply(conn, cr, &r);
+    case ROUTE_RESPONSE:
+        responses_api(s, &call, cr->method, url + 14, &r);
         return send_reply(conn, cr, &r);
     default:
         return send_error(conn, cr, 500, "server_error", NULL, "unrouted request");

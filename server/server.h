@@ -23,6 +23,7 @@
 
 typedef struct server server;
 typedef struct schema_registry schema_registry;
+typedef struct resp_store resp_store;
 
 /* Approximate reuse under the quality budget (cache/quality.h), as decided at start. */
 typedef struct server_reuse {
@@ -48,6 +49,7 @@ struct server {
     int max_tokens_limit;       /* cap on max_tokens */
     cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
     schema_registry *schemas;   /* Prompt Cache schemas (schemas.c), or NULL */
+    resp_store *responses;      /* the Responses API's stored responses, or NULL: none kept */
     content_disk *blend_disk;   /* blend's content records on disk, or NULL */
     server_reuse reuse;         /* approximate reuse's quality budget and what it chose */
     uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
@@ -175,6 +177,14 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
 /* The web page (webui.c): GET / and /webui/{file}, with its security and caching headers (a
  * 304 when If-None-Match names the file's ETag), or a 404 for a file it does not have. */
 void webui_get(const http_call *c, const char *url, http_reply *out);
+/* The Responses API (responses.c): POST /v1/responses (as openai_chat: 0 reply, 1 stream,
+ * 2 pending), GET and DELETE /v1/responses/{id}, and its store's Prometheus metrics appended to
+ * text (as cache_api_metrics). */
+int responses_create(server *s, const http_call *c, http_reply *out, http_stream *stream,
+                     http_pending *pending);
+void responses_api(server *s, const http_call *c, const char *method, const char *id,
+                   http_reply *out);
+char *responses_metrics(server *s, char *text, size_t *len);
 
 /* Appends the cache's Prometheus metrics to text (malloc'd, len bytes; freed here). Returns the
  * new text, or NULL when out of memory. */

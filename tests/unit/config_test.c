@@ -690,6 +690,8 @@ static const char *const ALL_FLAGS[] = {
     "--max-queue",
     "--prefill-chunk",
     "--max-tokens-limit",
+    "--responses-store",
+    "--responses-store-bytes",
     "--log-level",
     "--config",
     "--help",
@@ -697,6 +699,8 @@ static const char *const ALL_FLAGS[] = {
 };
 static const char *const ALL_ENV[] = {
     "KVSERVE_SIMD",
+    "KVSERVE_RESPONSES_STORE",
+    "KVSERVE_RESPONSES_STORE_BYTES",
     "KVSERVE_DEVICE",
     "KVSERVE_CACHE",
     "KVSERVE_CACHE_CHUNK_TOKENS",
@@ -829,4 +833,24 @@ Test(config, cache_options) {
     cr_assert_eq(config_load(&c, 3, bad, NULL, NULL, &err), CONFIG_ERROR);
     cr_assert(strstr(err.msg, "--cache-disk-bytes"), "%s", err.msg);
     config_free(&c);
+}
+
+Test(config, responses_store_options) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert_eq(c.responses_store, 1024);
+    cr_assert_eq(c.responses_store_bytes, INT64_C(64) << 20);
+    config_free(&c);
+    /* 0 stores nothing; the environment sets the bytes, a flag beats it */
+    load_ok(&c, L("--responses-store", "0", "--responses-store-bytes", "2M"),
+            L("KVSERVE_RESPONSES_STORE_BYTES=1G"));
+    cr_assert_eq(c.responses_store, 0);
+    cr_assert_eq(c.responses_store_bytes, INT64_C(2) << 20);
+    config_free(&c);
+    load_ok(&c, NONE, L("KVSERVE_RESPONSES_STORE=7", "KVSERVE_RESPONSES_STORE_BYTES=1G"));
+    cr_assert_eq(c.responses_store, 7);
+    cr_assert_eq(c.responses_store_bytes, INT64_C(1) << 30);
+    config_free(&c);
+    load_fails(L("--responses-store", "-1"), NONE, L("--responses-store"));
+    load_fails(L("--responses-store-bytes", "1K"), NONE, L("--responses-store-bytes"));
 }
