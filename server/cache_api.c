@@ -417,6 +417,7 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
     for (int i = 0; i < N_HELD; i++)
         fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
+    responses_metrics(s, f);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -452,7 +452,6 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         size_t len = 0;
         char *text = metrics_render(s->mx, &len);
         if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
-        if (text) text = responses_metrics(s, text, &len);
         if (text) text = http_metrics(s, text, &len);
         if (!text) return send_error(conn, cr, 500, "server_error", NULL, "out of memory");
         r = (http_reply){.status = 200,

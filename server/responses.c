@@ -33,8 +33,11 @@ typedef struct resp_job {
     int open;    /* the item in progress: 0 none, ITEM_MESSAGE, ITEM_CALL */
     int call;    /* the open call's index among the answer's calls */
     char *name;  /* the open call's function */
-    char *acc;   /* the open item's text or arguments so far */
-    size_t acc_len, acc_cap;
+    /* the open item's text or arguments so far: acc_f writes them into acc (acc_len bytes,
+     * NUL-terminated once flushed) */
+    FILE *acc_f;
+    char *acc;
+    size_t acc_len;
 } resp_job;
 
 enum { ITEM_MESSAGE = 1, ITEM_CALL };
@@ -45,6 +48,7 @@ static void resp_job_free(void *ud) {
     json_decref(rj->echo);
     json_decref(rj->conversation);
     free(rj->name);
+    if (rj->acc_f) fclose(rj->acc_f);
     free(rj->acc);
     free(rj);
 }
@@ -214,18 +218,18 @@ static int event(job *j, const char *type, json_t *fields) {
     return rc;
 }
 
+/* Starts the open item's text afresh. -1 when out of memory. */
+static int acc_begin(resp_job *rj) {
+    if (rj->acc_f) fclose(rj->acc_f);
+    free(rj->acc);
+    rj->acc = NULL;
+    rj->acc_len = 0;
+    rj->acc_f = open_memstream(&rj->acc, &rj->acc_len);
+    return rj->acc_f && fflush(rj->acc_f) == 0 ? 0 : -1;
+}
+
 static int acc_put(resp_job *rj, const char *s, size_t n) {
-    if (rj->acc_len + n + 1 > rj->acc_cap) {
-        size_t cap = (rj->acc_len + n + 1) * 2;
-        char *a = realloc(rj->acc, cap);
-        if (!a) return -1;
-        rj->acc = a;
-        rj->acc_cap = cap;
-    }
-    memcpy(rj->acc + rj->acc_len, s, n);
-    rj->acc_len += n;
-    rj->acc[rj->acc_len] = '\0';
-    return 0;
+    return fwrite(s, 1, n, rj->acc_f) == n && fflush(rj->acc_f) == 0 ? 0 : -1;
 }
 
 static int resp_open(job *j) {
@@ -244,11 +248,10 @@ static int open_message(job *j) {
     int index = rj->n_items++;
     item_id(rj, false, index, id, sizeof id);
     rj->open = ITEM_MESSAGE;
-    rj->acc_len = 0;
-    if (acc_put(rj, "", 0) || event(j, "response.output_item.added",
-                                    json_pack("{s:i,s:{s:s,s:s,s:s,s:s,s:[]}}", "output_index",
-                                              index, "item", "id", id, "type", "message", "status",
-                                              "in_progress", "role", "assistant", "content")))
+    if (acc_begin(rj) || event(j, "response.output_item.added",
+                               json_pack("{s:i,s:{s:s,s:s,s:s,s:s,s:[]}}", "output_index", index,
+                                         "item", "id", id, "type", "message", "status",
+                                         "in_progress", "role", "assistant", "content")))
         return -1;
     return event(j, "response.content_part.added",
                  json_pack("{s:s,s:i,s:i,s:{s:s,s:s,s:[]}}", "item_id", id, "output_index", index,
@@ -331,8 +334,7 @@ static int resp_call(job *j, int index, const chat_tool_event *ev) {
     if (!(rj->name = strndup(ev->s, ev->n))) return -1;
     rj->open = ITEM_CALL;
     rj->call = ev->index;
-    rj->acc_len = 0;
-    if (acc_put(rj, "", 0)) return -1;
+    if (acc_begin(rj)) return -1;
     return event(j, "response.output_item.added",
                  json_pack("{s:i,s:o}", "output_index", at, "item",
                            call_item(rj, at, call_id, rj->name, "", "in_progress")));
@@ -496,28 +498,17 @@ void responses_api(server *s, const http_call *c, const char *method, const char
         .status = 200, .body = text, .len = strlen(text), .content_type = "application/json"};
 }
 
-char *responses_metrics(server *s, char *text, size_t *len) {
+void responses_metrics(const server *s, FILE *f) {
     resp_store_stats st = {0};
     if (s->responses) resp_store_stats_get(s->responses, &st);
-    char more[768];
-    int n = snprintf(more, sizeof more,
-                     "# HELP kvserve_responses_stored Responses API: stored responses held.\n"
-                     "# TYPE kvserve_responses_stored gauge\nkvserve_responses_stored %lld\n"
-                     "# HELP kvserve_responses_stored_bytes Responses API: bytes of stored "
-                     "responses held.\n"
-                     "# TYPE kvserve_responses_stored_bytes gauge\n"
-                     "kvserve_responses_stored_bytes %lld\n"
-                     "# HELP kvserve_responses_evicted_total Responses API: stored responses "
-                     "evicted over --responses-store or --responses-store-bytes.\n"
-                     "# TYPE kvserve_responses_evicted_total counter\n"
-                     "kvserve_responses_evicted_total %lld\n",
-                     (long long)st.count, (long long)st.bytes, (long long)st.evictions);
-    char *t = realloc(text, *len + (size_t)n + 1);
-    if (!t) {
-        free(text);
-        return NULL;
-    }
-    memcpy(t + *len, more, (size_t)n + 1);
-    *len += (size_t)n;
-    return t;
+    fprintf(
+        f,
+        "# HELP kvserve_responses_stored Responses API: stored responses held.\n"
+        "# TYPE kvserve_responses_stored gauge\nkvserve_responses_stored %lld\n"
+        "# HELP kvserve_responses_stored_bytes Responses API: bytes of stored responses held.\n"
+        "# TYPE kvserve_responses_stored_bytes gauge\nkvserve_responses_stored_bytes %lld\n"
+        "# HELP kvserve_responses_evicted_total Responses API: stored responses evicted over "
+        "--responses-store or --responses-store-bytes.\n"
+        "# TYPE kvserve_responses_evicted_total counter\nkvserve_responses_evicted_total %lld\n",
+        (long long)st.count, (long long)st.bytes, (long long)st.evictions);
 }

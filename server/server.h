@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -178,16 +179,16 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
  * 304 when If-None-Match names the file's ETag), or a 404 for a file it does not have. */
 void webui_get(const http_call *c, const char *url, http_reply *out);
 /* The Responses API (responses.c): POST /v1/responses (as openai_chat: 0 reply, 1 stream,
- * 2 pending), GET and DELETE /v1/responses/{id}, and its store's Prometheus metrics appended to
- * text (as cache_api_metrics). */
+ * 2 pending), GET and DELETE /v1/responses/{id}, and its store's Prometheus metrics (written
+ * with the cache's, by cache_api_metrics). */
 int responses_create(server *s, const http_call *c, http_reply *out, http_stream *stream,
                      http_pending *pending);
 void responses_api(server *s, const http_call *c, const char *method, const char *id,
                    http_reply *out);
-char *responses_metrics(server *s, char *text, size_t *len);
+void responses_metrics(const server *s, FILE *f);
 
-/* Appends the cache's Prometheus metrics to text (malloc'd, len bytes; freed here). Returns the
- * new text, or NULL when out of memory. */
+/* Appends the cache's Prometheus metrics (and the Responses API store's) to text (malloc'd, len
+ * bytes; freed here). Returns the new text, or NULL when out of memory. */
 char *cache_api_metrics(server *s, char *text, size_t *len);
 
 #endif
