@@ -277,6 +277,7 @@ FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
 FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c cache/chunk.c cache/blend_policy.c model/chat.c \
     model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
+FUZZ_DEPS_responses_fuzz := server/responses_parse.c $(FUZZ_DEPS_api_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
