@@ -101,8 +101,9 @@ static json_t *output_items(const job *j, const resp_job *rj, json_t **conv, boo
         text = json_is_string(content) ? json_string_value(content) : NULL;
         len = json_string_length(content);
     }
+    /* ids by output index, as the stream numbers its items */
     if (text) {
-        json_array_append_new(out, message_item(rj, 0, text, len, status));
+        json_array_append_new(out, message_item(rj, (int)json_array_size(out), text, len, status));
         json_array_append_new(*conv, json_pack("{s:s,s:s,s:[s%]}", "type", "message", "role",
                                                "assistant", "content", text, len));
     }
@@ -114,8 +115,8 @@ static json_t *output_items(const job *j, const resp_job *rj, json_t **conv, boo
         const char *name = json_string_value(json_object_get(fn, "name"));
         const char *args = json_string_value(json_object_get(fn, "arguments"));
         bool whole = args_complete(args);
-        json_array_append_new(
-            out, call_item(rj, (int)k, id, name, args, whole ? "completed" : "incomplete"));
+        json_array_append_new(out, call_item(rj, (int)json_array_size(out), id, name, args,
+                                             whole ? "completed" : "incomplete"));
         if (whole)
             json_array_append_new(*conv, json_pack("{s:s,s:s,s:s,s:s}", "type", "function_call",
                                                    "call_id", id, "name", name, "arguments", args));

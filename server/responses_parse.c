@@ -395,6 +395,7 @@ static int parse_tools(const json_t *root, resp_request *out, api_error *err) {
     const json_t *tc = api_field(root, "tool_choice");
     if (!tc) return set_new(out->echo, "tool_choice", json_string("auto"), err);
     if (json_is_string(tc)) {
+        if (text_check(tc, "tool_choice", err)) return -1;
         const char *c = json_string_value(tc);
         if (!strcmp(c, "none"))
             rq->tool_choice = CHAT_TOOL_NONE;

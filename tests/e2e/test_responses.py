@@ -2,7 +2,7 @@
 streamed (the semantic events in OpenAI's order, sequence numbers, deltas that add up to the
 whole answer), client.responses.stream's final response; a function call round trip
 (function_call, then function_call_output, then an answer) with previous_response_id and with
-the items sent back; json_schema output validated with `jsonschema`; previous_response_id over
+the items sent back, streamed calls, a forced call that is not repeated; json_schema output validated with `jsonschema`; previous_response_id over
 three turns reporting the earlier turns as cached tokens; GET and DELETE /v1/responses/{id},
 per API key; and the 400s and 404s, naming the field. One server, two API keys (two
 namespaces), 16-token cache chunks so a short conversation's earlier turns fill whole chunks."""
@@ -181,6 +181,18 @@ def test_function_call_streamed(client, server):
     assert "".join(e.delta for e in args) == done.arguments == whole.output[0].arguments
     [fc] = final.output
     assert fc.call_id == added.call_id and fc.arguments == done.arguments
+
+
+def test_a_forced_call_is_not_repeated(client, server):
+    """tool_choice "required" with parallel calls: SmolLM2 would call get_weather for Paris again
+    and again until max_output_tokens; the call guard ends the turn after the first instead."""
+    r = client.responses.create(model=server.model_id, input="What is the weather in Paris?",
+                                tools=TOOLS, tool_choice="required", max_output_tokens=80,
+                                temperature=0, store=False)
+    assert r.status == "completed"
+    calls = [(o.name, o.arguments) for o in r.output]
+    assert calls and all(o.type == "function_call" for o in r.output)
+    assert len(set(calls)) == len(calls), calls
 
 
 def test_previous_response_id_reuses_the_earlier_turns(client, server):
