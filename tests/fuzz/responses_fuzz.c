@@ -75,32 +75,31 @@ static uint64_t use_request(const resp_request *r) {
     return sink;
 }
 
+/* Translates r (prev: a stored conversation, or NULL) and checks the turns or the error. */
+static uint64_t translate(resp_request *r, const json_t *prev) {
+    api_error err;
+    if (resp_conversation(r, prev, &err) == 0) return use_conversation(r);
+    check_error(&err);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    const char *body = (const char *)data;
-    volatile uint64_t sink = 0;
+    resp_request r, again;
     api_error err;
-    resp_request r;
-    if (resp_parse(body, size, &r, &err) != 0) {
+    if (resp_parse((const char *)data, size, &r, &err) != 0) {
         check_error(&err);
         CHECK(r.rq.model == NULL && r.input == NULL && r.echo == NULL);
         resp_request_free(&r);
         return 0;
     }
-    sink += use_request(&r);
+    volatile uint64_t sink = use_request(&r);
     json_t *prev = json_deep_copy(r.input);
     CHECK(prev != NULL);
-    if (resp_conversation(&r, NULL, &err) == 0)
-        sink += use_conversation(&r);
-    else
-        check_error(&err);
+    sink += translate(&r, NULL);
     /* again, after its own items as a stored conversation */
-    resp_request again;
-    CHECK(resp_parse(body, size, &again, &err) == 0);
-    if (resp_conversation(&again, prev, &err) == 0)
-        sink += use_conversation(&again);
-    else
-        check_error(&err);
+    CHECK(resp_parse((const char *)data, size, &again, &err) == 0);
+    sink += translate(&again, prev);
     json_decref(prev);
     resp_request_free(&again);
     resp_request_free(&r);
