@@ -1,11 +1,12 @@
 #include "server/metrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "util/util.h"
 
 /* ---------------------------------------------------------------- histograms */
 
@@ -152,86 +153,52 @@ void metrics_set_engine(metrics *m, const metrics_engine *e) {
 
 /* ---------------------------------------------------------------- rendering */
 
-typedef struct text_buf {
-    char *s;
-    size_t len, cap;
-    bool oom;
-} text_buf;
-
-static void tb_printf(text_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tb_printf(text_buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = true;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = (b->cap + (size_t)n + 1) * 2;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->oom = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
-
-static void render_hist_head(text_buf *b, const histogram *h) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+static void render_hist_head(kv_buf *b, const histogram *h) {
+    kv_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
 }
 
 /* One series of a histogram; labels: "" or `key="value"` (put before le). */
-static void render_hist_series(text_buf *b, const histogram *h, const char *labels) {
+static void render_hist_series(kv_buf *b, const histogram *h, const char *labels) {
     const char *sep = labels[0] ? "," : "";
     uint64_t cum = 0;
     for (int i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
-        tb_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", h->name, labels, sep, h->bounds[i],
-                  (unsigned long long)cum);
+        kv_buf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", h->name, labels, sep, h->bounds[i],
+                      (unsigned long long)cum);
     }
-    tb_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,
-              (unsigned long long)h->count);
-    if (labels[0])
-        tb_printf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", h->name, labels, h->sum, h->name,
-                  labels, (unsigned long long)h->count);
-    else
-        tb_printf(b, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum, h->name,
+    kv_buf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,
                   (unsigned long long)h->count);
+    if (labels[0])
+        kv_buf_printf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", h->name, labels, h->sum, h->name,
+                      labels, (unsigned long long)h->count);
+    else
+        kv_buf_printf(b, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum, h->name,
+                      (unsigned long long)h->count);
 }
 
-static void render_hist(text_buf *b, const histogram *h) {
+static void render_hist(kv_buf *b, const histogram *h) {
     render_hist_head(b, h);
     render_hist_series(b, h, "");
 }
 
-static void render_counter(text_buf *b, const char *name, const char *help, uint64_t v) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
-              (unsigned long long)v);
+static void render_counter(kv_buf *b, const char *name, const char *help, uint64_t v) {
+    kv_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
+                  (unsigned long long)v);
 }
 
-static void render_gauge(text_buf *b, const char *name, const char *help, double v) {
-    tb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+static void render_gauge(kv_buf *b, const char *name, const char *help, double v) {
+    kv_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
 char *metrics_render(metrics *m, size_t *len) {
-    text_buf b = {.cap = 4096};
-    if (!(b.s = malloc(b.cap))) return NULL;
-    b.s[0] = '\0';
+    kv_buf b = {0};
+    kv_buf_puts(&b, ""); /* the text exists (NUL-terminated) even with no line in it */
     pthread_mutex_lock(&m->mu);
-    tb_printf(&b, "# HELP kvserve_requests_total HTTP requests by endpoint and status.\n"
-                  "# TYPE kvserve_requests_total counter\n");
+    kv_buf_printf(&b, "# HELP kvserve_requests_total HTTP requests by endpoint and status.\n"
+                      "# TYPE kvserve_requests_total counter\n");
     for (int i = 0; i < m->n_req; i++)
-        tb_printf(&b, "kvserve_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
-                  m->req[i].endpoint, m->req[i].status, (unsigned long long)m->req[i].count);
+        kv_buf_printf(&b, "kvserve_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                      m->req[i].endpoint, m->req[i].status, (unsigned long long)m->req[i].count);
     render_counter(&b, "kvserve_prompt_tokens_total", "Prompt tokens processed.", m->prompt_tokens);
     render_counter(&b, "kvserve_generation_tokens_total", "Tokens generated.", m->generated_tokens);
     render_counter(&b, "kvserve_preemptions_total",
@@ -264,9 +231,9 @@ char *metrics_render(metrics *m, size_t *len) {
     render_gauge(&b, "kvserve_kv_block_tokens", "Tokens per KV pool block.", e->kv_block_tokens);
     pthread_mutex_unlock(&m->mu);
     if (b.oom) {
-        free(b.s);
+        free(b.p);
         return NULL;
     }
     *len = b.len;
-    return b.s;
+    return b.p;
 }

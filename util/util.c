@@ -247,7 +247,10 @@ void kv_buf_printf(kv_buf *b, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
+    if (n < 0) { /* an encoding error: the text would be wrong, as on running out of memory */
+        b->oom = true;
+        return;
+    }
     if ((size_t)n < sizeof tmp) {
         kv_buf_append(b, tmp, (size_t)n);
         return;
