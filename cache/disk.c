@@ -40,6 +40,7 @@
 
 #include "cache/chunk_codec.h"
 #include "cache/disk.h"
+#include "cache/leases.h"
 #include "cache/meter.h"
 #include "cache/record.h"
 #include "cache/worker.h"
@@ -60,6 +61,8 @@
 /* Records waiting for the encoder, each a lossless chunk held in memory: a burst beyond it is
  * not encoded (an encoding costs more than a write; a deep queue would only hold memory). */
 #define DISK_ENCODE_QUEUE 16
+#define DISK_LEASES "leases" /* the leases file (cache/leases.h), beside the records */
+#define DISK_LEASES_TMP "leases.tmp"
 
 /* ---------------------------------------------------------------- types */
 
@@ -93,7 +96,10 @@ typedef struct disk_entry {
     int64_t bytes;                /* payload bytes, of every file */
     uint64_t size[CACHE_ENC_MAX]; /* file bytes by encoding ([0]: the record; 0: no file) */
     int n_blocks;
-    bool pinned, writing, doomed;
+    /* pinned: kept from eviction (and counted in pinned_bytes) while it has a reason: a pin
+     * until unpinned (manual) or a lease until a time (Unix seconds, 0: none) */
+    bool pinned, manual, writing, doomed;
+    int64_t lease;
     disk_block by_block[]; /* [n_blocks] */
 } disk_entry;
 
@@ -161,6 +167,9 @@ struct cache_disk {
     bool stop;
     cache_tier_stats st;    /* capacity is filled in by cache_disk_stats */
     int64_t pinned_bytes;   /* payload bytes of pinned entries (published or being written) */
+    int64_t pin_limit;      /* pinned bytes at most beside half the cap (0: none) */
+    int64_t next_expiry;    /* no lease ends before this (0: no lease) */
+    bool leases_dirty;      /* the leases file is behind the index: the I/O thread rewrites it */
     cache_meter meter;      /* this disk's read rate and the decoders */
     chunk_worker *encoder;  /* encodes published records (NULL: none, or stopping) */
     disk_sidecars *handoff; /* encoded files for the I/O thread to write (one at a time) */
@@ -341,8 +350,37 @@ static void entry_set_enc(cache_disk *d, disk_entry *e, int enc, uint64_t file_b
     if (e->pinned) d->pinned_bytes += delta;
 }
 
+/* Pinned records may fill at most half the tier, so unpinned traffic always has room, and at
+ * most the pin limit. */
+static int64_t pin_cap(const cache_disk *d) {
+    int64_t half = d->cap / 2;
+    return d->pin_limit > 0 && d->pin_limit < half ? d->pin_limit : half;
+}
+
+/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), keeping it from eviction
+ * while it has one. False, e unchanged, when that would take the pinned bytes over the cap. A
+ * change of lease is for the I/O thread to write to the leases file. */
+static bool entry_hold(cache_disk *d, disk_entry *e, bool manual, int64_t lease) {
+    bool held = manual || lease > 0;
+    if (held && !e->pinned && d->pinned_bytes + e->bytes > pin_cap(d)) return false;
+    if (held != e->pinned) {
+        d->pinned_bytes += held ? e->bytes : -e->bytes;
+        if (!e->writing) d->st.pinned += held ? 1 : -1;
+    }
+    if (lease != e->lease) {
+        d->leases_dirty = true;
+        pthread_cond_signal(&d->work);
+    }
+    e->pinned = held;
+    e->manual = manual;
+    e->lease = lease;
+    if (lease > 0 && (d->next_expiry == 0 || lease < d->next_expiry)) d->next_expiry = lease;
+    return true;
+}
+
 /* Removes e from the index and frees it (its file, if any, is the caller's to delete). */
 static void entry_drop(cache_disk *d, disk_entry *e) {
+    if (e->lease) d->leases_dirty = true; /* written with the next change, or at close */
     if (e->pinned) d->pinned_bytes -= e->bytes;
     if (!e->writing) {
         lru_unlink(&d->lru, &e->lru);
@@ -386,20 +424,19 @@ static void evict_locked(cache_disk *d) {
 }
 
 /* A record that just got published holds a prefix of it: the records of the same chunk that
- * end at one of its earlier blocks. They are deleted, and a pin one of them had passes to e. */
+ * end at one of its earlier blocks. They are deleted, and the pins and latest lease they had
+ * pass to e (as far as the pin cap allows). */
 static void supersede_locked(cache_disk *d, disk_entry *e) {
-    bool pinned = false;
+    bool manual = e->manual;
+    int64_t lease = e->lease;
     for (int i = 0; i < e->n_blocks - 1; i++) {
         disk_entry *old = table_find(d, &e->by_block[i].key);
         if (!old || old->writing || !victim_entry(d, old)) continue;
-        pinned |= old->pinned;
+        manual |= old->manual;
+        if (old->lease > lease) lease = old->lease;
         entry_drop(d, old);
     }
-    if (pinned && !e->pinned && d->pinned_bytes + e->bytes <= d->cap / 2) {
-        e->pinned = true;
-        d->pinned_bytes += e->bytes;
-        d->st.pinned++;
-    }
+    entry_hold(d, e, manual, lease);
 }
 
 /* Deletes victims[0..n)'s files (without mu). */
@@ -685,8 +722,8 @@ static void disk_write_sidecars(cache_disk *d, disk_sidecars *s) {
     int64_t added = 0;
     for (int i = 1; i < CACHE_ENC_MAX; i++)
         added += size[i] ? (int64_t)size[i] - (int64_t)d->header_bytes : 0;
-    /* a pinned record's encodings are pinned too: only as far as pins may fill half the tier */
-    bool room = e && (!e->pinned || d->pinned_bytes + added <= d->cap / 2);
+    /* a pinned record's encodings are pinned too: only as far as the pin cap allows */
+    bool room = e && (!e->pinned || d->pinned_bytes + added <= pin_cap(d));
     if (e && e->gen == s->gen && !e->writing && room) {
         for (int i = 1; i < CACHE_ENC_MAX; i++)
             if (size[i]) {
@@ -1002,6 +1039,64 @@ static void disk_unlink_job(cache_disk *d, disk_job *j) {
     unlink_files(d, j->victims, (size_t)j->n);
 }
 
+/* ---------------------------------------------------------------- leases file */
+
+typedef struct lease_walk {
+    cache_lease *out; /* NULL: count only */
+    int n;
+    int64_t now; /* expire: leases due at or before it end */
+    int64_t next;
+    int ended;
+    cache_disk *d;
+} lease_walk;
+
+static void lease_collect(void *ud, kt_node *node) {
+    lease_walk *w = ud;
+    const disk_entry *e = KT_ENTRY(node, disk_entry, by_key);
+    if (e->lease <= 0 || e->doomed) return;
+    if (w->out) w->out[w->n] = (cache_lease){*entry_key(e), e->lease};
+    w->n++;
+}
+
+/* Rewrites the leases file from the index (I/O thread, called and returning with mu held; the
+ * file is written without it). A failure is logged: the leases then hold until a restart. */
+static void leases_write_locked(cache_disk *d) {
+    d->leases_dirty = false;
+    lease_walk w = {0};
+    keytable_each(&d->records, lease_collect, &w);
+    size_t bytes = cache_leases_bytes(w.n);
+    uint8_t *buf = malloc(bytes);
+    w.out = malloc(sizeof *w.out * (size_t)(w.n ? w.n : 1));
+    if (buf && w.out) {
+        w.n = 0;
+        keytable_each(&d->records, lease_collect, &w);
+    }
+    pthread_mutex_unlock(&d->mu);
+    const char *what = "encode";
+    int err = !buf || !w.out ? ENOMEM : cache_leases_encode(w.out, w.n, buf) ? EIO : 0;
+    if (!err) {
+        what = "write";
+        int fd = openat(d->dir_fd, DISK_LEASES_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        size_t done = 0;
+        while (fd >= 0 && done < bytes) {
+            ssize_t k = write(fd, buf + done, bytes - done);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            done += (size_t)k;
+        }
+        err = fd < 0 ? errno : done < bytes ? (errno ? errno : EIO) : 0;
+        if (fd >= 0 && close(fd) != 0 && !err) err = errno;
+        if (!err && renameat(d->dir_fd, DISK_LEASES_TMP, d->dir_fd, DISK_LEASES) != 0) {
+            err = errno;
+            what = "rename";
+        }
+    }
+    if (err) disk_warn(d, "cannot %s the leases file: %s", what, strerror(err));
+    free(buf);
+    free(w.out);
+    pthread_mutex_lock(&d->mu);
+}
+
 /* Waiting callers' jobs first, then queued writes; exits once stopped and drained. */
 static void *disk_thread(void *arg) {
     cache_disk *d = arg;
@@ -1036,6 +1131,8 @@ static void *disk_thread(void *arg) {
             pthread_mutex_lock(&d->mu);
             d->handoff = NULL;
             pthread_cond_broadcast(&d->done);
+        } else if (d->leases_dirty) {
+            leases_write_locked(d);
         } else if (d->stop) {
             break;
         } else {
@@ -1461,17 +1558,122 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
     for (int i = 0; i < n; i++) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */
-        if (!e || e->doomed) continue;
-        /* Pins may take at most half the tier, so unpinned traffic always has room. */
-        if (pin && !e->pinned && d->pinned_bytes + e->bytes > d->cap / 2) continue;
-        held++;
-        if (e->pinned == pin) continue;
-        e->pinned = pin;
-        d->pinned_bytes += pin ? e->bytes : -e->bytes;
-        if (!e->writing) d->st.pinned += pin ? 1 : -1;
+        if (e && !e->doomed && entry_hold(d, e, pin, e->lease)) held++;
     }
     pthread_mutex_unlock(&d->mu);
     return held;
+}
+
+void cache_disk_set_pin_limit(cache_disk *d, int64_t bytes) {
+    pthread_mutex_lock(&d->mu);
+    d->pin_limit = bytes;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* The entry holding block key k, published or being written (not doomed), or NULL. */
+static disk_entry *block_find_any(const cache_disk *d, const cache_key *k) {
+    disk_entry *writing = NULL;
+    for (kt_node *n = keytable_find(&d->blocks, k->b); n; n = keytable_find_next(&d->blocks, n)) {
+        disk_entry *e = KT_ENTRY(n, disk_block, node)->e;
+        if (e->doomed) continue;
+        if (!e->writing) return e;
+        writing = e;
+    }
+    return writing;
+}
+
+bool cache_disk_lease(cache_disk *d, const cache_key *bkey, int64_t until) {
+    pthread_mutex_lock(&d->mu);
+    disk_entry *e = block_find_any(d, bkey);
+    bool ok = e && entry_hold(d, e, e->manual, until > e->lease ? until : e->lease);
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
+static void lease_expire(void *ud, kt_node *node) {
+    lease_walk *w = ud;
+    disk_entry *e = KT_ENTRY(node, disk_entry, by_key);
+    if (e->lease <= 0) return;
+    if (e->lease <= w->now) {
+        entry_hold(w->d, e, e->manual, 0); /* taking a reason away never fails */
+        w->ended++;
+    } else if (w->next == 0 || e->lease < w->next) {
+        w->next = e->lease;
+    }
+}
+
+int cache_disk_expire(cache_disk *d, int64_t now) {
+    pthread_mutex_lock(&d->mu);
+    lease_walk w = {.now = now, .d = d};
+    if (d->next_expiry > 0 && d->next_expiry <= now) {
+        keytable_each(&d->records, lease_expire, &w);
+        d->next_expiry = w.next;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return w.ended;
+}
+
+typedef struct pin_walk {
+    cache_pin_info *out;
+    int n, max;
+} pin_walk;
+
+static void pin_collect(void *ud, kt_node *node) {
+    pin_walk *w = ud;
+    const disk_entry *e = KT_ENTRY(node, disk_entry, by_key);
+    if (!e->pinned || e->doomed) return;
+    if (w->n < w->max)
+        w->out[w->n] = (cache_pin_info){.key = *entry_key(e),
+                                        .ns = e->ns,
+                                        .n_blocks = e->n_blocks,
+                                        .manual = e->manual,
+                                        .lease = e->lease,
+                                        .disk = true};
+    w->n++;
+}
+
+int cache_disk_pins(cache_disk *d, cache_pin_info *out, int max) {
+    pthread_mutex_lock(&d->mu);
+    pin_walk w = {.out = out, .max = max};
+    keytable_each(&d->records, pin_collect, &w);
+    pthread_mutex_unlock(&d->mu);
+    return w.n;
+}
+
+int cache_disk_restore_leases(cache_disk *d, int64_t now) {
+    int fd = openat(d->dir_fd, DISK_LEASES, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0; /* none kept */
+    struct stat sb;
+    uint8_t *buf = NULL;
+    kv_error err = {{0}};
+    cache_lease *leases = NULL;
+    int n = 0, restored = 0;
+    bool read_ok = fstat(fd, &sb) == 0 && sb.st_size >= 0 &&
+                   (uint64_t)sb.st_size <= cache_leases_bytes(CACHE_LEASES_MAX) &&
+                   (buf = malloc((size_t)sb.st_size + 1)) &&
+                   read_full(fd, buf, (size_t)sb.st_size) == (ssize_t)sb.st_size;
+    close(fd);
+    if (!read_ok) {
+        log_warn("cache: disk %s: leases file unreadable: leases from before the start are lost",
+                 d->path);
+    } else if (cache_leases_parse(buf, (size_t)sb.st_size, &leases, &n, &err) != 0) {
+        log_warn("cache: disk %s: %s: leases from before the start are lost", d->path, err.msg);
+    }
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < n; i++) {
+        disk_entry *e = table_find(d, &leases[i].key);
+        if (e && !e->doomed && leases[i].until > now &&
+            entry_hold(d, e, e->manual, leases[i].until))
+            restored++;
+    }
+    d->leases_dirty = true; /* the file again, without what expired or is gone */
+    pthread_cond_signal(&d->work);
+    pthread_mutex_unlock(&d->mu);
+    free(leases);
+    free(buf);
+    if (restored)
+        log_info("cache: disk %s: %d leases kept from before the start", d->path, restored);
+    return restored;
 }
 
 typedef struct clear_walk {
