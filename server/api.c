@@ -13,6 +13,7 @@
 #include "server/api.h"
 #include "cache/cache.h"
 #include "model/grammar.h"
+#include "server/api_json.h"
 #include "util/json.h"
 #include "util/utf8.h"
 
@@ -847,14 +848,7 @@ static int parse_function(const json_t *fn, const char *pp, size_t i, api_reques
     const json_t *params = field(fn, "parameters");
     if (!params) return 0;
     snprintf(p, sizeof p, "%s.parameters", pp);
-    if (!json_is_object(params)) return type_error(err, p, "a JSON Schema object", params);
-    if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
-    /* the schema must compile: an unsupported keyword is named now */
-    kv_error ke = {{0}};
-    char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
-    if (!g) return API_BAD(err, p, "'%s': %s", p, ke.msg);
-    free(g);
-    return 0;
+    return api_tool_schema(params, p, (char **)&ct->parameters, err);
 }
 
 /* tools, or the legacy functions (key "functions": the functions themselves, not wrapped). */
@@ -1054,8 +1048,7 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     return 0;
 }
 
-int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
-                      api_error *err) {
+void api_request_defaults(api_request *out, api_kind kind) {
     memset(out, 0, sizeof *out);
     out->kind = kind;
     out->max_tokens = -1;
@@ -1070,6 +1063,11 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     out->fixup_ratio = -1;
     out->jump_forward = true;
     sampler_params_default(&out->sampling);
+}
+
+int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
+                      api_error *err) {
+    api_request_defaults(out, kind);
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
 
@@ -1224,4 +1222,47 @@ int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_
         rc = parse_token_array(v, "tokens", tokens, n_tokens, err);
     json_decref(root);
     return rc;
+}
+
+/* ---------------------------------------------------------------- field checks (api_json.h) */
+
+json_t *api_json_body(const char *body, size_t len, api_error *err) {
+    return parse_body(body, len, err);
+}
+
+json_t *api_json_field(const json_t *obj, const char *key) { return field(obj, key); }
+
+int api_json_type_error(api_error *err, const char *param, const char *want, const json_t *got) {
+    return type_error(err, param, want, got);
+}
+
+int api_json_number(const json_t *obj, const char *key, double lo, double hi, float *out,
+                    api_error *err) {
+    return opt_number(obj, key, lo, hi, false, out, err);
+}
+
+int api_json_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                 api_error *err) {
+    return opt_int(obj, key, lo, hi, out, err);
+}
+
+int api_json_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
+    return opt_bool(obj, key, out, err);
+}
+
+int api_json_string(const json_t *v, const char *param, char **out, api_error *err) {
+    return str_copy(v, param, out, err);
+}
+
+bool api_tool_name_ok(const char *s, size_t len) { return tool_name_ok(s, len); }
+
+int api_tool_schema(const json_t *schema, const char *param, char **out, api_error *err) {
+    if (!json_is_object(schema)) return type_error(err, param, "a JSON Schema object", schema);
+    if (!(*out = json_dumps(schema, JSON_COMPACT))) return oom(err);
+    /* the schema must compile: an unsupported keyword is named now */
+    kv_error ke = {{0}};
+    char *g = json_schema_to_gbnf(*out, strlen(*out), &ke);
+    if (!g) return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    free(g);
+    return 0;
 }

@@ -129,6 +129,9 @@ typedef struct api_request {
 int api_parse_request(api_kind kind, const char *body, size_t len, api_request *out,
                       api_error *err);
 void api_request_free(api_request *r);
+/* An empty request of kind with every field at its default (what a body that gives nothing but
+ * the required fields gets). */
+void api_request_defaults(api_request *out, api_kind kind);
 
 /* /v1/embeddings: {"model", "input": a string, strings, token ids or lists of token ids,
  * "encoding_format": "float" | "base64", "dimensions", "user"}. */

@@ -76,6 +76,7 @@ typedef struct conn_req {
     api_error early;
     char id[HTTP_REQUEST_ID_MAX];
     char error[256];      /* the message of a 4xx or 5xx answer, for the access log */
+    bool anthropic;       /* an Anthropic route: errors in Anthropic's JSON */
     bool counted;         /* in s->in_flight */
     http_pending pending; /* a reply the engine works on (.ud NULL: none) */
     /* The connection sleeps (suspended) while its stream or pending reply has nothing; wake
@@ -176,6 +177,7 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, htt
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
     common_headers(resp, cr);
+    if (r->status >= 400 && cr->anthropic) anthropic_reply_error(r);
     if (r->status >= 400) reply_message(r, cr->error, sizeof cr->error);
     if (r->retry_after > 0) {
         char v[16];
@@ -274,9 +276,11 @@ static bool key_ok(const server *s, const char *presented) {
     return ok;
 }
 
+/* The key presented: a Bearer token, else x-api-key (Anthropic's clients send that). */
 static const char *bearer_token(struct MHD_Connection *conn) {
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
     h += 7;
     while (*h == ' ') h++;
     return h;
@@ -298,8 +302,9 @@ typedef enum route_kind {
     ROUTE_CACHE_CLEAR,
     ROUTE_CACHE_PIN,
     ROUTE_CACHE_UNPIN,
-    ROUTE_SCHEMAS, /* /v1/schemas: GET lists, POST registers */
-    ROUTE_SCHEMA,  /* /v1/schemas/{name}: GET, DELETE */
+    ROUTE_SCHEMAS,   /* /v1/schemas: GET lists, POST registers */
+    ROUTE_SCHEMA,    /* /v1/schemas/{name}: GET, DELETE */
+    ROUTE_ANTHROPIC, /* /v1/messages, /v1/messages/count_tokens */
 } route_kind;
 
 typedef struct route {
@@ -324,6 +329,8 @@ static const route ROUTES[] = {
     {"/v1/cache/pin", ROUTE_CACHE_PIN, true, false},
     {"/v1/cache/unpin", ROUTE_CACHE_UNPIN, true, false},
     {"/v1/schemas", ROUTE_SCHEMAS, true, false},
+    {"/v1/messages", ROUTE_ANTHROPIC, true, false},
+    {"/v1/messages/count_tokens", ROUTE_ANTHROPIC, true, false},
     {"/v1/schemas/", ROUTE_SCHEMA, false, false},
 };
 
@@ -493,6 +500,14 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_SCHEMA:
         schemas_api(s, &call, cr->method, rt->kind == ROUTE_SCHEMA ? url + 12 : NULL, &r);
         return send_reply(conn, cr, &r);
+    case ROUTE_ANTHROPIC:
+        rc = anthropic_api(s, &call, url, &r, &st, &pend);
+        if (rc == 1) return send_stream(conn, cr, &st);
+        if (rc == 2) {
+            cr->pending = pend;
+            return pending_step(conn, cr, false);
+        }
+        return send_reply(conn, cr, &r);
     default:
         return send_error(conn, cr, 500, "server_error", NULL, "unrouted request");
     }
@@ -518,6 +533,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const route *rt = route_find(url);
         cr->route = rt ? rt->path : "other";
         cr->allow = rt ? route_allow(rt) : NULL;
+        cr->anthropic = rt && rt->kind == ROUTE_ANTHROPIC;
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
         if (!rt)
@@ -528,7 +544,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                      "%s takes %s, not %s", rt->path, route_allow(rt), method);
         else if (!rt->public_ && !key_ok(s, bearer_token(conn)))
             api_fail(&cr->early, 401, "invalid_request_error", "invalid_api_key", NULL,
-                     "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.");
+                     "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or "
+                     "'x-api-key: KEY').");
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long declared = cl ? strtoll(cl, NULL, 10) : 0;
