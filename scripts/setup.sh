@@ -21,9 +21,10 @@ fi
 # pytest runs the end-to-end tests; openai is the official client they drive the server with;
 # requests sends the raw (malformed, oversized) bodies a client library would refuse to send;
 # jsonschema validates the structured outputs' answers against their schemas; langchain-openai
-# is the agent framework whose structured output and tool calls the e2e tests drive.
-py_pkgs=(pytest openai requests jsonschema langchain-openai)
-if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai" 2>/dev/null; then
+# is the agent framework whose structured output and tool calls the e2e tests drive; anthropic is
+# the official client the Messages API's e2e tests drive the server with.
+py_pkgs=(pytest openai requests jsonschema langchain-openai anthropic)
+if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, anthropic" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi

@@ -678,7 +678,8 @@ static int parse_generation(parse_ctx *c, const json_t *root) {
     const json_t *mt = json_object_get(root, "max_tokens");
     if (!mt || json_is_null(mt)) return bad(c->err, "max_tokens", "Field required");
     int64_t v;
-    if (api_json_int(root, "max_tokens", 1, INT32_MAX, &v, c->err) < 0) return -1;
+    /* 0 computes the prompt into the cache and answers nothing (Anthropic's pre-warming) */
+    if (api_json_int(root, "max_tokens", 0, INT32_MAX, &v, c->err) < 0) return -1;
     rq->max_tokens = (int)v;
     if (api_json_bool(root, "stream", &rq->stream, c->err) < 0) return -1;
     sampler_params *sp = &rq->sampling;
@@ -720,6 +721,14 @@ static int parse_generation(parse_ctx *c, const json_t *root) {
     return tier && one_of(tier, "service_tier", tiers, c->err) < 0 ? -1 : 0;
 }
 
+/* speed: "standard" is this server's; "fast" would be a promise it cannot keep. */
+static int parse_speed(parse_ctx *c, const json_t *speed) {
+    static const char *const speeds[] = {"standard", "fast", NULL};
+    int k = speed ? one_of(speed, "speed", speeds, c->err) : 0;
+    if (k < 0) return -1;
+    return k == 1 ? bad(c->err, "speed", "fast mode is not supported by this server") : 0;
+}
+
 /* thinking: "disabled" is what this server does; anything else would be silently ignored. */
 static int parse_thinking(parse_ctx *c, const json_t *th) {
     if (!th) return 0;
@@ -736,13 +745,16 @@ static int parse_thinking(parse_ctx *c, const json_t *th) {
 
 static int parse_fields(parse_ctx *c, const json_t *root, bool count) {
     static const char *const create_keys[] = {
-        "model",          "messages",    "max_tokens",  "system",       "metadata",
-        "stop_sequences", "stream",      "temperature", "top_p",        "top_k",
-        "tools",          "tool_choice", "thinking",    "service_tier", NULL};
-    static const char *const count_keys[] = {"model",       "messages", "system", "tools",
-                                             "tool_choice", "thinking", NULL};
+        "model",    "messages",     "max_tokens", "system",        "metadata", "stop_sequences",
+        "stream",   "temperature",  "top_p",      "top_k",         "tools",    "tool_choice",
+        "thinking", "service_tier", "speed",      "cache_control", NULL};
+    static const char *const count_keys[] = {"model", "messages",      "system",
+                                             "tools", "tool_choice",   "thinking",
+                                             "speed", "cache_control", NULL};
     /* fields of Anthropic's whose features this server lacks: named, not "extra" */
-    static const char *const refused[] = {"container", "mcp_servers", "context_management", NULL};
+    static const char *const refused[] = {
+        "container",   "mcp_servers",   "context_management", "output_config", "output_format",
+        "diagnostics", "inference_geo", "user_profile_id",    "workspace_id",  NULL};
     for (int k = 0; refused[k]; k++)
         if (json_object_get(root, refused[k]))
             return bad(c->err, refused[k], "not supported by this server");
@@ -752,6 +764,7 @@ static int parse_fields(parse_ctx *c, const json_t *root, bool count) {
     if (api_json_string(model, "model", &c->rq->model, c->err)) return -1;
     if (!count && parse_generation(c, root)) return -1;
     if (parse_thinking(c, api_json_field(root, "thinking"))) return -1;
+    if (parse_speed(c, api_json_field(root, "speed"))) return -1;
     /* tools first: their markers come first in the prompt order */
     const json_t *tools = api_json_field(root, "tools");
     if (tools && parse_tools(c, tools)) return -1;
@@ -779,6 +792,9 @@ static int parse_fields(parse_ctx *c, const json_t *root, bool count) {
     if (sys && parse_system(c, sys)) return -1;
     for (i = 0; i < n; i++)
         if (parse_message(c, json_array_get(msgs, i), (int)i, i == n - 1)) return -1;
+    /* Anthropic's automatic caching: a marker on the request's last block */
+    const json_t *cc = api_json_field(root, "cache_control");
+    if (cc && parse_cache_control(c, cc, "", rq->n_messages - 1, false, 0, 0)) return -1;
     return check_turns(c);
 }
 

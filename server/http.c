@@ -169,6 +169,7 @@ static void common_headers(struct MHD_Response *resp, const conn_req *cr) {
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
+    if (r->status >= 400 && cr->anthropic) anthropic_reply_error(r);
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
@@ -177,7 +178,6 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, htt
     }
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
     common_headers(resp, cr);
-    if (r->status >= 400 && cr->anthropic) anthropic_reply_error(r);
     if (r->status >= 400) reply_message(r, cr->error, sizeof cr->error);
     if (r->retry_after > 0) {
         char v[16];

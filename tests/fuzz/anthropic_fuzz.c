@@ -32,7 +32,7 @@ static uint64_t use_request(const anthropic_request *ar, bool count) {
     const api_request *r = &ar->rq;
     uint64_t sink = use_str(r->model);
     CHECK(r->kind == API_CHAT && r->n_messages >= 1);
-    CHECK(count ? r->max_tokens == -1 : r->max_tokens >= 1);
+    CHECK(count ? r->max_tokens == -1 : r->max_tokens >= 0);
     for (int i = 0; i < r->n_messages; i++) {
         const chat_message *m = &r->messages[i];
         bool sys = !strcmp(m->role, "system"), assistant = !strcmp(m->role, "assistant");

@@ -191,6 +191,21 @@ Test(anthropic, cache_control_markers_say_where_their_blocks_are) {
     anthropic_request_free(&r);
 }
 
+Test(anthropic, top_level_cache_control_marks_the_last_block) {
+    anthropic_request r;
+    parse_ok("{\"model\":\"m\",\"max_tokens\":0,\"cache_control\":{\"type\":\"ephemeral\","
+             "\"ttl\":\"1h\"},\"system\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},"
+             "{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"c\"}]}",
+             false, &r);
+    cr_assert_eq(r.rq.max_tokens, 0, "pre-warming the cache");
+    cr_assert_eq(r.n_markers, 1);
+    cr_assert_eq(r.markers[0].msg, 3);
+    cr_assert_not(r.markers[0].text, "the whole last message");
+    cr_assert_eq(r.markers[0].ttl, ANTHROPIC_TTL_1H);
+    cr_assert_str_eq(r.markers[0].param, "cache_control");
+    anthropic_request_free(&r);
+}
+
 Test(anthropic, count_tokens_bodies_have_no_generation_fields) {
     anthropic_request r;
     parse_ok("{\"model\":\"m\",\"system\":\"s\",\"messages\":[{\"role\":\"user\",\"content\":"
@@ -207,9 +222,9 @@ Test(anthropic, count_tokens_bodies_have_no_generation_fields) {
 Test(anthropic, required_fields_and_types) {
     fail("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "max_tokens",
          "Field required");
-    fail("{\"model\":\"m\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":"
+    fail("{\"model\":\"m\",\"max_tokens\":-1,\"messages\":[{\"role\":\"user\",\"content\":"
          "\"hi\"}]}",
-         "'max_tokens'", "at least 1");
+         "'max_tokens'", "at least 0");
     fail("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "model",
          "Field required");
     fail("{\"model\":\"m\",\"max_tokens\":8,\"messages\":[]}", "messages", "at least one");
@@ -262,6 +277,8 @@ Test(anthropic, unsupported_blocks_and_features_are_named) {
     fail(with(",\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}]"),
          "tools.0.type", "server tool 'web_search_20250305' is not supported");
     fail(with(",\"mcp_servers\":[]"), "mcp_servers", "not supported");
+    fail(with(",\"output_config\":{\"effort\":\"low\"}"), "output_config", "not supported");
+    fail(with(",\"speed\":\"fast\""), "speed", "fast mode is not supported");
     fail("{\"model\":\"m\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":[{"
          "\"type\":\"text\",\"text\":\"hi\",\"citations\":[{\"type\":\"char_location\"}]}]}]}",
          "messages.0.content.0.citations", "citations are not supported");
