@@ -18,7 +18,6 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "server/anthropic.h"
 #include "server/openai_job.h"
@@ -467,16 +466,6 @@ static long amsg_read(void *ud, char *buf, size_t max) {
 
 /* ---------------------------------------------------------------- endpoints */
 
-static void new_id(char *out, size_t cap) {
-    uint64_t v[2];
-    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) {
-        v[0] = clock_now_ns() * 0x9E3779B97F4A7C15ull;
-        v[1] = (uint64_t)(uintptr_t)out;
-    }
-    snprintf(out, cap, "msg_%016llx%08llx", (unsigned long long)v[0],
-             (unsigned long long)(v[1] & 0xffffffffu));
-}
-
 static int messages(server *s, const http_call *c, http_reply *out, http_stream *stream,
                     http_pending *pending) {
     anthropic_request ar;
@@ -492,7 +481,8 @@ static int messages(server *s, const http_call *c, http_reply *out, http_stream 
     a->n_markers = ar.n_markers;
     memcpy(a->markers, ar.markers, sizeof ar.markers);
     if (marker_positions(s->m, &ar, r->prompt, r->n_prompt, a->pos, &err)) goto fail;
-    new_id(a->id, sizeof a->id);
+    /* the job's random id, as Anthropic's: msg_... */
+    snprintf(a->id, sizeof a->id, "msg_%s", strchr(a->j->id, '-') + 1);
     chat_tool_parser_init(&a->tp, s->m->chat.tools);
     bool streaming = ar.rq.stream;
     anthropic_request_free(&ar);

@@ -179,6 +179,12 @@ static int acc_add(text_acc *t, const char *s, size_t n, size_t *a, size_t *e) {
     return 0;
 }
 
+static void acc_free(text_acc *t) {
+    free(t->s);
+    free(t->ends);
+    *t = (text_acc){0};
+}
+
 /* Moves t into m's content (and its parts' ends, when several). */
 static void acc_give(text_acc *t, chat_message *m) {
     m->content = t->s;
@@ -276,13 +282,11 @@ static int tool_result_text(const json_t *content, const char *path, char **out,
             !(text = block_text(b, bp, err)) ||
             (api_json_field(b, "cache_control") &&
              bad(err, bp, "cache_control goes on the tool_result block, not inside its content"))) {
-            free(t.s);
-            free(t.ends);
+            acc_free(&t);
             return -1;
         }
         if (acc_add(&t, json_string_value(text), json_string_length(text), &a, &e)) {
-            free(t.s);
-            free(t.ends);
+            acc_free(&t);
             return oom(err);
         }
     }
@@ -291,80 +295,94 @@ static int tool_result_text(const json_t *content, const char *path, char **out,
     return *out ? 0 : oom(err);
 }
 
-/* A user message: its tool_result blocks as tool messages, first (as Anthropic requires), then
- * its text blocks as one user message. */
-static int parse_user_blocks(parse_ctx *c, const json_t *content, int i, const char *path) {
-    text_acc t = {0};
-    /* markers on text blocks wait for the user message's index (after the tool messages) */
-    int first_marker = c->out->n_markers, n_results = 0;
+/* A text block at path into t (and its cache_control's marker, in chat message msg). */
+static int text_block(parse_ctx *c, const json_t *b, const char *path, text_acc *t, int msg) {
+    const json_t *text = block_text(b, path, c->err), *cc = api_json_field(b, "cache_control");
+    size_t a, e;
+    if (!text) return -1;
+    if (acc_add(t, json_string_value(text), json_string_length(text), &a, &e)) return oom(c->err);
+    return cc ? parse_cache_control(c, cc, path, msg, true, a, e) : 0;
+}
+
+/* A block other than text of a message's content (j: its index, at path; t: the message's text
+ * so far); ud is the role's. */
+typedef int (*block_fn)(parse_ctx *c, const json_t *b, const char *path, const char *type, size_t j,
+                        const text_acc *t, void *ud);
+
+/* Walks a message's content: text blocks go into t (their markers in chat message text_msg),
+ * the others to other. */
+static int each_block(parse_ctx *c, const json_t *content, const char *path, text_acc *t,
+                      int text_msg, block_fn other, void *ud) {
     size_t j;
     const json_t *b;
-    int rc = -1;
     json_array_foreach(content, j, b) {
-        char bp[PATH], p[PATH];
+        char bp[PATH];
         path_fmt(bp, "%s.%zu", path, j);
         const char *type = block_type(b, bp, c->err);
-        if (!type) goto done;
-        const json_t *cc = api_json_field(b, "cache_control");
-        if (!strcmp(type, "text")) {
-            const json_t *text = block_text(b, bp, c->err);
-            size_t a, e;
-            if (!text) goto done;
-            if (acc_add(&t, json_string_value(text), json_string_length(text), &a, &e)) {
-                oom(c->err);
-                goto done;
-            }
-            if (cc && parse_cache_control(c, cc, bp, -1, true, a, e)) goto done;
-        } else if (!strcmp(type, "tool_result")) {
-            if (t.n > 0) {
-                bad(c->err, bp,
-                    "tool_result blocks must come first in a user message's content, before "
-                    "any text");
-                goto done;
-            }
-            static const char *const keys[] = {"type",     "tool_use_id",   "content",
-                                               "is_error", "cache_control", NULL};
-            if (only_keys(b, bp, keys, c->err)) goto done;
-            chat_message *m = msg_add(c, "tool", i, (int)j);
-            if (!m) goto done;
-            n_results++;
-            sub(p, bp, "tool_use_id");
-            const json_t *id = json_object_get(b, "tool_use_id");
-            if (!id) {
-                bad(c->err, p, "Field required");
-                goto done;
-            }
-            if (api_json_string(id, p, (char **)&m->tool_call_id, c->err)) goto done;
-            char *text = NULL;
-            if (tool_result_text(api_json_field(b, "content"), bp, &text, c->err)) goto done;
-            bool is_error = false;
-            sub(p, bp, "is_error");
-            if (api_json_bool(b, "is_error", &is_error, c->err) < 0) {
-                snprintf(c->err->param, sizeof c->err->param, "%s", p);
-                free(text);
-                goto done;
-            }
-            /* The tool formats have no error flag: the result says so in words. */
-            if (is_error) {
-                char *both = malloc(strlen(text) + 8);
-                if (both) snprintf(both, strlen(text) + 8, "Error: %s", text);
-                free(text);
-                if (!(text = both)) {
-                    oom(c->err);
-                    goto done;
-                }
-            }
-            m->content = text;
-            if (cc && parse_cache_control(c, cc, bp, c->rq->n_messages - 1, false, 0, 0)) goto done;
-        } else if (!strcmp(type, "tool_use")) {
-            sub(p, bp, "type");
-            bad(c->err, p, "tool_use blocks are an assistant's: not allowed in a user message");
-            goto done;
-        } else {
-            unsupported_block(type, bp, c->err);
-            goto done;
-        }
+        if (!type) return -1;
+        if (!strcmp(type, "text") ? text_block(c, b, bp, t, text_msg)
+                                  : other(c, b, bp, type, j, t, ud))
+            return -1;
     }
+    return 0;
+}
+
+typedef struct user_msg {
+    int i;         /* the Anthropic message */
+    int n_results; /* its tool_result blocks */
+} user_msg;
+
+/* A user message's tool_result block: a tool message (before any text, as Anthropic requires). */
+static int user_block(parse_ctx *c, const json_t *b, const char *bp, const char *type, size_t j,
+                      const text_acc *t, void *ud) {
+    user_msg *u = ud;
+    char p[PATH];
+    if (!strcmp(type, "tool_use")) {
+        sub(p, bp, "type");
+        return bad(c->err, p, "tool_use blocks are an assistant's: not allowed in a user message");
+    }
+    if (strcmp(type, "tool_result") != 0) return unsupported_block(type, bp, c->err);
+    if (t->n > 0)
+        return bad(c->err, bp,
+                   "tool_result blocks must come first in a user message's content, before any "
+                   "text");
+    static const char *const keys[] = {"type",     "tool_use_id",   "content",
+                                       "is_error", "cache_control", NULL};
+    if (only_keys(b, bp, keys, c->err)) return -1;
+    chat_message *m = msg_add(c, "tool", u->i, (int)j);
+    if (!m) return -1;
+    u->n_results++;
+    sub(p, bp, "tool_use_id");
+    const json_t *id = json_object_get(b, "tool_use_id");
+    if (!id) return bad(c->err, p, "Field required");
+    if (api_json_string(id, p, (char **)&m->tool_call_id, c->err)) return -1;
+    char *text = NULL;
+    bool is_error = false;
+    if (tool_result_text(api_json_field(b, "content"), bp, &text, c->err)) return -1;
+    if (api_json_bool(b, "is_error", &is_error, c->err) < 0) {
+        free(text);
+        return -1;
+    }
+    /* The tool formats have no error flag: the result says so in words. */
+    if (is_error) {
+        char *both = malloc(strlen(text) + 8);
+        if (both) snprintf(both, strlen(text) + 8, "Error: %s", text);
+        free(text);
+        if (!(text = both)) return oom(c->err);
+    }
+    m->content = text;
+    const json_t *cc = api_json_field(b, "cache_control");
+    return cc ? parse_cache_control(c, cc, bp, c->rq->n_messages - 1, false, 0, 0) : 0;
+}
+
+/* A user message: its tool_result blocks as tool messages, first, then its text blocks as one
+ * user message. */
+static int parse_user_blocks(parse_ctx *c, const json_t *content, int i, const char *path) {
+    text_acc t = {0};
+    user_msg u = {.i = i};
+    /* markers on text blocks wait for the user message's index (after the tool messages) */
+    int first_marker = c->out->n_markers, rc = -1;
+    if (each_block(c, content, path, &t, -1, user_block, &u)) goto done;
     if (t.n > 0) {
         chat_message *m = msg_add(c, "user", i, -1);
         if (!m) goto done;
@@ -372,15 +390,48 @@ static int parse_user_blocks(parse_ctx *c, const json_t *content, int i, const c
         for (int k = first_marker; k < c->out->n_markers; k++)
             if (c->out->markers[k].msg < 0 && c->out->markers[k].text)
                 c->out->markers[k].msg = c->rq->n_messages - 1;
-    } else if (n_results == 0) {
+    } else if (u.n_results == 0) {
         bad(c->err, path, "the content must not be empty");
         goto done;
     }
     rc = 0;
 done:
-    free(t.s);
-    free(t.ends);
+    acc_free(&t);
     return rc;
+}
+
+/* An assistant message's tool_use block: a call of the message (ud, the chat message). */
+static int assistant_block(parse_ctx *c, const json_t *b, const char *bp, const char *type,
+                           size_t j, const text_acc *t, void *ud) {
+    (void)j;
+    (void)t;
+    chat_message *m = ud;
+    char p[PATH];
+    if (!strcmp(type, "tool_result")) {
+        sub(p, bp, "type");
+        return bad(c->err, p,
+                   "tool_result blocks are a user's: not allowed in an assistant message");
+    }
+    if (strcmp(type, "tool_use") != 0) return unsupported_block(type, bp, c->err);
+    static const char *const keys[] = {"type", "id", "name", "input", "cache_control", NULL};
+    if (only_keys(b, bp, keys, c->err)) return -1;
+    chat_tool_call *tc = (chat_tool_call *)&m->tool_calls[m->n_tool_calls++];
+    sub(p, bp, "id");
+    const json_t *id = json_object_get(b, "id");
+    if (!id) return bad(c->err, p, "Field required");
+    if (api_json_string(id, p, (char **)&tc->id, c->err)) return -1;
+    sub(p, bp, "name");
+    const json_t *name = json_object_get(b, "name");
+    if (!json_is_string(name) ||
+        !api_tool_name_ok(json_string_value(name), json_string_length(name)))
+        return bad(c->err, p, "String should match pattern '^[a-zA-Z0-9_-]{1,64}$'");
+    if (api_json_string(name, p, (char **)&tc->name, c->err)) return -1;
+    sub(p, bp, "input");
+    const json_t *input = json_object_get(b, "input");
+    if (!json_is_object(input)) return api_json_type_error(c->err, p, "an object", input);
+    if (!(tc->arguments = json_dumps(input, JSON_COMPACT))) return oom(c->err);
+    const json_t *cc = api_json_field(b, "cache_control");
+    return cc ? parse_cache_control(c, cc, bp, (int)(m - c->rq->messages), false, 0, 0) : 0;
 }
 
 /* An assistant message: text blocks as its content, tool_use blocks as its calls. */
@@ -388,69 +439,10 @@ static int parse_assistant_blocks(parse_ctx *c, const json_t *content, int i, co
     size_t n = json_array_size(content);
     chat_message *m = msg_add(c, "assistant", i, -1);
     if (!m) return -1;
-    int idx = c->rq->n_messages - 1;
-    chat_tool_call *calls = calloc(n ? n : 1, sizeof *calls);
-    if (!calls) return oom(c->err);
-    m->tool_calls = calls;
+    if (!(m->tool_calls = calloc(n ? n : 1, sizeof *m->tool_calls))) return oom(c->err);
     text_acc t = {0};
-    size_t j;
-    const json_t *b;
     int rc = -1;
-    json_array_foreach(content, j, b) {
-        char bp[PATH], p[PATH];
-        path_fmt(bp, "%s.%zu", path, j);
-        const char *type = block_type(b, bp, c->err);
-        if (!type) goto done;
-        const json_t *cc = api_json_field(b, "cache_control");
-        if (!strcmp(type, "text")) {
-            const json_t *text = block_text(b, bp, c->err);
-            size_t a, e;
-            if (!text) goto done;
-            if (acc_add(&t, json_string_value(text), json_string_length(text), &a, &e)) {
-                oom(c->err);
-                goto done;
-            }
-            if (cc && parse_cache_control(c, cc, bp, idx, true, a, e)) goto done;
-        } else if (!strcmp(type, "tool_use")) {
-            static const char *const keys[] = {"type",          "id", "name", "input",
-                                               "cache_control", NULL};
-            if (only_keys(b, bp, keys, c->err)) goto done;
-            chat_tool_call *tc = &calls[m->n_tool_calls++];
-            sub(p, bp, "id");
-            const json_t *id = json_object_get(b, "id");
-            if (!id) {
-                bad(c->err, p, "Field required");
-                goto done;
-            }
-            if (api_json_string(id, p, (char **)&tc->id, c->err)) goto done;
-            sub(p, bp, "name");
-            const json_t *name = json_object_get(b, "name");
-            if (!json_is_string(name) ||
-                !api_tool_name_ok(json_string_value(name), json_string_length(name))) {
-                bad(c->err, p, "String should match pattern '^[a-zA-Z0-9_-]{1,64}$'");
-                goto done;
-            }
-            if (api_json_string(name, p, (char **)&tc->name, c->err)) goto done;
-            sub(p, bp, "input");
-            const json_t *input = json_object_get(b, "input");
-            if (!json_is_object(input)) {
-                api_json_type_error(c->err, p, "an object", input);
-                goto done;
-            }
-            if (!(tc->arguments = json_dumps(input, JSON_COMPACT))) {
-                oom(c->err);
-                goto done;
-            }
-            if (cc && parse_cache_control(c, cc, bp, idx, false, 0, 0)) goto done;
-        } else if (!strcmp(type, "tool_result")) {
-            sub(p, bp, "type");
-            bad(c->err, p, "tool_result blocks are a user's: not allowed in an assistant message");
-            goto done;
-        } else {
-            unsupported_block(type, bp, c->err);
-            goto done;
-        }
-    }
+    if (each_block(c, content, path, &t, c->rq->n_messages - 1, assistant_block, m)) goto done;
     if (t.n == 0 && m->n_tool_calls == 0) {
         bad(c->err, path, "the content must not be empty");
         goto done;
@@ -463,8 +455,7 @@ static int parse_assistant_blocks(parse_ctx *c, const json_t *content, int i, co
     }
     rc = 0;
 done:
-    free(t.s);
-    free(t.ends);
+    acc_free(&t);
     return rc;
 }
 
@@ -519,24 +510,14 @@ static int parse_system(parse_ctx *c, const json_t *sys) {
         char bp[PATH];
         path_fmt(bp, "system.%zu", j);
         const char *type = block_type(b, bp, c->err);
-        const json_t *text = NULL, *cc;
-        size_t a, e;
         if (!type || (strcmp(type, "text") != 0 && unsupported_block(type, bp, c->err)) ||
-            !(text = block_text(b, bp, c->err)))
-            goto fail;
-        if (acc_add(&t, json_string_value(text), json_string_length(text), &a, &e)) {
-            oom(c->err);
-            goto fail;
-        }
-        if ((cc = api_json_field(b, "cache_control")) &&
-            parse_cache_control(c, cc, bp, c->rq->n_messages - 1, true, a, e))
+            text_block(c, b, bp, &t, c->rq->n_messages - 1))
             goto fail;
     }
     acc_give(&t, m);
     return 0;
 fail:
-    free(t.s);
-    free(t.ends);
+    acc_free(&t);
     return -1;
 }
 
@@ -656,12 +637,8 @@ static int check_turns(parse_ctx *c) {
         return bad(c->err, p, "`tool_use_id` %.64s is answered twice in the `tool_result` blocks",
                    id);
     default: {
-        char ids[256] = "";
-        size_t used = 0;
-        for (int k = t.call; k < msgs[t.msg].n_tool_calls && used < sizeof ids; k++)
-            if (!chat_call_answered(msgs, n, t.msg, k))
-                used += (size_t)snprintf(ids + used, sizeof ids - used, "%s%.64s", used ? ", " : "",
-                                         msgs[t.msg].tool_calls[k].id);
+        char ids[256];
+        chat_unanswered_ids(msgs, n, t.msg, t.call, ids, sizeof ids);
         path_fmt(p, "messages.%d", c->src_msg[t.msg]);
         return bad(c->err, p,
                    "`tool_use` ids were found without `tool_result` blocks immediately after: "

@@ -366,12 +366,8 @@ static int check_tool_turns(const chat_message *msgs, int n, api_error *err) {
                        id, c.other);
     default: {
         /* every call of that message without a result, as OpenAI lists them */
-        char ids[256] = "";
-        size_t used = 0;
-        for (int k = c.call; k < msgs[c.msg].n_tool_calls && used < sizeof ids; k++)
-            if (!chat_call_answered(msgs, n, c.msg, k))
-                used += (size_t)snprintf(ids + used, sizeof ids - used, "%s%.64s", used ? ", " : "",
-                                         msgs[c.msg].tool_calls[k].id);
+        char ids[256];
+        chat_unanswered_ids(msgs, n, c.msg, c.call, ids, sizeof ids);
         snprintf(param, sizeof param, "messages[%d].role", c.msg);
         return API_BAD(err, param,
                        "An assistant message with 'tool_calls' must be followed by tool messages "

@@ -13,20 +13,7 @@
 #include <string.h>
 
 #include "server/anthropic.h"
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "anthropic_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);      \
-            __builtin_trap();                                                                      \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t use_str(const char *s) {
-    CHECK(s != NULL);
-    size_t len = strlen(s);
-    return len ? (uint8_t)s[0] + (uint8_t)s[len - 1] + len : 0;
-}
+#include "tests/fuzz/fuzz_check.h"
 
 static uint64_t use_request(const anthropic_request *ar, bool count) {
     const api_request *r = &ar->rq;

@@ -11,20 +11,7 @@
 #include <string.h>
 
 #include "server/api.h"
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "api_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);            \
-            __builtin_trap();                                                                      \
-        }                                                                                          \
-    } while (0)
-
-static uint64_t use_str(const char *s) {
-    CHECK(s != NULL);
-    size_t len = strlen(s);
-    return len ? (uint8_t)s[0] + (uint8_t)s[len - 1] + len : 0;
-}
+#include "tests/fuzz/fuzz_check.h"
 
 static uint64_t use_messages(const chat_message *m, int n) {
     uint64_t sink = 0;

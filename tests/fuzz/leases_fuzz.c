@@ -8,14 +8,7 @@
 #include <string.h>
 
 #include "cache/leases.h"
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "leases_fuzz: check failed: %s (line %d)\n", #cond, __LINE__);         \
-            __builtin_trap();                                                                      \
-        }                                                                                          \
-    } while (0)
+#include "tests/fuzz/fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

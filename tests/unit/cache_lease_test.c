@@ -77,12 +77,19 @@ static int64_t ram_pinned(cache_store *s) {
     return st.ram.pinned;
 }
 
+/* A RAM-only store of ram_chunks chunks holding the sequence's first two, and their blocks'
+ * keys. */
+static cache_store *store_of_two(int64_t ram_chunks, int64_t *now, cache_key keys[4]) {
+    cache_store *s = open_store(ram_chunks, NULL, 0, now);
+    put_chunks(s, 0, 2);
+    seq_keys(keys, 4);
+    return s;
+}
+
 Test(cache_lease, a_leased_record_outlives_eviction_until_its_time) {
     int64_t now = T0;
-    cache_store *s = open_store(4, NULL, 0, &now);
-    put_chunks(s, 0, 2);
     cache_key keys[4];
-    seq_keys(keys, 4);
+    cache_store *s = store_of_two(4, &now, keys);
     /* the prefix of the first chunk, for 300 s */
     cr_assert_eq(cache_store_lease(s, keys, 2, now + 300), 2);
     cr_assert_eq(ram_pinned(s), 1);
@@ -104,10 +111,8 @@ Test(cache_lease, a_leased_record_outlives_eviction_until_its_time) {
 
 Test(cache_lease, leases_are_listed_with_their_expiry_and_a_later_one_wins) {
     int64_t now = T0;
-    cache_store *s = open_store(8, NULL, 0, &now);
-    put_chunks(s, 0, 2);
     cache_key keys[4];
-    seq_keys(keys, 4);
+    cache_store *s = store_of_two(8, &now, keys);
     cr_assert_eq(cache_store_lease(s, keys, 4, now + 3600), 4);
     cr_assert_eq(cache_store_lease(s, keys, 2, now + 300), 2, "a shorter lease keeps the later");
     cache_pin_info pins[4];
