@@ -239,14 +239,16 @@ def test_prompt_cache_writes_then_reads_also_after_a_restart(srv):
     assert second.cache_read_input_tokens >= 0.95 * stored, second
     assert second.cache_creation_input_tokens == 0, "read, not stored again"
 
-    # the lease: every record of the prefix, in RAM and on disk, for 5 minutes
+    # the lease: records holding the prefix, in RAM and on disk, for 5 minutes (where two
+    # records of the last chunk hold it, the questions' own, each tier may lease another)
     now = time.time()
     held = leases(srv)
-    assert sum(p["tokens"] for p in held) >= stored, held
+    for tier in ("ram", "disk"):
+        assert sum(p["tokens"] for p in held if tier in p["tiers"]) >= stored, held
     for p in held:
         assert 240 <= p["expires_at"] - now <= 301, p
-        assert 240 <= p["expires_in_s"] <= 300 and set(p["tiers"]) == {"ram", "disk"}, p
-    expires = {p["record"]: p["expires_at"] for p in held}
+        assert 240 <= p["expires_in_s"] <= 300, p
+    expires = {p["record"]: p["expires_at"] for p in held if "disk" in p["tiers"]}
 
     srv.restart()  # the same cache directory: records and leases come back from disk
     kept = leases(srv)
