@@ -21,6 +21,10 @@ AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx51
 LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
              $(filter-out server/main.c,$(wildcard server/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+# The web page's files (server/web/) go into the binary as byte arrays written by
+# scripts/embed_assets.py into $(BUILD)/gen/: nothing is read or fetched at run time.
+WEBUI_SRC := $(sort $(wildcard server/web/*))
+LIB_OBJ += $(BUILD)/obj/gen/webui_assets.o
 
 # The CUDA backend is built wherever nvcc is found (CUDA=0 leaves it out): device code for the
 # A40 (sm_86) and H100 (sm_90), plus compute_90 PTX for newer GPUs to compile at load. Without it
@@ -63,6 +67,12 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
 $(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/webui_assets.c: $(WEBUI_SRC) scripts/embed_assets.py
+	$(PYTHON) scripts/embed_assets.py -o $@ $(WEBUI_SRC)
+$(BUILD)/obj/gen/webui_assets.o: $(BUILD)/gen/webui_assets.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
@@ -272,7 +282,7 @@ FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/pml.c
-FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/content.c cache/chunk.c util/keytable.c \
+FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/dirstore.c cache/content.c cache/chunk.c util/keytable.c \
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c

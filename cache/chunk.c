@@ -125,12 +125,7 @@ void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const in
 }
 
 void cache_key_hex(const cache_key *k, char out[2 * CACHE_KEY_BYTES + 1]) {
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < CACHE_KEY_BYTES; i++) {
-        out[2 * i] = hex[k->b[i] >> 4];
-        out[2 * i + 1] = hex[k->b[i] & 15];
-    }
-    out[2 * CACHE_KEY_BYTES] = '\0';
+    kv_hex_encode(k->b, CACHE_KEY_BYTES, out);
 }
 
 /* ---------------------------------------------------------------- layout and records */

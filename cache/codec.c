@@ -402,9 +402,7 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
         return kv_fail(err, "codec: table has %zu bytes, its shape needs %zu (%s)", len, want,
                        len < want ? "truncated" : "trailing bytes");
     uint8_t sum[SHA_BYTES];
-    unsigned int n_sum = 0;
-    if (EVP_Digest(buf, len - SHA_BYTES, sum, &n_sum, EVP_sha256(), NULL) != 1)
-        return kv_fail(err, "codec: SHA-256 failed");
+    if (kv_sha256(buf, len - SHA_BYTES, sum) != 0) return kv_fail(err, "codec: SHA-256 failed");
     if (memcmp(sum, buf + len - SHA_BYTES, SHA_BYTES) != 0)
         return kv_fail(err, "codec: table checksum mismatch (corrupt file)");
     if (memcmp(buf + 8, model_id, 32) != 0)
@@ -490,17 +488,6 @@ fail:
     return -1;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n) {
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Written to a temporary file beside path, synced and renamed over it: a reader sees the old
  * table or the new one, never part of one. */
 int codec_table_save(const codec_table *t, const char *path, kv_error *err) {
@@ -520,7 +507,7 @@ int codec_table_save(const codec_table *t, const char *path, kv_error *err) {
         kv_fail(err, "codec: cannot create a temporary file beside %s: %s", path, strerror(errno));
         goto done;
     }
-    if (fchmod(fd, 0644) != 0 || write_all(fd, buf, len) != 0 || fsync(fd) != 0) {
+    if (fchmod(fd, 0644) != 0 || kv_write_full(fd, buf, len) != 0 || fsync(fd) != 0) {
         kv_fail(err, "codec: cannot write %s: %s", tmp, strerror(errno));
         close(fd);
         unlink(tmp);
@@ -926,14 +913,10 @@ size_t codec_encode_bound(const codec_table *t, int n_tok) {
 
 /* SHA-256 of a bitstream's bytes except its checksum field (codec.h). */
 static int stream_digest(const uint8_t *buf, size_t len, uint8_t out[SHA_BYTES], kv_error *err) {
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned int n = 0;
-    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
-             EVP_DigestUpdate(md, buf, STREAM_CHECKSUM_AT) == 1 &&
-             EVP_DigestUpdate(md, buf + CODEC_STREAM_HEADER, len - CODEC_STREAM_HEADER) == 1 &&
-             EVP_DigestFinal_ex(md, out, &n) == 1 && n == SHA_BYTES;
-    EVP_MD_CTX_free(md);
-    return ok ? 0 : kv_fail(err, "codec: SHA-256 failed");
+    return kv_sha256_2(buf, STREAM_CHECKSUM_AT, buf + CODEC_STREAM_HEADER,
+                       len - CODEC_STREAM_HEADER, out) == 0
+               ? 0
+               : kv_fail(err, "codec: SHA-256 failed");
 }
 
 int64_t codec_encode_chunk(const codec_table *t, int level, const float *x, int n_tok, int32_t pos0,

@@ -1,10 +1,8 @@
 /* The chunk record format (cache/record.h): a 4096-byte header block, then the payload padded to
- * CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 through
- * OpenSSL's EVP interface (as cache/chunk.c hashes keys). The parser reads a field only after
+ * CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 (util's
+ * kv_sha256, OpenSSL underneath). The parser reads a field only after
  * checking that len covers it, and names the first field that is wrong. */
 #include <string.h>
-
-#include <openssl/evp.h>
 
 #include "cache/record.h"
 
@@ -28,22 +26,9 @@ enum {
     OFF_BKEYS = 216, /* the block keys, then zero to the header's end */
 };
 
-/* SHA-256 of data[0..len); -1 only when OpenSSL cannot allocate its context. */
-static int sha256(const uint8_t *data, size_t len, uint8_t out[32]) {
-    unsigned int n = 0;
-    return EVP_Digest(data, len, out, &n, EVP_sha256(), NULL) == 1 && n == 32 ? 0 : -1;
-}
-
 /* The header's own checksum: every header byte but the checksum field. */
 static int header_sha(const uint8_t *hdr, size_t header_bytes, uint8_t out[32]) {
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    unsigned int n = 0;
-    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
-             EVP_DigestUpdate(md, hdr, OFF_HEADER_SHA) == 1 &&
-             EVP_DigestUpdate(md, hdr + OFF_BKEYS, header_bytes - OFF_BKEYS) == 1 &&
-             EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32;
-    EVP_MD_CTX_free(md);
-    return ok ? 0 : -1;
+    return kv_sha256_2(hdr, OFF_HEADER_SHA, hdr + OFF_BKEYS, header_bytes - OFF_BKEYS, out);
 }
 
 size_t cache_record_header_bytes(const cache_layout *l) {
@@ -81,7 +66,7 @@ void cache_record_encode_header_as(const cache_layout *l, const cache_chunk *c, 
     memcpy(hdr + OFF_BKEYS, c->bkeys, (size_t)c->n_blocks * CACHE_KEY_BYTES);
     /* A checksum that cannot be computed (OpenSSL out of memory) leaves zeros: the record then
      * fails its check when read and is dropped, which costs a miss and nothing else. */
-    if (sha256(payload, payload_bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
+    if (kv_sha256(payload, payload_bytes, hdr + OFF_PAYLOAD_SHA) != 0 ||
         header_sha(hdr, header_bytes, hdr + OFF_HEADER_SHA) != 0) {
         log_error("cache: SHA-256 failed while encoding a record header (out of memory)");
         memset(hdr + OFF_PAYLOAD_SHA, 0, 64);
@@ -180,7 +165,7 @@ int cache_record_decode_header_encoded(const uint8_t *buf, size_t len, const cac
 int cache_record_check_payload(const cache_record_info *info, const uint8_t *payload,
                                kv_error *err) {
     uint8_t sha[32];
-    if (sha256(payload, (size_t)info->payload_bytes, sha) != 0)
+    if (kv_sha256(payload, (size_t)info->payload_bytes, sha) != 0)
         return kv_fail(err, "cache record: SHA-256 failed (out of memory)");
     if (memcmp(sha, info->payload_sha, 32) != 0)
         return kv_fail(err, "cache record payload checksum mismatch");

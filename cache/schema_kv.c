@@ -12,8 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <openssl/evp.h>
-
 #include "kernels/quant.h"
 
 int schema_kv_import(const schema_kv *k, kv_pool *pool, kv_seq *seq, kv_error *err) {
@@ -106,23 +104,16 @@ int schema_kv_blend_spans(const schema_kv *k, const kv_layout *l, blend_span **s
 static const char DEF_MAGIC[] = "kvserve-pml 1\n";
 
 static void def_file(const cache_key *ns, const char *name, char out[80]) {
-    uint8_t h[32];
-    unsigned int hl = 0;
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    EVP_DigestUpdate(md, ns->b, CACHE_KEY_BYTES);
-    EVP_DigestUpdate(md, name, strlen(name));
-    EVP_DigestFinal_ex(md, h, &hl);
-    EVP_MD_CTX_free(md);
+    uint8_t h[32] = {0};
+    kv_sha256_2(ns->b, CACHE_KEY_BYTES, name, strlen(name), h);
     char hex[65];
     cache_key_hex((const cache_key *)(const void *)h, hex);
     snprintf(out, 80, "%.40s.pml", hex);
 }
 
 static void sha_hex(const char *src, size_t len, char hex[65]) {
-    cache_key k;
-    unsigned int hl = 0;
-    EVP_Digest(src, len, k.b, &hl, EVP_sha256(), NULL);
+    cache_key k = {{0}};
+    kv_sha256(src, len, k.b);
     cache_key_hex(&k, hex);
 }
 

@@ -161,6 +161,7 @@ static const opt_row OPTIONS[] = {
         "close connections idle this long with no complete request"),
     NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
         "on SIGTERM, time running requests get to finish"),
+    BOOL(webui, "true", "the web page at / (chat and a live view of the cache)"),
 #undef GROUP
 #define GROUP GROUP_ENGINE
     NUM(threads, 't', OPT_INT, 1, 256, false, false, "2", "N",

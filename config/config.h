@@ -35,6 +35,7 @@ typedef struct kv_config {
     int http_threads;     /* libmicrohttpd's thread pool */
     int idle_timeout;     /* seconds a connection may wait with no complete request */
     int shutdown_timeout; /* seconds running requests get to finish after SIGTERM */
+    bool webui;           /* the web page at / and its files under /webui/ */
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */

@@ -30,33 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- growable string */
-
-void sb_append(strbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    size_t need;
-    if (size_add(b->len, n + 1, &need) != 0) {
-        b->oom = true;
-        return;
-    }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need) cap = cap > SIZE_MAX / 2 ? need : cap * 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-void sb_puts(strbuf *b, const char *s) { sb_append(b, s, strlen(s)); }
-
 /* ---------------------------------------------------------------- Python whitespace */
 
 /* Decodes one UTF-8 code point at s[0..n); returns its length, or 0 if malformed. */
@@ -113,7 +86,7 @@ void sb_append_stripped(strbuf *b, const char *s) {
         if (k != end - start || !py_isspace(cp)) break;
         end = start;
     }
-    sb_append(b, s + begin, end - begin);
+    kv_buf_append(b, s + begin, end - begin);
 }
 
 /* ---------------------------------------------------------------- detection */
@@ -159,17 +132,17 @@ static void sb_append_utf8(strbuf *b, uint32_t cp) {
         o[3] = (char)(0x80 | (cp & 0x3f));
         n = 4;
     }
-    sb_append(b, o, n);
+    kv_buf_append(b, o, n);
 }
 
 /* Appends s[0..n) with Jinja's newline normalisation (\r\n and \r become \n). */
 static void sb_append_raw(strbuf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '\r') {
-            sb_append(b, "\n", 1);
+            kv_buf_append(b, "\n", 1);
             if (i + 1 < n && s[i + 1] == '\n') i++;
         } else {
-            sb_append(b, s + i, 1);
+            kv_buf_append(b, s + i, 1);
         }
     }
 }
@@ -177,19 +150,19 @@ static void sb_append_raw(strbuf *b, const char *s, size_t n) {
 static void jinja_unescape(strbuf *b, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '\r') { /* newline normalisation comes before unescaping */
-            sb_append(b, "\n", 1);
+            kv_buf_append(b, "\n", 1);
             if (i + 1 < n && s[i + 1] == '\n') i++;
             continue;
         }
         if (s[i] != '\\' || i + 1 == n) {
-            sb_append(b, s + i, 1);
+            kv_buf_append(b, s + i, 1);
             continue;
         }
         char e = s[++i];
         const char *simple = strchr("ntr\\'\"abfv", e);
         if (simple && e != '\0') {
             static const char out[] = "\n\t\r\\'\"\a\b\f\v";
-            sb_append(b, &out[simple - "ntr\\'\"abfv"], 1);
+            kv_buf_append(b, &out[simple - "ntr\\'\"abfv"], 1);
             continue;
         }
         int digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
@@ -212,7 +185,7 @@ static void jinja_unescape(strbuf *b, const char *s, size_t n) {
             i += (size_t)k - 1;
             continue;
         }
-        sb_append(b, s + i - 1, 2); /* unknown escape: Python keeps it */
+        kv_buf_append(b, s + i - 1, 2); /* unknown escape: Python keeps it */
     }
 }
 
@@ -411,9 +384,9 @@ static void append_tools_json(strbuf *b, const chat_tool *tools, int n, const ch
             b->oom = true;
             return;
         }
-        sb_puts(b, before);
+        kv_buf_puts(b, before);
         pyjson_append(b, t, indent);
-        sb_puts(b, after);
+        kv_buf_puts(b, after);
         json_decref(t);
     }
 }
@@ -437,63 +410,63 @@ static int render_chatml(strbuf *b, const chat_template *t, const chat_message *
         return kv_fail(err, "chat (qwen2.5): no messages (its template reads the first)");
     int first = 0;
     if (n_tools > 0) {
-        sb_puts(b, "<|im_start|>system\n");
-        sb_puts(b, own_system          ? content_of(&msgs[first++])
-                   : t->default_system ? t->default_system
-                                       : "");
-        sb_puts(b, HERMES_TOOLS_HEAD);
+        kv_buf_puts(b, "<|im_start|>system\n");
+        kv_buf_puts(b, own_system          ? content_of(&msgs[first++])
+                       : t->default_system ? t->default_system
+                                           : "");
+        kv_buf_puts(b, HERMES_TOOLS_HEAD);
         append_tools_json(b, tools, n_tools, "\n", "", PYJSON_NO_INDENT);
-        sb_puts(b, HERMES_TOOLS_TAIL);
+        kv_buf_puts(b, HERMES_TOOLS_TAIL);
     } else if (n > 0 && t->default_system && !own_system) {
-        sb_puts(b, "<|im_start|>system\n");
-        sb_puts(b, t->default_system);
-        sb_puts(b, "<|im_end|>\n");
+        kv_buf_puts(b, "<|im_start|>system\n");
+        kv_buf_puts(b, t->default_system);
+        kv_buf_puts(b, "<|im_end|>\n");
     }
     for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
         if (is_role(m, "tool")) {
-            if (i == 0 || !is_role(&msgs[i - 1], "tool")) sb_puts(b, "<|im_start|>user");
-            sb_puts(b, "\n<tool_response>\n");
-            sb_puts(b, content_of(m));
-            sb_puts(b, "\n</tool_response>");
-            if (i == n - 1 || !is_role(&msgs[i + 1], "tool")) sb_puts(b, "<|im_end|>\n");
+            if (i == 0 || !is_role(&msgs[i - 1], "tool")) kv_buf_puts(b, "<|im_start|>user");
+            kv_buf_puts(b, "\n<tool_response>\n");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "\n</tool_response>");
+            if (i == n - 1 || !is_role(&msgs[i + 1], "tool")) kv_buf_puts(b, "<|im_end|>\n");
             continue;
         }
-        sb_puts(b, "<|im_start|>");
-        sb_puts(b, m->role);
+        kv_buf_puts(b, "<|im_start|>");
+        kv_buf_puts(b, m->role);
         if (m->n_tool_calls > 0) {
-            if (*content_of(m)) sb_puts(b, "\n");
-            sb_puts(b, content_of(m));
-            sb_puts(b, "\n");
+            if (*content_of(m)) kv_buf_puts(b, "\n");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "\n");
             if (chat_tools_append_calls(b, CHAT_TOOLS_HERMES, m->tool_calls, m->n_tool_calls, i,
                                         err))
                 return -1;
         } else {
-            sb_puts(b, "\n");
-            sb_puts(b, content_of(m));
+            kv_buf_puts(b, "\n");
+            kv_buf_puts(b, content_of(m));
         }
-        sb_puts(b, "<|im_end|>\n");
+        kv_buf_puts(b, "<|im_end|>\n");
     }
-    if (gen) sb_puts(b, "<|im_start|>assistant\n");
+    if (gen) kv_buf_puts(b, "<|im_start|>assistant\n");
     return 0;
 }
 
 static void llama3_turn(strbuf *b, const char *role, const char *content) {
-    sb_puts(b, "<|start_header_id|>");
-    sb_puts(b, role);
-    sb_puts(b, "<|end_header_id|>\n\n");
+    kv_buf_puts(b, "<|start_header_id|>");
+    kv_buf_puts(b, role);
+    kv_buf_puts(b, "<|end_header_id|>\n\n");
     sb_append_stripped(b, content);
-    sb_puts(b, "<|eot_id|>");
+    kv_buf_puts(b, "<|eot_id|>");
 }
 
 #define LLAMA3_GEN "<|start_header_id|>assistant<|end_header_id|>\n\n"
 
 static void render_llama3(strbuf *b, const chat_message *msgs, int n, bool gen, const char *bos) {
     for (int i = 0; i < n; i++) {
-        if (i == 0) sb_puts(b, bos);
+        if (i == 0) kv_buf_puts(b, bos);
         llama3_turn(b, msgs[i].role, content_of(&msgs[i]));
     }
-    if (gen) sb_puts(b, LLAMA3_GEN);
+    if (gen) kv_buf_puts(b, LLAMA3_GEN);
 }
 
 /* Llama 3.1's template (3.2's and 3.3's write the same, given no builtin_tools and no
@@ -511,38 +484,38 @@ static int render_llama31(strbuf *b, const chat_message *msgs, int n, const chat
     if (n == 0) return kv_fail(err, "chat (llama3.1): no messages (its template reads the first)");
     int i = 0;
     const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[i++]) : "";
-    sb_puts(b, bos);
-    sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
-    if (n_tools > 0) sb_puts(b, "Environment: ipython\n");
-    sb_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    kv_buf_puts(b, bos);
+    kv_buf_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (n_tools > 0) kv_buf_puts(b, "Environment: ipython\n");
+    kv_buf_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
     sb_append_stripped(b, sys);
-    sb_puts(b, "<|eot_id|>");
+    kv_buf_puts(b, "<|eot_id|>");
     if (n_tools > 0) {
         if (i == n)
             return kv_fail(err, "chat (llama3.1): the tools go into the first user message, and "
                                 "there is none");
-        sb_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n" LLAMA31_TOOLS_INTRO);
+        kv_buf_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n" LLAMA31_TOOLS_INTRO);
         append_tools_json(b, tools, n_tools, "", "\n\n", 4);
         sb_append_stripped(b, content_of(&msgs[i++]));
-        sb_puts(b, "<|eot_id|>");
+        kv_buf_puts(b, "<|eot_id|>");
     }
     for (; i < n; i++) {
         const chat_message *m = &msgs[i];
         if (is_role(m, "tool")) {
-            sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            kv_buf_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
             pyjson_append_string(b, content_of(m));
-            sb_puts(b, "<|eot_id|>");
+            kv_buf_puts(b, "<|eot_id|>");
         } else if (m->n_tool_calls > 0) {
-            sb_puts(b, LLAMA3_GEN);
+            kv_buf_puts(b, LLAMA3_GEN);
             if (chat_tools_append_calls(b, CHAT_TOOLS_LLAMA3, m->tool_calls, m->n_tool_calls, i,
                                         err))
                 return -1;
-            sb_puts(b, "<|eot_id|>");
+            kv_buf_puts(b, "<|eot_id|>");
         } else {
             llama3_turn(b, m->role, content_of(m));
         }
     }
-    if (gen) sb_puts(b, LLAMA3_GEN);
+    if (gen) kv_buf_puts(b, LLAMA3_GEN);
     return 0;
 }
 
@@ -569,25 +542,25 @@ static int render_llama2(strbuf *b, const chat_message *msgs, int n, const char 
                            i, m->role);
         strbuf content = {0};
         if (j == 0 && sys) {
-            sb_puts(&content, "<<SYS>>\n");
-            sb_puts(&content, sys);
-            sb_puts(&content, "\n<</SYS>>\n\n");
+            kv_buf_puts(&content, "<<SYS>>\n");
+            kv_buf_puts(&content, sys);
+            kv_buf_puts(&content, "\n<</SYS>>\n\n");
         }
-        sb_puts(&content, content_of(m));
+        kv_buf_puts(&content, content_of(m));
         if (content.oom) {
             free(content.p);
             b->oom = true;
             return 0;
         }
         if (is_role(m, "user")) {
-            sb_puts(b, bos);
-            sb_puts(b, "[INST] ");
+            kv_buf_puts(b, bos);
+            kv_buf_puts(b, "[INST] ");
             sb_append_stripped(b, content.p);
-            sb_puts(b, " [/INST]");
+            kv_buf_puts(b, " [/INST]");
         } else {
-            sb_puts(b, " ");
+            kv_buf_puts(b, " ");
             sb_append_stripped(b, content.p);
-            sb_puts(b, " </s>");
+            kv_buf_puts(b, " </s>");
         }
         free(content.p);
     }
@@ -615,36 +588,36 @@ static const mistral_style MISTRAL_V3 = {"mistral-v3", "[AVAILABLE_TOOLS] [",
 
 static void append_mistral_tools(strbuf *b, const mistral_style *st, const chat_tool *tools,
                                  int n) {
-    sb_puts(b, st->tools_open);
+    kv_buf_puts(b, st->tools_open);
     for (int i = 0; i < n; i++) {
         json_t *t = chat_tool_json(&tools[i]);
         if (!t) {
             b->oom = true;
             return;
         }
-        sb_puts(b, i > 0 ? ", " : "");
-        sb_puts(b, "{\"type\": \"function\", \"function\": {");
+        kv_buf_puts(b, i > 0 ? ", " : "");
+        kv_buf_puts(b, "{\"type\": \"function\", \"function\": {");
         const char *key;
         json_t *v;
         const char *sep = "";
         json_object_foreach(json_object_get(t, "function"), key, v) {
-            sb_puts(b, sep);
-            sb_puts(b, "\"");
-            sb_puts(b, key);
-            sb_puts(b, "\": ");
+            kv_buf_puts(b, sep);
+            kv_buf_puts(b, "\"");
+            kv_buf_puts(b, key);
+            kv_buf_puts(b, "\": ");
             if (json_is_string(v)) {
-                sb_puts(b, "\"");
-                sb_puts(b, json_string_value(v));
-                sb_puts(b, "\"");
+                kv_buf_puts(b, "\"");
+                kv_buf_puts(b, json_string_value(v));
+                kv_buf_puts(b, "\"");
             } else {
                 pyjson_append(b, v, PYJSON_NO_INDENT);
             }
             sep = ", ";
         }
-        sb_puts(b, "}}");
+        kv_buf_puts(b, "}}");
         json_decref(t);
     }
-    sb_puts(b, "][/AVAILABLE_TOOLS]");
+    kv_buf_puts(b, "][/AVAILABLE_TOOLS]");
 }
 
 static int render_mistral(strbuf *b, const mistral_style *st, const chat_message *msgs, int n,
@@ -664,7 +637,7 @@ static int render_mistral(strbuf *b, const mistral_style *st, const chat_message
                            "alternate user/assistant (calls and results aside)",
                            st->name, i);
     }
-    sb_puts(b, bos);
+    kv_buf_puts(b, bos);
     for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
         char id[10];
@@ -672,33 +645,33 @@ static int render_mistral(strbuf *b, const mistral_style *st, const chat_message
             /* the template compares the messages (dicts): the last user turn's equals */
             if (n_tools > 0 && !strcmp(content_of(m), last_user))
                 append_mistral_tools(b, st, tools, n_tools);
-            sb_puts(b, st->inst);
+            kv_buf_puts(b, st->inst);
             if (i == n - 1 && sys) {
-                sb_puts(b, sys);
-                sb_puts(b, "\n\n");
+                kv_buf_puts(b, sys);
+                kv_buf_puts(b, "\n\n");
             }
-            sb_puts(b, content_of(m));
-            sb_puts(b, "[/INST]");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "[/INST]");
         } else if (m->n_tool_calls > 0) {
             if (chat_tools_append_calls(b, st->calls, m->tool_calls, m->n_tool_calls, i, err))
                 return -1;
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, "</s>");
         } else if (is_role(m, "assistant")) {
             if (st->trim_answer) {
-                sb_puts(b, " ");
+                kv_buf_puts(b, " ");
                 sb_append_stripped(b, content_of(m));
             } else {
-                sb_puts(b, content_of(m));
+                kv_buf_puts(b, content_of(m));
             }
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, "</s>");
         } else if (is_role(m, "tool")) {
             chat_tools_mistral_id(m->tool_call_id, id);
-            sb_puts(b, st->results);
-            sb_puts(b, "\"content\": ");
-            sb_puts(b, content_of(m));
-            sb_puts(b, ", \"call_id\": \"");
-            sb_puts(b, id);
-            sb_puts(b, "\"}[/TOOL_RESULTS]");
+            kv_buf_puts(b, st->results);
+            kv_buf_puts(b, "\"content\": ");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, ", \"call_id\": \"");
+            kv_buf_puts(b, id);
+            kv_buf_puts(b, "\"}[/TOOL_RESULTS]");
         } else {
             return kv_fail(err, "chat (%s): message %d: a system message must come first", st->name,
                            i);
@@ -715,7 +688,7 @@ static int render_mistral(strbuf *b, const mistral_style *st, const chat_message
 static int render_mistral_legacy(strbuf *b, const chat_message *msgs, int n, const char *bos,
                                  kv_error *err) {
     int first = n > 0 && is_role(&msgs[0], "system") ? 1 : 0;
-    sb_puts(b, bos);
+    kv_buf_puts(b, bos);
     for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
         if (is_role(m, "user") != ((i - first) % 2 == 0))
@@ -724,16 +697,16 @@ static int render_mistral_legacy(strbuf *b, const chat_message *msgs, int n, con
                            "roles must alternate user/assistant starting with user (got %s)",
                            i, m->role);
         if (is_role(m, "user")) {
-            sb_puts(b, "[INST] ");
+            kv_buf_puts(b, "[INST] ");
             if (i == first && first) {
-                sb_puts(b, content_of(&msgs[0]));
-                sb_puts(b, "\n\n");
+                kv_buf_puts(b, content_of(&msgs[0]));
+                kv_buf_puts(b, "\n\n");
             }
-            sb_puts(b, content_of(m));
-            sb_puts(b, " [/INST]");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, " [/INST]");
         } else {
-            sb_puts(b, content_of(m));
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "</s>");
         }
     }
     return 0;
@@ -747,7 +720,7 @@ static int render_mistral_v1(strbuf *b, const chat_message *msgs, int n, const c
         return kv_fail(err, "chat (mistral-v1): no messages (its template reads the first)");
     int first = 0;
     const char *sys = is_role(&msgs[0], "system") ? content_of(&msgs[first++]) : NULL;
-    sb_puts(b, bos);
+    kv_buf_puts(b, bos);
     for (int i = first; i < n; i++) {
         const chat_message *m = &msgs[i];
         if (is_role(m, "user") != ((i - first) % 2 == 0))
@@ -756,17 +729,17 @@ static int render_mistral_v1(strbuf *b, const chat_message *msgs, int n, const c
                            "roles must alternate user/assistant (got %s)",
                            i, m->role);
         if (is_role(m, "user")) {
-            sb_puts(b, " [INST] ");
+            kv_buf_puts(b, " [INST] ");
             if (i == first && sys) {
-                sb_puts(b, sys);
-                sb_puts(b, "\n\n");
+                kv_buf_puts(b, sys);
+                kv_buf_puts(b, "\n\n");
             }
-            sb_puts(b, content_of(m));
-            sb_puts(b, " [/INST]");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, " [/INST]");
         } else if (is_role(m, "assistant")) {
-            sb_puts(b, " ");
-            sb_puts(b, content_of(m));
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, " ");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "</s>");
         } else {
             return kv_fail(err, "chat (mistral-v1): message %d: a system message must come first",
                            i);
@@ -788,11 +761,11 @@ static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool te
     const char *sp = tekken ? "" : " ";
     const char *name = tekken ? "mistral-v7-tekken" : "mistral-v7";
     int first = 0;
-    sb_puts(b, bos);
+    kv_buf_puts(b, bos);
     if (tekken && n > 0 && is_role(&msgs[0], "system")) {
-        sb_puts(b, "[SYSTEM_PROMPT]");
-        sb_puts(b, content_of(&msgs[first++]));
-        sb_puts(b, "[/SYSTEM_PROMPT]");
+        kv_buf_puts(b, "[SYSTEM_PROMPT]");
+        kv_buf_puts(b, content_of(&msgs[first++]));
+        kv_buf_puts(b, "[/SYSTEM_PROMPT]");
     }
     const char *last_user = NULL;
     for (int i = first, turn = 0; i < n; i++) {
@@ -810,34 +783,34 @@ static int render_mistral_v7(strbuf *b, const chat_message *msgs, int n, bool te
         if (is_role(m, "user")) {
             /* the template compares the messages (dicts): the last user turn's equals */
             if (n_tools > 0 && !strcmp(content_of(m), last_user)) {
-                sb_puts(b, "[AVAILABLE_TOOLS][");
+                kv_buf_puts(b, "[AVAILABLE_TOOLS][");
                 for (int k = 0; k < n_tools; k++) /* tools|tojson: one JSON list */
                     append_tools_json(b, &tools[k], 1, k > 0 ? ", " : "", "", PYJSON_NO_INDENT);
-                sb_puts(b, "][/AVAILABLE_TOOLS]");
+                kv_buf_puts(b, "][/AVAILABLE_TOOLS]");
             }
-            sb_puts(b, "[INST]");
-            sb_puts(b, sp);
-            sb_puts(b, content_of(m));
-            sb_puts(b, "[/INST]");
+            kv_buf_puts(b, "[INST]");
+            kv_buf_puts(b, sp);
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "[/INST]");
         } else if (is_role(m, "system")) {
-            sb_puts(b, "[SYSTEM_PROMPT]");
-            sb_puts(b, sp);
-            sb_puts(b, content_of(m));
-            sb_puts(b, "[/SYSTEM_PROMPT]");
+            kv_buf_puts(b, "[SYSTEM_PROMPT]");
+            kv_buf_puts(b, sp);
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "[/SYSTEM_PROMPT]");
         } else if (is_role(m, "assistant") && m->n_tool_calls > 0) {
             if (chat_tools_append_calls(b, tf, m->tool_calls, m->n_tool_calls, i, err)) return -1;
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, "</s>");
         } else if (is_role(m, "assistant")) {
-            sb_puts(b, sp);
-            sb_puts(b, content_of(m));
-            sb_puts(b, "</s>");
+            kv_buf_puts(b, sp);
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "</s>");
         } else if (is_role(m, "tool") && tf == CHAT_TOOLS_MISTRAL_V7) {
             chat_tools_mistral_id(m->tool_call_id, id);
-            sb_puts(b, "[TOOL_RESULTS]");
-            sb_puts(b, id);
-            sb_puts(b, "[TOOL_CONTENT]");
-            sb_puts(b, content_of(m));
-            sb_puts(b, "[/TOOL_RESULTS]");
+            kv_buf_puts(b, "[TOOL_RESULTS]");
+            kv_buf_puts(b, id);
+            kv_buf_puts(b, "[TOOL_CONTENT]");
+            kv_buf_puts(b, content_of(m));
+            kv_buf_puts(b, "[/TOOL_RESULTS]");
         } else {
             return kv_fail(err, "chat (%s): message %d: role %s is not one of this template's",
                            name, i, m->role);
@@ -888,7 +861,7 @@ char *chat_render(const chat_template *t, const chat_message *msgs, int n_msgs,
         n_tools = 0;
     }
     strbuf b = {0};
-    sb_append(&b, "", 0); /* an empty conversation still renders to "" rather than NULL */
+    kv_buf_append(&b, "", 0); /* an empty conversation still renders to "" rather than NULL */
     int rc = 0;
     switch (t->kind) {
     case CHAT_TEMPLATE_CHATML:

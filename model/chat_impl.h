@@ -8,17 +8,13 @@
 #include <stddef.h>
 
 #include "model/chat.h"
+#include "util/util.h"
 
-/* ---------------------------------------------------------------- growable string (chat.c) */
+/* ---------------------------------------------------------------- growable string */
 
-typedef struct strbuf {
-    char *p; /* NUL-terminated once anything was appended */
-    size_t len, cap;
-    bool oom; /* an append failed; later appends do nothing */
-} strbuf;
+/* util's growable buffer (kv_buf_append, kv_buf_puts): an append that fails sets oom. */
+typedef kv_buf strbuf;
 
-void sb_append(strbuf *b, const char *s, size_t n);
-void sb_puts(strbuf *b, const char *s);
 /* Python's str.strip() (and Jinja's `trim`) on UTF-8 text: s without leading and trailing
  * whitespace. */
 void sb_append_stripped(strbuf *b, const char *s);

@@ -10,7 +10,7 @@
 #include <string.h>
 
 void pyjson_append_string(strbuf *b, const char *s) {
-    sb_append(b, "\"", 1);
+    kv_buf_append(b, "\"", 1);
     size_t run = 0; /* bytes of s copied as they are, pending */
     for (size_t i = 0;; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -18,7 +18,7 @@ void pyjson_append_string(strbuf *b, const char *s) {
             run++;
             continue;
         }
-        sb_append(b, s + i - run, run);
+        kv_buf_append(b, s + i - run, run);
         run = 0;
         if (c == '\0') break;
         static const char plain[] = "\"\\\n\r\t\b\f", escaped[] = "\"\\nrtbf";
@@ -28,16 +28,16 @@ void pyjson_append_string(strbuf *b, const char *s) {
             snprintf(e, sizeof e, "\\%c", escaped[k - plain]);
         else
             snprintf(e, sizeof e, "\\u%04x", c);
-        sb_puts(b, e);
+        kv_buf_puts(b, e);
     }
-    sb_append(b, "\"", 1);
+    kv_buf_append(b, "\"", 1);
 }
 
 /* float.__repr__: the shortest digits that read back as x, in fixed notation when the decimal
  * exponent is in [-4, 16) (with ".0" when integral), else d.ddde+XX. */
 static void append_float(strbuf *b, double x) {
     if (isnan(x) || isinf(x)) { /* json.dumps' spellings (not JSON, but what Python writes) */
-        sb_puts(b, isnan(x) ? "NaN" : x < 0 ? "-Infinity" : "Infinity");
+        kv_buf_puts(b, isnan(x) ? "NaN" : x < 0 ? "-Infinity" : "Infinity");
         return;
     }
     char e[40];
@@ -49,7 +49,7 @@ static void append_float(strbuf *b, double x) {
     const char *p = e;
     char digits[24];
     int nd = 0;
-    if (*p == '-') sb_append(b, p++, 1);
+    if (*p == '-') kv_buf_append(b, p++, 1);
     for (; *p != 'e'; p++)
         if (*p != '.') digits[nd++] = *p;
     int exp10 = atoi(p + 1);
@@ -78,12 +78,12 @@ static void append_float(strbuf *b, double x) {
         n += snprintf(out + n, sizeof out - (size_t)n, "e%c%02d", exp10 < 0 ? '-' : '+',
                       exp10 < 0 ? -exp10 : exp10);
     }
-    sb_append(b, out, (size_t)n);
+    kv_buf_append(b, out, (size_t)n);
 }
 
 static void newline_indent(strbuf *b, int indent, int level) {
-    sb_append(b, "\n", 1);
-    for (int i = 0; i < indent * level; i++) sb_append(b, " ", 1);
+    kv_buf_append(b, "\n", 1);
+    for (int i = 0; i < indent * level; i++) kv_buf_append(b, " ", 1);
 }
 
 static void append_value(strbuf *b, const json_t *v, int indent, int level) {
@@ -94,18 +94,18 @@ static void append_value(strbuf *b, const json_t *v, int indent, int level) {
         bool obj = json_is_object(v);
         size_t n = obj ? json_object_size(v) : json_array_size(v);
         if (n == 0) {
-            sb_puts(b, obj ? "{}" : "[]");
+            kv_buf_puts(b, obj ? "{}" : "[]");
             return;
         }
-        sb_puts(b, obj ? "{" : "[");
+        kv_buf_puts(b, obj ? "{" : "[");
         /* json_object_iter walks the keys in insertion order (jansson >= 2.8) */
         void *it = obj ? json_object_iter((json_t *)v) : NULL;
         for (size_t i = 0; i < n; i++) {
-            if (i > 0) sb_puts(b, indent >= 0 ? "," : ", ");
+            if (i > 0) kv_buf_puts(b, indent >= 0 ? "," : ", ");
             if (indent >= 0) newline_indent(b, indent, level + 1);
             if (obj) {
                 pyjson_append_string(b, json_object_iter_key(it));
-                sb_puts(b, ": ");
+                kv_buf_puts(b, ": ");
                 append_value(b, json_object_iter_value(it), indent, level + 1);
                 it = json_object_iter_next((json_t *)v, it);
             } else {
@@ -113,7 +113,7 @@ static void append_value(strbuf *b, const json_t *v, int indent, int level) {
             }
         }
         if (indent >= 0) newline_indent(b, indent, level);
-        sb_puts(b, obj ? "}" : "]");
+        kv_buf_puts(b, obj ? "}" : "]");
         return;
     }
     case JSON_STRING:
@@ -121,19 +121,19 @@ static void append_value(strbuf *b, const json_t *v, int indent, int level) {
         return;
     case JSON_INTEGER:
         snprintf(num, sizeof num, "%lld", (long long)json_integer_value(v));
-        sb_puts(b, num);
+        kv_buf_puts(b, num);
         return;
     case JSON_REAL:
         append_float(b, json_real_value(v));
         return;
     case JSON_TRUE:
-        sb_puts(b, "true");
+        kv_buf_puts(b, "true");
         return;
     case JSON_FALSE:
-        sb_puts(b, "false");
+        kv_buf_puts(b, "false");
         return;
     case JSON_NULL:
-        sb_puts(b, "null");
+        kv_buf_puts(b, "null");
         return;
     }
 }

@@ -112,27 +112,27 @@ int chat_tools_append_calls(strbuf *b, chat_tool_format f, const chat_tool_call 
                        "chat: message %d has %d tool calls; this model's template takes one "
                        "call per turn",
                        msg_index, n);
-    sb_puts(b, x->open);
+    kv_buf_puts(b, x->open);
     for (int i = 0; i < n; i++) {
-        if (i > 0) sb_puts(b, x->sep);
+        if (i > 0) kv_buf_puts(b, x->sep);
         char id[10];
         chat_tools_mistral_id(calls[i].id, id);
-        sb_puts(b, x->call);
-        sb_puts(b, calls[i].name ? calls[i].name : "");
+        kv_buf_puts(b, x->call);
+        kv_buf_puts(b, calls[i].name ? calls[i].name : "");
         if (x->id_open) {
-            sb_puts(b, x->id_open);
-            sb_puts(b, id);
+            kv_buf_puts(b, x->id_open);
+            kv_buf_puts(b, id);
         }
-        sb_puts(b, x->args);
+        kv_buf_puts(b, x->args);
         const char *a = calls[i].arguments && *calls[i].arguments ? calls[i].arguments : "{}";
         if (pyjson_append_text(b, a, PYJSON_NO_INDENT))
             return kv_fail(err, "chat: message %d: tool call %d: the arguments are not JSON",
                            msg_index, i);
-        sb_puts(b, x->end);
-        if (x->id_len > 0 && !x->id_open) sb_puts(b, id);
-        sb_puts(b, x->id_end);
+        kv_buf_puts(b, x->end);
+        if (x->id_len > 0 && !x->id_open) kv_buf_puts(b, id);
+        kv_buf_puts(b, x->id_end);
     }
-    sb_puts(b, x->close);
+    kv_buf_puts(b, x->close);
     return 0;
 }
 
@@ -140,7 +140,8 @@ int chat_tools_append_calls(strbuf *b, chat_tool_format f, const chat_tool_call 
 
 static char *generic_system(const chat_tool *tools, int n) {
     strbuf b = {0};
-    sb_puts(&b, "You can call these functions. Each is given as JSON with the JSON Schema of its "
+    kv_buf_puts(&b,
+                "You can call these functions. Each is given as JSON with the JSON Schema of its "
                 "arguments:\n");
     for (int i = 0; i < n; i++) {
         json_t *t = chat_tool_json(&tools[i]);
@@ -150,18 +151,18 @@ static char *generic_system(const chat_tool *tools, int n) {
             b.oom = true;
             break;
         }
-        sb_puts(&b, s);
-        sb_puts(&b, "\n");
+        kv_buf_puts(&b, s);
+        kv_buf_puts(&b, "\n");
         free(s);
     }
     const tool_syntax *x = &SYNTAX[CHAT_TOOLS_GENERIC];
-    sb_puts(&b, "To call a function, answer with ");
-    sb_puts(&b, x->call);
-    sb_puts(&b, "<function name>");
-    sb_puts(&b, x->args);
-    sb_puts(&b, "<arguments as a JSON object>");
-    sb_puts(&b, x->end);
-    sb_puts(&b, ", one per line for several calls, and nothing else.");
+    kv_buf_puts(&b, "To call a function, answer with ");
+    kv_buf_puts(&b, x->call);
+    kv_buf_puts(&b, "<function name>");
+    kv_buf_puts(&b, x->args);
+    kv_buf_puts(&b, "<arguments as a JSON object>");
+    kv_buf_puts(&b, x->end);
+    kv_buf_puts(&b, ", one per line for several calls, and nothing else.");
     if (b.oom) {
         free(b.p);
         return NULL;
@@ -188,20 +189,20 @@ static const char *result_name(const chat_message *msgs, int i) {
 static int generic_message(const chat_message *msgs, int i, chat_message *out, kv_error *err) {
     const chat_message *m = &msgs[i];
     strbuf b = {0};
-    sb_append(&b, "", 0);
+    kv_buf_append(&b, "", 0);
     out->role = m->role;
     if (!strcmp(m->role, "tool")) {
         out->role = "user";
-        sb_puts(&b, "<tool_response>{\"name\": ");
+        kv_buf_puts(&b, "<tool_response>{\"name\": ");
         pyjson_append_string(&b, result_name(msgs, i));
-        sb_puts(&b, ", \"content\": ");
+        kv_buf_puts(&b, ", \"content\": ");
         pyjson_append_string(&b, m->content ? m->content : "");
-        sb_puts(&b, "}</tool_response>");
+        kv_buf_puts(&b, "}</tool_response>");
     } else {
-        sb_puts(&b, m->content ? m->content : "");
+        kv_buf_puts(&b, m->content ? m->content : "");
     }
     if (m->n_tool_calls > 0) {
-        if (b.len > 0) sb_puts(&b, "\n");
+        if (b.len > 0) kv_buf_puts(&b, "\n");
         if (chat_tools_append_calls(&b, CHAT_TOOLS_GENERIC, m->tool_calls, m->n_tool_calls, i,
                                     err)) {
             free(b.p);
@@ -229,9 +230,9 @@ int chat_tools_generic_messages(const chat_message *msgs, int n, const chat_tool
         if (n > 0 && !strcmp(msgs[0].role, "system") && msgs[0].n_tool_calls == 0) {
             /* the conversation's own system message, then the tools */
             strbuf b = {0};
-            sb_puts(&b, msgs[0].content ? msgs[0].content : "");
-            sb_puts(&b, "\n\n");
-            sb_puts(&b, sys);
+            kv_buf_puts(&b, msgs[0].content ? msgs[0].content : "");
+            kv_buf_puts(&b, "\n\n");
+            kv_buf_puts(&b, sys);
             free(sys);
             sys = b.p;
             first = 1;
@@ -309,15 +310,15 @@ chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_tu
 /* A GBNF string literal of s. */
 static void gbnf_literal(strbuf *b, const char *s) {
     if (!*s) return; /* nothing to match */
-    sb_puts(b, " \"");
+    kv_buf_puts(b, " \"");
     for (; *s; s++) {
         const char *e = *s == '"' ? "\\\"" : *s == '\\' ? "\\\\" : *s == '\n' ? "\\n" : NULL;
         if (e)
-            sb_puts(b, e);
+            kv_buf_puts(b, e);
         else
-            sb_append(b, s, 1);
+            kv_buf_append(b, s, 1);
     }
-    sb_puts(b, "\"");
+    kv_buf_puts(b, "\"");
 }
 
 char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_tool_choice choice,
@@ -329,35 +330,35 @@ char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_to
         /* content: anything that does not begin the way calls do */
         unsigned char first = (unsigned char)(*x->open ? x->open[0] : x->call[0]);
         snprintf(line, sizeof line, "root ::= calls | [^\\x%02X] .*\n", first);
-        sb_puts(&b, line);
+        kv_buf_puts(&b, line);
     } else {
-        sb_puts(&b, "root ::= calls\n");
+        kv_buf_puts(&b, "root ::= calls\n");
     }
-    sb_puts(&b, "calls ::=");
+    kv_buf_puts(&b, "calls ::=");
     if (*x->open) gbnf_literal(&b, x->open);
-    sb_puts(&b, " call");
+    kv_buf_puts(&b, " call");
     if (parallel && choice != CHAT_TOOL_NAMED && x->sep) {
-        sb_puts(&b, " (");
+        kv_buf_puts(&b, " (");
         gbnf_literal(&b, x->sep);
-        sb_puts(&b, " call )*");
+        kv_buf_puts(&b, " call )*");
     }
     if (*x->close) gbnf_literal(&b, x->close);
-    sb_puts(&b, "\ncall ::=");
+    kv_buf_puts(&b, "\ncall ::=");
     gbnf_literal(&b, x->call);
-    sb_puts(&b, " (");
+    kv_buf_puts(&b, " (");
     bool any = false;
     for (int i = 0; i < n; i++) {
         if (choice == CHAT_TOOL_NAMED && strcmp(tools[i].name, named) != 0) continue;
-        if (any) sb_puts(&b, " |");
+        if (any) kv_buf_puts(&b, " |");
         gbnf_literal(&b, tools[i].name);
         if (x->id_open) {
             gbnf_literal(&b, x->id_open);
             snprintf(line, sizeof line, " [a-zA-Z0-9]{%d}", x->id_len);
-            sb_puts(&b, line);
+            kv_buf_puts(&b, line);
         }
         gbnf_literal(&b, x->args);
         snprintf(line, sizeof line, " tool%d-args", i);
-        sb_puts(&b, line);
+        kv_buf_puts(&b, line);
         any = true;
     }
     if (!any) {
@@ -365,20 +366,20 @@ char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_to
         kv_fail(err, "tool_choice names '%s', which is not among the tools", named ? named : "");
         return NULL;
     }
-    sb_puts(&b, " )");
+    kv_buf_puts(&b, " )");
     gbnf_literal(&b, x->end);
     if (x->id_len > 0 && !x->id_open) {
         snprintf(line, sizeof line, " [a-zA-Z0-9]{%d}", x->id_len);
-        sb_puts(&b, line);
+        kv_buf_puts(&b, line);
         gbnf_literal(&b, x->id_end);
     }
-    sb_puts(&b, "\n");
+    kv_buf_puts(&b, "\n");
     for (int i = 0; i < n; i++) {
         char prefix[32];
         snprintf(prefix, sizeof prefix, "tool%d-args", i);
         if (!tools[i].parameters) {
-            sb_puts(&b, prefix);
-            sb_puts(&b, " ::= object\n");
+            kv_buf_puts(&b, prefix);
+            kv_buf_puts(&b, " ::= object\n");
             continue;
         }
         char *rules = json_schema_to_gbnf_rules(tools[i].parameters, strlen(tools[i].parameters),
@@ -388,10 +389,10 @@ char *chat_tools_gbnf(chat_tool_format f, const chat_tool *tools, int n, chat_to
             kv_fail_wrap(err, "tool '%s' parameters", tools[i].name);
             return NULL;
         }
-        sb_puts(&b, rules);
+        kv_buf_puts(&b, rules);
         free(rules);
     }
-    sb_puts(&b, json_schema_primitives());
+    kv_buf_puts(&b, json_schema_primitives());
     if (b.oom) {
         free(b.p);
         kv_fail(err, "out of memory");

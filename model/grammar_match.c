@@ -216,15 +216,11 @@ static uint32_t hash_u32(uint32_t h, uint32_t x) {
     return h * 0x85ebca6bu;
 }
 
+/* kv_array_reserve, counting what it adds in *bytes (the matcher's memory bound). */
 static int grow(void **p, size_t *cap, size_t need, size_t elem, size_t *bytes) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) nc *= 2;
-    void *t = realloc(*p, nc * elem);
-    if (!t) return -1;
-    *bytes += (nc - *cap) * elem;
-    *p = t;
-    *cap = nc;
+    size_t old = *cap;
+    if (kv_array_reserve(p, cap, need, elem, 64)) return -1;
+    *bytes += (*cap - old) * elem;
     return 0;
 }
 

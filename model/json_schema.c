@@ -29,66 +29,21 @@
 
 /* ---------------------------------------------------------------- text builder */
 
-typedef struct sbuf {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = (b->n + n + 1) * 2;
-        char *t = realloc(b->s, cap);
-        if (!t) {
-            b->oom = true;
-            return;
-        }
-        b->s = t;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sb_put(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->oom = true;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_put(b, big, (size_t)n);
-    free(big);
-}
+typedef kv_buf sbuf; /* util's growable buffer: an append that fails sets oom */
 
 /* A GBNF string literal of s[0..n) (quotes, backslashes and control bytes escaped). */
 static void sb_literal(sbuf *b, const char *s, size_t n) {
-    sb_put(b, "\"", 1);
+    kv_buf_append(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\')
-            sb_printf(b, "\\%c", c);
+            kv_buf_printf(b, "\\%c", c);
         else if (c < 0x20 || c == 0x7f)
-            sb_printf(b, "\\x%02X", c);
+            kv_buf_printf(b, "\\x%02X", c);
         else
-            sb_put(b, (const char *)&c, 1);
+            kv_buf_append(b, (const char *)&c, 1);
     }
-    sb_put(b, "\"", 1);
+    kv_buf_append(b, "\"", 1);
 }
 
 /* A JSON value's compact text as a GBNF literal (enum, const). */
@@ -125,7 +80,7 @@ static int compile(jsc *c, const json_t *s, const char *path, int depth, int *ru
 static int ref_to(jsc *c, sbuf *b, const json_t *s, const char *path, int depth) {
     int r;
     if (compile(c, s, path, depth + 1, &r)) return -1;
-    sb_printf(b, "r%d", r);
+    kv_buf_printf(b, "r%d", r);
     return 0;
 }
 
@@ -174,14 +129,14 @@ const char *json_object_gbnf(void) {
 /* Digits of lo..hi, both with n digits (as strings), as GBNF alternatives into b. */
 static void digits_range(sbuf *b, const char *lo, const char *hi, int n) {
     if (n == 0) {
-        sb_put(b, "\"\"", 2);
+        kv_buf_append(b, "\"\"", 2);
         return;
     }
     if (lo[0] == hi[0]) {
-        sb_printf(b, "\"%c\" ", lo[0]);
-        sb_put(b, "(", 1);
+        kv_buf_printf(b, "\"%c\" ", lo[0]);
+        kv_buf_append(b, "(", 1);
         digits_range(b, lo + 1, hi + 1, n - 1);
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         return;
     }
     bool lo_zeros = true, hi_nines = true;
@@ -190,8 +145,8 @@ static void digits_range(sbuf *b, const char *lo, const char *hi, int n) {
         hi_nines &= hi[i] == '9';
     }
     if (lo_zeros && hi_nines) {
-        sb_printf(b, "[%c-%c]", lo[0], hi[0]);
-        if (n > 1) sb_printf(b, " [0-9]{%d}", n - 1);
+        kv_buf_printf(b, "[%c-%c]", lo[0], hi[0]);
+        if (n > 1) kv_buf_printf(b, " [0-9]{%d}", n - 1);
         return;
     }
     char nines[24], zeros[24];
@@ -199,33 +154,33 @@ static void digits_range(sbuf *b, const char *lo, const char *hi, int n) {
     memset(zeros, '0', sizeof zeros);
     int from = lo[0], to = hi[0];
     bool sep = false;
-    sb_put(b, "(", 1);
+    kv_buf_append(b, "(", 1);
     if (!lo_zeros) {
-        sb_printf(b, "\"%c\" (", lo[0]);
+        kv_buf_printf(b, "\"%c\" (", lo[0]);
         digits_range(b, lo + 1, nines, n - 1);
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         from++;
         sep = true;
     }
     if (!hi_nines) to--;
     if (from <= to) {
-        if (sep) sb_put(b, " | ", 3);
-        sb_printf(b, "[%c-%c]", from, to);
-        if (n > 1) sb_printf(b, " [0-9]{%d}", n - 1);
+        if (sep) kv_buf_append(b, " | ", 3);
+        kv_buf_printf(b, "[%c-%c]", from, to);
+        if (n > 1) kv_buf_printf(b, " [0-9]{%d}", n - 1);
         sep = true;
     }
     if (!hi_nines) {
-        if (sep) sb_put(b, " | ", 3);
-        sb_printf(b, "\"%c\" (", hi[0]);
+        if (sep) kv_buf_append(b, " | ", 3);
+        kv_buf_printf(b, "\"%c\" (", hi[0]);
         digits_range(b, zeros, hi + 1, n - 1);
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
     }
-    sb_put(b, ")", 1);
+    kv_buf_append(b, ")", 1);
 }
 
 /* Non-negative integers in [lo, hi] (hi < 0: unbounded above) without leading zeros. */
 static void uint_range(sbuf *b, int64_t lo, int64_t hi) {
-    sb_put(b, "(", 1);
+    kv_buf_append(b, "(", 1);
     char ls[24], hs[24];
     int nl = snprintf(ls, sizeof ls, "%lld", (long long)lo);
     int nh = hi >= 0 ? snprintf(hs, sizeof hs, "%lld", (long long)hi) : 16;
@@ -240,30 +195,30 @@ static void uint_range(sbuf *b, int64_t lo, int64_t hi) {
         char as[24], zs[24];
         snprintf(as, sizeof as, "%lld", (long long)a);
         snprintf(zs, sizeof zs, "%lld", (long long)z);
-        if (!first) sb_put(b, " | ", 3);
+        if (!first) kv_buf_append(b, " | ", 3);
         first = false;
         digits_range(b, as, zs, n);
     }
-    if (first) sb_put(b, "\"0\"", 3); /* not reached: callers keep lo <= hi */
-    sb_put(b, ")", 1);
+    if (first) kv_buf_append(b, "\"0\"", 3); /* not reached: callers keep lo <= hi */
+    kv_buf_append(b, ")", 1);
 }
 
 /* Integers in [lo, hi]; has_lo/has_hi false for an open side. */
 static void int_range(sbuf *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
-    sb_put(b, "(", 1);
+    kv_buf_append(b, "(", 1);
     bool any = false;
     /* negative part: -x for x in [max(1, -hi), -lo] */
     if (!has_lo || lo < 0) {
         int64_t xlo = has_hi && hi < 0 ? -hi : 1, xhi = has_lo ? -lo : -1;
-        sb_put(b, "\"-\" ", 4);
+        kv_buf_append(b, "\"-\" ", 4);
         uint_range(b, xlo, xhi);
         any = true;
     }
     if (!has_hi || hi >= 0) {
-        if (any) sb_put(b, " | ", 3);
+        if (any) kv_buf_append(b, " | ", 3);
         uint_range(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
     }
-    sb_put(b, ")", 1);
+    kv_buf_append(b, ")", 1);
 }
 
 /* ---------------------------------------------------------------- keywords */
@@ -326,20 +281,20 @@ static int get_count(jsc *c, const json_t *s, const char *key, const char *path,
 /* x repeated lo..hi times (hi < 0: unbounded), separated by sep ("" for none). */
 static void repeat(sbuf *b, const char *x, const char *sep, int64_t lo, int64_t hi) {
     if (hi == 0) {
-        sb_put(b, "\"\"", 2);
+        kv_buf_append(b, "\"\"", 2);
         return;
     }
-    if (lo == 0) sb_put(b, "(", 1);
-    sb_printf(b, "%s", x);
+    if (lo == 0) kv_buf_append(b, "(", 1);
+    kv_buf_printf(b, "%s", x);
     int64_t rlo = lo > 0 ? lo - 1 : 0, rhi = hi > 0 ? hi - 1 : -1;
     if (rhi != 0) {
-        sb_printf(b, " ( %s%s%s )", sep, *sep ? " " : "", x);
+        kv_buf_printf(b, " ( %s%s%s )", sep, *sep ? " " : "", x);
         if (rhi < 0)
-            sb_printf(b, "{%lld,}", (long long)rlo);
+            kv_buf_printf(b, "{%lld,}", (long long)rlo);
         else
-            sb_printf(b, "{%lld,%lld}", (long long)rlo, (long long)rhi);
+            kv_buf_printf(b, "{%lld,%lld}", (long long)rlo, (long long)rhi);
     }
-    if (lo == 0) sb_put(b, ")?", 2);
+    if (lo == 0) kv_buf_append(b, ")?", 2);
 }
 
 static int compile_string(jsc *c, const json_t *s, const char *path, sbuf *b);
@@ -389,7 +344,7 @@ static int compile_number(jsc *c, const json_t *s, const char *path, bool intege
     int64_t lo = 0, hi = 0;
     if (bounds(c, s, path, integer, &has_lo, &lo, &has_hi, &hi, &hi_excl)) return -1;
     if (!has_lo && !has_hi) {
-        sb_printf(b, "%s", integer ? "integer" : "number");
+        kv_buf_printf(b, "%s", integer ? "integer" : "number");
         return 0;
     }
     if (integer) {
@@ -400,17 +355,17 @@ static int compile_number(jsc *c, const json_t *s, const char *path, bool intege
      * value in range, and the bounds themselves exactly */
     const char *frac = "( \".\" [0-9]{1,15} )?";
     bool any = false;
-    sb_put(b, "(", 1);
+    kv_buf_append(b, "(", 1);
     if (!has_hi || hi >= 0) {
         int64_t a = has_lo && lo > 0 ? lo : 0;
         if (!has_hi || hi - 1 >= a) {
-            sb_put(b, "(", 1);
+            kv_buf_append(b, "(", 1);
             uint_range(b, a, has_hi ? hi - 1 : -1);
-            sb_printf(b, " %s)", frac);
+            kv_buf_printf(b, " %s)", frac);
             any = true;
         }
         if (has_hi && !hi_excl && hi >= a) {
-            sb_printf(b, "%s\"%lld\"", any ? " | " : "", (long long)hi);
+            kv_buf_printf(b, "%s\"%lld\"", any ? " | " : "", (long long)hi);
             any = true;
         }
     }
@@ -418,17 +373,17 @@ static int compile_number(jsc *c, const json_t *s, const char *path, bool intege
         /* -x: x above -hi (or from 1), at most -lo */
         int64_t xlo = has_hi && hi < 0 ? (hi_excl ? -hi + 1 : -hi) : 1;
         if (!has_lo || -lo - 1 >= xlo) {
-            sb_printf(b, "%s\"-\" (", any ? " | " : "");
+            kv_buf_printf(b, "%s\"-\" (", any ? " | " : "");
             uint_range(b, xlo, has_lo ? -lo - 1 : -1);
-            sb_printf(b, " %s)", frac);
+            kv_buf_printf(b, " %s)", frac);
             any = true;
         }
         if (has_lo && -lo >= xlo) {
-            sb_printf(b, "%s\"-%lld\"", any ? " | " : "", (long long)-lo);
+            kv_buf_printf(b, "%s\"-%lld\"", any ? " | " : "", (long long)-lo);
             any = true;
         }
     }
-    sb_put(b, ")", 1);
+    kv_buf_append(b, ")", 1);
     if (!any) return kv_fail(c->err, "json_schema: the bounds at %s leave no value", path);
     return 0;
 }
@@ -446,11 +401,11 @@ typedef struct rx {
 /* A character class item in GBNF class syntax (escaped unless alphanumeric). */
 static void class_char(sbuf *b, uint32_t cp) {
     if ((cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'))
-        sb_printf(b, "%c", (char)cp);
+        kv_buf_printf(b, "%c", (char)cp);
     else if (cp <= 0xFFFF)
-        sb_printf(b, "\\u%04X", (unsigned)cp);
+        kv_buf_printf(b, "\\u%04X", (unsigned)cp);
     else
-        sb_printf(b, "\\U%08X", (unsigned)cp);
+        kv_buf_printf(b, "\\U%08X", (unsigned)cp);
 }
 
 static int rx_fail(rx *r, const char *what) {
@@ -487,13 +442,13 @@ static int rx_escape_class(rx *r, char e, sbuf *b, bool in_class) {
     }
     if (in_class) {
         if (neg) return rx_fail(r, "negated escapes inside a class are not supported");
-        sb_printf(b, "%s", pos);
+        kv_buf_printf(b, "%s", pos);
         return 0;
     }
     if (pos)
-        sb_printf(b, "[%s]", pos);
+        kv_buf_printf(b, "[%s]", pos);
     else
-        sb_printf(b, "[^%s\"\\\\\\x00-\\x1F]", neg);
+        kv_buf_printf(b, "[^%s\"\\\\\\x00-\\x1F]", neg);
     return 0;
 }
 
@@ -523,7 +478,7 @@ static int rx_class(rx *r, sbuf *b) {
     r->i++; /* [ */
     bool neg = r->i < r->n && r->s[r->i] == '^';
     if (neg) r->i++;
-    sb_put(b, neg ? "[^" : "[", neg ? 2 : 1);
+    kv_buf_append(b, neg ? "[^" : "[", neg ? 2 : 1);
     bool first = true;
     while (r->i < r->n && (r->s[r->i] != ']' || first)) {
         first = false;
@@ -561,7 +516,7 @@ static int rx_class(rx *r, sbuf *b) {
                 if (lo < '"') {
                     class_char(b, lo);
                     if ('"' - 1 > lo) {
-                        sb_put(b, "-", 1);
+                        kv_buf_append(b, "-", 1);
                         class_char(b, '"' - 1);
                     }
                 }
@@ -572,7 +527,7 @@ static int rx_class(rx *r, sbuf *b) {
                 if (lo < '\\') {
                     class_char(b, lo);
                     if ('\\' - 1 > lo) {
-                        sb_put(b, "-", 1);
+                        kv_buf_append(b, "-", 1);
                         class_char(b, '\\' - 1);
                     }
                 }
@@ -582,14 +537,14 @@ static int rx_class(rx *r, sbuf *b) {
         }
         class_char(b, lo);
         if (hi > lo) {
-            sb_put(b, "-", 1);
+            kv_buf_append(b, "-", 1);
             class_char(b, hi);
         }
     }
     if (r->i >= r->n) return rx_fail(r, "unterminated class");
     r->i++; /* ] */
-    if (neg) sb_printf(b, "%s", "\"\\\\\\x00-\\x1F");
-    sb_put(b, "]", 1);
+    if (neg) kv_buf_printf(b, "%s", "\"\\\\\\x00-\\x1F");
+    kv_buf_append(b, "]", 1);
     return 0;
 }
 
@@ -602,18 +557,18 @@ static int rx_atom(rx *r, sbuf *b) {
             r->i += 2;
         else if (r->i < r->n && r->s[r->i] == '?')
             return rx_fail(r, "lookaround and named groups are not supported");
-        sb_put(b, "(", 1);
+        kv_buf_append(b, "(", 1);
         if (rx_alt(r, b)) return -1;
         if (r->i >= r->n || r->s[r->i] != ')') return rx_fail(r, "expected ')'");
         r->i++;
         r->depth--;
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         return 0;
     }
     if (ch == '[') return rx_class(r, b);
     if (ch == '.') {
         r->i++;
-        sb_put(b, RX_ANY, strlen(RX_ANY));
+        kv_buf_append(b, RX_ANY, strlen(RX_ANY));
         return 0;
     }
     uint32_t cp;
@@ -664,13 +619,13 @@ static int rx_seq(rx *r, sbuf *b) {
         }
         if (ch == '*' || ch == '+' || ch == '?' || ch == '{')
             return rx_fail(r, "a quantifier with nothing to repeat");
-        sb_put(b, "(", 1);
+        kv_buf_append(b, "(", 1);
         if (rx_atom(r, b)) return -1;
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         if (r->i < r->n) {
             ch = r->s[r->i];
             if (ch == '*' || ch == '+' || ch == '?') {
-                sb_put(b, &ch, 1);
+                kv_buf_append(b, &ch, 1);
                 r->i++;
             } else if (ch == '{') {
                 size_t j = r->i + 1;
@@ -688,22 +643,22 @@ static int rx_seq(rx *r, sbuf *b) {
                 }
                 if (k != j || m < 0 || m > 10000 || n > 10000 || (n >= 0 && n < m))
                     return rx_fail(r, "bad {m,n}");
-                sb_put(b, r->s + r->i, j + 1 - r->i);
+                kv_buf_append(b, r->s + r->i, j + 1 - r->i);
                 r->i = j + 1;
             }
             if (r->i < r->n && (r->s[r->i] == '?' || r->s[r->i] == '+')) r->i++; /* lazy */
         }
-        sb_put(b, " ", 1);
+        kv_buf_append(b, " ", 1);
     }
     return 0;
 }
 
 static int rx_alt(rx *r, sbuf *b) {
-    sb_put(b, "\"\" ", 3);
+    kv_buf_append(b, "\"\" ", 3);
     if (rx_seq(r, b)) return -1;
     while (r->i < r->n && r->s[r->i] == '|') {
         r->i++;
-        sb_put(b, " | \"\" ", 6);
+        kv_buf_append(b, " | \"\" ", 6);
         if (rx_seq(r, b)) return -1;
     }
     return 0;
@@ -728,8 +683,8 @@ static int compile_string(jsc *c, const json_t *s, const char *path, sbuf *b) {
         rx r = {json_string_value(pat), json_string_length(pat), 0, c, path, 0};
         int rc = rx_alt(&r, &tmp);
         if (!rc && r.i < r.n) rc = rx_fail(&r, "unbalanced ')'");
-        if (!rc) sb_printf(b, "\"\\\"\" (%s) \"\\\"\"", tmp.s ? tmp.s : "\"\"");
-        free(tmp.s);
+        if (!rc) kv_buf_printf(b, "\"\\\"\" (%s) \"\\\"\"", tmp.p ? tmp.p : "\"\"");
+        free(tmp.p);
         return rc;
     }
     if (fmt) {
@@ -742,19 +697,19 @@ static int compile_string(jsc *c, const json_t *s, const char *path, sbuf *b) {
                            : !strcmp(f, "email")     ? "email"
                                                      : NULL;
         if (!rule) return fail_kw(c, path, "unsupported format", f);
-        sb_printf(b, "\"\\\"\" %s \"\\\"\"", rule);
+        kv_buf_printf(b, "\"\\\"\" %s \"\\\"\"", rule);
         return 0;
     }
     if (lo == 0 && hi < 0) {
-        sb_put(b, "string", 6);
+        kv_buf_append(b, "string", 6);
         return 0;
     }
-    sb_put(b, "\"\\\"\" ", 5);
+    kv_buf_append(b, "\"\\\"\" ", 5);
     if (hi < 0)
-        sb_printf(b, "char{%lld,}", (long long)lo);
+        kv_buf_printf(b, "char{%lld,}", (long long)lo);
     else
-        sb_printf(b, "char{%lld,%lld}", (long long)lo, (long long)hi);
-    sb_put(b, " \"\\\"\"", 5);
+        kv_buf_printf(b, "char{%lld,%lld}", (long long)lo, (long long)hi);
+    kv_buf_append(b, " \"\\\"\"", 5);
     return 0;
 }
 
@@ -777,42 +732,42 @@ static int compile_array(jsc *c, const json_t *s, const char *path, int depth, s
     } else if (items && !json_is_true(items)) {
         child_path(cp, sizeof cp, path, "items", NULL);
         if (ref_to(c, &item, items, cp, depth)) {
-            free(item.s);
+            free(item.p);
             return -1;
         }
     } else if (k > 0 && !items) {
         hi = (int64_t)k; /* a tuple: no further items generated */
     }
-    if (!item.s) sb_put(&item, "value", 5);
+    if (!item.p) kv_buf_append(&item, "value", 5);
     if (item.oom) return kv_fail(c->err, "out of memory");
-    sb_put(b, "\"[\" ", 4);
+    kv_buf_append(b, "\"[\" ", 4);
     for (size_t i = 0; i < k; i++) {
         char idx[24];
         snprintf(idx, sizeof idx, "%zu", i);
         child_path(cp, sizeof cp, path, "prefixItems", idx);
-        if (i) sb_put(b, "\", \" ", 5);
+        if (i) kv_buf_append(b, "\", \" ", 5);
         if (ref_to(c, b, json_array_get(prefix, i), cp, depth)) {
-            free(item.s);
+            free(item.p);
             return -1;
         }
-        sb_put(b, " ", 1);
+        kv_buf_append(b, " ", 1);
     }
     int64_t rlo = lo > (int64_t)k ? lo - (int64_t)k : 0;
     int64_t rhi = hi < 0 ? -1 : hi - (int64_t)k;
     if (rhi != 0) {
         if (k > 0) {
             sbuf x = {0};
-            sb_printf(&x, "\", \" %s", item.s);
-            sb_put(b, "(", 1);
-            repeat(b, x.s ? x.s : "", "", rlo, rhi);
-            sb_put(b, ")", 1);
-            free(x.s);
+            kv_buf_printf(&x, "\", \" %s", item.p);
+            kv_buf_append(b, "(", 1);
+            repeat(b, x.p ? x.p : "", "", rlo, rhi);
+            kv_buf_append(b, ")", 1);
+            free(x.p);
         } else {
-            repeat(b, item.s, "\", \"", rlo, rhi);
+            repeat(b, item.p, "\", \"", rlo, rhi);
         }
     }
-    sb_put(b, " \"]\"", 4);
-    free(item.s);
+    kv_buf_append(b, " \"]\"", 4);
+    free(item.p);
     return 0;
 }
 
@@ -901,15 +856,15 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
     bool open = addl && !json_is_false(addl);
     if (!props && !addl) open = true; /* {"type": "object"}: any object */
     if (open) {
-        sb_put(&extra, "string \": \" ", 12);
+        kv_buf_append(&extra, "string \": \" ", 12);
         if (addl && json_is_object(addl)) {
             child_path(cp, sizeof cp, path, "additionalProperties", NULL);
             if (ref_to(c, &extra, addl, cp, depth)) {
-                free(extra.s);
+                free(extra.p);
                 return -1;
             }
         } else {
-            sb_put(&extra, "value", 5);
+            kv_buf_append(&extra, "value", 5);
         }
     }
     size_t n = props ? json_object_size(props) : 0;
@@ -919,7 +874,7 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
     if (!kv || !reqd || extra.oom) {
         free(kv);
         free(reqd);
-        free(extra.s);
+        free(extra.p);
         return kv_fail(c->err, "out of memory");
     }
     const char *key;
@@ -937,8 +892,8 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
         json_t *ks = json_string(key);
         if (!ks || sb_json_literal(&kt, ks)) kt.oom = true;
         json_decref(ks);
-        sb_printf(&c->out, "r%d ::= %s \": \" r%d\n", r, kt.s ? kt.s : "\"\"", vr);
-        free(kt.s);
+        kv_buf_printf(&c->out, "r%d ::= %s \": \" r%d\n", r, kt.p ? kt.p : "\"\"", vr);
+        free(kt.p);
         kv[i] = r;
         reqd[i] = req && is_required(req, key);
         i++;
@@ -947,31 +902,31 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
     /* after_n: the extra members, if any; after_i / first_i built from the end */
     int after = new_rule(c);
     if (open)
-        sb_printf(&c->out, "r%d ::= ( \", \" %s )*\n", after, extra.s);
+        kv_buf_printf(&c->out, "r%d ::= ( \", \" %s )*\n", after, extra.p);
     else
-        sb_printf(&c->out, "r%d ::= \"\"\n", after);
+        kv_buf_printf(&c->out, "r%d ::= \"\"\n", after);
     int first = new_rule(c);
     if (open)
-        sb_printf(&c->out, "r%d ::= ( %s r%d )?\n", first, extra.s, after);
+        kv_buf_printf(&c->out, "r%d ::= ( %s r%d )?\n", first, extra.p, after);
     else
-        sb_printf(&c->out, "r%d ::= \"\"\n", first);
+        kv_buf_printf(&c->out, "r%d ::= \"\"\n", first);
     for (size_t k = n; k-- > 0;) {
         int a = new_rule(c), f = new_rule(c);
         if (reqd[k]) {
-            sb_printf(&c->out, "r%d ::= \", \" r%d r%d\n", a, kv[k], after);
-            sb_printf(&c->out, "r%d ::= r%d r%d\n", f, kv[k], after);
+            kv_buf_printf(&c->out, "r%d ::= \", \" r%d r%d\n", a, kv[k], after);
+            kv_buf_printf(&c->out, "r%d ::= r%d r%d\n", f, kv[k], after);
         } else {
-            sb_printf(&c->out, "r%d ::= \", \" r%d r%d | r%d\n", a, kv[k], after, after);
-            sb_printf(&c->out, "r%d ::= r%d r%d | r%d\n", f, kv[k], after, first);
+            kv_buf_printf(&c->out, "r%d ::= \", \" r%d r%d | r%d\n", a, kv[k], after, after);
+            kv_buf_printf(&c->out, "r%d ::= r%d r%d | r%d\n", f, kv[k], after, first);
         }
         after = a;
         first = f;
     }
-    sb_printf(b, "\"{\" r%d \"}\"", first);
+    kv_buf_printf(b, "\"{\" r%d \"}\"", first);
 done:
     free(kv);
     free(reqd);
-    free(extra.s);
+    free(extra.p);
     return rc;
 }
 
@@ -1004,11 +959,11 @@ static int compile_typed(jsc *c, const json_t *s, const char *type, const char *
     if (!strcmp(type, "integer")) return compile_number(c, s, path, true, b);
     if (!strcmp(type, "number")) return compile_number(c, s, path, false, b);
     if (!strcmp(type, "boolean")) {
-        sb_put(b, "boolean", 7);
+        kv_buf_append(b, "boolean", 7);
         return 0;
     }
     if (!strcmp(type, "null")) {
-        sb_put(b, "null", 4);
+        kv_buf_append(b, "null", 4);
         return 0;
     }
     if (!strcmp(type, "object")) return compile_object(c, s, path, depth, b);
@@ -1020,7 +975,7 @@ static int compile_typed(jsc *c, const json_t *s, const char *type, const char *
 static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sbuf *b) {
     char cp[512];
     if (json_is_true(s)) {
-        sb_put(b, "value", 5);
+        kv_buf_append(b, "value", 5);
         return 0;
     }
     if (!json_is_object(s))
@@ -1032,7 +987,7 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
         if (!t) return -1;
         for (int i = 0; i < c->n_refs; i++)
             if (c->ref_node[i] == t) {
-                sb_printf(b, "r%d", c->ref_rule[i]);
+                kv_buf_printf(b, "r%d", c->ref_rule[i]);
                 return 0;
             }
         if (c->n_refs == c->cap_refs) {
@@ -1051,10 +1006,10 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
         sbuf body = {0};
         snprintf(cp, sizeof cp, "%.400s", json_string_value(v));
         int rc = compile_body(c, t, cp, depth + 1, &body);
-        if (!rc) sb_printf(&c->out, "r%d ::= %s\n", rule, body.s ? body.s : "\"\"");
-        free(body.s);
+        if (!rc) kv_buf_printf(&c->out, "r%d ::= %s\n", rule, body.p ? body.p : "\"\"");
+        free(body.p);
         if (rc) return -1;
-        sb_printf(b, "r%d", rule);
+        kv_buf_printf(b, "r%d", rule);
         return 0;
     }
     if ((v = json_object_get(s, "const"))) return sb_json_literal(b, v) ? -1 : 0;
@@ -1063,12 +1018,12 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
             return fail_kw(c, path, "expected a non-empty array for", "enum");
         size_t i;
         const json_t *e;
-        sb_put(b, "(", 1);
+        kv_buf_append(b, "(", 1);
         json_array_foreach(v, i, e) {
-            if (i) sb_put(b, " | ", 3);
+            if (i) kv_buf_append(b, " | ", 3);
             if (sb_json_literal(b, e)) return kv_fail(c->err, "out of memory");
         }
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         return 0;
     }
     if (json_object_get(s, "allOf")) {
@@ -1084,15 +1039,15 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
             return fail_kw(c, path, "expected a non-empty array for", alt_key);
         size_t i;
         const json_t *e;
-        sb_put(b, "(", 1);
+        kv_buf_append(b, "(", 1);
         json_array_foreach(v, i, e) {
             char idx[24];
             snprintf(idx, sizeof idx, "%zu", i);
             child_path(cp, sizeof cp, path, alt_key, idx);
-            if (i) sb_put(b, " | ", 3);
+            if (i) kv_buf_append(b, " | ", 3);
             if (ref_to(c, b, e, cp, depth)) return -1;
         }
-        sb_put(b, ")", 1);
+        kv_buf_append(b, ")", 1);
         return 0;
     }
     const json_t *type = json_object_get(s, "type");
@@ -1109,32 +1064,32 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
                         : json_object_get(s, "minimum") || json_object_get(s, "maximum") ? "number"
                                                                                          : NULL;
         if (!t) {
-            sb_put(b, nullable ? "value" : "value", 5);
+            kv_buf_append(b, nullable ? "value" : "value", 5);
             return 0;
         }
-        if (nullable) sb_put(b, "( null | ", 9);
+        if (nullable) kv_buf_append(b, "( null | ", 9);
         int rc = compile_typed(c, s, t, path, depth, b);
-        if (nullable) sb_put(b, " )", 2);
+        if (nullable) kv_buf_append(b, " )", 2);
         return rc;
     }
     if (json_is_string(type)) {
-        if (nullable) sb_put(b, "( null | ", 9);
+        if (nullable) kv_buf_append(b, "( null | ", 9);
         int rc = compile_typed(c, s, json_string_value(type), path, depth, b);
-        if (nullable) sb_put(b, " )", 2);
+        if (nullable) kv_buf_append(b, " )", 2);
         return rc;
     }
     if (!json_is_array(type) || json_array_size(type) == 0)
         return fail_kw(c, path, "expected a name or a list of names for", "type");
     size_t i;
     const json_t *t;
-    sb_put(b, "(", 1);
-    if (nullable) sb_put(b, "null | ", 7);
+    kv_buf_append(b, "(", 1);
+    if (nullable) kv_buf_append(b, "null | ", 7);
     json_array_foreach(type, i, t) {
         if (!json_is_string(t)) return fail_kw(c, path, "expected names in", "type");
-        if (i) sb_put(b, " | ", 3);
+        if (i) kv_buf_append(b, " | ", 3);
         if (compile_typed(c, s, json_string_value(t), path, depth, b)) return -1;
     }
-    sb_put(b, ")", 1);
+    kv_buf_append(b, ")", 1);
     return 0;
 }
 
@@ -1146,8 +1101,8 @@ static int compile(jsc *c, const json_t *s, const char *path, int depth, int *ru
     sbuf body = {0};
     int rc = compile_body(c, s, path, depth, &body);
     if (!rc && body.oom) rc = kv_fail(c->err, "out of memory");
-    if (!rc) sb_printf(&c->out, "r%d ::= %s\n", r, body.s ? body.s : "\"\"");
-    free(body.s);
+    if (!rc) kv_buf_printf(&c->out, "r%d ::= %s\n", r, body.p ? body.p : "\"\"");
+    free(body.p);
     *rule = r;
     return rc;
 }
@@ -1165,16 +1120,16 @@ static char *compile_rules(const char *schema, size_t len, kv_error *err) {
     char *out = NULL;
     if (!compile(&c, root, "#", 0, &r)) {
         sbuf head = {0};
-        sb_printf(&head, "root ::= r%d\n", r);
-        if (c.out.s) sb_put(&head, c.out.s, c.out.n);
+        kv_buf_printf(&head, "root ::= r%d\n", r);
+        if (c.out.p) kv_buf_append(&head, c.out.p, c.out.len);
         if (head.oom || c.out.oom) {
             kv_fail(err, "out of memory");
-            free(head.s);
+            free(head.p);
         } else {
-            out = head.s;
+            out = head.p;
         }
     }
-    free(c.out.s);
+    free(c.out.p);
     free(c.ref_node);
     free(c.ref_rule);
     json_decref(root);
@@ -1187,7 +1142,7 @@ char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
     char *rules = compile_rules(schema, len, err);
     if (!rules) return NULL;
     sbuf b = {0};
-    sb_printf(&b, "%s%s", rules, PRIMITIVES);
+    kv_buf_printf(&b, "%s%s", rules, PRIMITIVES);
     free(rules);
     if (b.oom) {
         kv_fail(err, "out of memory");
@@ -1195,14 +1150,14 @@ char *json_schema_to_gbnf(const char *schema, size_t len, kv_error *err) {
     }
     /* A schema can still describe a grammar that cannot be matched: one that refers to itself
      * before any value ({"$ref": "#"}) is left-recursive. */
-    grammar *g = grammar_parse(b.s, b.n, err);
+    grammar *g = grammar_parse(b.p, b.len, err);
     if (!g) {
         kv_fail_wrap(err, "json_schema: the schema cannot be compiled");
-        free(b.s);
+        free(b.p);
         return NULL;
     }
     grammar_destroy(g);
-    return b.s;
+    return b.p;
 }
 
 char *json_schema_to_gbnf_rules(const char *schema, size_t len, const char *prefix, kv_error *err) {
@@ -1218,7 +1173,7 @@ char *json_schema_to_gbnf_rules(const char *schema, size_t len, const char *pref
             size_t j = i + 1;
             while (j < n && rules[j] != end) j += rules[j] == '\\' ? 2 : 1;
             j = j < n ? j + 1 : n;
-            sb_put(&b, rules + i, j - i);
+            kv_buf_append(&b, rules + i, j - i);
             i = j;
             continue;
         }
@@ -1228,25 +1183,25 @@ char *json_schema_to_gbnf_rules(const char *schema, size_t len, const char *pref
                 (rules[j] >= 'A' && rules[j] <= 'Z') || rules[j] == '-' || rules[j] == '_'))
             j++;
         if (j == i) {
-            sb_put(&b, rules + i, 1);
+            kv_buf_append(&b, rules + i, 1);
             i++;
             continue;
         }
         bool num = j - i > 1 && rules[i] == 'r';
         for (size_t k = i + 1; num && k < j; k++) num = rules[k] >= '0' && rules[k] <= '9';
         if (j - i == 4 && !memcmp(rules + i, "root", 4))
-            sb_printf(&b, "%s", prefix);
+            kv_buf_printf(&b, "%s", prefix);
         else if (num)
-            sb_printf(&b, "%s-%.*s", prefix, (int)(j - i), rules + i);
+            kv_buf_printf(&b, "%s-%.*s", prefix, (int)(j - i), rules + i);
         else
-            sb_put(&b, rules + i, j - i);
+            kv_buf_append(&b, rules + i, j - i);
         i = j;
     }
     free(rules);
     if (b.oom) {
         kv_fail(err, "out of memory");
-        free(b.s);
+        free(b.p);
         return NULL;
     }
-    return b.s;
+    return b.p;
 }

@@ -191,14 +191,7 @@ void bpe_scratch_free(bpe_scratch *s) {
 }
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem, kv_error *err) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return kv_fail(err, "tokenizer: out of memory");
-    *p = q;
-    *cap = c;
-    return 0;
+    return kv_array_reserve(p, cap, need, elem, 64) ? kv_fail(err, "tokenizer: out of memory") : 0;
 }
 
 /* A symbol the vocabulary cannot name: llama.cpp then looks up each byte of its text alone

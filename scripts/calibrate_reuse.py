@@ -8,6 +8,9 @@ identical greedy answers, with the TTFT speed-up:
   - full reuse (ratio 0), for scale;
   - q8 and every codec level of the model's codec table (MODEL.kvcodec, made first when missing),
     as exact-prefix KV read back from a disk tier that holds every encoding (kv_level forced);
+  - Prompt Cache's schemas: plain (modules' KV as precomputed, "fix-up 0%") and the cross-module
+    fix-up over the sweep of ratios, on a RAG schema of the same texts (scripts/bench/schema.py's
+    quality set: 3-4 of up to 20 document modules imported per prompt, the question in a turn);
 and writes MODEL.kvquality.json beside the model (bound to its identity, as the codec table is),
 which `kvserve serve` reads at start: --reuse-quality picks from it, per method, the cheapest
 setting within budget, and turns off a method with none. Prints the table.
@@ -22,8 +25,11 @@ later prompt reuses what earlier ones computed.
 
     python3 scripts/calibrate_reuse.py [--model MODEL] [--questions 24] [--prompts FILE.jsonl]
                                        [--ratios 0.05,0.15,0.3,0.5,0.8] [--out PATH]
+                                       [--measure blend,levels,fixup]
 
-About 15 minutes on 2 cores for the default model and 24 questions; `make calibrate-reuse`.
+--measure names what to measure (default all); measuring less updates those methods' points in an
+existing calibration of the same model and keeps the rest. About 30 minutes on 2 cores for the
+default model with everything; `make calibrate-reuse`.
 """
 import argparse
 import datetime
@@ -40,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "ben
 import benchlib  # noqa: E402
 import blend  # noqa: E402
 import codec  # noqa: E402
+import schema  # noqa: E402
 from levels import wait_steady  # noqa: E402
 
 
@@ -125,15 +132,25 @@ def main():
                     help="draw the frontier of this calibration file, measuring nothing")
     ap.add_argument("--level-prompts", type=int, default=8,
                     help="prompts the KV encodings are measured on (0: not measured)")
+    ap.add_argument("--fixup-prompts", type=int, default=24,
+                    help="schema prompts the fix-up is measured on (0: not measured)")
+    ap.add_argument("--measure", default="blend,levels,fixup",
+                    help="what to measure; the rest is kept from --out's calibration")
     args = ap.parse_args()
+    measure = set(args.measure.split(","))
+    if not measure or not measure <= {"blend", "levels", "fixup"}:
+        sys.exit("--measure: a comma-separated subset of blend, levels, fixup")
     if args.replot:
         with open(args.replot, encoding="utf-8") as f:
             doc = json.load(f)
         draw(doc, args.plot or args.replot[:-len(".json")] + ".png")
         return
     out = args.out or args.model + ".kvquality.json"
-    methods = [m for m in blend.methods_for(args.policies.split(","),
-                                            [float(r) for r in args.ratios.split(",")])
+    ratios = [float(r) for r in args.ratios.split(",")]
+    if "blend" not in measure:
+        update(args, out, measure, ratios)
+        return
+    methods = [m for m in blend.methods_for(args.policies.split(","), ratios)
                if m[0] != "server default" and not m[0].endswith(" 100%")]
 
     srv = blend.Server(args, ["--reuse-quality", "none"])
@@ -182,13 +199,13 @@ def main():
                           "top1": round(table["full reuse (0%)"]["top1"], 4)},
            "points": points}
     write(doc, out)  # the blend figures first: the levels' measure is long
-    levels = measure_levels(args, items[:args.level_prompts]) if args.level_prompts else {}
-    for lv, v in levels.items():
-        doc["points"].append({"method": "level", "level": lv, "kl": round(v["kl"], 6),
-                              "top1": round(v["top1"], 4), "same": round(v["same"], 4),
-                              "same8": round(v["same8"], 4), "speedup": round(v["speedup"], 3)})
-    doc["level_prompts"] = min(args.level_prompts, len(items)) if levels else 0
-    write(doc, out)
+    levels = fixups = {}
+    if "levels" in measure and args.level_prompts:
+        levels = add_levels(doc, args, items)
+        write(doc, out)
+    if "fixup" in measure and args.fixup_prompts:
+        fixups = add_fixups(doc, args, ratios)
+        write(doc, out)
 
     print(f"\n{len(items)} prompts, {args.max_tokens} greedy tokens; against a full prefill:\n")
     print("| method | identical answer | first 8 tokens | top-1 | KL first token | speed-up |")
@@ -197,12 +214,88 @@ def main():
         v = table[name]
         print(f"| {name} | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
               f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
-    for lv, v in levels.items():
-        print(f"| {lv} (exact prefix from disk) | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
-              f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
+    print_rows(levels, fixups)
     print(f"\nwritten: {out}")
     if args.plot:
         draw(doc, args.plot)
+
+
+def point(method, v, **key):
+    return {"method": method, **key, "kl": round(v["kl"], 6), "top1": round(v["top1"], 4),
+            "same": round(v["same"], 4), "same8": round(v["same8"], 4),
+            "speedup": round(v["speedup"], 3)}
+
+
+def add_levels(doc, args, items):
+    """Measures the KV encodings into doc's points (replacing earlier level points)."""
+    levels = measure_levels(args, items[:args.level_prompts])
+    doc["points"] = [p for p in doc["points"] if p["method"] != "level"]
+    doc["points"] += [point("level", v, level=lv) for lv, v in levels.items()]
+    doc["level_prompts"] = min(args.level_prompts, len(items)) if levels else 0
+    return levels
+
+
+def add_fixups(doc, args, ratios):
+    """Measures Prompt Cache plain (ratio 0) and with the fix-up at each ratio into doc's points
+    (replacing earlier fix-up points); {name: summary}."""
+    methods = ([("full prefill", {"cache": False}), ("fix-up 0%", {"fixup": False})] +
+               [(f"fix-up {100 * r:.0f}%", {"fixup": True, "fixup_ratio": r}) for r in ratios])
+    srv = schema.Server(args)
+    try:
+        pool = blend.passages(srv)
+        res, _ = schema.quality_measure(srv, pool, 20, args.fixup_prompts, args.max_tokens,
+                                        random.Random(args.seed), False, methods)
+    finally:
+        srv.stop()
+    full_t = statistics.mean(r["t"] for r in res.pop("full prefill"))
+    for rows in res.values():
+        for r in rows:
+            r["n"], r["blended"] = 1, 0
+    table = {name: blend.summary(rows, full_t) for name, rows in res.items()}
+    doc["points"] = [p for p in doc["points"] if p["method"] != "fixup"]
+    doc["points"] += [point("fixup", table[name], ratio=extra.get("fixup_ratio", 0.0))
+                      for name, extra in methods[1:]]
+    doc["fixup_prompts"] = args.fixup_prompts
+    return table
+
+
+def print_rows(levels, fixups):
+    for lv, v in levels.items():
+        print(f"| {lv} (exact prefix from disk) | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
+              f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
+    for name, v in fixups.items():
+        print(f"| schema, {name} | {100 * v['same']:.0f}% | {100 * v['same8']:.0f}% | "
+              f"{100 * v['top1']:.0f}% | {v['kl']:.4f} | {v['speedup']:.2f}x |")
+
+
+def update(args, out, measure, ratios):
+    """Measures only `measure` (no blend) into the existing calibration at out."""
+    try:
+        with open(out, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        sys.exit(f"{out}: {e} (measuring a part needs a calibration to update: run without "
+                 f"--measure first)")
+    items = []
+    if "levels" in measure and args.level_prompts:
+        if args.prompts:
+            items = load_prompts(args.prompts)
+        else:
+            srv = blend.Server(args, ["--reuse-quality", "none"])
+            try:
+                pool = blend.passages(srv)
+            finally:
+                srv.stop()
+            qs = blend.question_set(pool, args.questions, random.Random(args.seed))
+            items = [(blend.messages(pool, docs, q), [pool[d] for d in docs]) for docs, q in qs]
+    levels = add_levels(doc, args, items) if items else {}
+    fixups = add_fixups(doc, args, ratios) if "fixup" in measure and args.fixup_prompts else {}
+    doc["made_by"] += " + " + " ".join(sys.argv[1:])
+    write(doc, out)
+    print("| method | identical answer | first 8 tokens | top-1 | KL first token | speed-up |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print_rows(levels, fixups)
+    print(f"\nupdated: {out}")
 
 
 def write(doc, path):

@@ -4,8 +4,10 @@
 set -euo pipefail
 python=${PYTHON:-python3}
 
+# chromium and chromium-driver: the headless browser the web page's end-to-end test drives
 apt_pkgs=(build-essential pkg-config clang libclang-rt-14-dev libcriterion-dev libjansson-dev
-          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server)
+          libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server
+          chromium chromium-driver)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,10 +23,12 @@ fi
 # pytest runs the end-to-end tests; openai is the official client they drive the server with;
 # requests sends the raw (malformed, oversized) bodies a client library would refuse to send;
 # jsonschema validates the structured outputs' answers against their schemas; langchain-openai
-# is the agent framework whose structured output and tool calls the e2e tests drive; anthropic is
-# the official client the Messages API's e2e tests drive the server with.
-py_pkgs=(pytest openai requests jsonschema langchain-openai anthropic)
-if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, anthropic" 2>/dev/null; then
+# is the agent framework whose structured output and tool calls the e2e tests drive; selenium
+# drives chromium (through chromium-driver, above: it downloads no browser) in the web page's test;
+# anthropic is the official client the Messages API's e2e tests drive the server with.
+py_pkgs=(pytest openai requests jsonschema langchain-openai selenium anthropic)
+if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium, anthropic" \
+        2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi

@@ -451,7 +451,10 @@ static int publish_token(engine *e, eseq *s, size_t release_end, const gen_logpr
     c->n_tokens = s->n_gen;
     if (!r->t_first_token) {
         r->t_first_token = now;
-        metrics_ttft(e->mx, (double)(now - r->t_arrival) / 1e9);
+        metrics_reuse reuse = r->blended_tokens > 0  ? METRICS_REUSE_BLEND
+                              : r->cached_tokens > 0 ? METRICS_REUSE_CACHED
+                                                     : METRICS_REUSE_NONE;
+        metrics_ttft(e->mx, (double)(now - r->t_arrival) / 1e9, reuse);
     }
     gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);

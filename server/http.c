@@ -184,6 +184,8 @@ static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, htt
         snprintf(v, sizeof v, "%d", r->retry_after);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, v);
     }
+    for (int i = 0; i < HTTP_REPLY_HEADERS && r->headers[i].name; i++)
+        MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
     if (r->status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (r->status == 405 && cr->allow)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, cr->allow);
@@ -304,6 +306,7 @@ typedef enum route_kind {
     ROUTE_CACHE_UNPIN,
     ROUTE_SCHEMAS,   /* /v1/schemas: GET lists, POST registers */
     ROUTE_SCHEMA,    /* /v1/schemas/{name}: GET, DELETE */
+    ROUTE_WEBUI,     /* / and /webui/{file}: the web page (gone with --no-webui) */
     ROUTE_ANTHROPIC, /* /v1/messages, /v1/messages/count_tokens */
 } route_kind;
 
@@ -328,6 +331,8 @@ static const route ROUTES[] = {
     {"/v1/cache/clear", ROUTE_CACHE_CLEAR, true, false},
     {"/v1/cache/pin", ROUTE_CACHE_PIN, true, false},
     {"/v1/cache/unpin", ROUTE_CACHE_UNPIN, true, false},
+    {"/", ROUTE_WEBUI, false, true},
+    {"/webui/", ROUTE_WEBUI, false, true},
     {"/v1/schemas", ROUTE_SCHEMAS, true, false},
     {"/v1/messages", ROUTE_ANTHROPIC, true, false},
     {"/v1/messages/count_tokens", ROUTE_ANTHROPIC, true, false},
@@ -351,7 +356,9 @@ static const char *route_allow(const route *rt) {
     return rt->post ? "POST" : "GET";
 }
 
-static const route *route_find(const char *url) {
+static const route *route_find(const server *s, const char *url) {
+    if (!s->cfg->webui && (strcmp(url, "/") == 0 || strncmp(url, "/webui/", 7) == 0)) return NULL;
+    if (strncmp(url, "/webui/", 7) == 0) url = "/webui/"; /* its files: /webui/{file} */
     for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0]; i++)
         if (strcmp(url, ROUTES[i].path) == 0) return &ROUTES[i];
     /* /v1/models/{id} */
@@ -448,6 +455,11 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
                          .content_type = "text/plain; version=0.0.4; charset=utf-8"};
         return send_reply(conn, cr, &r);
     }
+    case ROUTE_WEBUI: /* static: served while the model loads */
+        call.if_none_match =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+        webui_get(&call, url, &r);
+        return send_reply(conn, cr, &r);
     default:
         break;
     }
@@ -530,7 +542,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         atomic_init(&cr->refs, 1);
         request_id(conn, cr->id, sizeof cr->id);
         cr->limit = s->cfg->max_body_bytes;
-        const route *rt = route_find(url);
+        const route *rt = route_find(s, url);
         cr->route = rt ? rt->path : "other";
         cr->allow = rt ? route_allow(rt) : NULL;
         cr->anthropic = rt && rt->kind == ROUTE_ANTHROPIC;
@@ -606,7 +618,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                           "the request body contains a NUL byte at byte offset %zu (JSON text "
                           "cannot; write it as \\u0000 inside a string)",
                           (size_t)(nul - cr->body));
-    return handle(s, conn, cr, route_find(url), url);
+    return handle(s, conn, cr, route_find(s, url), url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

@@ -55,6 +55,7 @@ struct metrics {
     uint64_t prompt_tokens, generated_tokens, preemptions;
     uint64_t blended_tokens, recomputed_tokens;
     histogram ttft, itl, e2e;
+    histogram ttft_reuse[METRICS_REUSE_COUNT]; /* one series per reuse class, same bounds */
     metrics_engine eng;
 };
 
@@ -66,6 +67,13 @@ metrics *metrics_create(void) {
                           .help = "Time from request arrival to its first generated token.",
                           .bounds = TTFT_BOUNDS,
                           .n_bounds = N_ELEMS(TTFT_BOUNDS)};
+    for (int i = 0; i < METRICS_REUSE_COUNT; i++)
+        m->ttft_reuse[i] = (histogram){
+            .name = "kvserve_time_to_first_token_by_reuse_seconds",
+            .help = "Time to first token by what the context cache gave the prompt: none, "
+                    "cached (KV reused as stored), blend (reused by content).",
+            .bounds = TTFT_BOUNDS,
+            .n_bounds = N_ELEMS(TTFT_BOUNDS)};
     m->itl = (histogram){.name = "kvserve_inter_token_latency_seconds",
                          .help = "Time between consecutive tokens of one sequence.",
                          .bounds = ITL_BOUNDS,
@@ -113,7 +121,13 @@ static void observe(metrics *m, histogram *h, double v) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_ttft(metrics *m, double seconds) { observe(m, &m->ttft, seconds); }
+void metrics_ttft(metrics *m, double seconds, metrics_reuse reuse) {
+    if ((int)reuse < 0 || reuse >= METRICS_REUSE_COUNT) reuse = METRICS_REUSE_NONE;
+    pthread_mutex_lock(&m->mu);
+    hist_observe(&m->ttft, seconds);
+    hist_observe(&m->ttft_reuse[reuse], seconds);
+    pthread_mutex_unlock(&m->mu);
+}
 void metrics_itl(metrics *m, double seconds) { observe(m, &m->itl, seconds); }
 void metrics_e2e(metrics *m, double seconds) { observe(m, &m->e2e, seconds); }
 
@@ -171,16 +185,32 @@ static void tb_printf(text_buf *b, const char *fmt, ...) {
     }
 }
 
-static void render_hist(text_buf *b, const histogram *h) {
+static void render_hist_head(text_buf *b, const histogram *h) {
     tb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", h->name, h->help, h->name);
+}
+
+/* One series of a histogram; labels: "" or `key="value"` (put before le). */
+static void render_hist_series(text_buf *b, const histogram *h, const char *labels) {
+    const char *sep = labels[0] ? "," : "";
     uint64_t cum = 0;
     for (int i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
-        tb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", h->name, h->bounds[i], (unsigned long long)cum);
+        tb_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", h->name, labels, sep, h->bounds[i],
+                  (unsigned long long)cum);
     }
-    tb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", h->name, (unsigned long long)h->count);
-    tb_printf(b, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum, h->name,
+    tb_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", h->name, labels, sep,
               (unsigned long long)h->count);
+    if (labels[0])
+        tb_printf(b, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", h->name, labels, h->sum, h->name,
+                  labels, (unsigned long long)h->count);
+    else
+        tb_printf(b, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum, h->name,
+                  (unsigned long long)h->count);
+}
+
+static void render_hist(text_buf *b, const histogram *h) {
+    render_hist_head(b, h);
+    render_hist_series(b, h, "");
 }
 
 static void render_counter(text_buf *b, const char *name, const char *help, uint64_t v) {
@@ -212,6 +242,11 @@ char *metrics_render(metrics *m, size_t *len) {
     render_counter(&b, "kvserve_blend_recomputed_tokens_total",
                    "Blended tokens recomputed up to the last layer.", m->recomputed_tokens);
     render_hist(&b, &m->ttft);
+    static const char *const REUSE_LABELS[METRICS_REUSE_COUNT] = {
+        "reuse=\"none\"", "reuse=\"cached\"", "reuse=\"blend\""};
+    render_hist_head(&b, &m->ttft_reuse[0]);
+    for (int i = 0; i < METRICS_REUSE_COUNT; i++)
+        render_hist_series(&b, &m->ttft_reuse[i], REUSE_LABELS[i]);
     render_hist(&b, &m->itl);
     render_hist(&b, &m->e2e);
     const metrics_engine *e = &m->eng;

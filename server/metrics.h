@@ -1,7 +1,8 @@
 /* Server metrics in Prometheus' text exposition format (GET /metrics): request counts by
- * endpoint and status, token counts, time-to-first-token, inter-token latency and end-to-end
- * latency histograms, and the engine's gauges (queue depth, running sequences, KV pool use).
- * Updated from HTTP threads and the engine thread; one mutex, held only to add a sample. */
+ * endpoint and status, token counts, time-to-first-token (also split by what the context cache
+ * gave the prompt), inter-token latency and end-to-end latency histograms, and the engine's gauges
+ * (queue depth, running sequences, KV pool use). Updated from HTTP threads and the engine thread;
+ * one mutex, held only to add a sample. */
 #ifndef KVSERVE_METRICS_H
 #define KVSERVE_METRICS_H
 
@@ -16,7 +17,16 @@ void metrics_destroy(metrics *m);
 /* One finished HTTP request (endpoint as routed, e.g. "/v1/chat/completions"). */
 void metrics_request(metrics *m, const char *endpoint, int status);
 void metrics_tokens(metrics *m, int64_t prompt_tokens, int64_t generated_tokens);
-void metrics_ttft(metrics *m, double seconds);
+/* What the context cache gave a request's prompt, for TTFT with and without reuse. */
+typedef enum metrics_reuse {
+    METRICS_REUSE_NONE = 0, /* every prompt token computed */
+    METRICS_REUSE_CACHED,   /* some tokens' KV reused as stored (a prefix, schema modules) */
+    METRICS_REUSE_BLEND,    /* some tokens reused by content (blend), maybe with cached ones */
+    METRICS_REUSE_COUNT,
+} metrics_reuse;
+
+/* A request's first token: in the overall TTFT histogram and in the one of its reuse class. */
+void metrics_ttft(metrics *m, double seconds, metrics_reuse reuse);
 void metrics_itl(metrics *m, double seconds);
 void metrics_e2e(metrics *m, double seconds);
 void metrics_preemption(metrics *m);

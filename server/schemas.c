@@ -799,10 +799,24 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
     for (int i = 0; i < doc->root.n_kids && !roles; i++)
         roles = doc->root.kids[i]->kind == PML_ROLE;
     bool gen = rq->kind == API_CHAT || roles;
-    /* the fix-up runs on blend's fusor (--no-blend: plain Prompt Cache) */
-    bool fixup = (rq->fixup >= 0 ? rq->fixup != 0 : s->cfg->schema_fixup) && s->cfg->blend;
-    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, rq->cache,
-                        fixup, out, &ke)) {
+    /* What a prompt that names no fix-up gets: under a quality budget (cache/quality.h), the
+     * least calibrated fix-up within it (ratio 0: the modules' KV as precomputed), else its
+     * tokens computed in full, as a full prefill (modules out of their context are approximate
+     * reuse: none is allowed without a setting measured within the budget); with
+     * --reuse-quality none, --schema-fixup. The request's "fixup" wins. The fix-up runs on
+     * blend's fusor (--no-blend: plain Prompt Cache, or in full under a budget that needs
+     * the fix-up). */
+    const quality_choice *qc = &s->reuse.choice;
+    bool fixup, full = false;
+    if (rq->fixup >= 0)
+        fixup = rq->fixup != 0;
+    else if (qc->gated)
+        fixup = qc->fixup_ratio > 0, full = qc->fixup_ratio < 0 || (fixup && !s->cfg->blend);
+    else
+        fixup = s->cfg->schema_fixup;
+    fixup = fixup && s->cfg->blend;
+    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store,
+                        rq->cache && !full, fixup, out, &ke)) {
         fail_400(err, "schema_prompt", NULL, ke.msg);
         goto done;
     }

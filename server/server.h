@@ -71,13 +71,21 @@ void server_stop(server *s);
 
 /* ---------------------------------------------------------------- handler interface */
 
+/* A response header whose name and value outlive the reply (static text). */
+typedef struct http_header {
+    const char *name, *value;
+} http_header;
+
+#define HTTP_REPLY_HEADERS 6
+
 /* A finished response: status, body (malloc'd, owned), content type, extra headers. */
 typedef struct http_reply {
     int status;
     char *body;
     size_t len;
     const char *content_type;
-    int retry_after; /* seconds, 0: no header */
+    int retry_after;                         /* seconds, 0: no header */
+    http_header headers[HTTP_REPLY_HEADERS]; /* more headers, up to the first NULL name */
 } http_reply;
 
 /* What a stream's read returns when it has nothing to send yet. */
@@ -113,9 +121,10 @@ typedef struct http_call {
     int fd;
     const char *body;
     size_t len;
-    const char *api_key;    /* the Bearer token presented, or NULL */
-    const char *request_id; /* never NULL */
-    const char *query_salt; /* the URL's ?cache_salt=, or NULL */
+    const char *api_key;       /* the Bearer token presented, or NULL */
+    const char *request_id;    /* never NULL */
+    const char *query_salt;    /* the URL's ?cache_salt=, or NULL */
+    const char *if_none_match; /* the If-None-Match header, or NULL */
     void (*wake)(void *arg);
     void *wake_arg;
 } http_call;
@@ -169,6 +178,10 @@ void schemas_api(server *s, const http_call *c, const char *method, const char *
                  http_reply *out);
 int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_prompt *out,
                    api_error *err);
+
+/* The web page (webui.c): GET / and /webui/{file}, with its security and caching headers (a
+ * 304 when If-None-Match names the file's ETag), or a 404 for a file it does not have. */
+void webui_get(const http_call *c, const char *url, http_reply *out);
 
 /* Appends the cache's Prometheus metrics to text (malloc'd, len bytes; freed here). Returns the
  * new text, or NULL when out of memory. */

@@ -1,6 +1,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,4 +146,120 @@ int kv_mkdir_p(const char *path, kv_error *err) {
     }
     free(p);
     return 0;
+}
+
+int kv_write_full(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -1;
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off) {
+    uint8_t *b = buf;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, b + got, len - got, (off_t)(off + (int64_t)got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (int64_t)got;
+}
+
+void kv_hex_encode(const void *b, size_t n, char *out) {
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *p = b;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+bool kv_hex_decode(const char *s, size_t n, uint8_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(s[2 * i]);
+        int lo = hi < 0 ? -1 : hex_digit(s[2 * i + 1]);
+        if (lo < 0) return false;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}
+
+int kv_sha256_2(const void *a, size_t na, const void *b, size_t nb, uint8_t out[32]) {
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned int n = 0;
+    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(md, a, na) == 1 && (nb == 0 || EVP_DigestUpdate(md, b, nb) == 1) &&
+             EVP_DigestFinal_ex(md, out, &n) == 1 && n == 32;
+    EVP_MD_CTX_free(md);
+    return ok ? 0 : -1;
+}
+
+int kv_array_reserve(void **arr, size_t *cap, size_t need, size_t elem, size_t min_cap) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : min_cap ? min_cap : 1;
+    while (c < need) c = c > SIZE_MAX / 2 ? need : 2 * c;
+    size_t bytes;
+    if (size_mul(c, elem, &bytes)) return -1;
+    void *v = realloc(*arr, bytes);
+    if (!v) return -1;
+    *arr = v;
+    *cap = c;
+    return 0;
+}
+
+void kv_buf_append(kv_buf *b, const void *s, size_t n) {
+    size_t need;
+    if (b->oom) return;
+    if (size_add(b->len, n, &need) || size_add(need, 1, &need) ||
+        kv_array_reserve((void **)&b->p, &b->cap, need, 1, 256)) {
+        b->oom = true;
+        return;
+    }
+    if (n) memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void kv_buf_puts(kv_buf *b, const char *s) { kv_buf_append(b, s, strlen(s)); }
+
+void kv_buf_printf(kv_buf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof tmp) {
+        kv_buf_append(b, tmp, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    kv_buf_append(b, big, (size_t)n);
+    free(big);
 }

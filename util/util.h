@@ -1,9 +1,11 @@
 /* util: the bottom layer every other folder may use: errors as values, the logger, clocks,
- * aligned allocation. No mutable state except the logger's level (set once at start-up). */
+ * aligned allocation, whole-buffer file I/O, SHA-256 and hex. No mutable state except the logger's
+ * level (set once at start-up). */
 #ifndef KVSERVE_UTIL_H
 #define KVSERVE_UTIL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -80,9 +82,55 @@ static inline uint64_t le_get_u64(const uint8_t *p) {
     return (uint64_t)le_get_u32(p) | (uint64_t)le_get_u32(p + 4) << 32;
 }
 
+/* ---------------------------------------------------------------- SHA-256 (OpenSSL's libcrypto) */
+
+/* SHA-256 of a[0..na) followed by b[0..nb) (b may be NULL when nb is 0): the checksum of a
+ * record header without its own checksum field, or of one buffer. 0, or -1 when libcrypto
+ * cannot allocate its context. */
+int kv_sha256_2(const void *a, size_t na, const void *b, size_t nb, uint8_t out[32]);
+static inline int kv_sha256(const void *data, size_t len, uint8_t out[32]) {
+    return kv_sha256_2(data, len, NULL, 0, out);
+}
+
+/* Lower-case hex of b[0..n) to out[2n + 1] (terminated). */
+void kv_hex_encode(const void *b, size_t n, char *out);
+/* The n bytes that the 2n lower-case hex digits at s spell, to out; false at any other character
+ * (out is then partly written). The names of cache files are parsed with it. */
+bool kv_hex_decode(const char *s, size_t n, uint8_t *out);
+
 /* Makes a directory and its missing parents (mode 0755); -1 with err naming the one that
  * could not be made. */
 int kv_mkdir_p(const char *path, kv_error *err);
+
+/* ---------------------------------------------------------------- growable buffer and arrays */
+
+/* A growable string (as Redis's sds and SQLite's sqlite3_str serve those codebases). Appends do
+ * not report failure: the first that runs out of memory sets oom and later ones do nothing, so a
+ * builder checks oom once at the end. p is NUL-terminated once anything was appended; the owner
+ * frees it. Zero-initialise to start. */
+typedef struct kv_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+} kv_buf;
+
+void kv_buf_append(kv_buf *b, const void *s, size_t n);
+void kv_buf_puts(kv_buf *b, const char *s);
+void kv_buf_printf(kv_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Room in *arr (*cap elements of elem bytes) for need elements: unchanged when there is, else
+ * moved to *cap (min_cap when 0) doubled until it holds need. 0, or -1 on overflow or out of memory
+ * (*arr and *cap then unchanged). arr is the address of the caller's pointer: (void **)&items. */
+int kv_array_reserve(void **arr, size_t *cap, size_t need, size_t elem, size_t min_cap);
+
+/* ---------------------------------------------------------------- file I/O */
+
+/* Writes p[0..n) to fd at its file offset, retrying short writes and EINTR: 0, or -1 with errno
+ * (EIO when the device took nothing). */
+int kv_write_full(int fd, const void *p, size_t n);
+/* Reads buf[0..len) from fd at offset off, retrying short reads and EINTR, stopping early only at
+ * the end of the file: the bytes read (< len: the file ended), or -1 with errno. */
+int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off);
 
 /* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
 static inline int size_mul(size_t a, size_t b, size_t *out) {

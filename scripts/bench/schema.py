@@ -118,7 +118,9 @@ def ttft_table(srv, pool, sizes, reps):
               f"{tw * 1000:.1f} ms | {tc / tw:.1f}x | {tf * 1000:.0f} ms | {tc / tf:.1f}x |")
 
 
-def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
+def quality_measure(srv, pool, n_docs, n_prompts, max_tokens, rng, param, methods=METHODS):
+    """{method name: rows} of the RAG schema's prompts answered by each method (the first is
+    the reference every other row is compared with), and the schema's document count."""
     # documents drawn at random while the schema stays within the context (about 7K tokens)
     docs, total = [], 0
     for d in rng.sample(range(len(pool)), len(pool)):
@@ -134,7 +136,7 @@ def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
     info, build_s = srv.register(pml)
     print(f"rag schema: {info['tokens']} tokens over {info['positions']} positions, "
           f"precomputed in {build_s:.1f} s", file=sys.stderr)
-    res = {name: [] for name, _ in METHODS}
+    res = {name: [] for name, _ in methods}
     for pi in range(n_prompts):
         pick = sorted(rng.sample(range(n_docs), rng.randint(3, 4)))
         about = pool[docs[rng.choice(pick)]]
@@ -148,7 +150,7 @@ def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
                f"<user>Question: {escape(q)}</user>")
         prompt = '<prompt schema="rag">' + "".join(f"<d{k}/>" for k in pick) + ask + "</prompt>"
         ref = None
-        for name, extra in METHODS:
+        for name, extra in methods:
             t, text, lp, usage, toks = srv.ask(prompt, max_tokens, extra)
             row = {"t": t, "text": text, "n": usage["prompt_tokens"], "toks": toks,
                    "cached": usage["prompt_tokens_details"]["cached_tokens"]}
@@ -156,11 +158,17 @@ def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
                 ref = dict(row, lp=lp)
             row["same"] = text == ref["text"]
             row["same8"] = toks[:8] == ref["toks"][:8]
+            row["top1"] = toks[:1] == ref["toks"][:1]
             row["f1"] = f1(text, ref["text"])
             row["kl"] = kl(ref["lp"], lp) if ref["lp"] and lp else float("nan")
             res[name].append(row)
         print(f"prompt {pi + 1}/{n_prompts}: {len(pick)} documents, {ref['n']} tokens",
               file=sys.stderr)
+    return res, n_docs
+
+
+def quality_table(srv, pool, n_docs, n_prompts, max_tokens, rng, param):
+    res, n_docs = quality_measure(srv, pool, n_docs, n_prompts, max_tokens, rng, param)
     full_t = statistics.mean(r["t"] for r in res["full prefill"])
     print(f"\n{n_prompts} prompts over a schema of {n_docs} documents (3-4 imported each, mean "
           f"prompt {statistics.mean(r['n'] for r in res['full prefill']):.0f} tokens); "

@@ -2,7 +2,8 @@
 vectors of the model's width, L2-normalized, a paraphrase closer than an unrelated sentence,
 float and base64 (the SDK's default) agreeing, token-id inputs, dimensions, usage, and the
 400s (an input over the context names the limit, 2049 inputs the field). One request is one
-admission: more inputs (or completion prompts) than --max-queue are served, each as alone."""
+admission: 2,048 inputs in one request, and more inputs (or completion prompts) than --max-queue,
+are served, each as alone."""
 import base64
 import math
 import struct
@@ -83,6 +84,17 @@ def test_bad_inputs_are_400(server, body, param, needle):
     assert status == 400, r
     assert r["error"]["param"] == param, r
     assert needle in r["error"]["message"], r["error"]["message"]
+
+
+def test_one_request_of_2048_inputs(client, server):
+    """OpenAI's limit, in one request on the default server: every input answered, in order,
+    each with its own vector (neighbours differ)."""
+    texts = [f"line {i} of the ledger" for i in range(2048)]
+    r = client.embeddings.create(model=server.model_id, input=texts, encoding_format="float")
+    assert [d.index for d in r.data] == list(range(2048))
+    assert all(len(d.embedding) == 576 for d in r.data)
+    assert r.data[7].embedding != r.data[8].embedding
+    assert r.usage.prompt_tokens >= 2048
 
 
 def test_more_inputs_than_the_queue_holds(start_server):

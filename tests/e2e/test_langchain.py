@@ -50,16 +50,16 @@ def test_tool_calls_through_bind_tools(server):
     assert isinstance(msg.tool_calls[0]["args"]["city"], str)
 
 
-def test_embed_documents_sends_hundreds_of_passages_at_once(server):
-    """A RAG frontend ingesting documents: embed_documents sends up to 1,000 texts in one
-    request (its chunk_size), far more than --max-queue's 64, and every vector is the passage's
-    own. check_embedding_ctx_length=False sends the texts as they are (the length check would
-    fetch a tiktoken encoding)."""
+def test_embed_documents_sends_thousands_of_passages(server):
+    """A RAG frontend ingesting documents: embed_documents on 2,000 passages sends them 1,000
+    to a request (its chunk_size), far more than --max-queue's 64, and every vector is the
+    passage's own. check_embedding_ctx_length=False sends the texts as they are (the length check
+    would fetch a tiktoken encoding)."""
     emb = langchain_openai.OpenAIEmbeddings(base_url=server.url + "/v1", api_key="x",
                                             model=server.model_id, max_retries=0,
                                             check_embedding_ctx_length=False)
-    passages = [f"note {i}" for i in range(300)]
+    passages = [f"note {i}" for i in range(2000)]
     vecs = emb.embed_documents(passages)
-    assert len(vecs) == 300 and all(len(v) == 576 for v in vecs)
-    for i in (0, 123, 299):
+    assert len(vecs) == 2000 and all(len(v) == 576 for v in vecs)
+    for i in (0, 999, 1000, 1999):
         assert vecs[i] == pytest.approx(emb.embed_query(passages[i]), abs=1e-5)

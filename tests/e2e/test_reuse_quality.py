@@ -109,6 +109,35 @@ def test_no_calibration_means_exact_reuse_only(start_server, tmp_dir):
     assert details(usage)[1] == 0, usage
 
 
+def test_schema_prompts_get_the_fixup_the_budget_allows(start_server, tmp_dir, model_identity):
+    """Prompt Cache's modules out of their context are approximate reuse too: a schema prompt
+    that names no fix-up gets the least calibrated fix-up within the budget, and where none is
+    within it, its tokens computed in full (the full prefill's answer); "fixup" still wins."""
+    from test_schema import TRAVEL, answer, register
+    path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), model_identity, [
+        {"method": "fixup", "ratio": 0.0, "kl": 0.18, "top1": 1.0, "speedup": 40},
+        {"method": "fixup", "ratio": 0.3, "kl": 0.007, "top1": 0.97, "speedup": 2.3},
+        {"method": "fixup", "ratio": 0.8, "kl": 0.003, "top1": 0.99, "speedup": 1.1}])
+    p = '<prompt schema="travel"><plan days="3"/><miami><surf/></miami><user>When?</user></prompt>'
+    srv = start_server(*CTX, "--reuse-calibration", path)
+    fixup = srv.get_json("/health")["reuse_quality"]["methods"]["fixup"]
+    assert fixup["ratio"] == pytest.approx(0.3) and "fix-up 30%" in fixup["why"]
+    register(srv, TRAVEL)
+    _, usage = answer(srv, p, fixup=None)  # null: the field is not given
+    det = usage["prompt_tokens_details"]
+    assert det["blended_tokens"] > 0 and det["recomputed_tokens"] < det["blended_tokens"]
+    assert det["recomputed_tokens"] >= 0.25 * det["blended_tokens"], det
+    # a budget no fix-up meets: computed in full, unless the request asks
+    tight = start_server(*CTX, "--reuse-calibration", path, "--reuse-quality", "0.001")
+    assert "off" in tight.get_json("/health")["reuse_quality"]["methods"]["fixup"]["why"]
+    register(tight, TRAVEL)
+    cold, _ = answer(tight, p, cache=False)
+    got, usage = answer(tight, p, fixup=None)
+    assert got == cold and usage["prompt_tokens_details"]["cached_tokens"] == 0, usage
+    _, usage = answer(tight, p, fixup=False)
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0, usage
+
+
 def test_another_models_calibration_and_a_bad_budget_are_refused(tmp_dir, model_identity):
     other = ("0" if model_identity[0] != "0" else "1") + model_identity[1:]
     path = calibration(os.path.join(tmp_dir("kvserve-quality-"), "q.json"), other,

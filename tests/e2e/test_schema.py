@@ -67,8 +67,11 @@ def wait_ready(srv, name, api_key=None, salt=None, timeout=120):
 
 
 def chat(srv, schema_prompt, messages=(), api_key=None, **extra):
+    """The prompt with plain Prompt Cache ("fixup": false) unless extra says otherwise: under
+    the default quality budget a prompt that names no fix-up gets what the model's calibration
+    allows (test_reuse_quality.py), and these tests are about the modules' reuse itself."""
     body = {"model": srv.model_id, "messages": list(messages), "schema_prompt": schema_prompt,
-            "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+            "max_tokens": MAX_TOKENS, "temperature": 0, "fixup": False, **extra}
     return call(srv, "POST", "/v1/chat/completions", body, api_key=api_key)
 
 
@@ -146,7 +149,7 @@ def test_one_module_after_the_text_equals_a_full_prefill(server):
                      'ocean today is green.</module></schema>')
     p = '<prompt schema="tail2"><doc/> Question: what colour is the ocean today? Answer:</prompt>'
     body = {"model": server.model_id, "prompt": "", "schema_prompt": p, "max_tokens": MAX_TOKENS,
-            "temperature": 0}
+            "temperature": 0, "fixup": False}
     status, warm = call(server, "POST", "/v1/completions", body)
     assert status == 200, warm
     status, cold = call(server, "POST", "/v1/completions", {**body, "cache": False})
@@ -188,10 +191,11 @@ def test_openai_client_pml_and_json_forms_agree(server):
     js = {"schema": "travel", "modules": [{"name": "plan", "params": {"days": "5"}},
                                           {"name": "tokyo"}]}
     msgs = [{"role": "user", "content": "What should I eat there?"}]
+    plain = {"fixup": False}  # plain Prompt Cache (chat()'s docstring)
     a = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=MAX_TOKENS,
-                                  temperature=0, extra_body={"schema_prompt": pml})
+                                  temperature=0, extra_body={"schema_prompt": pml, **plain})
     b = c.chat.completions.create(model=server.model_id, messages=msgs, max_tokens=MAX_TOKENS,
-                                  temperature=0, extra_body={"schema_prompt": js})
+                                  temperature=0, extra_body={"schema_prompt": js, **plain})
     assert a.choices[0].message.content == b.choices[0].message.content
     assert a.usage.prompt_tokens == b.usage.prompt_tokens
     assert a.usage.prompt_tokens_details.cached_tokens > 0
@@ -199,11 +203,11 @@ def test_openai_client_pml_and_json_forms_agree(server):
     pml_q = '<prompt schema="travel"><plan days="5"/><tokyo/><user>What should I eat there?' \
             '</user></prompt>'
     d = c.chat.completions.create(model=server.model_id, messages=[], max_tokens=MAX_TOKENS,
-                                  temperature=0, extra_body={"schema_prompt": pml_q})
+                                  temperature=0, extra_body={"schema_prompt": pml_q, **plain})
     assert d.choices[0].message.content == a.choices[0].message.content
     # completions: free text after, streamed equal to whole
     kw = dict(model=server.model_id, prompt="", max_tokens=MAX_TOKENS, temperature=0,
-              extra_body={"schema_prompt": pml_q})
+              extra_body={"schema_prompt": pml_q, **plain})
     whole = c.completions.create(**kw).choices[0].text
     streamed = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **kw)
                        if ch.choices)

@@ -171,7 +171,8 @@ def test_max_tokens_over_context_is_400(server):
     ("GET", "/nope", 404),
     ("POST", "/v1/nope", 404),
     ("GET", "/v1/chat/completions/extra", 404),
-    ("GET", "/", 404),
+    ("POST", "/", 405),  # the web page (tests/e2e/test_webui.py; --no-webui: 404)
+    ("GET", "/webui/nope.js", 404),
 ])
 def test_wrong_method_or_path(server, method, path, status):
     r = requests.request(method, server.url + path, timeout=TIMEOUT)

@@ -9,10 +9,11 @@
 
 #include "cache/blend.h"
 #include "kernels/quant.h"
+#include "tests/unit/model_fixture.h"
 
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define MAX_TOK 512
 
+static model_fixture g_fx;
 static model *g_m;
 static backend *g_b;
 static kv_pool *g_pool;
@@ -23,14 +24,11 @@ static int g_kvd;
 
 static void setup(void) {
     kv_error err = {{0}};
-    g_m = model_load(MODEL_PATH, NULL, &err);
-    cr_assert_not_null(g_m, "load: %s", err.msg);
-    g_b = backend_cpu_create(2, &err);
-    cr_assert_not_null(g_b, "%s", err.msg);
-    g_pool = kv_pool_create(g_b, g_m, 4096, 16, &err);
-    cr_assert_not_null(g_pool, "%s", err.msg);
-    g_f = forward_ctx_create(g_m, g_b, g_pool, MAX_TOK, 4, &err);
-    cr_assert_not_null(g_f, "%s", err.msg);
+    model_fixture_open(&g_fx, 2, 4096, MAX_TOK, 4);
+    g_m = g_fx.m;
+    g_b = g_fx.b;
+    g_pool = g_fx.pool;
+    g_f = g_fx.f;
     g_fus = blend_fusor_create(g_m, g_b, g_pool, MAX_TOK, &err);
     cr_assert_not_null(g_fus, "%s", err.msg);
     g_logits = malloc(sizeof(float) * 4 * (size_t)g_m->hp.n_vocab);
@@ -40,10 +38,7 @@ static void setup(void) {
 static void teardown(void) {
     free(g_logits);
     blend_fusor_destroy(g_fus);
-    forward_ctx_destroy(g_f);
-    kv_pool_destroy(g_pool);
-    backend_destroy(g_b);
-    model_free(g_m);
+    model_fixture_close(&g_fx);
 }
 
 TestSuite(blend, .init = setup, .fini = teardown, .timeout = 600);

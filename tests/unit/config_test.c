@@ -94,6 +94,7 @@ static void check_defaults(const kv_config *c) {
     cr_assert_eq(c->http_threads, 4);
     cr_assert_eq(c->idle_timeout, 30);
     cr_assert_eq(c->shutdown_timeout, 30);
+    cr_assert_eq(c->webui, true);
     cr_assert_eq(c->threads, 2);
     cr_assert_eq(c->ctx_size, 0);
     cr_assert_eq(c->kv_pool_tokens, 0);
@@ -325,6 +326,27 @@ Test(config, accept_any_model) {
     load_ok(&c, NONE, L("KVSERVE_ACCEPT_ANY_MODEL=yes"));
     cr_assert(c.accept_any_model);
     config_free(&c);
+}
+
+Test(config, webui_turned_off_by_flag_env_or_file) {
+    const char *p = write_file("conf.json", "{\"webui\": false}");
+    const struct {
+        const char *const *flags, *const *env;
+        bool on;
+    } cases[] = {
+        {L("--no-webui"), NONE, false},
+        {NONE, L("KVSERVE_WEBUI=off"), false},
+        {L("--config", p), NONE, false},
+        {L("--webui"), L("KVSERVE_WEBUI=0"), true}, /* the flag beats the environment */
+        {NONE, NONE, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kv_config c;
+        load_ok(&c, cases[i].flags, cases[i].env);
+        cr_assert_eq(c.webui, cases[i].on, "case %zu", i);
+        config_free(&c);
+    }
+    load_fails(NONE, L("KVSERVE_WEBUI=maybe"), L("KVSERVE_WEBUI"));
 }
 
 /* ---------------------------------------------------------------- the config file's path */
@@ -657,6 +679,8 @@ static const char *const ALL_FLAGS[] = {
     "--api-key",
     "--max-body-bytes",
     "--max-connections",
+    "--webui",
+    "--no-webui",
     "--threads",
     "-t",
     "--ctx-size",
@@ -694,6 +718,7 @@ static const char *const ALL_ENV[] = {
     "KVSERVE_API_KEY",
     "KVSERVE_MAX_BODY_BYTES",
     "KVSERVE_MAX_CONNECTIONS",
+    "KVSERVE_WEBUI",
     "KVSERVE_THREADS",
     "KVSERVE_CTX_SIZE",
     "KVSERVE_KV_POOL_TOKENS",

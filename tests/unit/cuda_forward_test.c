@@ -17,19 +17,11 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "tests/unit/model_fixture.h"
 
-#define DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define PREFILL 40
 #define DECODE 8
 #define SECOND 12 /* tokens of the second sequence's prompt */
-
-static backend *cuda_under_test(kv_error *err) {
-#ifdef KVSERVE_TEST_GPU
-    return backend_cuda_create(err);
-#else
-    return backend_cuda_emu_create(err);
-#endif
-}
 
 /* One backend's engine over the model. */
 typedef struct side {
@@ -221,7 +213,7 @@ Test(cuda_forward, tiny_f16_bf16_mqa) {
 
 /* SmolLM2-135M's first 4 of 30 layers, then its output head, over English text. */
 Test(cuda_forward, default_model_first_layers) {
-    compare(DEFAULT_MODEL, 4, NULL,
+    compare(TEST_MODEL_PATH, 4, NULL,
             "The capital of France is Paris. The capital of Germany is Berlin. The capital of "
             "Italy is Rome. The capital of Spain is Madrid. The capital of Portugal is Lisbon. "
             "The capital of Austria is Vienna. The capital of Poland is Warsaw.",

@@ -23,21 +23,13 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "tests/unit/model_fixture.h"
 
 #ifndef KVSERVE_TEST_GPU
 long cuda_emu_live_allocations(void); /* kernels/cuda/emu.cc */
 #endif
 
 static backend *g_cpu, *g_gpu;
-
-/* The CUDA backend under test: the emulator, or the device in `make test-gpu`. */
-static backend *cuda_under_test(kv_error *err) {
-#ifdef KVSERVE_TEST_GPU
-    return backend_cuda_create(err);
-#else
-    return backend_cuda_emu_create(err);
-#endif
-}
 
 static void setup(void) {
     kv_error err = {{0}};

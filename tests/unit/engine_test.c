@@ -9,8 +9,7 @@
 #include <time.h>
 
 #include "server/engine.h"
-
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#include "tests/unit/model_fixture.h"
 
 static model *g_m;
 /* The test's engine, also stopped by teardown: a failed assertion leaves the test early, and the
@@ -18,11 +17,7 @@ static model *g_m;
 static engine *g_e;
 static metrics *g_mx;
 
-static void setup(void) {
-    kv_error err = {{0}};
-    g_m = model_load(MODEL_PATH, NULL, &err);
-    cr_assert_not_null(g_m, "load: %s", err.msg);
-}
+static void setup(void) { g_m = model_fixture_load(); }
 
 static void stop_engine(void) {
     engine_destroy(g_e);

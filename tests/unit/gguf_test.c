@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include "model/gguf.h"
+#include "tests/unit/model_fixture.h"
 #include "tests/unit/tmpdir.h"
 
 #define FIXTURE_DIR "tests/golden/gguf/"
 #define ALL_TYPES FIXTURE_DIR "all_types.gguf"
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -439,8 +439,8 @@ Test(gguf, version2_same_layout) {
 
 Test(gguf, real_model) {
     kv_error err = {{0}};
-    cr_assert(access(MODEL_PATH, R_OK) == 0, "%s missing: run `make model`", MODEL_PATH);
-    gguf_file *g = gguf_open(MODEL_PATH, &err);
+    cr_assert(access(TEST_MODEL_PATH, R_OK) == 0, "%s missing: run `make model`", TEST_MODEL_PATH);
+    gguf_file *g = gguf_open(TEST_MODEL_PATH, &err);
     cr_assert(g, "%s", err.msg);
     cr_assert_eq(gguf_version(g), 3);
     cr_assert_eq(gguf_tensor_count(g), 272);

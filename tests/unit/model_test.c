@@ -9,11 +9,12 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "tests/unit/model_fixture.h"
 #include "tests/unit/ref_logits.h"
 
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define GOLDEN "tests/golden/logits/smollm2.json"
 
+static model_fixture g_fx;
 static model *g_m;
 static backend *g_b;
 static kv_pool *g_pool;
@@ -21,24 +22,17 @@ static forward_ctx *g_f;
 static float *g_logits;
 
 static void setup(void) {
-    kv_error err = {{0}};
-    g_m = model_load(MODEL_PATH, NULL, &err);
-    cr_assert_not_null(g_m, "load: %s", err.msg);
-    g_b = backend_cpu_create(2, &err);
-    cr_assert_not_null(g_b, "%s", err.msg);
-    g_pool = kv_pool_create(g_b, g_m, 4096, 16, &err);
-    cr_assert_not_null(g_pool, "%s", err.msg);
-    g_f = forward_ctx_create(g_m, g_b, g_pool, 512, 4, &err);
-    cr_assert_not_null(g_f, "%s", err.msg);
+    model_fixture_open(&g_fx, 2, 4096, 512, 4);
+    g_m = g_fx.m;
+    g_b = g_fx.b;
+    g_pool = g_fx.pool;
+    g_f = g_fx.f;
     g_logits = malloc(sizeof(float) * 512 * (size_t)g_m->hp.n_vocab);
 }
 
 static void teardown(void) {
     free(g_logits);
-    forward_ctx_destroy(g_f);
-    kv_pool_destroy(g_pool);
-    backend_destroy(g_b);
-    model_free(g_m);
+    model_fixture_close(&g_fx);
 }
 
 TestSuite(model, .init = setup, .fini = teardown, .timeout = 600);

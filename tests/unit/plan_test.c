@@ -9,11 +9,12 @@
 #include <string.h>
 
 #include "cache/plan.h"
+#include "tests/unit/model_fixture.h"
 
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define CHUNK 64 /* four 16-token blocks a chunk */
 #define N_PROMPT 150
 
+static model_fixture g_fx;
 static model *g_m;
 static backend *g_b;
 static kv_pool *g_pool;
@@ -23,12 +24,10 @@ static cache_key g_ns;
 
 static void setup(void) {
     kv_error err = {{0}};
-    g_m = model_load(MODEL_PATH, NULL, &err);
-    cr_assert_not_null(g_m, "load: %s", err.msg);
-    g_b = backend_cpu_create(1, &err);
-    cr_assert_not_null(g_b, "%s", err.msg);
-    g_pool = kv_pool_create(g_b, g_m, 2048, 16, &err);
-    cr_assert_not_null(g_pool, "%s", err.msg);
+    model_fixture_open(&g_fx, 1, 2048, 0, 0);
+    g_m = g_fx.m;
+    g_b = g_fx.b;
+    g_pool = g_fx.pool;
     cache_layout l = {.n_layer = g_m->hp.n_layer,
                       .n_kv_head = g_m->hp.n_kv_head,
                       .head_dim = g_m->hp.head_dim,
@@ -44,9 +43,7 @@ static void setup(void) {
 
 static void teardown(void) {
     cache_store_close(g_store);
-    kv_pool_destroy(g_pool);
-    backend_destroy(g_b);
-    model_free(g_m);
+    model_fixture_close(&g_fx);
 }
 
 TestSuite(plan, .init = setup, .fini = teardown, .timeout = 120);

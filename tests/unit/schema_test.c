@@ -8,17 +8,14 @@
 #include <string.h>
 
 #include "cache/schema.h"
-
-#define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#include "tests/unit/model_fixture.h"
 
 static model *g_m;
 static schema_chat g_chat;
 static cache_key g_ns;
 
 static void setup(void) {
-    kv_error err = {{0}};
-    g_m = model_load(MODEL_PATH, NULL, &err);
-    cr_assert_not_null(g_m, "load: %s", err.msg);
+    g_m = model_fixture_load();
     schema_chat_init(&g_chat, g_m);
     cache_namespace(NULL, 0, NULL, &g_ns);
 }
