@@ -1207,8 +1207,9 @@ int cache_disk_expire(cache_disk *d, int64_t now) {
         d->next_expiry = w.next;
         ended = w.n;
     }
+    /* The file keeps the ended leases until the next change or close (a restart skips them):
+     * expiry runs on the engine's put path, which must not wait for the I/O thread. */
     dirstore_unlock(d->ds);
-    if (ended) leases_save(d);
     return ended;
 }
 
