@@ -287,6 +287,8 @@ FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/dirstore.c cache/conte
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c
+FUZZ_DEPS_anthropic_fuzz := server/anthropic_req.c $(FUZZ_DEPS_api_fuzz)
+FUZZ_DEPS_leases_fuzz := cache/leases.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

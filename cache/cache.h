@@ -199,6 +199,11 @@ typedef struct cache_store_opts {
     bool disk_encoded;        /* the disk tier keeps every encoding too (cache/disk.h) */
     int ram_enc;              /* the RAM tier holds chunks in this encoding (CACHE_ENC_RAW: as
                                  computed; else lossy, decoded when found) */
+    int64_t pin_bytes;        /* pinned and leased bytes per tier at most, beside half of each
+                                 tier (0: half of each tier) */
+    /* The clock leases expire by, in Unix seconds (NULL: the wall clock); tests inject one. */
+    int64_t (*clock)(void *arg);
+    void *clock_arg;
 } cache_store_opts;
 
 typedef struct cache_store cache_store;
@@ -242,6 +247,40 @@ void cache_store_put_local(cache_store *s, cache_chunk *c);
  * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
  * and pinned. */
 int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
+/* ---- leases: pins with an expiry (Anthropic's prompt caching: cache_control markers).
+ * A lease keeps a record like a pin until its time (Unix seconds, the store's clock) and then
+ * ends by itself; a record may have a pin and a lease, and is kept while it has either. A lease
+ * passes, like a pin, to a longer record of the chunk that replaces its record (the same
+ * prompt's record once generated tokens extend it), and the disk tier keeps its leases across a
+ * restart (cache/leases.h). Leases and pins share the cap on pinned bytes (pin_bytes). */
+
+/* The store's clock (Unix seconds). */
+int64_t cache_store_now(cache_store *s);
+/* Leases the records holding a sequence's first n_blocks blocks (bkeys: its block keys), chunk
+ * by chunk, in RAM and on disk (a record being written included), until `until` (a later lease a
+ * record has is kept). Returns the blocks from the start whose chunks are leased in at least
+ * one tier: less than n_blocks when a record is missing (evicted, never stored) or the pin cap
+ * is reached, from the first such chunk on. Expired leases end first. */
+int cache_store_lease(cache_store *s, const cache_key *bkeys, int n_blocks, int64_t until);
+/* Ends the leases due by the store's clock (also done by every put, lease, stats and pin
+ * listing, so an expired lease never keeps a record from eviction). Returns how many ended. */
+int cache_store_expire(cache_store *s);
+
+/* A pinned or leased record, as cache_store_pins lists it. */
+typedef struct cache_pin_info {
+    cache_key key; /* the record's own key */
+    cache_key ns;  /* its namespace */
+    int n_blocks;
+    bool manual;    /* pinned until unpinned */
+    int64_t lease;  /* leased until (Unix seconds), 0: no lease */
+    bool ram, disk; /* the tiers holding it so */
+} cache_pin_info;
+
+/* Lists up to max pinned or leased records (a record in both tiers once, with both flags) into
+ * out, after ending the expired leases; returns how many records there are (a record past max
+ * in one tier and listed in the other may be counted twice). */
+int cache_store_pins(cache_store *s, cache_pin_info *out, int max);
+
 /* Drops every chunk of namespace ns (NULL: all of this model), pinned or not, from the RAM tier
  * (when ram), the disk tier (when disk) and Redis (when redis); the counts dropped go to *n_ram,
  * *n_disk and *n_redis (-1: Redis could not be reached). */

@@ -126,6 +126,21 @@ dirstore_entry *dirstore_find_locked(const dirstore *ds, const cache_key *k) {
     return n ? KT_ENTRY(n, dirstore_entry, node) : NULL;
 }
 
+typedef struct each_walk {
+    void (*visit)(void *ud, dirstore_entry *e);
+    void *ud;
+} each_walk;
+
+static void each_visit(void *ud, kt_node *n) {
+    each_walk *w = ud;
+    w->visit(w->ud, KT_ENTRY(n, dirstore_entry, node));
+}
+
+void dirstore_each_locked(dirstore *ds, void (*visit)(void *ud, dirstore_entry *e), void *ud) {
+    each_walk w = {visit, ud};
+    keytable_each(&ds->table, each_visit, &w);
+}
+
 void dirstore_touch_locked(dirstore *ds, dirstore_entry *e) { lru_touch(&ds->lru, &e->lru); }
 
 /* e (new, not indexed) joins the index as writing. */

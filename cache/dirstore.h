@@ -121,6 +121,8 @@ void dirstore_unlock(dirstore *ds);
 
 /* Key k's entry (writing or published), or NULL. */
 dirstore_entry *dirstore_find_locked(const dirstore *ds, const cache_key *k);
+/* Visits every entry, writing or published (visit must not add or remove any). */
+void dirstore_each_locked(dirstore *ds, void (*visit)(void *ud, dirstore_entry *e), void *ud);
 /* Makes published e the most recently used. */
 void dirstore_touch_locked(dirstore *ds, dirstore_entry *e);
 /* Queues item (the caller's reference passes to the queue) to be written as new entry e (not

@@ -30,6 +30,7 @@
 #include "cache/chunk_codec.h"
 #include "cache/dirstore.h"
 #include "cache/disk.h"
+#include "cache/leases.h"
 #include "cache/meter.h"
 #include "cache/record.h"
 #include "cache/worker.h"
@@ -48,6 +49,8 @@
 /* Records waiting for the encoder, each a lossless chunk held in memory: a burst beyond it is
  * not encoded (an encoding costs more than a write; a deep queue would only hold memory). */
 #define DISK_ENCODE_QUEUE 16
+#define DISK_LEASES "leases" /* the leases file (cache/leases.h), beside the records */
+#define DISK_LEASES_TMP "leases.tmp"
 
 /* ---------------------------------------------------------------- types */
 
@@ -68,6 +71,10 @@ typedef struct disk_entry {
     dirstore_entry base;
     uint64_t size[CACHE_ENC_MAX]; /* file bytes by encoding ([0]: the record; 0: no file) */
     int n_blocks;
+    /* Why base.pinned is set (it is while either is): a pin until unpinned (manual), a lease
+     * until a time (Unix seconds, 0: none). */
+    bool manual;
+    int64_t lease;
     disk_block by_block[]; /* [n_blocks] */
 } disk_entry;
 
@@ -114,6 +121,10 @@ struct cache_disk {
     /* Guarded by the core's lock. */
     keytable blocks;       /* block key -> the entries holding that block */
     int64_t pinned_bytes;  /* payload bytes of pinned entries (published or being written) */
+    int64_t pin_limit;     /* pinned bytes at most beside half the cap (0: none) */
+    int64_t next_expiry;   /* no lease ends before this (0: no lease) */
+    bool leases_dirty;     /* the leases file is behind the index */
+    bool leases_posted;    /* its rewrite is handed to the I/O thread and has not begun */
     cache_meter meter;     /* this disk's read rate and the decoders */
     chunk_worker *encoder; /* encodes published records (NULL: none, or stopping) */
 
@@ -212,6 +223,7 @@ static void entry_index(void *ud, dirstore_entry *base) {
 static void entry_unindex(void *ud, dirstore_entry *base) {
     cache_disk *d = ud;
     disk_entry *e = (disk_entry *)base;
+    if (e->lease) d->leases_dirty = true; /* written with the next change, or at close */
     if (e->base.pinned) d->pinned_bytes -= e->base.bytes;
     for (int i = 0; i < e->n_blocks; i++) keytable_remove(&d->blocks, &e->by_block[i].node);
 }
@@ -228,25 +240,50 @@ static void entry_set_enc(cache_disk *d, dirstore *ds, disk_entry *e, int enc,
     if (e->base.pinned) d->pinned_bytes += delta;
 }
 
+/* Pinned records may fill at most half the tier, so unpinned traffic always has room, and at
+ * most the pin limit. */
+static int64_t pin_cap(const cache_disk *d) {
+    int64_t half = d->cap / 2;
+    return d->pin_limit > 0 && d->pin_limit < half ? d->pin_limit : half;
+}
+
+/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), keeping it from eviction
+ * while it has one. False, e unchanged, when that would take the pinned bytes over the cap. A
+ * change of lease is for the leases file (leases_save, once the lock is released). */
+static bool entry_hold(cache_disk *d, disk_entry *e, bool manual, int64_t lease) {
+    bool held = manual || lease > 0;
+    if (held && !e->base.pinned && d->pinned_bytes + e->base.bytes > pin_cap(d)) return false;
+    if (held != e->base.pinned) {
+        d->pinned_bytes += held ? e->base.bytes : -e->base.bytes;
+        if (!e->base.writing) stats(d)->pinned += held ? 1 : -1;
+    }
+    if (lease != e->lease) d->leases_dirty = true;
+    e->base.pinned = held;
+    e->manual = manual;
+    e->lease = lease;
+    if (lease > 0 && (d->next_expiry == 0 || lease < d->next_expiry)) d->next_expiry = lease;
+    return true;
+}
+
 /* The core's hook when a record is published: it holds a prefix of it, the records of the same
- * chunk that end at one of its earlier blocks. They are deleted, and a pin one of them had passes
- * to e. */
+ * chunk that end at one of its earlier blocks. They are deleted, and the pins and latest lease
+ * they had pass to e (as far as the pin cap allows). */
 static void supersede_locked(void *ud, dirstore_entry *base, void *item) {
     cache_disk *d = ud;
     disk_entry *e = (disk_entry *)base;
     (void)item;
-    bool pinned = false;
+    bool manual = e->manual;
+    int64_t lease = e->lease;
     for (int i = 0; i < e->n_blocks - 1; i++) {
         disk_entry *old = table_find(d, &e->by_block[i].key);
         if (!old || old->base.writing) continue;
-        bool was_pinned = old->base.pinned;
-        if (dirstore_remove_locked(d->ds, &old->base, old->base.files)) pinned |= was_pinned;
+        bool was_manual = old->manual;
+        int64_t was_lease = old->lease;
+        if (!dirstore_remove_locked(d->ds, &old->base, old->base.files)) continue;
+        manual |= was_manual;
+        if (was_lease > lease) lease = was_lease;
     }
-    if (pinned && !e->base.pinned && d->pinned_bytes + e->base.bytes <= d->cap / 2) {
-        e->base.pinned = true;
-        d->pinned_bytes += e->base.bytes;
-        stats(d)->pinned++;
-    }
+    entry_hold(d, e, manual, lease);
 }
 
 /* ---------------------------------------------------------------- I/O */
@@ -475,8 +512,8 @@ static void disk_write_sidecars(void *ud, void *arg) {
     int64_t added = 0;
     for (int i = 1; i < CACHE_ENC_MAX; i++)
         added += size[i] ? (int64_t)size[i] - (int64_t)d->header_bytes : 0;
-    /* a pinned record's encodings are pinned too: only as far as pins may fill half the tier */
-    bool room = e && (!e->base.pinned || d->pinned_bytes + added <= d->cap / 2);
+    /* a pinned record's encodings are pinned too: only as far as the pin cap allows */
+    bool room = e && (!e->base.pinned || d->pinned_bytes + added <= pin_cap(d));
     if (e && e->base.gen == s->gen && !e->base.writing && room) {
         for (int i = 1; i < CACHE_ENC_MAX; i++)
             if (size[i]) {
@@ -961,8 +998,11 @@ fail:
 
 /* ---------------------------------------------------------------- the public calls */
 
+static void leases_save(cache_disk *d);
+
 void cache_disk_close(cache_disk *d) {
     if (!d) return;
+    leases_save(d); /* the core runs what is posted before it stops */
     encoder_stop(d);
     disk_free(d);
 }
@@ -1036,17 +1076,206 @@ int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
     for (int i = 0; i < n; i++) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */
-        if (!e || e->base.doomed) continue;
-        /* Pins may take at most half the tier, so unpinned traffic always has room. */
-        if (pin && !e->base.pinned && d->pinned_bytes + e->base.bytes > d->cap / 2) continue;
-        held++;
-        if (e->base.pinned == pin) continue;
-        e->base.pinned = pin;
-        d->pinned_bytes += pin ? e->base.bytes : -e->base.bytes;
-        if (!e->base.writing) stats(d)->pinned += pin ? 1 : -1;
+        if (e && !e->base.doomed && entry_hold(d, e, pin, e->lease)) held++;
     }
     dirstore_unlock(d->ds);
     return held;
+}
+
+/* ---------------------------------------------------------------- leases */
+
+/* A walk over the index's entries (dirstore_each_locked) for the leases and pins. */
+typedef struct lease_walk {
+    cache_disk *d;
+    cache_lease *out; /* collect: NULL to count only */
+    cache_pin_info *pins;
+    int n, max;
+    int64_t now, next; /* expire: the leases due at now end; the next to end after */
+} lease_walk;
+
+static void lease_visit(void *ud, dirstore_entry *base) {
+    lease_walk *w = ud;
+    const disk_entry *e = (const disk_entry *)base;
+    if (e->lease <= 0 || e->base.doomed) return;
+    if (w->out) w->out[w->n] = (cache_lease){e->base.key, e->lease};
+    w->n++;
+}
+
+/* The leases the index holds (caller holds the lock): their count, and with out, them. */
+static void lease_collect(cache_disk *d, lease_walk *w) {
+    dirstore_each_locked(d->ds, lease_visit, w);
+}
+
+/* I/O thread: rewrites the leases file from the index (a temporary file renamed into place).
+ * A failure is logged: the leases then hold until a restart. */
+static void leases_write(void *ud, void *arg) {
+    cache_disk *d = ud;
+    (void)arg;
+    dirstore_lock(d->ds);
+    d->leases_posted = false;
+    d->leases_dirty = false;
+    lease_walk w = {0};
+    lease_collect(d, &w);
+    size_t bytes = cache_leases_bytes(w.n);
+    uint8_t *buf = malloc(bytes);
+    w.out = malloc(sizeof *w.out * (size_t)(w.n ? w.n : 1));
+    if (buf && w.out) {
+        w.n = 0;
+        lease_collect(d, &w);
+    }
+    dirstore_unlock(d->ds);
+    const char *what = "encode";
+    int err = !buf || !w.out ? ENOMEM : cache_leases_encode(w.out, w.n, buf) ? EIO : 0;
+    int dir = dirstore_dir_fd(d->ds);
+    if (!err) {
+        what = "write";
+        int fd = openat(dir, DISK_LEASES_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        size_t done = 0;
+        while (fd >= 0 && done < bytes) {
+            ssize_t k = write(fd, buf + done, bytes - done);
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            done += (size_t)k;
+        }
+        err = fd < 0 ? errno : done < bytes ? (errno ? errno : EIO) : 0;
+        if (fd >= 0 && close(fd) != 0 && !err) err = errno;
+        if (!err && renameat(dir, DISK_LEASES_TMP, dir, DISK_LEASES) != 0) {
+            err = errno;
+            what = "rename";
+        }
+    }
+    if (err) dirstore_warn(d->ds, "cannot %s the leases file: %s", what, strerror(err));
+    free(buf);
+    free(w.out);
+}
+
+/* Hands the leases file's rewrite to the I/O thread when the leases changed (without the
+ * lock: dirstore_post takes it). */
+static void leases_save(cache_disk *d) {
+    dirstore_lock(d->ds);
+    bool due = d->leases_dirty && !d->leases_posted;
+    if (due) d->leases_posted = true;
+    dirstore_unlock(d->ds);
+    if (due) dirstore_post(d->ds, leases_write, NULL);
+}
+
+void cache_disk_set_pin_limit(cache_disk *d, int64_t bytes) {
+    dirstore_lock(d->ds);
+    d->pin_limit = bytes;
+    dirstore_unlock(d->ds);
+}
+
+/* The entry holding block key k, published or being written (not doomed), or NULL. */
+static disk_entry *block_find_any(const cache_disk *d, const cache_key *k) {
+    disk_entry *writing = NULL;
+    for (kt_node *n = keytable_find(&d->blocks, k->b); n; n = keytable_find_next(&d->blocks, n)) {
+        disk_entry *e = KT_ENTRY(n, disk_block, node)->e;
+        if (e->base.doomed) continue;
+        if (!e->base.writing) return e;
+        writing = e;
+    }
+    return writing;
+}
+
+bool cache_disk_lease(cache_disk *d, const cache_key *bkey, int64_t until) {
+    dirstore_lock(d->ds);
+    disk_entry *e = block_find_any(d, bkey);
+    bool ok = e && entry_hold(d, e, e->manual, until > e->lease ? until : e->lease);
+    dirstore_unlock(d->ds);
+    leases_save(d);
+    return ok;
+}
+
+static void expire_visit(void *ud, dirstore_entry *base) {
+    lease_walk *w = ud;
+    disk_entry *e = (disk_entry *)base;
+    if (e->lease <= 0) return;
+    if (e->lease <= w->now) {
+        entry_hold(w->d, e, e->manual, 0); /* taking a reason away never fails */
+        w->n++;
+    } else if (w->next == 0 || e->lease < w->next) {
+        w->next = e->lease;
+    }
+}
+
+int cache_disk_expire(cache_disk *d, int64_t now) {
+    int ended = 0;
+    dirstore_lock(d->ds);
+    if (d->next_expiry > 0 && d->next_expiry <= now) {
+        lease_walk w = {.d = d, .now = now};
+        dirstore_each_locked(d->ds, expire_visit, &w);
+        d->next_expiry = w.next;
+        ended = w.n;
+    }
+    /* The file keeps the ended leases until the next change or close (a restart skips them):
+     * expiry runs on the engine's put path, which must not wait for the I/O thread. */
+    dirstore_unlock(d->ds);
+    return ended;
+}
+
+static void pin_visit(void *ud, dirstore_entry *base) {
+    lease_walk *w = ud;
+    const disk_entry *e = (const disk_entry *)base;
+    if (!e->base.pinned || e->base.doomed) return;
+    if (w->n < w->max)
+        w->pins[w->n] = (cache_pin_info){.key = e->base.key,
+                                         .ns = e->base.ns,
+                                         .n_blocks = e->n_blocks,
+                                         .manual = e->manual,
+                                         .lease = e->lease,
+                                         .disk = true};
+    w->n++;
+}
+
+int cache_disk_pins(cache_disk *d, cache_pin_info *out, int max) {
+    lease_walk w = {.pins = out, .max = max};
+    dirstore_lock(d->ds);
+    dirstore_each_locked(d->ds, pin_visit, &w);
+    dirstore_unlock(d->ds);
+    return w.n;
+}
+
+int cache_disk_restore_leases(cache_disk *d, int64_t now) {
+    int fd = openat(dirstore_dir_fd(d->ds), DISK_LEASES, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0; /* none kept */
+    struct stat sb;
+    uint8_t *buf = NULL;
+    kv_error err = {{0}};
+    cache_lease *leases = NULL;
+    int n = 0, restored = 0;
+    size_t len = 0;
+    bool read_ok = fstat(fd, &sb) == 0 && sb.st_size >= 0 &&
+                   (uint64_t)sb.st_size <= cache_leases_bytes(CACHE_LEASES_MAX) &&
+                   (buf = malloc((size_t)sb.st_size + 1));
+    while (read_ok && len < (size_t)sb.st_size) {
+        ssize_t k = read(fd, buf + len, (size_t)sb.st_size - len);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0)
+            read_ok = false;
+        else
+            len += (size_t)k;
+    }
+    close(fd);
+    const char *path = dirstore_path(d->ds);
+    if (!read_ok)
+        log_warn("cache: disk %s: leases file unreadable: leases from before the start are lost",
+                 path);
+    else if (cache_leases_parse(buf, len, &leases, &n, &err) != 0)
+        log_warn("cache: disk %s: %s: leases from before the start are lost", path, err.msg);
+    dirstore_lock(d->ds);
+    for (int i = 0; i < n; i++) {
+        disk_entry *e = table_find(d, &leases[i].key);
+        if (e && !e->base.doomed && leases[i].until > now &&
+            entry_hold(d, e, e->manual, leases[i].until))
+            restored++;
+    }
+    d->leases_dirty = true; /* the file again, without what expired or is gone */
+    dirstore_unlock(d->ds);
+    leases_save(d);
+    free(leases);
+    free(buf);
+    if (restored) log_info("cache: disk %s: %d leases kept from before the start", path, restored);
+    return restored;
 }
 
 int64_t cache_disk_clear(cache_disk *d, const cache_key *ns) { return dirstore_clear(d->ds, ns); }

@@ -62,6 +62,20 @@ void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
  * it is on disk); returns how many were held. Pinned records may fill at most half the
  * capacity: a pin beyond that is refused (the key does not count as held). */
 int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin);
+/* Caps the bytes of pinned records below half the capacity (0: half the capacity). */
+void cache_disk_set_pin_limit(cache_disk *d, int64_t bytes);
+/* Leases the record holding block bkey (on disk or being written) until `until` (Unix seconds;
+ * a later lease is kept), as cache_ram_lease does; the leases are kept in the tier's leases file
+ * (cache/leases.h), rewritten by the I/O thread. False when no record holds the block or the
+ * pin cap is reached. */
+bool cache_disk_lease(cache_disk *d, const cache_key *bkey, int64_t until);
+/* Ends the leases due at `now`; returns how many ended. Cheap when none is due. */
+int cache_disk_expire(cache_disk *d, int64_t now);
+/* Lists up to max pinned or leased records into out (disk set); returns how many there are. */
+int cache_disk_pins(cache_disk *d, cache_pin_info *out, int max);
+/* Gives the records indexed at open the leases the leases file kept for them that end after
+ * `now`; returns how many. A missing file is no lease; a bad one is logged and ignored. */
+int cache_disk_restore_leases(cache_disk *d, int64_t now);
 /* Deletes every record of namespace ns (NULL: all), pinned or not; returns how many were on
  * disk. Records still being written are not counted: they are deleted when their write ends. */
 int64_t cache_disk_clear(cache_disk *d, const cache_key *ns);

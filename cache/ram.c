@@ -20,7 +20,10 @@ typedef struct ram_entry {
     kt_node by_key; /* in records, keyed by c->key */
     lru_node lru;
     cache_chunk *c;
-    bool pinned;
+    /* Kept from eviction (and counted in pinned_bytes) while it has a reason: a pin until
+     * unpinned (manual) or a lease until a time (Unix seconds, 0: none). */
+    bool pinned, manual;
+    int64_t lease;
     ram_block by_block[]; /* [c->n_blocks]: block i keyed by c->bkeys[i] */
 } ram_entry;
 
@@ -30,6 +33,8 @@ struct cache_ram {
     keytable blocks;  /* block key -> entry (several entries may hold one block) */
     lru_list lru;
     int64_t pinned_bytes;
+    int64_t pin_limit;   /* pinned bytes at most beside half the capacity (0: none) */
+    int64_t next_expiry; /* no lease ends before this (0: no lease) */
     cache_tier_stats st;
 };
 
@@ -50,6 +55,30 @@ cache_ram *cache_ram_create(int64_t cap_bytes) {
 static ram_entry *find_record(const cache_ram *r, const cache_key *key) {
     kt_node *n = keytable_find(&r->records, key->b);
     return n ? KT_ENTRY(n, ram_entry, by_key) : NULL;
+}
+
+/* Pinned chunks may fill at most half the capacity, so unpinned traffic always has room, and at
+ * most the pin limit. */
+static int64_t pin_cap(const cache_ram *r) {
+    int64_t half = r->st.capacity / 2;
+    return r->pin_limit > 0 && r->pin_limit < half ? r->pin_limit : half;
+}
+
+/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), keeping it from eviction
+ * while it has one. False, e unchanged, when that would take the pinned bytes over the cap. */
+static bool entry_hold(cache_ram *r, ram_entry *e, bool manual, int64_t lease) {
+    bool held = manual || lease > 0;
+    int64_t b = (int64_t)e->c->bytes;
+    if (held && !e->pinned && r->pinned_bytes + b > pin_cap(r)) return false;
+    if (held != e->pinned) {
+        r->st.pinned += held ? 1 : -1;
+        r->pinned_bytes += held ? b : -b;
+    }
+    e->pinned = held;
+    e->manual = manual;
+    e->lease = lease;
+    if (lease > 0 && (r->next_expiry == 0 || lease < r->next_expiry)) r->next_expiry = lease;
+    return true;
 }
 
 /* Unlinks e from the tables and the list and frees it. */
@@ -126,12 +155,14 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
     if (r->pinned_bytes + (int64_t)c->bytes > r->st.capacity || keytable_find(&r->blocks, c->key.b))
         goto out;
     /* Records of this chunk that end at one of c's blocks hold a prefix of c: c replaces them
-     * (and keeps a pin one of them had). */
-    bool pinned = false;
+     * (and keeps the pins and the latest lease they had). */
+    bool manual = false;
+    int64_t lease = 0;
     for (int i = 0; i < c->n_blocks - 1; i++) {
         ram_entry *old = find_record(r, &c->bkeys[i]);
         if (!old) continue;
-        pinned |= old->pinned;
+        manual |= old->manual;
+        if (old->lease > lease) lease = old->lease;
         entry_remove(r, old);
     }
     /* Make room first: least recently used unpinned chunks go. */
@@ -159,11 +190,7 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
     r->st.entries++;
     r->st.bytes += (int64_t)c->bytes;
     r->st.bytes_in += (int64_t)c->bytes;
-    if (pinned && r->pinned_bytes + (int64_t)c->bytes <= r->st.capacity / 2) {
-        e->pinned = true;
-        r->st.pinned++;
-        r->pinned_bytes += (int64_t)c->bytes;
-    }
+    entry_hold(r, e, manual, lease); /* as far as the cap allows */
     ok = true;
 out:
     pthread_mutex_unlock(&r->mu);
@@ -203,15 +230,7 @@ int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin) {
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < n; i++) {
         ram_entry *e = find_record(r, &keys[i]);
-        if (!e) continue;
-        int64_t b = (int64_t)e->c->bytes;
-        if (pin && !e->pinned && r->pinned_bytes + b > r->st.capacity / 2) continue;
-        held++;
-        if (e->pinned != pin) {
-            r->st.pinned += pin ? 1 : -1;
-            r->pinned_bytes += pin ? b : -b;
-        }
-        e->pinned = pin;
+        if (e && entry_hold(r, e, pin, e->lease)) held++;
     }
     pthread_mutex_unlock(&r->mu);
     return held;
@@ -227,6 +246,60 @@ int64_t cache_ram_clear(cache_ram *r, const cache_key *ns) {
             entry_remove(r, e);
             n++;
         }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void cache_ram_set_pin_limit(cache_ram *r, int64_t bytes) {
+    pthread_mutex_lock(&r->mu);
+    r->pin_limit = bytes;
+    pthread_mutex_unlock(&r->mu);
+}
+
+bool cache_ram_lease(cache_ram *r, const cache_key *bkey, int64_t until) {
+    pthread_mutex_lock(&r->mu);
+    kt_node *n = keytable_find(&r->blocks, bkey->b);
+    ram_entry *e = n ? KT_ENTRY(n, ram_block, node)->e : NULL;
+    bool ok = e && entry_hold(r, e, e->manual, until > e->lease ? until : e->lease);
+    pthread_mutex_unlock(&r->mu);
+    return ok;
+}
+
+int cache_ram_expire(cache_ram *r, int64_t now) {
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (r->next_expiry > 0 && r->next_expiry <= now) {
+        int64_t next = 0;
+        for (lru_node *v = r->lru.oldest; v; v = v->newer) {
+            ram_entry *e = KT_ENTRY(v, ram_entry, lru);
+            if (e->lease > 0 && e->lease <= now) {
+                entry_hold(r, e, e->manual, 0); /* taking a reason away never fails */
+                n++;
+            } else if (e->lease > 0 && (next == 0 || e->lease < next)) {
+                next = e->lease;
+            }
+        }
+        r->next_expiry = next;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+int cache_ram_pins(cache_ram *r, cache_pin_info *out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (lru_node *v = r->lru.oldest; v; v = v->newer) {
+        const ram_entry *e = KT_ENTRY(v, ram_entry, lru);
+        if (!e->pinned) continue;
+        if (n < max)
+            out[n] = (cache_pin_info){.key = e->c->key,
+                                      .ns = e->c->ns,
+                                      .n_blocks = e->c->n_blocks,
+                                      .manual = e->manual,
+                                      .lease = e->lease,
+                                      .ram = true};
+        n++;
     }
     pthread_mutex_unlock(&r->mu);
     return n;

@@ -33,8 +33,21 @@ bool cache_ram_has(cache_ram *r, const cache_chunk *c);
  * its pin. False when old is no longer held. */
 bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c);
 /* Pins (pin) or unpins keys; returns how many were held and (pinning) pinned. Pinned chunks
- * may fill at most half the capacity, so unpinned traffic always has room. */
+ * may fill at most half the capacity, so unpinned traffic always has room, and at most the pin
+ * limit. Unpinning leaves a lease in force. */
 int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin);
+/* Caps the bytes of pinned chunks below half the capacity (0: half the capacity). */
+void cache_ram_set_pin_limit(cache_ram *r, int64_t bytes);
+/* Leases the record holding the block bkey (one of them, when several do: each holds every
+ * block of the chunk up to bkey's) until `until` (Unix seconds; an existing later lease is
+ * kept). A lease keeps the record like a pin and passes, as a pin does, to a longer record of
+ * the chunk that replaces it. False when no record holds the block or the pin cap is reached. */
+bool cache_ram_lease(cache_ram *r, const cache_key *bkey, int64_t until);
+/* Ends the leases due at `now` (Unix seconds): their records are evicted like any other from
+ * then on (unless pinned). Returns how many ended; cheap when none is due. */
+int cache_ram_expire(cache_ram *r, int64_t now);
+/* Lists up to max pinned or leased records into out (ram set); returns how many there are. */
+int cache_ram_pins(cache_ram *r, cache_pin_info *out, int max);
 int64_t cache_ram_clear(cache_ram *r, const cache_key *ns);
 void cache_ram_stats(cache_ram *r, cache_tier_stats *out);
 

@@ -9,6 +9,7 @@
  * never taken by a fetch that insists on exact KV (it reads disk instead). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cache/blend.h"
 #include "cache/cache.h"
@@ -27,6 +28,8 @@ struct cache_store {
     cache_ram *ram;     /* NULL: no RAM tier */
     cache_disk *disk;   /* NULL: no disk tier */
     cache_redis *redis; /* NULL: no Redis tier */
+    int64_t (*clock)(void *arg);
+    void *clock_arg;
 
     /* The encoded RAM tier (ram_enc != CACHE_ENC_RAW). */
     int ram_enc;
@@ -99,10 +102,17 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         return NULL;
     }
     s->layout = *l;
+    s->clock = o->clock;
+    s->clock_arg = o->clock_arg;
+    if (o->pin_bytes < 0) {
+        kv_fail(err, "the pin cap must not be negative");
+        goto fail;
+    }
     if (o->ram_bytes > 0 && !(s->ram = cache_ram_create(o->ram_bytes))) {
         kv_fail(err, "out of memory");
         goto fail;
     }
+    if (s->ram) cache_ram_set_pin_limit(s->ram, o->pin_bytes);
     if (o->ram_enc != CACHE_ENC_RAW && s->ram) {
         char name[16];
         cache_enc_name(o->ram_enc, name);
@@ -130,6 +140,10 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
                                         o->write_queue > 0 ? o->write_queue : 64, o->codec,
                                         o->disk_encoded, err)))
         goto fail;
+    if (s->disk) {
+        cache_disk_set_pin_limit(s->disk, o->pin_bytes);
+        cache_disk_restore_leases(s->disk, cache_store_now(s));
+    }
     if (o->redis_url && o->redis_url[0] &&
         !(s->redis = cache_redis_open(
               o->redis_url, l, o->codec, o->redis_ttl_s, o->write_queue > 0 ? o->write_queue : 64,
@@ -293,6 +307,7 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey) {
 }
 
 void cache_store_put_local(cache_store *s, cache_chunk *c) {
+    cache_store_expire(s); /* an expired lease must not keep a record from eviction */
     if (s->ram) ram_put(s, c);
     if (s->disk) cache_disk_put(s->disk, c);
 }
@@ -308,6 +323,59 @@ int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin)
     return s->ram ? ram : disk; /* resident means in RAM, when there is a RAM tier */
 }
 
+/* ---------------------------------------------------------------- leases */
+
+int64_t cache_store_now(cache_store *s) {
+    return s->clock ? s->clock(s->clock_arg) : (int64_t)time(NULL);
+}
+
+int cache_store_expire(cache_store *s) {
+    int64_t now = cache_store_now(s);
+    int n = s->ram ? cache_ram_expire(s->ram, now) : 0;
+    return n + (s->disk ? cache_disk_expire(s->disk, now) : 0);
+}
+
+int cache_store_lease(cache_store *s, const cache_key *bkeys, int n_blocks, int64_t until) {
+    cache_store_expire(s);
+    int cb = cache_chunk_blocks(&s->layout), covered = 0;
+    for (int j = 0; j < n_blocks; j += cb) {
+        /* the chunk's last block of the sequence: a record holding it holds the chunk's blocks
+         * before it too */
+        int last = j + cb < n_blocks ? j + cb - 1 : n_blocks - 1;
+        bool ram = s->ram && cache_ram_lease(s->ram, &bkeys[last], until);
+        bool disk = s->disk && cache_disk_lease(s->disk, &bkeys[last], until);
+        if (!ram && !disk) break;
+        covered = last + 1;
+    }
+    return covered;
+}
+
+int cache_store_pins(cache_store *s, cache_pin_info *out, int max) {
+    cache_store_expire(s);
+    int n = s->ram ? cache_ram_pins(s->ram, out, max) : 0;
+    int listed = n < max ? n : max, total = n;
+    if (!s->disk) return total;
+    int n_disk = cache_disk_pins(s->disk, NULL, 0);
+    cache_pin_info *disk = malloc(sizeof *disk * (size_t)(n_disk > 0 ? n_disk : 1));
+    if (!disk) return total + n_disk; /* RAM's listed; disk's only counted */
+    int got = cache_disk_pins(s->disk, disk, n_disk);
+    if (got < n_disk) n_disk = got; /* some ended meanwhile; more listed than room: those */
+    for (int i = 0; i < n_disk; i++) {
+        int k = 0;
+        while (k < listed && memcmp(out[k].key.b, disk[i].key.b, CACHE_KEY_BYTES) != 0) k++;
+        if (k < listed) { /* in both tiers: one record */
+            out[k].disk = true;
+            out[k].manual |= disk[i].manual;
+            if (disk[i].lease > out[k].lease) out[k].lease = disk[i].lease;
+            continue;
+        }
+        total++;
+        if (listed < max) out[listed++] = disk[i];
+    }
+    free(disk);
+    return total;
+}
+
 void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk, bool redis,
                        int64_t *n_ram, int64_t *n_disk, int64_t *n_redis) {
     *n_ram = ram && s->ram ? cache_ram_clear(s->ram, ns) : 0;
@@ -316,6 +384,7 @@ void cache_store_clear(cache_store *s, const cache_key *ns, bool ram, bool disk,
 }
 
 void cache_store_stats(cache_store *s, cache_stats *out) {
+    cache_store_expire(s); /* pinned counts without the leases that are due */
     memset(out, 0, sizeof *out);
     if (s->ram) cache_ram_stats(s->ram, &out->ram);
     if (s->disk) cache_disk_stats(s->disk, &out->disk);

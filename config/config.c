@@ -199,6 +199,8 @@ static const opt_row OPTIONS[] = {
         "disk tier capacity"),
     BOOL(cache_disk_encoded, "false",
          "disk tier keeps chunks' q8 and codec levels too"),
+    NUM(pin_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 44, false, true, "1G", "BYTES",
+        "pinned and cache_control-leased chunks at most, per tier"),
     STR(redis, 0, NULL, true, "URL",
         "Redis tier: redis://[:PASS@]HOST[:PORT][/DB] or unix:///PATH"),
     NUM(redis_ttl, 0, OPT_INT64, 1, INT64_C(1) << 31, true, false, "86400", "SECONDS",

@@ -146,6 +146,10 @@ typedef struct chat_turn_check {
 chat_turn_problem chat_check_tool_turns(const chat_message *msgs, int n, chat_turn_check *out);
 /* Whether call k of assistant message i has a result among the tool messages right after it. */
 bool chat_call_answered(const chat_message *msgs, int n, int i, int k);
+/* The ids of assistant message i's calls from `from` on that have no result after it, joined
+ * with ", " into out (cap bytes; each id cut to 64 bytes, the list cut to fit): what the APIs'
+ * refusals of an unanswered call list. */
+void chat_unanswered_ids(const chat_message *msgs, int n, int i, int from, char *out, size_t cap);
 
 /* ---------------------------------------------------------------- tools (chat_tools.c)
  *

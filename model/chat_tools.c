@@ -261,6 +261,15 @@ static bool is_tool(const chat_message *m) { return m->role && !strcmp(m->role, 
 
 static bool same_id(const char *a, const char *b) { return a && b && !strcmp(a, b); }
 
+void chat_unanswered_ids(const chat_message *msgs, int n, int i, int from, char *out, size_t cap) {
+    size_t used = 0;
+    if (cap) out[0] = '\0';
+    for (int k = from; k < msgs[i].n_tool_calls && used < cap; k++)
+        if (!chat_call_answered(msgs, n, i, k))
+            used += (size_t)snprintf(out + used, cap - used, "%s%.64s", used ? ", " : "",
+                                     msgs[i].tool_calls[k].id ? msgs[i].tool_calls[k].id : "");
+}
+
 bool chat_call_answered(const chat_message *msgs, int n, int i, int k) {
     for (int j = i + 1; j < n && is_tool(&msgs[j]); j++)
         if (same_id(msgs[j].tool_call_id, msgs[i].tool_calls[k].id)) return true;

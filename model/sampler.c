@@ -519,6 +519,12 @@ void stop_set_free(stop_set *s) {
     memset(s, 0, sizeof *s);
 }
 
+int stop_set_match_at(const stop_set *s, const char *text, size_t len) {
+    for (int i = 0; s && i < s->n; i++)
+        if (s->lens[i] <= len && memcmp(text, s->strs[i], s->lens[i]) == 0) return i;
+    return -1;
+}
+
 size_t stop_set_scan(const stop_set *s, const char *text, size_t len, bool *matched) {
     if (matched) *matched = false;
     if (!s || s->n == 0 || len == 0) return len;

@@ -66,5 +66,8 @@ void stop_set_free(stop_set *s);
  * to emit ends there) and sets *matched. Otherwise returns how many bytes are safe to emit: all
  * but a trailing part that could still grow into a stop string. */
 size_t stop_set_scan(const stop_set *s, const char *text, size_t len, bool *matched);
+/* The index of a stop string text[0..len) begins with (where stop_set_scan found a match), or
+ * -1 when none does. */
+int stop_set_match_at(const stop_set *s, const char *text, size_t len);
 
 #endif

@@ -24,10 +24,11 @@ fi
 # requests sends the raw (malformed, oversized) bodies a client library would refuse to send;
 # jsonschema validates the structured outputs' answers against their schemas; langchain-openai
 # is the agent framework whose structured output and tool calls the e2e tests drive; selenium
-# drives chromium (through chromium-driver, above: it downloads no browser) in the web page's test.
+# drives chromium (through chromium-driver, above: it downloads no browser) in the web page's test;
+# anthropic is the official client the Messages API's e2e tests drive the server with.
 # openai 1.66 is the first with the Responses API (client.responses, its stream helper).
-py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium)
-if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium
+py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium anthropic)
+if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium, anthropic
 from openai.resources.responses import Responses" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"

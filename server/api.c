@@ -363,12 +363,8 @@ static int check_tool_turns(const chat_message *msgs, int n, api_error *err) {
                        id, c.other);
     default: {
         /* every call of that message without a result, as OpenAI lists them */
-        char ids[256] = "";
-        size_t used = 0;
-        for (int k = c.call; k < msgs[c.msg].n_tool_calls && used < sizeof ids; k++)
-            if (!chat_call_answered(msgs, n, c.msg, k))
-                used += (size_t)snprintf(ids + used, sizeof ids - used, "%s%.64s", used ? ", " : "",
-                                         msgs[c.msg].tool_calls[k].id);
+        char ids[256];
+        chat_unanswered_ids(msgs, n, c.msg, c.call, ids, sizeof ids);
         snprintf(param, sizeof param, "messages[%d].role", c.msg);
         return API_BAD(err, param,
                        "An assistant message with 'tool_calls' must be followed by tool messages "
@@ -845,14 +841,7 @@ static int parse_function(const json_t *fn, const char *pp, size_t i, api_reques
     const json_t *params = field(fn, "parameters");
     if (!params) return 0;
     snprintf(p, sizeof p, "%s.parameters", pp);
-    if (!json_is_object(params)) return type_error(err, p, "a JSON Schema object", params);
-    if (!(ct->parameters = json_dumps(params, JSON_COMPACT))) return oom(err);
-    /* the schema must compile: an unsupported keyword is named now */
-    kv_error ke = {{0}};
-    char *g = json_schema_to_gbnf(ct->parameters, strlen(ct->parameters), &ke);
-    if (!g) return API_BAD(err, p, "'%s': %s", p, ke.msg);
-    free(g);
-    return 0;
+    return api_tool_schema(params, p, (char **)&ct->parameters, err);
 }
 
 /* tools, or the legacy functions (key "functions": the functions themselves, not wrapped). */
@@ -1278,4 +1267,15 @@ int api_schema_field(const json_t *schema, const char *param, api_request *r, ap
 }
 int api_set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
     return set_gbnf(r, param, gbnf, err);
+}
+
+int api_tool_schema(const json_t *schema, const char *param, char **out, api_error *err) {
+    if (!json_is_object(schema)) return type_error(err, param, "a JSON Schema object", schema);
+    if (!(*out = json_dumps(schema, JSON_COMPACT))) return oom(err);
+    /* the schema must compile: an unsupported keyword is named now */
+    kv_error ke = {{0}};
+    char *g = json_schema_to_gbnf(*out, strlen(*out), &ke);
+    if (!g) return API_BAD(err, param, "'%s': %s", param, ke.msg);
+    free(g);
+    return 0;
 }

@@ -33,6 +33,9 @@ int api_str_copy(const json_t *v, const char *param, char **out, api_error *err)
 int api_oom(api_error *err);
 /* OpenAI's function names: 1 to 64 of a-z, A-Z, 0-9, _ and -. */
 bool api_tool_name_ok(const char *s, size_t len);
+/* A tool's parameters (a JSON Schema object) as JSON text in *out (malloc'd), after checking
+ * that it compiles to a grammar (an unsupported keyword is named); param names it. */
+int api_tool_schema(const json_t *schema, const char *param, char **out, api_error *err);
 /* One function {name, description, parameters} at param pp into r->tools[i] (r->tools has room;
  * n_tools becomes i + 1): the name checked and unique, the parameters a schema that compiles. */
 int api_parse_function(const json_t *fn, const char *pp, size_t i, api_request *r, api_error *err);

@@ -44,6 +44,38 @@ static json_t *levels_json(const cache_tier_stats *t) {
     return levels;
 }
 
+/* The pinned and leased records (up to STATS_PINS of them listed): Anthropic's cache_control
+ * leases with their expiry (Unix seconds), /v1/cache/pin's pins (until unpinned). Listing ends
+ * the leases that are due first. */
+#define STATS_PINS 256
+static json_t *pins_json(server *s) {
+    cache_pin_info *pins = malloc(sizeof *pins * STATS_PINS);
+    int n = pins && s->store ? cache_store_pins(s->store, pins, STATS_PINS) : 0;
+    int64_t now = s->store ? cache_store_now(s->store) : 0;
+    int bt = s->store ? cache_store_layout(s->store)->block_tokens : 0;
+    json_t *list = json_array();
+    for (int i = 0; i < n && i < STATS_PINS; i++) {
+        const cache_pin_info *p = &pins[i];
+        char key[2 * CACHE_KEY_BYTES + 1], ns[2 * CACHE_KEY_BYTES + 1];
+        cache_key_hex(&p->key, key);
+        cache_key_hex(&p->ns, ns);
+        json_t *tiers = json_array();
+        if (p->ram) json_array_append_new(tiers, json_string("ram"));
+        if (p->disk) json_array_append_new(tiers, json_string("disk"));
+        json_t *v =
+            json_pack("{s:s%,s:s%,s:i,s:b,s:o}", "record", key, (size_t)16, "namespace", ns,
+                      (size_t)16, "tokens", p->n_blocks * bt, "pinned", p->manual, "tiers", tiers);
+        json_object_set_new(v, "expires_at", p->lease ? json_integer(p->lease) : json_null());
+        if (p->lease)
+            json_object_set_new(v, "expires_in_s",
+                                json_integer(p->lease > now ? p->lease - now : 0));
+        json_array_append_new(list, v);
+    }
+    free(pins);
+    return json_pack("{s:I,s:i,s:o}", "limit_bytes", (json_int_t)s->cfg->pin_bytes, "records", n,
+                     "list", list);
+}
+
 void cache_api_stats(server *s, http_reply *out) {
     engine_cache_stats es;
     engine_cache_stats_get(s->eng, &es);
@@ -83,10 +115,11 @@ void cache_api_stats(server *s, http_reply *out) {
     char hex[2 * CACHE_KEY_BYTES + 1];
     cache_key_hex((const cache_key *)(const void *)s->m->identity, hex);
     http_reply_json(out, 200,
-                    json_pack("{s:s,s:b,s:i,s:I,s:s,s:o,s:o}", "object", "cache.stats", "enabled",
-                              es.enabled, "chunk_tokens", es.chunk_tokens, "reused_tokens",
-                              (json_int_t)es.reused_tokens, "model_identity", hex, "tiers", tiers,
-                              "reuse_quality", cache_api_reuse_json(s)));
+                    json_pack("{s:s,s:b,s:i,s:I,s:s,s:o,s:o,s:o}", "object", "cache.stats",
+                              "enabled", es.enabled, "chunk_tokens", es.chunk_tokens,
+                              "reused_tokens", (json_int_t)es.reused_tokens, "model_identity", hex,
+                              "tiers", tiers, "pins", pins_json(s), "reuse_quality",
+                              cache_api_reuse_json(s)));
 }
 
 json_t *cache_api_reuse_json(const server *s) {

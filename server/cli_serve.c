@@ -267,7 +267,8 @@ static cache_store *open_store(const kv_config *c, const model *m, const codec_t
                           .redis_timeout_ms = c->redis_timeout_ms,
                           .codec = codec,
                           .disk_encoded = c->cache_disk_encoded && dir,
-                          .ram_enc = ram_enc};
+                          .ram_enc = ram_enc,
+                          .pin_bytes = c->pin_bytes};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);

@@ -479,6 +479,10 @@ static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
 
     bool eog = !r->ignore_eos && tokenizer_is_eog(e->m->tok, t), stopped = false;
     int64_t release_end = eog ? (int64_t)s->emitted : detok_step(e, s, t, &stopped);
+    int stop_string = 0; /* which one ended it (Anthropic's stop_sequence names it) */
+    if (stopped && release_end >= 0)
+        stop_string = 1 + stop_set_match_at(&r->stops, s->gen + release_end,
+                                            s->gen_len - (size_t)release_end);
     if (release_end >= 0 && !eog && !stopped && s->guard)
         release_end = guard_step(s, release_end, &stopped);
     gen_finish fin = eog || stopped ? GEN_FINISH_STOP : GEN_RUNNING;
@@ -489,6 +493,11 @@ static bool eseq_push(engine *e, eseq *s, int32_t t, const gen_logprob *lp) {
     if (release_end < 0 || publish_token(e, s, (size_t)release_end, lp, eog, now)) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "out of memory");
         return true;
+    }
+    if (stop_string) {
+        pthread_mutex_lock(&r->mu);
+        r->choices[s->choice].stop_string = stop_string;
+        pthread_mutex_unlock(&r->mu);
     }
     if (fin != GEN_RUNNING) eseq_finish(e, s, fin, 0, NULL);
     return fin != GEN_RUNNING;

@@ -58,6 +58,7 @@ typedef struct gen_choice {
     int n_lps, cap_lps;
     int n_tokens; /* completion tokens (including an end-of-generation token) */
     gen_finish finish;
+    int stop_string; /* a stop finish on a stop string: 1 + its index in the request's; else 0 */
 } gen_choice;
 
 typedef struct gen_request {

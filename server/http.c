@@ -76,6 +76,7 @@ typedef struct conn_req {
     api_error early;
     char id[HTTP_REQUEST_ID_MAX];
     char error[256];      /* the message of a 4xx or 5xx answer, for the access log */
+    bool anthropic;       /* an Anthropic route: errors in Anthropic's JSON */
     bool counted;         /* in s->in_flight */
     http_pending pending; /* a reply the engine works on (.ud NULL: none) */
     /* The connection sleeps (suspended) while its stream or pending reply has nothing; wake
@@ -168,6 +169,7 @@ static void common_headers(struct MHD_Response *resp, const conn_req *cr) {
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
+    if (r->status >= 400 && cr->anthropic) anthropic_reply_error(r);
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
@@ -276,9 +278,11 @@ static bool key_ok(const server *s, const char *presented) {
     return ok;
 }
 
+/* The key presented: a Bearer token, else x-api-key (Anthropic's clients send that). */
 static const char *bearer_token(struct MHD_Connection *conn) {
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return NULL;
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "x-api-key");
     h += 7;
     while (*h == ' ') h++;
     return h;
@@ -300,9 +304,10 @@ typedef enum route_kind {
     ROUTE_CACHE_CLEAR,
     ROUTE_CACHE_PIN,
     ROUTE_CACHE_UNPIN,
-    ROUTE_SCHEMAS, /* /v1/schemas: GET lists, POST registers */
-    ROUTE_SCHEMA,  /* /v1/schemas/{name}: GET, DELETE */
-    ROUTE_WEBUI,   /* / and /webui/{file}: the web page (gone with --no-webui) */
+    ROUTE_SCHEMAS,   /* /v1/schemas: GET lists, POST registers */
+    ROUTE_SCHEMA,    /* /v1/schemas/{name}: GET, DELETE */
+    ROUTE_WEBUI,     /* / and /webui/{file}: the web page (gone with --no-webui) */
+    ROUTE_ANTHROPIC, /* /v1/messages, /v1/messages/count_tokens */
     /* /v1/responses: POST; /v1/responses/{id}: GET, DELETE */
     ROUTE_RESPONSES,
     ROUTE_RESPONSE,
@@ -332,6 +337,8 @@ static const route ROUTES[] = {
     {"/", ROUTE_WEBUI, false, true},
     {"/webui/", ROUTE_WEBUI, false, true},
     {"/v1/schemas", ROUTE_SCHEMAS, true, false},
+    {"/v1/messages", ROUTE_ANTHROPIC, true, false},
+    {"/v1/messages/count_tokens", ROUTE_ANTHROPIC, true, false},
     {"/v1/schemas/", ROUTE_SCHEMA, false, false},
     {"/v1/responses", ROUTE_RESPONSES, true, false},
     {"/v1/responses/", ROUTE_RESPONSE, false, false},
@@ -522,6 +529,14 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
     case ROUTE_RESPONSE:
         responses_api(s, &call, cr->method, url + 14, &r);
         return send_reply(conn, cr, &r);
+    case ROUTE_ANTHROPIC:
+        rc = anthropic_api(s, &call, url, &r, &st, &pend);
+        if (rc == 1) return send_stream(conn, cr, &st);
+        if (rc == 2) {
+            cr->pending = pend;
+            return pending_step(conn, cr, false);
+        }
+        return send_reply(conn, cr, &r);
     default:
         return send_error(conn, cr, 500, "server_error", NULL, "unrouted request");
     }
@@ -547,6 +562,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const route *rt = route_find(s, url);
         cr->route = rt ? rt->path : "other";
         cr->allow = rt ? route_allow(rt) : NULL;
+        cr->anthropic = rt && rt->kind == ROUTE_ANTHROPIC;
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
         if (!rt)
@@ -557,7 +573,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                      "%s takes %s, not %s", rt->path, route_allow(rt), method);
         else if (!rt->public_ && !key_ok(s, bearer_token(conn)))
             api_fail(&cr->early, 401, "invalid_request_error", "invalid_api_key", NULL,
-                     "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY'.");
+                     "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or "
+                     "'x-api-key: KEY').");
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long declared = cl ? strtoll(cl, NULL, 10) : 0;

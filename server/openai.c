@@ -23,8 +23,8 @@ static int fail_oom(api_error *err) {
 
 /* Where a content part (c[a..e)) is in the rendered prompt, searched from byte `from`: its
  * bytes as sent, else without the white space around them (templates trim messages). */
-static const char *find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
-                             size_t e, size_t *n) {
+const char *job_find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
+                          size_t e, size_t *n) {
     for (int trim = 0; trim < 2; trim++) {
         if (trim) {
             while (a < e && strchr(" \t\r\n", c[a])) a++;
@@ -64,7 +64,7 @@ static int part_bounds(const model *m, const chat_message *msgs, int n, const ch
         for (int j = 0; j < msgs[i].n_parts; j++) {
             const char *c = msgs[i].content;
             size_t a = j ? msgs[i].part_ends[j - 1] : 0, e = msgs[i].part_ends[j], n_hit;
-            const char *hit = find_part(text, len, from, c, a, e, &n_hit);
+            const char *hit = job_find_part(text, len, from, c, a, e, &n_hit);
             if (!hit) continue;
             size_t edge[2] = {(size_t)(hit - text), (size_t)(hit - text) + n_hit};
             from = edge[1];
@@ -82,20 +82,32 @@ static int part_bounds(const model *m, const chat_message *msgs, int n, const ch
     return nb;
 }
 
+/* Templates that spell BOS out (Llama 3) must not get a second one from the tokenizer. */
+char *job_render(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+                 int n_tools, bool gen, bool *add_bos, api_error *err) {
+    kv_error ke = {{0}};
+    int32_t bos = tokenizer_bos(m->tok);
+    const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
+    char *text = chat_render(&m->chat, msgs, n, tools, n_tools, gen, bos_text, &ke);
+    if (!text) {
+        fail_400(err, "messages", NULL, ke.msg);
+        return NULL;
+    }
+    *add_bos = tokenizer_add_bos(m->tok);
+    if (bos_text && strncmp(text, bos_text, strlen(bos_text)) == 0) *add_bos = false;
+    return text;
+}
+
 /* Renders messages (with tools, when given) with the model's chat template and tokenizes them;
  * *bounds (malloc'd, or NULL) gets the content parts' segment bounds and *n_bounds their count,
- * unless bounds is NULL.
- * Templates that spell BOS out (Llama 3) must not get a second one from the tokenizer. */
+ * unless bounds is NULL. */
 static int tokenize_messages(const model *m, const chat_message *msgs, int n,
                              const chat_tool *tools, int n_tools, int32_t **ids, int **bounds,
                              int *n_bounds, api_error *err) {
     kv_error ke = {{0}};
-    int32_t bos = tokenizer_bos(m->tok);
-    const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
-    char *text = chat_render(&m->chat, msgs, n, tools, n_tools, true, bos_text, &ke);
-    if (!text) return fail_400(err, "messages", NULL, ke.msg);
-    bool add_bos = tokenizer_add_bos(m->tok);
-    if (bos_text && strncmp(text, bos_text, strlen(bos_text)) == 0) add_bos = false;
+    bool add_bos;
+    char *text = job_render(m, msgs, n, tools, n_tools, true, &add_bos, err);
+    if (!text) return -1;
     int n_ids = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
     if (n_ids > 0 && bounds)
         *n_bounds = part_bounds(m, msgs, n, text, *ids, n_ids, add_bos, bounds);
@@ -134,6 +146,12 @@ static bool model_accepted(const server *s, const char *name) {
 }
 
 /* The 404 for a name not served, listing the names that are (as many as the message holds). */
+static int model_not_found(const server *s, const char *name, const char *param, api_error *err);
+
+int job_model_check(const server *s, const char *name, api_error *err) {
+    return model_accepted(s, name) ? 0 : model_not_found(s, name, "model", err);
+}
+
 static int model_not_found(const server *s, const char *name, const char *param, api_error *err) {
     char names[256];
     size_t n = 0;

@@ -102,4 +102,33 @@ void job_stream(job *j, http_stream *out);
 /* Queues n bytes of the stream; -1 when out of memory. */
 int job_put(job *j, const char *s, size_t n);
 
+/* For the other APIs over the same jobs (anthropic.c). */
+
+/* 0 when requests may name the model `name`, else -1 with the 404 (model_not_found). */
+int job_model_check(const server *s, const char *name, api_error *err);
+/* msgs (with tools, n_tools > 0) rendered with m's chat template (gen: with the assistant
+ * turn's opening), and whether the tokenizer adds BOS before it: what a chat job tokenizes.
+ * malloc'd, or NULL with err (400). */
+char *job_render(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+                 int n_tools, bool gen, bool *add_bos, api_error *err);
+/* Where content part c[a..e) is in a rendered prompt text[0..len), searched from byte `from`:
+ * its bytes as sent, else trimmed of white space (*n: the bytes found); NULL when absent. */
+const char *job_find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
+                          size_t e, size_t *n);
+/* A choice's news since the stream's cursor (its text, logprobs and finish), copied under the
+ * request's lock so the JSON is built without it. */
+typedef struct choice_news {
+    char *text;
+    size_t len, text_base;
+    gen_logprob *lps;
+    int n_lps;
+    gen_finish finish;
+} choice_news;
+/* Takes choice i of prompt p's news into *out (free text and lps) and moves the cursor: 1 when
+ * there was some, 0 when none (*done cleared while the choice runs), -1 when out of memory.
+ * Call with the request's mutex held. */
+int job_take_news(job *j, int p, int i, choice_news *out, bool *done);
+/* Moves up to max pending bytes into buf: their count, 0 when none are left. */
+long job_buf_take(job *j, char *buf, size_t max);
+
 #endif

@@ -98,18 +98,8 @@ static int chat_open(job *j) {
     return 1;
 }
 
-/* Queues a chunk for every choice with new output. Sets *progress when something was queued
- * and *done when every choice has finished. */
-/* One choice's news, copied out under the request's lock so the JSON is built without it
- * (the engine takes that lock for every token it publishes). */
-typedef struct choice_news {
-    char *text;
-    size_t len, text_base;
-    gen_logprob *lps;
-    int n_lps;
-    gen_finish finish;
-} choice_news;
-
+/* One choice's news (choice_news), copied out under the request's lock so the JSON is built
+ * without it (the engine takes that lock for every token it publishes). */
 static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     gen_request *r = j->reqs[p];
     int index = p * j->n + i;
@@ -287,16 +277,22 @@ static int stream_close_events(job *j) {
     return j->fmt->close(j, failed ? &err : NULL);
 }
 
+long job_buf_take(job *j, char *buf, size_t max) {
+    if (j->buf_off < j->buf_len) {
+        size_t n = j->buf_len - j->buf_off < max ? j->buf_len - j->buf_off : max;
+        memcpy(buf, j->buf + j->buf_off, n);
+        j->buf_off += n;
+        return (long)n;
+    }
+    j->buf_len = j->buf_off = 0;
+    return 0;
+}
+
 static long stream_read(void *ud, char *buf, size_t max) {
     job *j = ud;
     for (;;) {
-        if (j->buf_off < j->buf_len) {
-            size_t n = j->buf_len - j->buf_off < max ? j->buf_len - j->buf_off : max;
-            memcpy(buf, j->buf + j->buf_off, n);
-            j->buf_off += n;
-            return (long)n;
-        }
-        j->buf_len = j->buf_off = 0;
+        long n = job_buf_take(j, buf, max);
+        if (n > 0) return n;
         if (j->ended) return 0;
         if (!j->started) {
             int rc = j->fmt->open(j);
@@ -318,6 +314,10 @@ static long stream_read(void *ud, char *buf, size_t max) {
 }
 
 static void stream_close(void *ud) { job_free(ud); }
+
+int job_take_news(job *j, int p, int i, choice_news *out, bool *done) {
+    return take_news(j, p, i, out, done);
+}
 
 void job_stream(job *j, http_stream *out) {
     if (!j->fmt) j->fmt = &CHAT_FORMAT;

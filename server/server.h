@@ -148,6 +148,13 @@ int openai_chat(server *s, const http_call *c, http_reply *out, http_stream *str
                 http_pending *pending);
 int openai_completions(server *s, const http_call *c, http_reply *out, http_stream *stream,
                        http_pending *pending);
+/* Anthropic's Messages API (anthropic.c): POST /v1/messages (returns as the completion
+ * endpoints do) and /v1/messages/count_tokens, by url. */
+int anthropic_api(server *s, const http_call *c, const char *url, http_reply *out,
+                  http_stream *stream, http_pending *pending);
+/* Rewrites an error reply made in OpenAI's error JSON (by the HTTP layer: 401, 405, 413, 503)
+ * into Anthropic's, for the Anthropic routes; a body already in Anthropic's is kept. */
+void anthropic_reply_error(http_reply *r);
 /* The model list, or (id non-NULL: /v1/models/{id}) that one model or a 404. */
 void openai_models(server *s, const char *id, http_reply *out);
 void openai_tokenize(server *s, const http_call *c, http_reply *out);

@@ -1,6 +1,7 @@
 /* Checks the fuzz targets of the OpenAI-shaped request parsers share (api_fuzz.c,
- * responses_fuzz.c): a failed check traps, so libFuzzer keeps the input. Header-only, as each
- * target is one translation unit (the Makefile's fuzz rule). */
+ * responses_fuzz.c), over fuzz_check.h's CHECK and use_str: a failed check traps, so libFuzzer
+ * keeps the input. Header-only, as each target is one translation unit (the Makefile's fuzz
+ * rule). */
 #ifndef KVSERVE_TESTS_FUZZ_API_CHECKS_H
 #define KVSERVE_TESTS_FUZZ_API_CHECKS_H
 
@@ -11,20 +12,7 @@
 #include <string.h>
 
 #include "server/api.h"
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            __builtin_trap();                                                                      \
-        }                                                                                          \
-    } while (0)
-
-static inline uint64_t use_str(const char *s) {
-    CHECK(s != NULL);
-    size_t len = strlen(s);
-    return len ? (uint8_t)s[0] + (uint8_t)s[len - 1] + len : 0;
-}
+#include "tests/fuzz/fuzz_check.h"
 
 static inline uint64_t use_messages(const chat_message *m, int n) {
     uint64_t sink = 0;

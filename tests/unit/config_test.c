@@ -854,3 +854,25 @@ Test(config, responses_store_options) {
     load_fails(L("--responses-store", "-1"), NONE, L("--responses-store"));
     load_fails(L("--responses-store-bytes", "1K"), NONE, L("--responses-store-bytes"));
 }
+
+Test(config, pin_bytes_from_flag_and_environment) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert_eq(c.pin_bytes, INT64_C(1) << 30);
+    kv_error err = {{0}};
+    char *env[] = {"KVSERVE_PIN_BYTES=256M", NULL};
+    char *argv[] = {"kvserve", NULL};
+    cr_assert_eq(config_load(&c, 1, argv, env, NULL, &err), CONFIG_OK, "%s", err.msg);
+    cr_assert_eq(c.pin_bytes, INT64_C(256) << 20);
+    config_free(&c);
+    config_defaults(&c);
+    char *flag[] = {"kvserve", "--pin-bytes", "2G", NULL};
+    cr_assert_eq(config_load(&c, 3, flag, env, NULL, &err), CONFIG_OK, "%s", err.msg);
+    cr_assert_eq(c.pin_bytes, INT64_C(2) << 30, "a flag beats the environment");
+    config_free(&c);
+    config_defaults(&c);
+    char *bad[] = {"kvserve", "--pin-bytes", "0", NULL};
+    cr_assert_eq(config_load(&c, 3, bad, NULL, NULL, &err), CONFIG_ERROR);
+    cr_assert(strstr(err.msg, "--pin-bytes"), "%s", err.msg);
+    config_free(&c);
+}
