@@ -807,13 +807,11 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
      * blend's fusor (--no-blend: plain Prompt Cache, or in full under a budget that needs
      * the fix-up). */
     const quality_choice *qc = &s->reuse.choice;
-    bool fixup, full = false;
-    if (rq->fixup >= 0)
-        fixup = rq->fixup != 0;
-    else if (qc->gated)
-        fixup = qc->fixup_ratio > 0, full = qc->fixup_ratio < 0 || (fixup && !s->cfg->blend);
-    else
-        fixup = s->cfg->schema_fixup;
+    bool fixup = rq->fixup >= 0 ? rq->fixup != 0
+                 : qc->gated    ? qc->fixup_ratio > 0
+                                : s->cfg->schema_fixup;
+    /* a budget with no setting for it, or one whose fix-up cannot run */
+    bool full = rq->fixup < 0 && qc->gated && (qc->fixup_ratio < 0 || (fixup && !s->cfg->blend));
     fixup = fixup && s->cfg->blend;
     if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store,
                         rq->cache && !full, fixup, out, &ke)) {
