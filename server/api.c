@@ -77,13 +77,13 @@ char *api_error_json(const api_error *err) {
 
 /* ---------------------------------------------------------------- JSON helpers */
 
-static int type_error(api_error *err, const char *param, const char *want, const json_t *got) {
+int api_type_error(api_error *err, const char *param, const char *want, const json_t *got) {
     if (!got) return API_BAD(err, param, "'%s' is required: %s", param, want);
     return API_BAD(err, param, "'%s' must be %s, got %s", param, want, json_type_name(got));
 }
 
 /* A field of obj, or NULL when absent or null (an optional field's "not given"). */
-static json_t *field(const json_t *obj, const char *key) {
+json_t *api_field(const json_t *obj, const char *key) {
     json_t *v = json_object_get(obj, key);
     return v && !json_is_null(v) ? v : NULL;
 }
@@ -107,20 +107,20 @@ static bool json_as_int64(const json_t *v, int64_t *out) {
 /* The optional fields of the request body. Each returns 1 when the field was given (and stores
  * it), 0 when it was absent or null (out untouched), -1 with err on a wrong type or range. */
 
-static int opt_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
-    json_t *v = field(obj, key);
+int api_opt_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
+    json_t *v = api_field(obj, key);
     if (!v) return 0;
-    if (!json_is_boolean(v)) return type_error(err, key, "a boolean", v);
+    if (!json_is_boolean(v)) return api_type_error(err, key, "a boolean", v);
     *out = json_is_true(v);
     return 1;
 }
 
 /* A number in [lo, hi], or (lo, hi] when lo_open. */
-static int opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
-                      float *out, api_error *err) {
-    json_t *v = field(obj, key);
+int api_opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
+                   float *out, api_error *err) {
+    json_t *v = api_field(obj, key);
     if (!v) return 0;
-    if (!json_is_number(v)) return type_error(err, key, "a number", v);
+    if (!json_is_number(v)) return api_type_error(err, key, "a number", v);
     double d = json_number_value(v);
     if (!(lo_open ? d > lo : d >= lo) || !(d <= hi))
         return API_BAD(err, key, "'%s' must be %s %g and %g, got %g", key,
@@ -131,7 +131,7 @@ static int opt_number(const json_t *obj, const char *key, double lo, double hi, 
 
 static int int_check(const json_t *v, const char *param, int64_t lo, int64_t hi, int64_t *out,
                      api_error *err) {
-    if (!json_as_int64(v, out)) return type_error(err, param, "an integer", v);
+    if (!json_as_int64(v, out)) return api_type_error(err, param, "an integer", v);
     if (*out >= lo && *out <= hi) return 0;
     /* Limits that only guard the int conversion are left out of the message. */
     if (hi >= INT32_MAX && *out < lo)
@@ -144,16 +144,16 @@ static int int_check(const json_t *v, const char *param, int64_t lo, int64_t hi,
                    (long long)hi, (long long)*out);
 }
 
-static int opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                   api_error *err) {
-    json_t *v = field(obj, key);
+int api_opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                api_error *err) {
+    json_t *v = api_field(obj, key);
     if (!v) return 0;
     return int_check(v, key, lo, hi, out, err) ? -1 : 1;
 }
 
 /* Copies a string value (non-NULL v) into *out; param names it in errors. */
-static int str_copy(const json_t *v, const char *param, char **out, api_error *err) {
-    if (!json_is_string(v)) return type_error(err, param, "a string", v);
+int api_str_copy(const json_t *v, const char *param, char **out, api_error *err) {
+    if (!json_is_string(v)) return api_type_error(err, param, "a string", v);
     const char *s = json_string_value(v);
     size_t len = json_string_length(v);
     if (memchr(s, '\0', len))
@@ -164,18 +164,18 @@ static int str_copy(const json_t *v, const char *param, char **out, api_error *e
     return 0;
 }
 
-static int opt_string(const json_t *obj, const char *key, char **out, api_error *err) {
-    json_t *v = field(obj, key);
+int api_opt_string(const json_t *obj, const char *key, char **out, api_error *err) {
+    json_t *v = api_field(obj, key);
     if (!v) return 0;
-    return str_copy(v, key, out, err) ? -1 : 1;
+    return api_str_copy(v, key, out, err) ? -1 : 1;
 }
 
-static int oom(api_error *err) {
+int api_oom(api_error *err) {
     return api_fail(err, 500, "server_error", NULL, "", "out of memory");
 }
 
 /* Validates the body's encoding and parses it. Returns the root object or NULL with err. */
-static json_t *parse_body(const char *body, size_t len, api_error *err) {
+json_t *api_parse_body(const char *body, size_t len, api_error *err) {
     if (!body || len == 0) { /* jansson would say "wrong arguments" for a NULL buffer */
         API_BAD(err, "", "the request body is empty (expected a JSON object)");
         return NULL;
@@ -222,20 +222,20 @@ static json_t *parse_body(const char *body, size_t len, api_error *err) {
 static int parse_content(const json_t *v, int i, chat_message *m, api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
-    if (json_is_string(v)) return str_copy(v, param, (char **)&m->content, err);
+    if (json_is_string(v)) return api_str_copy(v, param, (char **)&m->content, err);
     if (!json_is_array(v))
-        return type_error(err, param, "a string or an array of content parts", v);
+        return api_type_error(err, param, "a string or an array of content parts", v);
 
     size_t n = json_array_size(v), total = 0;
     for (size_t j = 0; j < n; j++) {
         const json_t *part = json_array_get(v, j);
         char pp[64];
         snprintf(pp, sizeof pp, "messages[%d].content[%zu]", i, j);
-        if (!json_is_object(part)) return type_error(err, pp, "an object", part);
+        if (!json_is_object(part)) return api_type_error(err, pp, "an object", part);
         const json_t *type = json_object_get(part, "type");
         snprintf(pp, sizeof pp, "messages[%d].content[%zu].type", i, j);
         if (!type) return API_BAD(err, pp, "'%s' is required", pp);
-        if (!json_is_string(type)) return type_error(err, pp, "a string", type);
+        if (!json_is_string(type)) return api_type_error(err, pp, "a string", type);
         if (strcmp(json_string_value(type), "text") != 0 ||
             json_string_length(type) != strlen("text"))
             return API_BAD(err, pp, "content part type '%.40s' is not supported (only 'text')",
@@ -243,17 +243,17 @@ static int parse_content(const json_t *v, int i, chat_message *m, api_error *err
         const json_t *text = json_object_get(part, "text");
         snprintf(pp, sizeof pp, "messages[%d].content[%zu].text", i, j);
         if (!text) return API_BAD(err, pp, "'%s' is required", pp);
-        if (!json_is_string(text)) return type_error(err, pp, "a string", text);
+        if (!json_is_string(text)) return api_type_error(err, pp, "a string", text);
         size_t len = json_string_length(text);
         if (memchr(json_string_value(text), '\0', len))
             return API_BAD(err, pp, "'%s' must not contain NUL characters (\\u0000)", pp);
-        if (size_add(total, len, &total)) return oom(err);
+        if (size_add(total, len, &total)) return api_oom(err);
     }
     char *s = malloc(total + 1);
-    if (!s) return oom(err);
+    if (!s) return api_oom(err);
     m->content = s;
     size_t *ends = n > 1 ? malloc(sizeof *ends * n) : NULL;
-    if (n > 1 && !ends) return oom(err);
+    if (n > 1 && !ends) return api_oom(err);
     m->part_ends = ends;
     m->n_parts = ends ? (int)n : 0;
     size_t off = 0;
@@ -276,7 +276,7 @@ static char *dup_str(const char *s) {
 }
 
 /* OpenAI's function names: 1 to 64 of a-z, A-Z, 0-9, _ and -. */
-static bool tool_name_ok(const char *s, size_t len) {
+bool api_tool_name_ok(const char *s, size_t len) {
     if (len == 0 || len > 64) return false;
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
@@ -292,37 +292,38 @@ static bool tool_name_ok(const char *s, size_t len) {
 static int parse_tool_calls(const json_t *calls, int i, chat_message *msg, api_error *err) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-    if (!json_is_array(calls)) return type_error(err, param, "an array", calls);
+    if (!json_is_array(calls)) return api_type_error(err, param, "an array", calls);
     size_t n = json_array_size(calls);
     if (n > API_MAX_TOOLS)
         return API_BAD(err, param, "'%s' has %zu calls, more than the limit of %d", param, n,
                        API_MAX_TOOLS);
     if (n == 0) return 0;
     chat_tool_call *tc = calloc(n, sizeof *tc);
-    if (!tc) return oom(err);
+    if (!tc) return api_oom(err);
     msg->tool_calls = tc;
     msg->n_tool_calls = (int)n;
     for (size_t k = 0; k < n; k++) {
         const json_t *c = json_array_get(calls, k);
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu]", i, k);
-        if (!json_is_object(c)) return type_error(err, param, "an object", c);
-        const json_t *id = field(c, "id");
+        if (!json_is_object(c)) return api_type_error(err, param, "an object", c);
+        const json_t *id = api_field(c, "id");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].id", i, k);
-        if (id && str_copy(id, param, (char **)&tc[k].id, err)) return -1;
+        if (id && api_str_copy(id, param, (char **)&tc[k].id, err)) return -1;
         const json_t *fn = json_object_get(c, "function");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function", i, k);
-        if (!json_is_object(fn)) return type_error(err, param, "an object", fn);
+        if (!json_is_object(fn)) return api_type_error(err, param, "an object", fn);
         const json_t *name = json_object_get(fn, "name");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.name", i, k);
         if (!json_is_string(name) ||
-            !tool_name_ok(json_string_value(name), json_string_length(name)))
+            !api_tool_name_ok(json_string_value(name), json_string_length(name)))
             return API_BAD(err, param, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", param);
-        if (str_copy(name, param, (char **)&tc[k].name, err)) return -1;
-        const json_t *args = field(fn, "arguments");
+        if (api_str_copy(name, param, (char **)&tc[k].name, err)) return -1;
+        const json_t *args = api_field(fn, "arguments");
         snprintf(param, sizeof param, "messages[%d].tool_calls[%zu].function.arguments", i, k);
         if (args) {
-            if (!json_is_string(args)) return type_error(err, param, "a string (JSON text)", args);
-            if (str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
+            if (!json_is_string(args))
+                return api_type_error(err, param, "a string (JSON text)", args);
+            if (api_str_copy(args, param, (char **)&tc[k].arguments, err)) return -1;
             json_error_t je;
             json_t *parsed = *tc[k].arguments ? json_loads(tc[k].arguments, JSON_DECODE_ANY, &je)
                                               : json_object();
@@ -377,24 +378,24 @@ static int check_tool_turns(const chat_message *msgs, int n, api_error *err) {
 
 /* Fills *msgs (allocated here, *n set as soon as it is, so the caller frees a partial list). */
 static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api_error *err) {
-    if (!json_is_array(v)) return type_error(err, "messages", "an array", v);
+    if (!json_is_array(v)) return api_type_error(err, "messages", "an array", v);
     size_t n = json_array_size(v);
     if (n == 0) return API_BAD(err, "messages", "'messages' must not be empty");
     if (n > INT_MAX / 2) return API_BAD(err, "messages", "too many messages (%zu)", n);
     *msgs = calloc(n, sizeof **msgs);
-    if (!*msgs) return oom(err);
+    if (!*msgs) return api_oom(err);
     *n_msgs = (int)n;
 
     for (int i = 0; i < (int)n; i++) {
         const json_t *m = json_array_get(v, (size_t)i);
         char param[64];
         snprintf(param, sizeof param, "messages[%d]", i);
-        if (!json_is_object(m)) return type_error(err, param, "an object", m);
+        if (!json_is_object(m)) return api_type_error(err, param, "an object", m);
 
         snprintf(param, sizeof param, "messages[%d].role", i);
         const json_t *role = json_object_get(m, "role");
         if (!role) return API_BAD(err, param, "'%s' is required", param);
-        if (!json_is_string(role)) return type_error(err, param, "a string", role);
+        if (!json_is_string(role)) return api_type_error(err, param, "a string", role);
         const char *r = json_string_value(role);
         if (strlen(r) != json_string_length(role))
             return API_BAD(err, param, "'%s' must not contain NUL characters (\\u0000)", param);
@@ -414,37 +415,37 @@ static int parse_messages(const json_t *v, chat_message **msgs, int *n_msgs, api
         }
         bool assistant = !strcmp(canon, "assistant");
 
-        const json_t *calls = field(m, "tool_calls");
+        const json_t *calls = api_field(m, "tool_calls");
         if (calls && !assistant) {
             snprintf(param, sizeof param, "messages[%d].tool_calls", i);
             return API_BAD(err, param, "only assistant messages have tool_calls");
         }
-        if (field(m, "function_call")) {
+        if (api_field(m, "function_call")) {
             snprintf(param, sizeof param, "messages[%d].function_call", i);
             return API_BAD(err, param, "function calls are not supported");
         }
 
         (*msgs)[i].role = dup_str(canon);
-        if (!(*msgs)[i].role) return oom(err);
-        const json_t *content = field(m, "content");
+        if (!(*msgs)[i].role) return api_oom(err);
+        const json_t *content = api_field(m, "content");
         if (content) {
             if (parse_content(content, i, &(*msgs)[i], err)) return -1;
         } else if (assistant) {
             /* an assistant turn that only called tools has no content */
-            if (!((*msgs)[i].content = dup_str(""))) return oom(err);
+            if (!((*msgs)[i].content = dup_str(""))) return api_oom(err);
         } else {
             snprintf(param, sizeof param, "messages[%d].content", i);
             return API_BAD(err, param, "'%s' is required for role '%s'", param, canon);
         }
         if (calls && parse_tool_calls(calls, i, &(*msgs)[i], err)) return -1;
         if (strcmp(canon, "tool") != 0) continue;
-        const json_t *id = field(m, "tool_call_id");
+        const json_t *id = api_field(m, "tool_call_id");
         snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
         if (!id) return API_BAD(err, param, "'%s' is required for role 'tool'", param);
-        if (str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
-        const json_t *name = field(m, "name"); /* else the template finds it by the id */
+        if (api_str_copy(id, param, (char **)&(*msgs)[i].tool_call_id, err)) return -1;
+        const json_t *name = api_field(m, "name"); /* else the template finds it by the id */
         snprintf(param, sizeof param, "messages[%d].name", i);
-        if (name && str_copy(name, param, (char **)&(*msgs)[i].name, err)) return -1;
+        if (name && api_str_copy(name, param, (char **)&(*msgs)[i].name, err)) return -1;
     }
     return check_tool_turns(*msgs, *n_msgs, err);
 }
@@ -479,7 +480,7 @@ static int parse_token_array(const json_t *v, const char *param, int32_t **out, 
     int32_t *t = NULL;
     if (n > 0) {
         t = malloc(n * sizeof *t);
-        if (!t) return oom(err);
+        if (!t) return api_oom(err);
     }
     for (size_t i = 0; i < n; i++) {
         char pp[64];
@@ -503,12 +504,13 @@ static int parse_prompts(const json_t *v, const char *key, int max, api_prompt *
                          api_error *err) {
     if (json_is_string(v)) {
         *out = calloc(1, sizeof **out);
-        if (!*out) return oom(err);
+        if (!*out) return api_oom(err);
         *n_out = 1;
-        return str_copy(v, key, &(*out)[0].text, err);
+        return api_str_copy(v, key, &(*out)[0].text, err);
     }
     if (!json_is_array(v))
-        return type_error(err, key, "a string, an array of strings or an array of token ids", v);
+        return api_type_error(err, key, "a string, an array of strings or an array of token ids",
+                              v);
     size_t n = json_array_size(v);
     if (n == 0) return API_BAD(err, key, "'%s' must not be empty", key);
     const json_t *first = json_array_get(v, 0);
@@ -516,28 +518,28 @@ static int parse_prompts(const json_t *v, const char *key, int max, api_prompt *
     char pp[64];
     if (json_as_int64(first, &dummy)) { /* one prompt of token ids */
         *out = calloc(1, sizeof **out);
-        if (!*out) return oom(err);
+        if (!*out) return api_oom(err);
         *n_out = 1;
         return parse_token_array(v, key, &(*out)[0].tokens, &(*out)[0].n_tokens, err);
     }
     snprintf(pp, sizeof pp, "%s[0]", key);
     if (!json_is_string(first) && !json_is_array(first))
-        return type_error(err, pp, "a string, an array of token ids or a token id", first);
+        return api_type_error(err, pp, "a string, an array of token ids or a token id", first);
     if (n > (size_t)max)
         return API_BAD(err, key, "'%s' has %zu %ss, more than the limit of %d", key, n, key, max);
     *out = calloc(n, sizeof **out);
-    if (!*out) return oom(err);
+    if (!*out) return api_oom(err);
     *n_out = (int)n;
     bool strings = json_is_string(first);
     for (size_t i = 0; i < n; i++) {
         const json_t *p = json_array_get(v, i);
         snprintf(pp, sizeof pp, "%s[%zu]", key, i);
         if (strings) {
-            if (str_copy(p, pp, &(*out)[i].text, err)) return -1;
+            if (api_str_copy(p, pp, &(*out)[i].text, err)) return -1;
             continue;
         }
         if (!json_is_array(p))
-            return type_error(err, pp, "an array of token ids (as the first one)", p);
+            return api_type_error(err, pp, "an array of token ids (as the first one)", p);
         if (json_array_size(p) == 0) return API_BAD(err, pp, "'%s' must not be empty", pp);
         if (parse_token_array(p, pp, &(*out)[i].tokens, &(*out)[i].n_tokens, err)) return -1;
     }
@@ -547,17 +549,17 @@ static int parse_prompts(const json_t *v, const char *key, int max, api_prompt *
 /* ---------------------------------------------------------------- sampling fields */
 
 static int parse_logit_bias(const json_t *obj, api_request *r, api_error *err) {
-    const json_t *v = field(obj, "logit_bias");
+    const json_t *v = api_field(obj, "logit_bias");
     if (!v) return 0;
     if (!json_is_object(v))
-        return type_error(err, "logit_bias", "an object of token id -> bias", v);
+        return api_type_error(err, "logit_bias", "an object of token id -> bias", v);
     size_t n = json_object_size(v);
     if (n == 0) return 0;
     if (n > API_MAX_LOGIT_BIAS)
         return API_BAD(err, "logit_bias", "'logit_bias' has %zu entries, more than the limit of %d",
                        n, API_MAX_LOGIT_BIAS);
     r->bias = calloc(n, sizeof *r->bias);
-    if (!r->bias) return oom(err);
+    if (!r->bias) return api_oom(err);
     const char *key;
     const json_t *val;
     int k = 0;
@@ -600,16 +602,16 @@ static int parse_logit_bias(const json_t *obj, api_request *r, api_error *err) {
 }
 
 static int parse_stop(const json_t *obj, api_request *r, api_error *err) {
-    const json_t *v = field(obj, "stop");
+    const json_t *v = api_field(obj, "stop");
     if (!v) return 0;
     if (json_is_string(v)) {
         if (json_string_length(v) == 0)
             return API_BAD(err, "stop", "'stop' must not be an empty string");
-        if (str_copy(v, "stop", &r->stops[0], err)) return -1;
+        if (api_str_copy(v, "stop", &r->stops[0], err)) return -1;
         r->n_stops = 1;
         return 0;
     }
-    if (!json_is_array(v)) return type_error(err, "stop", "a string or an array of strings", v);
+    if (!json_is_array(v)) return api_type_error(err, "stop", "a string or an array of strings", v);
     size_t n = json_array_size(v);
     if (n > API_MAX_STOPS)
         return API_BAD(err, "stop", "'stop' has %zu strings, more than the limit of %d", n,
@@ -620,26 +622,28 @@ static int parse_stop(const json_t *obj, api_request *r, api_error *err) {
         snprintf(pp, sizeof pp, "stop[%zu]", i);
         if (json_is_string(s) && json_string_length(s) == 0)
             return API_BAD(err, pp, "'%s' must not be an empty string", pp);
-        if (str_copy(s, pp, &r->stops[i], err)) return -1;
+        if (api_str_copy(s, pp, &r->stops[i], err)) return -1;
         r->n_stops = (int)i + 1;
     }
     return 0;
 }
 
-static int parse_sampling(const json_t *obj, api_request *r, api_error *err) {
+int api_parse_sampling(const json_t *obj, api_request *r, api_error *err) {
     sampler_params *p = &r->sampling;
-    if (opt_number(obj, "temperature", 0, 2, false, &p->temperature, err) < 0) return -1;
-    if (opt_number(obj, "top_p", 0, 1, false, &p->top_p, err) < 0) return -1;
-    if (opt_number(obj, "min_p", 0, 1, false, &p->min_p, err) < 0) return -1;
-    if (opt_number(obj, "presence_penalty", -2, 2, false, &p->presence_penalty, err) < 0) return -1;
-    if (opt_number(obj, "frequency_penalty", -2, 2, false, &p->frequency_penalty, err) < 0)
+    if (api_opt_number(obj, "temperature", 0, 2, false, &p->temperature, err) < 0) return -1;
+    if (api_opt_number(obj, "top_p", 0, 1, false, &p->top_p, err) < 0) return -1;
+    if (api_opt_number(obj, "min_p", 0, 1, false, &p->min_p, err) < 0) return -1;
+    if (api_opt_number(obj, "presence_penalty", -2, 2, false, &p->presence_penalty, err) < 0)
         return -1;
-    if (opt_number(obj, "repetition_penalty", 0, 100, true, &p->repeat_penalty, err) < 0) return -1;
+    if (api_opt_number(obj, "frequency_penalty", -2, 2, false, &p->frequency_penalty, err) < 0)
+        return -1;
+    if (api_opt_number(obj, "repetition_penalty", 0, 100, true, &p->repeat_penalty, err) < 0)
+        return -1;
     int64_t v;
-    int got = opt_int(obj, "top_k", -1, INT32_MAX, &v, err);
+    int got = api_opt_int(obj, "top_k", -1, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) p->top_k = v < 0 ? 0 : (int)v; /* vLLM's -1 and our 0 both mean off */
-    got = opt_int(obj, "seed", INT64_MIN, INT64_MAX, &v, err);
+    got = api_opt_int(obj, "seed", INT64_MIN, INT64_MAX, &v, err);
     if (got < 0) return -1;
     if (got) {
         p->seed = (uint64_t)v;
@@ -654,7 +658,7 @@ static int parse_sampling(const json_t *obj, api_request *r, api_error *err) {
 static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
     int64_t v;
     if (r->kind == API_COMPLETION) {
-        int got = opt_int(obj, "logprobs", 0, 5, &v, err);
+        int got = api_opt_int(obj, "logprobs", 0, 5, &v, err);
         if (got < 0) return -1;
         if (got) {
             r->logprobs = true;
@@ -662,8 +666,8 @@ static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
         }
         return 0;
     }
-    if (opt_bool(obj, "logprobs", &r->logprobs, err) < 0) return -1;
-    int got = opt_int(obj, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &v, err);
+    if (api_opt_bool(obj, "logprobs", &r->logprobs, err) < 0) return -1;
+    int got = api_opt_int(obj, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &v, err);
     if (got < 0) return -1;
     if (got) {
         if (!r->logprobs)
@@ -677,7 +681,7 @@ static int parse_logprobs(const json_t *obj, api_request *r, api_error *err) {
 
 /* Sets the request's grammar (gbnf, owned from here) after checking it parses. Two fields that
  * both constrain the output are refused rather than one silently winning. */
-static int set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
+int api_set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
     if (r->gbnf) {
         free(gbnf);
         return API_BAD(err, param, "'%s' and '%s' both constrain the output; give one of them",
@@ -697,9 +701,9 @@ static int set_gbnf(api_request *r, const char *param, char *gbnf, api_error *er
 
 static int gbnf_field(const json_t *obj, const char *key, api_request *r, api_error *err) {
     char *text = NULL;
-    int got = opt_string(obj, key, &text, err);
+    int got = api_opt_string(obj, key, &text, err);
     if (got <= 0) return got;
-    return set_gbnf(r, key, text, err) ? -1 : 1;
+    return api_set_gbnf(r, key, text, err) ? -1 : 1;
 }
 
 /* A JSON Schema (an object, true, or for vLLM's guided_json a string holding one) compiled to
@@ -713,14 +717,14 @@ static int schema_field(const json_t *schema, const char *param, bool string_ok,
     } else if (json_is_object(schema) || json_is_true(schema)) {
         text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
     } else {
-        return type_error(err, param, "a JSON Schema object", schema);
+        return api_type_error(err, param, "a JSON Schema object", schema);
     }
-    if (!text) return oom(err);
+    if (!text) return api_oom(err);
     kv_error ke = {{0}};
     char *gbnf = json_schema_to_gbnf(text, strlen(text), &ke);
     free(text);
     if (!gbnf) return API_BAD(err, param, "'%s': %s", param, ke.msg);
-    return set_gbnf(r, param, gbnf, err);
+    return api_set_gbnf(r, param, gbnf, err);
 }
 
 /* response_format: {"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
@@ -728,38 +732,39 @@ static int schema_field(const json_t *schema, const char *param, bool string_ok,
  * too. */
 static int parse_response_format(const json_t *v, api_request *r, api_error *err) {
     const char *P = "response_format";
-    if (!json_is_object(v)) return type_error(err, P, "an object", v);
+    if (!json_is_object(v)) return api_type_error(err, P, "an object", v);
     const json_t *type = json_object_get(v, "type");
     if (!type) return API_BAD(err, "response_format.type", "'response_format.type' is required");
-    if (!json_is_string(type)) return type_error(err, "response_format.type", "a string", type);
+    if (!json_is_string(type)) return api_type_error(err, "response_format.type", "a string", type);
     const char *t = json_string_value(type);
     if (!strcmp(t, "text")) return 0;
     if (!strcmp(t, "json_object")) {
-        const json_t *schema = field(v, "schema");
+        const json_t *schema = api_field(v, "schema");
         if (schema) return schema_field(schema, "response_format.schema", false, r, err);
         char *g = dup_str(json_object_gbnf());
-        return g ? set_gbnf(r, P, g, err) : oom(err);
+        return g ? api_set_gbnf(r, P, g, err) : api_oom(err);
     }
     if (strcmp(t, "json_schema") != 0)
         return API_BAD(err, "response_format.type",
                        "'response_format.type' must be 'text', 'json_object' or 'json_schema', "
                        "got '%.40s'",
                        t);
-    const json_t *js = field(v, "json_schema");
+    const json_t *js = api_field(v, "json_schema");
     if (!js)
         return API_BAD(err, "response_format.json_schema",
                        "'response_format.json_schema' is required for type 'json_schema'");
-    if (!json_is_object(js)) return type_error(err, "response_format.json_schema", "an object", js);
-    const json_t *strict = field(js, "strict");
+    if (!json_is_object(js))
+        return api_type_error(err, "response_format.json_schema", "an object", js);
+    const json_t *strict = api_field(js, "strict");
     if (strict && !json_is_boolean(strict))
-        return type_error(err, "response_format.json_schema.strict", "a boolean", strict);
-    const json_t *name = field(js, "name");
+        return api_type_error(err, "response_format.json_schema.strict", "a boolean", strict);
+    const json_t *name = api_field(js, "name");
     if (name && !json_is_string(name))
-        return type_error(err, "response_format.json_schema.name", "a string", name);
-    const json_t *schema = field(js, "schema");
+        return api_type_error(err, "response_format.json_schema.name", "a string", name);
+    const json_t *schema = api_field(js, "schema");
     if (!schema) { /* no schema: any JSON object */
         char *g = dup_str(json_object_gbnf());
-        return g ? set_gbnf(r, "response_format.json_schema", g, err) : oom(err);
+        return g ? api_set_gbnf(r, "response_format.json_schema", g, err) : api_oom(err);
     }
     return schema_field(schema, "response_format.json_schema.schema", false, r, err);
 }
@@ -785,7 +790,7 @@ static void literal_put(char *out, size_t *n, const char *s, size_t len) {
 static int parse_guided_choice(const json_t *v, api_request *r, api_error *err) {
     const char *P = "guided_choice";
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return type_error(err, P, "a non-empty array of strings", v);
+        return api_type_error(err, P, "a non-empty array of strings", v);
     size_t total = 16, i;
     const json_t *c;
     json_array_foreach(v, i, c) {
@@ -796,49 +801,50 @@ static int parse_guided_choice(const json_t *v, api_request *r, api_error *err) 
         total += json_string_length(c) * 4 + 8;
     }
     char *g = malloc(total);
-    if (!g) return oom(err);
+    if (!g) return api_oom(err);
     size_t n = (size_t)sprintf(g, "root ::= ");
     json_array_foreach(v, i, c) {
         if (i) n += (size_t)sprintf(g + n, " | ");
         literal_put(g, &n, json_string_value(c), json_string_length(c));
     }
     g[n] = '\0';
-    return set_gbnf(r, P, g, err);
+    return api_set_gbnf(r, P, g, err);
 }
 
 static int parse_constraints(const json_t *root, api_request *r, api_error *err) {
     const json_t *v;
-    if ((v = field(root, "response_format")) && parse_response_format(v, r, err)) return -1;
+    if ((v = api_field(root, "response_format")) && parse_response_format(v, r, err)) return -1;
     if (gbnf_field(root, "grammar", r, err) < 0) return -1;
     if (gbnf_field(root, "guided_grammar", r, err) < 0) return -1;
-    if ((v = field(root, "json_schema")) && schema_field(v, "json_schema", false, r, err))
+    if ((v = api_field(root, "json_schema")) && schema_field(v, "json_schema", false, r, err))
         return -1;
-    if ((v = field(root, "guided_json")) && schema_field(v, "guided_json", true, r, err)) return -1;
-    if ((v = field(root, "guided_choice")) && parse_guided_choice(v, r, err)) return -1;
-    return opt_bool(root, "jump_forward", &r->jump_forward, err) < 0 ? -1 : 0;
+    if ((v = api_field(root, "guided_json")) && schema_field(v, "guided_json", true, r, err))
+        return -1;
+    if ((v = api_field(root, "guided_choice")) && parse_guided_choice(v, r, err)) return -1;
+    return api_opt_bool(root, "jump_forward", &r->jump_forward, err) < 0 ? -1 : 0;
 }
 
 /* ---------------------------------------------------------------- tools */
 
 /* One function ({name, description, parameters}) at param pp (tools[i].function, or the legacy
  * functions[i]) into r->tools[i]. */
-static int parse_function(const json_t *fn, const char *pp, size_t i, api_request *r,
-                          api_error *err) {
+int api_parse_function(const json_t *fn, const char *pp, size_t i, api_request *r, api_error *err) {
     char p[64];
-    if (!json_is_object(fn)) return type_error(err, pp, "an object", fn);
+    if (!json_is_object(fn)) return api_type_error(err, pp, "an object", fn);
     chat_tool *ct = &r->tools[i];
     r->n_tools = (int)i + 1;
     snprintf(p, sizeof p, "%s.name", pp);
     const json_t *name = json_object_get(fn, "name");
-    if (!json_is_string(name) || !tool_name_ok(json_string_value(name), json_string_length(name)))
+    if (!json_is_string(name) ||
+        !api_tool_name_ok(json_string_value(name), json_string_length(name)))
         return API_BAD(err, p, "'%s' must be 1 to 64 of a-z, A-Z, 0-9, _ and -", p);
     for (size_t k = 0; k < i; k++)
         if (!strcmp(r->tools[k].name, json_string_value(name)))
             return API_BAD(err, p, "two tools are named '%s'", json_string_value(name));
-    if (str_copy(name, p, (char **)&ct->name, err)) return -1;
+    if (api_str_copy(name, p, (char **)&ct->name, err)) return -1;
     snprintf(p, sizeof p, "%s.description", pp);
-    if (opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
-    const json_t *params = field(fn, "parameters");
+    if (api_opt_string(fn, "description", (char **)&ct->description, err) < 0) return -1;
+    const json_t *params = api_field(fn, "parameters");
     if (!params) return 0;
     snprintf(p, sizeof p, "%s.parameters", pp);
     return api_tool_schema(params, p, (char **)&ct->parameters, err);
@@ -847,26 +853,26 @@ static int parse_function(const json_t *fn, const char *pp, size_t i, api_reques
 /* tools, or the legacy functions (key "functions": the functions themselves, not wrapped). */
 static int parse_tool_list(const json_t *v, const char *key, api_request *r, api_error *err) {
     bool legacy = !strcmp(key, "functions");
-    if (!json_is_array(v)) return type_error(err, key, "an array", v);
+    if (!json_is_array(v)) return api_type_error(err, key, "an array", v);
     size_t n = json_array_size(v);
     if (n > API_MAX_TOOLS)
         return API_BAD(err, key, "'%s' has %zu tools, more than the limit of %d", key, n,
                        API_MAX_TOOLS);
-    if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return oom(err);
+    if (n > 0 && !(r->tools = calloc(n, sizeof *r->tools))) return api_oom(err);
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(v, i);
         char pp[64];
         snprintf(pp, sizeof pp, "%s[%zu]", key, i);
         if (legacy) {
-            if (parse_function(t, pp, i, r, err)) return -1;
+            if (api_parse_function(t, pp, i, r, err)) return -1;
             continue;
         }
-        if (!json_is_object(t)) return type_error(err, pp, "an object", t);
+        if (!json_is_object(t)) return api_type_error(err, pp, "an object", t);
         const json_t *type = json_object_get(t, "type");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
             return API_BAD(err, pp, "'%s.type' must be 'function'", pp);
         snprintf(pp, sizeof pp, "tools[%zu].function", i);
-        if (parse_function(json_object_get(t, "function"), pp, i, r, err)) return -1;
+        if (api_parse_function(json_object_get(t, "function"), pp, i, r, err)) return -1;
     }
     return 0;
 }
@@ -891,14 +897,14 @@ static int parse_tool_choice(const json_t *tc, const char *key, api_request *r, 
                            key, c);
         return 0;
     }
-    if (!json_is_object(tc)) return type_error(err, key, "a string or an object", tc);
+    if (!json_is_object(tc)) return api_type_error(err, key, "a string or an object", tc);
     const json_t *fn = legacy ? tc : json_object_get(tc, "function");
     const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
     if (!json_is_string(name))
         return API_BAD(err, key, "'%s' must be %s", key,
                        legacy ? "{\"name\": ...}"
                               : "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (str_copy(name, key, &r->tool_choice_name, err)) return -1;
+    if (api_str_copy(name, key, &r->tool_choice_name, err)) return -1;
     bool found = false;
     for (int i = 0; i < r->n_tools; i++) found |= !strcmp(r->tools[i].name, r->tool_choice_name);
     if (!found)
@@ -911,8 +917,8 @@ static int parse_tool_choice(const json_t *tc, const char *key, api_request *r, 
 /* tools and tool_choice, or the legacy functions and function_call that OpenAI still takes
  * (mapped onto tools: one call per answer, given back as message.function_call). */
 static int parse_tools(const json_t *root, api_request *r, api_error *err) {
-    const json_t *tools = field(root, "tools"), *functions = field(root, "functions");
-    const json_t *choice = field(root, "tool_choice"), *call = field(root, "function_call");
+    const json_t *tools = api_field(root, "tools"), *functions = api_field(root, "functions");
+    const json_t *choice = api_field(root, "tool_choice"), *call = api_field(root, "function_call");
     if (tools && functions)
         return API_BAD(err, "functions",
                        "'functions' is the deprecated form of 'tools': give one of them");
@@ -921,7 +927,7 @@ static int parse_tools(const json_t *root, api_request *r, api_error *err) {
                        "'function_call' is the deprecated form of 'tool_choice': give one of them");
     r->legacy_functions = functions || (call && !tools);
     r->parallel_tool_calls = !r->legacy_functions;
-    if (opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
+    if (api_opt_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, err) < 0) return -1;
     if (r->legacy_functions) r->parallel_tool_calls = false; /* one function_call per answer */
     if (tools && parse_tool_list(tools, "tools", r, err)) return -1;
     if (functions && parse_tool_list(functions, "functions", r, err)) return -1;
@@ -936,30 +942,30 @@ static int parse_tools(const json_t *root, api_request *r, api_error *err) {
 /* ---------------------------------------------------------------- requests */
 
 /* kvserve's own fields: the context cache's choices and vLLM's ignore_eos. */
-static int parse_extensions(const json_t *root, api_request *r, api_error *err) {
-    if (opt_bool(root, "cache", &r->cache, err) < 0) return -1;
-    if (opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
-    if (opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
+int api_parse_extensions(const json_t *root, api_request *r, api_error *err) {
+    if (api_opt_bool(root, "cache", &r->cache, err) < 0) return -1;
+    if (api_opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
+    if (api_opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
                        API_MAX_CACHE_SALT);
     bool blend = false;
-    int got_blend = opt_bool(root, "blend", &blend, err);
+    int got_blend = api_opt_bool(root, "blend", &blend, err);
     if (got_blend < 0) return -1;
     if (got_blend) r->blend = blend;
-    if (opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
+    if (api_opt_number(root, "blend_ratio", 0, 1, false, &r->blend_ratio, err) < 0) return -1;
     char *policy = NULL;
-    if (opt_string(root, "blend_policy", &policy, err) < 0) return -1;
+    if (api_opt_string(root, "blend_policy", &policy, err) < 0) return -1;
     if (policy) {
         r->blend_policy = blend_policy_parse(policy);
         free(policy);
         if (r->blend_policy < 0)
             return API_BAD(err, "blend_policy", "'blend_policy' must be hkvd, legolink or hybrid");
     }
-    if (opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
-    if (opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
+    if (api_opt_bool(root, "kv_lossless", &r->kv_lossless, err) < 0) return -1;
+    if (api_opt_int(root, "ttft_budget_ms", 0, 3600000, &r->ttft_budget_ms, err) < 0) return -1;
     char *level = NULL;
-    if (opt_string(root, "kv_level", &level, err) < 0) return -1;
+    if (api_opt_string(root, "kv_level", &level, err) < 0) return -1;
     if (level) {
         r->kv_level = cache_enc_parse(level);
         free(level);
@@ -969,74 +975,74 @@ static int parse_extensions(const json_t *root, api_request *r, api_error *err) 
                            CACHE_ENC_MAX - CACHE_ENC_CODEC - 1);
     }
     bool fixup = false;
-    int got_fixup = opt_bool(root, "fixup", &fixup, err);
+    int got_fixup = api_opt_bool(root, "fixup", &fixup, err);
     if (got_fixup < 0) return -1;
     if (got_fixup) r->fixup = fixup;
-    if (opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
+    if (api_opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
     return 0;
 }
 
 static int parse_request_fields(const json_t *root, api_request *r, api_error *err) {
-    const json_t *model = field(root, "model");
+    const json_t *model = api_field(root, "model");
     if (!model) return API_BAD(err, "model", "'model' is required");
-    if (str_copy(model, "model", &r->model, err)) return -1;
+    if (api_str_copy(model, "model", &r->model, err)) return -1;
 
     /* Prompt Cache: a prompt in PML (a string) or its JSON form (an object); messages or prompt
      * then add free text after it and may be left out */
-    const json_t *sp = field(root, "schema_prompt");
+    const json_t *sp = api_field(root, "schema_prompt");
     if (sp && json_is_string(sp)) {
-        if (str_copy(sp, "schema_prompt", &r->schema_prompt, err)) return -1;
+        if (api_str_copy(sp, "schema_prompt", &r->schema_prompt, err)) return -1;
     } else if (sp && json_is_object(sp)) {
         if (!(r->schema_prompt = json_dumps(sp, JSON_COMPACT | JSON_PRESERVE_ORDER)))
             return api_fail(err, 500, "server_error", NULL, "schema_prompt", "out of memory");
         r->schema_prompt_json = true;
     } else if (sp) {
-        return type_error(err, "schema_prompt", "a PML string or an object", sp);
+        return api_type_error(err, "schema_prompt", "a PML string or an object", sp);
     }
     if (r->kind == API_CHAT) {
-        const json_t *msgs = field(root, "messages");
+        const json_t *msgs = api_field(root, "messages");
         if (!msgs && !sp) return API_BAD(err, "messages", "'messages' is required");
         if (msgs && !(sp && json_is_array(msgs) && json_array_size(msgs) == 0) &&
             parse_messages(msgs, &r->messages, &r->n_messages, err))
             return -1;
     } else {
-        const json_t *prompt = field(root, "prompt");
+        const json_t *prompt = api_field(root, "prompt");
         if (!prompt && !sp) return API_BAD(err, "prompt", "'prompt' is required");
         if (prompt &&
             parse_prompts(prompt, "prompt", API_MAX_PROMPTS, &r->prompts, &r->n_prompts, err))
             return -1;
-        if (opt_bool(root, "echo", &r->echo, err) < 0) return -1;
+        if (api_opt_bool(root, "echo", &r->echo, err) < 0) return -1;
     }
 
     /* max_tokens 0 is meaningful only with echo: the prompt back (with its logprobs), the way
      * evaluation harnesses score text. */
     const int64_t min_tokens = r->kind == API_COMPLETION && r->echo ? 0 : 1;
     int64_t v;
-    int got = opt_int(root, "max_tokens", min_tokens, INT32_MAX, &v, err);
+    int got = api_opt_int(root, "max_tokens", min_tokens, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) r->max_tokens = (int)v;
-    got = opt_int(root, "max_completion_tokens", min_tokens, INT32_MAX, &v, err);
+    got = api_opt_int(root, "max_completion_tokens", min_tokens, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) r->max_tokens = (int)v; /* OpenAI's newer name wins over the deprecated one */
-    got = opt_int(root, "n", 1, API_MAX_N, &v, err);
+    got = api_opt_int(root, "n", 1, API_MAX_N, &v, err);
     if (got < 0) return -1;
     if (got) r->n = (int)v;
 
-    if (opt_bool(root, "stream", &r->stream, err) < 0) return -1;
-    const json_t *so = field(root, "stream_options");
+    if (api_opt_bool(root, "stream", &r->stream, err) < 0) return -1;
+    const json_t *so = api_field(root, "stream_options");
     if (so) {
-        if (!json_is_object(so)) return type_error(err, "stream_options", "an object", so);
-        const json_t *iu = field(so, "include_usage");
+        if (!json_is_object(so)) return api_type_error(err, "stream_options", "an object", so);
+        const json_t *iu = api_field(so, "include_usage");
         if (iu && !json_is_boolean(iu))
-            return type_error(err, "stream_options.include_usage", "a boolean", iu);
+            return api_type_error(err, "stream_options.include_usage", "a boolean", iu);
         /* OpenAI refuses stream_options without stream; we ignore them, as vLLM does. */
         r->include_usage = r->stream && iu && json_is_true(iu);
     }
 
     if (parse_logprobs(root, r, err)) return -1;
-    if (parse_sampling(root, r, err)) return -1;
-    if (opt_string(root, "user", &r->user, err) < 0) return -1;
-    if (parse_extensions(root, r, err)) return -1;
+    if (api_parse_sampling(root, r, err)) return -1;
+    if (api_opt_string(root, "user", &r->user, err) < 0) return -1;
+    if (api_parse_extensions(root, r, err)) return -1;
     if (parse_constraints(root, r, err)) return -1;
     if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
     /* The calls' grammar depends on the model's tool format: openai.c builds it. */
@@ -1070,7 +1076,7 @@ int api_parse_request(api_kind kind, const char *body, size_t len, api_request *
     if (kind != API_CHAT && kind != API_COMPLETION)
         return api_fail(err, 500, "server_error", NULL, "", "unknown request kind %d", (int)kind);
 
-    json_t *root = parse_body(body, len, err);
+    json_t *root = api_parse_body(body, len, err);
     if (!root) return -1;
     int rc = parse_request_fields(root, out, err);
     json_decref(root);
@@ -1114,10 +1120,10 @@ static void prompts_free(api_prompt *p, int n) {
 }
 
 static int parse_embeddings_fields(const json_t *root, api_embeddings *e, api_error *err) {
-    const json_t *model = field(root, "model");
+    const json_t *model = api_field(root, "model");
     if (!model) return API_BAD(err, "model", "'model' is required");
-    if (str_copy(model, "model", &e->model, err)) return -1;
-    const json_t *input = field(root, "input");
+    if (api_str_copy(model, "model", &e->model, err)) return -1;
+    const json_t *input = api_field(root, "input");
     if (!input) return API_BAD(err, "input", "'input' is required");
     if (parse_prompts(input, "input", API_MAX_EMBED_INPUTS, &e->inputs, &e->n_inputs, err))
         return -1;
@@ -1128,7 +1134,7 @@ static int parse_embeddings_fields(const json_t *root, api_embeddings *e, api_er
             return API_BAD(err, pp, "'%s' must not be an empty string", pp);
         }
     char *fmt = NULL;
-    if (opt_string(root, "encoding_format", &fmt, err) < 0) return -1;
+    if (api_opt_string(root, "encoding_format", &fmt, err) < 0) return -1;
     if (fmt) {
         bool ok = !strcmp(fmt, "float") || !strcmp(fmt, "base64");
         e->base64 = !strcmp(fmt, "base64");
@@ -1137,15 +1143,15 @@ static int parse_embeddings_fields(const json_t *root, api_embeddings *e, api_er
             return API_BAD(err, "encoding_format", "'encoding_format' must be 'float' or 'base64'");
     }
     int64_t v;
-    int got = opt_int(root, "dimensions", 1, INT32_MAX, &v, err);
+    int got = api_opt_int(root, "dimensions", 1, INT32_MAX, &v, err);
     if (got < 0) return -1;
     if (got) e->dimensions = (int)v;
-    return opt_string(root, "user", &e->user, err) < 0 ? -1 : 0;
+    return api_opt_string(root, "user", &e->user, err) < 0 ? -1 : 0;
 }
 
 int api_parse_embeddings(const char *body, size_t len, api_embeddings *out, api_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root = parse_body(body, len, err);
+    json_t *root = api_parse_body(body, len, err);
     if (!root) return -1;
     int rc = parse_embeddings_fields(root, out, err);
     json_decref(root);
@@ -1164,11 +1170,11 @@ void api_embeddings_free(api_embeddings *e) {
 /* ---------------------------------------------------------------- tokenize, detokenize */
 
 static int parse_tokenize_fields(const json_t *root, api_tokenize *t, api_error *err) {
-    const json_t *msgs = field(root, "messages");
-    const json_t *content = field(root, "content");
+    const json_t *msgs = api_field(root, "messages");
+    const json_t *content = api_field(root, "content");
     const char *key = "content";
     if (!content) {
-        content = field(root, "prompt");
+        content = api_field(root, "prompt");
         key = "prompt";
     }
     if (msgs && content)
@@ -1178,19 +1184,19 @@ static int parse_tokenize_fields(const json_t *root, api_tokenize *t, api_error 
         if (parse_messages(msgs, &t->messages, &t->n_messages, err)) return -1;
     } else if (content) {
         t->add_special = true;
-        if (str_copy(content, key, &t->text, err)) return -1;
+        if (api_str_copy(content, key, &t->text, err)) return -1;
     } else {
         return API_BAD(err, "content", "'content' (or 'prompt', or 'messages') is required");
     }
-    if (opt_bool(root, "add_special", &t->add_special, err) < 0) return -1;
-    if (opt_bool(root, "add_special_tokens", &t->add_special, err) < 0) return -1;
-    if (opt_bool(root, "with_pieces", &t->with_pieces, err) < 0) return -1;
+    if (api_opt_bool(root, "add_special", &t->add_special, err) < 0) return -1;
+    if (api_opt_bool(root, "add_special_tokens", &t->add_special, err) < 0) return -1;
+    if (api_opt_bool(root, "with_pieces", &t->with_pieces, err) < 0) return -1;
     return 0;
 }
 
 int api_parse_tokenize(const char *body, size_t len, api_tokenize *out, api_error *err) {
     memset(out, 0, sizeof *out);
-    json_t *root = parse_body(body, len, err);
+    json_t *root = api_parse_body(body, len, err);
     if (!root) return -1;
     int rc = parse_tokenize_fields(root, out, err);
     json_decref(root);
@@ -1209,14 +1215,14 @@ int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_
                          api_error *err) {
     *tokens = NULL;
     *n_tokens = 0;
-    json_t *root = parse_body(body, len, err);
+    json_t *root = api_parse_body(body, len, err);
     if (!root) return -1;
     int rc = 0;
-    const json_t *v = field(root, "tokens");
+    const json_t *v = api_field(root, "tokens");
     if (!v)
         rc = API_BAD(err, "tokens", "'tokens' is required");
     else if (!json_is_array(v))
-        rc = type_error(err, "tokens", "an array of token ids", v);
+        rc = api_type_error(err, "tokens", "an array of token ids", v);
     else
         rc = parse_token_array(v, "tokens", tokens, n_tokens, err);
     json_decref(root);
@@ -1225,53 +1231,16 @@ int api_parse_detokenize(const char *body, size_t len, int32_t **tokens, int *n_
 
 /* ---------------------------------------------------------------- shared (api_impl.h)
  *
- * The helpers above under the names other APIs' parsers (responses_parse.c) call them by. */
+ * The field checks above (api_field, api_opt_*, ...) are api_impl.h's own; these need one
+ * more step. */
 
-json_t *api_parse_body(const char *body, size_t len, api_error *err) {
-    return parse_body(body, len, err);
-}
-json_t *api_field(const json_t *obj, const char *key) { return field(obj, key); }
-int api_type_error(api_error *err, const char *param, const char *want, const json_t *got) {
-    return type_error(err, param, want, got);
-}
-int api_opt_bool(const json_t *obj, const char *key, bool *out, api_error *err) {
-    return opt_bool(obj, key, out, err);
-}
-int api_opt_number(const json_t *obj, const char *key, double lo, double hi, bool lo_open,
-                   float *out, api_error *err) {
-    return opt_number(obj, key, lo, hi, lo_open, out, err);
-}
-int api_opt_int(const json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                api_error *err) {
-    return opt_int(obj, key, lo, hi, out, err);
-}
-int api_opt_string(const json_t *obj, const char *key, char **out, api_error *err) {
-    return opt_string(obj, key, out, err);
-}
-int api_str_copy(const json_t *v, const char *param, char **out, api_error *err) {
-    return str_copy(v, param, out, err);
-}
-int api_oom(api_error *err) { return oom(err); }
-bool api_tool_name_ok(const char *s, size_t len) { return tool_name_ok(s, len); }
-int api_parse_function(const json_t *fn, const char *pp, size_t i, api_request *r, api_error *err) {
-    return parse_function(fn, pp, i, r, err);
-}
-int api_parse_sampling(const json_t *obj, api_request *r, api_error *err) {
-    return parse_sampling(obj, r, err);
-}
-int api_parse_extensions(const json_t *root, api_request *r, api_error *err) {
-    return parse_extensions(root, r, err);
-}
 int api_schema_field(const json_t *schema, const char *param, api_request *r, api_error *err) {
     return schema_field(schema, param, false, r, err);
 }
-int api_set_gbnf(api_request *r, const char *param, char *gbnf, api_error *err) {
-    return set_gbnf(r, param, gbnf, err);
-}
 
 int api_tool_schema(const json_t *schema, const char *param, char **out, api_error *err) {
-    if (!json_is_object(schema)) return type_error(err, param, "a JSON Schema object", schema);
-    if (!(*out = json_dumps(schema, JSON_COMPACT))) return oom(err);
+    if (!json_is_object(schema)) return api_type_error(err, param, "a JSON Schema object", schema);
+    if (!(*out = json_dumps(schema, JSON_COMPACT))) return api_oom(err);
     /* the schema must compile: an unsupported keyword is named now */
     kv_error ke = {{0}};
     char *g = json_schema_to_gbnf(*out, strlen(*out), &ke);
