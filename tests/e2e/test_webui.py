@@ -83,9 +83,27 @@ def browser():
 
 
 def wait_for(d, cond, what):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
-    return WebDriverWait(d, WAIT, poll_frequency=0.05).until(
+    # a pane re-rendered between finding an element and reading it: read it again
+    return WebDriverWait(d, WAIT, poll_frequency=0.05,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda drv: cond(drv), message=f"waited {WAIT} s for {what}")
+
+
+def texts(d, selector):
+    """The text of every element matching selector, read in one script: the cache pane
+    re-renders its tables every few seconds, so an element found by one WebDriver call can be
+    gone by the next."""
+    return d.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText.trim())",
+        selector)
+
+
+def pane_rows(d, table):
+    return set(d.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]),"
+        " e => e.getAttribute('data-row'))", f"#{table} tr[data-row]"))
 
 
 def css(d, selector):
@@ -219,19 +237,19 @@ def test_repeated_question_shows_cached_tokens_and_a_pool_hit(web_server, browse
     # the cache pane, refreshed after the answer, counts the repeat's pool hit and its TTFT
     # with reuse: more than the server had counted before it
     def pane_number(drv, table, row, key):
-        cell = css(drv, f'#{table} tr[data-row="{row}"] td[data-k="{key}"]')
-        return int(cell[0].text.replace(",", "")) if cell and cell[0].text != "–" else -1
+        cell = texts(drv, f'#{table} tr[data-row="{row}"] td[data-k="{key}"]')
+        return int(cell[0].replace(",", "")) if cell and cell[0] not in ("–", "") else -1
     hits = before['kvserve_cache_hits_total{tier="pool"}']
     cached = before['kvserve_time_to_first_token_by_reuse_seconds_count{reuse="cached"}']
     wait_for(d, lambda drv: (pane_number(drv, "hits-table", "pool", "hits") > hits
                              and pane_number(drv, "ttft-table", "cached", "requests") > cached),
              "the cache pane to show the repeat's pool hit")
-    rows = {tr.get_attribute("data-row") for tr in css(d, "#occupancy-table tr[data-row]")}
+    rows = pane_rows(d, "occupancy-table")
     assert {"pool", "ram"} <= rows, rows
-    share = css(d, '#occupancy-table tr[data-row="pool"] td[data-k="share"]')[0].text
+    share = texts(d, '#occupancy-table tr[data-row="pool"] td[data-k="share"]')[0]
     assert share.endswith("%") and share != "0%", share
-    assert "came from the cache" in css(d, "#reuse-summary")[0].text
-    assert css(d, "#schemas-table caption")[0].text.startswith("no schemas registered")
+    assert "came from the cache" in texts(d, "#reuse-summary")[0]
+    assert texts(d, "#schemas-table caption")[0].startswith("no schemas registered")
     assert css(d, "#cache-error")[0].is_displayed() is False
     screenshot_whole_page(d, ARTIFACT)
     assert console_errors(d) == []
