@@ -129,10 +129,10 @@ int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cuda
 
 /* matmul.cu */
 /* Matmuls of up to this many rows use the GEMV kernels; more go through dequantized tiles and
- * cuBLAS. Measured on an H200 (gpu_bench, Q4_K 4096 x 14336): GEMV 234 GB/s of weights at 8 rows,
- * 123 at 16 and 62 at 32 (each pass over 8 rows re-reads the weights), against 127 for the tiles
- * before their stores were vectorized. */
-#define GEMV_MAX_TOKENS 8
+ * cuBLAS. Measured on an H200 (gpu_bench, Q4_K 4096 x 14336, wide loads and 16-byte tile stores):
+ * GEMV 853 GB/s of weights at 1 row, 486 at 4 and 216 at 8, against 320 for the tiles at 16 rows
+ * (the tiles' rate hardly depends on the rows: the dequantization dominates). */
+#define GEMV_MAX_TOKENS 4
 int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float *y);
 /* W rows [r0, r0 + rows) as f16 (or f32 when f32) rows of n_in. */
 int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32);
