@@ -19,7 +19,7 @@ AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
 LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
-             $(filter-out server/main.c,$(wildcard server/*.c)))
+             $(filter-out server/cli/main.c,$(wildcard server/*.c server/*/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # The web page's files (server/web/) go into the binary as byte arrays written by
 # scripts/embed_assets.py into $(BUILD)/gen/: nothing is read or fetched at run time.
@@ -55,7 +55,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
-        format-check bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
+        format-check layout bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
         bench-grammar bench-schema bench-gpu
 all: $(BUILD)/kvserve
@@ -84,7 +84,7 @@ $(BUILD)/libkvserve.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/kvserve: $(BUILD)/obj/server/main.o $(BUILD)/libkvserve.a
+$(BUILD)/kvserve: $(BUILD)/obj/server/cli/main.o $(BUILD)/libkvserve.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 # ---------------------------------------------------------------- CUDA under emulation
@@ -250,6 +250,11 @@ test: setup $(MODEL) $(QUALITY)
 
 test-unit: $(TEST_BIN) $(BUILD)/kvserve
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1; done
+	$(PYTHON) scripts/layout.py --check README.md --calls $(BUILD)/obj
+
+# README's picture of the folders (which includes which), from the #include lines.
+layout:
+	$(PYTHON) scripts/layout.py --write README.md
 
 test-e2e: $(BUILD)/kvserve
 	KVSERVE_BIN=$(BUILD)/kvserve KVSERVE_TEST_MODEL=$(MODEL) KVSERVE_SANITIZED=$(SANITIZED) \
@@ -275,9 +280,9 @@ FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
 FUZZ_DEPS_grammar_fuzz := model/grammar.c model/grammar_match.c model/json_schema.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
-FUZZ_DEPS_api_fuzz := server/api.c model/sampler.c cache/chunk.c cache/blend_policy.c model/chat.c \
+FUZZ_DEPS_api_fuzz := server/api/api.c server/http/error.c model/sampler.c cache/chunk.c cache/blend_policy.c model/chat.c \
     model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
-FUZZ_DEPS_responses_fuzz := server/responses_parse.c $(FUZZ_DEPS_api_fuzz)
+FUZZ_DEPS_responses_fuzz := server/api/responses_parse.c $(FUZZ_DEPS_api_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
@@ -287,7 +292,7 @@ FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/dirstore.c cache/conte
     $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c
-FUZZ_DEPS_anthropic_fuzz := server/anthropic_req.c $(FUZZ_DEPS_api_fuzz)
+FUZZ_DEPS_anthropic_fuzz := server/api/anthropic_req.c $(FUZZ_DEPS_api_fuzz)
 FUZZ_DEPS_leases_fuzz := cache/leases.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)

@@ -140,22 +140,12 @@ done:
 
 int quality_table_load(quality_table *t, const char *path, const uint8_t model_id[32],
                        kv_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return kv_fail(err, "%s: %s", path, strerror(errno));
     /* a calibration is a few KB: anything past 1 MB is not one */
-    enum { CAP = 1 << 20 };
-    char *buf = malloc(CAP);
-    size_t n = buf ? fread(buf, 1, CAP, f) : 0;
-    bool too_big = buf && n == CAP;
-    bool failed = ferror(f);
-    fclose(f);
-    int rc;
-    if (!buf)
-        rc = kv_fail(err, "out of memory");
-    else if (failed || too_big)
-        rc = kv_fail(err, "%s: %s", path, too_big ? "larger than 1 MB" : "read error");
-    else if ((rc = quality_table_parse(t, buf, n, model_id, err)))
-        kv_fail_wrap(err, "%s", path);
+    size_t n;
+    char *buf = kv_read_file(path, 1 << 20, &n, err);
+    if (!buf) return -1;
+    int rc = quality_table_parse(t, buf, n, model_id, err);
+    if (rc) kv_fail_wrap(err, "%s", path);
     free(buf);
     return rc;
 }

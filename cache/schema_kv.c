@@ -150,24 +150,10 @@ void schema_def_delete(const char *dir, const cache_key *ns, const char *name) {
 /* Reads and checks one definition file: 0 with its parts (*buf malloc'd holds them), or -1. */
 static int def_read(const char *path, char **buf, cache_key *ns, char **name, char **src,
                     size_t *len) {
-    *buf = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || sb.st_size > (64 << 20)) {
-        fclose(f);
-        return -1;
-    }
-    size_t n = (size_t)sb.st_size;
-    char *b = malloc(n + 1);
-    if (!b || fread(b, 1, n, f) != n) {
-        fclose(f);
-        free(b);
-        return -1;
-    }
-    fclose(f);
-    b[n] = '\0';
-    *buf = b;
+    kv_error err;
+    size_t n;
+    char *b = *buf = kv_read_file(path, 64 << 20, &n, &err);
+    if (!b) return -1;
     size_t m = strlen(DEF_MAGIC);
     if (n < m + 65 + 65 + 2 || memcmp(b, DEF_MAGIC, m) != 0) return -1;
     char *p = b + m, *nl;

@@ -177,6 +177,45 @@ int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off) {
     return (int64_t)got;
 }
 
+char *kv_read_file(const char *path, size_t max, size_t *len, kv_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kv_fail(err, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    /* read in growing steps rather than by fstat's size: a pipe or /proc file has none */
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf && !ferror(f) && !feof(f) && n <= max) {
+        if (cap - n < 2) {
+            char *b2 = realloc(buf, cap * 2);
+            if (!b2) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = b2;
+            cap *= 2;
+        }
+        n += fread(buf + n, 1, cap - n - 1, f);
+    }
+    bool failed = ferror(f) != 0;
+    fclose(f);
+    if (!buf || failed || n > max) {
+        free(buf);
+        if (!buf)
+            kv_fail(err, "%s: out of memory", path);
+        else if (failed)
+            kv_fail(err, "%s: read error", path);
+        else
+            kv_fail(err, "%s: larger than %zu bytes", path, max);
+        return NULL;
+    }
+    buf[n] = '\0';
+    if (len) *len = n;
+    return buf;
+}
+
 void kv_hex_encode(const void *b, size_t n, char *out) {
     static const char digits[] = "0123456789abcdef";
     const uint8_t *p = b;

@@ -132,6 +132,10 @@ int kv_write_full(int fd, const void *p, size_t n);
  * the end of the file: the bytes read (< len: the file ended), or -1 with errno. */
 int64_t kv_pread_full(int fd, void *buf, size_t len, int64_t off);
 
+/* The whole file at path, NUL-terminated (malloc'd; *len, when not NULL: its bytes), or NULL
+ * with err when it cannot be opened or read, or holds more than max bytes. */
+char *kv_read_file(const char *path, size_t max, size_t *len, kv_error *err);
+
 /* Overflow-checked size arithmetic: return 0 and store the result, or -1 on overflow. */
 static inline int size_mul(size_t a, size_t b, size_t *out) {
     return __builtin_mul_overflow(a, b, out) ? -1 : 0;

@@ -343,13 +343,40 @@ def test_half_closed_request_is_answered(server, stream):
             assert json.loads(data)["usage"]["completion_tokens"] == 8
 
 
+def test_oversize_request_lines_and_headers_are_json_errors(server):
+    # over nginx's and llama-server's limits (8 KiB URLs, 100 headers), within what the
+    # server's connection pool holds: answered by the server, in OpenAI's error JSON
+    big_query = b"GET /v1/models?" + b"q=" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    big_path = b"GET /v1/models/" + b"m" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    big_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n"
+    many = (b"GET /health HTTP/1.1\r\nHost: x\r\n"
+            + b"".join(b"X-H%d: v\r\n" % i for i in range(1000)) + b"\r\n")
+    for data, status, code, words in [(big_query, 414, "uri_too_long", "URL of"),
+                                      (big_path, 414, "uri_too_long", "URL of"),
+                                      (big_header, 431, "headers_too_large", "bytes exceed"),
+                                      (many, 431, "headers_too_large", "1001 header fields")]:
+        got, headers, body = raw_exchange(server.url, data)
+        assert got == status, (got, body[:200])
+        assert headers["content-type"] == "application/json"
+        err = json.loads(body)["error"]
+        assert err["code"] == code and words in err["message"], err
+    # a 40 KB header is within the limit
+    got, _, body = raw_exchange(server.url, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+                                + b"a" * 40000 + b"\r\n\r\n")
+    assert got == 200 and json.loads(body)["status"] == "ok"
+
+
 def test_libmicrohttpd_answers_stay_errors_and_the_server_serves(server):
     # Cases libmicrohttpd answers itself, with its own HTML pages (README: no hook for them).
-    for data, status in [(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000
+    for data, status in [(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300000
                           + b"\r\n\r\n", 431),
                          (b"GET /health HTTP/3.0\r\nHost: x\r\n\r\n", 505),
-                         (b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400)]:
+                         (b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400),
+                         (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n", 400),
+                         (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: ab\r\n\r\n", 400),
+                         (b"POST /tokenize HTTP/1.1\r\nHost: x\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", 400)]:
         got, _, _ = raw_exchange(server.url, data)
-        assert got == status
+        assert got == status, data[:80]
     with urllib.request.urlopen(server.url + "/health", timeout=TIMEOUT) as r:
         assert r.status == 200

@@ -1,4 +1,4 @@
-/* libFuzzer target for the Anthropic Messages request parser (server/anthropic_req.c): the same
+/* libFuzzer target for the Anthropic Messages request parser (server/api/anthropic_req.c): the same
  * bytes are parsed as a /v1/messages body and as a /v1/messages/count_tokens body. On success
  * the chat request is read end to end (ASan checks every string) and its invariants checked: one
  * system message at most and first, roles the chat templates know, tool calls only on assistant
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/anthropic.h"
+#include "server/api/anthropic.h"
 #include "tests/fuzz/fuzz_check.h"
 
 static uint64_t use_request(const anthropic_request *ar, bool count) {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/api.h"
+#include "server/api/api.h"
 #include "tests/fuzz/fuzz_check.h"
 
 static inline uint64_t use_messages(const chat_message *m, int n) {

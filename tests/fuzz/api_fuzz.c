@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/api.h"
+#include "server/api/api.h"
 #include "tests/fuzz/api_checks.h"
 
 static uint64_t use_request(const api_request *r) {

@@ -1,4 +1,4 @@
-/* libFuzzer target for the Responses API's request parser (server/responses_parse.c): the bytes
+/* libFuzzer target for the Responses API's request parser (server/api/responses_parse.c): the bytes
  * go to resp_parse and, parsed, to resp_conversation twice: alone, and after a copy of their own
  * input items as a stored conversation (the shape previous_response_id gives it). On success
  * every string and array handed out is read end to end, so ASan checks each one, and the
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/responses.h"
+#include "server/api/responses.h"
 #include "tests/fuzz/api_checks.h"
 
 /* The chat turns, as api_fuzz checks a chat request's, and what the translation adds: every call

@@ -1,5 +1,5 @@
-/* Anthropic Messages request parser tests (server/anthropic_req.c): a body read back as the chat
- * request it maps onto (system, blocks, tool calls and results, tools, tool_choice, sampling),
+/* Anthropic Messages request parser tests (server/api/anthropic_req.c): a body read back as the
+ * chat request it maps onto (system, blocks, tool calls and results, tools, tool_choice, sampling),
  * the cache_control markers with where their blocks are, and every refusal with its path
  * (missing and unknown fields, roles, the tool-turn rules, unsupported blocks and features, the
  * marker limits), and Anthropic's error JSON. */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/anthropic.h"
+#include "server/api/anthropic.h"
 
 static void parse_ok(const char *body, bool count, anthropic_request *r) {
     api_error err = {0};

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
-#include "server/api.h"
+#include "server/api/api.h"
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -4,12 +4,12 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "server/cli_common.h"
+#include "server/cli/cli_common.h"
 
 /* ---------------------------------------------------------------- a tool's table */
 
 typedef struct opts {
-    cli_model_opts mo;
+    engine_model_opts mo;
     const char *name;
     int n;
     int64_t big;

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/engine.h"
+#include "server/engine/engine.h"
 #include "tests/unit/model_fixture.h"
 
 static model *g_m;

@@ -1,13 +1,13 @@
-/* The Prometheus text of server/metrics.c: TTFT is observed once overall and once in the series
- * of the request's reuse class, each series with its own buckets, sum and count, and the family
- * described once. */
+/* The Prometheus text of server/engine/metrics.c: TTFT is observed once overall and once in the
+ * series of the request's reuse class, each series with its own buckets, sum and count, and the
+ * family described once. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/metrics.h"
+#include "server/engine/metrics.h"
 
 #define BY_REUSE "kvserve_time_to_first_token_by_reuse_seconds"
 

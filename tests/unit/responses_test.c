@@ -1,5 +1,5 @@
-/* The Responses API's request side and store (server/responses.h): every field read onto the chat
- * request and repeated in the response object's settings; input items (strings, messages with
+/* The Responses API's request side and store (server/api/responses.h): every field read onto the
+ * chat request and repeated in the response object's settings; input items (strings, messages with
  * parts, function calls and their outputs) turned into the chat turns the template writes, after
  * a stored conversation; the tool-turn checks in the API's words; every refused field named; and
  * the store's bounds, eviction order and namespaces. */
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/responses.h"
+#include "server/api/responses.h"
 
 /* ---------------------------------------------------------------- helpers */
 

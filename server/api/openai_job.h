@@ -1,0 +1,150 @@
+/* One OpenAI completion request in flight (openai.c builds it, openai_stream.c streams it):
+ * a gen_request per prompt, n choices each, and the stream's cursors into their output. */
+#ifndef KVSERVE_OPENAI_JOB_H
+#define KVSERVE_OPENAI_JOB_H
+
+#include <jansson.h>
+
+#include "server/api/handlers.h"
+
+typedef struct job job;
+
+/* How a job's stream is written (job.fmt): OpenAI's chat and completion chunks
+ * (openai_stream.c's), or another API's events over the same driver (the Responses API's,
+ * responses.c). The driver takes each choice's news under its request's lock and hands it to the
+ * hooks outside it, tool calls already parsed; the hooks queue bytes with job_put and return 0,
+ * or -1 when out of memory. */
+typedef struct job_stream_format {
+    /* The opening events: 1 sent, 0 not ready yet (the stream waits), -1 out of memory. */
+    int (*open)(job *j);
+    /* Choice index's next text s[0..n) (n may be 0) with the logprobs of the tokens it covers
+     * (chat/completions' shape, or NULL; the hook takes the reference) and, when it ends the
+     * choice, the finish reason ("stop", "length", "tool_calls", "function_call"; NULL while
+     * the choice runs). */
+    int (*text)(job *j, int index, const char *s, size_t n, json_t *logprobs, const char *finish);
+    /* A call of choice index: one begins (CHAT_TOOL_EVENT_CALL: s is its name) or its arguments
+     * continue (CHAT_TOOL_EVENT_ARGS). */
+    int (*call)(job *j, int index, const chat_tool_event *ev);
+    /* The closing events once every choice has finished; err: the first error, or NULL. */
+    int (*close)(job *j, const api_error *err);
+    const char *path; /* the endpoint, for the log; NULL: chat's or completions' by j->kind */
+} job_stream_format;
+
+struct job {
+    server *s;
+    api_kind kind;
+    char id[48];
+    long created;
+    gen_request **reqs; /* one per prompt; choice index = prompt * n + choice */
+    int n_reqs;
+    int n;
+    int prompt_tokens;
+    char **echo; /* completions with echo: each prompt's text */
+    bool logprobs;
+    int top_logprobs;
+    bool include_usage;
+    int fd; /* the client's socket */
+    bool streaming;
+    /* The connection waiting on the job (http_call.wake): woken at every change of a stream,
+     * and when a whole request has finished otherwise. */
+    void (*wake)(void *arg);
+    void *wake_arg;
+    char request_id[HTTP_REQUEST_ID_MAX]; /* for the log */
+    bool tools;                           /* chat with tools: answers are parsed into tool calls */
+    bool legacy;                          /* ... given back as function_call (legacy functions) */
+    uint32_t call_salt;                   /* tool call ids: call_<salt><choice><call> */
+    chat_tool_parser *tp;                 /* streaming, per choice */
+    char **acc;                           /* streaming with tools, per choice: the text so far */
+    size_t *acc_len;
+    /* streaming */
+    size_t *text_off; /* per choice: text already sent */
+    int *lp_off;      /* per choice: logprobs already sent */
+    bool *finish_sent;
+    bool started, ended;
+    char *buf; /* SSE bytes not yet handed to the connection */
+    size_t buf_len, buf_off, buf_cap;
+    const job_stream_format *fmt; /* NULL: OpenAI's chunks */
+    /* Another API's state for the request (its stream hooks' and reply's), freed by ext_free
+     * with the job. */
+    void *ext;
+    void (*ext_free)(void *ext);
+};
+
+/* Validates, tokenizes and (submit) submits rq (job.c); without submit, only computes the
+ * prompts' cache keys. NULL with err on any problem. */
+job *job_start(server *s, const api_request *rq, const http_call *c, bool submit, api_error *err);
+/* Waits until every choice has finished, blocking the calling thread (the cache's pin, a
+ * prompt-only run); -1 (499) when the client went away meanwhile. */
+int job_wait(job *j, api_error *err);
+/* True when every choice of every prompt has finished. */
+bool job_finished(job *j);
+void job_free(job *j);
+const char *job_finish_name(gen_finish f);
+json_t *job_usage(const job *j);
+/* Logprobs of n tokens in the endpoint's shape; text_base: the text offset of the first. */
+json_t *job_logprobs_json(const job *j, const gen_logprob *lps, int n, size_t text_base);
+int job_error(const job *j, api_error *err);
+/* Bytes of echoed prompt text before a choice's completion (0 without echo). */
+size_t job_echo_len(const job *j, int prompt);
+/* A whole choice's logprobs: for completions with echo, the prompt's tokens (scored by the
+ * engine) come first. */
+json_t *job_choice_logprobs_json(const job *j, int prompt, const gen_logprob *lps, int n);
+/* The prompt's tokens as completions logprobs arrays (first token null). */
+json_t *job_prompt_logprobs_json(const job *j, int prompt);
+/* The id of a choice's call. */
+void job_call_id(const job *j, int choice, int call, char *out, size_t cap);
+/* A chat answer under tools as OpenAI's message (role, content or tool_calls; legacy functions:
+ * function_call), with *finish "tool_calls" ("function_call") for complete calls; choice index
+ * c of j. */
+json_t *job_message_json(const job *j, int index, const gen_choice *c, const char **finish);
+/* Turns j into a stream (which owns it from then on), written in j->fmt. */
+void job_stream(job *j, http_stream *out);
+/* Queues n bytes of the stream; -1 when out of memory. */
+int job_put(job *j, const char *s, size_t n);
+
+/* For the other APIs over the same jobs (openai.c's embeddings and tokenizer, anthropic.c). */
+
+/* True when requests may name the model `name`; the 404 that names the served models when not
+ * (param: the field that named it, or NULL). */
+bool job_model_accepted(const server *s, const char *name);
+int job_model_not_found(const server *s, const char *name, const char *param, api_error *err);
+/* A chat's or a text's token ids (malloc'd) as a job tokenizes them: the count, or -1 with err
+ * (400). With bounds, the token offsets where the chat's content parts start and end
+ * (*n_bounds of them; see part_bounds in job.c). */
+int job_tokenize_messages(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+                          int n_tools, int32_t **ids, int **bounds, int *n_bounds, api_error *err);
+int job_tokenize_text(const model *m, const char *text, bool add_special, int32_t **ids,
+                      const char *param, api_error *err);
+/* -1 with err (400 naming param) when an id is outside the vocabulary. */
+int job_check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err);
+/* The API error for an engine refusal (429 when its queue is full, 503 when it shuts down). */
+int job_submit_fail(engine_submit_status st, const kv_error *ke, api_error *err);
+
+/* 0 when requests may name the model `name`, else -1 with the 404 (model_not_found). */
+int job_model_check(const server *s, const char *name, api_error *err);
+/* msgs (with tools, n_tools > 0) rendered with m's chat template (gen: with the assistant
+ * turn's opening), and whether the tokenizer adds BOS before it: what a chat job tokenizes.
+ * malloc'd, or NULL with err (400). */
+char *job_render(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+                 int n_tools, bool gen, bool *add_bos, api_error *err);
+/* Where content part c[a..e) is in a rendered prompt text[0..len), searched from byte `from`:
+ * its bytes as sent, else trimmed of white space (*n: the bytes found); NULL when absent. */
+const char *job_find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
+                          size_t e, size_t *n);
+/* A choice's news since the stream's cursor (its text, logprobs and finish), copied under the
+ * request's lock so the JSON is built without it. */
+typedef struct choice_news {
+    char *text;
+    size_t len, text_base;
+    gen_logprob *lps;
+    int n_lps;
+    gen_finish finish;
+} choice_news;
+/* Takes choice i of prompt p's news into *out (free text and lps) and moves the cursor: 1 when
+ * there was some, 0 when none (*done cleared while the choice runs), -1 when out of memory.
+ * Call with the request's mutex held. */
+int job_take_news(job *j, int p, int i, choice_news *out, bool *done);
+/* Moves up to max pending bytes into buf: their count, 0 when none are left. */
+long job_buf_take(job *j, char *buf, size_t max);
+
+#endif

@@ -1,0 +1,98 @@
+/* The route table: every endpoint the server answers, its methods, whether it needs an API key
+ * and whether it answers before the model is ready; plus the two endpoints that are about the
+ * server itself, GET /health and GET /metrics. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/api/handlers.h"
+
+static http_result health(server *s, const http_call *c, http_out *out) {
+    (void)c;
+    bool draining = atomic_load(&s->draining) || atomic_load(&s->stopping);
+    bool up = atomic_load(&s->ready) && !draining;
+    json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
+    if (up) json_object_set_new(v, "reuse_quality", cache_api_reuse_json(s));
+    http_reply_json(&out->reply, up ? 200 : 503, v);
+    if (!up) out->reply.retry_after = 1;
+    return HTTP_REPLIED;
+}
+
+/* Appends the connection gauges to the Prometheus text (malloc'd, len bytes; freed here). NULL
+ * when out of memory. */
+static char *connection_metrics(server *s, char *text, size_t *len) {
+    char more[768];
+    int n = snprintf(
+        more, sizeof more,
+        "# HELP kvserve_http_connections Open HTTP connections.\n"
+        "# TYPE kvserve_http_connections gauge\nkvserve_http_connections %d\n"
+        "# HELP kvserve_http_connections_refused_total Connections refused over "
+        "--max-connections.\n"
+        "# TYPE kvserve_http_connections_refused_total counter\n"
+        "kvserve_http_connections_refused_total %lld\n"
+        "# HELP kvserve_http_requests_in_flight Requests being answered or streamed (this one "
+        "included).\n"
+        "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n",
+        atomic_load(&s->connections), (long long)atomic_load(&s->refused),
+        atomic_load(&s->in_flight));
+    char *t = realloc(text, *len + (size_t)n + 1);
+    if (!t) {
+        free(text);
+        return NULL;
+    }
+    memcpy(t + *len, more, (size_t)n + 1);
+    *len += (size_t)n;
+    return t;
+}
+
+static http_result prometheus(server *s, const http_call *c, http_out *out) {
+    (void)c;
+    size_t len = 0;
+    char *text = metrics_render(s->mx, &len);
+    if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
+    if (text) text = connection_metrics(s, text, &len);
+    if (!text) {
+        api_error e = {.status = 500, .type = "server_error", .message = "out of memory"};
+        http_reply_error(&out->reply, &e);
+        return HTTP_REPLIED;
+    }
+    http_reply_text(&out->reply, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    return HTTP_REPLIED;
+}
+
+/* path, prefix, methods, public, always (before the model is ready), handler, error format */
+static const http_route ROUTES[] = {
+    {"/health", false, HTTP_GET, true, true, health, NULL},
+    {"/metrics", false, HTTP_GET, true, true, prometheus, NULL},
+    {"/v1/models", false, HTTP_GET, false, false, openai_models, NULL},
+    {"/v1/models/", true, HTTP_GET, false, false, openai_models, NULL},
+    {"/v1/chat/completions", false, HTTP_POST, false, false, openai_chat, NULL},
+    {"/v1/completions", false, HTTP_POST, false, false, openai_completions, NULL},
+    {"/tokenize", false, HTTP_POST, false, false, openai_tokenize, NULL},
+    {"/detokenize", false, HTTP_POST, false, false, openai_detokenize, NULL},
+    {"/v1/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL},
+    {"/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL}, /* llama-server's */
+    {"/v1/messages", false, HTTP_POST, false, false, anthropic_messages, anthropic_reply_error},
+    {"/v1/messages/count_tokens", false, HTTP_POST, false, false, anthropic_count_tokens,
+     anthropic_reply_error},
+    {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL},
+    {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL},
+    {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL},
+    {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL},
+    {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL},
+    {"/v1/cache/unpin", false, HTTP_POST, false, false, cache_api_unpin, NULL},
+    {"/v1/schemas", false, HTTP_GET | HTTP_POST, false, false, schemas_api, NULL},
+    {"/v1/schemas/", true, HTTP_GET | HTTP_DELETE, false, false, schemas_api, NULL},
+    /* the web page: static, public, served while the model loads; gone with --no-webui */
+    {"/", false, HTTP_GET, true, true, webui_get, NULL},
+    {"/webui/", true, HTTP_GET, true, true, webui_get, NULL},
+};
+
+int api_routes(const kv_config *cfg, http_route *out, int cap) {
+    int n = 0;
+    for (size_t i = 0; i < sizeof ROUTES / sizeof ROUTES[0] && n < cap; i++) {
+        if (ROUTES[i].handler == webui_get && !cfg->webui) continue;
+        out[n++] = ROUTES[i];
+    }
+    return n;
+}

@@ -1,0 +1,142 @@
+/* The HTTP transport (http.c): libmicrohttpd in epoll mode with a small thread pool, connection
+ * limits, bodies up to --max-body-bytes, API keys, request ids, the access log and SSE. It knows
+ * no endpoint: a server's route table (server/api/routes.c builds it) names each path's methods,
+ * whether it needs a key, and its handler, and the transport calls the handler through the table.
+ * A handler never blocks on the engine: it answers at once, or hands back a stream or a pending
+ * reply, and its connection is suspended while there is nothing to send and resumed when the
+ * engine publishes, so a waiting client costs memory, not a thread.
+ *
+ * Handlers answer with the reply helpers (reply.c), never with the transport's internals; every
+ * error, the transport's own included, is OpenAI's error JSON (a route can reformat them). */
+#ifndef KVSERVE_HTTP_H
+#define KVSERVE_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "server/http/error.h"
+#include "util/util.h"
+
+typedef struct server server;
+
+/* A response header whose name and value outlive the reply (static text). */
+typedef struct http_header {
+    const char *name, *value;
+} http_header;
+
+#define HTTP_REPLY_HEADERS 6
+
+/* A finished response: status, body (malloc'd, owned), content type, extra headers. */
+typedef struct http_reply {
+    int status;
+    char *body;
+    size_t len;
+    const char *content_type;
+    int retry_after;                         /* seconds, 0: no header */
+    http_header headers[HTTP_REPLY_HEADERS]; /* more headers, up to the first NULL name */
+} http_reply;
+
+/* What a stream's read returns when it has nothing to send yet. */
+#define HTTP_WAIT (-2)
+
+/* A streamed response: read() fills buf with up to max bytes without blocking; returns the
+ * count, 0 at the end of the stream, -1 to abort the connection, or HTTP_WAIT when nothing is
+ * ready (the connection sleeps until the call's wake). close() runs once, when the connection
+ * ends (however it ends). */
+typedef struct http_stream {
+    void *ud;
+    long (*read)(void *ud, char *buf, size_t max);
+    void (*close)(void *ud);
+} http_stream;
+
+/* A reply that is not ready yet (a completion without stream): poll() fills *out and returns 1
+ * once it is, else 0 (the connection sleeps until the call's wake). close() runs once, when the
+ * connection ends. */
+typedef struct http_pending {
+    void *ud;
+    int (*poll)(void *ud, http_reply *out);
+    void (*close)(void *ud);
+} http_pending;
+
+/* What a handler hands back: which of out's members it filled. */
+typedef enum http_result {
+    HTTP_REPLIED = 0, /* out->reply */
+    HTTP_STREAMING,   /* out->stream: an SSE stream */
+    HTTP_PENDING,     /* out->pending: the engine is working on it */
+} http_result;
+
+typedef struct http_out {
+    http_reply reply;
+    http_stream stream;
+    http_pending pending;
+} http_out;
+
+/* Request ids: the client's X-Request-Id when it is 1..64 printable characters, else one made
+ * here; returned in the x-request-id header and written in every log line about the request. */
+#define HTTP_REQUEST_ID_MAX 72
+
+/* What a handler gets: the request line, the connection's socket (to notice a client that went
+ * away), the body, and wake(wake_arg), which any thread may call (it never blocks) when a stream
+ * or pending reply may have made progress. */
+typedef struct http_call {
+    const char *method; /* "GET", "POST", "DELETE" */
+    const char *url;    /* the path, without the query */
+    const char *tail;   /* a prefix route's rest of the path ("{id}"), or "" */
+    int fd;
+    const char *body;
+    size_t len;
+    const char *api_key;       /* the Bearer token presented, or NULL */
+    const char *request_id;    /* never NULL */
+    const char *query_salt;    /* the URL's ?cache_salt=, or NULL */
+    const char *if_none_match; /* the If-None-Match header, or NULL */
+    void (*wake)(void *arg);
+    void *wake_arg;
+} http_call;
+
+typedef http_result (*http_handler)(server *s, const http_call *c, http_out *out);
+
+/* A route's methods, or'ed. */
+typedef enum http_method {
+    HTTP_GET = 1,
+    HTTP_POST = 2,
+    HTTP_DELETE = 4,
+} http_method;
+
+/* One row of a route table. */
+typedef struct http_route {
+    const char *path; /* the whole path; with prefix, what it starts with (ending in '/') */
+    bool prefix;      /* path + a non-empty rest (c->tail) */
+    unsigned methods; /* http_method bits; others get 405 with an Allow header */
+    bool public_;     /* answered without an API key */
+    bool always;      /* answered while the model loads and while draining (else 503) */
+    http_handler handler;
+    /* Rewrites an error reply the transport makes (401, 404, 405, 413, 503, ...) into the
+     * route's API's error format, or NULL: OpenAI's error JSON. */
+    void (*error_format)(http_reply *r);
+} http_route;
+
+/* The most rows a server's route table has (server.routes). */
+#define HTTP_MAX_ROUTES 32
+
+/* Starts listening on s's routes (GET /health answers 503 until s->ready is set). */
+int server_start(server *s, kv_error *err);
+/* Stops accepting and closes every connection. Call with no connection waiting on the engine
+ * (after engine_stop every request has finished and woken its connection). */
+void server_stop(server *s);
+
+/* ---------------------------------------------------------------- reply helpers (reply.c) */
+
+/* Replies with OpenAI's error JSON. */
+void http_reply_error(http_reply *out, const api_error *err);
+/* Replies with a JSON value (takes the reference). */
+void http_reply_json(http_reply *out, int status, json_t *v);
+/* A reply of text the caller made (malloc'd, owned from here). */
+void http_reply_text(http_reply *out, int status, const char *content_type, char *text, size_t len);
+/* True when the connection is reset or broken. A peer that only closed its sending side (a
+ * half-close, as `nc -N` does after a request) is still waiting for the answer, and TCP cannot
+ * tell that from a peer that left until something is written to it: that is not "gone". */
+bool http_client_gone(int fd);
+
+#endif
