@@ -233,7 +233,7 @@ bench-codec: $(MODEL) $(BUILD)/kvserve
 QUANT_BENCH_OBJ := $(addprefix $(BUILD)/obj/,kernels/cpu/quant.o kernels/cpu/quant_avx2.o \
                      kernels/cpu/quant_avx512.o kernels/quant_traits.o util/util.o)
 $(BUILD)/quant_bench: $(BUILD)/obj/scripts/bench/quant_bench.o $(QUANT_BENCH_OBJ)
-	$(CC) $(CFLAGS) $^ -o $@ -lm
+	$(CC) $(CFLAGS) $^ -o $@ -lm -lcrypto
 
 # Constrained decoding's mask time per token on the model's vocabulary (grammar_bench.c), and
 # the server's time per token under a schema vs free text, with and without jump-forward.

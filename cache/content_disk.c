@@ -164,22 +164,23 @@ static bool record_name_parse(const char *name, cache_key *k, int *file) {
            kv_hex_decode(name, CACHE_KEY_BYTES, k->b);
 }
 
-static int record_check(void *ud, dirstore *ds, const cache_key *k, int file, const uint8_t *hdr,
-                        size_t len, int64_t file_bytes, dirstore_entry **e, kv_error *err) {
+static dirstore_check record_check(void *ud, dirstore *ds, const cache_key *k, int file,
+                                   const uint8_t *hdr, size_t len, int64_t file_bytes,
+                                   dirstore_entry **e, kv_error *err) {
     content_disk *d = ud;
     (void)ds;
     (void)file;
     content_record_info info;
     if (content_record_check_header(d->model_id, d->n_layer, d->kv_dim, hdr, len, file_bytes, k,
                                     &info, err) != 0)
-        return -1;
+        return DIRSTORE_CORRUPT;
     cd_entry *ce = calloc(1, sizeof *ce);
     if (ce)
         *ce = (cd_entry){.base = {.key = *k, .ns = info.ns, .bytes = info.file_bytes},
                          .pos0 = info.pos0,
                          .n_tok = info.n_tok};
     *e = ce ? &ce->base : NULL;
-    return 0;
+    return DIRSTORE_VALID;
 }
 
 /* A record's file: its header, then its layers (buffered writes: the file is small). */

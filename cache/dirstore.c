@@ -408,15 +408,23 @@ typedef struct scan_state {
     int64_t stale;
 } scan_state;
 
+dirstore_check dirstore_corrupt(kv_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err) vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return DIRSTORE_CORRUPT;
+}
+
 /* Checks key k's file f (name, of size bytes) with the type's check: see dirstore_type.check. */
-static int scan_check(dirstore *ds, scan_state *s, const char *name, const cache_key *k, int file,
-                      int64_t size, dirstore_entry **e, kv_error *err) {
+static dirstore_check scan_check(dirstore *ds, scan_state *s, const char *name, const cache_key *k,
+                                 int file, int64_t size, dirstore_entry **e, kv_error *err) {
     int fd = openat(ds->dir_fd, name, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 1;
+    if (fd < 0) return DIRSTORE_SKIP;
     int64_t got = kv_pread_full(fd, s->hdr, ds->header_bytes, 0);
     int saved = errno;
     close(fd);
-    if (got < 0) return kv_fail(err, "%s", strerror(saved));
+    if (got < 0) return dirstore_corrupt(err, "%s", strerror(saved));
     return ds->t->check(ds->ud, ds, k, file, s->hdr, (size_t)got, size, e, err);
 }
 
@@ -454,9 +462,9 @@ static int scan_name(dirstore *ds, scan_state *s, const char *name, kv_error *er
     }
     dirstore_entry *e = NULL;
     kv_error why = {{0}};
-    int r = scan_check(ds, s, name, &key, 0, (int64_t)sb.st_size, &e, &why);
-    if (r > 0) return 0;
-    if (r < 0) {
+    dirstore_check r = scan_check(ds, s, name, &key, 0, (int64_t)sb.st_size, &e, &why);
+    if (r == DIRSTORE_SKIP) return 0;
+    if (r == DIRSTORE_CORRUPT) {
         scan_reject(ds, name, why.msg);
         return 0;
     }
@@ -483,7 +491,8 @@ static void scan_side(dirstore *ds, scan_state *s, const dirstore_victim *side) 
     struct stat sb;
     kv_error why = {{0}};
     if (fstatat(ds->dir_fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0) return;
-    if (scan_check(ds, s, name, &side->key, file, (int64_t)sb.st_size, &e, &why) < 0)
+    if (scan_check(ds, s, name, &side->key, file, (int64_t)sb.st_size, &e, &why) ==
+        DIRSTORE_CORRUPT)
         scan_reject(ds, name, why.msg);
 }
 

@@ -66,6 +66,17 @@ typedef struct dirstore_entry {
 /* Writes a payload to fd (at its start): 0, or an errno. */
 typedef int (*dirstore_payload_fn)(void *ud, int fd, void *arg);
 
+/* What a type's check found in a file at open. */
+typedef enum dirstore_check {
+    DIRSTORE_VALID = 0, /* indexed */
+    DIRSTORE_CORRUPT,   /* deleted and counted as corrupt (err says why) */
+    DIRSTORE_SKIP,      /* left alone: not readable now */
+} dirstore_check;
+
+/* Fills err (a printf format) and returns DIRSTORE_CORRUPT: a check's refusal. */
+dirstore_check dirstore_corrupt(kv_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 typedef struct dirstore_type {
     const char *tier; /* messages' prefix: "cache: disk" */
     bool direct;      /* O_DIRECT where the filesystem allows it (reads and writes) */
@@ -77,10 +88,11 @@ typedef struct dirstore_type {
     /* At open: checks hdr[0..len) (up to the header_bytes given to dirstore_open), the start of
      * key k's file f of file_bytes. File 0: a new entry (calloc'ed; key, ns, bytes set) to *e.
      * File f > 0: *e is its record's entry, to give the file (dirstore_set_file_locked on ds,
-     * which dirstore_open has not returned yet). 0; -1 with err (the file is deleted and counted
-     * as corrupt); 1 to leave the file alone. */
-    int (*check)(void *ud, dirstore *ds, const cache_key *k, int file, const uint8_t *hdr,
-                 size_t len, int64_t file_bytes, dirstore_entry **e, kv_error *err);
+     * which dirstore_open has not returned yet). A new entry that cannot be allocated: VALID
+     * with *e NULL (the open fails, out of memory). */
+    dirstore_check (*check)(void *ud, dirstore *ds, const cache_key *k, int file,
+                            const uint8_t *hdr, size_t len, int64_t file_bytes, dirstore_entry **e,
+                            kv_error *err);
     /* Writes a queued item's record payload (everything, header included). */
     dirstore_payload_fn write_payload;
     /* Drops the queue's reference to an item. */

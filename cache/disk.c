@@ -828,32 +828,34 @@ static void read_job(void *ud, void *arg) { disk_read_job(ud, arg); }
 /* The core's check at open of record k's file in encoding enc (of file_bytes, its header in
  * hdr[0..len)): header, key and level against the name, size; an encoding's block count against
  * its record's. A record gets a new entry; an encoding is given to its record's. */
-static int scan_check(void *ud, dirstore *ds, const cache_key *k, int enc, const uint8_t *hdr,
-                      size_t len, int64_t file_bytes, dirstore_entry **out, kv_error *err) {
+static dirstore_check scan_check(void *ud, dirstore *ds, const cache_key *k, int enc,
+                                 const uint8_t *hdr, size_t len, int64_t file_bytes,
+                                 dirstore_entry **out, kv_error *err) {
     cache_disk *d = ud;
     cache_record_info info;
     if (enc == CACHE_ENC_RAW ? cache_record_decode_header(hdr, len, &d->layout, &info, err) != 0
                              : cache_record_decode_header_encoded(hdr, len, &d->layout,
                                                                   d->max_payload, &info, err) != 0)
-        return -1;
+        return DIRSTORE_CORRUPT;
     if (memcmp(info.key.b, k->b, CACHE_KEY_BYTES) != 0)
-        return kv_fail(err, "header names another key");
+        return dirstore_corrupt(err, "header names another key");
     if (info.level != (uint32_t)enc)
-        return kv_fail(err, "header has level %u, its name %d", info.level, enc);
+        return dirstore_corrupt(err, "header has level %u, its name %d", info.level, enc);
     size_t want = cache_record_file_bytes(&d->layout, (size_t)info.payload_bytes);
     if ((uint64_t)file_bytes != (uint64_t)want)
-        return kv_fail(err, "file has %lld bytes, its record %zu", (long long)file_bytes, want);
+        return dirstore_corrupt(err, "file has %lld bytes, its record %zu", (long long)file_bytes,
+                                want);
     if (enc == CACHE_ENC_RAW) {
         disk_entry *e = entry_new(d, (const cache_key *)(const void *)info.bkeys, info.n_blocks,
                                   &info.ns, (int64_t)info.payload_bytes);
         *out = e ? &e->base : NULL;
-        return 0;
+        return DIRSTORE_VALID;
     }
     disk_entry *e = (disk_entry *)*out;
     if (info.n_blocks != e->n_blocks)
-        return kv_fail(err, "%d blocks, its record %d", info.n_blocks, e->n_blocks);
+        return dirstore_corrupt(err, "%d blocks, its record %d", info.n_blocks, e->n_blocks);
     entry_set_enc(d, ds, e, enc, (uint64_t)file_bytes); /* ds: d->ds is not set yet */
-    return 0;
+    return DIRSTORE_VALID;
 }
 
 static const dirstore_type disk_type = {

@@ -359,9 +359,15 @@ static int keep_output_rows(forward_ctx *f, const batch_seq *seqs) {
     return n_keep == st->n_rows ? 0 : forward_state_keep_rows(st, f->keep, n_keep);
 }
 
-/* Returns -1 when the backend fails, -2 when a hook aborts. */
-static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il,
-                         const forward_hooks *hooks) {
+/* How a layer ended. */
+typedef enum layer_result {
+    LAYER_OK = 0,
+    LAYER_BACKEND_FAILED, /* an op failed: this batch's KV slots of the layer are undefined */
+    LAYER_HOOK_ABORTED,   /* the after_kv hook stopped the pass */
+} layer_result;
+
+static layer_result layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int il,
+                                  const forward_hooks *hooks) {
     const model_hparams *hp = &f->m->hp;
     const layer_weights *L = &f->lw[il];
     backend *b = f->b;
@@ -378,24 +384,26 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
         matmul_group(b, 3, qkv, f->xn, n, qkv_out) ||
         backend_rope_cs(b, st->q, f->tok_cs, st->d_rows, n, hp->n_head, hp->head_dim, hp->n_rot) ||
         backend_rope_cs(b, f->k, f->tok_cs, st->d_rows, n, hp->n_kv_head, hp->head_dim, hp->n_rot))
-        return -1;
+        return LAYER_BACKEND_FAILED;
     for (int s = 0; s < n_seqs; s++) {
         int lo, hi;
         seq_rows(f, s, &lo, &hi);
         if (hi > lo && backend_kv_write(b, pool, kl, il, seq_table(f, s), st->d_row_slot + lo,
                                         hi - lo, f->k + (size_t)lo * kvd, f->v + (size_t)lo * kvd))
-            return -1;
+            return LAYER_BACKEND_FAILED;
     }
     /* rows dropped from here on skip the rest of the layer (their queries and slots move with
      * the rows that stay) */
     st->in_layer = true;
-    int rc = 0;
-    if (hooks && hooks->after_kv && hooks->after_kv(hooks->ud, st, il) != 0) rc = -2;
-    if (rc == 0 && il == hp->n_layer - 1 && keep_output_rows(f, seqs)) rc = -1;
+    layer_result rc = LAYER_OK;
+    if (hooks && hooks->after_kv && hooks->after_kv(hooks->ud, st, il) != 0)
+        rc = LAYER_HOOK_ABORTED;
+    if (rc == LAYER_OK && il == hp->n_layer - 1 && keep_output_rows(f, seqs))
+        rc = LAYER_BACKEND_FAILED;
     st->in_layer = false;
     if (rc) return rc;
     n = st->n_rows;
-    if (n == 0) return 0;
+    if (n == 0) return LAYER_OK;
 
     int n_attn = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -417,7 +425,7 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
                           n_attn) ||
         backend_matmul(b, &L->wo, f->att, n, f->tmp) ||
         backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim))
-        return -1;
+        return LAYER_BACKEND_FAILED;
 
     /* feed-forward block: down(silu(gate(x)) * up(x)) */
     const weight *gu[2] = {&L->w_gate, &L->w_up};
@@ -427,8 +435,8 @@ static int layer_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, int 
         backend_swiglu(b, f->gate, f->up, f->gate, (int64_t)n * hp->ffn_dim) ||
         backend_matmul(b, &L->w_down, f->gate, n, f->tmp) ||
         backend_add(b, st->x, f->tmp, (int64_t)n * hp->dim))
-        return -1;
-    return 0;
+        return LAYER_BACKEND_FAILED;
+    return LAYER_OK;
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -505,9 +513,11 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
             return kv_fail(err, "forward aborted by a hook before layer %d", il);
         /* A failed layer leaves this batch's KV slots undefined: the sequences' lengths are
          * not advanced, so nothing reads them as valid. */
-        int rc = st->n_rows > 0 ? layer_forward(f, seqs, n_seqs, il, hooks) : 0;
-        if (rc == -2) return kv_fail(err, "forward aborted by a hook in layer %d", il);
-        if (rc) return kv_fail(err, "the backend failed in layer %d of the forward pass", il);
+        layer_result rc = st->n_rows > 0 ? layer_forward(f, seqs, n_seqs, il, hooks) : LAYER_OK;
+        if (rc == LAYER_HOOK_ABORTED)
+            return kv_fail(err, "forward aborted by a hook in layer %d", il);
+        if (rc == LAYER_BACKEND_FAILED)
+            return kv_fail(err, "the backend failed in layer %d of the forward pass", il);
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }

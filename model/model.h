@@ -1,5 +1,6 @@
 /* model/: the public contract of the model layer. A llama-family model loaded from GGUF, its
- * tokenizer and chat template, the paged KV pool, the forward pass and the sampler.
+ * tokenizer and chat template, the paged KV pool and the forward pass (the sampler and grammars:
+ * sampler.h, grammar.h).
  *
  * The forward pass follows DESIGN.md: explicit per-token positions, layer-by-layer execution with
  * hooks between layers, computing a subset of token rows while attending over all KV rows, a
@@ -14,8 +15,6 @@
 #include "kernels/backend.h"
 #include "model/chat.h"
 #include "model/gguf.h"
-#include "model/grammar.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "util/util.h"
 

@@ -15,6 +15,7 @@
 #include "cache/cache.h"
 #include "cache/quality.h"
 #include "config/config.h"
+#include "model/grammar.h"
 #include "model/model.h"
 #include "server/engine/engine.h"
 #include "server/engine/metrics.h"

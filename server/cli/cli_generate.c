@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "model/sampler.h"
 #include "server/cli/cli.h"
 #include "server/cli/cli_common.h"
 

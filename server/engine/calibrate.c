@@ -14,6 +14,7 @@
 
 #include "cache/codec.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #include "server/engine/calibrate.h"
 
 static const char CALIB_OPENING[] =

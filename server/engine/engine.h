@@ -21,7 +21,9 @@
 #include "cache/plan.h"
 #include "cache/quality.h"
 #include "cache/schema.h"
+#include "model/grammar.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #include "server/engine/metrics.h"
 
 #define GEN_MAX_TOP_LOGPROBS 20
