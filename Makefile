@@ -18,7 +18,7 @@ LDLIBS  := $(BASE_LDLIBS)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c) \
+LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c cache/*/*.c) \
              $(filter-out server/cli/main.c,$(wildcard server/*.c server/*/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # The web page's files (server/web/) go into the binary as byte arrays written by
@@ -280,20 +280,21 @@ FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
 FUZZ_DEPS_grammar_fuzz := model/grammar.c model/grammar_match.c model/json_schema.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
 FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
-FUZZ_DEPS_api_fuzz := server/api/api.c server/http/error.c model/sampler.c cache/chunk.c cache/blend_policy.c model/chat.c \
-    model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
+FUZZ_DEPS_api_fuzz := server/api/api.c server/http/error.c model/sampler.c cache/chunk.c \
+    cache/blend/blend_policy.c model/chat.c model/chat_tools.c model/chat_json.c \
+    $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_responses_fuzz := server/api/responses_parse.c $(FUZZ_DEPS_api_fuzz)
 FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
-FUZZ_DEPS_rans_fuzz := cache/rans.c
-FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
-FUZZ_DEPS_redis_url_fuzz := cache/redis_url.c
-FUZZ_DEPS_pml_fuzz := cache/pml.c
-FUZZ_DEPS_content_disk_fuzz := cache/content_disk.c cache/dirstore.c cache/content.c cache/chunk.c util/keytable.c \
-    $(FUZZ_DEPS_tokenizer_fuzz)
-FUZZ_DEPS_codec_fuzz := cache/codec.c cache/codec_quant.c cache/rans.c kernels/rope.c
-FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend_policy.c cache/chunk.c
+FUZZ_DEPS_rans_fuzz := cache/codec/rans.c
+FUZZ_DEPS_record_fuzz := cache/store/record.c cache/chunk.c
+FUZZ_DEPS_redis_url_fuzz := cache/store/redis_url.c
+FUZZ_DEPS_pml_fuzz := cache/schema/pml.c
+FUZZ_DEPS_content_disk_fuzz := cache/blend/content_disk.c cache/store/dirstore.c \
+    cache/blend/content.c cache/chunk.c util/keytable.c $(FUZZ_DEPS_tokenizer_fuzz)
+FUZZ_DEPS_codec_fuzz := cache/codec/codec.c cache/codec/codec_quant.c cache/codec/rans.c kernels/rope.c
+FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend/blend_policy.c cache/chunk.c
 FUZZ_DEPS_anthropic_fuzz := server/api/anthropic_req.c $(FUZZ_DEPS_api_fuzz)
-FUZZ_DEPS_leases_fuzz := cache/leases.c
+FUZZ_DEPS_leases_fuzz := cache/store/leases.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz

@@ -21,7 +21,7 @@
 
 #include "util/util.h"
 
-typedef struct codec_table codec_table; /* cache/codec.h */
+typedef struct codec_table codec_table; /* cache/codec/codec.h */
 
 /* ---------------------------------------------------------------- keys */
 
@@ -54,7 +54,7 @@ int cache_record_keys(const cache_key *bkeys, int n_blocks, int chunk_blocks, ca
 void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
                        int n_tokens, cache_key *out);
 
-/* Schema keys (Prompt Cache, cache/schema.h) chain like prefix keys but over tokens and their
+/* Schema keys (Prompt Cache, cache/schema/schema.h) chain like prefix keys but over tokens and their
  * RoPE positions: SHA-256(tag, model identity, namespace, previous key, n, tokens, positions).
  * A module's KV depends on its tokens, their positions and the context it was computed after,
  * all of which its chain covers, so a key never matches KV of another position layout. */
@@ -120,7 +120,7 @@ void cache_chunk_unref(cache_chunk *c);
 
 /* ---------------------------------------------------------------- encodings and fetch policy */
 
-/* How a chunk travels through the Redis tier (cache/chunk_codec.h): lossless (the raw f16
+/* How a chunk travels through the Redis tier (cache/codec/chunk_codec.h): lossless (the raw f16
  * blocks), q8 (8-bit per-token quantization) or a level of the CacheGen codec (codec0 the finest).
  * Lossy encodings reach the pool only: RAM and disk hold what a full prefill computes. */
 enum { CACHE_ENC_RAW = 0, CACHE_ENC_Q8 = 1, CACHE_ENC_CODEC = 2 };
@@ -191,12 +191,12 @@ typedef struct cache_store_opts {
     const char *dir;       /* disk tier directory, or NULL for none */
     int64_t disk_bytes;    /* disk tier cap */
     int write_queue;       /* pending disk (and Redis) writes at most (beyond: dropped, counted) */
-    const char *redis_url; /* Redis tier (cache/redis.h), or NULL for none */
+    const char *redis_url; /* Redis tier (cache/store/redis.h), or NULL for none */
     int64_t redis_ttl_s;   /* expiry of the keys it writes (0: none) */
     int redis_timeout_ms;  /* each network wait (0: 200) */
     const codec_table *codec; /* the CacheGen codec's table for Redis's encodings (NULL: lossless
                                  and q8 only); borrowed, outlives the store */
-    bool disk_encoded;        /* the disk tier keeps every encoding too (cache/disk.h) */
+    bool disk_encoded;        /* the disk tier keeps every encoding too (cache/store/disk.h) */
     int ram_enc;              /* the RAM tier holds chunks in this encoding (CACHE_ENC_RAW: as
                                  computed; else lossy, decoded when found) */
     int64_t pin_bytes;        /* pinned and leased bytes per tier at most, beside half of each
@@ -212,7 +212,7 @@ typedef struct cache_store cache_store;
  * models are left alone; torn or corrupt ones are deleted and counted). A Redis tier that is
  * down at open is not an error (it is used once it answers); a bad URL is. */
 cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err);
-/* Checks the syntax of a Redis tier URL (cache_store_opts.redis_url; cache/redis.h says what is
+/* Checks the syntax of a Redis tier URL (cache_store_opts.redis_url; cache/store/redis.h says what is
  * accepted); -1 with err naming what is wrong. */
 int cache_store_check_redis_url(const char *url, kv_error *err);
 /* Finishes queued writes and frees everything. */
@@ -252,7 +252,7 @@ int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin)
  * ends by itself; a record may have a pin and a lease, and is kept while it has either. A lease
  * passes, like a pin, to a longer record of the chunk that replaces its record (the same
  * prompt's record once generated tokens extend it), and the disk tier keeps its leases across a
- * restart (cache/leases.h). Leases and pins share the cap on pinned bytes (pin_bytes). */
+ * restart (cache/store/leases.h). Leases and pins share the cap on pinned bytes (pin_bytes). */
 
 /* The store's clock (Unix seconds). */
 int64_t cache_store_now(cache_store *s);

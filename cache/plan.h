@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cache/blend.h"
+#include "cache/blend/blend.h"
 #include "cache/cache.h"
 #include "cache/pool_cache.h"
 #include "model/model.h"

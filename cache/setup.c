@@ -4,8 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/blend.h"
-#include "cache/content_disk.h"
+#include "cache/blend/blend.h"
+#include "cache/blend/content_disk.h"
 #include "cache/setup.h"
 
 /* The disk tier's directory: the configured one, "auto" ($XDG_CACHE_HOME/kvserve, else

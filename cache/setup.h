@@ -5,7 +5,7 @@
 #define KVSERVE_CACHE_SETUP_H
 
 #include "cache/cache.h"
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "config/config.h"
 #include "model/model.h"
 

@@ -84,7 +84,7 @@ static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL}
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
 static const char *const DEVICES[] = {"auto", "cuda", "cpu", NULL};
-/* blend_policy_name's names (cache/blend.h) */
+/* blend_policy_name's names (cache/blend/blend.h) */
 static const char *const BLEND_POLICIES[] = {"hkvd", "legolink", "hybrid", NULL};
 
 /* A usable Bearer key: printable, no spaces (RFC 6750 token68 has none). Keys are secrets: the

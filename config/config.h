@@ -58,7 +58,7 @@ typedef struct kv_config {
     bool cache_disk_encoded;  /* the disk tier keeps each chunk's q8 and codec levels too */
     int64_t pin_bytes;        /* pinned and leased chunks (Anthropic's cache_control) at most, per
                                  tier, beside half of each tier */
-    char *redis;              /* Redis tier URL (cache/redis.h), or NULL for none */
+    char *redis;              /* Redis tier URL (cache/store/redis.h), or NULL for none */
     int64_t redis_ttl;        /* seconds the Redis tier's keys live; 0: no expiry */
     int redis_timeout_ms;     /* each Redis connect, send or receive */
     char *redis_codec;        /* codec table for Redis's levels: auto, off or a path */

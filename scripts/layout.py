@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- layout:begin (scripts/layout.py) -->", "<!-- layout:end -->"
 SOURCES = (".c", ".h", ".cu", ".cuh", ".cc")
 # the folders drawn, from the bottom of the stack up; a file belongs to the deepest one listed
-ROOMS = ["util", "config", "kernels", "kernels/cpu", "kernels/cuda", "model", "cache", "server",
+ROOMS = ["util", "config", "kernels", "kernels/cpu", "kernels/cuda", "model", "cache/codec",
+         "cache/store", "cache/blend", "cache/schema", "cache", "server",
          "server/engine", "server/http", "server/api", "server/cli"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

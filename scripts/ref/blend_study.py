@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Why CacheBlend (cache/blend.c's fusor) lands far from the quality floor: a float32 numpy study.
+"""Why CacheBlend (cache/blend/blend.c's fusor) lands far from the quality floor: a float32 numpy study.
 
 For each question of scripts/bench/blend.py's RAG set (its passages(), question_set(),
 messages(); the same seed), it runs a llama forward pass (exact_llama.py's graph, float32, over
@@ -61,7 +61,7 @@ F32 = np.float32
 
 
 def blend_rows_at_layer(ratio, reused, layer):
-    """cache/blend.c's schedule."""
+    """cache/blend/blend.c's schedule."""
     if layer <= 1:
         return reused if ratio > 0 else 0
     d = float(layer - 1)
@@ -202,7 +202,7 @@ def kl(p_logits, q_logits):
 
 
 def blend_sim(M, ids, is_reused, ridx, Kr, Vr, Kfull, Vfull, policy, init):
-    """cache/blend.c's pass. is_reused [n] bool; ridx [n]: the reused index of a token or -1;
+    """cache/blend/blend.c's pass. is_reused [n] bool; ridx [n]: the reused index of a token or -1;
     Kr/Vr [L][n_reused][kvd]: the reused KV (rotated); policy(l, cand, dev) -> the reused
     indices (a subset of cand) computed at layer l + 1, where cand are the reused indices
     computed at layer l and dev their fresh-vs-reused deviation; init: the reused indices
@@ -320,7 +320,7 @@ def gear(i):
 
 
 def cdc_cut(ids, kinds, bounds, avg=48, mn=1, mx=256):
-    """cache/content.c's cache_cdc_cut with plan.c's PLAN_CDC: chunk ends. kinds: id -> 0 plain,
+    """cache/blend/content.c's cache_cdc_cut with plan.c's PLAN_CDC: chunk ends. kinds: id -> 0 plain,
     1 soft (a line break), 2 hard (a control token)."""
     gap, bits = avg - mn, 0
     while bits < 32 and (1 << (bits + 1)) <= gap:

@@ -1,4 +1,4 @@
-/* Prompt Cache's HTTP surface (cache/schema.h): POST /v1/schemas registers a schema, GET
+/* Prompt Cache's HTTP surface (cache/schema/schema.h): POST /v1/schemas registers a schema, GET
  * /v1/schemas lists them, GET and DELETE /v1/schemas/{name}; a builder thread precomputes each
  * module's KV through the engine in the background (a prompt-only request per module whose
  * records are not yet stored), and completions and chat turn a "schema_prompt" into a prompt

@@ -1,5 +1,5 @@
 /* `kvserve calibrate`: profiles the CacheGen codec's table for a model from the model's own KV
- * (channel scales and entropy models per level; cache/codec.h) and writes it beside the model
+ * (channel scales and entropy models per level; cache/codec/codec.h) and writes it beside the model
  * (MODEL.kvcodec), where the server and `kvserve codec-eval` find it. The calibration itself is
  * server/engine/calibrate.c. */
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "model/model.h"
 #include "server/cli/cli.h"
 #include "server/cli/cli_common.h"

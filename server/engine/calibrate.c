@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "server/engine/calibrate.h"

@@ -4,7 +4,7 @@
 #ifndef KVSERVE_CALIBRATE_H
 #define KVSERVE_CALIBRATE_H
 
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "server/engine/single.h"
 
 #define CALIB_DEFAULT_TOKENS 2048

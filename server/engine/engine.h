@@ -16,11 +16,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cache/blend.h"
+#include "cache/blend/blend.h"
 #include "cache/cache.h"
 #include "cache/plan.h"
 #include "cache/quality.h"
-#include "cache/schema.h"
+#include "cache/schema/schema.h"
 #include "model/grammar.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -98,7 +98,7 @@ typedef struct gen_request {
      * blend, blend_ratio, bounds), then what engine_prepare_cache found (cache/plan.h; the engine
      * must outlive the request, whose fetched records count against its budget). */
     plan_req plan;
-    /* Prompt Cache (cache/schema.h): the prompt tokens' RoPE positions (NULL: token i at
+    /* Prompt Cache (cache/schema/schema.h): the prompt tokens' RoPE positions (NULL: token i at
      * position i) and the KV its first skv->n_slots slots take from schema records at
      * admission instead of computing it (or, with skv->fixup >= 0, blend). A precompute
      * (max_tokens 0) stores its skv's export slots as records once computed; export_failed

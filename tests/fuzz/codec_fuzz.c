@@ -1,4 +1,4 @@
-/* libFuzzer target for the KV bitstream decoder and the codec table parser (cache/codec.c).
+/* libFuzzer target for the KV bitstream decoder and the codec table parser (cache/codec/codec.c).
  * A fixed table (2 layers, 8 channels as 2 heads of 4 dims with RoPE, 2 levels, groups of 4)
  * is calibrated once on deterministic synthetic KV, and a valid 12-token bitstream encoded
  * with it. Each input is
@@ -25,7 +25,7 @@
 
 #include <openssl/evp.h>
 
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "kernels/quant.h"
 
 /* Decoded outputs are bounded: a header asking for more tokens is refused before decoding

@@ -1,4 +1,4 @@
-/* libFuzzer target for the disk tier's leases file parser (cache/leases.h): any bytes either
+/* libFuzzer target for the disk tier's leases file parser (cache/store/leases.h): any bytes either
  * parse into leases with positive expiries whose file, encoded again, is the same bytes, or fail
  * with a message and nothing handed out. Seeds: tests/fuzz/corpus/leases_fuzz/. */
 #include <stddef.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/leases.h"
+#include "cache/store/leases.h"
 #include "tests/fuzz/fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,4 +1,4 @@
-/* libFuzzer target for the PML parser (cache/pml.c): every input is parsed as it is (a copy of
+/* libFuzzer target for the PML parser (cache/schema/pml.c): every input is parsed as it is (a copy of
  * exactly size bytes, so ASan sees any read past it) under tight limits. A refusal must name
  * its line and column; an accepted document must be a tree PML allows (checked here by walking
  * it: kinds where they may be, names that are names, parameters with lengths in range, no more
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/pml.h"
+#include "cache/schema/pml.h"
 
 static int walk(const pml_node *n, bool prompt, int depth, const pml_limits *lim, int *count) {
     if (depth > lim->max_depth) abort();

@@ -1,4 +1,4 @@
-/* libFuzzer target for the rANS coder (cache/rans.c). The first bytes choose up to 4 models
+/* libFuzzer target for the rANS coder (cache/codec/rans.c). The first bytes choose up to 4 models
  * (each built from a count shape, then optionally hit with one byte of corruption and kept only
  * if rans_model_check still accepts it), a symbol count and a context sequence; the rest is
  *   1. decoded as a stream: any outcome but a crash is fine, and an accepted stream must be
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/rans.h"
+#include "cache/codec/rans.h"
 
 #define MAX_MODELS 4
 #define MAX_N 4096

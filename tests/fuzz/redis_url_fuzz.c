@@ -1,4 +1,4 @@
-/* libFuzzer target for the Redis tier's URL parser (cache_redis_parse_url, cache/redis.c). Each
+/* libFuzzer target for the Redis tier's URL parser (cache_redis_parse_url, cache/store/redis.c). Each
  * input, cut at its first NUL, is parsed from a heap copy of exactly its bytes (ASan sees any read
  * past the end). A refusal must name its reason; an accepted URL must give a TCP host or an
  * absolute socket path (not both), a port in 1..65535, a database in 0..65535, a host without the
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/redis.h"
+#include "cache/store/redis.h"
 
 static void check(const cache_redis_addr *a) {
     if (!a->host[0] == !a->path[0]) abort();

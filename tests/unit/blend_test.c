@@ -1,4 +1,4 @@
-/* CacheBlend (cache/blend.h) on the real model: content-defined chunks find a passage wherever it
+/* CacheBlend (cache/blend/blend.h) on the real model: content-defined chunks find a passage wherever it
  * sits, the RoPE delta rotation moves K exactly as rotating at the new position would, the
  * fusor at ratio 1 is a full prefill bit for bit, and the HKVD selection finds the tokens whose
  * reused KV is wrong. */
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/blend.h"
+#include "cache/blend/blend.h"
 #include "kernels/quant.h"
 #include "tests/unit/model_fixture.h"
 

@@ -1,4 +1,4 @@
-/* The disk tier's encodings (cache/disk.h, cache_disk_open_enc): each record kept in every
+/* The disk tier's encodings (cache/store/disk.h, cache_disk_open_enc): each record kept in every
  * encoding, read as forced bit for bit, reindexed at open (another table's deleted, all deleted
  * when encodings are off), a damaged or vanished encoding falling back to the record, and the
  * encodings going with their record (clear, supersede, eviction); then the store's encoded RAM
@@ -9,9 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/chunk_codec.h"
-#include "cache/disk.h"
-#include "cache/record.h"
+#include "cache/codec/chunk_codec.h"
+#include "cache/store/disk.h"
+#include "cache/store/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

@@ -1,4 +1,4 @@
-/* The disk tier (cache/disk.h): write and read back, restart, corrupt / torn / vanished /
+/* The disk tier (cache/store/disk.h): write and read back, restart, corrupt / torn / vanished /
  * foreign files, stray temporary files, LRU eviction under a cap with pins (also the order
  * rebuilt from mtimes at open), clear by namespace (also of writes in flight), a full write
  * queue, a full disk (a 64 KiB tmpfs, when mounting is allowed), the pread/pwrite fallback
@@ -24,8 +24,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "cache/disk.h"
-#include "cache/record.h"
+#include "cache/store/disk.h"
+#include "cache/store/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
-#include "cache/leases.h"
+#include "cache/store/leases.h"
 #include "tests/unit/tmpdir.h"
 
 /* Two blocks of 16 tokens per chunk. */

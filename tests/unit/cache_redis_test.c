@@ -23,9 +23,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cache/chunk_codec.h"
-#include "cache/record.h"
-#include "cache/redis.h"
+#include "cache/codec/chunk_codec.h"
+#include "cache/store/record.h"
+#include "cache/store/redis.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/tmpdir.h"
 
@@ -176,7 +176,7 @@ static cache_tier_stats stats(cache_redis *r, bool *connected) {
     return st;
 }
 
-/* The key of a record's value in encoding enc in Redis (cache/redis.h's layout; a codec level's
+/* The key of a record's value in encoding enc in Redis (cache/store/redis.h's layout; a codec level's
  * names its table t). */
 static void value_name(const cache_layout *l, const codec_table *t, const cache_key *ns,
                        const cache_key *key, int enc, char *out, size_t n) {
@@ -385,7 +385,7 @@ static void assert_refused(cache_redis *r, const cache_layout *l, const uint8_t 
     cache_chunk_unref(c);
 }
 
-/* The value cache/redis.c writes for c: header, then payload. */
+/* The value cache/store/redis.c writes for c: header, then payload. */
 static uint8_t *encode(const cache_layout *l, const cache_chunk *c, size_t *len) {
     size_t hb = cache_record_header_bytes(l);
     uint8_t *v = malloc(hb + c->bytes);

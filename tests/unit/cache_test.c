@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
-#include "cache/ram.h"
+#include "cache/store/ram.h"
 
 static void golden(const char *name, char out[65]) {
     FILE *f = fopen("tests/golden/cache/keys.txt", "r");

@@ -1,4 +1,4 @@
-/* The chunk payload encodings of the Redis tier (cache/chunk_codec.h): lossless is the payload
+/* The chunk payload encodings of the Redis tier (cache/codec/chunk_codec.h): lossless is the payload
  * bit for bit; q8 is within half a step of each row (plus f16 rounding); every codec level within
  * the table's error bound; names round-trip; decoders refuse another table, position, shape or
  * length. */
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/chunk_codec.h"
+#include "cache/codec/chunk_codec.h"
 #include "kernels/quant.h"
 #include "tests/unit/chunk_fixture.h"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/chunk_codec.h"
+#include "cache/codec/chunk_codec.h"
 #include "kernels/backend.h"
 #include "kernels/quant.h"
 

@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 #include "cache/cache.h"
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 
 /* Fills c's payload with xorshift64 bytes from seed: equal seeds, equal payloads. */
 void chunk_fill(cache_chunk *c, uint64_t seed);
@@ -24,7 +24,7 @@ void chunk_kv_rows(const cache_chunk *c, const cache_layout *l, int layer, int k
  * of seed. */
 void chunk_codec_table(codec_table *t, const cache_layout *l, float coarse, uint64_t seed);
 
-/* What c becomes through encoding enc (cache/chunk_codec.h) and back, computed here. */
+/* What c becomes through encoding enc (cache/codec/chunk_codec.h) and back, computed here. */
 cache_chunk *chunk_coded_copy(const cache_layout *l, const codec_table *t, int enc,
                               const cache_chunk *c);
 

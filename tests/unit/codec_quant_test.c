@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/codec_quant.h"
+#include "cache/codec/codec_quant.h"
 #include "kernels/quant.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;

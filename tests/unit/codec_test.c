@@ -12,7 +12,7 @@
 
 #include <openssl/evp.h>
 
-#include "cache/codec.h"
+#include "cache/codec/codec.h"
 #include "kernels/quant.h"
 #include "tests/unit/tmpdir.h"
 

@@ -10,7 +10,7 @@
 #include <sys/types.h>
 
 #include "cache/cache.h"
-#include "cache/disk.h"
+#include "cache/store/disk.h"
 
 /* 2 layers, 1 KV head, head_dim 8, blocks of 16, chunks of 32: 2048 payload bytes, 8192-byte
  * files. */

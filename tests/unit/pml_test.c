@@ -1,10 +1,10 @@
-/* cache/pml.c: PML schemas and prompts parse into the tree PML describes (modules, nesting,
+/* cache/schema/pml.c: PML schemas and prompts parse into the tree PML describes (modules, nesting,
  * unions, parameters, role tags, text with its indentation dropped), and every malformed or
  * disallowed document is refused with the line and column of its problem. */
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "cache/pml.h"
+#include "cache/schema/pml.h"
 
 static pml_doc *parse_ok(const char *src) {
     kv_error err = {{0}};

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cache/meter.h"
+#include "cache/codec/meter.h"
 #include "cache/quality.h"
 
 static const uint8_t ID[32] = {0xab, 0xcd, 1, 2, 3};
@@ -193,7 +193,7 @@ Test(quality, a_calibration_file_is_loaded_and_a_missing_one_named) {
     cr_expect(strstr(err.msg, path) != NULL, "%s", err.msg);
 }
 
-/* The fetch policy (cache/meter.h) never takes a level the budget barred: on a slow link where
+/* The fetch policy (cache/codec/meter.h) never takes a level the budget barred: on a slow link where
  * lossless misses the budget, the finest level that fits is taken, or, barred, the next. */
 Test(quality, a_barred_level_is_never_chosen_by_budget) {
     cache_layout l = {

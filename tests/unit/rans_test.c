@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/rans.h"
+#include "cache/codec/rans.h"
 
 /* ---------------------------------------------------------------- helpers */
 

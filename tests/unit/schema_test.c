@@ -1,4 +1,4 @@
-/* cache/schema.c on the real model's tokenizer and template: role tags render as the chat
+/* cache/schema/schema.c on the real model's tokenizer and template: role tags render as the chat
  * template does, positions follow the schema (unions share a start, parameters reserve their
  * length, nested modules sit inside their parent), keys change with positions, context and
  * namespace but not with the schema's name, prompts assemble in slot order with free text after
@@ -7,7 +7,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "cache/schema.h"
+#include "cache/schema/schema.h"
 #include "tests/unit/model_fixture.h"
 
 static model *g_m;
