@@ -54,10 +54,10 @@ int cache_record_keys(const cache_key *bkeys, int n_blocks, int chunk_blocks, ca
 void cache_content_key(const uint8_t model_id[32], const cache_key *ns, const int32_t *tokens,
                        int n_tokens, cache_key *out);
 
-/* Schema keys (Prompt Cache, cache/schema/schema.h) chain like prefix keys but over tokens and their
- * RoPE positions: SHA-256(tag, model identity, namespace, previous key, n, tokens, positions).
- * A module's KV depends on its tokens, their positions and the context it was computed after,
- * all of which its chain covers, so a key never matches KV of another position layout. */
+/* Schema keys (Prompt Cache, cache/schema/schema.h) chain like prefix keys but over tokens and
+ * their RoPE positions: SHA-256(tag, model identity, namespace, previous key, n, tokens,
+ * positions). A module's KV depends on its tokens, their positions and the context it was computed
+ * after, all of which its chain covers, so a key never matches KV of another position layout. */
 void cache_schema_key(const uint8_t model_id[32], const cache_key *ns, const cache_key *prev,
                       const int32_t *tokens, const int32_t *pos, int n_tokens, cache_key *out);
 
@@ -212,8 +212,8 @@ typedef struct cache_store cache_store;
  * models are left alone; torn or corrupt ones are deleted and counted). A Redis tier that is
  * down at open is not an error (it is used once it answers); a bad URL is. */
 cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, kv_error *err);
-/* Checks the syntax of a Redis tier URL (cache_store_opts.redis_url; cache/store/redis.h says what is
- * accepted); -1 with err naming what is wrong. */
+/* Checks the syntax of a Redis tier URL (cache_store_opts.redis_url; cache/store/redis.h says what
+ * is accepted); -1 with err naming what is wrong. */
 int cache_store_check_redis_url(const char *url, kv_error *err);
 /* Finishes queued writes and frees everything. */
 void cache_store_close(cache_store *s);

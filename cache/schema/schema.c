@@ -1,5 +1,5 @@
-/* Prompt Cache schemas (cache/schema/schema.h): role tags through the chat template, the layout of a
- * schema's positions and keys, precompute jobs, and the assembly of prompts. */
+/* Prompt Cache schemas (cache/schema/schema.h): role tags through the chat template, the layout of
+ * a schema's positions and keys, precompute jobs, and the assembly of prompts. */
 #include "cache/schema/schema.h"
 
 #include <stdio.h>

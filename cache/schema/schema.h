@@ -1,7 +1,7 @@
 /* cache/schema/schema.h: Prompt Cache (Gim et al., MLSys'24; DESIGN.md "Schemas (Prompt Cache)").
  *
- * A schema (PML, cache/schema/pml.h) fixes the positions of every module: text is laid out in order,
- * a parameter reserves `length` positions, and the members of a union share their start (the
+ * A schema (PML, cache/schema/pml.h) fixes the positions of every module: text is laid out in
+ * order, a parameter reserves `length` positions, and the members of a union share their start (the
  * union takes as many positions as its longest member). Every node (the root, which is the text
  * outside all modules and always included, and each module) has its own tokens: its text, its
  * role tags rendered by the chat template, but not its children's tokens and no placeholder for

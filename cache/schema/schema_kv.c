@@ -1,5 +1,5 @@
-/* Prompt Cache's KV through the chunk store (cache/schema/schema.h): module records written from the
- * pool after a precompute, copied into a prompt's slots, or handed to the fusor for the fix-up;
+/* Prompt Cache's KV through the chunk store (cache/schema/schema.h): module records written from
+ * the pool after a precompute, copied into a prompt's slots, or handed to the fusor for the fix-up;
  * and schema definitions kept on disk beside the records. */
 #include "cache/schema/schema.h"
 

@@ -1,9 +1,9 @@
 /* The disk tier of the chunk store (cache/store/disk.h): one record file per chunk, on the disk
- * tiers' core (cache/store/dirstore.h), which owns the directory, the index and its cap, the I/O thread
- * (every file operation after open is its work), the write ring and the durability rule: records
- * are written to a temporary name and renamed into place, without fdatasync. This file adds what
- * only the chunk tier has: the block index (a prompt finds a record by any of its blocks' keys),
- * pins, io_uring reads and writes with O_DIRECT, and the encodings.
+ * tiers' core (cache/store/dirstore.h), which owns the directory, the index and its cap, the I/O
+ * thread (every file operation after open is its work), the write ring and the durability rule:
+ * records are written to a temporary name and renamed into place, without fdatasync. This file adds
+ * what only the chunk tier has: the block index (a prompt finds a record by any of its blocks'
+ * keys), pins, io_uring reads and writes with O_DIRECT, and the encodings.
  *
  * Reads. A read is a job on the I/O thread that its caller waits for; jobs go before queued
  * writes, so a read never waits behind the write-back queue. It keeps several records' reads in
@@ -13,12 +13,12 @@
  * chunk in every other encoding the Redis tier offers (cache/codec/chunk_codec.h): <key>.e1.kvc for
  * q8, <key>.e<N>-<table id>.kvc for codec level N - 2 (named with the codec table, so files of
  * another table are deleted at open, never decoded). Each is a whole record of that level
- * (cache/store/record.h), written like a record. An encoder thread, at a lower CPU priority, encodes
- * each record once it is published and hands the files to the I/O thread; the index keeps their
- * sizes with the record, and they count towards the cap, are evicted, cleared, superseded and
- * deleted with it. A read chooses each record's encoding with the fetch policy (cache/codec/meter.h)
- * from this disk's measured read rate and this machine's decode costs; an encoding that fails
- * its checks is dropped, and the lossless record is read instead. */
+ * (cache/store/record.h), written like a record. An encoder thread, at a lower CPU priority,
+ * encodes each record once it is published and hands the files to the I/O thread; the index keeps
+ * their sizes with the record, and they count towards the cap, are evicted, cleared, superseded and
+ * deleted with it. A read chooses each record's encoding with the fetch policy
+ * (cache/codec/meter.h) from this disk's measured read rate and this machine's decode costs; an
+ * encoding that fails its checks is dropped, and the lossless record is read instead. */
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -28,10 +28,10 @@
 #include <unistd.h>
 
 #include "cache/codec/chunk_codec.h"
+#include "cache/codec/meter.h"
 #include "cache/store/dirstore.h"
 #include "cache/store/disk.h"
 #include "cache/store/leases.h"
-#include "cache/codec/meter.h"
 #include "cache/store/record.h"
 #include "cache/store/worker.h"
 #include "util/keytable.h"

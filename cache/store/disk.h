@@ -25,8 +25,8 @@ typedef struct cache_disk cache_disk;
 cache_disk *cache_disk_open(const char *dir, const cache_layout *l, int64_t cap_bytes,
                             int write_queue, kv_error *err);
 /* The same; with encode, the tier also keeps each record's chunk in every other encoding of
- * table (cache/codec/chunk_codec.h: q8, then table's levels; NULL: q8 only), each in a file beside the
- * record, made in the background by an encoder thread at a lower CPU priority (its queue holds
+ * table (cache/codec/chunk_codec.h: q8, then table's levels; NULL: q8 only), each in a file beside
+ * the record, made in the background by an encoder thread at a lower CPU priority (its queue holds
  * 16 records; beyond: not encoded, counted as dropped). The files count towards cap_bytes and go
  * with their record. At open, files of another table or of no record are deleted; without encode,
  * every encoding's file is. */

@@ -1,5 +1,5 @@
-/* The disk tier's leases file (cache/store/leases.h): encoded and parsed with every length and field
- * checked before it is trusted. */
+/* The disk tier's leases file (cache/store/leases.h): encoded and parsed with every length and
+ * field checked before it is trusted. */
 #include "cache/store/leases.h"
 
 #include <openssl/evp.h>

@@ -1,5 +1,5 @@
-/* The chunk record format (cache/store/record.h): a 4096-byte header block, then the payload padded to
- * CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 (util's
+/* The chunk record format (cache/store/record.h): a 4096-byte header block, then the payload padded
+ * to CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 (util's
  * kv_sha256, OpenSSL underneath). The parser reads a field only after
  * checking that len covers it, and names the first field that is wrong. */
 #include <string.h>

@@ -13,14 +13,12 @@
  *   132     4     pos0: position of the first token (K is rotated at pos0 + i), a multiple of
  *                 chunk_tokens
  *   136     4     level: 0 = raw f16 in pool-block layout; 1 .. CACHE_RECORD_MAX_LEVEL = the
- *                 payload is that encoding of it (cache/codec/chunk_codec.h), only in the Redis tier
- *   140     4     n_tokens: tokens held, whole blocks, 1 block .. chunk_tokens
- *   144     8     payload bytes (n_tokens / block_tokens pool blocks; encoded: its length)
- *   152     32    SHA-256 of the payload
- *   184     32    SHA-256 of the rest of the header: bytes 0..183 and 216..header bytes
- *   216     32xN  the prefix keys of its N = n_tokens / block_tokens blocks (the last is the
- *                 record key): a prompt that diverges inside the chunk finds the record by the
- *                 key of its last shared block
+ *                 payload is that encoding of it (cache/codec/chunk_codec.h), only in the Redis
+ * tier 140     4     n_tokens: tokens held, whole blocks, 1 block .. chunk_tokens 144     8 payload
+ * bytes (n_tokens / block_tokens pool blocks; encoded: its length) 152     32    SHA-256 of the
+ * payload 184     32    SHA-256 of the rest of the header: bytes 0..183 and 216..header bytes 216
+ * 32xN  the prefix keys of its N = n_tokens / block_tokens blocks (the last is the record key): a
+ * prompt that diverges inside the chunk finds the record by the key of its last shared block
  *   ...           zero to the header's end
  *
  * Version 1 (chunk-chained keys, whole chunks only) records are refused: their keys can never

@@ -1,6 +1,6 @@
-/* The Redis tier of the chunk store (cache/store/redis.h): hiredis's blocking API with timeouts over two
- * connections, one for lookups (the callers' threads, one at a time) and one for the write-behind
- * thread, so a lookup never waits behind a queue of multi-megabyte SETs.
+/* The Redis tier of the chunk store (cache/store/redis.h): hiredis's blocking API with timeouts
+ * over two connections, one for lookups (the callers' threads, one at a time) and one for the
+ * write-behind thread, so a lookup never waits behind a queue of multi-megabyte SETs.
  *
  * Connections. Each has its own backoff: a failure (refused, reset, timed out, a protocol error)
  * frees the context, and the next attempt is allowed after 100 ms, doubling to 5 s; a success
@@ -18,8 +18,8 @@
 #include <strings.h>
 #include <sys/time.h>
 
-#include "cache/codec/chunk_codec.h"
 #include "cache/blend/content_disk.h"
+#include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
 #include "cache/store/record.h"
 #include "cache/store/redis.h"

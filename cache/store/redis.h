@@ -1,10 +1,10 @@
 /* The Redis tier of the chunk store (internal to cache/; cache/store/store.c is its only user).
  *
  * Below disk, shared by every instance that names the same Redis: one instance's chunks save the
- * others their prefill. A value is a whole chunk record in the disk tier's format (cache/store/record.h:
- * the header with its checksums, then the payload, unpadded), verified like a record read from
- * disk before it is used. Keys (model: the first 16 hex digits of the model identity; bt, ct:
- * the layout's block and chunk tokens; ns, key: 64 hex digits):
+ * others their prefill. A value is a whole chunk record in the disk tier's format
+ * (cache/store/record.h: the header with its checksums, then the payload, unpadded), verified like
+ * a record read from disk before it is used. Keys (model: the first 16 hex digits of the model
+ * identity; bt, ct: the layout's block and chunk tokens; ns, key: 64 hex digits):
  *
  *   kvserve:<version>:<model>-<bt>x<ct>:<ns>:r:<record key>   the record
  *   kvserve:<version>:<model>-<bt>x<ct>:b:<block key>         an alias: 64 bytes, the record

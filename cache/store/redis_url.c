@@ -1,5 +1,5 @@
-/* Redis tier URLs (cache/store/redis.h's cache_redis_parse_url), apart from the tier so the fuzz target
- * tests/fuzz/redis_url_fuzz.c links this parser alone. */
+/* Redis tier URLs (cache/store/redis.h's cache_redis_parse_url), apart from the tier so the fuzz
+ * target tests/fuzz/redis_url_fuzz.c links this parser alone. */
 #include <string.h>
 
 #include "cache/store/redis.h"

@@ -1,7 +1,7 @@
-/* libFuzzer target for blend's content record header parser (cache/blend/content_disk.h) under a fixed
- * layout (2 layers, kv_dim 8: a header of 232 bytes, layers of 32 bytes per token). Each input
- * is checked as it is (a copy of exactly size bytes, so ASan sees any read past len), and again
- * after repairs chosen by its last byte: bit 0 writes a valid magic, version and header size,
+/* libFuzzer target for blend's content record header parser (cache/blend/content_disk.h) under a
+ * fixed layout (2 layers, kv_dim 8: a header of 232 bytes, layers of 32 bytes per token). Each
+ * input is checked as it is (a copy of exactly size bytes, so ASan sees any read past len), and
+ * again after repairs chosen by its last byte: bit 0 writes a valid magic, version and header size,
  * bit 1 the model identity and the key, bit 2 the dimensions, a token count of 1..4 and its
  * layer size, bit 3 the checksums of the layers that follow (when they do); then the header
  * checksum is recomputed, so the checks behind it are reached without guessing SHA-256. The

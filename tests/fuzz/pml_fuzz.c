@@ -1,8 +1,8 @@
-/* libFuzzer target for the PML parser (cache/schema/pml.c): every input is parsed as it is (a copy of
- * exactly size bytes, so ASan sees any read past it) under tight limits. A refusal must name
- * its line and column; an accepted document must be a tree PML allows (checked here by walking
- * it: kinds where they may be, names that are names, parameters with lengths in range, no more
- * nodes or depth than the limits). Any violation aborts. */
+/* libFuzzer target for the PML parser (cache/schema/pml.c): every input is parsed as it is (a copy
+ * of exactly size bytes, so ASan sees any read past it) under tight limits. A refusal must name its
+ * line and column; an accepted document must be a tree PML allows (checked here by walking it:
+ * kinds where they may be, names that are names, parameters with lengths in range, no more nodes or
+ * depth than the limits). Any violation aborts. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

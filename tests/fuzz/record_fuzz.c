@@ -1,6 +1,6 @@
-/* libFuzzer target for the chunk record parser (cache/store/record.c) under a fixed layout (2 layers,
- * 1 KV head, head_dim 8, blocks of 16, chunks of 32: up to 2 blocks of 1024 payload bytes, a
- * 4096-byte header). Each input is
+/* libFuzzer target for the chunk record parser (cache/store/record.c) under a fixed layout (2
+ * layers, 1 KV head, head_dim 8, blocks of 16, chunks of 32: up to 2 blocks of 1024 payload bytes,
+ * a 4096-byte header). Each input is
  *   1. decoded as it is (a copy of exactly size bytes, so ASan sees any read past len);
  *   2. decoded again after repairs chosen by the input's last byte: bit 0 writes a valid magic,
  *      version and header size, bit 1 the layout's model identity, bit 2 its dimensions and a

@@ -1,6 +1,6 @@
-/* libFuzzer target for the Redis tier's URL parser (cache_redis_parse_url, cache/store/redis.c). Each
- * input, cut at its first NUL, is parsed from a heap copy of exactly its bytes (ASan sees any read
- * past the end). A refusal must name its reason; an accepted URL must give a TCP host or an
+/* libFuzzer target for the Redis tier's URL parser (cache_redis_parse_url, cache/store/redis.c).
+ * Each input, cut at its first NUL, is parsed from a heap copy of exactly its bytes (ASan sees any
+ * read past the end). A refusal must name its reason; an accepted URL must give a TCP host or an
  * absolute socket path (not both), a port in 1..65535, a database in 0..65535, a host without the
  * URL's separators, and, written back as a URL, must parse again to the same fields. Any
  * violation aborts. */

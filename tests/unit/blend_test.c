@@ -1,6 +1,6 @@
-/* CacheBlend (cache/blend/blend.h) on the real model: content-defined chunks find a passage wherever it
- * sits, the RoPE delta rotation moves K exactly as rotating at the new position would, the
- * fusor at ratio 1 is a full prefill bit for bit, and the HKVD selection finds the tokens whose
+/* CacheBlend (cache/blend/blend.h) on the real model: content-defined chunks find a passage
+ * wherever it sits, the RoPE delta rotation moves K exactly as rotating at the new position would,
+ * the fusor at ratio 1 is a full prefill bit for bit, and the HKVD selection finds the tokens whose
  * reused KV is wrong. */
 #include <criterion/criterion.h>
 #include <math.h>

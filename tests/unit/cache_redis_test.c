@@ -176,8 +176,8 @@ static cache_tier_stats stats(cache_redis *r, bool *connected) {
     return st;
 }
 
-/* The key of a record's value in encoding enc in Redis (cache/store/redis.h's layout; a codec level's
- * names its table t). */
+/* The key of a record's value in encoding enc in Redis (cache/store/redis.h's layout; a codec
+ * level's names its table t). */
 static void value_name(const cache_layout *l, const codec_table *t, const cache_key *ns,
                        const cache_key *key, int enc, char *out, size_t n) {
     char mh[65], nh[65], kh[65], tag[24] = "r";

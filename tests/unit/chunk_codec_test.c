@@ -1,7 +1,7 @@
-/* The chunk payload encodings of the Redis tier (cache/codec/chunk_codec.h): lossless is the payload
- * bit for bit; q8 is within half a step of each row (plus f16 rounding); every codec level within
- * the table's error bound; names round-trip; decoders refuse another table, position, shape or
- * length. */
+/* The chunk payload encodings of the Redis tier (cache/codec/chunk_codec.h): lossless is the
+ * payload bit for bit; q8 is within half a step of each row (plus f16 rounding); every codec level
+ * within the table's error bound; names round-trip; decoders refuse another table, position, shape
+ * or length. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>

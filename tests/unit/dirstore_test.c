@@ -1,8 +1,8 @@
-/* The disk tiers' core (cache/store/dirstore.h), through both tiers that stand on it: the chunk tier
- * (cache/store/disk.h) and blend's content tier (cache/blend/content_disk.h). Each test runs once per tier,
- * through a small driver table, and checks what the core promises whatever the type: records
- * survive a reopen (the index rebuilt from the headers of files written by an earlier open: the
- * names and formats are the tiers' own and unchanged), leftover temporaries and damaged records
+/* The disk tiers' core (cache/store/dirstore.h), through both tiers that stand on it: the chunk
+ * tier (cache/store/disk.h) and blend's content tier (cache/blend/content_disk.h). Each test runs
+ * once per tier, through a small driver table, and checks what the core promises whatever the type:
+ * records survive a reopen (the index rebuilt from the headers of files written by an earlier open:
+ * the names and formats are the tiers' own and unchanged), leftover temporaries and damaged records
  * are deleted at open and counted while foreign names are left alone, the cap evicts the least
  * recently used, a clear's files are gone when it returns, and a flushed directory holds no
  * temporary file. */

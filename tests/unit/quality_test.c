@@ -193,8 +193,8 @@ Test(quality, a_calibration_file_is_loaded_and_a_missing_one_named) {
     cr_expect(strstr(err.msg, path) != NULL, "%s", err.msg);
 }
 
-/* The fetch policy (cache/codec/meter.h) never takes a level the budget barred: on a slow link where
- * lossless misses the budget, the finest level that fits is taken, or, barred, the next. */
+/* The fetch policy (cache/codec/meter.h) never takes a level the budget barred: on a slow link
+ * where lossless misses the budget, the finest level that fits is taken, or, barred, the next. */
 Test(quality, a_barred_level_is_never_chosen_by_budget) {
     cache_layout l = {
         .n_layer = 30, .n_kv_head = 3, .head_dim = 64, .block_tokens = 16, .chunk_tokens = 256};
