@@ -84,6 +84,7 @@ static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug", NULL}
 static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
 static const char *const DEVICES[] = {"auto", "cuda", "cpu", NULL};
+static const char *const SPEC_MODES[] = {"off", "context", NULL};
 /* blend_policy_name's names (cache/blend/blend.h) */
 static const char *const BLEND_POLICIES[] = {"hkvd", "legolink", "hybrid", NULL};
 
@@ -182,6 +183,9 @@ static const opt_row OPTIONS[] = {
         "prompt tokens prefilled per engine step, between decode steps"),
     NUM(max_tokens_limit, 0, OPT_INT, 0, INT64_C(1) << 24, false, false, "0", "N",
         "cap on a request's max_tokens (0: the context size)"),
+    {.key = "spec", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, spec),
+     .choices = SPEC_MODES, .def = "context", .metavar = "MODE",
+     .help = "speculative decoding: context (drafts from prompt and output), off"},
 #undef GROUP
 #define GROUP GROUP_CACHE
     BOOL(cache, "true", "reuse cached prompt prefixes and store new chunks"),

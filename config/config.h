@@ -47,6 +47,7 @@ typedef struct kv_config {
     int max_queue;          /* requests waiting for a slot before 429 */
     int prefill_chunk;      /* prompt tokens prefilled per engine step, between decode steps */
     int max_tokens_limit;   /* cap on a request's max_tokens; 0: the context size */
+    char *spec;             /* speculative decoding: off | context (drafts from the context) */
     /* ---- context cache */
     bool cache;               /* reuse cached prefixes and store new chunks */
     int cache_chunk_tokens;   /* tokens per chunk (multiple of 16) */

@@ -396,7 +396,12 @@ static size_t top_p_cut(candidate *c, size_t n, bool sorted, double total, float
     return n; /* rounding kept the sum just below target */
 }
 
-static int32_t sample_truncated(sampler *s, const float *logits) {
+/* Steps 4-8. With a draft token (>= 0) step 8 is speculative sampling's rule for a draft that
+ * proposed `draft` with certainty (Leviathan et al. 2023, Chen et al. 2023, with q a point
+ * mass): accepted with probability p(draft) under the truncated distribution, else a draw from
+ * that distribution with draft taken out and the rest renormalised, max(0, p - q) normalised.
+ * Either way the token returned is distributed as p. */
+static int32_t sample_truncated(sampler *s, const float *logits, int32_t draft, bool *accepted) {
     const sampler_params *p = &s->p;
     candidate *c = s->cand;
     size_t n = (size_t)s->n_vocab;
@@ -442,6 +447,20 @@ static int32_t sample_truncated(sampler *s, const float *logits) {
     /* 8. sample */
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += (double)c[i].w;
+    if (draft >= 0) {
+        double pd = 0.0;
+        for (size_t i = 0; i < n; i++)
+            if (c[i].id == draft) {
+                pd = (double)c[i].w;
+                c[i].w = 0.0f; /* out of the residual distribution if rejected */
+            }
+        if (pd > 0.0 && xoshiro_uniform(s->rng) * sum < pd) {
+            *accepted = true;
+            return draft;
+        }
+        sum -= pd;
+        if (!(sum > 0.0)) return draft; /* p is all on the draft: not reached (accepted above) */
+    }
     double r = xoshiro_uniform(s->rng) * sum, acc = 0.0;
     size_t last = 0;
     for (size_t i = 0; i < n; i++) {
@@ -455,7 +474,14 @@ static int32_t sample_truncated(sampler *s, const float *logits) {
 
 int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_history,
                        float *logprob) {
+    return sampler_sample_draft(s, logits, history, n_history, -1, logprob, NULL);
+}
+
+int32_t sampler_sample_draft(sampler *s, float *logits, const int32_t *history, int n_history,
+                             int32_t draft, float *logprob, bool *accepted) {
     const int32_t n = s->n_vocab;
+    bool acc = false;
+    if (draft >= n) draft = -1;
     /* log-softmax normaliser of the incoming logits, before anything changes them, kept as max
      * and log-sum apart: log p = (l - max) - log(sum) loses nothing when max is huge */
     float lmax = -INFINITY;
@@ -472,7 +498,11 @@ int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_
     bias_apply(s, logits);
     penalties_apply(s, logits, history, n_history);
 
-    int32_t tok = s->p.temperature > 0.0f ? sample_truncated(s, logits) : sampler_argmax(logits, n);
+    int32_t tok = s->p.temperature > 0.0f ? sample_truncated(s, logits, draft, &acc)
+                                          : sampler_argmax(logits, n);
+    /* greedy: the draft is kept when it is the argmax; no draw either way */
+    if (s->p.temperature <= 0.0f) acc = draft >= 0 && tok == draft;
+    if (accepted) *accepted = acc;
 
     if (logprob) {
         float orig = logit_clean(logit_original(s, logits, tok));

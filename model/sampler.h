@@ -41,6 +41,15 @@ void sampler_destroy(sampler *s);
 int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int n_history,
                        float *logprob);
 
+/* sampler_sample, verifying a draft token (draft < 0: none, as sampler_sample): greedy keeps it
+ * when it is the argmax; sampling keeps it with probability p(draft) under the distribution
+ * sampler_sample draws from (after bias, penalties, top-k, temperature, top-p, min-p), else
+ * draws from that distribution without it, so the token returned is distributed exactly as
+ * sampler_sample's (speculative sampling's accept/resample rule for a draft that proposes one
+ * token with certainty). *accepted (may be NULL) says whether the token is the draft. */
+int32_t sampler_sample_draft(sampler *s, float *logits, const int32_t *history, int n_history,
+                             int32_t draft, float *logprob, bool *accepted);
+
 /* The greedy choice: the id of the highest logit, the lowest such id on ties (NaN counts as
  * -inf). */
 int32_t sampler_argmax(const float *logits, int32_t n);

@@ -895,6 +895,7 @@ static int parse_tools(const json_t *root, api_request *r, api_error *err) {
 int api_parse_extensions(const json_t *root, api_request *r, api_error *err) {
     if (api_opt_bool(root, "cache", &r->cache, err) < 0) return -1;
     if (api_opt_bool(root, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
+    if (api_opt_bool(root, "speculative", &r->speculative, err) < 0) return -1;
     if (api_opt_string(root, "cache_salt", &r->cache_salt, err) < 0) return -1;
     if (r->cache_salt && strlen(r->cache_salt) > API_MAX_CACHE_SALT)
         return API_BAD(err, "cache_salt", "'cache_salt' is longer than %d bytes",
@@ -929,6 +930,46 @@ int api_parse_extensions(const json_t *root, api_request *r, api_error *err) {
     if (got_fixup < 0) return -1;
     if (got_fixup) r->fixup = fixup;
     if (api_opt_number(root, "fixup_ratio", 0, 1, false, &r->fixup_ratio, err) < 0) return -1;
+    return 0;
+}
+
+/* OpenAI's Predicted Outputs: {"type": "content", "content": a string or text parts}. */
+static int parse_prediction(const json_t *v, api_request *r, api_error *err) {
+    if (!json_is_object(v)) return api_type_error(err, "prediction", "an object", v);
+    const json_t *type = json_object_get(v, "type"), *content = json_object_get(v, "content");
+    if (!type) return API_BAD(err, "prediction.type", "'prediction.type' is required");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "content") != 0 ||
+        json_string_length(type) != strlen("content"))
+        return API_BAD(err, "prediction.type", "'prediction.type' must be 'content'");
+    if (!content) return API_BAD(err, "prediction.content", "'prediction.content' is required");
+    if (json_is_string(content))
+        return api_str_copy(content, "prediction.content", &r->prediction, err);
+    if (!json_is_array(content))
+        return api_type_error(err, "prediction.content", "a string or an array of text parts",
+                              content);
+    size_t n = json_array_size(content), total = 0;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *part = json_array_get(content, j);
+        char pp[64];
+        snprintf(pp, sizeof pp, "prediction.content[%zu]", j);
+        const json_t *pt = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        const json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
+        if (!json_is_string(pt) || strcmp(json_string_value(pt), "text") != 0 ||
+            !json_is_string(text))
+            return API_BAD(err, pp, "'%s' must be {\"type\": \"text\", \"text\": a string}", pp);
+        size_t len = json_string_length(text);
+        if (memchr(json_string_value(text), '\0', len))
+            return API_BAD(err, pp, "'%s' must not contain NUL characters (\\u0000)", pp);
+        if (size_add(total, len, &total)) return api_oom(err);
+    }
+    if (!(r->prediction = malloc(total + 1))) return api_oom(err);
+    size_t off = 0;
+    for (size_t j = 0; j < n; j++) {
+        const json_t *text = json_object_get(json_array_get(content, j), "text");
+        memcpy(r->prediction + off, json_string_value(text), json_string_length(text));
+        off += json_string_length(text);
+    }
+    r->prediction[off] = '\0';
     return 0;
 }
 
@@ -993,6 +1034,8 @@ static int parse_request_fields(const json_t *root, api_request *r, api_error *e
     if (api_parse_sampling(root, r, err)) return -1;
     if (api_opt_string(root, "user", &r->user, err) < 0) return -1;
     if (api_parse_extensions(root, r, err)) return -1;
+    const json_t *pred = api_field(root, "prediction");
+    if (pred && parse_prediction(pred, r, err)) return -1;
     if (parse_constraints(root, r, err)) return -1;
     if (r->kind == API_CHAT && parse_tools(root, r, err)) return -1;
     /* The calls' grammar depends on the model's tool format: openai.c builds it. */
@@ -1017,6 +1060,7 @@ void api_request_init(api_kind kind, api_request *out) {
     out->fixup = -1;
     out->fixup_ratio = -1;
     out->jump_forward = true;
+    out->speculative = true;
     sampler_params_default(&out->sampling);
 }
 
@@ -1048,6 +1092,7 @@ void api_request_free(api_request *r) {
     free(r->user);
     free(r->cache_salt);
     free(r->schema_prompt);
+    free(r->prediction);
     free(r->gbnf);
     for (int i = 0; i < r->n_tools; i++) {
         free((char *)r->tools[i].name);

@@ -65,9 +65,13 @@ typedef struct api_request {
     int n_stops;
     char *user;
     /* kvserve extensions (optional; for the context cache) */
-    bool cache;        /* "cache": false opts out; default true */
-    char *cache_salt;  /* "cache_salt": namespace salt, or NULL */
-    bool ignore_eos;   /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+    bool cache;       /* "cache": false opts out; default true */
+    char *cache_salt; /* "cache_salt": namespace salt, or NULL */
+    bool ignore_eos;  /* vLLM's "ignore_eos": generate past end-of-generation tokens */
+    bool speculative; /* "speculative": false keeps the request from drafting; default true */
+    /* OpenAI's Predicted Outputs: "prediction": {"type": "content", "content": a string or an
+     * array of {"type": "text", "text"} parts}, the parts joined; NULL when not given */
+    char *prediction;
     int blend;         /* "blend": 0 off, 1 on (CacheBlend); -1 unset: the quality budget's */
     float blend_ratio; /* "blend_ratio": share of blended tokens recomputed, 0..1; -1: server */
     int blend_policy;  /* "blend_policy": which are recomputed (blend_policy); -1: the server's */

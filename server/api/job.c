@@ -315,6 +315,15 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     r->logprobs = rq->logprobs;
     r->top_logprobs = rq->top_logprobs;
     r->ignore_eos = rq->ignore_eos;
+    r->speculative = rq->speculative;
+    if (rq->prediction && rq->speculative) {
+        /* drafted where the output matches it: the tokens the answer would have as plain text */
+        kv_error ke = {{0}};
+        int n = tokenizer_encode(s->m->tok, rq->prediction, strlen(rq->prediction), false, false,
+                                 &r->prediction, &ke);
+        if (n < 0) return fail_400(err, "prediction.content", NULL, ke.msg);
+        r->n_prediction = n;
+    }
     /* Blend: a request naming "blend": true, a ratio or a policy blends; one that says nothing
      * blends where the quality budget lets it (cache/quality.h); both keep their chunks for
      * later prompts unless they say "blend": false. */
@@ -534,7 +543,8 @@ json_t *job_usage(const job *j) {
     for (int p = 0; p < j->n_reqs; p++)
         for (int i = 0; i < j->reqs[p]->n_choices; i++)
             completion += j->reqs[p]->choices[i].n_tokens;
-    int cached = 0, blended = 0, recomputed = 0;
+    int cached = 0, blended = 0, recomputed = 0, drafted = 0, accepted = 0, pred_acc = 0,
+        pred_rej = 0;
     float ratio = -1;
     int policy = BLEND_POLICY_HKVD;
     for (int p = 0; p < j->n_reqs; p++) {
@@ -545,6 +555,10 @@ json_t *job_usage(const job *j) {
         recomputed += r->recomputed_tokens;
         if (r->blended_tokens > 0 && r->blend_ratio_used > ratio) ratio = r->blend_ratio_used;
         if (r->blended_tokens > 0) policy = r->blend_policy_used;
+        drafted += r->spec_drafted;
+        accepted += r->spec_accepted;
+        pred_acc += r->pred_accepted;
+        pred_rej += r->pred_rejected;
         pthread_mutex_unlock(&r->mu);
     }
     json_t *details = json_pack("{s:i}", "cached_tokens", cached);
@@ -559,6 +573,16 @@ json_t *job_usage(const job *j) {
     json_t *u = json_pack("{s:i,s:i,s:i,s:o}", "prompt_tokens", j->prompt_tokens,
                           "completion_tokens", completion, "total_tokens",
                           j->prompt_tokens + completion, "prompt_tokens_details", details);
+    /* Predicted Outputs: the prediction's draft tokens the model kept and those it did not
+     * (verified, so computed, but not in the answer); kvserve's extension: every draft token
+     * speculation verified (the prediction's and the context's) and kept */
+    json_t *cd = json_pack("{s:i,s:i,s:i}", "reasoning_tokens", 0, "accepted_prediction_tokens",
+                           pred_acc, "rejected_prediction_tokens", pred_rej);
+    if (cd && drafted > 0) {
+        json_object_set_new(cd, "draft_tokens", json_integer(drafted));
+        json_object_set_new(cd, "accepted_draft_tokens", json_integer(accepted));
+    }
+    if (u && cd) json_object_set_new(u, "completion_tokens_details", cd);
     json_t *chunks = fetched_json(j);
     if (u && chunks) json_object_set_new(u, "kv_chunks", chunks);
     return u;

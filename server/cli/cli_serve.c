@@ -275,6 +275,7 @@ int cli_serve(int argc, char **argv) {
         .max_seqs = cfg.max_seqs,
         .max_queue = cfg.max_queue,
         .prefill_chunk = cfg.prefill_chunk,
+        .spec = strcmp(cfg.spec, "off") != 0,
         .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
         .pool_cache = true,
         .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,

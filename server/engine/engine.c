@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/engine/spec.h"
+
 /* ---------------------------------------------------------------- requests */
 
 gen_request *gen_request_create(int n_choices) {
@@ -41,6 +43,7 @@ gen_request *gen_request_create(int n_choices) {
     atomic_init(&r->cancelled, false);
     atomic_init(&r->refs, 1);
     sampler_params_default(&r->sp);
+    r->speculative = true;
     return r;
 }
 
@@ -53,6 +56,7 @@ void gen_request_unref(gen_request *r) {
     free(r->choices);
     free(r->prompt_lps);
     free(r->prompt);
+    free(r->prediction);
     free(r->pos);
     schema_kv_free(r->skv);
     plan_req_free(&r->plan);
@@ -146,6 +150,7 @@ typedef struct eseq {
     bool done;
     bool reuse_tried; /* looked up since it last held no KV */
     plan_seq ps;      /* the context cache's and blend's side of it (cache/plan.h) */
+    spec_seq spec;    /* its drafting (server/engine/spec.h) */
 } eseq;
 
 /* The live check (cache/quality.h): a request picked for it leaves its prompt and its first
@@ -226,6 +231,7 @@ static void eseq_destroy(engine *e, eseq *s) {
     kv_seq_release(e->pool, &s->kv);
     sampler_destroy(s->smp);
     plan_seq_free(&s->ps);
+    spec_seq_free(&s->spec);
     free(s->pooled);
     free(s->hist);
     free(s->pos);
@@ -253,6 +259,10 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
         memcpy(s->pos, r->pos, sizeof(int32_t) * (size_t)r->n_prompt);
     }
     if (plan_seq_init(&s->ps, &r->plan)) goto oom;
+    /* embeddings and prompt-only requests generate nothing to draft */
+    if (spec_seq_init(&s->spec, e->o.spec && r->speculative && r->max_tokens > 0, r->prediction,
+                      r->n_prediction))
+        goto oom;
     sampler_params sp = r->sp;
     sp.seed += (uint64_t)choice; /* n choices from one seed differ, reproducibly */
     if (!(s->smp = sampler_create(&sp, e->m->hp.n_vocab, err))) {
@@ -374,10 +384,11 @@ static int gen_reserve(eseq *s, size_t extra) {
     return 0;
 }
 
-/* Appends t to s's history; -1 when out of memory. */
-static int hist_push(eseq *s, int32_t t) {
-    if (s->n_hist == s->cap_hist) {
+/* Room in s's history for extra more tokens; -1 when out of memory. */
+static int hist_reserve(eseq *s, int extra) {
+    if (s->n_hist + extra > s->cap_hist) {
         int cap = s->cap_hist * 2;
+        while (cap < s->n_hist + extra) cap *= 2;
         int32_t *h = realloc(s->hist, sizeof(int32_t) * (size_t)cap);
         if (!h) return -1;
         s->hist = h;
@@ -388,6 +399,12 @@ static int hist_push(eseq *s, int32_t t) {
         }
         s->cap_hist = cap;
     }
+    return 0;
+}
+
+/* Appends t to s's history; -1 when out of memory. */
+static int hist_push(eseq *s, int32_t t) {
+    if (hist_reserve(s, 1)) return -1;
     /* a generated token follows the last one's position */
     if (s->pos) s->pos[s->n_hist] = s->n_hist ? s->pos[s->n_hist - 1] + 1 : 0;
     s->hist[s->n_hist++] = t;
@@ -528,9 +545,24 @@ static void jump_forward(engine *e, eseq *s) {
     free(ids);
 }
 
+/* A draft token of s was verified and kept: counted in its request before the token is pushed
+ * (the choice may end with it, and the reader then renders the usage). */
+static void spec_note_accepted(eseq *s) {
+    gen_request *r = s->req;
+    pthread_mutex_lock(&r->mu);
+    r->spec_accepted++;
+    if (s->spec.drafted_pred) {
+        r->pred_accepted++;
+        r->pred_rejected--;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* Samples s's next token from logits (modified in place), under its grammar if it has one, and
- * appends it (eseq_push). */
-static void eseq_sample(engine *e, eseq *s, float *logits) {
+ * appends it (eseq_push). With a draft token (>= 0: a verify step's row) the sampler verifies
+ * it (sampler_sample_draft); returns true when the token taken is the draft and s goes on, so
+ * the next row's logits, computed after the draft, hold. */
+static bool eseq_sample(engine *e, eseq *s, float *logits, int32_t draft) {
     gen_request *r = s->req;
     gen_logprob lp = {0};
     if (r->logprobs && r->top_logprobs > 0)
@@ -544,7 +576,7 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
         int allowed = gmatch_apply(r->gm, s->gstate, logits, &err);
         if (allowed < 0) {
             eseq_finish(e, s, GEN_FINISH_ERROR, 500, err.msg);
-            return;
+            return false;
         }
         if (allowed == 0) {
             if (gmatch_can_end(r->gm, s->gstate))
@@ -552,20 +584,26 @@ static void eseq_sample(engine *e, eseq *s, float *logits) {
             else
                 eseq_finish(e, s, GEN_FINISH_ERROR, 500,
                             "no token of the vocabulary continues the grammar");
-            return;
+            return false;
         }
         if (r->logprobs) lse_masked = log_sum_exp(logits, e->m->hp.n_vocab);
     }
     /* The log-softmax behind a logprob costs a pass over the vocabulary: only when asked. */
-    int32_t t =
-        sampler_sample(s->smp, logits, s->hist, s->n_hist, r->logprobs ? &lp.logprob : NULL);
+    bool accepted = false;
+    int32_t t = sampler_sample_draft(s->smp, logits, s->hist, s->n_hist, draft,
+                                     r->logprobs ? &lp.logprob : NULL, &accepted);
     lp.token = t;
     if (r->gm && r->logprobs) lp.logprob += (float)(lse_masked - lse_model);
     if (r->gm && (s->gstate = gmatch_accept_token(r->gm, s->gstate, t)) < 0) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "the sampled token left the grammar");
-        return;
+        return false;
     }
-    if (!eseq_push(e, s, t, &lp) && r->gm && r->jump_forward) jump_forward(e, s);
+    if (accepted) spec_note_accepted(s);
+    if (eseq_push(e, s, t, &lp)) return false;
+    /* forced text after the step's last token only: it would overwrite the staged draft */
+    if (accepted) return true;
+    if (r->gm && r->jump_forward) jump_forward(e, s);
+    return false;
 }
 
 /* The first choice computed the prompt: its waiting siblings share its KV and sample their
@@ -585,7 +623,7 @@ static void fork_siblings(engine *e, eseq *first, const float *logits) {
         /* the shared KV is as exact as the first choice's: no further */
         plan_seq_share(&s->ps, &first->ps);
         memcpy(e->work, logits, sizeof(float) * (size_t)e->m->hp.n_vocab);
-        eseq_sample(e, s, e->work);
+        eseq_sample(e, s, e->work, -1);
     }
 }
 
@@ -779,6 +817,71 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
     (*n_b)++;
     *n_pos += n_tok;
     return true;
+}
+
+/* ---------------------------------------------------------------- speculation */
+
+/* Stages s's draft for this step after its history (hist[n_hist ..), positions likewise, where
+ * hist_push writes the same tokens as they are kept) and returns its length: what its controller
+ * allows (server/engine/spec.h), within budget, its max_tokens and the context; only tokens its
+ * grammar allows (the draft is cut at the first it does not); and no block more than the pool
+ * has free beyond one per running sequence, so a draft never makes a sequence give way. */
+static int spec_draft(engine *e, eseq *s, int budget) {
+    const gen_request *r = s->req;
+    if (s->n_gen == 0 || s->n_computed < r->n_prompt || s->preempted) return 0;
+    int k = spec_ctl_len(&s->spec.ctl);
+    if (k > budget) k = budget;
+    if (k > r->max_tokens - s->n_gen - 1) k = r->max_tokens - s->n_gen - 1;
+    if (k > e->o.ctx - s->n_hist) k = e->o.ctx - s->n_hist;
+    /* the kept tokens and the model's own next one are pushed where the draft is staged */
+    if (k <= 0 || hist_reserve(s, k + 1)) return 0;
+    int32_t *d = s->hist + s->n_hist;
+    int n = spec_propose(&s->spec, s->hist, s->n_hist, s->n_gen, k, d, &s->spec.drafted_pred);
+    if (r->gm)
+        for (int32_t i = 0, st = s->gstate; i < n; i++)
+            if ((st = gmatch_accept_token(r->gm, st, d[i])) < 0) n = i;
+    int64_t spare = kv_pool_free_blocks(e->pool) - e->n_run;
+    while (n > 0 && blocks_for(e, s->n_hist + n) - blocks_for(e, s->n_hist) > spare) n--;
+    for (int i = 0; s->pos && i < n; i++) s->pos[s->n_hist + i] = s->pos[s->n_hist - 1] + 1 + i;
+    return n;
+}
+
+/* A verify step's entry for s: its pending token at slot kv_start and n_draft draft tokens after
+ * it; rows[i] ([n_vocab] f32 each) are the logits after the pending token and the first i draft
+ * tokens. Row by row the sampler takes a token verifying the draft token that row is for
+ * (eseq_sample); the first it does not keep ends the step (that token, chosen by the model, is
+ * the last pushed), and the draft rows after it are rolled back: s's KV is cut to the tokens its
+ * history holds and the blocks taken only for them go back to the pool. Blocks shared with other
+ * sequences were never written: drafts extend past s's length, into blocks it holds alone
+ * (kv_seq_reserve copies a shared last block first; model_forward refuses a shared one). Every
+ * token goes through eseq_push as in a plain step, so stop strings, max_tokens, end of
+ * generation, grammars and logprobs see the same tokens in the same order. */
+static void spec_settle(engine *e, eseq *s, int kv_start, int n_draft, float *rows) {
+    gen_request *r = s->req;
+    size_t n_vocab = (size_t)e->m->hp.n_vocab;
+    int32_t draft[SPEC_MAX_DRAFT];
+    memcpy(draft, s->hist + kv_start + 1, sizeof *draft * (size_t)n_draft);
+    /* counted as rejected until kept (spec_note_accepted), so the usage is right whenever the
+     * choice ends */
+    pthread_mutex_lock(&r->mu);
+    r->spec_drafted += n_draft;
+    if (s->spec.drafted_pred) r->pred_rejected += n_draft;
+    pthread_mutex_unlock(&r->mu);
+    int n_gen0 = s->n_gen;
+    for (int i = 0; i <= n_draft && !s->done; i++) {
+        /* the pending token and the i draft tokens kept so far hold KV */
+        s->n_computed = kv_start + 1 + i;
+        if (cache_on(e, s))
+            plan_write_back(e->plan, &s->ps, &r->plan, &s->kv, s->hist, s->n_computed);
+        if (!eseq_sample(e, s, rows + (size_t)i * n_vocab, i < n_draft ? draft[i] : -1)) break;
+    }
+    if (!s->done) kv_seq_truncate(e->pool, &s->kv, s->n_computed);
+    int accepted = 0;
+    while (accepted < n_draft && accepted < s->n_gen - n_gen0 &&
+           s->hist[kv_start + 1 + accepted] == draft[accepted])
+        accepted++;
+    spec_ctl_update(&s->spec.ctl, n_draft, accepted);
+    metrics_spec(e->mx, n_draft, accepted);
 }
 
 /* ---------------------------------------------------------------- context cache */
@@ -1171,15 +1274,24 @@ static void step(engine *e) {
         if (s->preempted && room(e, whole) < whole) continue;
         reuse_prefix(e, s);
     }
-    /* decode: every sequence with exactly one pending token */
+    /* decode: every sequence with exactly one pending token, and (while the batch is narrower
+     * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget */
+    int budget = e->o.prefill_chunk, n_dec = 0;
+    for (int i = 0; i < e->n_run; i++) {
+        eseq *s = e->run[i];
+        n_dec += !s->done && !s->wait_fork && s->n_hist - s->n_computed == 1 && !schema_waiting(s);
+    }
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
         if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1 || schema_waiting(s))
             continue;
-        batch_add(e, s, 1, &n_b, &n_pos);
+        int k = n_dec < SPEC_MAX_BATCH ? spec_draft(e, s, budget) : 0;
+        if (batch_add(e, s, 1 + k, &n_b, &n_pos) && k > 0) {
+            e->batch[n_b - 1].all_logits = true; /* a row of logits per draft token */
+            budget -= k;
+        }
     }
     /* prefill: share the chunk among sequences with more pending, oldest first */
-    int budget = e->o.prefill_chunk;
     for (int i = 0; i < e->n_run && budget > 0; i++) {
         eseq *s = e->run[i];
         int pending = s->n_hist - s->n_computed;
@@ -1275,6 +1387,12 @@ static void step(engine *e) {
         eseq *s = e->batch_seqs[i];
         const batch_seq *bs = &e->batch[i];
         int n_rows_i = bs->all_logits ? bs->n_tok : 1;
+        int n_draft = bs->kv_start + bs->n_tok - s->n_hist; /* tokens past its history */
+        if (n_draft > 0) {
+            if (!s->done) spec_settle(e, s, bs->kv_start, n_draft, rows);
+            rows += (size_t)n_rows_i * n_vocab;
+            continue;
+        }
         if (bs->all_logits) score_prompt_rows(e, s, bs->kv_start, bs->n_tok, rows);
         float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
         rows += (size_t)n_rows_i * n_vocab;
@@ -1317,7 +1435,7 @@ static void step(engine *e) {
             continue;
         }
         if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
-        eseq_sample(e, s, row);
+        eseq_sample(e, s, row, -1);
     }
 }
 

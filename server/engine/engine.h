@@ -94,6 +94,12 @@ typedef struct gen_request {
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
+    /* Speculation (server/engine/spec.h): false keeps this request's choices from drafting
+     * (the server's --spec off does for all). prediction: OpenAI's Predicted Outputs, the
+     * expected output's tokens (owned, or NULL), drafted from where the output matches it. */
+    bool speculative;
+    int32_t *prediction;
+    int n_prediction;
     /* Context cache and blend: the request's choices (kv_level, kv_lossless, ttft_budget_ms,
      * blend, blend_ratio, bounds), then what engine_prepare_cache found (cache/plan.h; the engine
      * must outlive the request, whose fetched records count against its budget). */
@@ -122,7 +128,11 @@ typedef struct gen_request {
     float blend_ratio_used; /* the recompute ratio the blend ran at */
     int blend_policy_used;  /* the selection policy it ran (blend_policy) */
     bool export_failed;     /* a precompute's records could not be stored (error says why) */
-    atomic_bool cancelled;  /* the client went away: the engine frees its sequences */
+    /* Speculation over every choice: draft tokens verified and kept, and of those the ones
+     * that came from the prediction (OpenAI's accepted/rejected_prediction_tokens) */
+    int spec_drafted, spec_accepted;
+    int pred_accepted, pred_rejected;
+    atomic_bool cancelled; /* the client went away: the engine frees its sequences */
     atomic_int refs;
     /* Called (under mu, from the engine thread) after every change, beside the condition
      * variable: the HTTP side resumes the connection waiting on the request. Must not block. */
@@ -153,6 +163,7 @@ typedef struct engine_opts {
     int max_seqs;
     int max_queue;
     int prefill_chunk;
+    bool spec; /* speculation from the context (--spec context); requests may opt out */
     /* context cache */
     cache_store *store; /* RAM/disk tiers, or NULL */
     int chunk_tokens;   /* 0: no context cache */

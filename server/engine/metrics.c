@@ -55,6 +55,7 @@ struct metrics {
     int n_req;
     uint64_t prompt_tokens, generated_tokens, preemptions;
     uint64_t blended_tokens, recomputed_tokens;
+    uint64_t spec_drafted, spec_accepted;
     histogram ttft, itl, e2e;
     histogram ttft_reuse[METRICS_REUSE_COUNT]; /* one series per reuse class, same bounds */
     metrics_engine eng;
@@ -145,6 +146,13 @@ void metrics_blend(metrics *m, int64_t reused, int64_t recomputed) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_spec(metrics *m, int64_t drafted, int64_t accepted) {
+    pthread_mutex_lock(&m->mu);
+    m->spec_drafted += (uint64_t)drafted;
+    m->spec_accepted += (uint64_t)accepted;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_set_engine(metrics *m, const metrics_engine *e) {
     pthread_mutex_lock(&m->mu);
     m->eng = *e;
@@ -208,6 +216,13 @@ char *metrics_render(metrics *m, size_t *len) {
                    "Prompt tokens whose KV was reused by content (blend).", m->blended_tokens);
     render_counter(&b, "kvserve_blend_recomputed_tokens_total",
                    "Blended tokens recomputed up to the last layer.", m->recomputed_tokens);
+    render_counter(&b, "kvserve_spec_draft_tokens_total",
+                   "Draft tokens verified by speculation from the context.", m->spec_drafted);
+    render_counter(&b, "kvserve_spec_accepted_tokens_total",
+                   "Draft tokens the model kept (each one a decode step saved).", m->spec_accepted);
+    render_gauge(&b, "kvserve_spec_acceptance_ratio",
+                 "Share of draft tokens kept since the start (0 before any draft).",
+                 m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0);
     render_hist(&b, &m->ttft);
     static const char *const REUSE_LABELS[METRICS_REUSE_COUNT] = {
         "reuse=\"none\"", "reuse=\"cached\"", "reuse=\"blend\""};

@@ -33,6 +33,8 @@ void metrics_preemption(metrics *m);
 /* One blended prefill step: prompt tokens reused by content, and how many of them were
  * recomputed up to the last layer. */
 void metrics_blend(metrics *m, int64_t reused, int64_t recomputed);
+/* One verify step of speculation: draft tokens verified, and how many the model kept. */
+void metrics_spec(metrics *m, int64_t drafted, int64_t accepted);
 
 typedef struct metrics_engine {
     int waiting;              /* requests queued, not yet admitted */
