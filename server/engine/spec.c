@@ -57,8 +57,7 @@ int spec_index_draft(const spec_index *ix, const int32_t *toks, const int32_t *q
     if (!ix->head || nq < SPEC_NGRAM || max_draft < 1 || min_match < SPEC_NGRAM) return 0;
     int best = -1, best_len = 0;
     int walked = 0;
-    for (int p = ix->head[window_hash(q, nq - 1)]; p >= 0 && walked < SPEC_CHAIN;
-         p = ix->prev[p]) {
+    for (int p = ix->head[window_hash(q, nq - 1)]; p >= 0 && walked < SPEC_CHAIN; p = ix->prev[p]) {
         /* positions past `before` or with nothing after them are skipped, not counted */
         if (p >= before || p + 1 >= ix->n) continue;
         walked++;
