@@ -35,9 +35,10 @@ TestSuite(engine, .init = setup, .fini = teardown, .timeout = 900);
 
 /* ---------------------------------------------------------------- helpers */
 
-/* chunk > 0: with the context cache's pool tier (no RAM or disk store). */
-static engine *start_cached(int ctx, int64_t pool, int max_seqs, int max_queue, int chunk,
-                            metrics **mx) {
+/* chunk > 0: with the context cache's pool tier (no RAM or disk store); spec: speculation from
+ * the context on. */
+static engine *start_with(int ctx, int64_t pool, int max_seqs, int max_queue, int chunk, bool spec,
+                          metrics **mx) {
     kv_error err = {{0}};
     *mx = metrics_create();
     cr_assert_not_null(*mx);
@@ -48,12 +49,18 @@ static engine *start_cached(int ctx, int64_t pool, int max_seqs, int max_queue, 
                      .max_queue = max_queue,
                      .prefill_chunk = 64,
                      .chunk_tokens = chunk,
-                     .pool_cache = chunk > 0};
+                     .pool_cache = chunk > 0,
+                     .spec = spec};
     engine *e = engine_create(g_m, &o, *mx, &err);
     cr_assert_not_null(e, "engine_create: %s", err.msg);
     g_e = e;
     g_mx = *mx;
     return e;
+}
+
+static engine *start_cached(int ctx, int64_t pool, int max_seqs, int max_queue, int chunk,
+                            metrics **mx) {
+    return start_with(ctx, pool, max_seqs, max_queue, chunk, false, mx);
 }
 
 static engine *start(int ctx, int64_t pool, int max_seqs, int max_queue, metrics **mx) {
@@ -285,6 +292,125 @@ Test(engine, logprobs_are_recorded_per_token) {
         for (int k = 1; k < lp->n_top; k++) cr_assert_leq(lp->top_lps[k], lp->top_lps[k - 1]);
     }
     gen_request_unref(r);
+    stop_engine();
+}
+
+/* ---------------------------------------------------------------- speculation */
+
+/* Prompts whose continuations repeat what they hold, so drafts from the context get kept. */
+static const char *const SPEC_PROMPTS[] = {
+    "Copy the list.\nList: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, "
+    "kiwis, mangos, melons, peaches.\nCopy: apples, pears, plums,",
+    "one two three four five six seven eight nine ten one two three four five six seven eight "
+    "nine ten one two three",
+    "The old lighthouse keeper looked at the sea and",
+};
+#define N_SPEC 3
+
+typedef struct spec_run {
+    char *text[N_SPEC];
+    gen_logprob *lps[N_SPEC];
+    int n_tokens[N_SPEC];
+    engine_cache_stats cache;
+} spec_run;
+
+/* Every SPEC_PROMPT greedy, one at a time, with logprobs, on an engine with or without
+ * speculation and the pool tier; the pool is idle after. */
+static void spec_outputs(bool spec, spec_run *out) {
+    metrics *mx;
+    engine *e = start_with(1024, 4096, 4, 8, 32, spec, &mx);
+    cache_key ns;
+    cache_namespace(NULL, 0, NULL, &ns);
+    for (int i = 0; i < N_SPEC; i++) {
+        gen_request *r = request(SPEC_PROMPTS[i], 1, 100, 0, 0);
+        r->logprobs = true;
+        r->top_logprobs = 3;
+        cr_assert_eq(engine_prepare_cache(e, r, &ns, true), 0);
+        submit_ok(e, r);
+        wait_done(r);
+        const gen_choice *c = &r->choices[0];
+        cr_assert_eq(c->finish, GEN_FINISH_LENGTH);
+        out->text[i] = strdup(c->text);
+        out->n_tokens[i] = c->n_tokens;
+        out->lps[i] = malloc(sizeof *c->lps * (size_t)c->n_lps);
+        memcpy(out->lps[i], c->lps, sizeof *c->lps * (size_t)c->n_lps);
+        if (!spec) cr_assert_eq(r->spec_drafted, 0);
+        gen_request_unref(r);
+    }
+    wait_idle(mx);
+    if (spec) {
+        double drafted = metric(mx, "kvserve_spec_draft_tokens_total"),
+               kept = metric(mx, "kvserve_spec_accepted_tokens_total");
+        cr_assert_gt(kept, 0, "no draft was kept (%g drafted)", drafted);
+        cr_assert_leq(kept, drafted);
+    }
+    engine_cache_stats_get(e, &out->cache);
+    stop_engine();
+}
+
+/* Greedy output with speculation is token for token what plain decoding gives, logprobs
+ * included, and the pool tier ends up holding the same chunks (rejected rows stored nothing). */
+Test(engine, speculation_keeps_greedy_outputs_logprobs_and_cached_chunks) {
+    spec_run off, on;
+    spec_outputs(false, &off);
+    spec_outputs(true, &on);
+    for (int i = 0; i < N_SPEC; i++) {
+        cr_assert_eq(on.n_tokens[i], off.n_tokens[i]);
+        cr_assert_str_eq(on.text[i], off.text[i], "prompt %d: speculation changed the output", i);
+        for (int k = 0; k < off.n_tokens[i]; k++) {
+            const gen_logprob *a = &off.lps[i][k], *b = &on.lps[i][k];
+            cr_assert_eq(a->token, b->token, "prompt %d token %d", i, k);
+            cr_assert_eq(a->logprob, b->logprob, "prompt %d token %d", i, k);
+            cr_assert_eq(a->n_top, b->n_top);
+            cr_assert_eq(memcmp(a->top_ids, b->top_ids, sizeof(int32_t) * (size_t)a->n_top), 0);
+        }
+        free(on.text[i]);
+        free(off.text[i]);
+        free(on.lps[i]);
+        free(off.lps[i]);
+    }
+    cr_assert_eq(on.cache.pool_entries, off.cache.pool_entries);
+    cr_assert_eq(on.cache.pool_blocks, off.cache.pool_blocks);
+}
+
+/* Four speculating sequences in a pool too small for them: sequences are preempted between
+ * and during verify steps (a victim already in the step's batch leaves it, drafts and all), and
+ * every output equals the plain one computed alone. */
+Test(engine, speculation_under_preemption_equals_plain_decoding_alone) {
+    metrics *mx;
+    engine *e = start_with(256, 256, 4, 8, 0, true, &mx);
+    const char *prompts[4] = {SPEC_PROMPTS[0], SPEC_PROMPTS[1], SPEC_PROMPTS[2], PROMPTS[1]};
+    gen_request *together[4];
+    for (int i = 0; i < 4; i++) {
+        together[i] = request(prompts[i], 1, 120, 0, 0);
+        submit_ok(e, together[i]);
+    }
+    for (int i = 0; i < 4; i++) wait_done(together[i]);
+    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    cr_assert_gt(metric(mx, "kvserve_spec_accepted_tokens_total"), 0);
+    for (int i = 0; i < 4; i++) {
+        gen_request *alone = request(prompts[i], 1, 120, 0, 0);
+        alone->speculative = false;
+        submit_ok(e, alone);
+        wait_done(alone);
+        cr_assert_eq(alone->spec_drafted, 0);
+        cr_assert_eq(together[i]->choices[0].n_tokens, 120);
+        cr_assert_str_eq(together[i]->choices[0].text, alone->choices[0].text, "prompt %d", i);
+        gen_request_unref(alone);
+        gen_request_unref(together[i]);
+    }
+    /* sampled with speculation: a seed repeats its output */
+    gen_request *s1 = request(SPEC_PROMPTS[1], 2, 60, 0.7f, 9);
+    gen_request *s2 = request(SPEC_PROMPTS[1], 2, 60, 0.7f, 9);
+    submit_ok(e, s1);
+    wait_done(s1);
+    submit_ok(e, s2);
+    wait_done(s2);
+    cr_assert_gt(s1->spec_drafted, 0);
+    for (int i = 0; i < 2; i++) cr_assert_str_eq(s1->choices[i].text, s2->choices[i].text);
+    gen_request_unref(s1);
+    gen_request_unref(s2);
+    wait_idle(mx);
     stop_engine();
 }
 

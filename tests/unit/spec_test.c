@@ -227,8 +227,8 @@ Test(spec, verified_sampling_keeps_the_distribution) {
         cr_assert_lt(chi, 24.32, "draft %d: chi-square %g", drafts[d], chi);
         /* accepted about p(draft) of the time (binomial, 5 standard deviations) */
         double want = p[drafts[d]] * N, sd = sqrt(N * p[drafts[d]] * (1 - p[drafts[d]]));
-        cr_assert(fabs(acc - want) < 5 * sd + 1, "draft %d kept %d times, expected %.0f",
-                  drafts[d], acc, want);
+        cr_assert(fabs(acc - want) < 5 * sd + 1, "draft %d kept %d times, expected %.0f", drafts[d],
+                  acc, want);
     }
 }
 
