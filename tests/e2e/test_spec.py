@@ -1,0 +1,126 @@
+"""Speculative decoding from the context through the official `openai` client: a RAG-style
+answer that quotes its passage is the same with speculation on and with "speculative": false
+(greedy, streamed or not, with a stop string and logprobs), and drafts were kept (/metrics);
+OpenAI's Predicted Outputs report accepted and rejected prediction tokens and leave the answer
+unchanged; malformed predictions are 400s; `--spec off` drafts nothing."""
+import openai
+import pytest
+
+PASSAGE = (
+    "The river Tamsel rises in the hills above Oberwald and flows north for two hundred and "
+    "twelve kilometres before it joins the Lenne at Haldern. Its valley was settled in the "
+    "ninth century by farmers who cleared the oak forest for rye and flax. The first bridge "
+    "across the river was built of timber in 1231 and replaced by a stone bridge of seven "
+    "arches in 1468, which still carries the old road to the market square. In 1874 a railway "
+    "line was opened along the eastern bank, and the town grew from a few hundred people to "
+    "more than nine thousand within forty years."
+)
+QUESTION = "Repeat the document above word for word, from its first sentence to its last."
+
+
+def rag(passage=PASSAGE, question=QUESTION):
+    return [{"role": "user", "content": f"Document:\n{passage}\n\n{question}"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def ask(client, server, spec, **kw):
+    kw.setdefault("max_tokens", 160)
+    return client.chat.completions.create(model=server.model_id, messages=rag(), temperature=0,
+                                          extra_body={"speculative": spec}, **kw)
+
+
+def test_greedy_answers_are_the_same_with_and_without_speculation(server, client):
+    before = server.metrics()
+    off = ask(client, server, False)
+    on = ask(client, server, True)
+    after = server.metrics()
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert on.choices[0].finish_reason == off.choices[0].finish_reason
+    assert on.usage.completion_tokens == off.usage.completion_tokens
+    kept = (after["kvserve_spec_accepted_tokens_total"]
+            - before["kvserve_spec_accepted_tokens_total"])
+    assert kept > 0, "no draft was kept on an answer that quotes its passage"
+    details = on.usage.completion_tokens_details.model_dump()
+    assert details["accepted_draft_tokens"] == kept
+    assert "draft_tokens" not in off.usage.completion_tokens_details.model_dump()
+    assert 0 < after["kvserve_spec_acceptance_ratio"] <= 1
+    # streamed, the same text
+    stream = ask(client, server, True, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+        off.choices[0].message.content
+
+
+def test_stop_strings_and_logprobs_are_the_same_with_speculation(server, client):
+    kw = dict(stop=["stone bridge"], logprobs=True, top_logprobs=2, max_tokens=120)
+    off = ask(client, server, False, **kw)
+    on = ask(client, server, True, **kw)
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert on.choices[0].finish_reason == off.choices[0].finish_reason
+    lo, ln = off.choices[0].logprobs.content, on.choices[0].logprobs.content
+    assert [t.token for t in ln] == [t.token for t in lo]
+    assert [t.logprob for t in ln] == [t.logprob for t in lo]
+    assert [[a.token for a in t.top_logprobs] for t in ln] == \
+        [[a.token for a in t.top_logprobs] for t in lo]
+    # max_tokens cuts a run of kept drafts where it cuts plain decoding
+    off = ask(client, server, False, max_tokens=37)
+    on = ask(client, server, True, max_tokens=37)
+    assert on.usage.completion_tokens == off.usage.completion_tokens == 37
+    assert on.choices[0].message.content == off.choices[0].message.content
+
+
+def test_predicted_outputs_report_accepted_and_rejected_tokens(server, client):
+    plain = ask(client, server, False)
+    answer = plain.choices[0].message.content
+    # the prediction: the answer with a few words changed, as an edit's old text would be
+    predicted = answer.replace("timber", "iron").replace("rye", "wheat")
+    for content in (predicted, [{"type": "text", "text": predicted[:90]},
+                                {"type": "text", "text": predicted[90:]}]):
+        r = client.chat.completions.create(
+            model=server.model_id, messages=rag(), temperature=0, max_tokens=160,
+            prediction={"type": "content", "content": content})
+        assert r.choices[0].message.content == answer
+        d = r.usage.completion_tokens_details
+        assert d.accepted_prediction_tokens > 0
+        assert d.rejected_prediction_tokens >= 0
+        assert d.accepted_prediction_tokens <= r.usage.completion_tokens
+
+
+@pytest.mark.parametrize("prediction, param", [
+    (5, "prediction"),
+    ({"content": "x"}, "prediction.type"),
+    ({"type": "text", "content": "x"}, "prediction.type"),
+    ({"type": "content"}, "prediction.content"),
+    ({"type": "content", "content": 7}, "prediction.content"),
+    ({"type": "content", "content": [{"type": "image_url", "image_url": "x"}]},
+     "prediction.content[0]"),
+    ({"type": "content", "content": [{"type": "text", "text": 3}]}, "prediction.content[0]"),
+])
+def test_malformed_predictions_are_400s(server, client, prediction, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=rag(), max_tokens=4,
+                                       extra_body={"prediction": prediction})
+    assert e.value.body["param"] == param
+    assert e.value.body["type"] == "invalid_request_error"
+
+
+def test_speculative_must_be_a_boolean(server, client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=server.model_id, messages=rag(), max_tokens=4,
+                                       extra_body={"speculative": "yes"})
+    assert e.value.body["param"] == "speculative"
+
+
+def test_spec_off_drafts_nothing(start_server, server, client):
+    off = start_server("-c", "2048", "--spec", "off")
+    c = off.client()
+    r = c.chat.completions.create(model=off.model_id, messages=rag(), temperature=0,
+                                  max_tokens=80)
+    m = off.metrics()
+    assert m["kvserve_spec_draft_tokens_total"] == 0
+    assert "draft_tokens" not in r.usage.completion_tokens_details.model_dump()
+    ref = ask(client, server, True, max_tokens=80)
+    assert r.choices[0].message.content == ref.choices[0].message.content
