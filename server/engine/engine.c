@@ -837,6 +837,7 @@ static int spec_draft(engine *e, eseq *s, int budget) {
     if (k <= 0 || hist_reserve(s, k + 1)) return 0;
     int32_t *d = s->hist + s->n_hist;
     int n = spec_propose(&s->spec, s->hist, s->n_hist, s->n_gen, k, d, &s->spec.drafted_pred);
+    if (n <= 0) return 0;
     if (r->gm)
         for (int32_t i = 0, st = s->gstate; i < n; i++)
             if ((st = gmatch_accept_token(r->gm, st, d[i])) < 0) n = i;

@@ -162,6 +162,8 @@ int spec_propose(spec_seq *ss, const int32_t *hist, int n_hist, int n_gen, int m
     }
     if (spec_index_add(&ss->ctx, hist, n_hist)) return 0;
     /* the last window is the query itself: only matches that end before it */
-    return spec_index_draft(&ss->ctx, hist, hist, n_hist, n_hist - 1, SPEC_MIN_CONTEXT, max_draft,
-                            out, &len);
+    n = spec_index_draft(&ss->ctx, hist, hist, n_hist, n_hist - 1, SPEC_MIN_CONTEXT, max_draft, out,
+                         &len);
+    /* a short match predicts little: its draft is as long as the match less one */
+    return n <= 0 ? 0 : n < len - 1 ? n : len - 1;
 }

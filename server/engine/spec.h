@@ -89,7 +89,8 @@ void spec_seq_free(spec_seq *ss);
 /* Proposes up to max_draft tokens to follow hist[0 .. n_hist) (the last n_gen of them
  * generated): from the prediction first (its start while the output so far is the prediction's
  * beginning, else the longest match of the output's last tokens in it), else from the sequence's
- * own tokens. *from_pred says which. Returns how many (0: none, also when out of memory). */
+ * own tokens (no more than the match's length less one: a short match predicts little).
+ * *from_pred says which. Returns how many (0: none, also when out of memory). */
 int spec_propose(spec_seq *ss, const int32_t *hist, int n_hist, int n_gen, int max_draft,
                  int32_t *out, bool *from_pred);
 

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Speculative decoding from the context: decode speed with speculation off and on, in one run.
+
+Three sets, every request greedy and streamed, asked twice on one server (`--spec context`):
+once with "speculative": false and once with speculation on, in alternating order:
+
+  RAG             a passage of 200-400 tokens cut from the licence texts in
+                  /usr/share/common-licenses (the texts the blend benchmark uses) and a question
+                  whose answer quotes or paraphrases it (repeat a part, quote what it says about
+                  a word, list its points)
+  free chat       questions with nothing to copy from (stories, explanations, advice)
+  edit+prediction an edit of a passage ("replace X with Y, output the text") with the passage as
+                  OpenAI's Predicted Outputs "prediction"
+
+Decode speed is (completion tokens - 1) / (time from the first streamed token to the last): the
+prompt's prefill is not in it. Per set: decode tokens/s off and on (over all its tokens), their
+ratio, draft tokens verified and kept (usage.completion_tokens_details, kvserve's extension), the
+acceptance rate, and greedy mismatches (answers that differ with speculation on: must be 0).
+Then --streams concurrent RAG streams, aggregate tokens/s off and on: from SPEC_MAX_BATCH (8)
+decoding sequences on no sequence drafts, which the ratio shows.
+
+    python3 scripts/bench/spec.py [--bin build/kvserve] [--model MODEL] [--threads 2]
+                                  [--rag 8] [--chat 6] [--edit 3] [--max-tokens 200]
+                                  [--streams 4,16] [--json OUT]
+"""
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+TEXTS = ["Apache-2.0", "GPL-3", "MPL-2.0", "LGPL-3", "GFDL-1.3", "Artistic", "CC0-1.0"]
+RAG_QUESTIONS = [
+    "Repeat the first paragraph of the document word for word.",
+    "What does the document say about {word}? Quote the sentence.",
+    "Copy the document exactly as it is written.",
+    "List the points the document makes, using its own words.",
+]
+CHAT = [
+    "Write a short story about a dragon who is afraid of the dark.",
+    "Explain how a rainbow forms, for a ten-year-old.",
+    "Give me five tips for learning to play the guitar.",
+    "What are the pros and cons of working from home?",
+    "Describe a perfect day at the beach.",
+    "How do I make a good cup of tea?",
+    "Write a poem about autumn leaves.",
+    "Why is the sky blue?",
+]
+SYSTEM = "You are a helpful assistant. Answer from the document when one is given."
+
+
+def passages(srv, n):
+    """n passages of 200-400 tokens: consecutive paragraphs of the texts merged."""
+    out = []
+    for name in TEXTS:
+        path = os.path.join("/usr/share/common-licenses", name)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            paras = [p.strip() for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
+        cur, n_cur = [], 0
+        for p in paras:
+            st, body = srv.request("POST", "/tokenize", {"content": p, "add_special": False})
+            assert st == 200, body
+            k = len(body["tokens"])
+            if k > 400:
+                continue
+            if n_cur + k > 400:
+                if n_cur >= 200:
+                    out.append("\n\n".join(cur))
+                cur, n_cur = [], 0
+            cur.append(p)
+            n_cur += k
+        if n_cur >= 200:
+            out.append("\n\n".join(cur))
+    if not out:
+        sys.exit("spec bench: no texts in /usr/share/common-licenses")
+    # spread over the texts: every k-th passage
+    step = max(1, len(out) // n)
+    return out[::step][:n]
+
+
+def keyword(passage):
+    words = [w for w in re.findall(r"[A-Za-z]{7,}", passage)]
+    return words[len(words) // 2].lower() if words else "licence"
+
+
+def rag_set(pool, n):
+    items = []
+    for i in range(n):
+        p = pool[i % len(pool)]
+        q = RAG_QUESTIONS[i % len(RAG_QUESTIONS)].format(word=keyword(p))
+        items.append(({"messages": [{"role": "system", "content": SYSTEM},
+                                    {"role": "user", "content": f"Document:\n{p}\n\n{q}"}]}))
+    return items
+
+
+def chat_set(n):
+    return [{"messages": [{"role": "user", "content": CHAT[i % len(CHAT)]}]} for i in range(n)]
+
+
+def edit_set(pool, n):
+    items = []
+    for i in range(n):
+        p = pool[(i * 3 + 1) % len(pool)].split("\n\n")[0]
+        w = keyword(p)
+        items.append({"messages": [{"role": "user", "content":
+                                    f"Text:\n{p}\n\nReplace the word \"{w}\" with \"item\" in the "
+                                    "text and output the whole text, nothing else."}],
+                      "prediction": {"type": "content", "content": p}})
+    return items
+
+
+def run_one(srv, body, spec, max_tokens):
+    """(decode tokens, decode seconds, text, usage) of one streamed greedy request."""
+    t0, resp = srv.stream("/v1/chat/completions", {
+        "model": srv.model, "stream": True, "stream_options": {"include_usage": True},
+        "temperature": 0, "max_tokens": max_tokens, "speculative": spec, **body})
+    t_first = t_last = None
+    text, usage = "", None
+    for ev in benchlib.sse_events(resp):
+        if "error" in ev:
+            sys.exit(f"error: {ev['error']}")
+        for ch in ev.get("choices") or []:
+            piece = ch.get("delta", {}).get("content")
+            if piece:
+                now = time.perf_counter()
+                t_first = t_first or now
+                t_last = now
+                text += piece
+        if ev.get("usage"):
+            usage = ev["usage"]
+    n = usage["completion_tokens"] - 1
+    return n, (t_last - t_first) if t_first and t_last > t_first else 0.0, text, usage
+
+
+def run_set(srv, items, max_tokens):
+    """The set's figures: each item off and on, alternating which goes first."""
+    tok = {False: 0, True: 0}
+    sec = {False: 0.0, True: 0.0}
+    drafted = kept = pred_kept = pred_rej = mismatches = 0
+    for i, body in enumerate(items):
+        out = {}
+        for spec in ((False, True) if i % 2 == 0 else (True, False)):
+            n, s, text, usage = run_one(srv, body, spec, max_tokens)
+            tok[spec] += n
+            sec[spec] += s
+            out[spec] = text
+            if spec:
+                d = usage.get("completion_tokens_details") or {}
+                drafted += d.get("draft_tokens", 0)
+                kept += d.get("accepted_draft_tokens", 0)
+                pred_kept += d.get("accepted_prediction_tokens", 0)
+                pred_rej += d.get("rejected_prediction_tokens", 0)
+        mismatches += out[False] != out[True]
+    off = tok[False] / sec[False] if sec[False] else 0
+    on = tok[True] / sec[True] if sec[True] else 0
+    return {"prompts": len(items), "tokens": tok[True], "off_tps": off, "on_tps": on,
+            "ratio": on / off if off else 0, "drafted": drafted, "accepted": kept,
+            "acceptance": kept / drafted if drafted else 0, "pred_accepted": pred_kept,
+            "pred_rejected": pred_rej, "mismatches": mismatches}
+
+
+def run_load(srv, items, streams, spec, max_tokens):
+    """Aggregate decode tokens/s of `streams` concurrent streams over items."""
+    results = []
+
+    def worker(k):
+        n, _, _, _ = run_one(srv, items[k % len(items)], spec, max_tokens)
+        results.append(n + 1)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(results) / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    benchlib.add_server_args(ap)
+    ap.add_argument("--rag", type=int, default=8)
+    ap.add_argument("--chat", type=int, default=6)
+    ap.add_argument("--edit", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--streams", default="4,16")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    srv = benchlib.Server(a.bin, a.model, a.threads, ["-c", "4096", "--spec", "context"])
+    try:
+        pool = passages(srv, max(a.rag, a.edit * 3 + 2))
+        sets = [("RAG (quote/paraphrase a passage)", rag_set(pool, a.rag)),
+                ("free chat", chat_set(a.chat)),
+                ("edit with prediction", edit_set(pool, a.edit))]
+        rows = []
+        for name, items in sets:
+            if not items:
+                continue
+            r = run_set(srv, items, a.max_tokens)
+            r["set"] = name
+            rows.append(r)
+            print(f"{name}: {r['off_tps']:.1f} -> {r['on_tps']:.1f} tok/s "
+                  f"({r['ratio']:.2f}x), acceptance {r['acceptance']:.0%}, "
+                  f"mismatches {r['mismatches']}", file=sys.stderr)
+        load = []
+        for streams in [int(x) for x in a.streams.split(",") if x]:
+            items = rag_set(pool, streams)
+            off = run_load(srv, items, streams, False, a.max_tokens)
+            on = run_load(srv, items, streams, True, a.max_tokens)
+            load.append({"streams": streams, "off_tps": off, "on_tps": on, "ratio": on / off})
+    finally:
+        srv.stop()
+    print(f"\nkvserve speculation from the context, {os.path.basename(a.model)}, "
+          f"{a.threads} threads, greedy, max_tokens {a.max_tokens}\n")
+    print("| set | prompts | tokens | decode tok/s off | on | on/off | drafted | kept "
+          "| acceptance | greedy mismatches |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        extra = (f" (prediction: {r['pred_accepted']} kept, {r['pred_rejected']} rejected)"
+                 if r["pred_accepted"] or r["pred_rejected"] else "")
+        print(f"| {r['set']} | {r['prompts']} | {r['tokens']} | {r['off_tps']:.1f} | "
+              f"{r['on_tps']:.1f} | {r['ratio']:.2f}x | {r['drafted']} | {r['accepted']}{extra} | "
+              f"{r['acceptance']:.0%} | {r['mismatches']} |")
+    if load:
+        print("\n| RAG streams at once | aggregate tok/s off | on | on/off |")
+        print("| ---: | ---: | ---: | ---: |")
+        for r in load:
+            print(f"| {r['streams']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | "
+                  f"{r['ratio']:.2f}x |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"sets": rows, "load": load}, f, indent=1)
+    if any(r["mismatches"] for r in rows):
+        sys.exit("greedy outputs differ with speculation")
+
+
+if __name__ == "__main__":
+    main()
