@@ -57,7 +57,7 @@ TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 .PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check layout bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
-        bench-grammar bench-schema bench-gpu
+        bench-grammar bench-schema bench-gpu bench-spec
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -222,6 +222,11 @@ calibrate-reuse: $(MODEL) $(BUILD)/kvserve
 
 # Prompt Cache: TTFT with a schema's modules reused vs full prefill at 1K/4K/8K tokens of
 # modules, and the answers' quality (plain and with the fix-up) against full prefill.
+# Speculation from the context: decode tokens/s off and on (RAG, free chat, an edit with a
+# prediction, concurrent streams), acceptance and greedy mismatches (scripts/bench/spec.py).
+bench-spec: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/spec.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
 bench-schema: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/schema.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
