@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/sampler.h"
 #include "server/engine/spec.h"
 #include "tests/unit/model_fixture.h"
 
