@@ -47,6 +47,7 @@ static uint64_t use_request(const api_request *r) {
     for (int i = 0; i < r->n_stops; i++) CHECK(use_str(r->stops[i]) > 0);
     if (r->user) sink += use_str(r->user);
     if (r->cache_salt) sink += use_str(r->cache_salt);
+    if (r->prediction) sink += use_str(r->prediction);
     return sink;
 }
 

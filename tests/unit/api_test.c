@@ -172,6 +172,29 @@ Test(api, content_parts_joined) {
     api_request_free(&r);
 }
 
+Test(api, prediction_and_speculative) {
+    api_request r;
+    parse_ok(API_CHAT, chat_with(""), &r);
+    cr_assert(r.speculative);
+    cr_assert_null(r.prediction);
+    api_request_free(&r);
+    parse_ok(API_CHAT,
+             chat_with(",\"speculative\":false,\"prediction\":{\"type\":\"content\","
+                       "\"content\":[{\"type\":\"text\",\"text\":\"def f\"},"
+                       "{\"type\":\"text\",\"text\":\"(x):\"}]}"),
+             &r);
+    cr_assert(!r.speculative);
+    cr_assert_str_eq(r.prediction, "def f(x):");
+    api_request_free(&r);
+    parse_ok(API_COMPLETION,
+             completion_with(",\"prediction\":{\"type\":\"content\",\"content\":\"x = 1\"}"), &r);
+    cr_assert_str_eq(r.prediction, "x = 1");
+    api_request_free(&r);
+    parse_ok(API_CHAT, chat_with(",\"prediction\":null"), &r);
+    cr_assert_null(r.prediction);
+    api_request_free(&r);
+}
+
 Test(api, completion_prompt_string) {
     api_request r;
     parse_ok(API_COMPLETION, completion_with(",\"echo\":true,\"logprobs\":3"), &r);
@@ -354,6 +377,19 @@ Test(api, wrong_types_scalars) {
     fail(API_CHAT, chat_with(",\"cache\":\"no\""), "cache", "must be a boolean");
     fail(API_CHAT, chat_with(",\"cache_salt\":1"), "cache_salt", "must be a string");
     fail(API_CHAT, chat_with(",\"ignore_eos\":\"yes\""), "ignore_eos", "must be a boolean");
+    fail(API_CHAT, chat_with(",\"speculative\":1"), "speculative", "must be a boolean");
+    fail(API_CHAT, chat_with(",\"prediction\":\"x\""), "prediction", "must be an object");
+    fail(API_CHAT, chat_with(",\"prediction\":{\"content\":\"x\"}"), "prediction.type",
+         "is required");
+    fail(API_CHAT, chat_with(",\"prediction\":{\"type\":\"text\",\"content\":\"x\"}"),
+         "prediction.type", "must be 'content'");
+    fail(API_CHAT, chat_with(",\"prediction\":{\"type\":\"content\"}"), "prediction.content",
+         "is required");
+    fail(API_CHAT, chat_with(",\"prediction\":{\"type\":\"content\",\"content\":{}}"),
+         "prediction.content", "must be a string or an array of text parts");
+    fail(API_CHAT,
+         chat_with(",\"prediction\":{\"type\":\"content\",\"content\":[{\"type\":\"image\"}]}"),
+         "prediction.content[0]", "must be {\"type\": \"text\"");
     fail(API_CHAT, "{\"model\":3,\"messages\":[]}", "model", "'model' must be a string");
 }
 
