@@ -13,6 +13,16 @@ static http_result health(server *s, const http_call *c, http_out *out) {
     bool up = atomic_load(&s->ready) && !draining;
     json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
     if (up) json_object_set_new(v, "reuse_quality", cache_api_reuse_json(s));
+    if (up) {
+        /* speculative decoding (--spec), and its draft tokens verified and kept so far */
+        engine_spec_stats st;
+        engine_spec_stats_get(s->eng, &st);
+        json_object_set_new(v, "speculation",
+                            json_pack("{s:s,s:I,s:I,s:f}", "mode", st.on ? "context" : "off",
+                                      "drafted", (json_int_t)st.drafted, "accepted",
+                                      (json_int_t)st.accepted, "acceptance",
+                                      st.drafted ? (double)st.accepted / (double)st.drafted : 0.0));
+    }
     http_reply_json(&out->reply, up ? 200 : 503, v);
     if (!up) out->reply.retry_after = 1;
     return HTTP_REPLIED;

@@ -191,10 +191,11 @@ struct engine {
     uint64_t admit_counter;
     planner *plan;              /* the context cache's reuse planner, or NULL: no cache */
     atomic_llong reused_tokens; /* prompt tokens served from the cache */
-    batch_seq *batch;           /* [max_seqs] */
-    eseq **batch_seqs;          /* [max_seqs] */
-    int32_t *batch_pos;         /* [fwd_tokens] */
-    int fwd_tokens;             /* tokens one step may hold */
+    atomic_llong spec_drafted, spec_accepted;
+    batch_seq *batch;   /* [max_seqs] */
+    eseq **batch_seqs;  /* [max_seqs] */
+    int32_t *batch_pos; /* [fwd_tokens] */
+    int fwd_tokens;     /* tokens one step may hold */
     /* blend */
     blend_fusor *fus;   /* NULL: no blend */
     blend_entry *bents; /* [max_seqs] this step's blended entries */
@@ -883,6 +884,8 @@ static void spec_settle(engine *e, eseq *s, int kv_start, int n_draft, float *ro
         accepted++;
     spec_ctl_update(&s->spec.ctl, n_draft, accepted);
     metrics_spec(e->mx, n_draft, accepted);
+    atomic_fetch_add(&e->spec_drafted, n_draft);
+    atomic_fetch_add(&e->spec_accepted, accepted);
 }
 
 /* ---------------------------------------------------------------- context cache */
@@ -1551,6 +1554,8 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
         if (!(e->fus = blend_fusor_create(m, e->b, e->pool, max_tokens, err))) goto fail;
     }
     atomic_init(&e->reused_tokens, 0);
+    atomic_init(&e->spec_drafted, 0);
+    atomic_init(&e->spec_accepted, 0);
     if (o->chunk_tokens > 0) {
         plan_opts po = {.store = o->store,
                         .chunk_tokens = o->chunk_tokens,
@@ -1712,6 +1717,12 @@ int64_t engine_kv_pool_tokens(const engine *e) {
     return kv_pool_total_blocks(e->pool) * kv_pool_layout(e->pool)->block_tokens;
 }
 int engine_threads(const engine *e) { return backend_n_threads(e->b); }
+
+void engine_spec_stats_get(engine *e, engine_spec_stats *out) {
+    out->on = e->o.spec;
+    out->drafted = atomic_load(&e->spec_drafted);
+    out->accepted = atomic_load(&e->spec_accepted);
+}
 
 /* ---------------------------------------------------------------- context cache interface */
 

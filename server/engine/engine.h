@@ -262,4 +262,11 @@ const char *engine_backend_name(const engine *e);
 int64_t engine_kv_pool_tokens(const engine *e);
 int engine_threads(const engine *e);
 
+/* Speculation: on (--spec context), and draft tokens verified and kept since the start. */
+typedef struct engine_spec_stats {
+    bool on;
+    int64_t drafted, accepted;
+} engine_spec_stats;
+void engine_spec_stats_get(engine *e, engine_spec_stats *out);
+
 #endif

@@ -48,6 +48,8 @@ def test_greedy_answers_are_the_same_with_and_without_speculation(server, client
     assert details["accepted_draft_tokens"] == kept
     assert "draft_tokens" not in off.usage.completion_tokens_details.model_dump()
     assert 0 < after["kvserve_spec_acceptance_ratio"] <= 1
+    health = server.get_json("/health")["speculation"]
+    assert health["mode"] == "context" and health["accepted"] >= kept > 0
     # streamed, the same text
     stream = ask(client, server, True, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
@@ -121,6 +123,8 @@ def test_spec_off_drafts_nothing(start_server, server, client):
                                   max_tokens=80)
     m = off.metrics()
     assert m["kvserve_spec_draft_tokens_total"] == 0
+    assert off.get_json("/health")["speculation"] == \
+        {"mode": "off", "drafted": 0, "accepted": 0, "acceptance": 0}
     assert "draft_tokens" not in r.usage.completion_tokens_details.model_dump()
     ref = ask(client, server, True, max_tokens=80)
     assert r.choices[0].message.content == ref.choices[0].message.content
