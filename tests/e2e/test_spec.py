@@ -128,3 +128,29 @@ def test_spec_off_drafts_nothing(start_server, server, client):
     assert "draft_tokens" not in r.usage.completion_tokens_details.model_dump()
     ref = ask(client, server, True, max_tokens=80)
     assert r.choices[0].message.content == ref.choices[0].message.content
+
+
+def test_a_grammar_constrained_answer_drafts_and_stays_the_same(server, client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "quote", "strict": True, "schema": {
+        "type": "object", "properties": {"quote": {"type": "string", "maxLength": 400}},
+        "required": ["quote"], "additionalProperties": False}}}
+    kw = dict(response_format=fmt, max_tokens=120, logprobs=True)
+    before = server.metrics()["kvserve_spec_draft_tokens_total"]
+    off = ask(client, server, False, **kw)
+    on = ask(client, server, True, **kw)
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert [t.logprob for t in on.choices[0].logprobs.content] == \
+        [t.logprob for t in off.choices[0].logprobs.content]
+    assert server.metrics()["kvserve_spec_draft_tokens_total"] > before
+    assert on.usage.completion_tokens_details.model_dump().get("draft_tokens", 0) > 0
+
+
+def test_choices_speculate_each_and_a_seed_repeats(server, client):
+    one = ask(client, server, False, max_tokens=60)
+    two = ask(client, server, True, max_tokens=60, n=2)
+    assert [c.message.content for c in two.choices] == [one.choices[0].message.content] * 2
+    sampled = [client.chat.completions.create(
+        model=server.model_id, messages=rag(), temperature=0.8, seed=5, n=2, max_tokens=60)
+        for _ in range(2)]
+    assert [c.message.content for c in sampled[0].choices] == \
+        [c.message.content for c in sampled[1].choices]
