@@ -1261,9 +1261,8 @@ static int step_after(void *ud, forward_state *st, int layer) {
 }
 
 /* One continuous-batching step. */
-static void step(engine *e) {
-    int n_b = 0, n_pos = 0;
-    /* sequences starting (or restarting after preemption) take their cached prefix first */
+/* Sequences starting (or restarting after preemption) take their cached prefix first. */
+static void step_reuse(engine *e) {
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
         if (s->req->skv && !s->done && !s->wait_fork && !s->reuse_tried && s->n_computed == 0 &&
@@ -1278,8 +1277,12 @@ static void step(engine *e) {
         if (s->preempted && room(e, whole) < whole) continue;
         reuse_prefix(e, s);
     }
-    /* decode: every sequence with exactly one pending token, and (while the batch is narrower
-     * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget */
+}
+
+/* Decode rows: every sequence with exactly one pending token, and (while the batch is narrower
+ * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget. Returns the
+ * budget left for prefill. */
+static int step_decode(engine *e, int *n_b, int *n_pos) {
     int budget = e->o.prefill_chunk, n_dec = 0;
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
@@ -1290,12 +1293,16 @@ static void step(engine *e) {
         if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1 || schema_waiting(s))
             continue;
         int k = n_dec < SPEC_MAX_BATCH ? spec_draft(e, s, budget) : 0;
-        if (batch_add(e, s, 1 + k, &n_b, &n_pos) && k > 0) {
-            e->batch[n_b - 1].all_logits = true; /* a row of logits per draft token */
+        if (batch_add(e, s, 1 + k, n_b, n_pos) && k > 0) {
+            e->batch[*n_b - 1].all_logits = true; /* a row of logits per draft token */
             budget -= k;
         }
     }
-    /* prefill: share the chunk among sequences with more pending, oldest first */
+    return budget;
+}
+
+/* Prefill rows: the budget left shared among sequences with more pending, oldest first. */
+static void step_prefill(engine *e, int budget, int *n_b, int *n_pos) {
     for (int i = 0; i < e->n_run && budget > 0; i++) {
         eseq *s = e->run[i];
         int pending = s->n_hist - s->n_computed;
@@ -1316,17 +1323,18 @@ static void step(engine *e) {
              * as the step's first prefill, or waits for the next step. */
             if (budget < e->o.prefill_chunk) continue;
             n = blend_take(e, s, budget, &cost);
-            if (n > e->fwd_tokens - n_pos) continue;
-        } else if (n > e->fwd_tokens - n_pos) {
-            n = e->fwd_tokens - n_pos;
+            if (n > e->fwd_tokens - *n_pos) continue;
+        } else if (n > e->fwd_tokens - *n_pos) {
+            n = e->fwd_tokens - *n_pos;
         }
         if (s->req == e->shadow_req && n > SHADOW_STEP) n = cost = SHADOW_STEP;
-        if (n > 0 && batch_add(e, s, n, &n_b, &n_pos)) budget -= cost < budget ? cost : budget;
+        if (n > 0 && batch_add(e, s, n, n_b, n_pos)) budget -= cost < budget ? cost : budget;
     }
-    if (n_b == 0) return;
+}
 
-    /* positions are the slots (every sequence's tokens sit at 0..n_hist-1), except a Prompt
-     * Cache sequence's, which carries its own */
+/* The batch's positions: the slots (every sequence's tokens sit at 0..n_hist-1), except a
+ * Prompt Cache sequence's, which carries its own. */
+static void step_positions(engine *e, int n_b) {
     int off = 0;
     for (int i = 0; i < n_b; i++) {
         batch_seq *bs = &e->batch[i];
@@ -1336,18 +1344,22 @@ static void step(engine *e) {
         bs->pos = e->batch_pos + off;
         off += bs->n_tok;
     }
-    kv_error err = {{0}};
+}
+
+/* The forward pass over the batch, with blend's hooks where entries blend (*n_blended: how many
+ * entries do; they settle here): the logits rows, or -1 with err. */
+static int step_forward(engine *e, int n_b, int n_pos, int *n_blended, kv_error *err) {
     forward_hooks hooks, *hk = NULL;
-    int n_be = e->fus ? blend_entries(e, n_b) : 0;
+    int n_be = *n_blended = e->fus ? blend_entries(e, n_b) : 0;
     if (n_be > 0) {
-        if (blend_fusor_begin(e->fus, e->batch, n_b, e->bents, n_be, &hooks, &err) == 0) {
+        if (blend_fusor_begin(e->fus, e->batch, n_b, e->bents, n_be, &hooks, err) == 0) {
             hk = &hooks;
         } else {
             /* computed in full instead: slower, never wrong */
-            log_warn("blend: %s; computing those tokens", err.msg);
+            log_warn("blend: %s; computing those tokens", err->msg);
             for (int k = 0; k < n_be; k++)
                 plan_seq_drop_spans(&e->batch_seqs[e->bents[k].entry]->ps);
-            n_be = 0;
+            n_be = *n_blended = 0;
         }
     }
     uint64_t t0 = clock_now_ns();
@@ -1357,7 +1369,7 @@ static void step(engine *e) {
     forward_hooks both = {
         .ud = &sh, .before_layer = step_before, .after_kv = step_kv, .after_layer = step_after};
     e->n_batch = n_b;
-    int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, &err);
+    int n_out = model_forward(e->fwd, e->batch, n_b, hk || embed ? &both : NULL, e->logits, err);
     if (hk) blend_fusor_end(e->fus);
     uint64_t dt = clock_now_ns() - t0;
     log_debug("step: %d sequences, %d tokens (%d blended), forward %.2f ms", n_b, n_pos, n_be,
@@ -1377,69 +1389,92 @@ static void step(engine *e) {
         atomic_fetch_add(&e->recomputed_tokens, e->bents[k].n_recomputed);
         metrics_blend(e->mx, e->bents[k].n_reused, e->bents[k].n_recomputed);
     }
+    return n_out;
+}
+
+/* The logits rows a batch entry gets: every row for a draft or a scored prompt, else its last
+ * token's. */
+static int entry_rows(const batch_seq *bs) { return bs->all_logits ? bs->n_tok : 1; }
+
+/* Batch entry i's output: rows are its logits rows (every row of a draft or a scored prompt,
+ * else its last token's). A draft is settled; a prompt step written back to the cache; a
+ * finished prompt's first token sampled (or its embedding pooled, its score kept). */
+static void step_output(engine *e, int i, float *rows, int n_be) {
+    eseq *s = e->batch_seqs[i];
+    const batch_seq *bs = &e->batch[i];
+    int n_draft = bs->kv_start + bs->n_tok - s->n_hist; /* tokens past its history */
+    if (n_draft > 0) {
+        if (!s->done) spec_settle(e, s, bs->kv_start, n_draft, rows);
+        return;
+    }
+    if (bs->all_logits) score_prompt_rows(e, s, bs->kv_start, bs->n_tok, rows);
+    float *row = rows + (size_t)(entry_rows(bs) - 1) * (size_t)e->m->hp.n_vocab; /* the last's */
+    if (blend_failed(e, i, n_be)) return; /* the same tokens again, next step */
+    s->n_computed += bs->n_tok;
+    if (!s->done && cache_on(e, s))
+        plan_write_back(e->plan, &s->ps, &s->req->plan, &s->kv, s->hist, s->n_computed);
+    if (s->n_computed < s->n_hist) return; /* more prompt to go */
+    if (s->n_gen == 0 && !s->done && s->req->skv) schema_done(e, s);
+    if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
+        gen_request *r = s->req;
+        plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
+        plan_store_content(e->plan, &s->ps, &r->plan, &s->kv, r->prompt, s->n_computed,
+                           s->choice == 0);
+        if (s->choice == 0 && s->ps.blended > 0) {
+            pthread_mutex_lock(&r->mu);
+            r->blended_tokens = s->ps.blended;
+            r->recomputed_tokens = s->ps.recomputed;
+            r->blend_ratio_used = s->ps.blend_ratio;
+            r->blend_policy_used = s->ps.blend_policy;
+            r->cached_tokens += s->ps.blended - s->ps.recomputed;
+            pthread_mutex_unlock(&r->mu);
+        }
+    }
+    s->preempted = false;
+    if (s->req == e->shadow_req) {
+        shadow_done(e, row);
+        return;
+    }
+    quality_probe(e, s, row);
+    if (s->req->pooling != GEN_POOL_NONE) {
+        embed_finish(e, s);
+        return;
+    }
+    if (s->req->max_tokens == 0) {
+        /* Prompt only (echo, scoring): every choice ends without a token. */
+        for (int k = 0; k < e->n_run; k++)
+            if (e->run[k]->req == s->req && !e->run[k]->done)
+                eseq_finish(e, e->run[k], GEN_FINISH_LENGTH, 0, NULL);
+        return;
+    }
+    if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
+    eseq_sample(e, s, row, -1);
+}
+
+/* One step of continuous batching: cached prefixes taken, the batch chosen (decode rows and
+ * their drafts first, then prefill), one forward pass, every entry's output consumed. */
+static void step(engine *e) {
+    int n_b = 0, n_pos = 0;
+    step_reuse(e);
+    int budget = step_decode(e, &n_b, &n_pos);
+    step_prefill(e, budget, &n_b, &n_pos);
+    if (n_b == 0) return;
+    step_positions(e, n_b);
+    kv_error err = {{0}};
+    int n_be = 0;
+    int n_out = step_forward(e, n_b, n_pos, &n_be, &err);
     int n_rows = 0; /* one logits row per entry, every row for prompt scoring */
-    for (int i = 0; i < n_b; i++) n_rows += e->batch[i].all_logits ? e->batch[i].n_tok : 1;
+    for (int i = 0; i < n_b; i++) n_rows += entry_rows(&e->batch[i]);
     if (n_out != n_rows) {
         log_error("forward pass failed: %s", err.msg);
         for (int i = 0; i < n_b; i++)
             eseq_finish(e, e->batch_seqs[i], GEN_FINISH_ERROR, 500, "inference failed");
         return;
     }
-    size_t n_vocab = (size_t)e->m->hp.n_vocab;
     float *rows = e->logits;
     for (int i = 0; i < n_b; i++) {
-        eseq *s = e->batch_seqs[i];
-        const batch_seq *bs = &e->batch[i];
-        int n_rows_i = bs->all_logits ? bs->n_tok : 1;
-        int n_draft = bs->kv_start + bs->n_tok - s->n_hist; /* tokens past its history */
-        if (n_draft > 0) {
-            if (!s->done) spec_settle(e, s, bs->kv_start, n_draft, rows);
-            rows += (size_t)n_rows_i * n_vocab;
-            continue;
-        }
-        if (bs->all_logits) score_prompt_rows(e, s, bs->kv_start, bs->n_tok, rows);
-        float *row = rows + (size_t)(n_rows_i - 1) * n_vocab; /* the last token's logits */
-        rows += (size_t)n_rows_i * n_vocab;
-        if (blend_failed(e, i, n_be)) continue; /* the same tokens again, next step */
-        s->n_computed += bs->n_tok;
-        if (!s->done && cache_on(e, s))
-            plan_write_back(e->plan, &s->ps, &s->req->plan, &s->kv, s->hist, s->n_computed);
-        if (s->n_computed < s->n_hist) continue; /* more prompt to go */
-        if (s->n_gen == 0 && !s->done && s->req->skv) schema_done(e, s);
-        if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
-            gen_request *r = s->req;
-            plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
-            plan_store_content(e->plan, &s->ps, &r->plan, &s->kv, r->prompt, s->n_computed,
-                               s->choice == 0);
-            if (s->choice == 0 && s->ps.blended > 0) {
-                pthread_mutex_lock(&r->mu);
-                r->blended_tokens = s->ps.blended;
-                r->recomputed_tokens = s->ps.recomputed;
-                r->blend_ratio_used = s->ps.blend_ratio;
-                r->blend_policy_used = s->ps.blend_policy;
-                r->cached_tokens += s->ps.blended - s->ps.recomputed;
-                pthread_mutex_unlock(&r->mu);
-            }
-        }
-        s->preempted = false;
-        if (s->req == e->shadow_req) {
-            shadow_done(e, row);
-            continue;
-        }
-        quality_probe(e, s, row);
-        if (s->req->pooling != GEN_POOL_NONE) {
-            embed_finish(e, s);
-            continue;
-        }
-        if (s->req->max_tokens == 0) {
-            /* Prompt only (echo, scoring): every choice ends without a token. */
-            for (int k = 0; k < e->n_run; k++)
-                if (e->run[k]->req == s->req && !e->run[k]->done)
-                    eseq_finish(e, e->run[k], GEN_FINISH_LENGTH, 0, NULL);
-            continue;
-        }
-        if (s->choice == 0 && !s->forked && s->req->n_choices > 1) fork_siblings(e, s, row);
-        eseq_sample(e, s, row, -1);
+        step_output(e, i, rows, n_be);
+        rows += (size_t)entry_rows(&e->batch[i]) * (size_t)e->m->hp.n_vocab;
     }
 }
 
