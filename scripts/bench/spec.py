@@ -13,20 +13,30 @@ once with "speculative": false and once with speculation on, in alternating orde
                   OpenAI's Predicted Outputs "prediction"
 
 Decode speed is (completion tokens - 1) / (time from the first streamed token to the last): the
-prompt's prefill is not in it. Per set: decode tokens/s off and on (over all its tokens), their
-ratio, draft tokens verified and kept (usage.completion_tokens_details, kvserve's extension), the
+prompt's prefill is not in it. Per set: decode tokens/s off and on (the median over its
+requests, so that a stall of a shared machine moves it little) and the median of each request's
+on/off ratio (the two runs of a request are back to back, so a change of load between requests
+cancels out), draft tokens verified and kept (usage.completion_tokens_details, kvserve's extension), the
 acceptance rate, and greedy mismatches (answers that differ with speculation on: must be 0).
 Then --streams concurrent RAG streams, aggregate tokens/s off and on: from SPEC_MAX_BATCH (8)
 decoding sequences on no sequence drafts, which the ratio shows.
 
+With --llama-server PATH (scripts/bench/build_llamacpp.sh builds it), the same three sets on
+llama-server (one slot, --poll 0 so an idle server does not spin): two servers at once, without
+speculation and with --llama-spec (its context speculation, default ngram-simple over 4-token
+keys with 8-token drafts), each request sent to one then the other: its decode tokens/s off and
+on, the median ratio, and its own mismatches, beside kvserve's.
+
     python3 scripts/bench/spec.py [--bin build/kvserve] [--model MODEL] [--threads 2]
                                   [--rag 8] [--chat 6] [--edit 3] [--max-tokens 200]
                                   [--streams 4,16] [--json OUT]
+                                  [--llama-server build/llamacpp/avx512/bin/llama-server]
 """
 import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -116,11 +126,30 @@ def edit_set(pool, n):
     return items
 
 
+class LlamaServer(benchlib.Server):
+    """llama-server -m MODEL -t THREADS --port P, one slot, plus `extra` arguments."""
+
+    def __init__(self, binary, model, threads, extra):
+        self.model = os.path.basename(model)[:-len(".gguf")]
+        self.port = benchlib.free_port()
+        self.proc = subprocess.Popen(
+            [binary, "-m", model, "-t", str(threads), "--port", str(self.port), "-c", "4096",
+             "-np", "1", *extra], cwd=benchlib.ROOT, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            self.wait_healthy(300)
+        except BaseException:
+            self.kill()
+            raise
+
+
 def run_one(srv, body, spec, max_tokens):
-    """(decode tokens, decode seconds, text, usage) of one streamed greedy request."""
+    """(decode tokens, decode seconds, text, usage) of one streamed greedy request (spec None:
+    the field is not sent, for llama-server)."""
+    fields = {"speculative": spec} if spec is not None else {}
     t0, resp = srv.stream("/v1/chat/completions", {
         "model": srv.model, "stream": True, "stream_options": {"include_usage": True},
-        "temperature": 0, "max_tokens": max_tokens, "speculative": spec, **body})
+        "temperature": 0, "max_tokens": max_tokens, **fields, **body})
     t_first = t_last = None
     text, usage = "", None
     for ev in benchlib.sse_events(resp):
@@ -139,18 +168,28 @@ def run_one(srv, body, spec, max_tokens):
     return n, (t_last - t_first) if t_first and t_last > t_first else 0.0, text, usage
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return 0.0 if n == 0 else xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def run_set(srv, items, max_tokens):
     """The set's figures: each item off and on, alternating which goes first."""
     tok = {False: 0, True: 0}
-    sec = {False: 0.0, True: 0.0}
+    rate = {False: [], True: []}
+    ratios = []
     drafted = kept = pred_kept = pred_rej = mismatches = 0
     for i, body in enumerate(items):
         out = {}
         for spec in ((False, True) if i % 2 == 0 else (True, False)):
             n, s, text, usage = run_one(srv, body, spec, max_tokens)
             tok[spec] += n
-            sec[spec] += s
+            if s > 0:
+                rate[spec].append(n / s)
             out[spec] = text
+            rs = rate[spec][-1] if s > 0 else 0
+            out[(spec, "rate")] = rs
             if spec:
                 d = usage.get("completion_tokens_details") or {}
                 drafted += d.get("draft_tokens", 0)
@@ -158,12 +197,42 @@ def run_set(srv, items, max_tokens):
                 pred_kept += d.get("accepted_prediction_tokens", 0)
                 pred_rej += d.get("rejected_prediction_tokens", 0)
         mismatches += out[False] != out[True]
-    off = tok[False] / sec[False] if sec[False] else 0
-    on = tok[True] / sec[True] if sec[True] else 0
+        if out[(False, "rate")] > 0:
+            ratios.append(out[(True, "rate")] / out[(False, "rate")])
+    off, on = median(rate[False]), median(rate[True])
     return {"prompts": len(items), "tokens": tok[True], "off_tps": off, "on_tps": on,
-            "ratio": on / off if off else 0, "drafted": drafted, "accepted": kept,
+            "ratio": median(ratios), "drafted": drafted, "accepted": kept,
             "acceptance": kept / drafted if drafted else 0, "pred_accepted": pred_kept,
             "pred_rejected": pred_rej, "mismatches": mismatches}
+
+
+def run_llama(a, sets):
+    """llama-server's decode tokens/s on each set without and with its speculation: two servers,
+    each request to one and then the other."""
+    servers = {}
+    try:
+        for spec, extra in ((False, []), (True, a.llama_spec.split())):
+            servers[spec] = LlamaServer(a.llama_server, a.model, a.threads, ["--poll", "0", *extra])
+        out = {}
+        for name, items in sets:
+            rate = {False: [], True: []}
+            ratios, mismatches = [], 0
+            for i, body in enumerate(items):
+                body = {k: v for k, v in body.items() if k != "prediction"}
+                got = {}
+                for spec in ((False, True) if i % 2 == 0 else (True, False)):
+                    n, s, text, _ = run_one(servers[spec], body, None, a.max_tokens)
+                    got[spec] = (n / s if s > 0 else 0, text)
+                    rate[spec].append(got[spec][0])
+                mismatches += got[False][1] != got[True][1]
+                if got[False][0] > 0:
+                    ratios.append(got[True][0] / got[False][0])
+            out[name] = {"off_tps": median(rate[False]), "on_tps": median(rate[True]),
+                         "ratio": median(ratios), "mismatches": mismatches}
+        return out
+    finally:
+        for srv in servers.values():
+            srv.stop()
 
 
 def run_load(srv, items, streams, spec, max_tokens):
@@ -192,6 +261,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--streams", default="4,16")
     ap.add_argument("--json")
+    ap.add_argument("--llama-server")
+    ap.add_argument("--llama-spec", default="--spec-type ngram-simple --spec-ngram-simple-size-n 4 "
+                    "--spec-ngram-simple-size-m 8 --spec-draft-n-max 8")
     a = ap.parse_args()
     srv = benchlib.Server(a.bin, a.model, a.threads, ["-c", "4096", "--spec", "context"])
     try:
@@ -217,6 +289,7 @@ def main():
             load.append({"streams": streams, "off_tps": off, "on_tps": on, "ratio": on / off})
     finally:
         srv.stop()
+    llama = run_llama(a, sets) if a.llama_server else {}
     print(f"\nkvserve speculation from the context, {os.path.basename(a.model)}, "
           f"{a.threads} threads, greedy, max_tokens {a.max_tokens}\n")
     print("| set | prompts | tokens | decode tok/s off | on | on/off | drafted | kept "
@@ -234,9 +307,20 @@ def main():
         for r in load:
             print(f"| {r['streams']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | "
                   f"{r['ratio']:.2f}x |")
+    if llama:
+        print(f"\nllama-server, the same requests, one slot; on: {a.llama_spec}\n")
+        print("| set | llama-server tok/s off | on | on/off | its mismatches | kvserve on "
+              "vs llama-server on |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            lr = llama.get(r["set"])
+            if lr:
+                print(f"| {r['set']} | {lr['off_tps']:.1f} | {lr['on_tps']:.1f} | "
+                      f"{lr['ratio']:.2f}x | {lr['mismatches']} | "
+                      f"{r['on_tps'] / lr['on_tps'] if lr['on_tps'] else 0:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"sets": rows, "load": load}, f, indent=1)
+            json.dump({"sets": rows, "load": load, "llama_server": llama}, f, indent=1)
     if any(r["mismatches"] for r in rows):
         sys.exit("greedy outputs differ with speculation")
 

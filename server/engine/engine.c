@@ -1280,19 +1280,22 @@ static void step_reuse(engine *e) {
 }
 
 /* Decode rows: every sequence with exactly one pending token, and (while the batch is narrower
- * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget. Returns the
- * budget left for prefill. */
+ * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget and sharing
+ * SPEC_STEP_DRAFTS rows. Returns the budget left for prefill. */
 static int step_decode(engine *e, int *n_b, int *n_pos) {
     int budget = e->o.prefill_chunk, n_dec = 0;
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
         n_dec += !s->done && !s->wait_fork && s->n_hist - s->n_computed == 1 && !schema_waiting(s);
     }
+    int share = n_dec > 0 ? SPEC_STEP_DRAFTS / n_dec : 0;
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
         if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1 || schema_waiting(s))
             continue;
-        int k = n_dec < SPEC_MAX_BATCH ? spec_draft(e, s, budget) : 0;
+        int k = n_dec < SPEC_MAX_BATCH && share > 0
+                    ? spec_draft(e, s, budget < share ? budget : share)
+                    : 0;
         if (batch_add(e, s, 1 + k, n_b, n_pos) && k > 0) {
             e->batch[*n_b - 1].all_logits = true; /* a row of logits per draft token */
             budget -= k;

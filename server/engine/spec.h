@@ -21,6 +21,11 @@
  * (a full row through every layer) instead of riding along with the weights' read. From this
  * width on, no sequence drafts. */
 #define SPEC_MAX_BATCH 8
+/* Draft rows one step verifies, shared by its decoding sequences (one alone drafts up to
+ * SPEC_MAX_DRAFT, two up to 4 each, four up to 2): a draft row pays for itself when the chance
+ * it is kept beats the share of the step's cost a row adds, and that share grows with the rows
+ * already in the step (on a CPU a decode row costs about a fifth of a one-row step). */
+#define SPEC_STEP_DRAFTS 8
 #define SPEC_NGRAM 2       /* tokens hashed per window: the shortest match looked up */
 #define SPEC_MIN_CONTEXT 3 /* a match in the sequence's own tokens is this long at least */
 #define SPEC_MAX_MATCH 64  /* a match is measured this far back at most */
