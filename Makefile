@@ -223,9 +223,12 @@ calibrate-reuse: $(MODEL) $(BUILD)/kvserve
 # Prompt Cache: TTFT with a schema's modules reused vs full prefill at 1K/4K/8K tokens of
 # modules, and the answers' quality (plain and with the fix-up) against full prefill.
 # Speculation from the context: decode tokens/s off and on (RAG, free chat, an edit with a
-# prediction, concurrent streams), acceptance and greedy mismatches (scripts/bench/spec.py).
+# prediction, concurrent streams), acceptance and greedy mismatches (scripts/bench/spec.py);
+# beside llama-server's context speculation when scripts/bench/build_llamacpp.sh has built it.
+LLAMA_SERVER ?= $(wildcard $(BUILD)/llamacpp/avx512/bin/llama-server)
 bench-spec: $(MODEL) $(BUILD)/kvserve
-	$(PYTHON) scripts/bench/spec.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+	$(PYTHON) scripts/bench/spec.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS) \
+	    $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
 
 bench-schema: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/schema.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
