@@ -53,7 +53,7 @@ int spec_index_add(spec_index *ix, const int32_t *toks, int n);
 int spec_index_draft(const spec_index *ix, const int32_t *toks, const int32_t *q, int nq,
                      int before, int min_match, int max_draft, int32_t *out, int *match_len);
 
-/* How many tokens a sequence drafts: grows by one after a step whose draft was accepted in
+/* How many tokens a sequence drafts: doubles after a step whose draft was accepted in
  * full, shrinks to what was accepted plus one after a rejection. A sequence whose acceptance
  * stays poor (rolling rate under SPEC_OFF_RATE) stops drafting for a while, twice as long each
  * time it fails again (from SPEC_OFF_STEPS up to SPEC_OFF_MAX), and then tries again. */
