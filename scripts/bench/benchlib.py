@@ -3,6 +3,7 @@ healthy, and JSON requests to it."""
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -123,3 +124,31 @@ def sse_events(resp):
         line = raw.strip()
         if line.startswith(b"data: ") and line != b"data: [DONE]":
             yield json.loads(line[6:])
+
+
+def license_passages(srv, texts, lo, hi):
+    """Passages of lo-hi tokens (by srv's tokenizer): consecutive paragraphs of each licence text
+    in /usr/share/common-licenses merged; a paragraph over hi tokens is skipped."""
+    out = []
+    for name in texts:
+        path = os.path.join("/usr/share/common-licenses", name)
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            paras = [p.strip() for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
+        cur, n_cur = [], 0
+        for p in paras:
+            st, body = srv.request("POST", "/tokenize", {"content": p, "add_special": False})
+            assert st == 200, body
+            n = len(body["tokens"])
+            if n > hi:
+                continue
+            if n_cur + n > hi:
+                if n_cur >= lo:
+                    out.append("\n\n".join(cur))
+                cur, n_cur = [], 0
+            cur.append(p)
+            n_cur += n
+        if n_cur >= lo:
+            out.append("\n\n".join(cur))
+    return out

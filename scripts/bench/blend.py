@@ -93,29 +93,7 @@ class Server(benchlib.Server):
 
 def passages(srv):
     """Passages of 200-600 tokens: consecutive paragraphs of each text merged."""
-    out = []
-    for name in TEXTS:
-        path = os.path.join("/usr/share/common-licenses", name)
-        if not os.path.exists(path):
-            continue
-        with open(path, encoding="utf-8") as f:
-            paras = [p.strip() for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
-        cur, n_cur = [], 0
-        for p in paras:
-            st, body = srv.request("POST", "/tokenize", {"content": p, "add_special": False})
-            assert st == 200, body
-            n = len(body["tokens"])
-            if n > 600:
-                continue
-            if n_cur + n > 600:
-                if n_cur >= 200:
-                    out.append("\n\n".join(cur))
-                cur, n_cur = [], 0
-            cur.append(p)
-            n_cur += n
-        if n_cur >= 200:
-            out.append("\n\n".join(cur))
-    return out
+    return benchlib.license_passages(srv, TEXTS, 200, 600)
 
 
 def question_set(pool, n, rng):

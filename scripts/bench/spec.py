@@ -66,28 +66,7 @@ SYSTEM = "You are a helpful assistant. Answer from the document when one is give
 
 def passages(srv, n):
     """n passages of 200-400 tokens: consecutive paragraphs of the texts merged."""
-    out = []
-    for name in TEXTS:
-        path = os.path.join("/usr/share/common-licenses", name)
-        if not os.path.exists(path):
-            continue
-        with open(path, encoding="utf-8") as f:
-            paras = [p.strip() for p in re.split(r"\n\s*\n", f.read()) if p.strip()]
-        cur, n_cur = [], 0
-        for p in paras:
-            st, body = srv.request("POST", "/tokenize", {"content": p, "add_special": False})
-            assert st == 200, body
-            k = len(body["tokens"])
-            if k > 400:
-                continue
-            if n_cur + k > 400:
-                if n_cur >= 200:
-                    out.append("\n\n".join(cur))
-                cur, n_cur = [], 0
-            cur.append(p)
-            n_cur += k
-        if n_cur >= 200:
-            out.append("\n\n".join(cur))
+    out = benchlib.license_passages(srv, TEXTS, 200, 400)
     if not out:
         sys.exit("spec bench: no texts in /usr/share/common-licenses")
     # spread over the texts: every k-th passage
