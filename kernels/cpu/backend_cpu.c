@@ -187,6 +187,9 @@ static void matmul_quantize_task(void *ctx, int ith, int nth) {
         quantize_row_act(j->act_type, j->x + t * n_in, j->xq + t * j->xq_stride, n_in);
 }
 
+/* How far ahead of the tile being read matmul asks for weight lines (see matmul_chunk). */
+#define MATMUL_PREFETCH_AHEAD 4096
+
 /* Rows [r0, r1) of weight k against every token, in 4x4 tiles: the chunk's weight rows stay in
  * L1 while the activations stream from L2. */
 static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1, int ith) {
@@ -206,25 +209,29 @@ static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1, int
         wt = TENSOR_TYPE_F32;
         w_stride = (size_t)w->n_in * sizeof(float);
     }
+    /* Decode streams every weight from memory once, and the kernel alone reaches its lines a
+     * few at a time: the item's lines are asked for into L2 (prefetcht1) MATMUL_PREFETCH_AHEAD
+     * bytes before the tile that reads them, so that memory works while the kernel computes.
+     * tg128 at 2 threads on an AMD EPYC (Zen 4), SmolLM2-135M: the tile's own lines into L1
+     * just before it (this code's previous rule) 203 tok/s, nothing 215, a tile ahead 250,
+     * 2 KiB ahead 235, 4 KiB 294, 8 KiB 286, 16 KiB 231; into L1 instead of L2 220 (a core
+     * has few L1 miss buffers); at AVX2 167 -> 238. Prefill is unchanged (pp512 1036 / 1040):
+     * its later token tiles find the rows in cache. */
+    const uint8_t *pf = wd, *pf_end = wd + (r1 - row0) * (int64_t)w_stride;
+    if (wt == TENSOR_TYPE_F32)
+        pf = pf_end; /* dequantized rows: already in cache */
+    else
+        pf += (r0 - row0) * (int64_t)w_stride;
     for (int t = 0; t < j->n_tok; t += DOT_TILE_MAX_X) {
         int nx = j->n_tok - t < DOT_TILE_MAX_X ? j->n_tok - t : DOT_TILE_MAX_X;
         for (int64_t r = r0; r < r1; r += DOT_TILE_MAX_W) {
             int nw = r1 - r < DOT_TILE_MAX_W ? (int)(r1 - r) : DOT_TILE_MAX_W;
-            if (t == 0 && wt != TENSOR_TYPE_F32) {
-                /* Every line of the tile's rows is asked for before the kernel touches them:
-                 * decode streams each weight from memory once, and the kernel alone reaches
-                 * its lines a few at a time (tg128 at 2 threads on an AMD EPYC: avx2 110 ->
-                 * 145 tok/s, avx512 187 -> 212; a tile or more ahead was worse). Into every
-                 * level (prefetcht0): on an Intel Xeon the non-temporal hint left decode at
-                 * half the read bandwidth (1.1B-shape tg32, avx2 14.6 -> 23.3 tok/s, avx512
-                 * 17.1 -> 28.2; SmolLM2 tg128 avx2 103 -> 191), and AMD measured the hints alike */
-                const uint8_t *a = wd + (r - row0) * (int64_t)w_stride;
-                size_t bytes = (size_t)nw * w_stride;
-                for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(a + o, 0, 3);
-            }
-            dot_tile(wt, w->n_in, wd + (r - row0) * (int64_t)w_stride, w_stride, nw,
-                     j->xq + (size_t)t * j->xq_stride, j->xq_stride, nx,
-                     y + (size_t)t * w->n_out + r, (size_t)w->n_out);
+            const uint8_t *tile = wd + (r - row0) * (int64_t)w_stride;
+            const uint8_t *want = tile + (size_t)nw * w_stride + MATMUL_PREFETCH_AHEAD;
+            if (want > pf_end) want = pf_end;
+            for (; pf < want; pf += 64) __builtin_prefetch(pf, 0, 2);
+            dot_tile(wt, w->n_in, tile, w_stride, nw, j->xq + (size_t)t * j->xq_stride,
+                     j->xq_stride, nx, y + (size_t)t * w->n_out + r, (size_t)w->n_out);
         }
     }
 }
