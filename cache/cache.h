@@ -243,6 +243,10 @@ bool cache_store_holds(cache_store *s, const cache_key *bkey);
 void cache_store_put(cache_store *s, cache_chunk *c);
 /* The same into RAM and onto disk only: for a chunk Redis is known to hold already. */
 void cache_store_put_local(cache_store *s, cache_chunk *c);
+/* The same onto disk and (redis true) into Redis, not into RAM: for a record whose blocks the
+ * pool tier holds as it is stored, which RAM would hold a second time. False, with nothing
+ * stored, when there is no disk tier (Redis alone is a network away: RAM keeps the record). */
+bool cache_store_put_below(cache_store *s, cache_chunk *c, bool redis);
 /* Pins or unpins records by their own keys (RAM and disk keep pinned chunks; pins may fill at
  * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
  * and pinned. */

@@ -174,8 +174,10 @@ int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t
 void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, const int32_t *hist,
                      int n_computed);
 /* Stores the trailing partial chunk (when the prompt is computed, and before the sequence's KV
- * is released), so the same prompt reuses it once the pool has let it go. */
-void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv);
+ * is released: ending), so the same prompt reuses it once the pool has let it go. As the
+ * sequence ends, onto disk and not into RAM where there is a disk tier (the pool tier holds its
+ * blocks). */
+void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, bool ending);
 /* The prompt is computed (n_computed tokens): the KV of its content-defined chunks that a full
  * prefill computed goes to the content store (and its disk and Redis copies). first: the
  * prompt's first choice (the others share its KV). */

@@ -312,6 +312,14 @@ void cache_store_put_local(cache_store *s, cache_chunk *c) {
     if (s->disk) cache_disk_put(s->disk, c);
 }
 
+bool cache_store_put_below(cache_store *s, cache_chunk *c, bool redis) {
+    if (!s->disk) return false;
+    cache_store_expire(s);
+    cache_disk_put(s->disk, c);
+    if (redis && s->redis) cache_redis_put(s->redis, c);
+    return true;
+}
+
 void cache_store_put(cache_store *s, cache_chunk *c) {
     cache_store_put_local(s, c);
     if (s->redis) cache_redis_put(s->redis, c);

@@ -309,7 +309,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
-    if (!s->done && cache_on(e, s)) plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
+    if (!s->done && cache_on(e, s)) plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv, true);
     kv_seq_release(e->pool, &s->kv);
     s->done = true;
 }
@@ -1420,7 +1420,7 @@ static void step_output(engine *e, int i, float *rows, int n_be) {
     if (s->n_gen == 0 && !s->done && s->req->skv) schema_done(e, s);
     if (s->n_gen == 0 && !s->done && cache_on(e, s)) {
         gen_request *r = s->req;
-        plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv);
+        plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv, false);
         plan_store_content(e->plan, &s->ps, &r->plan, &s->kv, r->prompt, s->n_computed,
                            s->choice == 0);
         if (s->choice == 0 && s->ps.blended > 0) {

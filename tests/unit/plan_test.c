@@ -10,6 +10,7 @@
 
 #include "cache/plan.h"
 #include "tests/unit/model_fixture.h"
+#include "tests/unit/tmpdir.h"
 
 #define CHUNK 64 /* four 16-token blocks a chunk */
 #define N_PROMPT 150
@@ -88,7 +89,7 @@ static void compute_all(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv) {
         for (size_t k = 0; k < bb; k += 64) blk[k] = (uint8_t)(i * 31 + k / 64);
     }
     plan_write_back(p, ps, pr, kv, g_prompt, N_PROMPT);
-    plan_store_tail(p, ps, pr, kv);
+    plan_store_tail(p, ps, pr, kv, false);
 }
 
 Test(plan, keys_are_the_prompts_full_blocks) {
@@ -180,6 +181,44 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
     plan_req_free(&fetched);
     plan_req_free(&pr);
     planner_destroy(p);
+}
+
+/* As a sequence ends, the pool tier keeps its blocks: its last partial chunk goes to disk and
+ * not into RAM, which would hold the same KV a second time; without a disk tier (or a pool tier
+ * to keep the blocks) RAM takes it as before. */
+Test(plan, an_ending_sequences_last_chunk_skips_ram_while_the_pool_holds_it) {
+    for (int pool_tier = 1; pool_tier >= 0; pool_tier--)
+        for (int with_disk = 1; with_disk >= 0; with_disk--) {
+            kv_error err = {{0}};
+            char *dir = with_disk ? tmpdir_create("plan_tail_") : NULL;
+            cache_store_opts so = {.ram_bytes = 256 << 20, .dir = dir, .disk_bytes = 256 << 20};
+            cache_store *st = cache_store_open(cache_store_layout(g_store), &so, &err);
+            cr_assert_not_null(st, "%s", err.msg);
+            planner *p = make_planner(pool_tier, st);
+            plan_req pr;
+            prepare(p, &pr, false);
+            plan_seq a;
+            kv_seq ka;
+            cr_assert_eq(reuse_new(p, &pr, &a, &ka, N_PROMPT, true, false), 0);
+            cr_assert_eq(kv_seq_reserve(g_pool, &ka, N_PROMPT, &err), 0, "%s", err.msg);
+            ka.n_tokens = N_PROMPT;
+            plan_write_back(p, &a, &pr, &ka, g_prompt, N_PROMPT);
+            plan_store_tail(p, &a, &pr, &ka, true);
+            cache_store_flush(st);
+            cache_stats cs;
+            cache_store_stats(st, &cs);
+            cr_expect(cache_store_holds(st, &pr.keys[8]), "the last partial chunk is kept");
+            /* two whole chunks, and the partial one where nothing else keeps it */
+            cr_expect_eq(cs.ram.entries, pool_tier && with_disk ? 2 : 3,
+                         "pool tier %d, disk %d: %lld records in RAM", pool_tier, with_disk,
+                         (long long)cs.ram.entries);
+            if (with_disk) cr_expect_eq(cs.disk.entries, 3);
+            drop(&a, &ka);
+            plan_req_free(&pr);
+            planner_destroy(p);
+            cache_store_close(st);
+            free(dir);
+        }
 }
 
 /* KV that came lossy (a codec level from Redis) is the request's alone: no prefix key names it,
