@@ -9,8 +9,9 @@ Every Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrix is dequantized (gguf.quants) and quantized
 general.file_type, which names the new type. The output depends only on the input: running it
 twice writes the same bytes.
 
---rename-token ID=TEXT writes a copy whose vocabulary differs in one token's text (and nothing
-else): the server must refuse it as a draft model of the original.
+--swap-tokens A,B writes a copy whose tokens A and B trade texts (the same set of texts, so its
+merges still load, but two ids mean other tokens): the server must refuse it as a draft model of
+the original.
 
     python3 scripts/make_draft_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
         models/SmolLM2-135M-Instruct.Q8_0.gguf [--type q8_0|f16]
@@ -31,18 +32,18 @@ FILE_TYPES = {"q8_0": (T.Q8_0, 7), "f16": (T.F16, 1)}
 SKIP_KEYS = {"general.file_type", "general.architecture"}
 
 
-def copy_metadata(w, reader, file_type, rename):
+def copy_metadata(w, reader, file_type, swap):
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in SKIP_KEYS:
             continue
         vtype = field.types[0]
         val = field.contents()
-        if key == "tokenizer.ggml.tokens" and rename is not None:
-            tid, text = rename
-            if not 0 <= tid < len(val):
-                sys.exit(f"make_draft_model: token {tid} is outside the vocabulary")
+        if key == "tokenizer.ggml.tokens" and swap is not None:
+            a, b = swap
+            if not (0 <= a < len(val) and 0 <= b < len(val)):
+                sys.exit(f"make_draft_model: tokens {a}, {b}: outside the vocabulary")
             val = list(val)
-            val[tid] = text
+            val[a], val[b] = val[b], val[a]
         if vtype == GGUFValueType.ARRAY:
             w.add_key_value(key, val, vtype, sub_type=field.types[-1])
         else:
@@ -65,21 +66,18 @@ def main():
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0")
-    ap.add_argument("--rename-token", metavar="ID=TEXT",
-                    help="change one token's text (a vocabulary that must be refused)")
+    ap.add_argument("--swap-tokens", metavar="A,B",
+                    help="two tokens trade texts (a vocabulary that must be refused)")
     args = ap.parse_args()
-    rename = None
-    if args.rename_token:
-        tid, _, text = args.rename_token.partition("=")
-        rename = (int(tid), text)
+    swap = tuple(int(x) for x in args.swap_tokens.split(",")) if args.swap_tokens else None
     qtype, file_type = FILE_TYPES[args.type]
     reader = GGUFReader(args.src)
     arch = reader.fields["general.architecture"].contents()
     tmp = args.dst + ".tmp"
     w = GGUFWriter(tmp, arch)
-    copy_metadata(w, reader, file_type, rename)
+    copy_metadata(w, reader, file_type, swap)
     for t in reader.tensors:
-        data, ttype = convert(t, qtype) if rename is None else (t.data, t.tensor_type)
+        data, ttype = convert(t, qtype) if swap is None else (t.data, t.tensor_type)
         w.add_tensor(t.name, data, raw_dtype=ttype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
