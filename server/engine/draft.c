@@ -13,12 +13,12 @@ struct draft_model {
     kv_pool *pool;
     forward_ctx *fwd;
     int max_seqs;
-    int max_tokens;  /* tokens one call takes: the catch-up budget plus one per sequence */
-    batch_seq *bs;   /* [max_seqs] this call's entries */
-    int *job;        /* [max_seqs] the job of each entry */
-    bool *going;     /* [max_seqs] the jobs whose draft goes on in the next call */
-    int32_t *pos;    /* [max_tokens] their positions: the slots (token i at position i) */
-    float *logits;   /* [max_seqs][n_vocab] one row per entry */
+    int max_tokens; /* tokens one call takes: the catch-up budget plus one per sequence */
+    batch_seq *bs;  /* [max_seqs] this call's entries */
+    int *job;       /* [max_seqs] the job of each entry */
+    bool *going;    /* [max_seqs] the jobs whose draft goes on in the next call */
+    int32_t *pos;   /* [max_tokens] their positions: the slots (token i at position i) */
+    float *logits;  /* [max_seqs][n_vocab] one row per entry */
 };
 
 draft_model *draft_create(const model *target, const model *dm, backend *b, int64_t pool_tokens,
@@ -141,7 +141,7 @@ static int call_run(draft_model *d, draft_job *jobs, int n_b, kv_error *err) {
         j->ds->n += d->bs[i].n_tok;
         /* a sequence that only caught up part of the way has no draft this step */
         d->going[d->job[i]] = j->ds->n == j->n_hist + j->n &&
-                           call_pick(d, j, d->logits + (size_t)i * (size_t)d->m->hp.n_vocab);
+                              call_pick(d, j, d->logits + (size_t)i * (size_t)d->m->hp.n_vocab);
     }
     return 0;
 }

@@ -840,8 +840,9 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
 /* A context match at least this long drafts before the draft model does. Drafting from the
  * context costs a hash lookup; the draft model costs a forward call per draft token. Where the
  * answer copies its context (RAG quoting its passage, an edit of a given text) a long match
- * proposes the copy, as the draft model given that context would; short matches are the common
- * phrases of free text, where a draft model knows better. */
+ * proposes the copy, as the draft model given that context would: in bench-spec's RAG set with
+ * SmolLM2's Q8_0 copy drafting (README), these drafts were kept at 93%, the draft model's at 82%.
+ * Shorter matches are the common phrases of free text, where a draft model knows better. */
 #define SPEC_MODEL_MATCH 8
 
 /* How many tokens s may draft this step: what its controller allows (server/engine/spec.h),

@@ -99,8 +99,8 @@ Test(draft, a_cut_back_draft_goes_on_as_a_fresh_one) {
     draft_seq_truncate(d, &ds, n + 2);
     cr_assert_eq(ds.n, n + 2);
     cr_assert_geq(draft_blocks_free(d), free_drafted);
-    hist[n + 2] = tokenizer_find(fx.m->tok, "Ġapple") >= 0 ? tokenizer_find(fx.m->tok, "Ġapple")
-                                                           : hist[3];
+    hist[n + 2] =
+        tokenizer_find(fx.m->tok, "Ġapple") >= 0 ? tokenizer_find(fx.m->tok, "Ġapple") : hist[3];
     draft_job a[2] = {{.ds = &ds, .hist = hist, .n_hist = n + 3, .k = 4, .out = out},
                       {.ds = &fresh, .hist = hist, .n_hist = n + 3, .k = 4, .out = fresh_out}};
     cr_assert_eq(draft_run(d, a, 2, &err), 0, "%s", err.msg);

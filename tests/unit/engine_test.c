@@ -444,7 +444,7 @@ Test(engine, a_draft_model_of_the_same_file_keeps_every_draft_and_the_output) {
 /* The model requantized (Q8_0) drafting for it, four sequences at once in a pool too small for
  * them (preempted between and during verify steps, draft KV dropped and caught up again): every
  * greedy output equals plain decoding's alone, most drafted tokens are kept (89% measured: the
- * two quantizations part on near-ties, which SmolLM2's flat distributions often have), a sampled
+ * two quantizations part on near-ties under the 8-bit activation matmuls), a sampled
  * request's seed repeats its output, and both pools are empty once the engine is idle. */
 Test(engine, a_requantized_draft_model_keeps_greedy_outputs_under_preemption) {
     model *dm = model_fixture_load_path(TEST_DRAFT_MODEL_PATH);
