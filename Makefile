@@ -5,6 +5,8 @@
 CC      ?= gcc
 BUILD   ?= build
 MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+# MODEL again at another quantization: the draft model of the --draft-model tests and bench
+DRAFT_MODEL ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
 THREADS ?= 2
 PYTHON  ?= python3
 
@@ -174,7 +176,11 @@ SHIPPED_QUALITY := $(wildcard scripts/quality/$(notdir $(MODEL)).kvquality.json)
 QUALITY := $(if $(SHIPPED_QUALITY),$(MODEL).kvquality.json)
 $(MODEL).kvquality.json: | $(MODEL)
 	@if [ -n "$(SHIPPED_QUALITY)" ] && [ ! -f $@ ]; then cp $(SHIPPED_QUALITY) $@; fi
-model: $(MODEL) $(QUALITY)
+model: $(MODEL) $(QUALITY) $(DRAFT_MODEL)
+# The default model requantized (scripts/make_draft_model.py, deterministic; seconds): written
+# beside it for the tests, which find it at this path.
+$(DRAFT_MODEL): scripts/make_draft_model.py | $(MODEL)
+	$(PYTHON) scripts/make_draft_model.py $(MODEL) $@
 
 # ---------------------------------------------------------------- run
 
@@ -226,9 +232,12 @@ calibrate-reuse: $(MODEL) $(BUILD)/kvserve
 # prediction, concurrent streams), acceptance and greedy mismatches (scripts/bench/spec.py);
 # beside llama-server's context speculation when scripts/bench/build_llamacpp.sh has built it.
 LLAMA_SERVER ?= $(wildcard $(BUILD)/llamacpp/avx512/bin/llama-server)
-bench-spec: $(MODEL) $(BUILD)/kvserve
+# BENCH_DRAFT=1 adds a row set with the draft model (DRAFT_MODEL, drafting for MODEL).
+BENCH_DRAFT ?=
+bench-spec: $(MODEL) $(BUILD)/kvserve $(if $(BENCH_DRAFT),$(DRAFT_MODEL))
 	$(PYTHON) scripts/bench/spec.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS) \
-	    $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER))
+	    $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) \
+	    $(if $(BENCH_DRAFT),--draft-model $(DRAFT_MODEL))
 
 bench-schema: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/schema.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
@@ -253,10 +262,10 @@ bench-grammar: $(MODEL) $(BUILD)/kvserve $(BUILD)/grammar_bench
 
 # ---------------------------------------------------------------- tests
 
-test: setup $(MODEL) $(QUALITY)
+test: setup $(MODEL) $(QUALITY) $(DRAFT_MODEL)
 	$(MAKE) --no-print-directory test-unit test-e2e
 
-test-unit: $(TEST_BIN) $(BUILD)/kvserve
+test-unit: $(TEST_BIN) $(BUILD)/kvserve $(DRAFT_MODEL)
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1; done
 	$(PYTHON) scripts/layout.py --check README.md --calls $(BUILD)/obj
 
@@ -264,15 +273,16 @@ test-unit: $(TEST_BIN) $(BUILD)/kvserve
 layout:
 	$(PYTHON) scripts/layout.py --write README.md
 
-test-e2e: $(BUILD)/kvserve
+test-e2e: $(BUILD)/kvserve $(DRAFT_MODEL)
 	KVSERVE_BIN=$(BUILD)/kvserve KVSERVE_TEST_MODEL=$(MODEL) KVSERVE_SANITIZED=$(SANITIZED) \
+	    KVSERVE_TEST_DRAFT_MODEL=$(DRAFT_MODEL) \
 	    $(PYTHON) -m pytest -q -rs tests/e2e
 
 # The same unit and end-to-end tests, built with AddressSanitizer and UBSan in build-asan/.
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The CUDA backend's host code is left out (CUDA=0): its kernels are covered under the sanitizers
 # by the emulated build the unit tests use (device memory is then malloc'd: ASan checks bounds).
-test-asan: setup $(MODEL) $(QUALITY)
+test-asan: setup $(MODEL) $(QUALITY) $(DRAFT_MODEL)
 	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 CUDA=0 \
 	    LDLIBS="$(BASE_LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
 

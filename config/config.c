@@ -186,6 +186,8 @@ static const opt_row OPTIONS[] = {
     {.key = "spec", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, spec),
      .choices = SPEC_MODES, .def = "context", .metavar = "MODE",
      .help = "speculative decoding: context (drafts from prompt and output), off"},
+    STR(draft_model, 0, NULL, true, "FILE",
+        "draft model for speculation: a smaller GGUF, same vocabulary (none)"),
 #undef GROUP
 #define GROUP GROUP_CACHE
     BOOL(cache, "true", "reuse cached prompt prefixes and store new chunks"),

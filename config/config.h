@@ -48,6 +48,7 @@ typedef struct kv_config {
     int prefill_chunk;      /* prompt tokens prefilled per engine step, between decode steps */
     int max_tokens_limit;   /* cap on a request's max_tokens; 0: the context size */
     char *spec;             /* speculative decoding: off | context (drafts from the context) */
+    char *draft_model;      /* GGUF of a draft model with the same vocabulary, or NULL: none */
     /* ---- context cache */
     bool cache;               /* reuse cached prefixes and store new chunks */
     int cache_chunk_tokens;   /* tokens per chunk (multiple of 16) */

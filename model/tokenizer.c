@@ -600,6 +600,26 @@ const char *tokenizer_token_text(const tokenizer *t, int32_t id) {
     return t->text + t->text_off[id];
 }
 
+/* Token ids mean the same text in both: the texts (bytes), their types and the special ids. The
+ * merges and pre-tokenizer only matter to encoding, which the draft model never does. */
+int tokenizer_same_vocab(const tokenizer *a, const tokenizer *b, kv_error *err) {
+    if (a->n_vocab != b->n_vocab)
+        return kv_fail(err, "%d tokens against %d", a->n_vocab, b->n_vocab);
+    for (int32_t i = 0; i < a->n_vocab; i++) {
+        if (a->text_len[i] != b->text_len[i] || a->type[i] != b->type[i] ||
+            memcmp(a->text + a->text_off[i], b->text + b->text_off[i], a->text_len[i]) != 0)
+            return kv_fail(err, "token %d differs (its text or its type)", i);
+        if (a->eog[i] != b->eog[i]) return kv_fail(err, "token %d ends generation in one only", i);
+    }
+    const int32_t sa[] = {a->bos, a->eos, a->unk, a->pad, a->eot, a->eom},
+                  sb[] = {b->bos, b->eos, b->unk, b->pad, b->eot, b->eom};
+    static const char *const names[] = {"BOS", "EOS", "UNK", "PAD", "EOT", "EOM"};
+    for (int i = 0; i < 6; i++)
+        if (sa[i] != sb[i])
+            return kv_fail(err, "%s is token %d against %d", names[i], sa[i], sb[i]);
+    return 0;
+}
+
 int32_t tokenizer_find(const tokenizer *t, const char *text) {
     return text ? tokenizer_lookup(t, text, strlen(text)) : -1;
 }

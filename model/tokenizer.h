@@ -25,6 +25,10 @@ bool tokenizer_add_eos(const tokenizer *t); /* tokenizer.ggml.add_eos_token (def
 bool tokenizer_is_eog(const tokenizer *t, int32_t id);
 /* Token text as stored in the vocabulary (NUL-terminated), NULL when out of range. */
 const char *tokenizer_token_text(const tokenizer *t, int32_t id);
+/* 0 when a and b give every id the same token (text, type, end of generation, special ids),
+ * so one model's ids mean the same to the other (a draft model's); else -1 with err naming the
+ * first difference. */
+int tokenizer_same_vocab(const tokenizer *a, const tokenizer *b, kv_error *err);
 /* Id of a vocabulary entry by exact text (e.g. "<|im_end|>"), -1 when absent. */
 int32_t tokenizer_find(const tokenizer *t, const char *text);
 /* Makes the control token whose text is exactly `text` decode to that text from now on, as a

@@ -21,6 +21,12 @@ acceptance rate, and greedy mismatches (answers that differ with speculation on:
 Then --streams concurrent RAG streams, aggregate tokens/s off and on: from SPEC_MAX_BATCH (8)
 decoding sequences on no sequence drafts, which the ratio shows.
 
+With --draft-model FILE, the RAG and free-chat sets again on a server with that draft model
+(`--draft-model`, beside the context): the same figures, and of the draft tokens those the draft
+model made, how many it made and kept, and the seconds its forward calls took. SmolLM2 drafting
+for itself at another quantization (`make_draft_model.py`) checks the path and its acceptance;
+it cannot speed anything up, the draft costing as much as the model.
+
 With --llama-server PATH (scripts/bench/build_llamacpp.sh builds it), the same three sets on
 llama-server (one slot, --poll 0 so an idle server does not spin): two servers at once, without
 speculation and with --llama-spec (its context speculation, default ngram-simple over 4-token
@@ -29,7 +35,7 @@ on, the median ratio, and its own mismatches, beside kvserve's.
 
     python3 scripts/bench/spec.py [--bin build/kvserve] [--model MODEL] [--threads 2]
                                   [--rag 8] [--chat 6] [--edit 3] [--max-tokens 200]
-                                  [--streams 4,16] [--json OUT]
+                                  [--streams 4,16] [--json OUT] [--draft-model FILE]
                                   [--llama-server build/llamacpp/avx512/bin/llama-server]
 """
 import argparse
@@ -214,6 +220,29 @@ def run_llama(a, sets):
             srv.stop()
 
 
+def run_draft(a, sets):
+    """The sets on a server with --draft-model: run_set's figures, and the draft model's share
+    (its /health counters over the set)."""
+    srv = benchlib.Server(a.bin, a.model, a.threads,
+                          ["-c", "4096", "--spec", "context", "--draft-model", a.draft_model])
+    rows = []
+    try:
+        for name, items in sets:
+            h0 = srv.request("GET", "/health")[1]["speculation"]
+            r = run_set(srv, items, a.max_tokens)
+            h1 = srv.request("GET", "/health")[1]["speculation"]
+            r["set"] = name
+            for k in ("draft_model_drafted", "draft_model_accepted", "draft_model_seconds"):
+                r[k] = h1[k] - h0[k]
+            rows.append(r)
+            print(f"{name} with the draft model: {r['off_tps']:.1f} -> {r['on_tps']:.1f} tok/s, "
+                  f"acceptance {r['acceptance']:.0%}, mismatches {r['mismatches']}",
+                  file=sys.stderr)
+    finally:
+        srv.stop()
+    return rows
+
+
 def run_load(srv, items, streams, spec, max_tokens):
     """Aggregate decode tokens/s of `streams` concurrent streams over items."""
     results = []
@@ -241,6 +270,7 @@ def main():
     ap.add_argument("--streams", default="4,16")
     ap.add_argument("--json")
     ap.add_argument("--llama-server")
+    ap.add_argument("--draft-model", help="the RAG and chat sets again with this draft model")
     ap.add_argument("--llama-spec", default="--spec-type ngram-simple --spec-ngram-simple-size-n 4 "
                     "--spec-ngram-simple-size-m 8 --spec-draft-n-max 8")
     a = ap.parse_args()
@@ -268,6 +298,7 @@ def main():
             load.append({"streams": streams, "off_tps": off, "on_tps": on, "ratio": on / off})
     finally:
         srv.stop()
+    drafts = run_draft(a, sets[:2]) if a.draft_model else []
     llama = run_llama(a, sets) if a.llama_server else {}
     print(f"\nkvserve speculation from the context, {os.path.basename(a.model)}, "
           f"{a.threads} threads, greedy, max_tokens {a.max_tokens}\n")
@@ -286,6 +317,17 @@ def main():
         for r in load:
             print(f"| {r['streams']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | "
                   f"{r['ratio']:.2f}x |")
+    if drafts:
+        print(f"\nwith --draft-model {os.path.basename(a.draft_model)} (beside the context)\n")
+        print("| set | prompts | decode tok/s off | on | on/off | drafted | kept | acceptance "
+              "| by the draft model: drafted | kept | its seconds | greedy mismatches |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in drafts:
+            print(f"| {r['set']} | {r['prompts']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | "
+                  f"{r['ratio']:.2f}x | {r['drafted']} | {r['accepted']} | "
+                  f"{r['acceptance']:.0%} | {r['draft_model_drafted']} | "
+                  f"{r['draft_model_accepted']} | {r['draft_model_seconds']:.1f} | "
+                  f"{r['mismatches']} |")
     if llama:
         print(f"\nllama-server, the same requests, one slot; on: {a.llama_spec}\n")
         print("| set | llama-server tok/s off | on | on/off | its mismatches | kvserve on "
@@ -299,8 +341,9 @@ def main():
                       f"{r['on_tps'] / lr['on_tps'] if lr['on_tps'] else 0:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"sets": rows, "load": load, "llama_server": llama}, f, indent=1)
-    if any(r["mismatches"] for r in rows):
+            json.dump({"sets": rows, "load": load, "llama_server": llama, "draft_model": drafts},
+                      f, indent=1)
+    if any(r["mismatches"] for r in rows + drafts):
         sys.exit("greedy outputs differ with speculation")
 
 

@@ -17,11 +17,17 @@ static http_result health(server *s, const http_call *c, http_out *out) {
         /* speculative decoding (--spec), and its draft tokens verified and kept so far */
         engine_spec_stats st;
         engine_spec_stats_get(s->eng, &st);
-        json_object_set_new(v, "speculation",
-                            json_pack("{s:s,s:I,s:I,s:f}", "mode", st.on ? "context" : "off",
-                                      "drafted", (json_int_t)st.drafted, "accepted",
-                                      (json_int_t)st.accepted, "acceptance",
-                                      st.drafted ? (double)st.accepted / (double)st.drafted : 0.0));
+        json_t *sp =
+            json_pack("{s:s,s:I,s:I,s:f}", "mode", st.on ? "context" : "off", "drafted",
+                      (json_int_t)st.drafted, "accepted", (json_int_t)st.accepted, "acceptance",
+                      st.drafted ? (double)st.accepted / (double)st.drafted : 0.0);
+        /* the draft model (--draft-model) when one drafts, and the time it took */
+        json_object_set_new(sp, "draft_model",
+                            st.draft_model ? json_string(st.draft_model) : json_null());
+        json_object_set_new(sp, "draft_model_seconds", json_real(st.draft_seconds));
+        json_object_set_new(sp, "draft_model_drafted", json_integer(st.model_drafted));
+        json_object_set_new(sp, "draft_model_accepted", json_integer(st.model_accepted));
+        json_object_set_new(v, "speculation", sp);
     }
     http_reply_json(&out->reply, up ? 200 : 503, v);
     if (!up) out->reply.retry_after = 1;

@@ -122,6 +122,23 @@ static int calibrate_at_start(const kv_config *c, codec_table *t, kv_error *err)
     return calibrate_codec_table(&mo, &co, t, NULL, err);
 }
 
+/* The draft model (--draft-model), mapped as the model is, into *out (NULL: none, or --spec off,
+ * where it would never draft). Its vocabulary is checked against the model's by the engine. */
+static int draft_load(const kv_config *c, model **out, kv_error *err) {
+    *out = NULL;
+    if (!c->draft_model) return 0;
+    if (strcmp(c->spec, "off") == 0) {
+        log_info("draft model %s not loaded: --spec off", c->draft_model);
+        return 0;
+    }
+    model_load_opts lo = {0};
+    if (!(*out = model_load(c->draft_model, &lo, err)))
+        return kv_fail_wrap(err, "--draft-model %s", c->draft_model);
+    log_info("draft model '%s' (%d layers, %.1f MiB mapped) from %s", (*out)->name,
+             (*out)->hp.n_layer, model_weight_bytes(*out) / 1048576.0, c->draft_model);
+    return 0;
+}
+
 /* Descriptors kept free of connections: the listener, the model, the disk tier's files,
  * io_uring, the ITC of each HTTP thread, logs; and per HTTP thread, room for the clients being
  * refused (accepted, then closed) when the limit is reached. */
@@ -232,7 +249,7 @@ int cli_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1;
-    model *m = NULL;
+    model *m = NULL, *draft = NULL;
     codec_table *codec = NULL; /* the Redis tier's, outlives the store */
     server s = {.cfg = &cfg, .started = (long)time(NULL)};
     if (!(s.mx = metrics_create())) {
@@ -261,6 +278,7 @@ int cli_serve(int argc, char **argv) {
     if (engine_simd_apply(cfg.simd, &err) != 0) goto done;
     model_load_opts lo = {.chat_template = cfg.chat_template};
     if (!(m = model_load(cfg.model, &lo, &err))) goto done;
+    if (draft_load(&cfg, &draft, &err)) goto done;
     s.ctx = cfg.ctx_size ? cfg.ctx_size : m->hp.n_ctx_train;
     if (s.ctx > m->hp.n_ctx_train)
         log_warn("ctx_size %d is beyond the model's training context of %d tokens", s.ctx,
@@ -276,6 +294,7 @@ int cli_serve(int argc, char **argv) {
         .max_queue = cfg.max_queue,
         .prefill_chunk = cfg.prefill_chunk,
         .spec = strcmp(cfg.spec, "off") != 0,
+        .draft = draft,
         .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
         .pool_cache = true,
         .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,
@@ -357,6 +376,7 @@ done:
         codec_table_free(codec);
         free(codec);
     }
+    model_free(draft);
     model_free(m);
     metrics_destroy(s.mx);
     free(s.key_digests);

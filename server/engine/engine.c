@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/engine/draft.h"
 #include "server/engine/spec.h"
 
 /* ---------------------------------------------------------------- requests */
@@ -151,6 +152,10 @@ typedef struct eseq {
     bool reuse_tried; /* looked up since it last held no KV */
     plan_seq ps;      /* the context cache's and blend's side of it (cache/plan.h) */
     spec_seq spec;    /* its drafting (server/engine/spec.h) */
+    draft_seq dkv;    /* the draft model's KV of its history (server/engine/draft.h) */
+    int n_draft;      /* this step: draft tokens staged after its history */
+    bool want_model;  /* this step: its draft is the draft model's to make */
+    bool by_model;    /* the draft being verified is the draft model's */
 } eseq;
 
 /* The live check (cache/quality.h): a request picked for it leaves its prompt and its first
@@ -192,10 +197,15 @@ struct engine {
     planner *plan;              /* the context cache's reuse planner, or NULL: no cache */
     atomic_llong reused_tokens; /* prompt tokens served from the cache */
     atomic_llong spec_drafted, spec_accepted;
-    batch_seq *batch;   /* [max_seqs] */
-    eseq **batch_seqs;  /* [max_seqs] */
-    int32_t *batch_pos; /* [fwd_tokens] */
-    int fwd_tokens;     /* tokens one step may hold */
+    draft_model *draft;                         /* --draft-model, or NULL */
+    atomic_llong draft_ns;                      /* time its drafting took */
+    atomic_llong model_drafted, model_accepted; /* of spec_drafted/accepted, its tokens */
+    draft_job *djobs;                           /* [max_seqs] this step's draft-model drafts */
+    eseq **dseqs;                               /* [max_seqs] their sequences */
+    batch_seq *batch;                           /* [max_seqs] */
+    eseq **batch_seqs;                          /* [max_seqs] */
+    int32_t *batch_pos;                         /* [fwd_tokens] */
+    int fwd_tokens;                             /* tokens one step may hold */
     /* blend */
     blend_fusor *fus;   /* NULL: no blend */
     blend_entry *bents; /* [max_seqs] this step's blended entries */
@@ -230,6 +240,7 @@ static bool blend_failed(const engine *e, int i, int n_be) {
 static void eseq_destroy(engine *e, eseq *s) {
     if (!s) return;
     kv_seq_release(e->pool, &s->kv);
+    if (e->draft) draft_seq_release(e->draft, &s->dkv);
     sampler_destroy(s->smp);
     plan_seq_free(&s->ps);
     spec_seq_free(&s->spec);
@@ -247,6 +258,7 @@ static eseq *eseq_create(engine *e, gen_request *r, int choice, kv_error *err) {
     eseq *s = calloc(1, sizeof *s);
     if (!s) goto oom;
     kv_seq_init(&s->kv);
+    draft_seq_init(&s->dkv);
     s->req = r;
     atomic_fetch_add(&r->refs, 1);
     s->choice = choice;
@@ -311,6 +323,7 @@ static void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const ch
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
     if (!s->done && cache_on(e, s)) plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv, true);
     kv_seq_release(e->pool, &s->kv);
+    if (e->draft) draft_seq_release(e->draft, &s->dkv);
     s->done = true;
 }
 
@@ -641,6 +654,8 @@ static void preempt(engine *e, eseq *v) {
     log_info("KV pool full: preempting a sequence of %d tokens (it will be recomputed)",
              v->n_computed);
     kv_seq_release(e->pool, &v->kv);
+    /* the draft KV is cheap to catch up with, and its pool may be what another sequence needs */
+    if (e->draft) draft_seq_release(e->draft, &v->dkv);
     v->n_computed = 0;
     v->preempted = true;
     if (v->pooled) /* an embedding pools its prompt again from the start */
@@ -822,23 +837,46 @@ static bool batch_add(engine *e, eseq *s, int n_tok, int *n_b, int *n_pos) {
 
 /* ---------------------------------------------------------------- speculation */
 
-/* Stages s's draft for this step after its history (hist[n_hist ..), positions likewise, where
- * hist_push writes the same tokens as they are kept) and returns its length: what its controller
- * allows (server/engine/spec.h), within budget, its max_tokens and the context; only tokens its
- * grammar allows (the draft is cut at the first it does not); and no block more than the pool
- * has free beyond one per running sequence, so a draft never makes a sequence give way. */
-static int spec_draft(engine *e, eseq *s, int budget) {
+/* A context match at least this long drafts before the draft model does. Drafting from the
+ * context costs a hash lookup; the draft model costs a forward call per draft token. Where the
+ * answer copies its context (RAG quoting its passage, an edit of a given text) a long match
+ * proposes the copy, as the draft model given that context would: in bench-spec's RAG set with
+ * SmolLM2's Q8_0 copy drafting (README), these drafts were kept at 93%, the draft model's at 82%.
+ * Shorter matches are the common phrases of free text, where a draft model knows better. */
+#define SPEC_MODEL_MATCH 8
+
+/* How many tokens s may draft this step: what its controller allows (server/engine/spec.h),
+ * within budget, its max_tokens and the context; 0 for none. Room for them and the model's own
+ * next token is made after its history (hist_push writes the kept ones there too). */
+static int spec_len(engine *e, eseq *s, int budget) {
     const gen_request *r = s->req;
     if (s->n_gen == 0 || s->n_computed < r->n_prompt || s->preempted) return 0;
     int k = spec_ctl_len(&s->spec.ctl);
     if (k > budget) k = budget;
     if (k > r->max_tokens - s->n_gen - 1) k = r->max_tokens - s->n_gen - 1;
     if (k > e->o.ctx - s->n_hist) k = e->o.ctx - s->n_hist;
-    /* the kept tokens and the model's own next one are pushed where the draft is staged */
-    if (k <= 0 || hist_reserve(s, k + 1)) return 0;
+    return k <= 0 || hist_reserve(s, k + 1) ? 0 : k;
+}
+
+/* Proposes up to k tokens for s from its prediction or its context, staged at hist[n_hist ..);
+ * returns how many. With a draft model, s->want_model says the draft model should draft
+ * instead: when neither the prediction nor a long context match did (SPEC_MODEL_MATCH), and s
+ * runs at the slots' positions (a Prompt Cache sequence's are its own: the draft model's KV
+ * would not be the context the target sees). */
+static int spec_propose_from_context(engine *e, eseq *s, int k) {
     int32_t *d = s->hist + s->n_hist;
     int n = spec_propose(&s->spec, s->hist, s->n_hist, s->n_gen, k, d, &s->spec.drafted_pred);
-    if (n <= 0) return 0;
+    s->want_model =
+        e->draft && !s->pos && !s->spec.drafted_pred && s->spec.match < SPEC_MODEL_MATCH;
+    return n < 0 ? 0 : n;
+}
+
+/* Cuts s's staged draft of n tokens to what its grammar allows (at the first token it does
+ * not) and to no block more than the pool has free beyond one per running sequence, so a draft
+ * never makes a sequence give way; sets the draft tokens' positions. Returns the length. */
+static int spec_fit(engine *e, eseq *s, int n) {
+    const gen_request *r = s->req;
+    const int32_t *d = s->hist + s->n_hist;
     if (r->gm)
         for (int32_t i = 0, st = s->gstate; i < n; i++)
             if ((st = gmatch_accept_token(r->gm, st, d[i])) < 0) n = i;
@@ -846,6 +884,37 @@ static int spec_draft(engine *e, eseq *s, int budget) {
     while (n > 0 && blocks_for(e, s->n_hist + n) - blocks_for(e, s->n_hist) > spare) n--;
     for (int i = 0; s->pos && i < n; i++) s->pos[s->n_hist + i] = s->pos[s->n_hist - 1] + 1 + i;
     return n;
+}
+
+/* The draft model drafts for the sequences that want it (dseqs[0 .. n), djobs[i].k tokens
+ * each at most), batched (server/engine/draft.h). One that it gives no draft (still catching up
+ * with its history, its draft pool full, a grammar allowing nothing) keeps its context draft,
+ * proposed again. */
+static void spec_draft_model(engine *e, int n) {
+    for (int i = 0; i < n; i++) {
+        eseq *s = e->dseqs[i];
+        int k = e->djobs[i].k;
+        e->djobs[i] = (draft_job){.ds = &s->dkv,
+                                  .hist = s->hist,
+                                  .n_hist = s->n_hist,
+                                  .k = k,
+                                  .out = s->hist + s->n_hist,
+                                  .gm = s->req->gm,
+                                  .gstate = s->gstate};
+    }
+    kv_error err = {{0}};
+    uint64_t t0 = clock_now_ns();
+    if (draft_run(e->draft, e->djobs, n, &err))
+        log_warn("draft model: %s; drafting from the context this step", err.msg);
+    uint64_t dt = clock_now_ns() - t0;
+    atomic_fetch_add(&e->draft_ns, (long long)dt);
+    metrics_spec_model(e->mx, (double)dt / 1e9);
+    for (int i = 0; i < n; i++) {
+        eseq *s = e->dseqs[i];
+        s->n_draft = e->djobs[i].n;
+        s->by_model = s->n_draft > 0;
+        if (s->n_draft == 0) s->n_draft = spec_propose_from_context(e, s, e->djobs[i].k);
+    }
 }
 
 /* A verify step's entry for s: its pending token at slot kv_start and n_draft draft tokens after
@@ -882,10 +951,16 @@ static void spec_settle(engine *e, eseq *s, int kv_start, int n_draft, float *ro
     while (accepted < n_draft && accepted < s->n_gen - n_gen0 &&
            s->hist[kv_start + 1 + accepted] == draft[accepted])
         accepted++;
+    /* the draft model's KV holds the tokens it was fed: those kept stay */
+    if (e->draft && !s->done) draft_seq_truncate(e->draft, &s->dkv, kv_start + 1 + accepted);
     spec_ctl_update(&s->spec.ctl, n_draft, accepted);
     metrics_spec(e->mx, n_draft, accepted);
     atomic_fetch_add(&e->spec_drafted, n_draft);
     atomic_fetch_add(&e->spec_accepted, accepted);
+    if (s->by_model) {
+        atomic_fetch_add(&e->model_drafted, n_draft);
+        atomic_fetch_add(&e->model_accepted, accepted);
+    }
 }
 
 /* ---------------------------------------------------------------- context cache */
@@ -1279,23 +1354,39 @@ static void step_reuse(engine *e) {
     }
 }
 
+/* True when s decodes this step: one pending token. */
+static bool decoding(const eseq *s) {
+    return !s->done && !s->wait_fork && s->n_hist - s->n_computed == 1 && !schema_waiting(s);
+}
+
 /* Decode rows: every sequence with exactly one pending token, and (while the batch is narrower
  * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget and sharing
- * SPEC_STEP_DRAFTS rows. Returns the budget left for prefill. */
+ * SPEC_STEP_DRAFTS rows. Drafts are made first, all of them: the draft model drafts for every
+ * sequence that wants it at once, a forward call per draft position. Returns the budget left
+ * for prefill. */
 static int step_decode(engine *e, int *n_b, int *n_pos) {
-    int budget = e->o.prefill_chunk, n_dec = 0;
+    int budget = e->o.prefill_chunk, n_dec = 0, n_model = 0;
+    for (int i = 0; i < e->n_run; i++) n_dec += decoding(e->run[i]);
+    int share = n_dec > 0 ? SPEC_STEP_DRAFTS / n_dec : 0, left = budget;
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
-        n_dec += !s->done && !s->wait_fork && s->n_hist - s->n_computed == 1 && !schema_waiting(s);
+        s->n_draft = 0;
+        s->by_model = false;
+        if (!decoding(s) || n_dec >= SPEC_MAX_BATCH || share == 0) continue;
+        int k = spec_len(e, s, left < share ? left : share);
+        if (k <= 0) continue;
+        left -= k;
+        s->n_draft = spec_propose_from_context(e, s, k);
+        if (s->want_model) {
+            e->dseqs[n_model] = s;
+            e->djobs[n_model++].k = k;
+        }
     }
-    int share = n_dec > 0 ? SPEC_STEP_DRAFTS / n_dec : 0;
+    if (n_model > 0) spec_draft_model(e, n_model);
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
-        if (s->done || s->wait_fork || s->n_hist - s->n_computed != 1 || schema_waiting(s))
-            continue;
-        int k = n_dec < SPEC_MAX_BATCH && share > 0
-                    ? spec_draft(e, s, budget < share ? budget : share)
-                    : 0;
+        if (!decoding(s)) continue;
+        int k = s->n_draft > 0 ? spec_fit(e, s, s->n_draft) : 0;
         if (batch_add(e, s, 1 + k, n_b, n_pos) && k > 0) {
             e->batch[*n_b - 1].all_logits = true; /* a row of logits per draft token */
             budget -= k;
@@ -1493,6 +1584,9 @@ static void publish_gauges(engine *e, int waiting) {
                           (pc ? pool_cache_idle_blocks(pc) : 0),
         .kv_blocks_cached = ps.blocks,
         .kv_block_tokens = kv_pool_layout(e->pool)->block_tokens,
+        .draft_blocks_total = e->draft ? draft_blocks_total(e->draft) : 0,
+        .draft_blocks_used =
+            e->draft ? draft_blocks_total(e->draft) - draft_blocks_free(e->draft) : 0,
     };
     metrics_set_engine(e->mx, &g);
 }
@@ -1591,6 +1685,21 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
         }
         if (!(e->fus = blend_fusor_create(m, e->b, e->pool, max_tokens, err))) goto fail;
     }
+    if (o->draft && o->spec) {
+        /* its prompt catch-up takes a prefill step's worth of tokens a step at most */
+        if (!(e->draft = draft_create(m, o->draft, e->b, o->kv_pool_tokens, o->max_seqs,
+                                      o->prefill_chunk, err)))
+            goto fail;
+        e->djobs = calloc((size_t)o->max_seqs, sizeof *e->djobs);
+        e->dseqs = calloc((size_t)o->max_seqs, sizeof *e->dseqs);
+        if (!e->djobs || !e->dseqs) {
+            kv_fail(err, "out of memory");
+            goto fail;
+        }
+    }
+    atomic_init(&e->draft_ns, 0);
+    atomic_init(&e->model_drafted, 0);
+    atomic_init(&e->model_accepted, 0);
     atomic_init(&e->reused_tokens, 0);
     atomic_init(&e->spec_drafted, 0);
     atomic_init(&e->spec_accepted, 0);
@@ -1658,6 +1767,9 @@ void engine_destroy(engine *e) {
     kv_aligned_free(e->work);
     forward_ctx_destroy(e->fwd);
     blend_fusor_destroy(e->fus);
+    draft_destroy(e->draft);
+    free(e->djobs);
+    free(e->dseqs);
     free(e->bents);
     free(e->bspans);
     planner_destroy(e->plan);
@@ -1760,6 +1872,10 @@ void engine_spec_stats_get(engine *e, engine_spec_stats *out) {
     out->on = e->o.spec;
     out->drafted = atomic_load(&e->spec_drafted);
     out->accepted = atomic_load(&e->spec_accepted);
+    out->draft_model = e->draft ? draft_model_of(e->draft)->path : NULL;
+    out->draft_seconds = (double)atomic_load(&e->draft_ns) / 1e9;
+    out->model_drafted = atomic_load(&e->model_drafted);
+    out->model_accepted = atomic_load(&e->model_accepted);
 }
 
 /* ---------------------------------------------------------------- context cache interface */

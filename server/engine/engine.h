@@ -164,6 +164,10 @@ typedef struct engine_opts {
     int max_queue;
     int prefill_chunk;
     bool spec; /* speculation from the context (--spec context); requests may opt out */
+    /* The draft model (--draft-model; the caller's, outliving the engine), or NULL: with spec,
+     * it drafts where a request's prediction and a long context match do not (engine.c's
+     * spec_draft). engine_create refuses one whose vocabulary is not the model's. */
+    const model *draft;
     /* context cache */
     cache_store *store; /* RAM/disk tiers, or NULL */
     int chunk_tokens;   /* 0: no context cache */
@@ -262,10 +266,15 @@ const char *engine_backend_name(const engine *e);
 int64_t engine_kv_pool_tokens(const engine *e);
 int engine_threads(const engine *e);
 
-/* Speculation: on (--spec context), and draft tokens verified and kept since the start. */
+/* Speculation: on (--spec context), and draft tokens verified and kept since the start; the
+ * draft model's file (NULL: none), the seconds its drafting took and, of the draft tokens,
+ * those it drafted and those of them kept. */
 typedef struct engine_spec_stats {
     bool on;
     int64_t drafted, accepted;
+    const char *draft_model;
+    double draft_seconds;
+    int64_t model_drafted, model_accepted;
 } engine_spec_stats;
 void engine_spec_stats_get(engine *e, engine_spec_stats *out);
 

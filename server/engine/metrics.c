@@ -56,6 +56,7 @@ struct metrics {
     uint64_t prompt_tokens, generated_tokens, preemptions;
     uint64_t blended_tokens, recomputed_tokens;
     uint64_t spec_drafted, spec_accepted;
+    double spec_model_seconds;
     histogram ttft, itl, e2e;
     histogram ttft_reuse[METRICS_REUSE_COUNT]; /* one series per reuse class, same bounds */
     metrics_engine eng;
@@ -153,6 +154,12 @@ void metrics_spec(metrics *m, int64_t drafted, int64_t accepted) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_spec_model(metrics *m, double seconds) {
+    pthread_mutex_lock(&m->mu);
+    m->spec_model_seconds += seconds;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_set_engine(metrics *m, const metrics_engine *e) {
     pthread_mutex_lock(&m->mu);
     m->eng = *e;
@@ -217,12 +224,19 @@ char *metrics_render(metrics *m, size_t *len) {
     render_counter(&b, "kvserve_blend_recomputed_tokens_total",
                    "Blended tokens recomputed up to the last layer.", m->recomputed_tokens);
     render_counter(&b, "kvserve_spec_draft_tokens_total",
-                   "Draft tokens verified by speculation from the context.", m->spec_drafted);
+                   "Draft tokens verified by speculation (context, prediction, draft model).",
+                   m->spec_drafted);
     render_counter(&b, "kvserve_spec_accepted_tokens_total",
                    "Draft tokens the model kept (each one a decode step saved).", m->spec_accepted);
     render_gauge(&b, "kvserve_spec_acceptance_ratio",
                  "Share of draft tokens kept since the start (0 before any draft).",
                  m->spec_drafted ? (double)m->spec_accepted / (double)m->spec_drafted : 0);
+    kv_buf_printf(&b,
+                  "# HELP kvserve_spec_draft_model_seconds_total Time the draft model "
+                  "(--draft-model) spent drafting.\n"
+                  "# TYPE kvserve_spec_draft_model_seconds_total counter\n"
+                  "kvserve_spec_draft_model_seconds_total %.17g\n",
+                  m->spec_model_seconds);
     render_hist(&b, &m->ttft);
     static const char *const REUSE_LABELS[METRICS_REUSE_COUNT] = {
         "reuse=\"none\"", "reuse=\"cached\"", "reuse=\"blend\""};
@@ -244,6 +258,10 @@ char *metrics_render(metrics *m, size_t *len) {
     render_gauge(&b, "kvserve_kv_pool_usage_ratio", "Share of the KV pool in use (0..1).",
                  e->kv_blocks_total ? (double)e->kv_blocks_used / (double)e->kv_blocks_total : 0);
     render_gauge(&b, "kvserve_kv_block_tokens", "Tokens per KV pool block.", e->kv_block_tokens);
+    if (e->draft_blocks_total > 0)
+        render_gauge(&b, "kvserve_draft_kv_pool_blocks_used",
+                     "Blocks of the draft model's KV pool in use (--draft-model).",
+                     (double)e->draft_blocks_used);
     pthread_mutex_unlock(&m->mu);
     if (b.oom) {
         free(b.p);

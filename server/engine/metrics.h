@@ -35,6 +35,8 @@ void metrics_preemption(metrics *m);
 void metrics_blend(metrics *m, int64_t reused, int64_t recomputed);
 /* One verify step of speculation: draft tokens verified, and how many the model kept. */
 void metrics_spec(metrics *m, int64_t drafted, int64_t accepted);
+/* One step's drafting by the draft model (--draft-model): the seconds it took. */
+void metrics_spec_model(metrics *m, double seconds);
 
 typedef struct metrics_engine {
     int waiting;              /* requests queued, not yet admitted */
@@ -43,6 +45,7 @@ typedef struct metrics_engine {
     int64_t kv_blocks_cached; /* held by the context cache's pool tier (some also in use) */
     int64_t kv_blocks_total;
     int kv_block_tokens;
+    int64_t draft_blocks_used, draft_blocks_total; /* the draft model's pool (0: none) */
 } metrics_engine;
 
 void metrics_set_engine(metrics *m, const metrics_engine *e);

@@ -142,6 +142,7 @@ void spec_seq_free(spec_seq *ss) {
 int spec_propose(spec_seq *ss, const int32_t *hist, int n_hist, int n_gen, int max_draft,
                  int32_t *out, bool *from_pred) {
     *from_pred = false;
+    ss->match = 0;
     if (max_draft > SPEC_MAX_DRAFT) max_draft = SPEC_MAX_DRAFT;
     if (max_draft < 1 || n_gen < 0 || n_gen > n_hist) return 0;
     int len = 0, n = 0;
@@ -165,5 +166,6 @@ int spec_propose(spec_seq *ss, const int32_t *hist, int n_hist, int n_gen, int m
     n = spec_index_draft(&ss->ctx, hist, hist, n_hist, n_hist - 1, SPEC_MIN_CONTEXT, max_draft, out,
                          &len);
     /* a short match predicts little: its draft is as long as the match less one */
+    ss->match = n > 0 ? len : 0;
     return n <= 0 ? 0 : n < len - 1 ? n : len - 1;
 }

@@ -84,6 +84,7 @@ typedef struct spec_seq {
     int n_pred;
     spec_index pred_ix;
     bool drafted_pred; /* the draft being verified came from the prediction */
+    int match;         /* the last context draft's match length (0: the draft is not one) */
 } spec_seq;
 
 /* enabled false: the sequence never drafts. pred (NULL: none) must outlive ss. -1 when out of
@@ -94,8 +95,9 @@ void spec_seq_free(spec_seq *ss);
 /* Proposes up to max_draft tokens to follow hist[0 .. n_hist) (the last n_gen of them
  * generated): from the prediction first (its start while the output so far is the prediction's
  * beginning, else the longest match of the output's last tokens in it), else from the sequence's
- * own tokens (no more than the match's length less one: a short match predicts little).
- * *from_pred says which. Returns how many (0: none, also when out of memory). */
+ * own tokens (no more than the match's length less one: a short match predicts little; the
+ * match's length goes to ss->match). *from_pred says which. Returns how many (0: none, also when
+ * out of memory). */
 int spec_propose(spec_seq *ss, const int32_t *hist, int n_hist, int n_gen, int max_draft,
                  int32_t *out, bool *from_pred);
 

@@ -2,9 +2,20 @@
 answer that quotes its passage is the same with speculation on and with "speculative": false
 (greedy, streamed or not, with a stop string and logprobs), and drafts were kept (/metrics);
 OpenAI's Predicted Outputs report accepted and rejected prediction tokens and leave the answer
-unchanged; malformed predictions are 400s; `--spec off` drafts nothing."""
+unchanged; malformed predictions are 400s; `--spec off` drafts nothing. With `--draft-model`
+(SmolLM2 requantized, drafting for itself) greedy answers are the same and its drafts are kept;
+a draft model of another vocabulary, or a missing one, stops the server at start."""
+import os
+import subprocess
+import time
+
 import openai
 import pytest
+
+from conftest import BIN, MODEL, ROOT, SLOW, free_port, server_env
+
+DRAFT_MODEL = os.environ.get("KVSERVE_TEST_DRAFT_MODEL",
+                             os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q8_0.gguf"))
 
 PASSAGE = (
     "The river Tamsel rises in the hills above Oberwald and flows north for two hundred and "
@@ -124,7 +135,8 @@ def test_spec_off_drafts_nothing(start_server, server, client):
     m = off.metrics()
     assert m["kvserve_spec_draft_tokens_total"] == 0
     assert off.get_json("/health")["speculation"] == \
-        {"mode": "off", "drafted": 0, "accepted": 0, "acceptance": 0}
+        {"mode": "off", "drafted": 0, "accepted": 0, "acceptance": 0, "draft_model": None,
+         "draft_model_seconds": 0, "draft_model_drafted": 0, "draft_model_accepted": 0}
     assert "draft_tokens" not in r.usage.completion_tokens_details.model_dump()
     ref = ask(client, server, True, max_tokens=80)
     assert r.choices[0].message.content == ref.choices[0].message.content
@@ -154,3 +166,69 @@ def test_choices_speculate_each_and_a_seed_repeats(server, client):
         for _ in range(2)]
     assert [c.message.content for c in sampled[0].choices] == \
         [c.message.content for c in sampled[1].choices]
+
+
+# ---------------------------------------------------------------- the draft model
+
+CHAT = [{"role": "user", "content": "Write a short story about a dragon who is afraid of the dark."}]
+
+
+def test_a_draft_model_keeps_greedy_answers_and_its_drafts_are_kept(start_server, server, client):
+    assert os.path.exists(DRAFT_MODEL), f"{DRAFT_MODEL} missing: run `make model`"
+    srv = start_server("-c", "2048", "--draft-model", DRAFT_MODEL)
+    c = srv.client()
+    for messages in (rag(), CHAT):
+        kw = dict(messages=messages, temperature=0, max_tokens=120)
+        ref = client.chat.completions.create(model=server.model_id,
+                                             extra_body={"speculative": False}, **kw)
+        got = c.chat.completions.create(model=srv.model_id, **kw)
+        assert got.choices[0].message.content == ref.choices[0].message.content
+        assert got.usage.completion_tokens == ref.usage.completion_tokens
+        details = got.usage.completion_tokens_details.model_dump()
+        assert details["accepted_draft_tokens"] > 0, details
+    health = srv.get_json("/health")["speculation"]
+    assert health["draft_model"] == DRAFT_MODEL
+    drafted, kept = health["draft_model_drafted"], health["draft_model_accepted"]
+    assert drafted > 0 and kept >= 0.8 * drafted, health
+    assert srv.metrics()["kvserve_spec_draft_model_seconds_total"] > 0
+    # the gauges are published after each step: the last one's in a moment
+    for _ in range(100):
+        if srv.metrics()["kvserve_draft_kv_pool_blocks_used"] == 0:
+            break
+        time.sleep(0.02)
+    assert srv.metrics()["kvserve_draft_kv_pool_blocks_used"] == 0
+
+
+def refused(*args):
+    """kvserve serve with args: it must exit (not serve); returns its stderr."""
+    p = subprocess.run([BIN, "serve", "-m", MODEL, "--port", str(free_port()), "--cache-dir", "off",
+                        *args], cwd=ROOT, env=server_env(), capture_output=True, text=True,
+                       timeout=120 * SLOW)
+    assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
+    return p.stderr
+
+
+@pytest.mark.parametrize("kind", ["another vocabulary", "two tokens swapped", "truncated",
+                                  "missing"])
+def test_a_draft_model_that_cannot_draft_stops_the_server(tmp_dir, kind):
+    if kind == "another vocabulary":
+        draft = os.path.join(ROOT, "tests", "golden", "arch", "linear_kq.gguf")
+    elif kind == "two tokens swapped":
+        # the same 49152 texts, two of them swapped: the check reads every token, not a count
+        draft = os.path.join(tmp_dir("kvdraft"), "swapped.gguf")
+        subprocess.run(["python3", os.path.join(ROOT, "scripts", "make_draft_model.py"), MODEL,
+                        draft, "--swap-tokens", "1000,1001"], check=True)
+    elif kind == "truncated":  # its header and metadata, the tensors cut off
+        draft = os.path.join(tmp_dir("kvdraft"), "cut.gguf")
+        with open(MODEL, "rb") as src, open(draft, "wb") as dst:
+            dst.write(src.read(4 << 20))
+    else:
+        draft = os.path.join(tmp_dir("kvdraft"), "none.gguf")
+    err = refused("--draft-model", draft)
+    assert draft in err, err[-2000:]
+    if kind in ("missing", "truncated"):
+        assert "--draft-model" in err
+    else:
+        assert MODEL in err and "vocabulary" in err, err[-2000:]
+        if kind == "two tokens swapped":
+            assert "token 1000" in err

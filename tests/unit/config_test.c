@@ -78,12 +78,27 @@ static const char *env_config(const char *path) {
 
 /* ---------------------------------------------------------------- defaults */
 
+/* --draft-model: a flag over the variable; "" turns it off again. */
+Test(config, draft_model_from_env_and_flag) {
+    kv_config c;
+    load_ok(&c, NONE, L("KVSERVE_DRAFT_MODEL=small.gguf"));
+    cr_assert_str_eq(c.draft_model, "small.gguf");
+    config_free(&c);
+    load_ok(&c, L("--draft-model", "other.gguf"), L("KVSERVE_DRAFT_MODEL=small.gguf"));
+    cr_assert_str_eq(c.draft_model, "other.gguf");
+    config_free(&c);
+    load_ok(&c, L("--draft-model", ""), L("KVSERVE_DRAFT_MODEL=small.gguf"));
+    cr_assert_null(c.draft_model);
+    config_free(&c);
+}
+
 static void check_defaults(const kv_config *c) {
     cr_assert_str_eq(c->model, "models/SmolLM2-135M-Instruct.Q4_1.gguf");
     cr_assert_null(c->aliases);
     cr_assert_eq(c->n_aliases, 0);
     cr_assert_eq(c->accept_any_model, false);
     cr_assert_null(c->chat_template);
+    cr_assert_null(c->draft_model);
     cr_assert_eq(c->precise, false);
     cr_assert_str_eq(c->host, "127.0.0.1");
     cr_assert_eq(c->port, 8080);
@@ -690,6 +705,7 @@ static const char *const ALL_FLAGS[] = {
     "--max-queue",
     "--prefill-chunk",
     "--max-tokens-limit",
+    "--draft-model",
     "--responses-store",
     "--responses-store-bytes",
     "--log-level",
@@ -699,6 +715,7 @@ static const char *const ALL_FLAGS[] = {
 };
 static const char *const ALL_ENV[] = {
     "KVSERVE_SIMD",
+    "KVSERVE_DRAFT_MODEL",
     "KVSERVE_RESPONSES_STORE",
     "KVSERVE_RESPONSES_STORE_BYTES",
     "KVSERVE_DEVICE",

@@ -10,6 +10,13 @@ model *model_fixture_load(void) {
     return m;
 }
 
+model *model_fixture_load_path(const char *path) {
+    kv_error err = {{0}};
+    model *m = model_load(path, NULL, &err);
+    cr_assert_not_null(m, "load %s: %s (run `make model`)", path, err.msg);
+    return m;
+}
+
 void model_fixture_open(model_fixture *fx, int threads, int pool_tokens, int max_tok,
                         int max_seqs) {
     kv_error err = {{0}};

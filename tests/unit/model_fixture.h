@@ -8,6 +8,11 @@
 #include "model/model.h"
 
 #define TEST_MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+/* The same model requantized to Q8_0 (`make model` writes it with scripts/make_draft_model.py):
+ * a draft model whose greedy tokens almost always agree with TEST_MODEL_PATH's. */
+#define TEST_DRAFT_MODEL_PATH "models/SmolLM2-135M-Instruct.Q8_0.gguf"
+/* A tiny model of another vocabulary (1000 tokens; scripts/ref/make_tiny_models.py). */
+#define TEST_OTHER_VOCAB_PATH "tests/golden/arch/linear_kq.gguf"
 
 typedef struct model_fixture {
     model *m;
@@ -18,6 +23,8 @@ typedef struct model_fixture {
 
 /* TEST_MODEL_PATH loaded with default options. */
 model *model_fixture_load(void);
+/* Another model file, loaded as a draft model is (the test fails when it cannot be). */
+model *model_fixture_load_path(const char *path);
 /* The model, a CPU backend of threads, a pool of pool_tokens and, when max_tok > 0, a forward
  * context for max_tok tokens of up to max_seqs sequences. */
 void model_fixture_open(model_fixture *fx, int threads, int pool_tokens, int max_tok, int max_seqs);
