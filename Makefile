@@ -179,7 +179,7 @@ $(MODEL).kvquality.json: | $(MODEL)
 model: $(MODEL) $(QUALITY) $(DRAFT_MODEL)
 # The default model requantized (scripts/make_draft_model.py, deterministic; seconds): written
 # beside it for the tests, which find it at this path.
-$(DRAFT_MODEL): scripts/make_draft_model.py | $(MODEL)
+$(DRAFT_MODEL): scripts/make_draft_model.py | setup $(MODEL)
 	$(PYTHON) scripts/make_draft_model.py $(MODEL) $@
 
 # ---------------------------------------------------------------- run

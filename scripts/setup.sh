@@ -27,8 +27,11 @@ fi
 # drives chromium (through chromium-driver, above: it downloads no browser) in the web page's test;
 # anthropic is the official client the Messages API's e2e tests drive the server with.
 # openai 1.66 is the first with the Responses API (client.responses, its stream helper).
-py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium anthropic)
+# gguf and numpy write the draft-model tests' model (scripts/make_draft_model.py: the default
+# model requantized), which make test builds before the tests.
+py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium anthropic gguf numpy)
 if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium, anthropic
+import gguf, numpy
 from openai.resources.responses import Responses" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
