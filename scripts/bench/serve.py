@@ -9,17 +9,25 @@ token divided by the span from the first first-token to the last last-token. Lev
 process against one server, repeated --reps times (median), and are compared as ratios to the
 single stream, since machines here are shared and noisy.
 
+Then memory: per level, a fresh server (cache directory empty) runs the warm-up and that level
+once, and its peak RSS (VmHWM: the mmapped weights it touched, the KV pool's committed pages,
+what the RAM tier took, scratch) is read from /proc. With --llama-server PATH
+(scripts/bench/build_llamacpp.sh builds it) a fresh llama-server with as many slots and the same
+KV capacity (-np LEVEL_MAX -c 4 x 2048, kvserve's pool) runs the same load beside it, and the
+table gives the ratio.
+
     python3 scripts/bench/serve.py [--bin build/kvserve] [--model MODEL] [--threads 2]
+                                   [--llama-server build/llamacpp/avx512/bin/llama-server]
 """
 import argparse
 import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -36,12 +44,6 @@ PROMPTS = [
     "Tips for learning a new language", "The story of the first flight",
     "How a bicycle works", "A description of a busy market", "Why cats purr",
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stream_once(port, model, prompt, n_tokens, out):
@@ -95,34 +97,107 @@ def run_level(port, model, conc, n_tokens):
             "tokens": sum(n for _, _, n in results)}
 
 
+CTX = 2048  # tokens per sequence; kvserve's pool holds 4 contexts (its default)
+
+
+def start_kvserve(args, max_seqs, extra=()):
+    return subprocess.Popen([args.bin, "serve", "-m", args.model, "--port", str(args.port), "-t",
+                             str(args.threads), "--max-seqs", str(max_seqs), "--ctx-size",
+                             str(CTX), "--log-level", "warn", *extra], cwd=ROOT)
+
+
+def start_llama(args, max_seqs):
+    return subprocess.Popen([args.llama_server, "-m", args.model, "--port", str(args.port), "-t",
+                             str(args.threads), "-np", str(max_seqs), "-c", str(4 * CTX),
+                             "--poll", "0"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def wait_model(srv, port):
+    """The served model's id, once the server answers /v1/models; exits when it does not."""
+    for _ in range(1200):
+        if srv.poll() is not None:
+            sys.exit(f"the server exited with {srv.returncode}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            if r.status == 200:
+                return json.loads(r.read())["data"][0]["id"]
+        except OSError:
+            pass
+        time.sleep(0.1)
+    sys.exit("the server did not come up")
+
+
+def stop(srv):
+    srv.send_signal(signal.SIGTERM)
+    try:
+        srv.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv.wait()
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def peak_rss(args, start, conc):
+    """Peak RSS (MiB) of a fresh server through the warm-up and one run of conc streams."""
+    args.port = benchlib.free_port()
+    srv = start(conc)
+    try:
+        model = wait_model(srv, args.port)
+        run_level(args.port, model, 2, 16)
+        run_level(args.port, model, conc, args.tokens)
+        return peak_rss_mib(srv.pid)
+    finally:
+        stop(srv)
+
+
+def memory_table(args, levels):
+    top = max(levels)
+    with tempfile.TemporaryDirectory() as tmp:
+        kv, ll = {}, {}
+        for c in levels:
+            d = os.path.join(tmp, str(c))
+            kv[c] = peak_rss(args, lambda n, d=d: start_kvserve(args, top, ["--cache-dir", d]), c)
+            if args.llama_server:
+                ll[c] = peak_rss(args, lambda n: start_llama(args, top), c)
+    print(f"\nPeak RSS (VmHWM), a fresh server per level ({top} sequences, {4 * CTX} tokens of "
+          "KV, empty cache directory), warm-up plus one run\n")
+    if ll:
+        print("| streams | kvserve MiB | llama-server MiB | kvserve / llama-server |")
+        print("|---:|---:|---:|---:|")
+        for c in levels:
+            print(f"| {c} | {kv[c]:.0f} | {ll[c]:.0f} | {kv[c] / ll[c]:.2f}x |")
+    else:
+        print("| streams | kvserve MiB |")
+        print("|---:|---:|")
+        for c in levels:
+            print(f"| {c} | {kv[c]:.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     benchlib.add_server_args(ap)
     ap.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--llama-server", help="llama-server binary: its peak RSS beside kvserve's")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak RSS table")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    port = free_port()
-    srv = subprocess.Popen([args.bin, "serve", "-m", args.model, "--port", str(port), "-t",
-                            str(args.threads), "--max-seqs", str(max(levels)), "--ctx-size",
-                            "2048", "--log-level", "warn"], cwd=ROOT)
+    port = args.port = benchlib.free_port()
+    srv = start_kvserve(args, max(levels))
     try:
-        model = None
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/v1/models")
-                r = c.getresponse()
-                if r.status == 200:
-                    model = json.loads(r.read())["data"][0]["id"]
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        if model is None:
-            sys.exit("the server did not come up")
+        model = wait_model(srv, port)
         run_level(port, model, 2, 16)  # warm-up
         rows = {c: [] for c in levels}
         for _ in range(args.reps):
@@ -140,11 +215,9 @@ def main():
             itl = statistics.median(r["itl"] for r in rows[c]) * 1e3
             print(f"| {c} | {agg:.0f} | {agg / base:.2f}x | {ttft:.0f} | {itl:.1f} |")
     finally:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            srv.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        stop(srv)
+    if not args.no_memory:
+        memory_table(args, levels)
 
 
 if __name__ == "__main__":
