@@ -383,6 +383,21 @@ Test(engine, speculation_keeps_greedy_outputs_logprobs_and_cached_chunks) {
     spec_runs_equal(&off, &on);
 }
 
+/* Two sampled requests (2 choices, seed 9) with speculation on: drafts were made and the seed
+ * repeats the output. */
+static void expect_seeded_repeat(engine *e, const char *prompt) {
+    gen_request *s1 = request(prompt, 2, 60, 0.7f, 9);
+    gen_request *s2 = request(prompt, 2, 60, 0.7f, 9);
+    submit_ok(e, s1);
+    wait_done(s1);
+    submit_ok(e, s2);
+    wait_done(s2);
+    cr_assert_gt(s1->spec_drafted, 0);
+    for (int i = 0; i < 2; i++) cr_assert_str_eq(s1->choices[i].text, s2->choices[i].text);
+    gen_request_unref(s1);
+    gen_request_unref(s2);
+}
+
 /* Four speculating sequences in a pool too small for them: sequences are preempted between
  * and during verify steps (a victim already in the step's batch leaves it, drafts and all), and
  * every output equals the plain one computed alone. */
@@ -410,16 +425,7 @@ Test(engine, speculation_under_preemption_equals_plain_decoding_alone) {
         gen_request_unref(together[i]);
     }
     /* sampled with speculation: a seed repeats its output */
-    gen_request *s1 = request(SPEC_PROMPTS[1], 2, 60, 0.7f, 9);
-    gen_request *s2 = request(SPEC_PROMPTS[1], 2, 60, 0.7f, 9);
-    submit_ok(e, s1);
-    wait_done(s1);
-    submit_ok(e, s2);
-    wait_done(s2);
-    cr_assert_gt(s1->spec_drafted, 0);
-    for (int i = 0; i < 2; i++) cr_assert_str_eq(s1->choices[i].text, s2->choices[i].text);
-    gen_request_unref(s1);
-    gen_request_unref(s2);
+    expect_seeded_repeat(e, SPEC_PROMPTS[1]);
     wait_idle(mx);
     stop_engine();
 }
@@ -475,16 +481,7 @@ Test(engine, a_requantized_draft_model_keeps_greedy_outputs_under_preemption) {
     cr_assert_gt(st.model_drafted, 100, "%lld", (long long)st.model_drafted);
     cr_assert_geq((double)st.model_accepted, 0.85 * (double)st.model_drafted, "%lld of %lld kept",
                   (long long)st.model_accepted, (long long)st.model_drafted);
-    gen_request *s1 = request(PROMPTS[2], 2, 60, 0.7f, 9);
-    gen_request *s2 = request(PROMPTS[2], 2, 60, 0.7f, 9);
-    submit_ok(e, s1);
-    wait_done(s1);
-    submit_ok(e, s2);
-    wait_done(s2);
-    cr_assert_gt(s1->spec_drafted, 0);
-    for (int i = 0; i < 2; i++) cr_assert_str_eq(s1->choices[i].text, s2->choices[i].text);
-    gen_request_unref(s1);
-    gen_request_unref(s2);
+    expect_seeded_repeat(e, PROMPTS[2]);
     wait_idle(mx);
     cr_assert_eq(metric(mx, "kvserve_draft_kv_pool_blocks_used"), 0);
     stop_engine();
