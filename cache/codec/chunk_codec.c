@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "cache/codec/chunk_codec.h"
-#include "cache/store/record.h"
+#include "cache/record.h"
 #include "kernels/quant.h"
 
 _Static_assert(CACHE_ENC_MAX == CACHE_ENC_CODEC + CODEC_MAX_LEVELS, "one id per codec level");

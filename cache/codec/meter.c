@@ -3,7 +3,7 @@
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
-#include "cache/store/record.h"
+#include "cache/record.h"
 
 /* Decode costs assumed before they are measured, in ns per KV element: lossless is a checksum
  * and a copy, q8 a dequantization, a codec level rANS. */

@@ -21,7 +21,7 @@
 #include "cache/blend/content_disk.h"
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
-#include "cache/store/record.h"
+#include "cache/record.h"
 #include "cache/store/redis.h"
 
 #define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION

@@ -11,7 +11,7 @@
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/store/disk.h"
-#include "cache/store/record.h"
+#include "cache/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

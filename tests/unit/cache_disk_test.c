@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "cache/store/disk.h"
-#include "cache/store/record.h"
+#include "cache/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

@@ -1,4 +1,5 @@
-/* The chunk record format on disk (internal to cache/). A record is a header of
+/* The chunk record format (internal to cache/: the store's tiers write it, the codec encodes its
+ * payload, so it sits above both). A record is a header of
  * cache_record_header_bytes(layout) bytes (a multiple of CACHE_ALIGN: 4096 up to 120 blocks per
  * chunk) followed by the payload padded to CACHE_ALIGN:
  *
@@ -12,13 +13,16 @@
  *   112     4x5   n_layer, n_kv_head, head_dim, block_tokens, chunk_tokens
  *   132     4     pos0: position of the first token (K is rotated at pos0 + i), a multiple of
  *                 chunk_tokens
- *   136     4     level: 0 = raw f16 in pool-block layout; 1 .. CACHE_RECORD_MAX_LEVEL = the
- *                 payload is that encoding of it (cache/codec/chunk_codec.h), only in the Redis
- * tier 140     4     n_tokens: tokens held, whole blocks, 1 block .. chunk_tokens 144     8 payload
- * bytes (n_tokens / block_tokens pool blocks; encoded: its length) 152     32    SHA-256 of the
- * payload 184     32    SHA-256 of the rest of the header: bytes 0..183 and 216..header bytes 216
- * 32xN  the prefix keys of its N = n_tokens / block_tokens blocks (the last is the record key): a
- * prompt that diverges inside the chunk finds the record by the key of its last shared block
+ *   136     4     level: 0 = raw f16 in pool-block layout; 1 .. CACHE_RECORD_MAX_LEVEL =
+ *                 the payload is that encoding of it (cache/codec/chunk_codec.h), only in
+ *                 the Redis tier
+ *   140     4     n_tokens: tokens held, whole blocks, 1 block .. chunk_tokens
+ *   144     8     payload bytes (n_tokens / block_tokens pool blocks; encoded: its length)
+ *   152     32    SHA-256 of the payload
+ *   184     32    SHA-256 of the rest of the header: bytes 0..183 and 216..header bytes
+ *   216     32xN  the prefix keys of its N = n_tokens / block_tokens blocks (the last is the
+ *                 record key): a prompt that diverges inside the chunk finds the record by
+ *                 the key of its last shared block
  *   ...           zero to the header's end
  *
  * Version 1 (chunk-chained keys, whole chunks only) records are refused: their keys can never
