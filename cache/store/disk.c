@@ -29,10 +29,10 @@
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
+#include "cache/record.h"
 #include "cache/store/dirstore.h"
 #include "cache/store/disk.h"
 #include "cache/store/leases.h"
-#include "cache/record.h"
 #include "cache/store/worker.h"
 #include "util/keytable.h"
 
