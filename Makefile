@@ -307,7 +307,7 @@ FUZZ_DEPS_rans_fuzz := cache/codec/rans.c
 FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/store/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/schema/pml.c
-FUZZ_DEPS_content_disk_fuzz := cache/blend/content_disk.c cache/store/dirstore.c \
+FUZZ_DEPS_content_disk_fuzz := cache/store/content_disk.c cache/store/dirstore.c \
     cache/blend/content.c cache/chunk.c util/keytable.c $(FUZZ_DEPS_tokenizer_fuzz)
 FUZZ_DEPS_codec_fuzz := cache/codec/codec.c cache/codec/codec_quant.c cache/codec/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend/blend_policy.c cache/chunk.c

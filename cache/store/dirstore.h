@@ -1,5 +1,5 @@
 /* The core under the two disk tiers (internal to cache/; cache/store/disk.c, the chunk tier, and
- * cache/blend/content_disk.c, blend's content tier, are its users): a directory of record files, an
+ * cache/store/content_disk.c, blend's content tier, are its users): a directory of record files, an
  * in-memory index of them kept under a byte cap, and one I/O thread that performs every file
  * operation once the store is open.
  *

@@ -18,10 +18,10 @@
 #include <strings.h>
 #include <sys/time.h>
 
-#include "cache/blend/content_disk.h"
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
 #include "cache/record.h"
+#include "cache/store/content_disk.h"
 #include "cache/store/redis.h"
 
 #define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION
@@ -620,7 +620,7 @@ static void key_content(const cache_redis *r, const cache_key *ns, const cache_k
     snprintf(out, REDIS_KEY_LEN, "%s%s:c:%s", r->prefix, nh, kh);
 }
 
-/* One SET of a content record, lossless, in its disk file's format (cache/blend/content_disk.h). */
+/* One SET of a content record, lossless, in its disk file's format (cache/store/content_disk.h). */
 static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, char *refused,
                           size_t refused_len, int64_t *bytes) {
     size_t hb = content_record_header_bytes(cr->n_layer), len = hb + cr->bytes;

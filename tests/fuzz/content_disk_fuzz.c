@@ -1,4 +1,4 @@
-/* libFuzzer target for blend's content record header parser (cache/blend/content_disk.h) under a
+/* libFuzzer target for blend's content record header parser (cache/store/content_disk.h) under a
  * fixed layout (2 layers, kv_dim 8: a header of 232 bytes, layers of 32 bytes per token). Each
  * input is checked as it is (a copy of exactly size bytes, so ASan sees any read past len), and
  * again after repairs chosen by its last byte: bit 0 writes a valid magic, version and header size,
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/blend/content_disk.h"
+#include "cache/store/content_disk.h"
 
 enum { N_LAYER = 2, KV_DIM = 8, HB = 168 + 32 * N_LAYER };
 

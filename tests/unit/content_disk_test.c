@@ -1,4 +1,4 @@
-/* cache/blend/content_disk.c: blend's content records on disk. Round trip through a reopen (the
+/* cache/store/content_disk.c: blend's content records on disk. Round trip through a reopen (the
  * index rebuilt from the headers), layer-by-layer reads that find a damaged layer where it breaks
  * (the layers before it read fine), torn, stray and foreign files at open, the byte cap (least
  * recently used first) and clearing by namespace. */

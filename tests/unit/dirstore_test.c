@@ -1,5 +1,5 @@
 /* The disk tiers' core (cache/store/dirstore.h), through both tiers that stand on it: the chunk
- * tier (cache/store/disk.h) and blend's content tier (cache/blend/content_disk.h). Each test runs
+ * tier (cache/store/disk.h) and blend's content tier (cache/store/content_disk.h). Each test runs
  * once per tier, through a small driver table, and checks what the core promises whatever the type:
  * records survive a reopen (the index rebuilt from the headers of files written by an earlier open:
  * the names and formats are the tiers' own and unchanged), leftover temporaries and damaged records
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "cache/blend/blend.h"
-#include "cache/blend/content_disk.h"
+#include "cache/store/content_disk.h"
 #include "tests/unit/disk_fixture.h"
 
 /* ---------------------------------------------------------------- the two tiers */

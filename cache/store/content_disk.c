@@ -1,7 +1,7 @@
 /* The blend content store's disk tier (cache/blend/blend.h): content records kept across restarts,
  * read layer by layer by the fusor's loader while the forward pass computes.
  *
- * One file per record, <dir>/<content key hex>.kvb, in the format cache/blend/content_disk.h gives;
+ * One file per record, <dir>/<content key hex>.kvb, in the format cache/store/content_disk.h gives;
  * the directory, its index, the writer thread and the durability rule are the disk tiers' core's
  * (cache/store/dirstore.h), with the type table below.
  *
@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/blend/content_disk.h"
+#include "cache/store/content_disk.h"
 #include "cache/store/dirstore.h"
 
 #define CD_MAGIC "KVSBLEND"
