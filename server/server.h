@@ -44,26 +44,15 @@ struct server {
     metrics *mx;
     char **model_ids; /* the names /v1/models lists and requests may name; responses name [0] */
     int n_model_ids;
-    int ctx;                    /* per-sequence context */
-    int max_tokens_limit;       /* cap on max_tokens */
-    cache_store *store;         /* RAM and disk tiers of the context cache, or NULL */
-    schema_registry *schemas;   /* Prompt Cache schemas (schemas.c), or NULL */
-    resp_store *responses;      /* the Responses API's stored responses, or NULL: none kept */
-    content_disk *blend_disk;   /* blend's content records on disk, or NULL */
-    server_reuse reuse;         /* approximate reuse's quality budget and what it chose */
-    uint8_t (*key_digests)[32]; /* SHA-256 of each API key */
-    int n_keys;
-    long started;                       /* start time (Unix seconds) */
-    atomic_bool ready;                  /* model loaded, engine running */
-    atomic_bool draining;               /* SIGTERM: running work finishes; new requests get 503 */
-    atomic_bool stopping;               /* the engine is stopped */
-    atomic_int in_flight;               /* requests handed to a handler and not yet completed */
-    atomic_int connections;             /* open HTTP connections */
-    atomic_llong refused;               /* connections refused over --max-connections */
-    atomic_ullong refusal_logged_ns;    /* when a refusal was last logged (once a second) */
-    http_route routes[HTTP_MAX_ROUTES]; /* the transport's table (server/api/routes.c) */
-    int n_routes;
-    struct MHD_Daemon *daemon;
+    int ctx;                  /* per-sequence context */
+    int max_tokens_limit;     /* cap on max_tokens */
+    cache_store *store;       /* RAM and disk tiers of the context cache, or NULL */
+    schema_registry *schemas; /* Prompt Cache schemas (schemas.c), or NULL */
+    resp_store *responses;    /* the Responses API's stored responses, or NULL: none kept */
+    content_disk *blend_disk; /* blend's content records on disk, or NULL */
+    server_reuse reuse;       /* approximate reuse's quality budget and what it chose */
+    long started;             /* start time (Unix seconds) */
+    http_transport http;      /* the transport: routes, limits, keys, connection counters */
 };
 
 #endif

@@ -219,7 +219,7 @@ http_result cache_api_clear(server *s, const http_call *c, http_out *o) {
             tier[k] = true;
         }
     }
-    if (all && s->n_keys > 0) {
+    if (all && s->http.n_keys > 0) {
         /* With API keys every key is a tenant: one may not drop the others' chunks. */
         api_fail(&err, 403, "permission_error", NULL, "all",
                  "'all' clears every tenant's chunks: refused on a server with API keys");

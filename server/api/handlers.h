@@ -45,7 +45,7 @@ void responses_metrics(const server *s, FILE *f);
  * keys) and the request's cache_salt. */
 static inline void server_cache_namespace(const server *s, const http_call *c, const char *salt,
                                           cache_key *ns) {
-    const char *key = s->n_keys > 0 && c->api_key ? c->api_key : NULL;
+    const char *key = s->http.n_keys > 0 && c->api_key ? c->api_key : NULL;
     cache_namespace((const uint8_t *)key, key ? strlen(key) : 0, salt, ns);
 }
 /* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */

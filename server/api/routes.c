@@ -9,8 +9,8 @@
 
 static http_result health(server *s, const http_call *c, http_out *out) {
     (void)c;
-    bool draining = atomic_load(&s->draining) || atomic_load(&s->stopping);
-    bool up = atomic_load(&s->ready) && !draining;
+    bool draining = atomic_load(&s->http.draining) || atomic_load(&s->http.stopping);
+    bool up = atomic_load(&s->http.ready) && !draining;
     json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
     if (up) json_object_set_new(v, "reuse_quality", cache_api_reuse_json(s));
     if (up) {
@@ -49,8 +49,8 @@ static char *connection_metrics(server *s, char *text, size_t *len) {
         "# HELP kvserve_http_requests_in_flight Requests being answered or streamed (this one "
         "included).\n"
         "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n",
-        atomic_load(&s->connections), (long long)atomic_load(&s->refused),
-        atomic_load(&s->in_flight));
+        atomic_load(&s->http.connections), (long long)atomic_load(&s->http.refused),
+        atomic_load(&s->http.in_flight));
     char *t = realloc(text, *len + (size_t)n + 1);
     if (!t) {
         free(text);
@@ -65,7 +65,7 @@ static http_result prometheus(server *s, const http_call *c, http_out *out) {
     (void)c;
     size_t len = 0;
     char *text = metrics_render(s->mx, &len);
-    if (text && atomic_load(&s->ready)) text = cache_api_metrics(s, text, &len);
+    if (text && atomic_load(&s->http.ready)) text = cache_api_metrics(s, text, &len);
     if (text) text = connection_metrics(s, text, &len);
     if (!text) {
         api_error e = {.status = 500, .type = "server_error", .message = "out of memory"};

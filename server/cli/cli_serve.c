@@ -176,7 +176,7 @@ static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIG
  * SIGINT or SIGTERM meanwhile exits the process at once. */
 static bool wait_in_flight(server *s, const sigset_t *sigs, double timeout_s) {
     uint64_t deadline = clock_now_ns() + (uint64_t)(timeout_s * 1e9);
-    while (atomic_load(&s->in_flight) > 0) {
+    while (atomic_load(&s->http.in_flight) > 0) {
         if (clock_now_ns() >= deadline) return false;
         struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000L};
         int sig = sigtimedwait(sigs, NULL, &ts);
@@ -190,16 +190,16 @@ static bool wait_in_flight(server *s, const sigset_t *sigs, double timeout_s) {
 
 /* The first signal: new requests get 503 while those running finish, up to the timeout. */
 static void drain(server *s, const sigset_t *sigs, int sig) {
-    atomic_store(&s->draining, true);
+    atomic_store(&s->http.draining, true);
     int timeout = s->cfg->shutdown_timeout;
     log_info("%s: draining: %d requests in flight get up to %d s to finish (a second signal "
              "exits at once)",
-             signal_name(sig), atomic_load(&s->in_flight), timeout);
+             signal_name(sig), atomic_load(&s->http.in_flight), timeout);
     if (wait_in_flight(s, sigs, timeout))
         log_info("drained: no request in flight");
     else
         log_warn("shutdown timeout (%d s): ending the %d requests still running", timeout,
-                 atomic_load(&s->in_flight));
+                 atomic_load(&s->http.in_flight));
 }
 
 /* Embedding pooling: the flag, else the GGUF's <arch>.pooling_type (llama.cpp's numbering:
@@ -258,18 +258,21 @@ int cli_serve(int argc, char **argv) {
     }
     if (model_ids_from(&cfg, &s, &err)) goto done;
     if (cfg.n_api_keys > 0) {
-        if (!(s.key_digests = calloc((size_t)cfg.n_api_keys, sizeof *s.key_digests))) {
+        if (!(s.http.key_digests = calloc((size_t)cfg.n_api_keys, sizeof *s.http.key_digests))) {
             kv_fail(&err, "out of memory");
             goto done;
         }
         for (int i = 0; i < cfg.n_api_keys; i++)
             SHA256((const unsigned char *)cfg.api_keys[i], strlen(cfg.api_keys[i]),
-                   s.key_digests[i]);
-        s.n_keys = cfg.n_api_keys;
+                   s.http.key_digests[i]);
+        s.http.n_keys = cfg.n_api_keys;
     }
     fd_limit_raise(&cfg);
-    s.n_routes = api_routes(&cfg, s.routes, HTTP_MAX_ROUTES);
-    if (server_start(&s, &err)) goto done;
+    s.http.app = &s;
+    s.http.cfg = &cfg;
+    s.http.mx = s.mx;
+    s.http.n_routes = api_routes(&cfg, s.http.routes, HTTP_MAX_ROUTES);
+    if (http_start(&s.http, &err)) goto done;
     log_info("listening on http://%s:%d (loading %s); %d HTTP threads, up to %d connections, "
              "idle timeout %d s",
              cfg.host, cfg.port, cfg.model, cfg.http_threads, cfg.max_connections,
@@ -337,7 +340,7 @@ int cli_serve(int argc, char **argv) {
         kv_fail(&err, "out of memory");
         goto done;
     }
-    atomic_store(&s.ready, true);
+    atomic_store(&s.http.ready, true);
     int64_t pool = engine_kv_pool_tokens(s.eng);
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
              "(SIMD %s, %s matmuls), context %d, KV pool %lld tokens (%.1f MiB), up to %d "
@@ -346,7 +349,7 @@ int cli_serve(int argc, char **argv) {
              engine_backend_name(s.eng), engine_threads(s.eng), simd_level_name(simd_level_get()),
              cfg.precise ? "f32" : "8-bit activation", s.ctx, (long long)pool,
              (double)pool * (double)model_kv_bytes_per_token(m) / 1048576.0, cfg.max_seqs,
-             s.n_keys ? "required" : "off", cfg.host, cfg.port);
+             s.http.n_keys ? "required" : "off", cfg.host, cfg.port);
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -354,15 +357,15 @@ int cli_serve(int argc, char **argv) {
     rc = 0;
 done:
     if (rc) log_error("%s", err.msg);
-    atomic_store(&s.draining, true);
-    atomic_store(&s.stopping, true);
+    atomic_store(&s.http.draining, true);
+    atomic_store(&s.http.stopping, true);
     if (s.eng) {
         /* Ends what still runs: each request's connection is woken and writes its error (a
          * stream: an error event and [DONE]) before the connections are closed. */
         engine_stop(s.eng);
         wait_in_flight(&s, &sigs, 2.0);
     }
-    server_stop(&s);
+    http_stop(&s.http);
     schemas_stop(&s);
     resp_store_destroy(s.responses);
     engine_destroy(s.eng);
@@ -379,7 +382,7 @@ done:
     model_free(draft);
     model_free(m);
     metrics_destroy(s.mx);
-    free(s.key_digests);
+    free(s.http.key_digests);
     for (int i = 0; i < s.n_model_ids; i++) free(s.model_ids[i]);
     free(s.model_ids);
     config_free(&cfg);

@@ -20,7 +20,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "server/server.h"
+#include "server/engine/metrics.h"
+#include "server/http/http.h"
 
 /* A body larger than the limit is still read (and dropped) up to this many bytes, so the client
  * gets its 413 rather than a reset connection; beyond it the connection is closed at once. */
@@ -40,7 +41,7 @@
 /* ---------------------------------------------------------------- per-request state */
 
 typedef struct conn_req {
-    server *s;
+    http_transport *t;
     struct MHD_Connection *conn;
     char *body;
     size_t len, cap;
@@ -59,7 +60,7 @@ typedef struct conn_req {
     char id[HTTP_REQUEST_ID_MAX];
     char error[256]; /* the message of a 4xx or 5xx answer, for the access log */
     void (*error_format)(http_reply *r); /* the route's error format (NULL: OpenAI's) */
-    bool counted;                        /* in s->in_flight */
+    bool counted;                        /* in t->in_flight */
     http_pending pending;                /* a reply the engine works on (.ud NULL: none) */
     /* The connection sleeps (suspended) while its stream or pending reply has nothing; wake
      * resumes it. `news` keeps a wake that came while it was awake, so one that lands between
@@ -146,7 +147,7 @@ static void reply_message(const http_reply *r, char *out, size_t size) {
  * keep-alive clients go elsewhere. */
 static void common_headers(struct MHD_Response *resp, const conn_req *cr) {
     MHD_add_response_header(resp, "x-request-id", cr->id);
-    if (atomic_load(&cr->s->draining))
+    if (atomic_load(&cr->t->draining))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
@@ -250,13 +251,13 @@ static enum MHD_Result send_stream(struct MHD_Connection *conn, conn_req *cr,
 
 /* Keys are compared as SHA-256 digests with CRYPTO_memcmp: the time taken depends neither on
  * where a wrong key differs nor on its length. */
-static bool key_ok(const server *s, const char *presented) {
-    if (s->n_keys == 0) return true;
+static bool key_ok(const http_transport *t, const char *presented) {
+    if (t->n_keys == 0) return true;
     if (!presented) return false;
     uint8_t d[32];
     SHA256((const unsigned char *)presented, strlen(presented), d);
     bool ok = false;
-    for (int i = 0; i < s->n_keys; i++) ok |= CRYPTO_memcmp(d, s->key_digests[i], 32) == 0;
+    for (int i = 0; i < t->n_keys; i++) ok |= CRYPTO_memcmp(d, t->key_digests[i], 32) == 0;
     return ok;
 }
 
@@ -295,12 +296,12 @@ static void methods_text(unsigned methods, char *out, size_t size) {
 
 /* The route for url: a whole path first, else the prefix route it continues (*tail: the rest,
  * never empty). NULL when none. */
-static const http_route *route_find(const server *s, const char *url, const char **tail) {
+static const http_route *route_find(const http_transport *t, const char *url, const char **tail) {
     *tail = "";
-    for (int i = 0; i < s->n_routes; i++)
-        if (!s->routes[i].prefix && strcmp(url, s->routes[i].path) == 0) return &s->routes[i];
-    for (int i = 0; i < s->n_routes; i++) {
-        const http_route *rt = &s->routes[i];
+    for (int i = 0; i < t->n_routes; i++)
+        if (!t->routes[i].prefix && strcmp(url, t->routes[i].path) == 0) return &t->routes[i];
+    for (int i = 0; i < t->n_routes; i++) {
+        const http_route *rt = &t->routes[i];
         size_t n = strlen(rt->path);
         if (rt->prefix && strncmp(url, rt->path, n) == 0 && url[n]) {
             *tail = url + n;
@@ -329,7 +330,7 @@ static enum MHD_Result pending_step(struct MHD_Connection *conn, conn_req *cr, b
     }
 }
 
-static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *cr,
+static enum MHD_Result handle(http_transport *t, struct MHD_Connection *conn, conn_req *cr,
                               const char *url) {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -348,9 +349,9 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
         .wake = conn_wake,
         .wake_arg = cr};
     cr->counted = true;
-    atomic_fetch_add(&s->in_flight, 1);
+    atomic_fetch_add(&t->in_flight, 1);
     if (!cr->rt->always) {
-        if (atomic_load(&s->draining) || atomic_load(&s->stopping)) {
+        if (atomic_load(&t->draining) || atomic_load(&t->stopping)) {
             http_reply r = {.retry_after = 1};
             api_error e = {.status = 503, .type = "server_error"};
             snprintf(e.message, sizeof e.message,
@@ -359,12 +360,12 @@ static enum MHD_Result handle(server *s, struct MHD_Connection *conn, conn_req *
             http_reply_error(&r, &e);
             return send_reply(conn, cr, &r);
         }
-        if (!atomic_load(&s->ready))
+        if (!atomic_load(&t->ready))
             return send_error(conn, cr, 503, "server_error", "model_loading",
                               "the model is still loading; retry shortly");
     }
     http_out out = {0};
-    switch (cr->rt->handler(s, &call, &out)) {
+    switch (cr->rt->handler(t->app, &call, &out)) {
     case HTTP_STREAMING:
         return send_stream(conn, cr, &out.stream);
     case HTTP_PENDING:
@@ -395,22 +396,22 @@ static enum MHD_Result tally_header(void *cls, enum MHD_ValueKind kind, const ch
 /* What the request line and headers alone say is wrong, into cr->early (status 0: nothing):
  * a URL or header block over the limits (414, 431), no route (404), a method the route does not
  * take (405), no valid key (401). */
-static void check_headers(const server *s, struct MHD_Connection *conn, conn_req *cr,
+static void check_headers(const http_transport *t, struct MHD_Connection *conn, conn_req *cr,
                           const char *url) {
     api_error *e = &cr->early;
-    header_tally q = {strlen(url), 0}, t = {0}; /* the query's arguments count to the URL */
+    header_tally q = {strlen(url), 0}, h = {0}; /* the query's arguments count to the URL */
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, tally_header, &q);
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, tally_header, &t);
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, tally_header, &h);
     size_t n = q.bytes;
     if (n > MAX_URL_BYTES)
         api_fail(e, 414, "invalid_request_error", "uri_too_long", NULL,
                  "the URL of %zu bytes exceeds the limit of %d bytes", n, MAX_URL_BYTES);
-    else if (t.count > MAX_HEADER_COUNT)
+    else if (h.count > MAX_HEADER_COUNT)
         api_fail(e, 431, "invalid_request_error", "headers_too_large", NULL,
-                 "%d header fields exceed the limit of %d", t.count, MAX_HEADER_COUNT);
-    else if (t.bytes > MAX_HEADER_BYTES)
+                 "%d header fields exceed the limit of %d", h.count, MAX_HEADER_COUNT);
+    else if (h.bytes > MAX_HEADER_BYTES)
         api_fail(e, 431, "invalid_request_error", "headers_too_large", NULL,
-                 "the header fields' %zu bytes exceed the limit of %d bytes", t.bytes,
+                 "the header fields' %zu bytes exceed the limit of %d bytes", h.bytes,
                  MAX_HEADER_BYTES);
     else if (!cr->rt)
         api_fail(e, 404, "invalid_request_error", "not_found", NULL, "no endpoint %s %s",
@@ -418,7 +419,7 @@ static void check_headers(const server *s, struct MHD_Connection *conn, conn_req
     else if (!(cr->rt->methods & method_bit(cr->method)))
         api_fail(e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s takes %s, not %s",
                  cr->rt->path, cr->allow, cr->method);
-    else if (!cr->rt->public_ && !key_ok(s, bearer_token(conn)))
+    else if (!cr->rt->public_ && !key_ok(t, bearer_token(conn)))
         api_fail(e, 401, "invalid_request_error", "invalid_api_key", NULL,
                  "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or "
                  "'x-api-key: KEY').");
@@ -428,26 +429,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
     (void)version;
-    server *s = cls;
+    http_transport *t = cls;
     conn_req *cr = *con_cls;
     if (!cr) {
         /* First call: headers only. Route, method and key are checked before any body is
          * read, and a declared body over the limit is refused at once. */
         if (!(cr = calloc(1, sizeof *cr))) return MHD_NO;
         *con_cls = cr;
-        cr->s = s;
+        cr->t = t;
         cr->conn = conn;
         pthread_mutex_init(&cr->mu, NULL);
         atomic_init(&cr->refs, 1);
         request_id(conn, cr->id, sizeof cr->id);
-        cr->limit = s->cfg->max_body_bytes;
-        const http_route *rt = cr->rt = route_find(s, url, &cr->tail);
+        cr->limit = t->cfg->max_body_bytes;
+        const http_route *rt = cr->rt = route_find(t, url, &cr->tail);
         cr->route = rt ? rt->path : "other";
         if (rt) methods_text(rt->methods, cr->allow, sizeof cr->allow);
         cr->error_format = rt ? rt->error_format : NULL;
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
-        check_headers(s, conn, cr, url);
+        check_headers(t, conn, cr, url);
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long declared = cl ? strtoll(cl, NULL, 10) : 0;
@@ -508,16 +509,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                           "the request body contains a NUL byte at byte offset %zu (JSON text "
                           "cannot; write it as \\u0000 inside a string)",
                           (size_t)(nul - cr->body));
-    return handle(s, conn, cr, url);
+    return handle(t, conn, cr, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
     (void)conn;
-    server *s = cls;
+    http_transport *t = cls;
     conn_req *cr = *con_cls;
     if (!cr) return;
-    if (cr->status) metrics_request(s->mx, cr->route, cr->status);
+    if (cr->status) metrics_request(t->mx, cr->route, cr->status);
     /* The access log: one line per request with its id, and the message of an error answer; at
      * info (5xx at warn; health checks and scrapes at debug). */
     bool quiet = strcmp(cr->route, "/health") == 0 || strcmp(cr->route, "/metrics") == 0;
@@ -529,7 +530,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
             (double)(clock_now_ns() - cr->t_start) / 1e6, cr->id, end, cr->error[0] ? ": " : "",
             cr->error);
     if (cr->pending.ud) cr->pending.close(cr->pending.ud); /* no wake comes after this */
-    if (cr->counted) atomic_fetch_sub(&s->in_flight, 1);
+    if (cr->counted) atomic_fetch_sub(&t->in_flight, 1);
     *con_cls = NULL;
     conn_req_unref(cr);
 }
@@ -561,8 +562,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
                           enum MHD_ConnectionNotificationCode toe) {
     (void)conn;
     (void)socket_context;
-    server *s = cls;
-    atomic_fetch_add(&s->connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    http_transport *t = cls;
+    atomic_fetch_add(&t->connections, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
 
 /* A client over --max-connections is closed at once (its connect succeeded in the kernel; it
@@ -570,49 +571,49 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
     (void)addr;
     (void)addrlen;
-    server *s = cls;
-    int open = atomic_load(&s->connections);
-    if (open < s->cfg->max_connections) return MHD_YES;
-    long long n = atomic_fetch_add(&s->refused, 1) + 1;
-    uint64_t now = clock_now_ns(), last = atomic_load(&s->refusal_logged_ns);
+    http_transport *t = cls;
+    int open = atomic_load(&t->connections);
+    if (open < t->cfg->max_connections) return MHD_YES;
+    long long n = atomic_fetch_add(&t->refused, 1) + 1;
+    uint64_t now = clock_now_ns(), last = atomic_load(&t->refusal_logged_ns);
     if (now - last >= 1000000000ull &&
-        atomic_compare_exchange_strong(&s->refusal_logged_ns, &last, now))
+        atomic_compare_exchange_strong(&t->refusal_logged_ns, &last, now))
         log_warn("http: refusing connections: %d open (--max-connections %d); %lld refused so far",
-                 open, s->cfg->max_connections, n);
+                 open, t->cfg->max_connections, n);
     return MHD_NO;
 }
 
 /* ---------------------------------------------------------------- lifecycle */
 
-int server_start(server *s, kv_error *err) {
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->cfg->port)};
-    if (inet_pton(AF_INET, s->cfg->host, &addr.sin_addr) != 1)
-        return kv_fail(err, "host: '%s' is not an IPv4 address", s->cfg->host);
+int http_start(http_transport *t, kv_error *err) {
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->cfg->port)};
+    if (inet_pton(AF_INET, t->cfg->host, &addr.sin_addr) != 1)
+        return kv_fail(err, "host: '%s' is not an IPv4 address", t->cfg->host);
     /* Suspend/resume brings the ITC (an eventfd) that wakes a worker for a resumed connection;
      * it also lets MHD_quiesce_daemon stop the listener. */
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     /* MHD's limit (split between its threads) sits above ours, so that on_accept, which sees
      * the total, is the one that refuses. */
-    unsigned mhd_limit = (unsigned)s->cfg->max_connections + 64u * (unsigned)s->cfg->http_threads;
-    s->daemon = MHD_start_daemon(
-        flags, (uint16_t)s->cfg->port, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
-        on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)s->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->idle_timeout,
+    unsigned mhd_limit = (unsigned)t->cfg->max_connections + 64u * (unsigned)t->cfg->http_threads;
+    t->daemon = MHD_start_daemon(
+        flags, (uint16_t)t->cfg->port, on_accept, t, on_request, t, MHD_OPTION_EXTERNAL_LOGGER,
+        on_mhd_log, NULL, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, t,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, t, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)t->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)t->cfg->idle_timeout,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_POOL_BYTES, MHD_OPTION_END);
-    if (!s->daemon)
-        return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", s->cfg->host,
-                       s->cfg->port);
+    if (!t->daemon)
+        return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", t->cfg->host,
+                       t->cfg->port);
     return 0;
 }
 
-void server_stop(server *s) {
-    if (!s->daemon) return;
+void http_stop(http_transport *t) {
+    if (!t->daemon) return;
     /* The listening socket quiesce hands back is ours to close: new clients are refused at once
      * instead of waiting in the backlog while open connections finish. */
-    MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+    MHD_socket fd = MHD_quiesce_daemon(t->daemon);
     if (fd != MHD_INVALID_SOCKET) close(fd);
-    MHD_stop_daemon(s->daemon);
-    s->daemon = NULL;
+    MHD_stop_daemon(t->daemon);
+    t->daemon = NULL;
 }

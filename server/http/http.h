@@ -11,15 +11,19 @@
 #ifndef KVSERVE_HTTP_H
 #define KVSERVE_HTTP_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
+#include "config/config.h"
 #include "server/http/error.h"
 #include "util/util.h"
 
-typedef struct server server;
+typedef struct server server; /* the application the handlers serve (server/server.h) */
+typedef struct metrics metrics;
 
 /* A response header whose name and value outlive the reply (static text). */
 typedef struct http_header {
@@ -117,14 +121,35 @@ typedef struct http_route {
     void (*error_format)(http_reply *r);
 } http_route;
 
-/* The most rows a server's route table has (server.routes). */
+/* The most rows a route table has. */
 #define HTTP_MAX_ROUTES 32
 
-/* Starts listening on s's routes (GET /health answers 503 until s->ready is set). */
-int server_start(server *s, kv_error *err);
+/* The transport's state: the routes it serves, the limits and keys it checks, its counters and
+ * the daemon. The application holds one (server.http) and fills the first block before
+ * http_start; every handler is called with app. */
+typedef struct http_transport {
+    server *app;                        /* handed to every handler */
+    const kv_config *cfg;               /* host, port, threads and the connection limits */
+    metrics *mx;                        /* requests counted per route and status */
+    uint8_t (*key_digests)[32];         /* SHA-256 of each API key */
+    int n_keys;                         /* 0: no key needed */
+    http_route routes[HTTP_MAX_ROUTES]; /* the route table (server/api/routes.c) */
+    int n_routes;
+    atomic_bool ready;               /* model loaded, engine running (else "always" routes) */
+    atomic_bool draining;            /* SIGTERM: running work finishes; new requests get 503 */
+    atomic_bool stopping;            /* the engine is stopped */
+    atomic_int in_flight;            /* requests handed to a handler and not yet completed */
+    atomic_int connections;          /* open HTTP connections */
+    atomic_llong refused;            /* connections refused over --max-connections */
+    atomic_ullong refusal_logged_ns; /* when a refusal was last logged (once a second) */
+    struct MHD_Daemon *daemon;
+} http_transport;
+
+/* Starts listening on t's routes (routes not marked "always" answer 503 until t->ready). */
+int http_start(http_transport *t, kv_error *err);
 /* Stops accepting and closes every connection. Call with no connection waiting on the engine
  * (after engine_stop every request has finished and woken its connection). */
-void server_stop(server *s);
+void http_stop(http_transport *t);
 
 /* ---------------------------------------------------------------- reply helpers (reply.c) */
 
