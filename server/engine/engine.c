@@ -1361,13 +1361,13 @@ static bool decoding(const eseq *s) {
 
 /* Decode rows: every sequence with exactly one pending token, and (while the batch is narrower
  * than SPEC_MAX_BATCH) its draft as extra rows, taken from the prefill budget and sharing
- * SPEC_STEP_DRAFTS rows. Drafts are made first, all of them: the draft model drafts for every
+ * spec_step_drafts rows. Drafts are made first, all of them: the draft model drafts for every
  * sequence that wants it at once, a forward call per draft position. Returns the budget left
  * for prefill. */
 static int step_decode(engine *e, int *n_b, int *n_pos) {
     int budget = e->o.prefill_chunk, n_dec = 0, n_model = 0;
     for (int i = 0; i < e->n_run; i++) n_dec += decoding(e->run[i]);
-    int share = n_dec > 0 ? SPEC_STEP_DRAFTS / n_dec : 0, left = budget;
+    int share = n_dec > 0 ? spec_step_drafts(n_dec) / n_dec : 0, left = budget;
     for (int i = 0; i < e->n_run; i++) {
         eseq *s = e->run[i];
         s->n_draft = 0;

@@ -82,7 +82,7 @@ int spec_index_draft(const spec_index *ix, const int32_t *toks, const int32_t *q
 
 void spec_ctl_init(spec_ctl *c, bool enabled) {
     memset(c, 0, sizeof *c);
-    c->k = 4;
+    c->k = 3;
     c->backoff = SPEC_OFF_STEPS;
     c->disabled = !enabled;
 }
@@ -102,7 +102,7 @@ void spec_ctl_update(spec_ctl *c, int drafted, int accepted) {
     c->rate = c->verified == 0 ? r : 0.8 * c->rate + 0.2 * r;
     c->verified++;
     if (accepted == drafted)
-        c->k = c->k * 2 < SPEC_MAX_DRAFT ? c->k * 2 : SPEC_MAX_DRAFT;
+        c->k = c->k * 2 + 1 < SPEC_MAX_DRAFT ? c->k * 2 + 1 : SPEC_MAX_DRAFT;
     else
         c->k = accepted + 1 < c->k ? accepted + 1 : c->k;
     if (c->verified < 8) return;
@@ -111,7 +111,7 @@ void spec_ctl_update(spec_ctl *c, int drafted, int accepted) {
         c->off = c->backoff;
         c->backoff = c->backoff * 2 < SPEC_OFF_MAX ? c->backoff * 2 : SPEC_OFF_MAX;
         c->verified = 0;
-        c->k = 2;
+        c->k = 3;
     } else if (c->rate >= 0.5) {
         c->backoff = SPEC_OFF_STEPS;
     }

@@ -15,17 +15,33 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define SPEC_MAX_DRAFT 8 /* draft tokens verified in one step, at most */
+/* Draft tokens verified in one step, at most. With its pending token, a sequence's verify rows
+ * then fill two of the CPU matmul's 4-row tiles; a ninth row takes a third tile (a step's cost by
+ * rows on a 2-core AMD EPYC, SmolLM2-135M: 4 rows 8.0 ms, 5 10.0, 7 11.9, 8 12.8, 9 14.8: the
+ * ninth costs more than the token it may save). Draft lengths grow 1, 3, 7 (spec_ctl) for the
+ * same reason: 2, 4 or 8 rows with the pending token (and on CUDA up to 4 rows take its
+ * one-pass GEMV kernels). */
+#define SPEC_MAX_DRAFT 7
+/* Rows a step's matmul tiles take at once (the CPU's DOT_TILE_MAX_X): a step's decode and draft
+ * rows together are made a multiple of it where the draft budget allows. */
+#define SPEC_ROW_TILE 4
 /* Decode stops being bound by reading the weights once this many sequences decode together:
  * each weight row read then serves that many rows already, and a draft row costs compute
  * (a full row through every layer) instead of riding along with the weights' read. From this
  * width on, no sequence drafts. */
 #define SPEC_MAX_BATCH 8
-/* Draft rows one step verifies, shared by its decoding sequences (one alone drafts up to
- * SPEC_MAX_DRAFT, two up to 4 each, four up to 2): a draft row pays for itself when the chance
- * it is kept beats the share of the step's cost a row adds, and that share grows with the rows
- * already in the step (on a CPU a decode row costs about a fifth of a one-row step). */
+/* Draft rows one step verifies at most, shared by its decoding sequences (spec_step_drafts:
+ * one alone drafts up to SPEC_MAX_DRAFT, two up to 3 each, four up to 2): a draft row pays for
+ * itself when the chance it is kept beats the share of the step's cost a row adds, and that
+ * share grows with the rows already in the step (on a CPU a decode row costs about a fifth of a
+ * one-row step). */
 #define SPEC_STEP_DRAFTS 8
+/* The draft rows a step of n_dec decoding sequences shares: up to SPEC_STEP_DRAFTS, cut so that
+ * the step's rows (n_dec + drafts) fill whole SPEC_ROW_TILE tiles. */
+static inline int spec_step_drafts(int n_dec) {
+    int rows = (n_dec + SPEC_STEP_DRAFTS) / SPEC_ROW_TILE * SPEC_ROW_TILE;
+    return rows > n_dec ? rows - n_dec : 0;
+}
 #define SPEC_NGRAM 2       /* tokens hashed per window: the shortest match looked up */
 #define SPEC_MIN_CONTEXT 3 /* a match in the sequence's own tokens is this long at least */
 #define SPEC_MAX_MATCH 64  /* a match is measured this far back at most */
@@ -53,10 +69,10 @@ int spec_index_add(spec_index *ix, const int32_t *toks, int n);
 int spec_index_draft(const spec_index *ix, const int32_t *toks, const int32_t *q, int nq,
                      int before, int min_match, int max_draft, int32_t *out, int *match_len);
 
-/* How many tokens a sequence drafts: doubles after a step whose draft was accepted in
- * full, shrinks to what was accepted plus one after a rejection. A sequence whose acceptance
- * stays poor (rolling rate under SPEC_OFF_RATE) stops drafting for a while, twice as long each
- * time it fails again (from SPEC_OFF_STEPS up to SPEC_OFF_MAX), and then tries again. */
+/* How many tokens a sequence drafts: grows (1, 3, 7: twice plus one) after a step whose draft was
+ * accepted in full, shrinks to what was accepted plus one after a rejection. A sequence whose
+ * acceptance stays poor (rolling rate under SPEC_OFF_RATE) stops drafting for a while, twice as
+ * long each time it fails again (from SPEC_OFF_STEPS up to SPEC_OFF_MAX), and then tries again. */
 #define SPEC_OFF_RATE 0.3
 #define SPEC_OFF_STEPS 16
 #define SPEC_OFF_MAX 512

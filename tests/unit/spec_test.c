@@ -148,6 +148,27 @@ Test(spec, draft_length_grows_on_full_acceptance_and_shrinks_on_rejection) {
     cr_assert_eq(spec_ctl_len(&c), 0, "a request that opted out never drafts");
 }
 
+/* With its pending token a sequence's draft fills whole 4-row tiles: 3 + 1 rows, then 7 + 1; and
+ * a step's draft rows are cut so that all its rows do too. */
+Test(spec, drafts_fill_whole_row_tiles) {
+    spec_ctl c;
+    spec_ctl_init(&c, true);
+    int seen[4], n = 0;
+    for (int i = 0; i < 4; i++) {
+        seen[n++] = spec_ctl_len(&c);
+        spec_ctl_update(&c, seen[n - 1], seen[n - 1]);
+    }
+    for (int i = 0; i < n; i++)
+        cr_expect_eq((seen[i] + 1) % SPEC_ROW_TILE, 0, "draft %d of length %d", i, seen[i]);
+    cr_expect_eq(seen[n - 1], SPEC_MAX_DRAFT);
+    for (int n_dec = 1; n_dec < SPEC_MAX_BATCH; n_dec++) {
+        int d = spec_step_drafts(n_dec);
+        cr_expect(d >= 0 && d <= SPEC_STEP_DRAFTS, "%d sequences: %d draft rows", n_dec, d);
+        cr_expect_eq((n_dec + d) % SPEC_ROW_TILE, 0, "%d sequences: %d draft rows", n_dec, d);
+    }
+    cr_expect_eq(spec_step_drafts(1), SPEC_MAX_DRAFT);
+}
+
 Test(spec, poor_acceptance_switches_drafting_off_and_it_retries_later) {
     spec_ctl c;
     spec_ctl_init(&c, true);
