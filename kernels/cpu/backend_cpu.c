@@ -216,7 +216,9 @@ static void matmul_chunk(const matmul_job *j, int k, int64_t r0, int64_t r1, int
      * just before it (this code's previous rule) 203 tok/s, nothing 215, a tile ahead 250,
      * 2 KiB ahead 235, 4 KiB 294, 8 KiB 286, 16 KiB 231; into L1 instead of L2 220 (a core
      * has few L1 miss buffers); at AVX2 167 -> 238. Prefill is unchanged (pp512 1036 / 1040):
-     * its later token tiles find the rows in cache. */
+     * its later token tiles find the rows in cache. Never the non-temporal hint: on an Intel
+     * Xeon it left decode at half the read bandwidth (1.1B-shape tg32 at AVX2 14.6 -> 23.3
+     * tok/s with prefetcht0); this rule has not been measured on Intel. */
     const uint8_t *pf = wd, *pf_end = wd + (r1 - row0) * (int64_t)w_stride;
     if (wt == TENSOR_TYPE_F32)
         pf = pf_end; /* dequantized rows: already in cache */
