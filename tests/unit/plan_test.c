@@ -307,6 +307,34 @@ static int64_t content_entries(planner *p) {
     return st.entries;
 }
 
+/* A run is one context's KV. A prompt's question and X's first line, stored first from another
+ * prompt (before other text), are found again ahead of X's other lines, which were stored from
+ * X's own: the two records were not computed one after the other, so the run splits there,
+ * and the short piece of the other context (under PLAN_MIN_RUN) is computed: fewer tokens are
+ * blended than where the other prompt was never seen and X's first line is X's own. */
+static int blend_after_other_context(bool other_first) {
+    kv_error err = {{0}};
+    plan_opts o = {.chunk_tokens = CHUNK, .blend_bytes = 64 << 20, .blend_ratio = 0.15f};
+    planner *p = planner_create(g_m, g_b, g_pool, &o, &err);
+    cr_assert_not_null(p, "%s", err.msg);
+    const char *line1 = "The licenses for most software and other practical works are designed\n";
+    cr_assert(strncmp(PASS_X, line1, strlen(line1)) == 0);
+    if (other_first) blend_prompt(p, (const char *[]){"Question first?\n", line1, "Hello.\n"}, 3);
+    blend_prompt(p, (const char *[]){PASS_X, PASS_Z, PASS_Y}, 3);
+    int got = blend_prompt(
+        p, (const char *[]){"Question first?\n", PASS_X, PASS_Z, PASS_Y, "Question?\n"}, 5);
+    planner_destroy(p);
+    return got;
+}
+
+Test(plan, a_run_is_one_contexts_kv) {
+    int alone = blend_after_other_context(false), other = blend_after_other_context(true);
+    cr_expect_gt(other, 64, "X's other lines, Z's and Y's are blended (%d)", other);
+    /* without the other prompt, X's first line is X's own (stored with the rest of X) */
+    cr_expect_lt(other, alone, "the other context's question and line are computed (%d, %d)", other,
+                 alone);
+}
+
 Test(plan, content_records_stop_where_blended_kv_starts) {
     kv_error err = {{0}};
     plan_opts o = {.chunk_tokens = CHUNK, .blend_bytes = 64 << 20, .blend_ratio = 0.15f};
