@@ -43,6 +43,8 @@ class Server:
             self.kill()
             raise
 
+    NAME = "kvserve"
+
     def wait_healthy(self, seconds):
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -52,9 +54,9 @@ class Server:
             except OSError:
                 pass
             if self.proc.poll() is not None:
-                sys.exit(f"kvserve exited with {self.proc.returncode}")
+                sys.exit(f"{self.NAME} exited with {self.proc.returncode}")
             time.sleep(0.05)
-        sys.exit("kvserve did not become healthy")
+        sys.exit(f"{self.NAME} did not become healthy")
 
     def request(self, method, path, body=None):
         """(status, parsed JSON body or None)."""
@@ -116,6 +118,26 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+
+
+class LlamaServer(Server):
+    """llama.cpp's llama-server (scripts/bench/build_llamacpp.sh builds it) -m MODEL -t THREADS
+    --port P plus `extra` arguments (slots, context, speculation), the peer benchmarks compare
+    kvserve with."""
+
+    NAME = "llama-server"
+
+    def __init__(self, binary, model, threads, extra):
+        self.model = os.path.basename(model)[:-len(".gguf")]
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "-m", model, "-t", str(threads), "--port", str(self.port), *extra], cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self.wait_healthy(300)
+        except BaseException:
+            self.kill()
+            raise
 
 
 def sse_events(resp):

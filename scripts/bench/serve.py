@@ -23,17 +23,13 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 
 import benchlib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PROMPTS = [
     "The history of the printing press", "A recipe for tomato soup", "How volcanoes form",
@@ -100,43 +96,15 @@ def run_level(port, model, conc, n_tokens):
 CTX = 2048  # tokens per sequence; kvserve's pool holds 4 contexts (its default)
 
 
-def start_kvserve(args, max_seqs, extra=()):
-    return subprocess.Popen([args.bin, "serve", "-m", args.model, "--port", str(args.port), "-t",
-                             str(args.threads), "--max-seqs", str(max_seqs), "--ctx-size",
-                             str(CTX), "--log-level", "warn", *extra], cwd=ROOT)
+def kvserve(args, max_seqs, extra=()):
+    return benchlib.Server(args.bin, args.model, args.threads,
+                           ["--max-seqs", str(max_seqs), "--ctx-size", str(CTX), *extra])
 
 
-def start_llama(args, max_seqs):
-    return subprocess.Popen([args.llama_server, "-m", args.model, "--port", str(args.port), "-t",
-                             str(args.threads), "-np", str(max_seqs), "-c", str(4 * CTX),
-                             "--poll", "0"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-def wait_model(srv, port):
-    """The served model's id, once the server answers /v1/models; exits when it does not."""
-    for _ in range(1200):
-        if srv.poll() is not None:
-            sys.exit(f"the server exited with {srv.returncode}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/v1/models")
-            r = c.getresponse()
-            if r.status == 200:
-                return json.loads(r.read())["data"][0]["id"]
-        except OSError:
-            pass
-        time.sleep(0.1)
-    sys.exit("the server did not come up")
-
-
-def stop(srv):
-    srv.send_signal(signal.SIGTERM)
-    try:
-        srv.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        srv.kill()
-        srv.wait()
+def llama_server(args, max_seqs):
+    """As many slots, and as much KV, as kvserve's pool (4 contexts)."""
+    return benchlib.LlamaServer(args.llama_server, args.model, args.threads,
+                                ["-np", str(max_seqs), "-c", str(4 * CTX), "--poll", "0"])
 
 
 def peak_rss_mib(pid):
@@ -148,16 +116,15 @@ def peak_rss_mib(pid):
 
 
 def peak_rss(args, start, conc):
-    """Peak RSS (MiB) of a fresh server through the warm-up and one run of conc streams."""
-    args.port = benchlib.free_port()
-    srv = start(conc)
+    """Peak RSS (MiB) of a fresh server (start()) through the warm-up and one run of conc
+    streams."""
+    srv = start()
     try:
-        model = wait_model(srv, args.port)
-        run_level(args.port, model, 2, 16)
-        run_level(args.port, model, conc, args.tokens)
-        return peak_rss_mib(srv.pid)
+        run_level(srv.port, srv.model, 2, 16)
+        run_level(srv.port, srv.model, conc, args.tokens)
+        return peak_rss_mib(srv.proc.pid)
     finally:
-        stop(srv)
+        srv.stop()
 
 
 def memory_table(args, levels):
@@ -166,9 +133,9 @@ def memory_table(args, levels):
         kv, ll = {}, {}
         for c in levels:
             d = os.path.join(tmp, str(c))
-            kv[c] = peak_rss(args, lambda n, d=d: start_kvserve(args, top, ["--cache-dir", d]), c)
+            kv[c] = peak_rss(args, lambda d=d: kvserve(args, top, ["--cache-dir", d]), c)
             if args.llama_server:
-                ll[c] = peak_rss(args, lambda n: start_llama(args, top), c)
+                ll[c] = peak_rss(args, lambda: llama_server(args, top), c)
     print(f"\nPeak RSS (VmHWM), a fresh server per level ({top} sequences, {4 * CTX} tokens of "
           "KV, empty cache directory), warm-up plus one run\n")
     if ll:
@@ -194,10 +161,9 @@ def main():
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    port = args.port = benchlib.free_port()
-    srv = start_kvserve(args, max(levels))
+    srv = kvserve(args, max(levels))
+    port, model = srv.port, srv.model
     try:
-        model = wait_model(srv, port)
         run_level(port, model, 2, 16)  # warm-up
         rows = {c: [] for c in levels}
         for _ in range(args.reps):
@@ -215,7 +181,7 @@ def main():
             itl = statistics.median(r["itl"] for r in rows[c]) * 1e3
             print(f"| {c} | {agg:.0f} | {agg / base:.2f}x | {ttft:.0f} | {itl:.1f} |")
     finally:
-        stop(srv)
+        srv.stop()
     if not args.no_memory:
         memory_table(args, levels)
 

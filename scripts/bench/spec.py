@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -109,23 +108,6 @@ def edit_set(pool, n):
                                     "text and output the whole text, nothing else."}],
                       "prediction": {"type": "content", "content": p}})
     return items
-
-
-class LlamaServer(benchlib.Server):
-    """llama-server -m MODEL -t THREADS --port P, one slot, plus `extra` arguments."""
-
-    def __init__(self, binary, model, threads, extra):
-        self.model = os.path.basename(model)[:-len(".gguf")]
-        self.port = benchlib.free_port()
-        self.proc = subprocess.Popen(
-            [binary, "-m", model, "-t", str(threads), "--port", str(self.port), "-c", "4096",
-             "-np", "1", *extra], cwd=benchlib.ROOT, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        try:
-            self.wait_healthy(300)
-        except BaseException:
-            self.kill()
-            raise
 
 
 def run_one(srv, body, spec, max_tokens):
@@ -197,7 +179,8 @@ def run_llama(a, sets):
     servers = {}
     try:
         for spec, extra in ((False, []), (True, a.llama_spec.split())):
-            servers[spec] = LlamaServer(a.llama_server, a.model, a.threads, ["--poll", "0", *extra])
+            servers[spec] = benchlib.LlamaServer(a.llama_server, a.model, a.threads,
+                                                 ["-c", "4096", "-np", "1", "--poll", "0", *extra])
         out = {}
         for name, items in sets:
             rate = {False: [], True: []}

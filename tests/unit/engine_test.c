@@ -398,6 +398,30 @@ static void expect_seeded_repeat(engine *e, const char *prompt) {
     gen_request_unref(s2);
 }
 
+/* Four greedy requests of max_tokens tokens at once (speculating, in a pool small enough that
+ * sequences are preempted), then each alone without speculation: the same outputs. */
+static void expect_together_as_alone(engine *e, metrics *mx, const char *const prompts[4],
+                                     int max_tokens) {
+    gen_request *together[4];
+    for (int i = 0; i < 4; i++) {
+        together[i] = request(prompts[i], 1, max_tokens, 0, 0);
+        submit_ok(e, together[i]);
+    }
+    for (int i = 0; i < 4; i++) wait_done(together[i]);
+    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    for (int i = 0; i < 4; i++) {
+        gen_request *alone = request(prompts[i], 1, max_tokens, 0, 0);
+        alone->speculative = false;
+        submit_ok(e, alone);
+        wait_done(alone);
+        cr_assert_eq(alone->spec_drafted, 0);
+        cr_assert_eq(together[i]->choices[0].n_tokens, max_tokens);
+        cr_assert_str_eq(together[i]->choices[0].text, alone->choices[0].text, "prompt %d", i);
+        gen_request_unref(alone);
+        gen_request_unref(together[i]);
+    }
+}
+
 /* Four speculating sequences in a pool too small for them: sequences are preempted between
  * and during verify steps (a victim already in the step's batch leaves it, drafts and all), and
  * every output equals the plain one computed alone. */
@@ -405,25 +429,8 @@ Test(engine, speculation_under_preemption_equals_plain_decoding_alone) {
     metrics *mx;
     engine *e = start_with(256, 256, 4, 8, 0, true, &mx);
     const char *prompts[4] = {SPEC_PROMPTS[0], SPEC_PROMPTS[1], SPEC_PROMPTS[2], PROMPTS[1]};
-    gen_request *together[4];
-    for (int i = 0; i < 4; i++) {
-        together[i] = request(prompts[i], 1, 120, 0, 0);
-        submit_ok(e, together[i]);
-    }
-    for (int i = 0; i < 4; i++) wait_done(together[i]);
-    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    expect_together_as_alone(e, mx, prompts, 120);
     cr_assert_gt(metric(mx, "kvserve_spec_accepted_tokens_total"), 0);
-    for (int i = 0; i < 4; i++) {
-        gen_request *alone = request(prompts[i], 1, 120, 0, 0);
-        alone->speculative = false;
-        submit_ok(e, alone);
-        wait_done(alone);
-        cr_assert_eq(alone->spec_drafted, 0);
-        cr_assert_eq(together[i]->choices[0].n_tokens, 120);
-        cr_assert_str_eq(together[i]->choices[0].text, alone->choices[0].text, "prompt %d", i);
-        gen_request_unref(alone);
-        gen_request_unref(together[i]);
-    }
     /* sampled with speculation: a seed repeats its output */
     expect_seeded_repeat(e, SPEC_PROMPTS[1]);
     wait_idle(mx);
@@ -459,23 +466,7 @@ Test(engine, a_requantized_draft_model_keeps_greedy_outputs_under_preemption) {
     engine *e = start_with(320, 320, 4, 8, 0, true, &mx);
     g_draft = NULL;
     const char *prompts[4] = {SPEC_PROMPTS[0], PROMPTS[0], SPEC_PROMPTS[2], PROMPTS[1]};
-    gen_request *together[4];
-    for (int i = 0; i < 4; i++) {
-        together[i] = request(prompts[i], 1, 150, 0, 0);
-        submit_ok(e, together[i]);
-    }
-    for (int i = 0; i < 4; i++) wait_done(together[i]);
-    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
-    for (int i = 0; i < 4; i++) {
-        gen_request *alone = request(prompts[i], 1, 150, 0, 0);
-        alone->speculative = false;
-        submit_ok(e, alone);
-        wait_done(alone);
-        cr_assert_eq(together[i]->choices[0].n_tokens, 150);
-        cr_assert_str_eq(together[i]->choices[0].text, alone->choices[0].text, "prompt %d", i);
-        gen_request_unref(alone);
-        gen_request_unref(together[i]);
-    }
+    expect_together_as_alone(e, mx, prompts, 150);
     engine_spec_stats st;
     engine_spec_stats_get(e, &st);
     cr_assert_gt(st.model_drafted, 100, "%lld", (long long)st.model_drafted);
