@@ -694,6 +694,26 @@ static int tokv_turn(tokv *v, const tokenizer *tok, const schema_chat *chat, int
                : 0;
 }
 
+/* True when node a is node b or one of b's ancestors. */
+static bool ancestor_or_self(const schema *sc, int a, int b) {
+    for (; b >= 0; b = sc->nodes[b].parent)
+        if (b == a) return true;
+    return false;
+}
+
+/* How many of the imported tokens pl[0, n) (in position order) lead the prompt with the KV a
+ * full prefill computes: they sit at positions 0, 1, ... and each was computed after exactly
+ * the tokens before it, its node's and its ancestors' (a node's KV never saw a sibling module,
+ * a parameter's value or a module the prompt leaves out: the first of those, or the gap they
+ * leave, ends the prefix). Ancestry is transitive, so each token is checked against the one
+ * before it. */
+static int exact_prefix(const schema *sc, const placed *pl, int n) {
+    int e = 0;
+    while (e < n && pl[e].pos == e && (e == 0 || ancestor_or_self(sc, pl[e - 1].node, pl[e].node)))
+        e++;
+    return e;
+}
+
 void schema_prompt_free(schema_prompt *p) {
     free(p->tokens);
     free(p->pos);
@@ -704,8 +724,11 @@ void schema_prompt_free(schema_prompt *p) {
 
 int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *chat,
                     const tokenizer *tok, const schema_turn *turns, int n_turns, bool gen,
-                    cache_store *st, bool fetch, bool compact, schema_prompt *out, kv_error *err) {
+                    cache_store *st, schema_fetch fetch, bool compact, schema_prompt *out,
+                    kv_error *err) {
     memset(out, 0, sizeof *out);
+    bool exact = fetch == SCHEMA_FETCH_EXACT;
+    compact = compact || exact;
     asm_state a = {.sc = sc, .tok = tok, .err = err};
     placed *pl = NULL;
     tokv free_text = {0}, val = {0};
@@ -828,25 +851,36 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
     }
     /* at least the last token is computed, for its logits */
     if (n_cached >= total) n_cached = total - 1;
-    out->n_cached = compact ? 0 : n_cached;
-    if (!fetch || n_cached == 0) {
+    int n_import = exact ? exact_prefix(sc, pl, n_cached) : n_cached;
+    out->n_cached = compact && !exact ? 0 : n_import;
+    if (fetch == SCHEMA_FETCH_NONE || n_import == 0) {
         rc = 0;
         goto done;
     }
     if (!(k = calloc(1, sizeof *k))) goto oom;
     k->fixup = -1;
+    /* each node's tokens the rows need (all of them, unless only an exact prefix is taken) */
     int *recs0 = malloc(sizeof *recs0 * (size_t)sc->n_nodes);
-    if (!recs0) goto oom;
+    int *upto = calloc((size_t)sc->n_nodes, sizeof *upto);
+    if (!recs0 || !upto) {
+        free(recs0);
+        free(upto);
+        goto oom;
+    }
+    for (int i = 0; i < n_import; i++)
+        if (pl[i].idx + 1 > upto[pl[i].node]) upto[pl[i].node] = pl[i].idx + 1;
     bool missing = false;
     for (int i = 0; i < sc->n_nodes && !missing; i++) {
-        if (!a.used_node[i] || sc->nodes[i].n_tok == 0) continue;
-        int f = fetch_node(sc, i, sc->nodes[i].n_tok, st, k, &recs0[i]);
+        if (upto[i] == 0) continue;
+        int f = fetch_node(sc, i, upto[i], st, k, &recs0[i]);
         if (f < 0) {
             free(recs0);
+            free(upto);
             goto oom;
         }
         missing = f > 0;
     }
+    free(upto);
     if (missing) {
         /* a record that is gone (cleared, evicted, corrupt): the prompt is computed in full */
         free(recs0);
@@ -859,9 +893,9 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
     }
     /* runs of one node's consecutive tokens that land on consecutive slots (compact: a
      * parameter's value may sit between) */
-    for (int s = 0; s < n_cached;) {
+    for (int s = 0; s < n_import;) {
         int e = s + 1, d0 = compact ? flat_slot[s] : s;
-        while (e < n_cached && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1 &&
+        while (e < n_import && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1 &&
                (!compact || flat_slot[e] == flat_slot[e - 1] + 1))
             e++;
         if (node_rows(sc, pl[s].node, pl[s].idx, pl[s].idx + (e - s), d0, k, recs0[pl[s].node])) {
@@ -871,7 +905,7 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
         s = e;
     }
     free(recs0);
-    k->n_slots = compact ? 0 : n_cached;
+    k->n_slots = out->n_cached;
     out->kv = k;
     k = NULL;
     rc = 0;

@@ -200,8 +200,19 @@ typedef struct schema_prompt {
     bool missing;
 } schema_prompt;
 
+/* What schema_assemble takes from the store. */
+typedef enum schema_fetch {
+    SCHEMA_FETCH_NONE, /* nothing: every token is computed */
+    /* the imported tokens that lead a full prefill's layout with the KV it computes: at
+     * positions 0, 1, ... without a gap, each after only its own node's and its ancestors'
+     * tokens (what its KV was computed after). Exact reuse, as a chunk store prefix is: the
+     * prompt is laid out as a full prefill (as compact does) and the rest is computed */
+    SCHEMA_FETCH_EXACT,
+    SCHEMA_FETCH_ALL, /* every imported token: Prompt Cache (or, compact, the fix-up's rows) */
+} schema_fetch;
+
 /* Assembles doc (a <prompt>) over sc, with turns after it and (gen) the answer's opening, and
- * (fetch) fetches the records from the store (RAM, or disk: this blocks on I/O). compact lays
+ * fetches what fetch says from the store (RAM, or disk: this blocks on I/O). compact lays
  * the prompt out as a full prefill instead (the flat order at positions 0..n-1, n_cached 0) with
  * rows for every imported token wherever it lands: the fix-up's layout. -1 with err
  * for a prompt that does not fit the schema (line and column where they apply): an unknown
@@ -209,7 +220,8 @@ typedef struct schema_prompt {
  * parameter, a value longer than its length, role tags the template cannot render. */
 int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *chat,
                     const tokenizer *tok, const schema_turn *turns, int n_turns, bool gen,
-                    cache_store *st, bool fetch, bool compact, schema_prompt *out, kv_error *err);
+                    cache_store *st, schema_fetch fetch, bool compact, schema_prompt *out,
+                    kv_error *err);
 void schema_prompt_free(schema_prompt *p);
 
 /* ---------------------------------------------------------------- definitions on disk */

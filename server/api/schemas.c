@@ -802,21 +802,25 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
         roles = doc->root.kids[i]->kind == PML_ROLE;
     bool gen = rq->kind == API_CHAT || roles;
     /* What a prompt that names no fix-up gets: under a quality budget (cache/quality.h), the
-     * least calibrated fix-up within it (ratio 0: the modules' KV as precomputed), else its
-     * tokens computed in full, as a full prefill (modules out of their context are approximate
-     * reuse: none is allowed without a setting measured within the budget); with
-     * --reuse-quality none, --schema-fixup. The request's "fixup" wins. The fix-up runs on
-     * blend's fusor (--no-blend: plain Prompt Cache, or in full under a budget that needs
-     * the fix-up). */
+     * least calibrated fix-up within it (ratio 0: the modules' KV as precomputed), else the
+     * prompt laid out as a full prefill with only the modules' KV that is exact reused (the
+     * leading text and modules computed in the order the prompt has them: modules out of their
+     * context are approximate reuse, none allowed without a setting measured within the
+     * budget); with --reuse-quality none, --schema-fixup. The request's "fixup" wins. The
+     * fix-up runs on blend's fusor (--no-blend: plain Prompt Cache, or exact reuse only under a
+     * budget that needs the fix-up). */
     const quality_choice *qc = &s->reuse.choice;
     bool fixup = rq->fixup >= 0 ? rq->fixup != 0
                  : qc->gated    ? qc->fixup_ratio > 0
                                 : s->cfg->schema_fixup;
     /* a budget with no setting for it, or one whose fix-up cannot run */
-    bool full = rq->fixup < 0 && qc->gated && (qc->fixup_ratio < 0 || (fixup && !s->cfg->blend));
-    fixup = fixup && s->cfg->blend;
-    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store,
-                        rq->cache && !full, fixup, out, &ke)) {
+    bool exact = rq->fixup < 0 && qc->gated && (qc->fixup_ratio < 0 || (fixup && !s->cfg->blend));
+    fixup = fixup && s->cfg->blend && !exact;
+    schema_fetch fetch = !rq->cache ? SCHEMA_FETCH_NONE
+                         : exact    ? SCHEMA_FETCH_EXACT
+                                    : SCHEMA_FETCH_ALL;
+    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, fetch, fixup,
+                        out, &ke)) {
         fail_400(err, "schema_prompt", NULL, ke.msg);
         goto done;
     }

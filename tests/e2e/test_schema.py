@@ -128,13 +128,15 @@ def test_bad_pml_is_a_400_with_its_position(server, pml, want):
     assert r["error"]["code"] == "invalid_pml"
 
 
-def test_a_prompt_over_text_only_equals_a_full_prefill(server):
+@pytest.mark.parametrize("fixup", [False, None])
+def test_a_prompt_over_text_only_equals_a_full_prefill(server, fixup):
     """A schema without modules is one sequence at positions 0..n-1: its reused KV is what a
-    full prefill computes, so greedy output is identical."""
+    full prefill computes, so greedy output is identical; the default quality budget, which
+    allows no approximate reuse on this model, reuses it too (fixup None: the field not given)."""
     register(server, '<schema name="sys"><system>You are a helpful assistant who answers in '
                      'French. Keep every answer short and polite.</system></schema>')
     p = '<prompt schema="sys"><user>What is the capital of Italy?</user></prompt>'
-    warm, usage = answer(server, p)
+    warm, usage = answer(server, p, fixup=fixup)
     cold, cold_usage = answer(server, p, cache=False)
     assert warm == cold
     assert usage["prompt_tokens"] == cold_usage["prompt_tokens"]

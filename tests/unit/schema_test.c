@@ -2,8 +2,9 @@
  * template does, positions follow the schema (unions share a start, parameters reserve their
  * length, nested modules sit inside their parent), keys change with positions, context and
  * namespace but not with the schema's name, prompts assemble in slot order with free text after
- * the last position and are refused where they do not fit the schema, and KV rows copied to a
- * record and back at another slot are the same bits. */
+ * the last position and are refused where they do not fit the schema, KV rows copied to a
+ * record and back at another slot are the same bits, and an exact fetch takes only the imported
+ * tokens whose KV a full prefill computes. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -162,9 +163,9 @@ static void assemble_fails(const schema *sc, const char *src, const char *want) 
     pml_doc *d = prompt(src);
     schema_prompt sp;
     kv_error err = {{0}};
-    cr_assert_eq(
-        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), -1,
-        "accepted: %s", src);
+    cr_assert_eq(schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, SCHEMA_FETCH_NONE,
+                                 false, &sp, &err),
+                 -1, "accepted: %s", src);
     cr_assert(strstr(err.msg, want), "%s\n  got: %s\n  want: %s", src, err.msg, want);
     pml_free(d);
 }
@@ -194,9 +195,9 @@ Test(schema, a_prompt_assembles_in_slot_order) {
                         "<user>Where?</user></prompt>");
     schema_prompt sp;
     kv_error err = {{0}};
-    cr_assert_eq(
-        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, false, false, &sp, &err), 0,
-        "%s", err.msg);
+    cr_assert_eq(schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, true, NULL, SCHEMA_FETCH_NONE,
+                                 false, &sp, &err),
+                 0, "%s", err.msg);
     const schema_node *root = &sc->nodes[0], *plan = &sc->nodes[1], *miami = &sc->nodes[3],
                       *beach = &sc->nodes[4];
     int cached = root->n_tok + plan->n_tok + miami->n_tok + beach->n_tok;
@@ -290,4 +291,114 @@ Test(schema, kv_rows_survive_a_record_at_another_slot) {
     kv_seq_release(pool, &dst);
     kv_pool_destroy(pool);
     backend_destroy(b);
+}
+
+/* ---------------------------------------------------------------- exact reuse */
+
+/* A RAM store holding every node's records of sc (the payload is not read here), but none of
+ * node skip's (-1: none skipped). */
+static cache_store *store_of(const schema *sc, int skip) {
+    static const cache_layout L = {
+        .n_layer = 1, .n_kv_head = 1, .head_dim = 8, .block_tokens = 16, .chunk_tokens = 64};
+    cache_store_opts o = {.ram_bytes = 64 << 20};
+    kv_error err = {{0}};
+    cache_store *st = cache_store_open(&L, &o, &err);
+    cr_assert_not_null(st, "%s", err.msg);
+    int cb = L.chunk_tokens / L.block_tokens;
+    for (int i = 0; i < sc->n_nodes; i++) {
+        const schema_node *nd = &sc->nodes[i];
+        for (int b = 0; b < nd->n_blocks && i != skip; b += cb) {
+            int nb = nd->n_blocks - b < cb ? nd->n_blocks - b : cb;
+            cache_chunk *c = cache_chunk_create(&L, nd->bkeys + b, nb, &sc->ns, b * L.block_tokens);
+            cr_assert_not_null(c);
+            cache_store_put(st, c);
+            cache_chunk_unref(c);
+        }
+    }
+    return st;
+}
+
+/* Assembles src with fetch over st; checks the full prefill's layout where fetch is exact and
+ * that the rows cover the leading n_cached slots in order; returns n_cached. */
+static int assembled(const schema *sc, cache_store *st, schema_fetch fetch, const char *src,
+                     schema_prompt *sp) {
+    pml_doc *d = prompt(src);
+    kv_error err = {{0}};
+    cr_assert_eq(
+        schema_assemble(sc, d, &g_chat, g_m->tok, NULL, 0, false, st, fetch, false, sp, &err), 0,
+        "%s: %s", src, err.msg);
+    pml_free(d);
+    cr_assert_not(sp->missing, "%s", src);
+    if (fetch == SCHEMA_FETCH_EXACT)
+        for (int i = 0; i < sp->n; i++) {
+            cr_assert_eq(sp->pos[i], i, "%s: laid out as a full prefill", src);
+            cr_assert_eq(sp->tokens[i], sp->flat[i], "%s", src);
+        }
+    int slots = 0;
+    for (int r = 0; sp->kv && r < sp->kv->n_rows; r++) {
+        cr_assert_eq(sp->kv->rows[r].dst, slots, "%s: rows in slot order", src);
+        slots += sp->kv->rows[r].n;
+    }
+    cr_assert_eq(slots, sp->n_cached, "%s", src);
+    cr_assert_eq(sp->kv ? sp->kv->n_slots : 0, sp->n_cached, "%s", src);
+    return sp->n_cached;
+}
+
+static int exact_tokens(const schema *sc, cache_store *st, const char *src) {
+    schema_prompt sp;
+    int n = assembled(sc, st, SCHEMA_FETCH_EXACT, src, &sp);
+    schema_prompt_free(&sp);
+    return n;
+}
+
+/* Under a quality budget that allows no approximate reuse, a schema prompt reuses only the
+ * modules' KV that is exact: the imported tokens at positions 0, 1, ... each computed after
+ * only its node's and its ancestors' tokens. A parameter's gap, a module left out, a sibling
+ * module or the schema's text after a module ends it. */
+Test(schema, exact_fetch_takes_the_prefix_a_full_prefill_computes) {
+    schema *sc = compile_ok(TRAVEL);
+    cache_store *st = store_of(sc, -1);
+    const schema_node *root = &sc->nodes[0], *plan = &sc->nodes[1], *miami = &sc->nodes[3],
+                      *beach = &sc->nodes[4];
+    int sys = plan->start, before = n_tokens("Plan a trip of ");
+    const char *p = "<prompt schema=\"travel\"><plan days=\"3\"/><miami><beach/></miami>"
+                    "<user>Where?</user></prompt>";
+    cr_assert_eq(exact_tokens(sc, st, p), sys + before, "up to the parameter's positions");
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"travel\"><miami><beach/></miami></prompt>"),
+                 sys, "plan is left out: its positions are a gap");
+    /* every imported token, as Prompt Cache has them */
+    schema_prompt sp;
+    cr_assert_eq(assembled(sc, st, SCHEMA_FETCH_ALL, p, &sp),
+                 root->n_tok + plan->n_tok + miami->n_tok + beach->n_tok);
+    schema_prompt_free(&sp);
+    schema_unref(sc);
+
+    /* nested modules after all of the text: exact to the end, the last token computed */
+    sc = compile_ok("<schema name=\"nest\">Intro.<module name=\"a\">Alpha<module name=\"b\"> "
+                    "beta</module></module></schema>");
+    cache_store_close(st);
+    st = store_of(sc, -1);
+    int r = sc->nodes[0].n_tok, a = sc->nodes[1].n_tok, b = sc->nodes[2].n_tok;
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"nest\"><a><b/></a> Why?</prompt>"),
+                 r + a + b);
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"nest\"><a><b/></a></prompt>"),
+                 r + a + b - 1, "the last token is computed, for its logits");
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"nest\"><a/> Why?</prompt>"), r + a);
+    schema_unref(sc);
+
+    /* siblings, and text after a module: neither saw the module before it */
+    sc = compile_ok("<schema name=\"sib\">Intro.<module name=\"a\">Alpha.</module><module "
+                    "name=\"b\">Beta.</module> Outro.</schema>");
+    cache_store_close(st);
+    st = store_of(sc, -1);
+    r = sc->nodes[0].n_tok - n_tokens(" Outro.");
+    a = sc->nodes[1].n_tok;
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"sib\"><a/><b/> Why?</prompt>"), r + a);
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"sib\"><b/> Why?</prompt>"), r);
+    cache_store_close(st);
+    /* a module past the prefix needs no record: b's are gone, a's prefix is still taken */
+    st = store_of(sc, 2);
+    cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"sib\"><a/><b/> Why?</prompt>"), r + a);
+    cache_store_close(st);
+    schema_unref(sc);
 }
