@@ -30,9 +30,9 @@
 /* The request line and headers a request may have, as nginx's and llama-server's defaults allow
  * (8 KiB lines, 100 headers): over them the answer is 414 or 431 in OpenAI's error JSON. For
  * these answers to be ours, libmicrohttpd's per-connection pool (which holds the request line
- * and headers, and refuses in its own HTML what does not fit) is raised from its 32 KiB to
+ * and headers, and refuses itself what does not fit) is raised from its 32 KiB to
  * CONN_POOL_BYTES: mapped lazily, so an idle connection still costs a few pages. A header block
- * over the pool is still the library's 431 page. */
+ * over the pool is still the library's 431 (in the error JSON: mhd_pages.c). */
 #define MAX_URL_BYTES 8192
 #define MAX_HEADER_COUNT 100
 #define MAX_HEADER_BYTES (64 << 10)
@@ -536,9 +536,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 /* libmicrohttpd's own messages. The answers it gives itself (a malformed request line or header,
- * headers over its memory pool, an unsupported HTTP version, bad chunked encoding: cases the
- * library has no hook for) are error answers like ours, at info; a client that leaves or idles
- * out is routine (thousands of them with a slowloris), at debug; anything else at warn. */
+ * headers over its memory pool, an unsupported HTTP version, bad chunked encoding: answered in
+ * the error JSON by mhd_pages.c) are error answers like ours, at info; a client that leaves or
+ * idles out is routine (thousands of them with a slowloris), at debug; anything else at warn. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char msg[512];
