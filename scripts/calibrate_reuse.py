@@ -198,6 +198,7 @@ def main():
            "full_reuse": {"kl": round(table["full reuse (0%)"]["kl"], 6),
                           "top1": round(table["full reuse (0%)"]["top1"], 4)},
            "points": points}
+    keep_unmeasured(doc, out, measure)
     write(doc, out)  # the blend figures first: the levels' measure is long
     levels = fixups = {}
     if "levels" in measure and args.level_prompts:
@@ -296,6 +297,27 @@ def update(args, out, measure, ratios):
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     print_rows(levels, fixups)
     print(f"\nupdated: {out}")
+
+
+def keep_unmeasured(doc, out, measure):
+    """Carries into doc the level and fix-up points of the calibration at out (same model) that
+    this run does not measure again, with the prompt counts they were measured on."""
+    try:
+        with open(out, encoding="utf-8") as f:
+            prior = json.load(f)
+    except (OSError, ValueError):
+        return
+    if prior.get("model_identity") != doc["model_identity"]:
+        return
+    for part, method, count in (("levels", "level", "level_prompts"),
+                                ("fixup", "fixup", "fixup_prompts")):
+        if part in measure:
+            continue
+        doc["points"] += [p for p in prior.get("points", []) if p["method"] == method]
+        if count in prior:
+            doc[count] = prior[count]
+    if measure != {"blend", "levels", "fixup"}:
+        doc["made_by"] = prior.get("made_by", "") + " + " + doc["made_by"]
 
 
 def write(doc, path):

@@ -842,7 +842,8 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
                 out->flat[o++] = pl[j++].token;
             }
         }
-        memcpy(out->flat + o, free_text.ids, sizeof(int32_t) * (size_t)free_text.n);
+        if (free_text.n > 0)
+            memcpy(out->flat + o, free_text.ids, sizeof(int32_t) * (size_t)free_text.n);
     }
     if (compact) {
         memcpy(out->tokens, out->flat, sizeof(int32_t) * (size_t)total);
