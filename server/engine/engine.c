@@ -1639,6 +1639,19 @@ static void *engine_main(void *arg) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
+/* The draft model on e's backend, with its per-step job and sequence lists. */
+static int engine_create_draft(engine *e, kv_error *err) {
+    const engine_opts *o = &e->o;
+    /* its prompt catch-up takes a prefill step's worth of tokens a step at most */
+    if (!(e->draft = draft_create(e->m, o->draft, e->b, o->kv_pool_tokens, o->max_seqs,
+                                  o->prefill_chunk, err)))
+        return -1;
+    e->djobs = calloc((size_t)o->max_seqs, sizeof *e->djobs);
+    e->dseqs = calloc((size_t)o->max_seqs, sizeof *e->dseqs);
+    if (!e->djobs || !e->dseqs) return kv_fail(err, "out of memory");
+    return 0;
+}
+
 engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_error *err) {
     if (o->ctx < 16 || o->max_seqs < 1 || o->prefill_chunk < 1 || o->max_queue < 1 ||
         o->kv_pool_tokens < o->ctx) {
@@ -1685,18 +1698,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
         }
         if (!(e->fus = blend_fusor_create(m, e->b, e->pool, max_tokens, err))) goto fail;
     }
-    if (o->draft && o->spec) {
-        /* its prompt catch-up takes a prefill step's worth of tokens a step at most */
-        if (!(e->draft = draft_create(m, o->draft, e->b, o->kv_pool_tokens, o->max_seqs,
-                                      o->prefill_chunk, err)))
-            goto fail;
-        e->djobs = calloc((size_t)o->max_seqs, sizeof *e->djobs);
-        e->dseqs = calloc((size_t)o->max_seqs, sizeof *e->dseqs);
-        if (!e->djobs || !e->dseqs) {
-            kv_fail(err, "out of memory");
-            goto fail;
-        }
-    }
+    if (o->draft && o->spec && engine_create_draft(e, err)) goto fail;
     atomic_init(&e->draft_ns, 0);
     atomic_init(&e->model_drafted, 0);
     atomic_init(&e->model_accepted, 0);
