@@ -260,13 +260,17 @@ void quality_choose(const quality_budget *b, const quality_table *t, quality_cho
     char budget[96];
     quality_budget_describe(b, t, budget, sizeof budget);
     const quality_point *best[QUALITY_METHOD_COUNT] = {0};
+    const quality_point *slow[QUALITY_METHOD_COUNT] = {0}; /* within, but saving too little */
     const quality_point *closest[QUALITY_METHOD_COUNT] = {0};
     for (int i = 0; i < t->n_pts; i++) {
         const quality_point *p = &t->pts[i];
         if (p->method == QUALITY_LEVEL) {
             if (quality_meets(b, t, p)) out->levels |= 1u << p->enc;
         } else if (quality_meets(b, t, p)) {
-            if (!best[p->method] || cheaper(p, best[p->method])) best[p->method] = p;
+            const quality_point **to = p->speedup > 0 && p->speedup < QUALITY_MIN_SPEEDUP
+                                           ? &slow[p->method]
+                                           : &best[p->method];
+            if (!*to || cheaper(p, *to)) *to = p;
         }
         if (!closest[p->method] || p->kl < closest[p->method]->kl) closest[p->method] = p;
     }
@@ -294,6 +298,11 @@ void quality_choose(const quality_budget *b, const quality_table *t, quality_cho
         if (best[m]) {
             describe_point(best[m], fig, sizeof fig);
             snprintf(out->why[m], sizeof out->why[m], "%s, within %s", fig, budget);
+        } else if (slow[m]) {
+            describe_point(slow[m], fig, sizeof fig);
+            snprintf(out->why[m], sizeof out->why[m],
+                     "off: %s is within %s but saves too little (a speed-up under %.2fx)", fig,
+                     budget, QUALITY_MIN_SPEEDUP);
         } else if (closest[m]) {
             describe_point(closest[m], fig, sizeof fig);
             snprintf(out->why[m], sizeof out->why[m], "off: no setting within %s (closest %s)",

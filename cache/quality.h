@@ -97,8 +97,17 @@ typedef struct quality_choice {
     char why[QUALITY_METHOD_COUNT][320];
 } quality_choice;
 
+/* The least measured TTFT speed-up for which a budget turns approximate reuse (blend, the
+ * fix-up) on. Below it the gain is within a calibration's timing noise, and it is not worth
+ * what approximate reuse costs besides its answers: a blended prompt's KV is never stored
+ * (only what a full prefill computes is), so a later repeat of the same prompt, or the same
+ * prompt after a restart, blends again instead of reusing its whole KV exactly. */
+#define QUALITY_MIN_SPEEDUP 1.25
+
 /* Picks, per method, the setting of t within b with the highest speed-up (the least ratio where
- * speed-ups were not measured); t NULL: no calibration, exact reuse only (unless b is NONE). */
+ * speed-ups were not measured), among blend and fix-up settings with a speed-up of at least
+ * QUALITY_MIN_SPEEDUP where it was measured; t NULL: no calibration, exact reuse only (unless b
+ * is NONE). */
 void quality_choose(const quality_budget *b, const quality_table *t, quality_choice *out);
 
 /* ---------------------------------------------------------------- the live check

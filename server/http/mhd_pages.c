@@ -24,8 +24,8 @@
 typedef struct MHD_Response *(*create_fn)(size_t size, void *buffer,
                                           enum MHD_ResponseMemoryMode mode);
 
-static create_fn g_create;  /* the library's function */
-static void *g_lib_base;    /* where the library is loaded */
+static create_fn g_create; /* the library's function */
+static void *g_lib_base;   /* where the library is loaded */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void resolve(void) {
@@ -51,8 +51,8 @@ static const struct {
 
 /* The text of the element that follows `open` in page[0, n), its tags dropped and &quot;
  * read as a quote, into out (cap bytes, NUL-terminated). */
-static void element_text(const char *page, size_t n, const char *open, const char *close,
-                         char *out, size_t cap) {
+static void element_text(const char *page, size_t n, const char *open, const char *close, char *out,
+                         size_t cap) {
     size_t o = 0;
     const char *p = memmem(page, n, open, strlen(open));
     if (p) {

@@ -162,6 +162,52 @@ Test(quality, a_method_with_no_setting_within_budget_is_off_and_says_why) {
     cr_expect(strstr(c.why[QUALITY_LEVEL], "lossless only") != NULL, "%s", c.why[QUALITY_LEVEL]);
 }
 
+/* The calibration with each "from" replaced by its "to", parsed. */
+static void parse_edited(quality_table *t, const char *const *edits, int n_edits) {
+    char j[4096];
+    snprintf(j, sizeof j, "%s", calibration(ID_HEX));
+    for (int i = 0; i < n_edits; i++) {
+        char *at = strstr(j, edits[2 * i]);
+        cr_assert_not_null(at, "%s", edits[2 * i]);
+        char rest[4096];
+        snprintf(rest, sizeof rest, "%s", at + strlen(edits[2 * i]));
+        snprintf(at, sizeof j - (size_t)(at - j), "%s%s", edits[2 * i + 1], rest);
+    }
+    kv_error err = {{0}};
+    cr_assert_eq(quality_table_parse(t, j, strlen(j), ID, &err), 0, "%s", err.msg);
+}
+
+/* A setting within the budget that saves under QUALITY_MIN_SPEEDUP of the TTFT is not worth its
+ * approximation: the method is off and says so; an unmeasured speed-up does not count against
+ * a setting. */
+Test(quality, a_setting_that_saves_too_little_is_not_chosen) {
+    /* floor's candidates (legolink 30% and 50%) made 1.1x and 1.2x */
+    const char *slow[] = {"\"speedup\": 3.0", "\"speedup\": 1.1", "\"speedup\": 2.0",
+                          "\"speedup\": 1.2"};
+    quality_table t;
+    parse_edited(&t, slow, 2);
+    quality_budget b;
+    quality_choice c;
+    kv_error err = {{0}};
+    quality_budget_parse("floor", &b, &err);
+    quality_choose(&b, &t, &c);
+    cr_expect(c.gated);
+    cr_expect_not(c.blend);
+    cr_expect(strstr(c.why[QUALITY_BLEND], "off: legolink 50%: KL 0.0050") != NULL, "%s",
+              c.why[QUALITY_BLEND]);
+    cr_expect(strstr(c.why[QUALITY_BLEND], "saves too little (a speed-up under 1.25x)") != NULL,
+              "%s", c.why[QUALITY_BLEND]);
+    /* the fix-up's speed-up was not measured: still chosen */
+    cr_expect_float_eq(c.fixup_ratio, 0.3f, 1e-6);
+    /* at exactly the least speed-up, it is */
+    const char *enough[] = {"\"speedup\": 3.0", "\"speedup\": 1.25", "\"speedup\": 2.0",
+                            "\"speedup\": 1.2"};
+    parse_edited(&t, enough, 2);
+    quality_choose(&b, &t, &c);
+    cr_expect(c.blend);
+    cr_expect_float_eq(c.blend_ratio, 0.3f, 1e-6, "legolink 30%% (1.25x), not 50%% (1.2x)");
+}
+
 Test(quality, no_calibration_means_exact_reuse_only_and_none_means_no_gate) {
     quality_budget b;
     quality_choice c;
