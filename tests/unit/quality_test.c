@@ -177,6 +177,15 @@ static void parse_edited(quality_table *t, const char *const *edits, int n_edits
     cr_assert_eq(quality_table_parse(t, j, strlen(j), ID, &err), 0, "%s", err.msg);
 }
 
+/* What budget (a --reuse-quality value) picks from t. */
+static void choose_under(const char *budget, const quality_table *t, quality_choice *c) {
+    quality_budget b;
+    kv_error err = {{0}};
+    cr_assert_eq(quality_budget_parse(budget, &b, &err), 0, "%s", err.msg);
+    quality_choose(&b, t, c);
+    cr_assert(c->gated);
+}
+
 /* A setting within the budget that saves under QUALITY_MIN_SPEEDUP of the TTFT is not worth its
  * approximation: the method is off and says so; an unmeasured speed-up does not count against
  * a setting. */
@@ -185,13 +194,9 @@ Test(quality, a_setting_that_saves_too_little_is_not_chosen) {
     const char *slow[] = {"\"speedup\": 3.0", "\"speedup\": 1.1", "\"speedup\": 2.0",
                           "\"speedup\": 1.2"};
     quality_table t;
-    parse_edited(&t, slow, 2);
-    quality_budget b;
     quality_choice c;
-    kv_error err = {{0}};
-    quality_budget_parse("floor", &b, &err);
-    quality_choose(&b, &t, &c);
-    cr_expect(c.gated);
+    parse_edited(&t, slow, 2);
+    choose_under("floor", &t, &c);
     cr_expect_not(c.blend);
     cr_expect(strstr(c.why[QUALITY_BLEND], "off: legolink 50%: KL 0.0050") != NULL, "%s",
               c.why[QUALITY_BLEND]);
@@ -203,7 +208,7 @@ Test(quality, a_setting_that_saves_too_little_is_not_chosen) {
     const char *enough[] = {"\"speedup\": 3.0", "\"speedup\": 1.25", "\"speedup\": 2.0",
                             "\"speedup\": 1.2"};
     parse_edited(&t, enough, 2);
-    quality_choose(&b, &t, &c);
+    choose_under("floor", &t, &c);
     cr_expect(c.blend);
     cr_expect_float_eq(c.blend_ratio, 0.3f, 1e-6, "legolink 30%% (1.25x), not 50%% (1.2x)");
 }
