@@ -819,8 +819,9 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
     schema_fetch fetch = !rq->cache ? SCHEMA_FETCH_NONE
                          : exact    ? SCHEMA_FETCH_EXACT
                                     : SCHEMA_FETCH_ALL;
-    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, fetch, fixup,
-                        out, &ke)) {
+    /* the full prefill's layout also with "cache": false, so that it changes only the reuse */
+    if (schema_assemble(sc, doc, &g->chat, s->m->tok, turns, n_turns, gen, s->store, fetch,
+                        fixup || exact, out, &ke)) {
         fail_400(err, "schema_prompt", NULL, ke.msg);
         goto done;
     }

@@ -136,8 +136,10 @@ def test_schema_prompts_get_the_fixup_the_budget_allows(start_server, tmp_dir, m
     cold, _ = answer(tight, p, cache=False, fixup=True)  # the full prefill's layout, no reuse
     got, usage = answer(tight, p, fixup=None)
     exact = usage["prompt_tokens_details"]["cached_tokens"]
+    uncached, _ = answer(tight, p, cache=False, fixup=None)  # "cache" changes only the reuse
     _, usage = answer(tight, p, fixup=False)
-    assert got == cold and 20 < exact < usage["prompt_tokens_details"]["cached_tokens"], usage
+    assert got == cold == uncached, (got, cold, uncached)
+    assert 20 < exact < usage["prompt_tokens_details"]["cached_tokens"], usage
 
 
 def test_another_models_calibration_and_a_bad_budget_are_refused(tmp_dir, model_identity):
