@@ -236,6 +236,8 @@ static const opt_row OPTIONS[] = {
         "the model's reuse-quality calibration (auto: MODEL.kvquality.json)"),
     NUM(quality_sample, 0, OPT_INT, 0, 100, true, false, "2", "PCT",
         "blended requests checked against a full prefill (0: no live check)"),
+    BOOL(blend_repair, "false",
+         "blended prompts computed again in full when idle, stored for repeats"),
     BOOL(schema_fixup, "false",
          "Prompt Cache's fix-up by default"),
     NUM(schema_fixup_recompute, 0, OPT_INT, 0, 100, true, false, "15", "PCT",

@@ -73,6 +73,7 @@ typedef struct kv_config {
     char *reuse_quality;      /* approximate reuse's budget: none, floor, balanced, fast, a KL */
     char *reuse_calibration;  /* the model's reuse-quality calibration: auto or a path */
     int quality_sample;       /* percent of blended requests the live check computes again */
+    bool blend_repair;        /* blended prompts computed again in full when idle, and stored */
     int blend_chunk;          /* most prompt tokens one blended prefill step takes */
     bool schema_fixup;        /* Prompt Cache: the fix-up by default */
     int schema_fixup_recompute; /* its recompute ratio, percent */

@@ -148,6 +148,9 @@ json_t *cache_api_reuse_json(const server *s) {
         "steps_up", (json_int_t)q.steps_up, "steps_down", (json_int_t)q.steps_down);
     if (q.last_step[0]) json_object_set_new(live, "last_step", json_string(q.last_step));
     json_object_set_new(blend, "live_check", live);
+    json_object_set_new(blend, "repair",
+                        json_pack("{s:b,s:I,s:I}", "on", s->cfg->blend_repair, "repaired",
+                                  (json_int_t)q.repaired, "dropped", (json_int_t)q.repair_dropped));
     json_t *fixup = json_pack("{s:s}", "why", c->why[QUALITY_FIXUP]);
     if (c->fixup_ratio >= 0) json_object_set_new(fixup, "ratio", json_real(c->fixup_ratio));
     return json_pack("{s:s,s:s,s:s?,s:s?,s:{s:o,s:o,s:{s:o,s:s}}}", "budget", r->budget_name,

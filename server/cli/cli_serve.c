@@ -309,6 +309,7 @@ int cli_serve(int argc, char **argv) {
         .blend_chunk = cfg.blend_chunk,
         .ttft_budget_ms = cfg.ttft_budget_ms,
         .quality_sample = cfg.quality_sample / 100.0,
+        .blend_repair = cfg.blend_repair,
     };
     if (eo.kv_pool_tokens < s.ctx) {
         kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",

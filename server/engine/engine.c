@@ -158,10 +158,12 @@ typedef struct eseq {
     bool by_model;    /* the draft being verified is the draft model's */
 } eseq;
 
-/* The live check (cache/quality.h): a request picked for it leaves its prompt and its first
- * token's top logprobs here until the engine is idle, when the prompt is computed again as a
- * full prefill and the two compared. */
-#define SHADOW_CAP 4
+/* Work for the idle engine: the live check (cache/quality.h), where a request picked for it
+ * leaves its prompt and its first token's top logprobs here until the engine is idle, when the
+ * prompt is computed again as a full prefill and the two compared; and repairs (engine_opts'
+ * blend_repair), where a prompt that blended is computed again in full and its chunks stored,
+ * so a repeat of it reuses its whole KV exactly. One full prefill serves both. */
+#define SHADOW_CAP 8
 /* A check's prefill steps are this short: the longest a client request arriving meanwhile
  * waits before the check gives way to it. */
 #define SHADOW_STEP 128
@@ -169,7 +171,12 @@ typedef struct eseq {
 typedef struct shadow {
     int32_t *prompt; /* [n_prompt], owned */
     int n_prompt;
+    bool check;        /* compared with first */
     gen_logprob first; /* the blended request's first token: its top logprobs */
+    bool repair;       /* its chunks stored, in namespace ns, cut at bounds (owned) as before */
+    cache_key ns;
+    int *bounds;
+    int n_bounds;
 } shadow;
 
 struct engine {
@@ -223,6 +230,7 @@ struct engine {
     pthread_mutex_t qmu;
     quality_monitor mon;
     int64_t q_sampled, q_checked, q_dropped, q_abandoned;
+    int64_t repaired, repair_dropped;
     double q_kl_sum, q_top1_sum;
     char q_last_step[300];
 };
@@ -1062,34 +1070,72 @@ static int blend_entries(engine *e, int n_b) {
 
 /* ---------------------------------------------------------------- the live check */
 
-/* s (a first choice) has computed its prompt: when it blended at the server's setting, the
- * monitor watches that setting, and s's turn in the sample has come, its prompt and first
- * token's distribution (row) wait for a check. */
-static void quality_probe(engine *e, const eseq *s, const float *row) {
+/* s (a first choice) has computed its prompt, and blended: it waits for the idle engine when
+ * it blended at the server's setting, the monitor watches that setting and s's turn in the
+ * sample has come (a check: its prompt and first token's distribution, row), or when repairs
+ * are on and its KV may be stored (a repair). */
+static void shadow_probe(engine *e, const eseq *s, const float *row) {
     const gen_request *r = s->req;
-    if (!e->mon.on || s->choice != 0 || s->n_gen > 0 || s->ps.blended == 0 || r->skv ||
-        r->plan.blend_ratio >= 0 || r->plan.blend_policy >= 0 || r == e->shadow_req)
+    if (s->choice != 0 || s->n_gen > 0 || s->ps.blended == 0 || r->skv || r == e->shadow_req)
         return;
-    e->q_acc += e->o.quality_sample;
-    if (e->q_acc < 1) return;
-    e->q_acc -= 1;
-    shadow *sh = e->n_shadows < SHADOW_CAP ? &e->shadows[e->n_shadows] : NULL;
-    if (sh && (sh->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt))) {
+    bool check = false;
+    if (e->mon.on && r->plan.blend_ratio < 0 && r->plan.blend_policy < 0) {
+        e->q_acc += e->o.quality_sample;
+        if (e->q_acc >= 1) {
+            e->q_acc -= 1;
+            check = true;
+        }
+    }
+    bool repair = e->o.blend_repair && cache_on(e, s);
+    /* a prompt already waiting for its repair needs no second one */
+    for (int i = 0; i < e->n_shadows && repair && !check; i++)
+        if (e->shadows[i].repair && e->shadows[i].n_prompt == r->n_prompt &&
+            memcmp(e->shadows[i].prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt) == 0)
+            return;
+    if (!check && !repair) return;
+    /* repairs alone leave half the queue to checks */
+    int cap = check ? SHADOW_CAP : SHADOW_CAP / 2;
+    shadow *sh = e->n_shadows < cap ? &e->shadows[e->n_shadows] : NULL;
+    if (sh) {
+        memset(sh, 0, sizeof *sh);
+        sh->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
+        if (repair && r->plan.n_bounds > 0 &&
+            (sh->bounds = malloc(sizeof(int) * (size_t)r->plan.n_bounds)))
+            memcpy(sh->bounds, r->plan.bounds, sizeof(int) * (size_t)r->plan.n_bounds);
+        if (!sh->prompt || (repair && r->plan.n_bounds > 0 && !sh->bounds)) {
+            free(sh->prompt);
+            free(sh->bounds);
+            sh = NULL;
+        }
+    }
+    if (sh) {
         memcpy(sh->prompt, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
         sh->n_prompt = r->n_prompt;
-        top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &sh->first);
+        sh->check = check;
+        if (check) top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &sh->first);
+        sh->repair = repair;
+        sh->ns = r->plan.ns;
+        sh->n_bounds = repair ? r->plan.n_bounds : 0;
         e->n_shadows++;
-    } else {
-        sh = NULL;
     }
     pthread_mutex_lock(&e->qmu);
-    e->q_sampled++;
-    if (!sh) e->q_dropped++;
+    if (check) e->q_sampled++;
+    if (check && !sh) e->q_dropped++;
+    if (repair && !sh) e->repair_dropped++;
     pthread_mutex_unlock(&e->qmu);
 }
 
-/* The engine is idle (nothing running, nothing queued): the oldest check starts, a full prefill
- * of its prompt that reuses and stores nothing. */
+/* Drops the oldest entry of the idle engine's queue. */
+static void shadow_pop(engine *e) {
+    shadow *sh = &e->shadows[0];
+    free(sh->prompt);
+    free(sh->bounds);
+    memmove(&e->shadows[0], &e->shadows[1], sizeof *sh * (size_t)--e->n_shadows);
+}
+
+/* The engine is idle (nothing running, nothing queued): the oldest entry starts, a full
+ * prefill of its prompt. A check alone reuses and stores nothing; a repair reuses the exact
+ * prefix the pool holds, nothing by content, and stores its chunks as any prompt does. */
 static void shadow_start(engine *e) {
     shadow *sh = &e->shadows[0];
     gen_request *r = gen_request_create(1);
@@ -1099,12 +1145,21 @@ static void shadow_start(engine *e) {
         memcpy(r->prompt, sh->prompt, sizeof(int32_t) * (size_t)sh->n_prompt);
         r->n_prompt = sh->n_prompt;
         r->t_arrival = clock_now_ns();
-        s = eseq_create(e, r, 0, &err);
+        int rc = 0;
+        if (sh->repair && e->plan) {
+            r->plan.blend = PLAN_BLEND_STORE;
+            r->plan.bounds = sh->bounds; /* the request's now */
+            r->plan.n_bounds = sh->n_bounds;
+            sh->bounds = NULL;
+            sh->n_bounds = 0;
+            rc = plan_prepare(e->plan, &r->plan, &sh->ns, r->prompt, r->n_prompt, false, false,
+                              r->t_arrival, false);
+        }
+        if (rc == 0) s = eseq_create(e, r, 0, &err);
     }
-    if (!s) { /* out of memory: this check is dropped */
+    if (!s) { /* out of memory: this entry is dropped */
         gen_request_unref(r);
-        free(sh->prompt);
-        memmove(&e->shadows[0], &e->shadows[1], sizeof *sh * (size_t)--e->n_shadows);
+        shadow_pop(e);
         return;
     }
     e->run[e->n_run++] = s;
@@ -1135,31 +1190,36 @@ static void shadow_yield(engine *e) {
     pthread_mutex_unlock(&e->qmu);
 }
 
-/* The check's full prefill is done (row: its last token's logits): the two first-token
- * distributions are compared and the monitor told; a step changes the ratio blended prompts
- * that name none get. */
+/* The entry's full prefill is done (row: its last token's logits; a repair's chunks are
+ * stored): a check compares the two first-token distributions and tells the monitor; a step
+ * changes the ratio blended prompts that name none get. */
 static void shadow_done(engine *e, const float *row) {
     shadow *sh = &e->shadows[0];
-    gen_logprob full = {0};
-    top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &full);
-    double kl = quality_kl_topk(full.top_ids, full.top_lps, full.n_top, sh->first.top_ids,
-                                sh->first.top_lps, sh->first.n_top);
-    bool top1 = full.n_top > 0 && sh->first.n_top > 0 && full.top_ids[0] == sh->first.top_ids[0];
     char why[300];
+    int step = 0;
+    float ratio = 0;
     pthread_mutex_lock(&e->qmu);
-    e->q_checked++;
-    e->q_kl_sum += kl;
-    e->q_top1_sum += top1;
-    int step = quality_monitor_add(&e->mon, kl, top1, why, sizeof why);
-    float ratio = quality_monitor_ratio(&e->mon);
-    if (step) snprintf(e->q_last_step, sizeof e->q_last_step, "%s", why);
+    if (sh->check) {
+        gen_logprob full = {0};
+        top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &full);
+        double kl = quality_kl_topk(full.top_ids, full.top_lps, full.n_top, sh->first.top_ids,
+                                    sh->first.top_lps, sh->first.n_top);
+        bool top1 =
+            full.n_top > 0 && sh->first.n_top > 0 && full.top_ids[0] == sh->first.top_ids[0];
+        e->q_checked++;
+        e->q_kl_sum += kl;
+        e->q_top1_sum += top1;
+        step = quality_monitor_add(&e->mon, kl, top1, why, sizeof why);
+        ratio = quality_monitor_ratio(&e->mon);
+        if (step) snprintf(e->q_last_step, sizeof e->q_last_step, "%s", why);
+    }
+    if (sh->repair) e->repaired++;
     pthread_mutex_unlock(&e->qmu);
     if (step) {
         if (e->plan) planner_set_blend_ratio(e->plan, ratio);
         log_warn("reuse quality: live check: blend %s", why);
     }
-    free(sh->prompt);
-    memmove(&e->shadows[0], &e->shadows[1], sizeof *sh * (size_t)--e->n_shadows);
+    shadow_pop(e);
     shadow_stop(e);
 }
 
@@ -1181,6 +1241,8 @@ void engine_quality_stats_get(engine *e, engine_quality_stats *out) {
     out->steps_up = e->mon.steps_up;
     out->steps_down = e->mon.steps_down;
     snprintf(out->last_step, sizeof out->last_step, "%s", e->q_last_step);
+    out->repaired = e->repaired;
+    out->repair_dropped = e->repair_dropped;
     pthread_mutex_unlock(&e->qmu);
 }
 
@@ -1529,7 +1591,7 @@ static void step_output(engine *e, int i, float *rows, int n_be) {
         shadow_done(e, row);
         return;
     }
-    quality_probe(e, s, row);
+    shadow_probe(e, s, row);
     if (s->req->pooling != GEN_POOL_NONE) {
         embed_finish(e, s);
         return;
@@ -1777,7 +1839,10 @@ void engine_destroy(engine *e) {
     planner_destroy(e->plan);
     kv_pool_destroy(e->pool);
     backend_destroy(e->b);
-    for (int i = 0; i < e->n_shadows; i++) free(e->shadows[i].prompt);
+    for (int i = 0; i < e->n_shadows; i++) {
+        free(e->shadows[i].prompt);
+        free(e->shadows[i].bounds);
+    }
     pthread_mutex_destroy(&e->mu);
     pthread_mutex_destroy(&e->qmu);
     pthread_cond_destroy(&e->cv);

@@ -191,6 +191,10 @@ typedef struct engine_opts {
      * budget, and back when they return. */
     double quality_sample;
     quality_monitor monitor;
+    /* Repairs: a prompt that blended (its blended KV is never stored, so a repeat of it would
+     * blend again) is computed again as a full prefill when the engine is idle, as a check is,
+     * and its chunks stored as any exact prompt's are; a repeat then reuses its whole KV. */
+    bool blend_repair;
 } engine_opts;
 
 typedef struct engine engine;
@@ -256,7 +260,9 @@ typedef struct engine_quality_stats {
     double mean_kl, mean_top1;       /* over every check */
     double rolling_kl, rolling_top1; /* the last full window's (0 before one) */
     int64_t steps_up, steps_down;
-    char last_step[300]; /* the last step, with its numbers, or "" */
+    char last_step[300];    /* the last step, with its numbers, or "" */
+    int64_t repaired;       /* blended prompts computed again in full and stored */
+    int64_t repair_dropped; /* blended prompts not repaired: the queue was full */
 } engine_quality_stats;
 void engine_quality_stats_get(engine *e, engine_quality_stats *out);
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 
 import openai
 import pytest
@@ -83,6 +84,30 @@ def test_passages_in_another_order_are_blended(blend_server):
     assert text
     after = blend_server.metrics()["kvserve_blend_tokens_total"]
     assert after - before == blended
+
+
+def test_a_repaired_prompt_is_reused_exactly_when_asked_again(start_server):
+    """--blend-repair: a prompt that blended is computed again in full once the engine is idle
+    and its chunks stored; asked again, it reuses its KV exactly (nothing blended) and answers
+    as a full prefill does."""
+    srv = start_server(*CTX, "--blend-repair")
+    c, m = srv.client(), srv.model_id
+    ask(c, m, rag([0, 1, 2], "What is free software?"))
+    msgs = rag([2, 0, 1], "Who has responsibilities?")
+    _, usage = ask(c, m, msgs)
+    assert details(usage)[1] > 0, usage  # blended
+    deadline = time.monotonic() + 120
+    while srv.get_json("/v1/cache/stats")["reuse_quality"]["methods"]["blend"]["repair"][
+            "repaired"] < 1:
+        assert time.monotonic() < deadline, "no repair"
+        time.sleep(0.05)
+    full, _ = ask(c, m, msgs, cache=False)
+    got, usage = ask(c, m, msgs)
+    cached, blended, _ = details(usage)
+    assert blended == 0 and cached >= usage.prompt_tokens - 64, usage
+    assert got == full
+    repair = srv.get_json("/health")["reuse_quality"]["methods"]["blend"]["repair"]
+    assert repair == {"on": True, "repaired": 1, "dropped": 0}, repair
 
 
 def test_content_parts_are_blended(blend_server):
