@@ -1147,13 +1147,17 @@ static void shadow_start(engine *e) {
         r->t_arrival = clock_now_ns();
         int rc = 0;
         if (sh->repair && e->plan) {
+            /* a copy: the entry keeps its own for a run again after giving way to a client */
             r->plan.blend = PLAN_BLEND_STORE;
-            r->plan.bounds = sh->bounds; /* the request's now */
-            r->plan.n_bounds = sh->n_bounds;
-            sh->bounds = NULL;
-            sh->n_bounds = 0;
-            rc = plan_prepare(e->plan, &r->plan, &sh->ns, r->prompt, r->n_prompt, false, false,
-                              r->t_arrival, false);
+            if (sh->n_bounds > 0 && !(r->plan.bounds = malloc(sizeof(int) * (size_t)sh->n_bounds)))
+                rc = -1;
+            if (rc == 0 && sh->n_bounds > 0) {
+                memcpy(r->plan.bounds, sh->bounds, sizeof(int) * (size_t)sh->n_bounds);
+                r->plan.n_bounds = sh->n_bounds;
+            }
+            if (rc == 0)
+                rc = plan_prepare(e->plan, &r->plan, &sh->ns, r->prompt, r->n_prompt, false, false,
+                                  r->t_arrival, false);
         }
         if (rc == 0) s = eseq_create(e, r, 0, &err);
     }
