@@ -1070,6 +1070,14 @@ static int blend_entries(engine *e, int n_b) {
 
 /* ---------------------------------------------------------------- the live check */
 
+/* A malloc'd copy of bounds[0, n) (NULL for none; *ok false when out of memory). */
+static int *bounds_dup(const int *bounds, int n, bool *ok) {
+    int *d = n > 0 ? malloc(sizeof *d * (size_t)n) : NULL;
+    *ok = n <= 0 || d;
+    if (d) memcpy(d, bounds, sizeof *d * (size_t)n);
+    return d;
+}
+
 /* s (a first choice) has computed its prompt, and blended: it waits for the idle engine when
  * it blended at the server's setting, the monitor watches that setting and s's turn in the
  * sample has come (a check: its prompt and first token's distribution, row), or when repairs
@@ -1098,11 +1106,10 @@ static void shadow_probe(engine *e, const eseq *s, const float *row) {
     shadow *sh = e->n_shadows < cap ? &e->shadows[e->n_shadows] : NULL;
     if (sh) {
         memset(sh, 0, sizeof *sh);
+        bool ok = true;
         sh->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt);
-        if (repair && r->plan.n_bounds > 0 &&
-            (sh->bounds = malloc(sizeof(int) * (size_t)r->plan.n_bounds)))
-            memcpy(sh->bounds, r->plan.bounds, sizeof(int) * (size_t)r->plan.n_bounds);
-        if (!sh->prompt || (repair && r->plan.n_bounds > 0 && !sh->bounds)) {
+        if (repair) sh->bounds = bounds_dup(r->plan.bounds, r->plan.n_bounds, &ok);
+        if (!sh->prompt || !ok) {
             free(sh->prompt);
             free(sh->bounds);
             sh = NULL;
@@ -1148,16 +1155,13 @@ static void shadow_start(engine *e) {
         int rc = 0;
         if (sh->repair && e->plan) {
             /* a copy: the entry keeps its own for a run again after giving way to a client */
+            bool ok;
             r->plan.blend = PLAN_BLEND_STORE;
-            if (sh->n_bounds > 0 && !(r->plan.bounds = malloc(sizeof(int) * (size_t)sh->n_bounds)))
-                rc = -1;
-            if (rc == 0 && sh->n_bounds > 0) {
-                memcpy(r->plan.bounds, sh->bounds, sizeof(int) * (size_t)sh->n_bounds);
-                r->plan.n_bounds = sh->n_bounds;
-            }
-            if (rc == 0)
-                rc = plan_prepare(e->plan, &r->plan, &sh->ns, r->prompt, r->n_prompt, false, false,
-                                  r->t_arrival, false);
+            r->plan.bounds = bounds_dup(sh->bounds, sh->n_bounds, &ok);
+            r->plan.n_bounds = r->plan.bounds ? sh->n_bounds : 0;
+            rc = !ok ? -1
+                     : plan_prepare(e->plan, &r->plan, &sh->ns, r->prompt, r->n_prompt, false,
+                                    false, r->t_arrival, false);
         }
         if (rc == 0) s = eseq_create(e, r, 0, &err);
     }
@@ -1202,14 +1206,17 @@ static void shadow_done(engine *e, const float *row) {
     char why[300];
     int step = 0;
     float ratio = 0;
-    pthread_mutex_lock(&e->qmu);
+    double kl = 0;
+    bool top1 = false;
     if (sh->check) {
         gen_logprob full = {0};
         top_logprobs(row, e->m->hp.n_vocab, GEN_MAX_TOP_LOGPROBS, &full);
-        double kl = quality_kl_topk(full.top_ids, full.top_lps, full.n_top, sh->first.top_ids,
-                                    sh->first.top_lps, sh->first.n_top);
-        bool top1 =
-            full.n_top > 0 && sh->first.n_top > 0 && full.top_ids[0] == sh->first.top_ids[0];
+        kl = quality_kl_topk(full.top_ids, full.top_lps, full.n_top, sh->first.top_ids,
+                             sh->first.top_lps, sh->first.n_top);
+        top1 = full.n_top > 0 && sh->first.n_top > 0 && full.top_ids[0] == sh->first.top_ids[0];
+    }
+    pthread_mutex_lock(&e->qmu);
+    if (sh->check) {
         e->q_checked++;
         e->q_kl_sum += kl;
         e->q_top1_sum += top1;
