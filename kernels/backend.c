@@ -56,6 +56,9 @@ const void *backend_weight_data(backend *b, const void *host, size_t bytes, kv_e
 void backend_weight_release(backend *b, const void *host) {
     if (host) b->ops->weight_release(b, host);
 }
+int backend_weight_repack(backend *b, const weight *host, weight *out, kv_error *err) {
+    return b->ops->weight_repack ? b->ops->weight_repack(b, host, out, err) : 0;
+}
 int backend_upload(backend *b, void *dst, const void *src, size_t bytes) {
     return bytes ? b->ops->upload(b, dst, src, bytes) : 0;
 }

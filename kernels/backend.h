@@ -164,6 +164,12 @@ void backend_free(backend *b, void *p);
  * backend returns host itself (the mmapped file). NULL with err when out of memory. */
 const void *backend_weight_data(backend *b, const void *host, size_t bytes, kv_error *err);
 void backend_weight_release(backend *b, const void *host);
+/* A copy of a host weight in the layout this backend's matmul reads fastest, where it has one:
+ * the CPU backend repacks Q4_0, Q4_1 and Q8_0 into its dot tiles' lane order (kernels/quant.h;
+ * the same products bit for bit, for less work per weight). 1: *out is the copy, its data
+ * backend memory the caller frees with backend_free; 0: no such layout (use backend_weight_data);
+ * -1 with err when out of memory. */
+int backend_weight_repack(backend *b, const weight *host, weight *out, kv_error *err);
 
 /* host -> backend memory, queued on the compute stream; src (host) may be reused on return. */
 int backend_upload(backend *b, void *dst, const void *src, size_t bytes);

@@ -25,6 +25,8 @@ typedef struct backend_ops {
     void (*free)(backend *b, void *p);
     const void *(*weight_data)(backend *b, const void *host, size_t bytes, kv_error *err);
     void (*weight_release)(backend *b, const void *host);
+    int (*weight_repack)(backend *b, const weight *host, weight *out,
+                         kv_error *err); /* NULL: none */
     int (*upload)(backend *b, void *dst, const void *src, size_t bytes);
     int (*download)(backend *b, void *dst, const void *src, size_t bytes);
     int (*sync)(backend *b);

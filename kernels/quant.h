@@ -30,7 +30,13 @@ typedef enum tensor_type {
     TENSOR_TYPE_Q6_K = 14,
     TENSOR_TYPE_Q8_K = 15, /* activations only */
     TENSOR_TYPE_BF16 = 30,
-    TENSOR_TYPE_COUNT = 31,
+    /* kvserve's own layouts, never read from a file (tensor_type_traits.internal): a 32-element
+     * type's rows with each group of 16 blocks repacked into the CPU dot tiles' lane order at
+     * load (quant_repack_lanes). The ids lie far from GGML's. */
+    TENSOR_TYPE_Q4_0_L16 = 64,
+    TENSOR_TYPE_Q4_1_L16 = 65,
+    TENSOR_TYPE_Q8_0_L16 = 66,
+    TENSOR_TYPE_COUNT = 67,
 } tensor_type;
 
 typedef struct tensor_type_traits {
@@ -39,6 +45,7 @@ typedef struct tensor_type_traits {
     size_t type_size;      /* bytes per block */
     bool weight_supported; /* usable as a weight type by matmul */
     tensor_type act_type;  /* the format activations are converted to for dot products */
+    bool internal;         /* a kvserve layout (the *_L16 types): a GGUF file never has it */
 } tensor_type_traits;
 
 /* NULL for ids GGUF may hold that kvserve does not support (unknown or e.g. Q2_K). */
@@ -90,6 +97,28 @@ void quantize_row_act(tensor_type act_type, const float *src, void *dst, int64_t
 
 /* dst[0..n) = the values a quantize_row_act row stands for (tests, checking other backends). */
 void dequantize_row_act(tensor_type act_type, const void *src, float *dst, int64_t n);
+
+/* ---------------------------------------------------------------- lane-order repacking
+ *
+ * Decode reads every weight once per token, and a one-row tile pays alone for bringing a Q4_0,
+ * Q4_1 or Q8_0 row into the act32 lane order (kernels/cpu/quant_impl.h) with shuffles. Repacked
+ * once at load, a group of 16 blocks is already in that order, and the tiles only load it. The
+ * row keeps its size and every block's values; each full group of 16 blocks becomes
+ *   d[16] (fp16, lane order), m[16] (Q4_1 only), then the codes as rows of 16 lane dwords:
+ *   Q4_0 / Q4_1: 4 rows, lane p of row t = qs dword t of block sigma(p) (low nibbles: elements
+ *   4t..4t+3, high: 16+4t..); Q8_0: 8 rows, lane p of row r = qs dword r of block sigma(p).
+ * The remainder blocks (fewer than 16) stay as GGUF has them. A repacked row's dot products are
+ * bit for bit its GGUF row's, at every SIMD level, tile shape and row count. */
+
+/* The lane-order twin of t where the SIMD level in use has tiles for it (AVX2, AVX-512), else
+ * t itself. */
+tensor_type quant_lanes_type(tensor_type t);
+/* The GGUF type a *_L16 type repacks; t itself for any other type. */
+tensor_type quant_lanes_base(tensor_type t);
+/* Repacks n_rows rows of n_in elements of base type t (row i at src + i * row_bytes) into dst
+ * (same size and stride) as quant_lanes_type(t) lays them out; -1 when t has no lane twin. */
+int quant_repack_lanes(tensor_type t, const void *src, void *dst, int64_t n_in, int64_t n_rows,
+                       size_t row_bytes);
 
 /* ---------------------------------------------------------------- dot tiles */
 

@@ -31,6 +31,10 @@ static const tensor_type_traits TRAITS[TENSOR_TYPE_COUNT] = {
                           TENSOR_TYPE_Q8_K},
     /* float d; int8 qs[256]; int16 bsums[16] */
     [TENSOR_TYPE_Q8_K] = {"Q8_K", QK_K, 4 + QK_K + 2 * QK_K / 16, false, TENSOR_TYPE_Q8_K},
+    /* Q4_0, Q4_1, Q8_0 repacked in lane order (kernels/quant.h): same block sizes */
+    [TENSOR_TYPE_Q4_0_L16] = {"Q4_0_L16", 32, 2 + 16, true, TENSOR_TYPE_Q8_1, true},
+    [TENSOR_TYPE_Q4_1_L16] = {"Q4_1_L16", 32, 4 + 16, true, TENSOR_TYPE_Q8_1, true},
+    [TENSOR_TYPE_Q8_0_L16] = {"Q8_0_L16", 32, 2 + 32, true, TENSOR_TYPE_Q8_1, true},
 };
 
 const tensor_type_traits *tensor_type_get(int type_id) {

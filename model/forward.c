@@ -41,13 +41,16 @@ struct forward_ctx {
     int max_seqs;
     forward_state st;
     /* the model's weights where the backend reads them (backend_weight_data: the mmapped file on
-     * the CPU, uploaded once on CUDA and shared by every context of that backend) */
+     * the CPU, uploaded once on CUDA and shared by every context of that backend; or the
+     * backend's lane-order copy, backend_weight_repack, one per context) */
     weight tok_embd, output;
     const float *output_norm;
     layer_weights *lw;  /* [n_layer] */
     rope_table rope;    /* inv_freq: backend */
     const void **bound; /* [n_bound] host ranges acquired with backend_weight_data */
     int n_bound;
+    void **repacked; /* [n_repacked] the backend's own copies (backend_weight_repack) */
+    int n_repacked;
     /* host, per flattened token */
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
@@ -130,9 +133,19 @@ static const void *bind(forward_ctx *f, const void *host, size_t bytes, kv_error
     return d;
 }
 
+/* A matmul weight: the backend's repacked copy where it has one (the file's pages then leave
+ * the resident set: the copy takes their place), else its copy of the host data. */
 static int bind_weight(forward_ctx *f, const weight *host, weight *out, kv_error *err) {
+    const size_t bytes = host->row_bytes * (size_t)host->n_out;
+    const int r = backend_weight_repack(f->b, host, out, err);
+    if (r < 0) return -1;
+    if (r > 0) {
+        f->repacked[f->n_repacked++] = (void *)out->data;
+        gguf_release_pages(f->m->gguf, host->data, bytes);
+        return 0;
+    }
     *out = *host;
-    out->data = bind(f, host->data, host->row_bytes * (size_t)host->n_out, err);
+    out->data = bind(f, host->data, bytes, err);
     return out->data ? 0 : -1;
 }
 
@@ -146,9 +159,15 @@ static int bind_weights(forward_ctx *f, kv_error *err) {
     const model_hparams *hp = &m->hp;
     f->lw = calloc((size_t)hp->n_layer, sizeof *f->lw);
     f->bound = malloc(sizeof *f->bound * (size_t)(4 + 9 * hp->n_layer));
-    if (!f->lw || !f->bound) return kv_fail(err, "out of memory");
-    if (bind_weight(f, &m->tok_embd, &f->tok_embd, err) ||
-        bind_weight(f, &m->output, &f->output, err) ||
+    f->repacked = malloc(sizeof *f->repacked * (size_t)(1 + 7 * hp->n_layer));
+    if (!f->lw || !f->bound || !f->repacked) return kv_fail(err, "out of memory");
+    /* the embedding table is read a row per token (backend_embed), in the file's layout; tied to
+     * the output matrix, that one gets the repacked copy */
+    f->tok_embd = m->tok_embd;
+    f->tok_embd.data =
+        bind(f, m->tok_embd.data, m->tok_embd.row_bytes * (size_t)m->tok_embd.n_out, err);
+    if (!f->tok_embd.data) return -1;
+    if (bind_weight(f, &m->output, &f->output, err) ||
         bind_norm(f, m->output_norm, hp->dim, &f->output_norm, err))
         return -1;
     for (int il = 0; il < hp->n_layer; il++) {
@@ -269,6 +288,8 @@ void forward_ctx_destroy(forward_ctx *f) {
     free(f->aseq);
     for (int i = 0; i < f->n_bound; i++) backend_weight_release(b, f->bound[i]);
     free(f->bound);
+    for (int i = 0; i < f->n_repacked; i++) backend_free(b, f->repacked[i]);
+    free(f->repacked);
     free(f->lw);
     free(f);
 }

@@ -425,7 +425,7 @@ static int parse_tensor_info(gguf_file *g, reader *r, int64_t i) {
     uint32_t type_id;
     if (reader_u32(r, &type_id, "the type")) return -1;
     const tensor_type_traits *tr = type_id <= INT_MAX ? tensor_type_get((int)type_id) : NULL;
-    if (!tr) {
+    if (!tr || tr->internal) {
         const char *tn = ggml_type_name(type_id);
         if (tn) {
             return kv_fail(r->err, "tensor '%s': unsupported type %u (%s)", name, type_id, tn);
@@ -645,6 +645,15 @@ fail:
     if (map != MAP_FAILED) munmap(map, len);
     if (fd >= 0) close(fd);
     return NULL;
+}
+
+void gguf_release_pages(const gguf_file *g, const void *p, size_t len) {
+    if (!g || !g->mapped || !p || !len) return;
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1);
+    const uintptr_t hi = ((uintptr_t)p + len) & ~(page - 1);
+    /* a read-only private file mapping: dropped pages are read from the file again */
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 void gguf_close(gguf_file *g) {

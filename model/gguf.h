@@ -58,7 +58,11 @@ void gguf_close(gguf_file *g);
 
 uint32_t gguf_version(const gguf_file *g);
 size_t gguf_file_size(const gguf_file *g);
-const void *gguf_data_base(const gguf_file *g);      /* start of the tensor data section */
+const void *gguf_data_base(const gguf_file *g); /* start of the tensor data section */
+/* The whole pages inside [p, p + len) of the mapping leave the resident set (a copy of the
+ * tensors is used instead); they come back from the file if read again. Nothing for a caller's
+ * buffer (gguf_open_memory). */
+void gguf_release_pages(const gguf_file *g, const void *p, size_t len);
 size_t gguf_alignment(const gguf_file *g);           /* general.alignment, default 32 */
 const char *gguf_value_type_name(gguf_value_type t); /* "UINT32"; "unknown" out of range */
 

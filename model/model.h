@@ -61,7 +61,8 @@ typedef struct layer_weights {
 } layer_weights;
 
 typedef struct model {
-    gguf_file *gguf; /* the mapping every weight points into (weights are not copied) */
+    gguf_file *gguf; /* the mapping every weight points into (the CPU backend repacks Q4_0, Q4_1
+                      * and Q8_0 matmul weights into copies: model/forward.c bind_weight) */
     model_hparams hp;
     char *name; /* general.name, or the file name */
     char *path;

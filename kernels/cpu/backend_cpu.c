@@ -103,6 +103,30 @@ static const void *cpu_weight_data(backend *b, const void *host, size_t bytes, k
 
 static void cpu_weight_release(backend *b, const void *host) { (void)b, (void)host; }
 
+/* Decode reads every weight once per token with one-row tiles, which pay alone for bringing a
+ * GGUF row into the tiles' lane order; repacked once here, a tile only loads it (quant_bench
+ * 4x1 on an AMD EPYC, Q4_1 1536x576: AVX2 36 -> 61 GMAC/s, AVX-512 49 -> 88). Rows narrower
+ * than a group of 16 blocks have nothing to repack. */
+static int cpu_weight_repack(backend *b, const weight *host, weight *out, kv_error *err) {
+    (void)b;
+    const tensor_type lt = quant_lanes_type(host->type);
+    if (lt == host->type || host->n_in < 16 * 32) return 0;
+    const size_t bytes = host->row_bytes * (size_t)host->n_out;
+    void *copy = kv_aligned_alloc(bytes);
+    if (!copy)
+        return kv_fail(err, "out of memory repacking a %lld x %lld weight (%zu bytes)",
+                       (long long)host->n_in, (long long)host->n_out, bytes);
+    if (quant_repack_lanes(host->type, host->data, copy, host->n_in, host->n_out,
+                           host->row_bytes)) {
+        kv_aligned_free(copy);
+        return 0;
+    }
+    *out = *host;
+    out->type = lt;
+    out->data = copy;
+    return 1;
+}
+
 static int cpu_copy(backend *b, void *dst, const void *src, size_t bytes) {
     (void)b;
     if (dst != src) memmove(dst, src, bytes);
@@ -558,6 +582,7 @@ static const backend_ops cpu_backend_ops = {
     .alloc = cpu_alloc,
     .free = cpu_free,
     .weight_data = cpu_weight_data,
+    .weight_repack = cpu_weight_repack,
     .weight_release = cpu_weight_release,
     .upload = cpu_copy,
     .download = cpu_copy,

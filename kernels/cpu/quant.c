@@ -373,17 +373,27 @@ static void w32_read(tensor_type t, const uint8_t *blk, w32_block *o) {
 static float scalar_dot_row_w32(tensor_type t, int64_t n, const uint8_t *w, const uint8_t *x) {
     const int64_t nb = n / QK32;
     const size_t wbytes = tensor_type_get((int)t)->type_size;
+    /* a lane-order row (*_L16): each full group read back as its GGUF blocks */
+    l16_geometry lg = {0};
+    const int lanes = quant_lanes_base(t) != t && l16_geometry_of(quant_lanes_base(t), &lg);
+    t = quant_lanes_base(t);
     double sum = 0.0;
     for (int64_t b0 = 0, g; b0 < nb; b0 += g) {
         g = act32_group_blocks(nb - b0);
         const uint8_t *grp = x + ACT32_BLOCK_BYTES * b0;
+        uint8_t gguf[L16_GROUP_BLOCKS * 34];
+        const uint8_t *wg = w + wbytes * (size_t)b0;
+        if (lanes && g == L16_GROUP_BLOCKS) {
+            l16_unpack_group(&lg, wg, gguf);
+            wg = gguf;
+        }
         for (int k = 0; k < (int)g; k++) {
             int8_t xq[32];
             float dx;
             int xsum;
             act32_read_block(grp, (int)g, k, xq, &dx, &xsum);
             w32_block wb;
-            w32_read(t, w + wbytes * (size_t)(b0 + k), &wb);
+            w32_read(t, wg + wbytes * (size_t)k, &wb);
             int isum = 0;
             for (int e = 0; e < 32; e++) isum += (wb.q[e] - wb.offset) * xq[e];
             sum += (double)((wb.scale * dx) * (float)isum);
@@ -512,6 +522,34 @@ SCALAR_DOT_TILE(TENSOR_TYPE_Q8_0, q8_0)
 SCALAR_DOT_TILE(TENSOR_TYPE_Q4_K, q4_K)
 SCALAR_DOT_TILE(TENSOR_TYPE_Q5_K, q5_K)
 SCALAR_DOT_TILE(TENSOR_TYPE_Q6_K, q6_K)
+SCALAR_DOT_TILE(TENSOR_TYPE_Q4_0_L16, q4_0_l16)
+SCALAR_DOT_TILE(TENSOR_TYPE_Q4_1_L16, q4_1_l16)
+SCALAR_DOT_TILE(TENSOR_TYPE_Q8_0_L16, q8_0_l16)
+
+/* A lane-order row: each full group back into GGUF blocks, then the GGUF type's dequantize at
+ * the level in use (the embedding lookup, matmul's f32 precision). */
+static void dequantize_l16(tensor_type t, const uint8_t *src, float *dst, int64_t n) {
+    const tensor_type base = quant_lanes_base(t);
+    l16_geometry g = {0};
+    if (!l16_geometry_of(base, &g)) return;
+    const int64_t group = QK32 * L16_GROUP_BLOCKS;
+    const size_t group_bytes = (size_t)g.block_bytes * L16_GROUP_BLOCKS;
+    int64_t e = 0;
+    for (; n - e >= group; e += group, src += group_bytes) {
+        uint8_t gguf[L16_GROUP_BLOCKS * 34];
+        l16_unpack_group(&g, src, gguf);
+        dequantize_row(base, gguf, dst + e, group);
+    }
+    if (e < n) dequantize_row(base, src, dst + e, n - e);
+}
+
+#define SCALAR_DEQUANTIZE_L16(T, NAME)                                                             \
+    static void scalar_dequantize_##NAME(const void *src, float *dst, int64_t n) {                 \
+        dequantize_l16(T, src, dst, n);                                                            \
+    }
+SCALAR_DEQUANTIZE_L16(TENSOR_TYPE_Q4_0_L16, q4_0_l16)
+SCALAR_DEQUANTIZE_L16(TENSOR_TYPE_Q4_1_L16, q4_1_l16)
+SCALAR_DEQUANTIZE_L16(TENSOR_TYPE_Q8_0_L16, q8_0_l16)
 
 const quant_kernels quant_kernels_scalar = {
     .dequantize =
@@ -527,6 +565,9 @@ const quant_kernels quant_kernels_scalar = {
             [TENSOR_TYPE_Q4_K] = scalar_dequantize_q4_K,
             [TENSOR_TYPE_Q5_K] = scalar_dequantize_q5_K,
             [TENSOR_TYPE_Q6_K] = scalar_dequantize_q6_K,
+            [TENSOR_TYPE_Q4_0_L16] = scalar_dequantize_q4_0_l16,
+            [TENSOR_TYPE_Q4_1_L16] = scalar_dequantize_q4_1_l16,
+            [TENSOR_TYPE_Q8_0_L16] = scalar_dequantize_q8_0_l16,
         },
     .quantize_act =
         {
@@ -549,6 +590,9 @@ const quant_kernels quant_kernels_scalar = {
             [TENSOR_TYPE_Q4_K] = scalar_dot_tile_q4_K,
             [TENSOR_TYPE_Q5_K] = scalar_dot_tile_q5_K,
             [TENSOR_TYPE_Q6_K] = scalar_dot_tile_q6_K,
+            [TENSOR_TYPE_Q4_0_L16] = scalar_dot_tile_q4_0_l16,
+            [TENSOR_TYPE_Q4_1_L16] = scalar_dot_tile_q4_1_l16,
+            [TENSOR_TYPE_Q8_0_L16] = scalar_dot_tile_q8_0_l16,
         },
     .fp16_to_fp32_row = scalar_fp16_to_fp32_row,
     .fp32_to_fp16_row = scalar_fp32_to_fp16_row,
@@ -680,6 +724,59 @@ void dot_tile(tensor_type wt, int64_t n, const void *w, size_t w_stride, int nw,
               size_t x_stride, int nx, float *out, size_t out_stride) {
     quant_dot_tile_fn f = valid_type(wt) ? resolve_dot_tile(wt) : NULL;
     if (f) f(n, w, w_stride, nw, x, x_stride, nx, out, out_stride);
+}
+
+/* ---------------------------------------------------------------- lane-order repacking */
+
+tensor_type quant_lanes_base(tensor_type t) {
+    switch (t) {
+    case TENSOR_TYPE_Q4_0_L16:
+        return TENSOR_TYPE_Q4_0;
+    case TENSOR_TYPE_Q4_1_L16:
+        return TENSOR_TYPE_Q4_1;
+    case TENSOR_TYPE_Q8_0_L16:
+        return TENSOR_TYPE_Q8_0;
+    default:
+        return t;
+    }
+}
+
+static tensor_type lanes_twin(tensor_type t) {
+    switch (t) {
+    case TENSOR_TYPE_Q4_0:
+        return TENSOR_TYPE_Q4_0_L16;
+    case TENSOR_TYPE_Q4_1:
+        return TENSOR_TYPE_Q4_1_L16;
+    case TENSOR_TYPE_Q8_0:
+        return TENSOR_TYPE_Q8_0_L16;
+    default:
+        return t;
+    }
+}
+
+tensor_type quant_lanes_type(tensor_type t) {
+    const tensor_type twin = lanes_twin(t);
+    /* only where a SIMD level has the twin's tiles: the scalar ones unpack each group again */
+    if (twin == t || simd_level_get() == SIMD_LEVEL_SCALAR) return t;
+    return twin;
+}
+
+int quant_repack_lanes(tensor_type t, const void *src, void *dst, int64_t n_in, int64_t n_rows,
+                       size_t row_bytes) {
+    l16_geometry g = {0};
+    if (lanes_twin(t) == t || !l16_geometry_of(t, &g) || n_in % QK32) return -1;
+    const size_t group_bytes = (size_t)g.block_bytes * L16_GROUP_BLOCKS;
+    const int64_t groups = n_in / QK32 / L16_GROUP_BLOCKS;
+    const size_t row_used = tensor_row_size(t, n_in);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)r * row_bytes;
+        uint8_t *d = (uint8_t *)dst + (size_t)r * row_bytes;
+        for (int64_t k = 0; k < groups; k++)
+            l16_pack_group(&g, s + group_bytes * (size_t)k, d + group_bytes * (size_t)k);
+        const size_t done = group_bytes * (size_t)groups;
+        memcpy(d + done, s + done, row_used - done);
+    }
+    return 0;
 }
 
 void fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n) {

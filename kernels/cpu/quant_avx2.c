@@ -481,6 +481,26 @@ ALWAYS_INLINE __m256i w32_block_dwords(int kind, const uint8_t *p, const int g, 
                              (int)v[6], (int)v[7]);
 }
 
+/* Half h of a lane-order group (*_L16, kernels/cpu/quant_impl.h): loads, and the nibbles split
+ * into rows t and t + 4. */
+ALWAYS_INLINE void w32_load_lanes(int kind, const uint8_t *p, const int h, w32_group *o) {
+    o->d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 16 * h)));
+    if (w32_has_min(kind))
+        o->m[h] = _mm256_cvtph_ps(_mm_loadu_si128((const void *)(p + 32 + 16 * h)));
+    const uint8_t *q = p + (w32_has_min(kind) ? 64 : 32) + 32 * h;
+    if (kind == W32_Q8_0) {
+        UNROLL for (int r = 0; r < 8; r++) o->q[r][h] =
+            _mm256_loadu_si256((const void *)(q + L16_ROW_BYTES * r));
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    UNROLL for (int t = 0; t < 4; t++) {
+        const __m256i e = _mm256_loadu_si256((const void *)(q + L16_ROW_BYTES * t));
+        o->q[t][h] = _mm256_and_si256(e, m4);
+        o->q[t + 4][h] = _mm256_and_si256(_mm256_srli_epi16(e, 4), m4);
+    }
+}
+
 /* Half h of one weight row's group (a group has g == 1 ? 1 : 2 halves). A half at a time: a
  * whole group's codes take all 16 ymm registers, and the spills cost more than the loads. */
 ALWAYS_INLINE void w32_load(int kind, const uint8_t *p, const int g, const int h, w32_group *o) {
@@ -599,15 +619,19 @@ ALWAYS_INLINE void w32_pairs(int kind, const int NX, const w32_group *w, const x
     }
 }
 
-ALWAYS_INLINE void w32_group_step(int kind, const int NW, const int NX, const int g,
-                                  const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
-                                  int64_t b0, __m256 acc[4][4]) {
+ALWAYS_INLINE void w32_group_step(int kind, const int lanes, const int NW, const int NX,
+                                  const int g, const uint8_t *w, size_t ws, const uint8_t *x,
+                                  size_t xs, int64_t b0, __m256 acc[4][4]) {
     x32_group xg[4];
     UNROLL for (int j = 0; j < NX; j++)
         x32_prepare(kind, x + (size_t)j * xs + ACT32_BLOCK_BYTES * (size_t)b0, g, &xg[j]);
     UNROLL for (int i = 0; i < NW; i++) for (int h = 0; h < (g == 1 ? 1 : 2); h++) {
         w32_group wg;
-        w32_load(kind, w + (size_t)i * ws + (size_t)w32_bytes(kind) * (size_t)b0, g, h, &wg);
+        const uint8_t *p = w + (size_t)i * ws + (size_t)w32_bytes(kind) * (size_t)b0;
+        if (lanes && g == 16)
+            w32_load_lanes(kind, p, h, &wg);
+        else
+            w32_load(kind, p, g, h, &wg);
         w32_pairs(kind, NX, &wg, xg, g, h, acc[i]);
     }
 }
@@ -656,14 +680,16 @@ W32_TAIL(W32_Q5_0, q5_0)
 W32_TAIL(W32_Q5_1, q5_1)
 W32_TAIL(W32_Q8_0, q8_0)
 
-ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
-                            size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+/* lanes: the row's full groups are in lane order (*_L16); its remainder blocks are GGUF's. */
+ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const int NX, int64_t n,
+                                 const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                                 float *out, size_t os) {
     __m256 acc[4][4];
     UNROLL for (int i = 0; i < NW; i++) UNROLL for (int j = 0; j < NX; j++) acc[i][j] =
         _mm256_setzero_ps();
     const int64_t nb = n / QK32;
     int64_t b0 = 0;
-    for (; nb - b0 >= 16; b0 += 16) w32_group_step(kind, NW, NX, 16, w, ws, x, xs, b0, acc);
+    for (; nb - b0 >= 16; b0 += 16) w32_group_step(kind, lanes, NW, NX, 16, w, ws, x, xs, b0, acc);
     for (int g; b0 < nb; b0 += g) {
         g = act32_group_blocks(nb - b0);
         const uint8_t *wt = w + (size_t)w32_bytes(kind) * (size_t)b0;
@@ -687,6 +713,16 @@ ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, con
         }
     }
     tile_store(NW, NX, acc, out, os);
+}
+
+ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
+                            size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+    tile_w32_rows(kind, 0, NW, NX, n, w, ws, x, xs, out, os);
+}
+
+ALWAYS_INLINE void tile_w32l(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
+                             size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+    tile_w32_rows(kind, 1, NW, NX, n, w, ws, x, xs, out, os);
 }
 
 /* ---------------------------------------------------------------- K-quants */

@@ -451,6 +451,23 @@ ALWAYS_INLINE void w32_load16(int kind, const uint8_t *p, w32_group *o) {
         q5_high_rows(_mm512_i32gather_epi32(sigma_offsets((int)bs, w32_qh_off(kind)), p, 1), o->q);
 }
 
+/* A lane-order group (*_L16, kernels/cpu/quant_impl.h): loads only. */
+ALWAYS_INLINE void w32_load16_lanes(int kind, const uint8_t *p, w32_group *o) {
+    o->d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)p));
+    if (w32_has_min(kind)) o->m = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(p + 32)));
+    const uint8_t *q = p + (w32_has_min(kind) ? 64 : 32);
+    if (kind == W32_Q8_0) {
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+        UNROLL for (int r = 0; r < 8; r++) o->q[r] =
+            _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + L16_ROW_BYTES * r)), x80);
+        return;
+    }
+    __m512i u[4];
+    UNROLL for (int t = 0; t < 4; t++) u[t] =
+        _mm512_loadu_si512((const void *)(q + L16_ROW_BYTES * t));
+    nibble_rows(u, o->q);
+}
+
 /* A remainder group of g < 16 blocks (lane p: block p % g, element dword t = r + R*(p/g)) by
  * gathers, g a constant after inlining. */
 ALWAYS_INLINE void w32_gather_tail(int kind, const uint8_t *p, const int g, w32_group *o) {
@@ -639,8 +656,10 @@ ALWAYS_INLINE void w32_pairs(int kind, const int NX, const w32_group *w, const x
     }
 }
 
-ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
-                            size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+/* lanes: the row's full groups are in lane order (*_L16); its remainder blocks are GGUF's. */
+ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const int NX, int64_t n,
+                                 const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                                 float *out, size_t os) {
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < NW; i++) UNROLL for (int j = 0; j < NX; j++) acc[i][j] =
         _mm512_setzero_ps();
@@ -653,7 +672,10 @@ ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, con
             x32_prepare(kind, x + (size_t)j * xs + ACT32_BLOCK_BYTES * (size_t)b0, 16, &xg[j]);
         UNROLL for (int i = 0; i < NW; i++) {
             w32_group wg;
-            w32_load16(kind, w + (size_t)i * ws + bs * (size_t)b0, &wg);
+            if (lanes)
+                w32_load16_lanes(kind, w + (size_t)i * ws + bs * (size_t)b0, &wg);
+            else
+                w32_load16(kind, w + (size_t)i * ws + bs * (size_t)b0, &wg);
             w32_pairs(kind, NX, &wg, xg, 16, 8, acc[i]);
         }
     }
@@ -676,6 +698,16 @@ ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, con
         }
     }
     tile_store(NW, NX, acc, out, os);
+}
+
+ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
+                            size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+    tile_w32_rows(kind, 0, NW, NX, n, w, ws, x, xs, out, os);
+}
+
+ALWAYS_INLINE void tile_w32l(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
+                             size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
+    tile_w32_rows(kind, 1, NW, NX, n, w, ws, x, xs, out, os);
 }
 
 /* ---------------------------------------------------------------- K-quant tile */

@@ -204,6 +204,63 @@ static inline void actk_put(uint8_t *blk, const int8_t q[QK_K], float d) {
     memcpy(blk + ACTK_D_OFFSET, &d, 4);
 }
 
+/* ---------------------------------------------------------------- lane-order groups (*_L16)
+ *
+ * A repacked group of 16 blocks (kernels/quant.h): d[16] fp16 at 0, m[16] at 32 (Q4_1), then
+ * its code rows of 64 bytes (lane p: 4 bytes of block act32_sigma(p)). Its size is 16 blocks'. */
+#define L16_GROUP_BLOCKS 16
+#define L16_ROW_BYTES 64
+
+typedef struct l16_geometry {
+    int block_bytes; /* the GGUF block */
+    int qs_offset;   /* of the codes inside a GGUF block */
+    bool has_min;    /* Q4_1: m[16] after d[16] */
+    int code_rows;   /* 4 (nibbles: rows t and t + 4 of the act32 group) or 8 (Q8_0) */
+} l16_geometry;
+
+/* The geometry of a GGUF type that has a lane-order twin; 0 when it has none. */
+static inline int l16_geometry_of(tensor_type base, l16_geometry *g) {
+    switch (base) {
+    case TENSOR_TYPE_Q4_0:
+        *g = (l16_geometry){18, 2, false, 4};
+        return 1;
+    case TENSOR_TYPE_Q4_1:
+        *g = (l16_geometry){20, 4, true, 4};
+        return 1;
+    case TENSOR_TYPE_Q8_0:
+        *g = (l16_geometry){34, 2, false, 8};
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static inline int l16_codes_offset(const l16_geometry *g) { return g->has_min ? 64 : 32; }
+
+/* One group of 16 GGUF blocks at src into lane order at dst. */
+static inline void l16_pack_group(const l16_geometry *g, const uint8_t *src, uint8_t *dst) {
+    const int codes = l16_codes_offset(g);
+    for (int p = 0; p < L16_GROUP_BLOCKS; p++) {
+        const uint8_t *blk = src + (size_t)g->block_bytes * (size_t)act32_sigma(p);
+        memcpy(dst + 2 * p, blk, 2);
+        if (g->has_min) memcpy(dst + 32 + 2 * p, blk + 2, 2);
+        for (int t = 0; t < g->code_rows; t++)
+            memcpy(dst + codes + L16_ROW_BYTES * t + 4 * p, blk + g->qs_offset + 4 * t, 4);
+    }
+}
+
+/* The inverse: a lane-order group at src back into 16 GGUF blocks at dst. */
+static inline void l16_unpack_group(const l16_geometry *g, const uint8_t *src, uint8_t *dst) {
+    const int codes = l16_codes_offset(g);
+    for (int p = 0; p < L16_GROUP_BLOCKS; p++) {
+        uint8_t *blk = dst + (size_t)g->block_bytes * (size_t)act32_sigma(p);
+        memcpy(blk, src + 2 * p, 2);
+        if (g->has_min) memcpy(blk + 2, src + 32 + 2 * p, 2);
+        for (int t = 0; t < g->code_rows; t++)
+            memcpy(blk + g->qs_offset + 4 * t, src + codes + L16_ROW_BYTES * t + 4 * p, 4);
+    }
+}
+
 /* ---------------------------------------------------------------- per-level function tables */
 
 typedef void (*quant_dequantize_fn)(const void *src, float *dst, int64_t n);

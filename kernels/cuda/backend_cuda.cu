@@ -787,6 +787,7 @@ const backend_ops cuda_ops = {
     cuda_free,
     cuda_weight_data,
     cuda_weight_release,
+    nullptr, /* weight_repack: the device kernels read GGUF's layout */
     cuda_upload_op,
     cuda_download,
     cuda_sync,

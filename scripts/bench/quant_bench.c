@@ -16,7 +16,9 @@
  * rows, every tile of 4 activation rows, so the weight tile stays in L1 and the activations in
  * L2), "4x1" and "1x1" are decode (one activation row, the weights streamed once). Shapes are
  * n_in x n_out: 576x1536 (attention / FFN up, fits L2), 1536x576 (FFN down) and 576x49152 (the
- * tied output matrix, 28 MB in Q8_0, streamed from L3/DRAM). Best of several runs. */
+ * tied output matrix, 28 MB in Q8_0, streamed from L3/DRAM); Q4_0 and Q4_1 add 2048x8192 (the
+ * 1.1B shape's FFN up, 10 MB). The *_L16 rows are the same types repacked into the tiles' lane
+ * order, as the CPU backend loads them (kernels/quant.h). Best of several runs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,7 +85,9 @@ static double bench(tensor_type t, int64_t n_in, int64_t n_out, int nw, int nx) 
     uint8_t *x = kv_aligned_alloc(xrow * (size_t)m);
     float *xf = malloc((size_t)n_in * sizeof(float));
     float *y = kv_aligned_alloc((size_t)m * (size_t)n_out * sizeof(float));
-    fill_weights(t, w, wrow * (size_t)n_out);
+    /* a lane-order type: its GGUF type's blocks, repacked as the CPU backend does at load */
+    fill_weights(quant_lanes_base(t), w, wrow * (size_t)n_out);
+    if (quant_lanes_base(t) != t) quant_repack_lanes(quant_lanes_base(t), w, w, n_in, n_out, wrow);
     for (int j = 0; j < m; j++) {
         for (int64_t e = 0; e < n_in; e++) xf[e] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
         quantize_row_act(at, xf, x + (size_t)j * xrow, n_in);
@@ -106,9 +110,10 @@ static double bench(tensor_type t, int64_t n_in, int64_t n_out, int nw, int nx) 
 
 int main(int argc, char **argv) {
     static const tensor_type types[] = {
-        TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q5_0,
-        TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q4_K, TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K,
-        TENSOR_TYPE_F16,  TENSOR_TYPE_BF16, TENSOR_TYPE_F32,
+        TENSOR_TYPE_Q4_1,     TENSOR_TYPE_Q8_0,     TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q5_0,
+        TENSOR_TYPE_Q5_1,     TENSOR_TYPE_Q4_K,     TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K,
+        TENSOR_TYPE_F16,      TENSOR_TYPE_BF16,     TENSOR_TYPE_F32,  TENSOR_TYPE_Q4_1_L16,
+        TENSOR_TYPE_Q8_0_L16, TENSOR_TYPE_Q4_0_L16,
     };
     static const int tiles[][2] = {{4, 4}, {4, 1}, {1, 1}};
     const simd_level max = simd_level_detect();
@@ -120,7 +125,7 @@ int main(int argc, char **argv) {
         argc -= 2;
     }
     printf("dot_tile GMAC/s, one thread (CPU supports %s)\n", simd_level_name(max));
-    printf("%-5s %-10s %-5s", "type", "shape", "tile");
+    printf("%-8s %-10s %-5s", "type", "shape", "tile");
     for (int l = lo; l <= hi; l++) printf(" %8s", simd_level_name((simd_level)l));
     printf("\n");
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -132,16 +137,22 @@ int main(int argc, char **argv) {
             if (!want) continue;
         }
         const int kq = tensor_type_get((int)t)->block_size == 256;
-        /* K-quants need n_in % 256 == 0: 1536 and 2048 instead of 576. */
-        int64_t shapes[3][2] = {{kq ? 2048 : 576, 1536}, {1536, 576}, {576, 49152}};
-        const int n_shapes = t == TENSOR_TYPE_Q8_0 ? 3 : 2;
+        /* K-quants need n_in % 256 == 0: 1536 and 2048 instead of 576. The third shape: Q8_0's
+         * is SmolLM2's tied output matrix, Q4_0's and Q4_1's the 1.1B shape's FFN up (10 MB,
+         * streamed from L3) */
+        const tensor_type base = quant_lanes_base(t);
+        const int q8 = base == TENSOR_TYPE_Q8_0,
+                  q4 = base == TENSOR_TYPE_Q4_0 || base == TENSOR_TYPE_Q4_1;
+        int64_t shapes[3][2] = {
+            {kq ? 2048 : 576, 1536}, {1536, 576}, {q8 ? 576 : 2048, q8 ? 49152 : 8192}};
+        const int n_shapes = q8 || q4 ? 3 : 2;
         for (int s = 0; s < n_shapes; s++)
             for (size_t k = 0; k < sizeof tiles / sizeof tiles[0]; k++) {
                 if (s == 2 && tiles[k][1] == 4) continue; /* the output matrix: decode only */
                 char shape[32];
                 snprintf(shape, sizeof shape, "%lldx%lld", (long long)shapes[s][0],
                          (long long)shapes[s][1]);
-                printf("%-5s %-10s %dx%d  ", name, shape, tiles[k][0], tiles[k][1]);
+                printf("%-8s %-10s %dx%d  ", name, shape, tiles[k][0], tiles[k][1]);
                 for (int l = lo; l <= hi; l++) {
                     simd_level_set((simd_level)l);
                     printf(" %8.1f",

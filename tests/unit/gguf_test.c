@@ -760,6 +760,9 @@ Test(gguf, tensor_types) {
     expect_fail(&b, "unsupported type 23 (IQ4_XS)", NULL);
     put_u32(&b, type, 99);
     expect_fail(&b, "tensor 'w.q4_1': unknown type 99", NULL);
+    /* kvserve's own repacked layouts are never read from a file */
+    put_u32(&b, type, TENSOR_TYPE_Q4_1_L16);
+    expect_fail(&b, "tensor 'w.q4_1': unknown type 65", NULL);
     put_u32(&b, type, 0x80000000u);
     expect_fail(&b, "unknown type 2147483648", NULL);
     free(b.p);

@@ -487,6 +487,69 @@ static void random_blocks(tensor_type t, uint8_t *w, size_t bytes) {
         }
 }
 
+/* Lane-order rows (*_L16): at every level and tile shape, the products of a repacked row are its
+ * GGUF row's bit for bit, and it dequantizes to the same values; rows of whole groups, with each
+ * remainder size, and narrower than a group. */
+Test(quant, lane_order_rows_equal_their_gguf_rows_bit_for_bit) {
+    static const tensor_type bases[] = {TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q8_0};
+    static const int widths[] = {32 * 87, 576, 512, 1024, 32 * 9};
+    for (int bi = 0; bi < 3; bi++)
+        for (int wi = 0; wi < 5; wi++) {
+            const tensor_type t = bases[bi];
+            const int n = widths[wi];
+            const size_t rb = tensor_row_size(t, n);
+            tensor_type lt = TENSOR_TYPE_Q4_0_L16;
+            if (t == TENSOR_TYPE_Q4_1) lt = TENSOR_TYPE_Q4_1_L16;
+            if (t == TENSOR_TYPE_Q8_0) lt = TENSOR_TYPE_Q8_0_L16;
+            cr_assert_eq(quant_lanes_base(lt), t);
+            cr_assert_eq(tensor_row_size(lt, n), rb);
+            uint8_t *w = malloc(4 * rb), *wl = malloc(4 * rb);
+            random_blocks(t, w, 4 * rb);
+            cr_assert_eq(quant_repack_lanes(t, w, wl, n, 4, rb), 0);
+            /* a row of whole groups changes; a narrower one is left as it is */
+            cr_assert_eq(memcmp(w, wl, 4 * rb) != 0, n >= 512, "%s n=%d",
+                         tensor_type_get((int)t)->name, n);
+            float *x = malloc((size_t)4 * n * 4), *d0 = malloc((size_t)n * 4),
+                  *d1 = malloc((size_t)n * 4);
+            for (int e = 0; e < 4 * n; e++) x[e] = rng_normal();
+            const size_t xs = tensor_row_size(TENSOR_TYPE_Q8_1, n);
+            for (int l = SIMD_LEVEL_SCALAR; l <= (int)max_level(); l++) {
+                simd_level_set((simd_level)l);
+                cr_assert_eq(quant_lanes_type(t), l == SIMD_LEVEL_SCALAR ? t : lt);
+                uint8_t *a = act_rows(t, x, 4, n, xs);
+                for (int i = 0; i < 4; i++) {
+                    dequantize_row(t, w + i * rb, d0, n);
+                    dequantize_row(lt, wl + i * rb, d1, n);
+                    cr_assert_eq(memcmp(d0, d1, (size_t)n * 4), 0, "%s n=%d row %d level %s",
+                                 tensor_type_get((int)lt)->name, n, i,
+                                 simd_level_name((simd_level)l));
+                }
+                for (int nw = 1; nw <= 4; nw++)
+                    for (int nx = 1; nx <= 4; nx++) {
+                        float o0[16], o1[16];
+                        dot_tile(t, n, w, rb, nw, a, xs, nx, o0, 4);
+                        dot_tile(lt, n, wl, rb, nw, a, xs, nx, o1, 4);
+                        for (int j = 0; j < nx; j++)
+                            for (int i = 0; i < nw; i++)
+                                cr_assert_eq(f32_bits(o0[4 * j + i]), f32_bits(o1[4 * j + i]),
+                                             "%s n=%d level %s tile %dx%d (%d,%d): %.9g vs %.9g",
+                                             tensor_type_get((int)lt)->name, n,
+                                             simd_level_name((simd_level)l), nw, nx, i, j,
+                                             (double)o1[4 * j + i], (double)o0[4 * j + i]);
+                    }
+                free(a);
+            }
+            free(w);
+            free(wl);
+            free(x);
+            free(d0);
+            free(d1);
+        }
+    cr_assert_eq(quant_repack_lanes(TENSOR_TYPE_Q4_K, NULL, NULL, 256, 1, 144), -1);
+    cr_assert_eq(quant_lanes_type(TENSOR_TYPE_Q6_K), TENSOR_TYPE_Q6_K);
+    restore_level();
+}
+
 Test(quant, dot_tile_long_rows_random_blocks) {
     for (int ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const tensor_type t = WEIGHT_TYPES[ti];
