@@ -154,22 +154,9 @@ static int bind_norm(forward_ctx *f, const float *host, int dim, const float **o
     return *out ? 0 : -1;
 }
 
-static int bind_weights(forward_ctx *f, kv_error *err) {
+static int bind_layers(forward_ctx *f, kv_error *err) {
     const model *m = f->m;
     const model_hparams *hp = &m->hp;
-    f->lw = calloc((size_t)hp->n_layer, sizeof *f->lw);
-    f->bound = malloc(sizeof *f->bound * (size_t)(4 + 9 * hp->n_layer));
-    f->repacked = malloc(sizeof *f->repacked * (size_t)(1 + 7 * hp->n_layer));
-    if (!f->lw || !f->bound || !f->repacked) return kv_fail(err, "out of memory");
-    /* the embedding table is read a row per token (backend_embed), in the file's layout; tied to
-     * the output matrix, that one gets the repacked copy */
-    f->tok_embd = m->tok_embd;
-    f->tok_embd.data =
-        bind(f, m->tok_embd.data, m->tok_embd.row_bytes * (size_t)m->tok_embd.n_out, err);
-    if (!f->tok_embd.data) return -1;
-    if (bind_weight(f, &m->output, &f->output, err) ||
-        bind_norm(f, m->output_norm, hp->dim, &f->output_norm, err))
-        return -1;
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *L = &m->layers[il];
         layer_weights *D = &f->lw[il];
@@ -185,6 +172,30 @@ static int bind_weights(forward_ctx *f, kv_error *err) {
     f->rope.inv_freq =
         (float *)bind(f, m->rope.inv_freq, sizeof(float) * (size_t)(m->rope.n_rot / 2), err);
     return f->rope.inv_freq ? 0 : -1;
+}
+
+static int bind_weights(forward_ctx *f, kv_error *err) {
+    const model *m = f->m;
+    const model_hparams *hp = &m->hp;
+    f->lw = calloc((size_t)hp->n_layer, sizeof *f->lw);
+    f->bound = malloc(sizeof *f->bound * (size_t)(4 + 9 * hp->n_layer));
+    f->repacked = malloc(sizeof *f->repacked * (size_t)(1 + 7 * hp->n_layer));
+    if (!f->lw || !f->bound || !f->repacked) return kv_fail(err, "out of memory");
+    if (bind_weight(f, &m->output, &f->output, err) ||
+        bind_norm(f, m->output_norm, hp->dim, &f->output_norm, err))
+        return -1;
+    /* The embedding table is read a row per token (backend_embed). Tied to the output matrix, it
+     * is that matrix as bound: a repacked copy is read there (its file pages were released, and
+     * reading rows of the mapping would bring them back 64 KiB of fault-around at a time). */
+    if (hp->tied_output && m->tok_embd.data == m->output.data) {
+        f->tok_embd = f->output;
+    } else {
+        f->tok_embd = m->tok_embd;
+        f->tok_embd.data =
+            bind(f, m->tok_embd.data, m->tok_embd.row_bytes * (size_t)m->tok_embd.n_out, err);
+        if (!f->tok_embd.data) return -1;
+    }
+    return bind_layers(f, err);
 }
 
 forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int max_tokens,

@@ -700,16 +700,6 @@ ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const 
     tile_store(NW, NX, acc, out, os);
 }
 
-ALWAYS_INLINE void tile_w32(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
-                            size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
-    tile_w32_rows(kind, 0, NW, NX, n, w, ws, x, xs, out, os);
-}
-
-ALWAYS_INLINE void tile_w32l(int kind, const int NW, const int NX, int64_t n, const uint8_t *w,
-                             size_t ws, const uint8_t *x, size_t xs, float *out, size_t os) {
-    tile_w32_rows(kind, 1, NW, NX, n, w, ws, x, xs, out, os);
-}
-
 /* ---------------------------------------------------------------- K-quant tile */
 
 enum wk_kind { WK_Q4_K, WK_Q5_K, WK_Q6_K };
