@@ -107,8 +107,10 @@ void dequantize_row_act(tensor_type act_type, const void *src, float *dst, int64
  *   d[16] (fp16, lane order), m[16] (Q4_1 only), then the codes as rows of 16 lane dwords:
  *   Q4_0 / Q4_1: 4 rows, lane p of row t = qs dword t of block sigma(p) (low nibbles: elements
  *   4t..4t+3, high: 16+4t..); Q8_0: 8 rows, lane p of row r = qs dword r of block sigma(p).
- * The remainder blocks (fewer than 16) stay as GGUF has them. A repacked row's dot products are
- * bit for bit its GGUF row's, at every SIMD level, tile shape and row count. */
+ * A row's remainder groups (8, 4, 2 blocks) are repacked in their own lane order
+ * (kernels/cpu/quant_impl.h, l16_pack_tail); a last single block stays as GGUF has it. A repacked
+ * row's dot products are bit for bit its GGUF row's, at every SIMD level, tile shape and row
+ * count. */
 
 /* The lane-order twin of t where the SIMD level in use has tiles for it (AVX2, AVX-512), else
  * t itself. */
@@ -116,7 +118,8 @@ tensor_type quant_lanes_type(tensor_type t);
 /* The GGUF type a *_L16 type repacks; t itself for any other type. */
 tensor_type quant_lanes_base(tensor_type t);
 /* Repacks n_rows rows of n_in elements of base type t (row i at src + i * row_bytes) into dst
- * (same size and stride) as quant_lanes_type(t) lays them out; -1 when t has no lane twin. */
+ * (same size and stride, not overlapping src) as quant_lanes_type(t) lays them out; -1 when t
+ * has no lane twin. */
 int quant_repack_lanes(tensor_type t, const void *src, void *dst, int64_t n_in, int64_t n_rows,
                        size_t row_bytes);
 

@@ -383,8 +383,11 @@ static float scalar_dot_row_w32(tensor_type t, int64_t n, const uint8_t *w, cons
         const uint8_t *grp = x + ACT32_BLOCK_BYTES * b0;
         uint8_t gguf[L16_GROUP_BLOCKS * 34];
         const uint8_t *wg = w + wbytes * (size_t)b0;
-        if (lanes && g == L16_GROUP_BLOCKS) {
-            l16_unpack_group(&lg, wg, gguf);
+        if (lanes && g >= 2) {
+            if (g == L16_GROUP_BLOCKS)
+                l16_unpack_group(&lg, wg, gguf);
+            else
+                l16_unpack_tail(&lg, (int)g, wg, gguf);
             wg = gguf;
         }
         for (int k = 0; k < (int)g; k++) {
@@ -532,15 +535,18 @@ static void dequantize_l16(tensor_type t, const uint8_t *src, float *dst, int64_
     const tensor_type base = quant_lanes_base(t);
     l16_geometry g = {0};
     if (!l16_geometry_of(base, &g)) return;
-    const int64_t group = QK32 * L16_GROUP_BLOCKS;
-    const size_t group_bytes = (size_t)g.block_bytes * L16_GROUP_BLOCKS;
-    int64_t e = 0;
-    for (; n - e >= group; e += group, src += group_bytes) {
+    const int64_t nb = n / QK32;
+    for (int64_t b0 = 0, k; b0 < nb; b0 += k, src += (size_t)g.block_bytes * (size_t)k) {
+        k = act32_group_blocks(nb - b0);
         uint8_t gguf[L16_GROUP_BLOCKS * 34];
-        l16_unpack_group(&g, src, gguf);
-        dequantize_row(base, gguf, dst + e, group);
+        if (k == L16_GROUP_BLOCKS)
+            l16_unpack_group(&g, src, gguf);
+        else if (k >= 2)
+            l16_unpack_tail(&g, (int)k, src, gguf);
+        else
+            memcpy(gguf, src, (size_t)g.block_bytes);
+        dequantize_row(base, gguf, dst + QK32 * b0, QK32 * k);
     }
-    if (e < n) dequantize_row(base, src, dst + e, n - e);
 }
 
 #define SCALAR_DEQUANTIZE_L16(T, NAME)                                                             \
@@ -765,16 +771,20 @@ int quant_repack_lanes(tensor_type t, const void *src, void *dst, int64_t n_in, 
                        size_t row_bytes) {
     l16_geometry g = {0};
     if (lanes_twin(t) == t || !l16_geometry_of(t, &g) || n_in % QK32) return -1;
-    const size_t group_bytes = (size_t)g.block_bytes * L16_GROUP_BLOCKS;
-    const int64_t groups = n_in / QK32 / L16_GROUP_BLOCKS;
-    const size_t row_used = tensor_row_size(t, n_in);
+    const int64_t nb = n_in / QK32;
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *s = (const uint8_t *)src + (size_t)r * row_bytes;
         uint8_t *d = (uint8_t *)dst + (size_t)r * row_bytes;
-        for (int64_t k = 0; k < groups; k++)
-            l16_pack_group(&g, s + group_bytes * (size_t)k, d + group_bytes * (size_t)k);
-        const size_t done = group_bytes * (size_t)groups;
-        memcpy(d + done, s + done, row_used - done);
+        for (int64_t b0 = 0, k; b0 < nb; b0 += k) {
+            k = act32_group_blocks(nb - b0);
+            const size_t at = (size_t)g.block_bytes * (size_t)b0;
+            if (k == L16_GROUP_BLOCKS)
+                l16_pack_group(&g, s + at, d + at);
+            else if (k >= 2)
+                l16_pack_tail(&g, (int)k, s + at, d + at);
+            else
+                memcpy(d + at, s + at, (size_t)g.block_bytes);
+        }
     }
     return 0;
 }

@@ -563,6 +563,26 @@ ALWAYS_INLINE __m128i x32_halves(const uint8_t *p, const int g, int repeat) {
     return repeat ? _mm_set1_epi16((short)v) : _mm_cvtsi32_si128(v);
 }
 
+/* Half h of a remainder group of g = 8, 4 or 2 blocks in lane order (l16_pack_tail): the scales
+ * repeat every g lanes as the activations' do; a 4-bit row's half 1 is its half 0's high
+ * nibbles. */
+ALWAYS_INLINE void w32_load_tail_lanes(int kind, const uint8_t *p, const int g, const int h,
+                                       w32_group *o) {
+    o->d[h] = _mm256_cvtph_ps(x32_halves(p, g, 1));
+    if (w32_has_min(kind)) o->m[h] = _mm256_cvtph_ps(x32_halves(p + 2 * g, g, 1));
+    const uint8_t *q = p + (w32_has_min(kind) ? 4 : 2) * g;
+    UNROLL for (int r = 0; r < 8; r++) {
+        if (r >= act32_rows(g)) break;
+        if (kind == W32_Q8_0) {
+            o->q[r][h] = _mm256_loadu_si256((const void *)(q + 64 * r + 32 * h));
+            continue;
+        }
+        __m256i e = _mm256_loadu_si256((const void *)(q + 32 * r));
+        if (h) e = _mm256_srli_epi16(e, 4);
+        o->q[r][h] = _mm256_and_si256(e, _mm256_set1_epi8(0x0F));
+    }
+}
+
 ALWAYS_INLINE void x32_prepare(int kind, const uint8_t *grp, const int g, x32_group *o) {
     o->qs = grp;
     __m128i dh[2], sum[2];
@@ -630,6 +650,8 @@ ALWAYS_INLINE void w32_group_step(int kind, const int lanes, const int NW, const
         const uint8_t *p = w + (size_t)i * ws + (size_t)w32_bytes(kind) * (size_t)b0;
         if (lanes && g == 16)
             w32_load_lanes(kind, p, h, &wg);
+        else if (lanes && g >= 2)
+            w32_load_tail_lanes(kind, p, g, h, &wg);
         else
             w32_load(kind, p, g, h, &wg);
         w32_pairs(kind, NX, &wg, xg, g, h, acc[i]);
@@ -680,7 +702,8 @@ W32_TAIL(W32_Q5_0, q5_0)
 W32_TAIL(W32_Q5_1, q5_1)
 W32_TAIL(W32_Q8_0, q8_0)
 
-/* lanes: the row's full groups are in lane order (*_L16); its remainder blocks are GGUF's. */
+/* lanes: the row's groups of 2 blocks or more are in lane order (*_L16); a last single block is
+ * GGUF's. */
 ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const int NX, int64_t n,
                                  const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                                  float *out, size_t os) {
@@ -692,6 +715,15 @@ ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const 
     for (; nb - b0 >= 16; b0 += 16) w32_group_step(kind, lanes, NW, NX, 16, w, ws, x, xs, b0, acc);
     for (int g; b0 < nb; b0 += g) {
         g = act32_group_blocks(nb - b0);
+        if (lanes && g >= 2) { /* a few loads: inline, the accumulators kept in registers */
+            if (g == 8)
+                w32_group_step(kind, lanes, NW, NX, 8, w, ws, x, xs, b0, acc);
+            else if (g == 4)
+                w32_group_step(kind, lanes, NW, NX, 4, w, ws, x, xs, b0, acc);
+            else
+                w32_group_step(kind, lanes, NW, NX, 2, w, ws, x, xs, b0, acc);
+            continue;
+        }
         const uint8_t *wt = w + (size_t)w32_bytes(kind) * (size_t)b0;
         const uint8_t *xt = x + ACT32_BLOCK_BYTES * (size_t)b0;
         switch (kind) {

@@ -574,6 +574,45 @@ ALWAYS_INLINE void w32_permute_tail2(int kind, const uint8_t *p, w32_group *o) {
     o->q[0] = v;
 }
 
+/* A remainder group of g = 8, 4 or 2 blocks in lane order (l16_pack_tail): the scales repeat
+ * every g lanes; a 4-bit row's lanes 8..15 are lanes 0..7's high nibbles. */
+/* g fp16 values at s repeated across 16 lanes, as floats. */
+ALWAYS_INLINE __m512 repeat_halves(const uint8_t *s, const int g) {
+    if (g == 8)
+        return _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const void *)s)));
+    if (g == 4) {
+        int64_t v;
+        memcpy(&v, s, 8);
+        return _mm512_cvtph_ps(_mm256_set1_epi64x(v));
+    }
+    int32_t v;
+    memcpy(&v, s, 4);
+    return _mm512_cvtph_ps(_mm256_set1_epi32(v));
+}
+
+ALWAYS_INLINE void w32_load_tail_lanes_g(int kind, const uint8_t *p, const int g, w32_group *o) {
+    const int R = act32_rows(g);
+    o->d = repeat_halves(p, g);
+    if (w32_has_min(kind)) o->m = repeat_halves(p + 2 * g, g);
+    const uint8_t *q = p + (w32_has_min(kind) ? 4 : 2) * g;
+    const __m512i zero = _mm512_setzero_si512();
+    UNROLL for (int r = 0; r < 8; r++) {
+        if (r >= R) {
+            o->q[r] = zero; /* unused; keeps the tile's reads defined */
+            continue;
+        }
+        if (kind == W32_Q8_0) {
+            o->q[r] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + 64 * r)),
+                                       _mm512_set1_epi8((char)0x80));
+            continue;
+        }
+        const __m256i e = _mm256_loadu_si256((const void *)(q + 32 * r));
+        o->q[r] = _mm512_and_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(e), _mm256_srli_epi16(e, 4), 1),
+            _mm512_set1_epi8(0x0F));
+    }
+}
+
 /* The other remainder groups (8, 4, 1): out of line, they run once per weight row and row tail. */
 static void w32_load_tail(int kind, const uint8_t *p, int g, w32_group *o) {
     switch (g) {
@@ -656,7 +695,23 @@ ALWAYS_INLINE void w32_pairs(int kind, const int NX, const w32_group *w, const x
     }
 }
 
-/* lanes: the row's full groups are in lane order (*_L16); its remainder blocks are GGUF's. */
+/* A remainder group of g = 8, 4 or 2 blocks in lane order, for NW weight rows and NX activation
+ * rows. */
+ALWAYS_INLINE void w32_tail_lanes_step(int kind, const int NW, const int NX, const int g,
+                                       const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
+                                       int64_t b0, __m512 acc[4][4]) {
+    x32_group xg[4];
+    UNROLL for (int j = 0; j < NX; j++)
+        x32_prepare(kind, x + (size_t)j * xs + ACT32_BLOCK_BYTES * (size_t)b0, g, &xg[j]);
+    UNROLL for (int i = 0; i < NW; i++) {
+        w32_group wg;
+        w32_load_tail_lanes_g(kind, w + (size_t)i * ws + w32_bytes(kind) * (size_t)b0, g, &wg);
+        w32_pairs(kind, NX, &wg, xg, g, act32_rows(g), acc[i]);
+    }
+}
+
+/* lanes: the row's groups of 2 blocks or more are in lane order (*_L16); a last single block is
+ * GGUF's. */
 ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const int NX, int64_t n,
                                  const uint8_t *w, size_t ws, const uint8_t *x, size_t xs,
                                  float *out, size_t os) {
@@ -681,6 +736,15 @@ ALWAYS_INLINE void tile_w32_rows(int kind, const int lanes, const int NW, const 
     }
     for (int g; b0 < nb; b0 += g) {
         g = act32_group_blocks(nb - b0);
+        if (lanes && g >= 2) { /* a few loads: inline, g a constant */
+            if (g == 8)
+                w32_tail_lanes_step(kind, NW, NX, 8, w, ws, x, xs, b0, acc);
+            else if (g == 4)
+                w32_tail_lanes_step(kind, NW, NX, 4, w, ws, x, xs, b0, acc);
+            else
+                w32_tail_lanes_step(kind, NW, NX, 2, w, ws, x, xs, b0, acc);
+            continue;
+        }
         const int R = act32_rows(g);
         x32_group xg[4];
         UNROLL for (int j = 0; j < NX; j++)

@@ -261,6 +261,47 @@ static inline void l16_unpack_group(const l16_geometry *g, const uint8_t *src, u
     }
 }
 
+/* A remainder group of nb = 8, 4 or 2 blocks in lane order (kernels/quant.h): d[nb] (fp16, block
+ * order: lane p uses block p % nb), m[nb] (Q4_1), then act32_rows(nb) code rows, lane p of row r
+ * holding element dword t = r + R*(p/nb) of block p % nb (quant_impl.h's act32 order). A 4-bit
+ * row keeps its 8 lanes of half 0 (32 bytes, each qs dword t < 4, whose high nibbles are the
+ * dword t + 4 of half 1's lanes); a Q8_0 row all 16 (64 bytes). Its size is nb blocks'. A group
+ * of 1 block is already in lane order. */
+static inline int l16_tail_row_bytes(const l16_geometry *g) { return g->code_rows == 8 ? 64 : 32; }
+
+/* Where in the group's GGUF blocks the 4 bytes of code row r, lane k come from. */
+static inline size_t l16_tail_offset(const l16_geometry *g, int nb, int r, int k) {
+    const int t = r + act32_rows(nb) * (k / nb);
+    return (size_t)g->block_bytes * (size_t)(k % nb) + (size_t)g->qs_offset + 4 * (size_t)t;
+}
+
+static inline void l16_pack_tail(const l16_geometry *g, int nb, const uint8_t *src, uint8_t *dst) {
+    const int scales = g->has_min ? 4 * nb : 2 * nb, lanes = l16_tail_row_bytes(g) / 4;
+    for (int k = 0; k < nb; k++) {
+        memcpy(dst + 2 * k, src + (size_t)g->block_bytes * (size_t)k, 2);
+        if (g->has_min)
+            memcpy(dst + 2 * nb + 2 * k, src + (size_t)g->block_bytes * (size_t)k + 2, 2);
+    }
+    for (int r = 0; r < act32_rows(nb); r++)
+        for (int k = 0; k < lanes; k++)
+            memcpy(dst + scales + l16_tail_row_bytes(g) * r + 4 * k,
+                   src + l16_tail_offset(g, nb, r, k), 4);
+}
+
+static inline void l16_unpack_tail(const l16_geometry *g, int nb, const uint8_t *src,
+                                   uint8_t *dst) {
+    const int scales = g->has_min ? 4 * nb : 2 * nb, lanes = l16_tail_row_bytes(g) / 4;
+    for (int k = 0; k < nb; k++) {
+        memcpy(dst + (size_t)g->block_bytes * (size_t)k, src + 2 * k, 2);
+        if (g->has_min)
+            memcpy(dst + (size_t)g->block_bytes * (size_t)k + 2, src + 2 * nb + 2 * k, 2);
+    }
+    for (int r = 0; r < act32_rows(nb); r++)
+        for (int k = 0; k < lanes; k++)
+            memcpy(dst + l16_tail_offset(g, nb, r, k),
+                   src + scales + l16_tail_row_bytes(g) * r + 4 * k, 4);
+}
+
 /* ---------------------------------------------------------------- per-level function tables */
 
 typedef void (*quant_dequantize_fn)(const void *src, float *dst, int64_t n);

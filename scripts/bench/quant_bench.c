@@ -87,7 +87,12 @@ static double bench(tensor_type t, int64_t n_in, int64_t n_out, int nw, int nx) 
     float *y = kv_aligned_alloc((size_t)m * (size_t)n_out * sizeof(float));
     /* a lane-order type: its GGUF type's blocks, repacked as the CPU backend does at load */
     fill_weights(quant_lanes_base(t), w, wrow * (size_t)n_out);
-    if (quant_lanes_base(t) != t) quant_repack_lanes(quant_lanes_base(t), w, w, n_in, n_out, wrow);
+    if (quant_lanes_base(t) != t) {
+        uint8_t *gguf = kv_aligned_alloc(wrow * (size_t)n_out);
+        memcpy(gguf, w, wrow * (size_t)n_out);
+        quant_repack_lanes(quant_lanes_base(t), gguf, w, n_in, n_out, wrow);
+        kv_aligned_free(gguf);
+    }
     for (int j = 0; j < m; j++) {
         for (int64_t e = 0; e < n_in; e++) xf[e] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
         quantize_row_act(at, xf, x + (size_t)j * xrow, n_in);
