@@ -105,12 +105,12 @@ static void cpu_weight_release(backend *b, const void *host) { (void)b, (void)ho
 
 /* Decode reads every weight once per token with one-row tiles, which pay alone for bringing a
  * GGUF row into the tiles' lane order; repacked once here, a tile only loads it (quant_bench
- * 4x1 on an AMD EPYC, Q4_1 1536x576: AVX2 36 -> 61 GMAC/s, AVX-512 49 -> 88). Rows narrower
- * than a group of 16 blocks have nothing to repack. */
+ * 4x1 on an AMD EPYC, Q4_1 1536x576: AVX2 36 -> 61 GMAC/s, AVX-512 49 -> 88). A row of one
+ * block has nothing to repack. */
 static int cpu_weight_repack(backend *b, const weight *host, weight *out, kv_error *err) {
     (void)b;
     const tensor_type lt = quant_lanes_type(host->type);
-    if (lt == host->type || host->n_in < 16 * 32) return 0;
+    if (lt == host->type || host->n_in < 2 * 32) return 0;
     const size_t bytes = host->row_bytes * (size_t)host->n_out;
     void *copy = kv_aligned_alloc(bytes);
     if (!copy)

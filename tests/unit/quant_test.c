@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "kernels/quant.h"
 
 #define GOLDEN_DIR "tests/golden/quant/"
@@ -548,6 +549,51 @@ Test(quant, lane_order_rows_equal_their_gguf_rows_bit_for_bit) {
     cr_assert_eq(quant_repack_lanes(TENSOR_TYPE_Q4_K, NULL, NULL, 256, 1, 144), -1);
     cr_assert_eq(quant_lanes_type(TENSOR_TYPE_Q6_K), TENSOR_TYPE_Q6_K);
     restore_level();
+}
+
+/* The CPU backend repacks the types that have a lane twin (where the CPU runs AVX2 or better), and
+ * its matmul over the copy gives the GGUF weight's outputs bit for bit; other types stay. */
+Test(quant, cpu_backend_repacks_weights_and_matmul_is_unchanged) {
+    kv_error err;
+    backend *b = backend_cpu_create(2, &err);
+    cr_assert(b, "%s", err.msg);
+    static const tensor_type types[] = {TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q8_0,
+                                        TENSOR_TYPE_Q6_K};
+    const int n_out = 37, max_tok = 7; /* odd: edge tiles of 1 and 2 rows */
+    for (int ti = 0; ti < 4; ti++) {
+        const tensor_type t = types[ti];
+        const int n_in = t == TENSOR_TYPE_Q6_K ? 768 : 576;
+        const size_t rb = tensor_row_size(t, n_in);
+        uint8_t *data = malloc(rb * n_out);
+        random_blocks(t, data, rb * n_out);
+        const weight host = {t, n_in, n_out, rb, data};
+        weight lw;
+        const int r = backend_weight_repack(b, &host, &lw, &err);
+        const int want = t != TENSOR_TYPE_Q6_K && simd_level_get() != SIMD_LEVEL_SCALAR;
+        cr_assert_eq(r, want, "%s: %d", tensor_type_get((int)t)->name, r);
+        if (!r) {
+            free(data);
+            continue;
+        }
+        cr_assert_eq(lw.type, quant_lanes_type(t));
+        cr_assert_neq((const void *)lw.data, (const void *)data);
+        float *x = malloc(sizeof(float) * (size_t)max_tok * n_in);
+        float *y0 = malloc(sizeof(float) * (size_t)max_tok * n_out);
+        float *y1 = malloc(sizeof(float) * (size_t)max_tok * n_out);
+        for (int e = 0; e < max_tok * n_in; e++) x[e] = rng_normal();
+        for (int n_tok = 1; n_tok <= max_tok; n_tok += 2) {
+            cr_assert_eq(backend_matmul(b, &host, x, n_tok, y0), 0);
+            cr_assert_eq(backend_matmul(b, &lw, x, n_tok, y1), 0);
+            cr_assert_eq(memcmp(y0, y1, sizeof(float) * (size_t)n_tok * n_out), 0, "%s n_tok=%d",
+                         tensor_type_get((int)t)->name, n_tok);
+        }
+        backend_free(b, (void *)lw.data);
+        free(x);
+        free(y0);
+        free(y1);
+        free(data);
+    }
+    backend_destroy(b);
 }
 
 Test(quant, dot_tile_long_rows_random_blocks) {
