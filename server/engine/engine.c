@@ -567,9 +567,10 @@ static void jump_forward(engine *e, eseq *s) {
     free(ids);
 }
 
-/* A draft token of s was verified and kept: counted in its request before the token is pushed
- * (the choice may end with it, and the reader then renders the usage). */
-static void spec_note_accepted(eseq *s) {
+/* A draft token of s was verified and kept: counted in its request, the metrics and the engine's
+ * totals before the token is pushed (the choice may end with it, and a client that has read its
+ * usage may read /metrics next: both then count it). */
+static void spec_note_accepted(engine *e, eseq *s) {
     gen_request *r = s->req;
     pthread_mutex_lock(&r->mu);
     r->spec_accepted++;
@@ -578,6 +579,9 @@ static void spec_note_accepted(eseq *s) {
         r->pred_rejected--;
     }
     pthread_mutex_unlock(&r->mu);
+    metrics_spec(e->mx, 0, 1);
+    atomic_fetch_add(&e->spec_accepted, 1);
+    if (s->by_model) atomic_fetch_add(&e->model_accepted, 1);
 }
 
 /* Samples s's next token from logits (modified in place), under its grammar if it has one, and
@@ -620,7 +624,7 @@ static bool eseq_sample(engine *e, eseq *s, float *logits, int32_t draft) {
         eseq_finish(e, s, GEN_FINISH_ERROR, 500, "the sampled token left the grammar");
         return false;
     }
-    if (accepted) spec_note_accepted(s);
+    if (accepted) spec_note_accepted(e, s);
     if (eseq_push(e, s, t, &lp)) return false;
     /* forced text after the step's last token only: it would overwrite the staged draft */
     if (accepted) return true;
@@ -946,6 +950,9 @@ static void spec_settle(engine *e, eseq *s, int kv_start, int n_draft, float *ro
     r->spec_drafted += n_draft;
     if (s->spec.drafted_pred) r->pred_rejected += n_draft;
     pthread_mutex_unlock(&r->mu);
+    metrics_spec(e->mx, n_draft, 0);
+    atomic_fetch_add(&e->spec_drafted, n_draft);
+    if (s->by_model) atomic_fetch_add(&e->model_drafted, n_draft);
     int n_gen0 = s->n_gen;
     for (int i = 0; i <= n_draft && !s->done; i++) {
         /* the pending token and the i draft tokens kept so far hold KV */
@@ -962,13 +969,6 @@ static void spec_settle(engine *e, eseq *s, int kv_start, int n_draft, float *ro
     /* the draft model's KV holds the tokens it was fed: those kept stay */
     if (e->draft && !s->done) draft_seq_truncate(e->draft, &s->dkv, kv_start + 1 + accepted);
     spec_ctl_update(&s->spec.ctl, n_draft, accepted);
-    metrics_spec(e->mx, n_draft, accepted);
-    atomic_fetch_add(&e->spec_drafted, n_draft);
-    atomic_fetch_add(&e->spec_accepted, accepted);
-    if (s->by_model) {
-        atomic_fetch_add(&e->model_drafted, n_draft);
-        atomic_fetch_add(&e->model_accepted, accepted);
-    }
 }
 
 /* ---------------------------------------------------------------- context cache */
