@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "server/engine/metrics.h"
@@ -610,10 +611,14 @@ int http_start(http_transport *t, kv_error *err) {
 
 void http_stop(http_transport *t) {
     if (!t->daemon) return;
-    /* The listening socket quiesce hands back is ours to close: new clients are refused at once
-     * instead of waiting in the backlog while open connections finish. */
+    /* The listening socket quiesce hands back is ours. Shutting it down refuses new clients at
+     * once instead of leaving them in the backlog while open connections finish. It is closed
+     * only after MHD's threads have stopped: each of them takes it out of its epoll set when it
+     * sees the quiesce, and a descriptor closed before that makes MHD abort ("Failed to remove
+     * listen FD from epoll set"). */
     MHD_socket fd = MHD_quiesce_daemon(t->daemon);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    if (fd != MHD_INVALID_SOCKET) shutdown(fd, SHUT_RDWR);
     MHD_stop_daemon(t->daemon);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
     t->daemon = NULL;
 }
