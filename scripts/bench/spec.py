@@ -18,7 +18,8 @@ requests, so that a stall of a shared machine moves it little) and the median of
 on/off ratio (the two runs of a request are back to back, so a change of load between requests
 cancels out), draft tokens verified and kept (usage.completion_tokens_details, kvserve's extension), the
 acceptance rate, and greedy mismatches (answers that differ with speculation on: must be 0).
-Then --streams concurrent RAG streams, aggregate tokens/s off and on: from SPEC_MAX_BATCH (8)
+Then --streams concurrent RAG streams, aggregate tokens/s off and on (--load-reps pairs, which
+of the two goes first alternating; medians, and each pair's ratio): from SPEC_MAX_BATCH (8)
 decoding sequences on no sequence drafts, which the ratio shows.
 
 With --draft-model FILE, the RAG and free-chat sets again on a server with that draft model
@@ -35,13 +36,14 @@ on, the median ratio, and its own mismatches, beside kvserve's.
 
     python3 scripts/bench/spec.py [--bin build/kvserve] [--model MODEL] [--threads 2]
                                   [--rag 8] [--chat 6] [--edit 3] [--max-tokens 200]
-                                  [--streams 4,16] [--json OUT] [--draft-model FILE]
+                                  [--streams 4,16] [--load-reps 3] [--json OUT] [--draft-model FILE]
                                   [--llama-server build/llamacpp/avx512/bin/llama-server]
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -251,6 +253,8 @@ def main():
     ap.add_argument("--edit", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--streams", default="4,16")
+    ap.add_argument("--load-reps", type=int, default=3,
+                    help="off/on pairs per stream count (the median ratio is reported)")
     ap.add_argument("--json")
     ap.add_argument("--llama-server")
     ap.add_argument("--draft-model", help="the RAG and chat sets again with this draft model")
@@ -276,9 +280,17 @@ def main():
         load = []
         for streams in [int(x) for x in a.streams.split(",") if x]:
             items = rag_set(pool, streams)
-            off = run_load(srv, items, streams, False, a.max_tokens)
-            on = run_load(srv, items, streams, True, a.max_tokens)
-            load.append({"streams": streams, "off_tps": off, "on_tps": on, "ratio": on / off})
+            pairs = []
+            for rep in range(a.load_reps):
+                # off and on alternate which goes first (the second finds the prompts cached)
+                order = [False, True] if rep % 2 == 0 else [True, False]
+                tps = {spec: run_load(srv, items, streams, spec, a.max_tokens) for spec in order}
+                pairs.append((tps[False], tps[True]))
+            load.append({"streams": streams,
+                         "off_tps": statistics.median(p[0] for p in pairs),
+                         "on_tps": statistics.median(p[1] for p in pairs),
+                         "ratio": statistics.median(p[1] / p[0] for p in pairs),
+                         "ratios": [round(p[1] / p[0], 3) for p in pairs]})
     finally:
         srv.stop()
     drafts = run_draft(a, sets[:2]) if a.draft_model else []
@@ -295,11 +307,11 @@ def main():
               f"{r['on_tps']:.1f} | {r['ratio']:.2f}x | {r['drafted']} | {r['accepted']}{extra} | "
               f"{r['acceptance']:.0%} | {r['mismatches']} |")
     if load:
-        print("\n| RAG streams at once | aggregate tok/s off | on | on/off |")
-        print("| ---: | ---: | ---: | ---: |")
+        print("\n| RAG streams at once | aggregate tok/s off | on | on/off (median) | each pair |")
+        print("| ---: | ---: | ---: | ---: | --- |")
         for r in load:
             print(f"| {r['streams']} | {r['off_tps']:.1f} | {r['on_tps']:.1f} | "
-                  f"{r['ratio']:.2f}x |")
+                  f"{r['ratio']:.2f}x | {', '.join(f'{x:.2f}' for x in r['ratios'])} |")
     if drafts:
         print(f"\nwith --draft-model {os.path.basename(a.draft_model)} (beside the context)\n")
         print("| set | prompts | decode tok/s off | on | on/off | drafted | kept | acceptance "
