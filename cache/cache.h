@@ -247,6 +247,9 @@ void cache_store_put_local(cache_store *s, cache_chunk *c);
  * pool tier holds as it is stored, which RAM would hold a second time. False, with nothing
  * stored, when there is no disk tier (Redis alone is a network away: RAM keeps the record). */
 bool cache_store_put_below(cache_store *s, cache_chunk *c, bool redis);
+/* The bytes of the records queued for the disk tier or being written (their chunks are held in
+ * memory until then); -1 without a disk tier. */
+int64_t cache_store_disk_backlog(cache_store *s);
 /* Pins or unpins records by their own keys (RAM and disk keep pinned chunks; pins may fill at
  * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
  * and pinned. */

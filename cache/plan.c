@@ -17,6 +17,19 @@ static const cache_cdc_params PLAN_CDC = {.min_tokens = 1, .avg_tokens = 48, .ma
 
 #define PREFETCH_CONTENT_BATCH 64 /* content records per MGET */
 
+/* Tail records waiting for the disk queue (plan_store_tail), at most: past it a tail is copied
+ * and queued at once, as when the disk keeps up. */
+#define PLAN_TAILS_MAX 256
+
+/* A sequence's last record, deferred as it ended: the keys of its blocks, which the pool tier
+ * holds, and where the record goes. */
+typedef struct plan_tail {
+    cache_key *keys; /* [n] */
+    cache_key ns;
+    int first, n; /* blocks first .. first + n of the sequence */
+    bool redis;
+} plan_tail;
+
 struct planner {
     const model *m;
     backend *b;
@@ -29,6 +42,10 @@ struct planner {
     /* measured compute per token and layer (the loading controller; read by the submitting
      * threads' Redis fetch policy too) */
     _Atomic double ns_token_layer;
+    /* tail records waiting for the disk queue, oldest first (engine thread) */
+    plan_tail *tails;
+    int n_tails, cap_tails;
+    int64_t tails_dropped;
 };
 
 /* ---------------------------------------------------------------- requests and sequences */
@@ -130,6 +147,8 @@ planner *planner_create(const model *m, backend *b, kv_pool *pool, const plan_op
 
 void planner_destroy(planner *p) {
     if (!p) return;
+    for (int i = 0; i < p->n_tails; i++) free(p->tails[i].keys);
+    free(p->tails);
     pool_cache_destroy(p->pc);
     content_store_destroy(p->cs);
     free(p->kinds);
@@ -374,17 +393,91 @@ void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, c
     }
 }
 
+/* Records held in memory while they wait for the disk are worth at most one whole chunk's
+ * record (plan_opts' tail_backlog): past that, a tail waits in the pool tier instead. */
+static int64_t tail_budget(const planner *p) {
+    if (p->o.tail_backlog != 0) return p->o.tail_backlog > 0 ? p->o.tail_backlog : 0;
+    return (int64_t)cache_block_bytes(cache_store_layout(p->o.store)) *
+           (p->o.chunk_tokens / kv_pool_layout(p->pool)->block_tokens);
+}
+
+/* Remembers blocks [first, first + n) of ps as a tail record to store once the disk's backlog
+ * allows (plan_drain_tails). False when it cannot (out of memory, or PLAN_TAILS_MAX wait). */
+static bool defer_tail(planner *p, const plan_seq *ps, const plan_req *pr, int first, int n) {
+    if (p->n_tails == PLAN_TAILS_MAX) return false;
+    if (p->n_tails == p->cap_tails) {
+        int cap = p->cap_tails ? p->cap_tails * 2 : 16;
+        plan_tail *t = realloc(p->tails, sizeof *t * (size_t)cap);
+        if (!t) return false;
+        p->tails = t;
+        p->cap_tails = cap;
+    }
+    cache_key *keys = malloc(sizeof *keys * (size_t)n);
+    if (!keys) return false;
+    memcpy(keys, ps->keys + first, sizeof *keys * (size_t)n);
+    p->tails[p->n_tails++] = (plan_tail){.keys = keys,
+                                         .ns = pr->ns,
+                                         .first = first,
+                                         .n = n,
+                                         .redis = first + n > pr->redis_held_blocks};
+    return true;
+}
+
+/* Stores a deferred tail from the pool tier's blocks: those of its leading blocks still held
+ * (the pool may have evicted the rest since). */
+static void store_deferred(planner *p, const plan_tail *t) {
+    const cache_layout *cl = cache_store_layout(p->o.store);
+    int32_t *blocks = malloc(sizeof *blocks * (size_t)t->n);
+    int held = blocks ? pool_cache_lookup(p->pc, t->keys, t->n, blocks, false) : 0;
+    cache_chunk *c =
+        held > 0 && !cache_store_holds(p->o.store, &t->keys[held - 1])
+            ? cache_chunk_create(cl, t->keys, held, &t->ns, t->first * cl->block_tokens)
+            : NULL;
+    if (c) {
+        kv_pool_export_blocks(p->pool, blocks, held, c->data);
+        if (!cache_store_put_below(p->o.store, c, t->redis)) cache_store_put_local(p->o.store, c);
+        cache_chunk_unref(c);
+    } else if (held == 0) {
+        log_debug("cache: a tail record's blocks left the pool before its write (%lld so far)",
+                  (long long)++p->tails_dropped);
+    }
+    free(blocks);
+}
+
+void plan_drain_tails(planner *p, bool all) {
+    int done = 0;
+    for (; done < p->n_tails; done++) {
+        if (!all && cache_store_disk_backlog(p->o.store) >= tail_budget(p)) break;
+        store_deferred(p, &p->tails[done]);
+        free(p->tails[done].keys);
+    }
+    if (done == 0) return;
+    p->n_tails -= done;
+    memmove(p->tails, p->tails + done, sizeof *p->tails * (size_t)p->n_tails);
+}
+
+bool plan_tails_pending(const planner *p) { return p->n_tails > 0; }
+
 /* Its pool blocks are touched last first, so the pool tier evicts the prefix from its tail.
  * As a sequence ends, its blocks stay in the pool tier: its last record goes to disk (and Redis)
  * where there is a disk tier, and RAM holds it only once it is read back. A copy in
  * RAM would hold the KV twice while the pool keeps it (16 streams of 134 tokens: 44 MiB of a
- * 223 MiB peak RSS), and the next turn of a chat finds it in the pool. */
+ * 223 MiB peak RSS), and the next turn of a chat finds it in the pool.
+ * The copy for the disk is held in memory until it is written, and sequences often end
+ * together (16 streams at once: 45 MiB of copies). So while the disk's backlog is over a
+ * chunk's record (tail_budget), an ending sequence's tail waits as keys, and
+ * plan_drain_tails copies it from the pool tier's blocks once the backlog has gone down. */
 void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, bool ending) {
     int bt = kv_pool_layout(p->pool)->block_tokens, cb = p->o.chunk_tokens / bt;
     int n = ps->n_stored;
     if (p->pc && n > 0) pool_cache_lookup(p->pc, ps->keys, n, NULL, false);
     if (!p->o.store || n % cb == 0 || n <= ps->tail_stored || kv->n_tokens < n * bt) return;
-    store_record(p, ps, pr, kv, n - n % cb, n % cb, ending && p->pc);
+    int first = n - n % cb;
+    bool below = ending && p->pc;
+    if (!below || cache_store_holds(p->o.store, &ps->keys[n - 1]) ||
+        (p->n_tails == 0 && cache_store_disk_backlog(p->o.store) < tail_budget(p)) ||
+        !defer_tail(p, ps, pr, first, n % cb))
+        store_record(p, ps, pr, kv, first, n % cb, below);
     ps->tail_stored = n;
 }
 

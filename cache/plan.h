@@ -46,6 +46,10 @@ typedef struct plan_opts {
     /* lossy encodings fetches may not choose by budget (cache_fetch_policy's barred: the quality
      * budget rules them out on this model) */
     uint32_t levels_barred;
+    /* The disk's backlog (bytes queued or being written) at or over which an ending sequence's
+     * tail record waits in the pool tier for plan_drain_tails: 0, one chunk's record; negative,
+     * always (stored only as the engine stops: tests). */
+    int64_t tail_backlog;
 } plan_opts;
 
 /* A chunk of the prompt found in the store's tiers: its tokens, tier and encoding (cache.h's
@@ -178,6 +182,12 @@ void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, c
  * sequence ends, onto disk and not into RAM where there is a disk tier (the pool tier holds its
  * blocks). */
 void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, bool ending);
+/* Stores the ending sequences' tail records that wait for the disk's backlog to go down, oldest
+ * first, while it stays under a chunk's record (all: every one, as the engine stops). Engine
+ * thread. */
+void plan_drain_tails(planner *p, bool all);
+/* True while tail records wait (the engine then polls plan_drain_tails when idle). */
+bool plan_tails_pending(const planner *p);
 /* The prompt is computed (n_computed tokens): the KV of its content-defined chunks that a full
  * prefill computed goes to the content store (and its disk and Redis copies). first: the
  * prompt's first choice (the others share its KV). */

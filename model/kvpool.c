@@ -188,7 +188,11 @@ int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_erro
 }
 
 void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host) {
-    backend_kv_read_blocks(p->b, p->mem, &p->layout, s->blocks + first, n, host);
+    kv_pool_export_blocks(p, s->blocks + first, n, host);
+}
+
+void kv_pool_export_blocks(kv_pool *p, const int32_t *blocks, int n, void *host) {
+    backend_kv_read_blocks(p->b, p->mem, &p->layout, blocks, n, host);
 }
 
 /* ---------------------------------------------------------------- token rows */

@@ -134,6 +134,8 @@ int kv_seq_append_blocks(kv_pool *p, kv_seq *s, const int32_t *blocks, int n, kv
 int kv_seq_import_blocks(kv_pool *p, kv_seq *s, int n, const void *host, kv_error *err);
 /* Copies s's blocks [first, first + n) to host, bit for bit. */
 void kv_seq_export_blocks(kv_pool *p, const kv_seq *s, int first, int n, void *host);
+/* The same for the pool blocks blocks[0..n) (held by the caller, as the pool tier holds them). */
+void kv_pool_export_blocks(kv_pool *p, const int32_t *blocks, int n, void *host);
 /* KV placed at any token slot (Prompt Cache assembles modules whose KV sits at other slots in
  * the records that hold it). host is blocks in the pool's layout back to back (a cache record's
  * payload); host slot h is slot h % block_tokens of its block h / block_tokens. Export copies

@@ -35,6 +35,7 @@ typedef struct dirstore_job {
 typedef struct dirstore_write {
     void *item;
     dirstore_entry *e;
+    int64_t bytes; /* the entry's at queueing (the entry may change before the write ends) */
 } dirstore_write;
 
 struct dirstore {
@@ -58,7 +59,8 @@ struct dirstore {
     cache_tier_stats st;
     dirstore_write *wq; /* ring [max(write_queue, 1)] */
     int wq_head, wq_len;
-    int n_writes; /* queued + in flight */
+    int n_writes;        /* queued + in flight */
+    int64_t write_bytes; /* their records' bytes */
     dirstore_job *jobs, *jobs_tail;
     void (*post_fn)(void *ud, void *arg); /* posted work (NULL: none) */
     void *post_arg;
@@ -83,6 +85,13 @@ static bool ends_with(const char *s, const char *suffix) {
 const char *dirstore_path(const dirstore *ds) { return ds->path; }
 int dirstore_dir_fd(const dirstore *ds) { return ds->dir_fd; }
 int64_t dirstore_cap(const dirstore *ds) { return ds->cap; }
+
+int64_t dirstore_write_bytes(dirstore *ds) {
+    pthread_mutex_lock(&ds->mu);
+    int64_t n = ds->write_bytes;
+    pthread_mutex_unlock(&ds->mu);
+    return n;
+}
 void dirstore_lock(dirstore *ds) { pthread_mutex_lock(&ds->mu); }
 void dirstore_unlock(dirstore *ds) { pthread_mutex_unlock(&ds->mu); }
 cache_tier_stats *dirstore_stats_locked(dirstore *ds) { return &ds->st; }
@@ -221,9 +230,10 @@ bool dirstore_queue_locked(dirstore *ds, dirstore_entry *e, void *item) {
         return false;
     }
     entry_add(ds, e);
-    ds->wq[(ds->wq_head + ds->wq_len) % ds->write_queue] = (dirstore_write){item, e};
+    ds->wq[(ds->wq_head + ds->wq_len) % ds->write_queue] = (dirstore_write){item, e, e->bytes};
     ds->wq_len++;
     ds->n_writes++;
+    ds->write_bytes += e->bytes;
     pthread_cond_signal(&ds->work);
     return true;
 }
@@ -345,6 +355,7 @@ static void *io_thread(void *arg) {
             /* After the write's deletions too, so a flush sees the directory settled. */
             drain_victims_locked(ds);
             ds->n_writes--;
+            ds->write_bytes -= w.bytes;
             pthread_cond_broadcast(&ds->done);
         } else if (ds->post_fn) {
             void (*fn)(void *, void *) = ds->post_fn;

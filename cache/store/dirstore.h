@@ -154,6 +154,8 @@ void dirstore_evict_locked(dirstore *ds);
 /* The statistics, for the tier to count its reads (capacity is filled in by dirstore_stats). */
 cache_tier_stats *dirstore_stats_locked(dirstore *ds);
 int64_t dirstore_cap(const dirstore *ds);
+/* The bytes of the records queued or being written (locks). */
+int64_t dirstore_write_bytes(dirstore *ds);
 
 /* ---------------------------------------------------------------- the I/O thread's work */
 

@@ -1046,6 +1046,8 @@ bool cache_disk_put(cache_disk *d, cache_chunk *c) {
     return queued;
 }
 
+int64_t cache_disk_write_bytes(cache_disk *d) { return dirstore_write_bytes(d->ds); }
+
 void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **out) {
     cache_disk_read_enc(d, keys, n, NULL, out, NULL);
 }

@@ -47,6 +47,8 @@ bool cache_disk_find(cache_disk *d, const cache_key *bkey, cache_key *record, in
  * the same chunk that hold a prefix of c are deleted (c's record inherits a pin they had). A
  * write that fails (ENOSPC, EIO) is counted as a write error and leaves no file behind. */
 bool cache_disk_put(cache_disk *d, cache_chunk *c);
+/* The bytes of the chunks queued or being written: their payloads are held until written. */
+int64_t cache_disk_write_bytes(cache_disk *d);
 /* Reads the records whose own keys are keys[0..n) concurrently (one batch of io_uring reads)
  * and verifies them. out[i] gets a new chunk (one reference) or NULL: not indexed, unreadable,
  * or failing its header or payload checksum (then deleted and counted as corrupt). Counts

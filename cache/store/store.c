@@ -320,6 +320,10 @@ bool cache_store_put_below(cache_store *s, cache_chunk *c, bool redis) {
     return true;
 }
 
+int64_t cache_store_disk_backlog(cache_store *s) {
+    return s->disk ? cache_disk_write_bytes(s->disk) : -1;
+}
+
 void cache_store_put(cache_store *s, cache_chunk *c) {
     cache_store_put_local(s, c);
     if (s->redis) cache_redis_put(s->redis, c);

@@ -1664,14 +1664,35 @@ static void publish_gauges(engine *e, int waiting) {
     metrics_set_engine(e->mx, &g);
 }
 
+/* While idle with tail records waiting for the disk (plan_drain_tails), how often the engine
+ * looks again (a record's write takes a few milliseconds). */
+#define TAIL_POLL_NS 2000000L
+
+static bool tails_waiting(const engine *e) { return e->plan && plan_tails_pending(e->plan); }
+
 static void *engine_main(void *arg) {
     engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
         /* idle: a check waiting runs now */
         while (!e->stopping && e->q_len == 0 && e->n_run == 0 &&
-               (e->n_shadows == 0 || e->shadow_req))
-            pthread_cond_wait(&e->cv, &e->mu);
+               (e->n_shadows == 0 || e->shadow_req)) {
+            if (!tails_waiting(e)) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            /* ended sequences' tail records wait for the disk: polled while idle */
+            pthread_mutex_unlock(&e->mu);
+            plan_drain_tails(e->plan, false);
+            pthread_mutex_lock(&e->mu);
+            if (tails_waiting(e)) {
+                struct timespec until;
+                clock_gettime(CLOCK_REALTIME, &until);
+                until.tv_nsec += TAIL_POLL_NS;
+                if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&e->cv, &e->mu, &until);
+            }
+        }
         if (e->stopping) {
             pthread_mutex_unlock(&e->mu);
             break;
@@ -1691,6 +1712,7 @@ static void *engine_main(void *arg) {
         }
         step(e);
         reap(e);
+        if (e->plan) plan_drain_tails(e->plan, false);
         publish_gauges(e, waiting);
     }
     /* Shutting down: end every stream with an error the client can see. */
@@ -1699,6 +1721,8 @@ static void *engine_main(void *arg) {
         if (!e->run[i]->done)
             eseq_finish(e, e->run[i], GEN_FINISH_ERROR, 503, "the server is shutting down");
     reap(e);
+    if (e->plan)
+        plan_drain_tails(e->plan, true); /* kept across a restart, as when the disk kept up */
     pthread_mutex_lock(&e->mu);
     while (e->q_len > 0) {
         gen_request *r = e->queue[e->q_head];

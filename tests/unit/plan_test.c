@@ -204,6 +204,7 @@ Test(plan, an_ending_sequences_last_chunk_skips_ram_while_the_pool_holds_it) {
             ka.n_tokens = N_PROMPT;
             plan_write_back(p, &a, &pr, &ka, g_prompt, N_PROMPT);
             plan_store_tail(p, &a, &pr, &ka, true);
+            plan_drain_tails(p, true); /* it may wait for the two chunks' writes */
             cache_store_flush(st);
             cache_stats cs;
             cache_store_stats(st, &cs);
@@ -219,6 +220,87 @@ Test(plan, an_ending_sequences_last_chunk_skips_ram_while_the_pool_holds_it) {
             cache_store_close(st);
             free(dir);
         }
+}
+
+/* Sequences that end together would each hold a copy of their last record until the disk wrote
+ * it: over the disk's backlog (plan_opts' tail_backlog; negative here: always) the tail waits as
+ * its blocks' keys, and plan_drain_tails copies it from the pool tier's blocks, the bytes the
+ * sequence had, onto disk and not into RAM. A tail whose blocks the pool let go meanwhile is
+ * not stored. */
+Test(plan, ending_tails_wait_for_the_disk_and_come_from_the_pool_tier) {
+    for (int evicted = 0; evicted < 2; evicted++) {
+        kv_error err = {{0}};
+        char *dir = tmpdir_create("plan_defer_");
+        cache_store_opts so = {.ram_bytes = 256 << 20, .dir = dir, .disk_bytes = 256 << 20};
+        cache_store *st = cache_store_open(cache_store_layout(g_store), &so, &err);
+        cr_assert_not_null(st, "%s", err.msg);
+        plan_opts o = {.store = st, .chunk_tokens = CHUNK, .pool_tier = true, .tail_backlog = -1};
+        planner *p = planner_create(g_m, g_b, g_pool, &o, &err);
+        cr_assert_not_null(p, "%s", err.msg);
+        int64_t free0 = kv_pool_free_blocks(g_pool);
+        plan_req pr;
+        prepare(p, &pr, false);
+        plan_seq a;
+        kv_seq ka;
+        cr_assert_eq(reuse_new(p, &pr, &a, &ka, N_PROMPT, true, false), 0);
+        cr_assert_eq(kv_seq_reserve(g_pool, &ka, N_PROMPT, &err), 0, "%s", err.msg);
+        ka.n_tokens = N_PROMPT;
+        size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
+        for (int i = 0; i < ka.n_blocks; i++) {
+            uint8_t *blk = (uint8_t *)kv_pool_memory(g_pool) + (size_t)ka.blocks[i] * bb;
+            for (size_t k = 0; k < bb; k += 64) blk[k] = (uint8_t)(i * 29 + k / 64 + evicted);
+        }
+        const int nb = N_PROMPT / 16; /* 9 whole blocks: two chunks and block 8 */
+        uint8_t *want = malloc(bb * nb), *got = malloc(bb * nb);
+        kv_seq_export_blocks(g_pool, &ka, 0, nb, want);
+        plan_write_back(p, &a, &pr, &ka, g_prompt, N_PROMPT);
+        plan_store_tail(p, &a, &pr, &ka, true);
+        kv_seq_release(g_pool, &ka); /* the sequence ends: the pool tier keeps its blocks */
+        cache_store_flush(st);
+        cr_expect(plan_tails_pending(p));
+        cr_expect(!cache_store_holds(st, &pr.keys[8]), "the tail waits, no copy made");
+        plan_drain_tails(p, false);
+        cr_expect(plan_tails_pending(p), "the backlog allows nothing here");
+        if (evicted) {
+            pool_cache_clear(planner_pool(p), NULL);
+            pool_cache_reclaim(planner_pool(p));
+        }
+        plan_drain_tails(p, true);
+        cr_expect(!plan_tails_pending(p));
+        cache_store_flush(st);
+        cache_stats cs;
+        cache_store_stats(st, &cs);
+        cr_expect_eq(cs.ram.entries, 2, "the tail is not in RAM");
+        cr_expect_eq(cs.disk.entries, evicted ? 2 : 3, "evicted %d: %lld records on disk", evicted,
+                     (long long)cs.disk.entries);
+        cr_expect_eq(cache_store_holds(st, &pr.keys[8]), !evicted);
+        if (!evicted) {
+            /* read back without the pool tier: the tail comes from disk, the sequence's bytes */
+            planner *q = make_planner(false, st);
+            plan_req fetched;
+            plan_req_init(&fetched);
+            cr_assert_eq(
+                plan_prepare(q, &fetched, &g_ns, g_prompt, N_PROMPT, false, false, 0, true), 0);
+            cr_assert_eq(fetched.n_loaded, 3);
+            cr_expect_eq(fetched.fetched[2].tier, CACHE_TIER_DISK);
+            plan_seq b;
+            kv_seq kb;
+            cr_expect_eq(reuse_new(q, &fetched, &b, &kb, N_PROMPT, true, false), nb * 16);
+            kv_seq_export_blocks(g_pool, &kb, 0, nb, got);
+            cr_expect(memcmp(got, want, bb * nb) == 0, "the blocks, as the sequence had them");
+            drop(&b, &kb);
+            plan_req_free(&fetched);
+            planner_destroy(q);
+        }
+        free(want);
+        free(got);
+        plan_seq_free(&a);
+        plan_req_free(&pr);
+        planner_destroy(p);
+        cr_expect_eq(kv_pool_free_blocks(g_pool), free0, "every block back in the pool");
+        cache_store_close(st);
+        free(dir);
+    }
 }
 
 /* KV that came lossy (a codec level from Redis) is the request's alone: no prefix key names it,
