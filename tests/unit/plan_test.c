@@ -76,8 +76,9 @@ static void drop(plan_seq *ps, kv_seq *kv) {
     plan_seq_free(ps);
 }
 
-/* A sequence that "computed" its whole prompt: blocks reserved and written back. */
-static void compute_all(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv) {
+/* A sequence that "computed" its whole prompt: blocks reserved and written back, and its last
+ * partial chunk stored (as the prompt is done, or as the sequence ends). */
+static void compute_all(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, bool ending) {
     kv_error err = {{0}};
     cr_assert_eq(reuse_new(p, pr, ps, kv, N_PROMPT, true, false), 0, "nothing cached yet");
     cr_assert_eq(kv_seq_reserve(g_pool, kv, N_PROMPT, &err), 0, "%s", err.msg);
@@ -89,7 +90,7 @@ static void compute_all(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv) {
         for (size_t k = 0; k < bb; k += 64) blk[k] = (uint8_t)(i * 31 + k / 64);
     }
     plan_write_back(p, ps, pr, kv, g_prompt, N_PROMPT);
-    plan_store_tail(p, ps, pr, kv, false);
+    plan_store_tail(p, ps, pr, kv, ending);
 }
 
 Test(plan, keys_are_the_prompts_full_blocks) {
@@ -118,7 +119,7 @@ Test(plan, the_pool_tier_lends_whole_blocks_and_leaves_the_last_token) {
     prepare(p, &pr, false);
     plan_seq a;
     kv_seq ka;
-    compute_all(p, &a, &pr, &ka);
+    compute_all(p, &a, &pr, &ka, false);
     cr_expect_eq(a.n_stored, N_PROMPT / 16, "every full block registered");
     kv_seq_release(g_pool, &ka);
     cr_expect_eq(plan_shared_blocks(p, &pr, false), N_PROMPT / 16);
@@ -147,7 +148,7 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
     prepare(p, &pr, false);
     plan_seq a;
     kv_seq ka;
-    compute_all(p, &a, &pr, &ka);
+    compute_all(p, &a, &pr, &ka, false);
     /* two whole chunks (128 tokens) and the trailing partial one (block 8) */
     cr_expect(cache_store_holds(g_store, &pr.keys[3]));
     cr_expect(cache_store_holds(g_store, &pr.keys[7]));
@@ -199,11 +200,7 @@ Test(plan, an_ending_sequences_last_chunk_skips_ram_while_the_pool_holds_it) {
             prepare(p, &pr, false);
             plan_seq a;
             kv_seq ka;
-            cr_assert_eq(reuse_new(p, &pr, &a, &ka, N_PROMPT, true, false), 0);
-            cr_assert_eq(kv_seq_reserve(g_pool, &ka, N_PROMPT, &err), 0, "%s", err.msg);
-            ka.n_tokens = N_PROMPT;
-            plan_write_back(p, &a, &pr, &ka, g_prompt, N_PROMPT);
-            plan_store_tail(p, &a, &pr, &ka, true);
+            compute_all(p, &a, &pr, &ka, true);
             plan_drain_tails(p, true); /* it may wait for the two chunks' writes */
             cache_store_flush(st);
             cache_stats cs;
@@ -242,19 +239,11 @@ Test(plan, ending_tails_wait_for_the_disk_and_come_from_the_pool_tier) {
         prepare(p, &pr, false);
         plan_seq a;
         kv_seq ka;
-        cr_assert_eq(reuse_new(p, &pr, &a, &ka, N_PROMPT, true, false), 0);
-        cr_assert_eq(kv_seq_reserve(g_pool, &ka, N_PROMPT, &err), 0, "%s", err.msg);
-        ka.n_tokens = N_PROMPT;
-        size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
-        for (int i = 0; i < ka.n_blocks; i++) {
-            uint8_t *blk = (uint8_t *)kv_pool_memory(g_pool) + (size_t)ka.blocks[i] * bb;
-            for (size_t k = 0; k < bb; k += 64) blk[k] = (uint8_t)(i * 29 + k / 64 + evicted);
-        }
+        compute_all(p, &a, &pr, &ka, true);
         const int nb = N_PROMPT / 16; /* 9 whole blocks: two chunks and block 8 */
+        size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
         uint8_t *want = malloc(bb * nb), *got = malloc(bb * nb);
         kv_seq_export_blocks(g_pool, &ka, 0, nb, want);
-        plan_write_back(p, &a, &pr, &ka, g_prompt, N_PROMPT);
-        plan_store_tail(p, &a, &pr, &ka, true);
         kv_seq_release(g_pool, &ka); /* the sequence ends: the pool tier keeps its blocks */
         cache_store_flush(st);
         cr_expect(plan_tails_pending(p));
@@ -311,7 +300,7 @@ Test(plan, lossy_records_are_never_keyed) {
     prepare(p, &pr, false);
     plan_seq a;
     kv_seq ka;
-    compute_all(p, &a, &pr, &ka);
+    compute_all(p, &a, &pr, &ka, false);
     plan_seq_free(&a);
     kv_seq_release(g_pool, &ka);
     plan_req fetched;
