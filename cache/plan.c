@@ -458,6 +458,12 @@ void plan_drain_tails(planner *p, bool all) {
 
 bool plan_tails_pending(const planner *p) { return p->n_tails > 0; }
 
+/* True when an ending sequence's tail waits: the disk is behind, or other tails wait already
+ * (they go first). */
+static bool tail_waits(planner *p) {
+    return p->n_tails > 0 || cache_store_disk_backlog(p->o.store) >= tail_budget(p);
+}
+
 /* Its pool blocks are touched last first, so the pool tier evicts the prefix from its tail.
  * As a sequence ends, its blocks stay in the pool tier: its last record goes to disk (and Redis)
  * where there is a disk tier, and RAM holds it only once it is read back. A copy in
@@ -474,10 +480,9 @@ void plan_store_tail(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, b
     if (!p->o.store || n % cb == 0 || n <= ps->tail_stored || kv->n_tokens < n * bt) return;
     int first = n - n % cb;
     bool below = ending && p->pc;
-    if (!below || cache_store_holds(p->o.store, &ps->keys[n - 1]) ||
-        (p->n_tails == 0 && cache_store_disk_backlog(p->o.store) < tail_budget(p)) ||
-        !defer_tail(p, ps, pr, first, n % cb))
-        store_record(p, ps, pr, kv, first, n % cb, below);
+    bool deferred = below && !cache_store_holds(p->o.store, &ps->keys[n - 1]) && tail_waits(p) &&
+                    defer_tail(p, ps, pr, first, n % cb);
+    if (!deferred) store_record(p, ps, pr, kv, first, n % cb, below);
     ps->tail_stored = n;
 }
 

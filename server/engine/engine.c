@@ -71,15 +71,18 @@ void gen_request_unref(gen_request *r) {
     free(r);
 }
 
-void gen_request_wait(gen_request *r, int timeout_ms) {
+/* The time ns nanoseconds from now on clock c: a pthread_cond_timedwait deadline. */
+static struct timespec deadline_in(clockid_t c, int64_t ns) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    clock_gettime(c, &ts);
+    ns += ts.tv_nsec;
+    ts.tv_sec += (time_t)(ns / 1000000000L);
+    ts.tv_nsec = (long)(ns % 1000000000L);
+    return ts;
+}
+
+void gen_request_wait(gen_request *r, int timeout_ms) {
+    struct timespec ts = deadline_in(CLOCK_MONOTONIC, (int64_t)timeout_ms * 1000000L);
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 
@@ -1686,11 +1689,8 @@ static void *engine_main(void *arg) {
             plan_drain_tails(e->plan, false);
             pthread_mutex_lock(&e->mu);
             if (tails_waiting(e)) {
-                struct timespec until;
-                clock_gettime(CLOCK_REALTIME, &until);
-                until.tv_nsec += TAIL_POLL_NS;
-                if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-                pthread_cond_timedwait(&e->cv, &e->mu, &until);
+                struct timespec until = deadline_in(CLOCK_REALTIME, TAIL_POLL_NS);
+                pthread_cond_timedwait(&e->cv, &e->mu, &until); /* e->cv: the default clock */
             }
         }
         if (e->stopping) {
