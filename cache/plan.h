@@ -47,8 +47,9 @@ typedef struct plan_opts {
      * budget rules them out on this model) */
     uint32_t levels_barred;
     /* The disk's backlog (bytes queued or being written) at or over which an ending sequence's
-     * tail record waits in the pool tier for plan_drain_tails: 0, one chunk's record; negative,
-     * always (stored only as the engine stops: tests). */
+     * tail record waits in the pool tier for plan_drain_tails: 0, any (a tail is copied only
+     * while nothing waits for the disk); negative, always (stored only as the engine stops:
+     * tests). */
     int64_t tail_backlog;
 } plan_opts;
 
@@ -155,6 +156,9 @@ void planner_note_step(planner *p, uint64_t dt_ns, int n_tokens);
 /* The least blend ratio of prompts that name none (the quality monitor's steps). */
 void planner_set_blend_ratio(planner *p, float ratio);
 double planner_ns_token_layer(const planner *p);
+/* Any thread: ending sequences' last records not stored because the pool tier evicted their
+ * blocks while they waited for the disk (plan_drain_tails). */
+int64_t planner_tails_dropped(planner *p);
 
 /* Submitting thread: pr's keys over prompt[0..n_prompt) in namespace ns, and, with fetch, the
  * records that continue its prefix past the pool tier (RAM, disk, Redis, within the prefetch

@@ -91,6 +91,7 @@ http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
     json_t *disk = tier_json(&cs.disk, true);
     json_object_set_new(disk, "enabled", json_boolean(cs.disk_enabled));
     json_object_set_new(disk, "levels", levels_json(&cs.disk));
+    json_object_set_new(disk, "evicted_writes", json_integer(es.tails_dropped));
     json_object_set_new(tiers, "disk", disk);
     /* Redis is shared: what it holds (entries, bytes) is not this instance's to report. */
     json_t *redis = tier_json(&cs.redis, true);
@@ -424,12 +425,16 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
                    : !c->gated && s->cfg->blend ? s->cfg->blend_recompute / 100.0
                                                 : -1.0;
     fprintf(f, "kvserve_blend_ratio %.4f\n", ratio);
-    metric(f, "kvserve_cache_write_errors_total", "counter",
-           "Failed or dropped write-backs (a full disk, a full queue).");
+    metric(
+        f, "kvserve_cache_write_errors_total", "counter",
+        "Failed or dropped write-backs (a full disk, a full queue, a last record whose blocks the "
+        "pool evicted before the disk took it).");
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",
             (long long)cs.disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"queue_full\"} %lld\n",
             (long long)cs.disk.dropped);
+    fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"evicted\"} %lld\n",
+            (long long)es.tails_dropped);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"io\"} %lld\n",
             (long long)es.content_disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"queue_full\"} %lld\n",

@@ -2010,6 +2010,7 @@ void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
     out->reused_tokens = atomic_load(&e->reused_tokens);
     out->blended_tokens = atomic_load(&e->blended_tokens);
     out->recomputed_tokens = atomic_load(&e->recomputed_tokens);
+    out->tails_dropped = e->plan ? planner_tails_dropped(e->plan) : 0;
     content_store *cs = e->plan ? planner_content(e->plan) : NULL;
     if (cs) content_store_stats(cs, &out->content);
     content_disk_stats(e->o.blend_disk, &out->content_disk);

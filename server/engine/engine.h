@@ -242,6 +242,7 @@ typedef struct engine_cache_stats {
     int64_t pool_entries, pool_blocks, pool_hits, pool_misses, pool_evictions;
     int64_t reused_tokens;
     int64_t blended_tokens, recomputed_tokens;
+    int64_t tails_dropped;         /* last records the pool evicted before the disk took them */
     cache_tier_stats content;      /* the blend content store (RAM) */
     cache_tier_stats content_disk; /* its records on disk */
 } engine_cache_stats;

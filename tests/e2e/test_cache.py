@@ -394,6 +394,9 @@ def test_stats_and_metrics(server):
     for tier in ("pool", "ram", "disk"):
         assert f'kvserve_cache_hits_total{{tier="{tier}"}}' in m
     assert 'kvserve_cache_bytes{tier="ram"}' in m
+    # last records the pool evicted before the disk took them: none on this light load
+    assert m['kvserve_cache_write_errors_total{tier="disk",reason="evicted"}'] == 0
+    assert st["tiers"]["disk"]["evicted_writes"] == 0, st
 
 
 def test_cache_off_server(start_server):

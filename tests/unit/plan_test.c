@@ -256,6 +256,7 @@ Test(plan, ending_tails_wait_for_the_disk_and_come_from_the_pool_tier) {
         }
         plan_drain_tails(p, true);
         cr_expect(!plan_tails_pending(p));
+        cr_expect_eq(planner_tails_dropped(p), evicted, "counted as dropped when evicted");
         cache_store_flush(st);
         cache_stats cs;
         cache_store_stats(st, &cs);
