@@ -170,7 +170,7 @@ void planner_note_step(planner *p, uint64_t dt_ns, int n_tokens) {
 
 double planner_ns_token_layer(const planner *p) { return p->ns_token_layer; }
 
-int64_t planner_tails_dropped(planner *p) { return atomic_load(&p->tails_dropped); }
+int64_t planner_tails_dropped(const planner *p) { return atomic_load(&p->tails_dropped); }
 
 /* ---------------------------------------------------------------- prefix reuse */
 
@@ -398,10 +398,10 @@ void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, c
 /* A tail is copied for the disk only while nothing waits for it (plan_opts' tail_backlog): else
  * it waits in the pool tier, so that one copy at most is held for the disk at a time. A budget
  * of one chunk's record instead held two or three tail copies at once as 16 streams ended
- * together: peak RSS 182.8 MiB against 179.2 (scripts/bench/serve.py's 16 streams, 3 runs
- * each, alternating). */
+ * together: peak RSS 182.8 MiB against 180.1 (scripts/bench/serve.py's 16 streams, medians
+ * of 3 runs each, alternating). */
 static int64_t tail_budget(const planner *p) {
-    if (p->o.tail_backlog == 0) return 1;
+    if (p->o.tail_backlog == 0) return 1; /* a backlog of a byte or more waits */
     return p->o.tail_backlog > 0 ? p->o.tail_backlog : 0;
 }
 

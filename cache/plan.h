@@ -158,7 +158,7 @@ void planner_set_blend_ratio(planner *p, float ratio);
 double planner_ns_token_layer(const planner *p);
 /* Any thread: ending sequences' last records not stored because the pool tier evicted their
  * blocks while they waited for the disk (plan_drain_tails). */
-int64_t planner_tails_dropped(planner *p);
+int64_t planner_tails_dropped(const planner *p);
 
 /* Submitting thread: pr's keys over prompt[0..n_prompt) in namespace ns, and, with fetch, the
  * records that continue its prefix past the pool tier (RAM, disk, Redis, within the prefetch
