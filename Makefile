@@ -20,7 +20,7 @@ LDLIBS  := $(BASE_LDLIBS)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c -mbmi2 -ffp-contract=fast
 AVX512_FLAGS := $(AVX2_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 
-LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c cache/*.c cache/*/*.c) \
+LIB_SRC := $(sort $(wildcard util/*.c config/*.c kernels/*.c kernels/cpu/*.c model/*.c model/*/*.c cache/*.c cache/*/*.c) \
              $(filter-out server/cli/main.c,$(wildcard server/*.c server/*/*.c)))
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 # The web page's files (server/web/) go into the binary as byte arrays written by
@@ -295,16 +295,18 @@ FUZZ_SECONDS ?= 30
 # while the SIMD kernels use _Float16, which clang 14 does not support on x86. UBSan findings
 # abort (no-recover), so libFuzzer counts them as crashes and saves the input.
 FUZZ_DEPS_COMMON := util/util.c util/json.c util/utf8.c kernels/quant_traits.c
-FUZZ_DEPS_grammar_fuzz := model/grammar.c model/grammar_match.c model/json_schema.c
+FUZZ_DEPS_grammar_fuzz := model/grammar/grammar.c model/grammar/grammar_match.c \
+    model/grammar/json_schema.c
 FUZZ_DEPS_gguf_fuzz := model/gguf.c
-FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer*.c model/unicode*.c)
+FUZZ_DEPS_tokenizer_fuzz := model/gguf.c $(wildcard model/tokenizer/*.c)
 FUZZ_DEPS_api_fuzz := server/api/api.c server/http/error.c model/sampler.c cache/chunk.c \
-    cache/blend/blend_policy.c model/chat.c model/chat_tools.c model/chat_json.c \
+    cache/blend/blend_policy.c model/chat/chat.c model/chat/chat_tools.c model/chat/chat_json.c \
     $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_responses_fuzz := server/api/responses_parse.c $(FUZZ_DEPS_api_fuzz)
-FUZZ_DEPS_chat_tools_fuzz := model/chat.c model/chat_tools.c model/chat_json.c $(FUZZ_DEPS_grammar_fuzz)
+FUZZ_DEPS_chat_tools_fuzz := model/chat/chat.c model/chat/chat_tools.c model/chat/chat_json.c \
+    $(FUZZ_DEPS_grammar_fuzz)
 FUZZ_DEPS_rans_fuzz := cache/codec/rans.c
-FUZZ_DEPS_record_fuzz := cache/record.c cache/chunk.c
+FUZZ_DEPS_record_fuzz := cache/store/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/store/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/schema/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/store/content_disk.c cache/store/dirstore.c \

@@ -18,7 +18,7 @@
 
 #include "cache/blend/blend.h"
 #include "cache/cache.h"
-#include "cache/pool_cache.h"
+#include "cache/store/pool_cache.h"
 #include "model/model.h"
 
 /* What a prompt does with reuse by content (blend). */

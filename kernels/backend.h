@@ -64,7 +64,7 @@ typedef struct weight {
  *   K region: [head_dim][block_tokens] (transposed: one vector load gives a dim of 16 keys)
  *   V region: [block_tokens][head_dim]
  * K is stored rotated (RoPE applied at the token's position). Cache records hold whole blocks in
- * this layout (their level 0, cache/record.h). The helpers below are the only definition of
+ * this layout (their level 0, cache/store/record.h). The helpers below are the only definition of
  * it: the CPU backend and the CUDA kernels both use them. */
 typedef struct kv_layout {
     int n_layer;

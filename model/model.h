@@ -13,9 +13,9 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
-#include "model/chat.h"
+#include "model/chat/chat.h"
 #include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "util/util.h"
 
 /* ---------------------------------------------------------------- hyperparameters */

@@ -5,11 +5,17 @@
                                 Mermaid graph of the folders, an arrow A --> B where a file in A
                                 includes a header of B, labelled with how many such includes
   layout.py --check README.md   exits 1 when that picture is not what the code says (make test)
-  layout.py --calls OBJDIR      exits 1 when two files of server/ call each other: from the
-                                objects' symbol tables (nm), file A calling a function defined in
-                                file B and B one defined in A (OBJDIR: build/obj)
+                                or when the folders' includes form a cycle (A includes B's
+                                headers and B, directly or not, A's; a subfolder using its
+                                parent's contract header, as cache/store/ does cache/cache.h,
+                                is no edge of a cycle: the parent holds what its rooms implement)
+  layout.py --calls OBJDIR      exits 1 when two files of server/ call each other, or when the
+                                folders' calls form a cycle: from the objects' symbol tables (nm),
+                                a file in A calling a function defined in B (OBJDIR: build/obj)
+  layout.py --functions         exits 1 when a C function (.c, .cu, .cc, .inc) is 100 lines or
+                                longer, from its first signature line to its closing brace
 
-`make layout` runs --write; `make test-unit` runs --check and --calls.
+`make layout` runs --write; `make test-unit` runs --check, --calls and --functions.
 """
 import argparse
 import collections
@@ -22,9 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- layout:begin (scripts/layout.py) -->", "<!-- layout:end -->"
 SOURCES = (".c", ".h", ".cu", ".cuh", ".cc")
 # the folders drawn, from the bottom of the stack up; a file belongs to the deepest one listed
-ROOMS = ["util", "config", "kernels", "kernels/cpu", "kernels/cuda", "model", "cache/codec",
-         "cache/store", "cache/blend", "cache/schema", "cache", "server",
-         "server/engine", "server/http", "server/api", "server/cli"]
+ROOMS = ["util", "config", "kernels", "kernels/cpu", "kernels/cuda", "model/tokenizer",
+         "model/grammar", "model/chat", "model", "cache/codec", "cache/store", "cache/blend",
+         "cache/schema", "cache", "server/metrics", "server", "server/engine", "server/http",
+         "server/api", "server/cli"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -88,12 +95,59 @@ def write(readme):
         print(f"{readme}: layout picture updated")
 
 
+def cycles(graph):
+    """The strongly connected components of more than one node (Tarjan's algorithm): each is
+    a set of folders that reach each other."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp, key=ROOMS.index))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def report_cycles(kind, graph):
+    """Prints and counts the cycles of the graph {folder: folders it uses}, without the edges
+    from a subfolder up to the folder holding it (its contract)."""
+    graph = {a: {b for b in bs if not a.startswith(b + "/")} for a, bs in graph.items()}
+    found = cycles(graph)
+    for comp in found:
+        print(f"{kind} cycle between folders: {' <-> '.join(c + '/' for c in comp)}",
+              file=sys.stderr)
+    return 1 if found else 0
+
+
 def check(readme):
     text, i, j = block(readme)
+    rc = 0
     if text[i:j].strip() != picture().strip():
         print(f"{readme}: the layout picture is stale; run `make layout`", file=sys.stderr)
-        return 1
-    return 0
+        rc = 1
+    graph = collections.defaultdict(set)
+    for a, b in edges():
+        graph[a].add(b)
+    return rc | report_cycles("include", graph)
 
 
 def symbols(obj):
@@ -109,16 +163,36 @@ def symbols(obj):
     return defined, undefined
 
 
-def calls(objdir):
+def objects(objdir):
+    """{source path: (defined, undefined)} of the library's objects under OBJDIR whose source
+    still exists (not a stale one), C and CUDA."""
     objs = {}
-    base = os.path.join(objdir, "server")
-    for d, _, files in os.walk(base):
+    for d, _, files in os.walk(objdir):
         for f in files:
-            src = os.path.relpath(os.path.join(d, f), objdir)[:-2] + ".c"
-            if f.endswith(".o") and os.path.exists(os.path.join(ROOT, src)):  # not a stale one
-                objs[src] = symbols(os.path.join(d, f))
+            rel = os.path.relpath(os.path.join(d, f), objdir)
+            for ext, srcext in ((".cuda.o", ".cu"), (".o", ".c")):
+                if rel.endswith(ext) and not rel.endswith(".emu.o"):
+                    src = rel[:-len(ext)] + srcext
+                    if room_of(src) and os.path.exists(os.path.join(ROOT, src)):
+                        objs[src] = symbols(os.path.join(d, f))
+                    break
+    return objs
+
+
+def calls(objdir):
+    every = objects(objdir)
+    objs = {p: v for p, v in every.items() if p.startswith("server/")}
     if not objs:
-        sys.exit(f"{base}: no objects (build first)")
+        sys.exit(f"{objdir}/server: no objects (build first)")
+    owner = {}
+    for p, (defined, _) in every.items():
+        for name in defined:
+            owner[name] = room_of(p)
+    graph = collections.defaultdict(set)
+    for p, (_, undefined) in every.items():
+        for name in undefined:
+            if name in owner and owner[name] != room_of(p):
+                graph[room_of(p)].add(owner[name])
     bad = []
     names = sorted(objs)
     for x in range(len(names)):
@@ -132,7 +206,57 @@ def calls(objdir):
     for line in bad:
         print("mutual calls: " + line, file=sys.stderr)
     print(f"server/: {len(objs)} files, {len(bad)} pairs calling each other")
-    return 1 if bad else 0
+    return (1 if bad else 0) | report_cycles("call", graph)
+
+
+FUNC_LIMIT = 100
+FUNC_SOURCES = (".c", ".cu", ".cc", ".inc")
+NAME = re.compile(r"([A-Za-z_]\w*)\s*\($")
+
+
+def functions_of(path):
+    """(name, first line, lines) of each function defined in a clang-formatted C source: a
+    definition starts at a line in column 0 whose signature ends with '{', and ends at the next
+    '}' in column 0."""
+    with open(os.path.join(ROOT, path), encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    out, i, n = [], 0, len(lines)
+    while i < n:
+        line = lines[i]
+        if not line or line[0].isspace() or line[0] in "}#/*" or \
+                line.startswith(("typedef", "struct", "enum", "union")):
+            i += 1
+            continue
+        j = i
+        while j < n and not lines[j].rstrip().endswith(("{", ";")) and j - i < 16:
+            j += 1
+        if j >= n:
+            break
+        head = " ".join(s.strip() for s in lines[i:j + 1]).split("(")[0]
+        if lines[j].rstrip().endswith("{") and "(" in lines[i] + lines[j] and "=" not in head:
+            k = j + 1
+            while k < n and not lines[k].startswith("}"):
+                k += 1
+            m = NAME.search(head + "(")
+            if m:
+                out.append((m.group(1), i + 1, k - i + 1))
+            i = k + 1
+        else:
+            i = j + 1
+    return out
+
+
+def functions():
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    long = []
+    for p in out:
+        if p.endswith(FUNC_SOURCES):
+            long += [(n, p, line, name) for name, line, n in functions_of(p) if n >= FUNC_LIMIT]
+    for n, p, line, name in sorted(long, reverse=True):
+        print(f"{p}:{line}: {name} is {n} lines (the limit is {FUNC_LIMIT - 1})", file=sys.stderr)
+    print(f"functions: {len(long)} of {FUNC_LIMIT} lines or more")
+    return 1 if long else 0
 
 
 def main():
@@ -140,6 +264,7 @@ def main():
     ap.add_argument("--write", metavar="README")
     ap.add_argument("--check", metavar="README")
     ap.add_argument("--calls", metavar="OBJDIR")
+    ap.add_argument("--functions", action="store_true")
     a = ap.parse_args()
     rc = 0
     if a.write:
@@ -148,7 +273,9 @@ def main():
         rc |= check(a.check)
     if a.calls:
         rc |= calls(a.calls)
-    if not (a.write or a.check or a.calls):
+    if a.functions:
+        rc |= functions()
+    if not (a.write or a.check or a.calls or a.functions):
         print(picture())
     return rc
 

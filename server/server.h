@@ -15,11 +15,11 @@
 #include "cache/cache.h"
 #include "cache/quality.h"
 #include "config/config.h"
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "model/model.h"
 #include "server/engine/engine.h"
-#include "server/engine/metrics.h"
 #include "server/http/http.h"
+#include "server/metrics/metrics.h"
 
 typedef struct schema_registry schema_registry;
 typedef struct resp_store resp_store;

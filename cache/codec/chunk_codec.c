@@ -5,11 +5,9 @@
 #include <string.h>
 
 #include "cache/codec/chunk_codec.h"
-#include "cache/record.h"
 #include "kernels/quant.h"
 
 _Static_assert(CACHE_ENC_MAX == CACHE_ENC_CODEC + CODEC_MAX_LEVELS, "one id per codec level");
-_Static_assert(CACHE_RECORD_MAX_LEVEL == CACHE_ENC_MAX - 1, "a record level per encoding");
 
 int cache_enc_count(const codec_table *t) { return CACHE_ENC_CODEC + (t ? t->n_levels : 0); }
 

@@ -6,7 +6,7 @@
  *   1   q8         8-bit per-token uniform quantization (CacheGen's baseline; codec_quant.h)
  *   2+L codecL     the CacheGen codec at the table's level L (cache/codec/codec.h)
  *
- * The id is the record header's level field (cache/record.h), so an encoded record carries
+ * The id is the record header's level field (cache/store/record.h), so an encoded record carries
  * the same checked header as a raw one, and its payload is the encoded bytes. A codec payload names
  * its table (the bitstream's header), and decoding refuses a table other than the reader's, so
  * a record written under another table is refused, never decoded wrongly.

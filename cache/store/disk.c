@@ -13,7 +13,7 @@
  * chunk in every other encoding the Redis tier offers (cache/codec/chunk_codec.h): <key>.e1.kvc for
  * q8, <key>.e<N>-<table id>.kvc for codec level N - 2 (named with the codec table, so files of
  * another table are deleted at open, never decoded). Each is a whole record of that level
- * (cache/record.h), written like a record. An encoder thread, at a lower CPU priority,
+ * (cache/store/record.h), written like a record. An encoder thread, at a lower CPU priority,
  * encodes each record once it is published and hands the files to the I/O thread; the index keeps
  * their sizes with the record, and they count towards the cap, are evicted, cleared, superseded and
  * deleted with it. A read chooses each record's encoding with the fetch policy
@@ -29,10 +29,10 @@
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
-#include "cache/record.h"
 #include "cache/store/dirstore.h"
 #include "cache/store/disk.h"
 #include "cache/store/leases.h"
+#include "cache/store/record.h"
 #include "cache/store/worker.h"
 #include "util/keytable.h"
 

@@ -1,7 +1,7 @@
 /* The disk tier of the chunk store (internal to cache/; cache/store/store.c is its only user).
  *
  * One directory per model identity under the configured cache directory holds one file per
- * chunk: a record (cache/record.h: header with magic, version, model identity, layout, key,
+ * chunk: a record (cache/store/record.h: header with magic, version, model identity, layout, key,
  * namespace, positions, payload checksum; then the payload). Writes go to a temporary file that
  * is renamed into place when complete, so a reader (or a restart after kill -9) sees whole
  * records or none. An I/O thread owns an io_uring and performs every read and write, with

@@ -20,8 +20,8 @@
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/codec/meter.h"
-#include "cache/record.h"
 #include "cache/store/content_disk.h"
+#include "cache/store/record.h"
 #include "cache/store/redis.h"
 
 #define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION

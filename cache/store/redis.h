@@ -2,7 +2,7 @@
  *
  * Below disk, shared by every instance that names the same Redis: one instance's chunks save the
  * others their prefill. A value is a whole chunk record in the disk tier's format
- * (cache/record.h: the header with its checksums, then the payload, unpadded), verified like
+ * (cache/store/record.h: the header with its checksums, then the payload, unpadded), verified like
  * a record read from disk before it is used. Keys (model: the first 16 hex digits of the model
  * identity; bt, ct: the layout's block and chunk tokens; ns, key: 64 hex digits):
  *

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "model/model.h"
 
 typedef struct walk_stats {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates model/unicode_data.c: the Unicode tables the tokenizer's pre-tokenizers need.
+"""Generates model/tokenizer/unicode_data.c: the Unicode tables the tokenizer's pre-tokenizers need.
 
     pip install unicodedata2==15.1.0
     python3 scripts/ref/gen_unicode_tables.py [--module unicodedata2|unicodedata] [out.c]
@@ -24,7 +24,7 @@ import argparse
 import importlib
 import sys
 
-# Flag layout shared with model/unicode.h (keep in sync).
+# Flag layout shared with model/tokenizer/unicode.h (keep in sync).
 CAT = {"Cn": 0, "L": 1, "M": 2, "N": 3, "P": 4, "S": 5, "Z": 6, "C": 7}
 FLAG_WHITESPACE = 0x08
 MAX_CP = 0x110000
@@ -41,7 +41,7 @@ def flags_of(ud, cp: int) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", default="unicodedata2", choices=["unicodedata2", "unicodedata"])
-    ap.add_argument("out", nargs="?", default="model/unicode_data.c")
+    ap.add_argument("out", nargs="?", default="model/tokenizer/unicode_data.c")
     args = ap.parse_args()
     ud = importlib.import_module(args.module)
 
@@ -59,7 +59,7 @@ def main() -> int:
         % (args.module, ud.unidata_version),
         " * Do not edit: regenerate. Run i covers code points [start[i], start[i+1]) and has",
         " * flags[i]: the major general category (UNICODE_CAT_*) | UNICODE_FLAG_WHITESPACE. */",
-        '#include "model/unicode.h"',
+        '#include "model/tokenizer/unicode.h"',
         "",
         "/* clang-format off */",
         "const char unicode_data_version[] = \"%s\";" % ud.unidata_version,

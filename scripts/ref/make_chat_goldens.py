@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/golden/chat/*.json: chat templates rendered by the reference Jinja engine.
 
-kvserve does not execute Jinja; model/chat.c re-implements the few prompt formats it serves.
+kvserve does not execute Jinja; model/chat/chat.c re-implements the few prompt formats it serves.
 tests/unit/chat_test.c checks chat_render against these files byte for byte. The expected text
 comes from the PyPI `jinja2` package (pip install jinja2) run the way Hugging Face transformers
 runs chat templates (transformers/utils/chat_template_utils.py, _compile_jinja_template):

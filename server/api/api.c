@@ -12,7 +12,7 @@
  * silently cut) and copied: the request owns all its memory and outlives the JSON tree. */
 #include "server/api/api.h"
 #include "cache/cache.h"
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "server/api/api_impl.h"
 #include "util/json.h"
 #include "util/utf8.h"

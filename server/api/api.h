@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/chat.h"
+#include "model/chat/chat.h"
 #include "model/sampler.h"
 #include "server/http/error.h"
 

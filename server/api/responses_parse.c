@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "server/api/api_impl.h"
 #include "server/api/responses.h"
 

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "model/model.h"
 
 typedef struct draft_model draft_model;

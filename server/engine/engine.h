@@ -21,10 +21,10 @@
 #include "cache/plan.h"
 #include "cache/quality.h"
 #include "cache/schema/schema.h"
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "server/engine/metrics.h"
+#include "server/metrics/metrics.h"
 
 #define GEN_MAX_TOP_LOGPROBS 20
 

@@ -21,8 +21,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "server/engine/metrics.h"
 #include "server/http/http.h"
+#include "server/metrics/metrics.h"
 
 /* A body larger than the limit is still read (and dropped) up to this many bytes, so the client
  * gets its 413 rather than a reset connection; beyond it the connection is closed at once. */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/chat.h"
+#include "model/chat/chat.h"
 
 #define N_FORMATS (CHAT_TOOLS_MISTRAL_V7 + 1) /* the tool formats, the last one included */
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

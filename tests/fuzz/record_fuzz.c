@@ -1,4 +1,4 @@
-/* libFuzzer target for the chunk record parser (cache/record.c) under a fixed layout (2
+/* libFuzzer target for the chunk record parser (cache/store/record.c) under a fixed layout (2
  * layers, 1 KV head, head_dim 8, blocks of 16, chunks of 32: up to 2 blocks of 1024 payload bytes,
  * a 4096-byte header). Each input is
  *   1. decoded as it is (a copy of exactly size bytes, so ASan sees any read past len);
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/record.h"
+#include "cache/store/record.h"
 
 static cache_layout fuzz_layout(void) {
     cache_layout l = {

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "model/tokenizer/tokenizer.h"
+#include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/unicode.h"
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \

@@ -2,7 +2,7 @@
 #ifndef KVSERVE_BYTE_VOCAB_H
 #define KVSERVE_BYTE_VOCAB_H
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 
 /* The 256 single bytes plus extra tokens; the last token is end-of-generation. The test fails
  * when it cannot be made. */

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "cache/codec/chunk_codec.h"
-#include "cache/record.h"
 #include "cache/store/disk.h"
+#include "cache/store/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

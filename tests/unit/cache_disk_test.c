@@ -24,8 +24,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "cache/record.h"
 #include "cache/store/disk.h"
+#include "cache/store/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "cache/codec/chunk_codec.h"
-#include "cache/record.h"
+#include "cache/store/record.h"
 #include "cache/store/redis.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/tmpdir.h"

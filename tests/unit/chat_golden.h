@@ -7,7 +7,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 
-#include "model/chat.h"
+#include "model/chat/chat.h"
 
 typedef struct golden_conv {
     chat_message *msgs;

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/chat.h"
-#include "model/grammar.h"
+#include "model/chat/chat.h"
+#include "model/grammar/grammar.h"
 #include "tests/unit/byte_vocab.h"
 #include "tests/unit/chat_golden.h"
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 #include "tests/unit/byte_vocab.h"
 
 /* ---------------------------------------------------------------- helpers */

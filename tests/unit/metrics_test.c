@@ -1,4 +1,4 @@
-/* The Prometheus text of server/engine/metrics.c: TTFT is observed once overall and once in the
+/* The Prometheus text of server/metrics/metrics.c: TTFT is observed once overall and once in the
  * series of the request's reuse class, each series with its own buckets, sum and count, and the
  * family described once. */
 #include <criterion/criterion.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/engine/metrics.h"
+#include "server/metrics/metrics.h"
 
 #define BY_REUSE "kvserve_time_to_first_token_by_reuse_seconds"
 

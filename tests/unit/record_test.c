@@ -1,11 +1,11 @@
-/* The chunk record format (cache/record.h): record round trips, every header field corrupted
+/* The chunk record format (cache/store/record.h): record round trips, every header field corrupted
  * (with and without a valid header checksum), another layout or model, truncation at every
  * length, encoded levels only where asked for, and payload bit flips. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache/record.h"
+#include "cache/store/record.h"
 #include "tests/unit/chunk_fixture.h"
 #include "tests/unit/disk_fixture.h"
 

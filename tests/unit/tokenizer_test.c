@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/grammar.h"
-#include "model/tokenizer.h"
-#include "model/unicode.h"
+#include "model/grammar/grammar.h"
+#include "model/tokenizer/tokenizer.h"
+#include "model/tokenizer/unicode.h"
 
 #define GOLDEN "tests/golden/tokenizer/"
 #define SMOLLM "models/SmolLM2-135M-Instruct.Q4_1.gguf"

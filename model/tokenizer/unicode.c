@@ -1,5 +1,5 @@
 /* The code point flag lookup (see unicode.h). */
-#include "model/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 uint8_t unicode_flags(uint32_t cp) {
     if (cp < 128) return unicode_ascii_flags[cp];

@@ -14,8 +14,8 @@
  * transitions, jumping over a subtree at the first byte the grammar refuses (xgrammar and
  * llguidance prune the same way). The mask of each state is cached, so a state seen before
  * (every character inside a JSON string is the same state) costs only applying the bitset. */
-#include "model/grammar.h"
-#include "model/grammar_impl.h"
+#include "model/grammar/grammar.h"
+#include "model/grammar/grammar_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The device-pool tier: block entries in a keyed table with an LRU list (util/keytable.h)
  * under one mutex (held briefly; the engine thread is the only writer of the pool itself). */
-#include "cache/pool_cache.h"
+#include "cache/store/pool_cache.h"
 
 #include <pthread.h>
 #include <stdlib.h>

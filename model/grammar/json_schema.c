@@ -15,7 +15,7 @@
  * "#", "#/$defs/.." or "#/definitions/.." (recursion included), $defs/definitions, and the
  * annotations (title, description, default, examples, $schema, $id, $comment, deprecated,
  * readOnly, writeOnly, discriminator). Anything else is an error naming the keyword. */
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 
 typedef enum gelem_type {
     G_END = 0, /* end of an alternative: the rule is matched */

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/unicode.h"
 
 typedef struct spm_sym {
     size_t start;       /* byte offset in the escaped text */

@@ -1,5 +1,5 @@
 /* Pre-tokenizers of byte-level BPE: the regexes of tokenizer.ggml.pre, written out by hand over
- * code point flags (model/unicode.h) instead of going through a regex engine.
+ * code point flags (model/tokenizer/unicode.h) instead of going through a regex engine.
  *
  * llama.cpp (src/unicode.cpp, unicode_regex_split) applies a chain of regexes: each regex runs
  * separately inside every segment the previous one produced, and both its matches and the text
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/unicode.h"
 
 /* Flags of a position outside the current segment: no category, not whitespace, and unequal to
  * the flags of any real code point (llama.cpp's flags-zero "out of range"). */

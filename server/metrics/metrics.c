@@ -1,4 +1,4 @@
-#include "server/engine/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <pthread.h>
 #include <stdbool.h>

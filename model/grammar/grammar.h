@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "util/util.h"
 
 #define GRAMMAR_MAX_TEXT (1 << 20) /* bytes of GBNF source */

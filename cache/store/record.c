@@ -1,10 +1,12 @@
-/* The chunk record format (cache/record.h): a 4096-byte header block, then the payload padded
+/* The chunk record format (cache/store/record.h): a 4096-byte header block, then the payload padded
  * to CACHE_ALIGN. Integers are little-endian whatever the host; checksums are SHA-256 (util's
  * kv_sha256, OpenSSL underneath). The parser reads a field only after
  * checking that len covers it, and names the first field that is wrong. */
 #include <string.h>
 
-#include "cache/record.h"
+#include "cache/store/record.h"
+
+_Static_assert(CACHE_RECORD_MAX_LEVEL == CACHE_ENC_MAX - 1, "a record level per encoding");
 
 static const uint8_t RECORD_MAGIC[8] = {'K', 'V', 'S', 'C', 'H', 'U', 'N', 'K'};
 

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/unicode.h"
 
 /* ---------------------------------------------------------------- byte mapping */
 

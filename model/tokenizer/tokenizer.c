@@ -1,11 +1,11 @@
 /* Tokenizer: loading tokenizer.ggml.* from a GGUF file, the special-token partition of the input,
  * the encode driver over BPE / SentencePiece, and decoding (whole and incremental).
- * Overview of the files and the reference behaviour: model/tokenizer_impl.h. */
+ * Overview of the files and the reference behaviour: model/tokenizer/tokenizer_impl.h. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer_impl.h"
-#include "model/unicode.h"
+#include "model/tokenizer/tokenizer_impl.h"
+#include "model/tokenizer/unicode.h"
 
 /* ---------------------------------------------------------------- string -> id table */
 

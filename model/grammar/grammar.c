@@ -11,8 +11,8 @@
  * automaton needs no UTF-8 decoding state. Repetitions become generated rules (x* is R ::= x R |
  * empty) and groups become rules, so the compiled form has three element kinds only: a byte (or
  * byte set), a rule reference, and the end of an alternative. */
-#include "model/grammar.h"
-#include "model/grammar_impl.h"
+#include "model/grammar/grammar.h"
+#include "model/grammar/grammar_impl.h"
 #include "util/utf8.h"
 
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * templates' `tojson` gives (transformers' filter; see chat_impl.h): the text a model saw in
  * training for its tool lists, call arguments and results. Python's own behaviour is the
  * reference (Lib/json/encoder.py: py_encode_basestring, _make_iterencode; float.__repr__). */
-#include "model/chat_impl.h"
+#include "model/chat/chat_impl.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * emits them (control tokens give none, so a grammar never asks for them as text), and which
  * tokens end generation. Apart from grammar_match.c so the parser's fuzz target links without
  * the tokenizer. */
-#include "model/grammar.h"
+#include "model/grammar/grammar.h"
 
 #include <stdlib.h>
 #include <string.h>

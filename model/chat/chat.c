@@ -24,7 +24,7 @@
  * conversation has none; chat_render inserts none (a prompt's text, and its cached KV, would
  * change at midnight). Devstral's template checks no role order; chat_render checks it as
  * Small 3.2's does. */
-#include "model/chat_impl.h"
+#include "model/chat/chat_impl.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "model/chat.h"
+#include "model/chat/chat.h"
 #include "util/util.h"
 
 /* ---------------------------------------------------------------- growable string */

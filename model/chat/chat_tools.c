@@ -3,8 +3,8 @@
  * that turns an answer back into content or calls as it streams; and the generic format's
  * system prompt and message rewriting. The templates that list tools their own way (Qwen 2.5,
  * Llama 3.1, Mistral Nemo and v3) do so in chat.c. */
-#include "model/chat_impl.h"
-#include "model/grammar.h"
+#include "model/chat/chat_impl.h"
+#include "model/grammar/grammar.h"
 
 #include <stdint.h>
 #include <stdio.h>
