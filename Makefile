@@ -9,6 +9,9 @@ MODEL   ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 DRAFT_MODEL ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
 THREADS ?= 2
 PYTHON  ?= python3
+# Parallel jobs for the builds that `make test`, `make test-asan` and `make fuzz` start (the tests
+# themselves run one at a time: their servers use every core)
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 
 WARN    := -Wall -Wextra -Wshadow -Werror -Wno-psabi
 OPT     ?= -O2 -g
@@ -56,7 +59,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CU_SRC:tests/unit
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all run test test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
+.PHONY: all run test test-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check layout bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
         bench-grammar bench-schema bench-gpu bench-spec
@@ -262,8 +265,12 @@ bench-grammar: $(MODEL) $(BUILD)/kvserve $(BUILD)/grammar_bench
 
 # ---------------------------------------------------------------- tests
 
+# The build first, JOBS at a time; then the unit and end-to-end tests one after the other.
 test: setup $(MODEL) $(QUALITY) $(DRAFT_MODEL)
+	$(MAKE) --no-print-directory -j$(JOBS) test-build
 	$(MAKE) --no-print-directory test-unit test-e2e
+
+test-build: $(TEST_BIN) $(BUILD)/kvserve
 
 test-unit: $(TEST_BIN) $(BUILD)/kvserve $(DRAFT_MODEL)
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t --jobs 1; done
@@ -282,9 +289,11 @@ test-e2e: $(BUILD)/kvserve $(DRAFT_MODEL)
 ASAN_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The CUDA backend's host code is left out (CUDA=0): its kernels are covered under the sanitizers
 # by the emulated build the unit tests use (device memory is then malloc'd: ASan checks bounds).
+ASAN_MAKE = $(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 CUDA=0 \
+	    LDLIBS="$(BASE_LDLIBS) -fsanitize=address,undefined"
 test-asan: setup $(MODEL) $(QUALITY) $(DRAFT_MODEL)
-	$(MAKE) --no-print-directory BUILD=build-asan OPT="$(ASAN_FLAGS)" SANITIZED=1 CUDA=0 \
-	    LDLIBS="$(BASE_LDLIBS) -fsanitize=address,undefined" test-unit test-e2e
+	$(ASAN_MAKE) -j$(JOBS) test-build
+	$(ASAN_MAKE) test-unit test-e2e
 
 # ---------------------------------------------------------------- fuzzing (clang + libFuzzer)
 
@@ -322,11 +331,15 @@ build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	    -fno-sanitize-recover=undefined $< $(FUZZ_DEPS_COMMON) $(FUZZ_DEPS_$*) -o $@ $(LDLIBS)
 # The seed corpus tests/fuzz/corpus/<target>/ is optional: libFuzzer exits with an error when
 # given a directory that does not exist.
-fuzz: $(FUZZ_BIN)
-	@set -e; for f in $(FUZZ_BIN); do n=$$(basename $$f); mkdir -p build-fuzz/corpus-$$n; \
-	  seeds=tests/fuzz/corpus/$$n; [ -d $$seeds ] || seeds=; \
-	  echo "== $$n ($(FUZZ_SECONDS)s)"; \
-	  $$f -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 build-fuzz/corpus-$$n $$seeds; done
+# The targets are built JOBS at a time, then run JOBS at a time (each FUZZ_SECONDS on one core);
+# each one's log is printed whole when it ends, and any failure fails the run.
+fuzz:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BIN)
+	@printf '%s\n' $(FUZZ_BIN) | xargs -P $(JOBS) -I{} sh -c 'n=$$(basename {}); \
+	  mkdir -p build-fuzz/corpus-$$n; seeds=tests/fuzz/corpus/$$n; [ -d $$seeds ] || seeds=; \
+	  {} -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 build-fuzz/corpus-$$n $$seeds \
+	    >build-fuzz/$$n.log 2>&1; rc=$$?; \
+	  echo "== $$n ($(FUZZ_SECONDS)s): exit $$rc"; cat build-fuzz/$$n.log; exit $$(( rc != 0 ))' 
 
 # ---------------------------------------------------------------- style
 
