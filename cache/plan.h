@@ -18,6 +18,7 @@
 
 #include "cache/blend/blend.h"
 #include "cache/cache.h"
+#include "cache/store/content.h"
 #include "cache/store/pool_cache.h"
 #include "model/model.h"
 
