@@ -319,7 +319,7 @@ FUZZ_DEPS_record_fuzz := cache/store/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/store/redis_url.c
 FUZZ_DEPS_pml_fuzz := cache/schema/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/store/content_disk.c cache/store/dirstore.c \
-    cache/blend/content.c cache/chunk.c util/keytable.c $(FUZZ_DEPS_tokenizer_fuzz)
+    cache/store/content.c cache/chunk.c util/keytable.c
 FUZZ_DEPS_codec_fuzz := cache/codec/codec.c cache/codec/codec_quant.c cache/codec/rans.c kernels/rope.c
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend/blend_policy.c cache/chunk.c
 FUZZ_DEPS_anthropic_fuzz := server/api/anthropic_req.c $(FUZZ_DEPS_api_fuzz)

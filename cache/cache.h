@@ -1,6 +1,7 @@
 /* cache/: the public contract of the context cache. Chunk keys (DESIGN.md "Chunk keys"), chunk
  * records and the chunk store with its RAM, disk and Redis tiers (DESIGN.md "Store tiers"). The
- * device pool tier lives with the pool's owner (the engine); it uses the keys defined here.
+ * device pool tier (cache/store/pool_cache.h) is the planner's (cache/plan.h), kept on the engine
+ * thread that owns the pool; it uses the keys defined here.
  *
  * Reuse is exact to the KV block (16 tokens): every full block of a sequence has a prefix key,
  * chained block by block, so two prompts share block j's key exactly when they share every token

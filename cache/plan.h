@@ -1,4 +1,4 @@
-/* cache/plan.h: the reuse planner (DESIGN.md "Where the reuse techniques go"). For each
+/* cache/plan.h: the reuse planner (DESIGN.md "One request, end to end", step 2). For each
  * sequence it decides what of the prompt's KV comes from the cache, and from where: the pool
  * tier's blocks by reference, records the submitting thread fetched from RAM, disk or Redis
  * (copied into fresh blocks), and chunks found by content anywhere in the prompt (blend spans
@@ -18,6 +18,7 @@
 
 #include "cache/blend/blend.h"
 #include "cache/cache.h"
+#include "cache/store/content.h"
 #include "cache/store/pool_cache.h"
 #include "model/model.h"
 

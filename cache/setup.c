@@ -4,9 +4,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/blend/blend.h"
 #include "cache/setup.h"
-#include "cache/store/content_disk.h"
+#include "cache/store/content.h"
 
 /* The disk tier's directory: the configured one, "auto" ($XDG_CACHE_HOME/kvserve, else
  * ~/.cache/kvserve) or none ("off", or "auto" without a home). malloc'd, or NULL. */

@@ -1,3 +1,5 @@
+/* Small jansson helpers (util/json.h) for the layers that parse JSON: config/'s file and
+ * server/'s requests. */
 #include "util/json.h"
 
 const char *json_type_name(const json_t *v) {

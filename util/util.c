@@ -1,3 +1,6 @@
+/* The bottom layer's implementation (util/util.h), used by every folder: errors as values, the
+ * logger, the monotonic clock, aligned and zeroed allocation, whole-buffer file I/O, hex,
+ * SHA-256 (through OpenSSL's EVP), growable arrays and the byte buffer. */
 #include "util/util.h"
 
 #include <errno.h>

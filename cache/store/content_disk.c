@@ -1,5 +1,5 @@
-/* The blend content store's disk tier (cache/blend/blend.h): content records kept across restarts,
- * read layer by layer by the fusor's loader while the forward pass computes.
+/* The content records' disk tier (cache/store/content.h): records kept across restarts, read
+ * layer by layer by blend's fusor (its loader thread) while the forward pass computes.
  *
  * One file per record, <dir>/<content key hex>.kvb, in the format cache/store/content_disk.h gives;
  * the directory, its index, the writer thread and the durability rule are the disk tiers' core's

@@ -1,5 +1,6 @@
-/* The content record file format of blend's disk tier (internal to cache/; content_disk.c
- * writes and reads it, tests/fuzz/content_disk_fuzz.c fuzzes the parser):
+/* The file format of the content records' disk tier (cache/store/content.h; internal to cache/:
+ * content_disk.c writes and reads it, redis.c stores records in it, tests/fuzz/content_disk_fuzz.c
+ * fuzzes the parser):
  *
  *   offset  size  field (integers little-endian)
  *   0       8     magic "KVSBLEND"
@@ -19,7 +20,7 @@
 #ifndef KVSERVE_CACHE_CONTENT_DISK_H
 #define KVSERVE_CACHE_CONTENT_DISK_H
 
-#include "cache/blend/blend.h"
+#include "cache/store/content.h"
 
 #define CONTENT_RECORD_VERSION 1
 /* The most tokens a content record holds (content-defined chunks are far smaller). */
@@ -49,7 +50,7 @@ int content_record_check_header(const uint8_t model_id[32], int n_layer, int kv_
 
 /* A whole record in memory (buf[0..len): the header, then the layers, as in a file) under key:
  * checked as a file is (content_record_check_header, then every layer's checksum) into a record
- * of its own (the Redis tier's copies of blend's records). NULL with err. */
+ * of its own (the Redis tier's copies of content records). NULL with err. */
 content_rec *content_record_parse(const uint8_t model_id[32], int n_layer, int kv_dim,
                                   const uint8_t *buf, size_t len, const cache_key *key,
                                   kv_error *err);

@@ -1,7 +1,7 @@
-/* The chunk record format (internal to cache/: the store's tiers write it, the codec encodes its
- * payload, so it sits above both). A record is a header of
- * cache_record_header_bytes(layout) bytes (a multiple of CACHE_ALIGN: 4096 up to 120 blocks per
- * chunk) followed by the payload padded to CACHE_ALIGN:
+/* The chunk record format (internal to cache/store/: the disk and Redis tiers write and read it;
+ * the codec encodes its payload without seeing the header, chunk_codec.h's encoding ids being
+ * its level field). A record is a header of cache_record_header_bytes(layout) bytes (a multiple
+ * of CACHE_ALIGN: 4096 up to 120 blocks per chunk) followed by the payload padded to CACHE_ALIGN:
  *
  *   offset  size  field
  *   0       8     magic "KVSCHUNK"
@@ -15,7 +15,7 @@
  *                 chunk_tokens
  *   136     4     level: 0 = raw f16 in pool-block layout; 1 .. CACHE_RECORD_MAX_LEVEL =
  *                 the payload is that encoding of it (cache/codec/chunk_codec.h), only in
- *                 the Redis tier
+ *                 the Redis tier and the disk tier's encodings beside a record
  *   140     4     n_tokens: tokens held, whole blocks, 1 block .. chunk_tokens
  *   144     8     payload bytes (n_tokens / block_tokens pool blocks; encoded: its length)
  *   152     32    SHA-256 of the payload

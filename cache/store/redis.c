@@ -39,7 +39,7 @@
 #define REDIS_PRIOR_BW 0.125
 #define REDIS_SCAN_COUNT "512"
 
-/* A record queued for writing: a chunk record, or a blend content record (cache/blend/blend.h). */
+/* A record queued for writing: a chunk record, or a content record (cache/store/content.h). */
 typedef struct redis_item {
     cache_chunk *chunk;
     content_rec *content;

@@ -24,9 +24,9 @@
 #ifndef KVSERVE_CACHE_REDIS_H
 #define KVSERVE_CACHE_REDIS_H
 
-#include "cache/blend/blend.h"
 #include "cache/cache.h"
 #include "cache/codec/codec.h"
+#include "cache/store/content.h"
 
 /* The version in every key: a new record or alias format gets new keys. 3: version-2 records in
  * several encodings, aliases that list their sizes. */
@@ -70,7 +70,7 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
 /* Queues c to be written (taking a reference); never blocks on the network. False, counted as
  * dropped, when the queue is full or c is not whole blocks of the layout. */
 bool cache_redis_put(cache_redis *r, cache_chunk *c);
-/* Queues a complete blend content record (cache/blend/blend.h) to be written, lossless, in its disk
+/* Queues a complete content record (cache/store/content.h) to be written, lossless, in its disk
  * file's format under ...:<ns>:c:<content key> (taking a reference); false, counted as dropped,
  * when the queue is full or the record is not this layout's. */
 bool cache_redis_put_content(cache_redis *r, content_rec *c);

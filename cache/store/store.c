@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/blend/blend.h"
 #include "cache/cache.h"
 #include "cache/codec/chunk_codec.h"
+#include "cache/store/content.h"
 #include "cache/store/disk.h"
 #include "cache/store/ram.h"
 #include "cache/store/redis.h"

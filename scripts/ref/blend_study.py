@@ -320,7 +320,7 @@ def gear(i):
 
 
 def cdc_cut(ids, kinds, bounds, avg=48, mn=1, mx=256):
-    """cache/blend/content.c's cache_cdc_cut with plan.c's PLAN_CDC: chunk ends. kinds: id -> 0 plain,
+    """cache/blend/cdc.c's cache_cdc_cut with plan.c's PLAN_CDC: chunk ends. kinds: id -> 0 plain,
     1 soft (a line break), 2 hard (a control token)."""
     gap, bits = avg - mn, 0
     while bits < 32 and (1 << (bits + 1)) <= gap:

@@ -1,3 +1,6 @@
+/* The command-line tools' shared helpers (server/cli/cli_common.h): the table-driven option
+ * parser every subcommand (serve, generate, bench, calibrate, codec-eval) reads its argv with,
+ * its number parsers, and the value checks of the model options they share (--device, --simd). */
 #include "server/cli/cli_common.h"
 
 #include <errno.h>
@@ -142,7 +145,7 @@ done:
     return rc;
 }
 
-/* ---------------------------------------------------------------- files */
+/* ---------------------------------------------------------------- the shared model options */
 
 int cli_parse_device(void *dst, const char *value, kv_error *err) {
     if (strcmp(value, "auto") && strcmp(value, "cuda") && strcmp(value, "cpu"))

@@ -1,3 +1,6 @@
+/* Prometheus metrics (server/metrics/metrics.h): the histograms, the registry the HTTP threads
+ * (server/http/http.c) and the engine thread add samples to under one mutex, and its rendering
+ * in Prometheus' text format for GET /metrics (server/api/routes.c). */
 #include "server/metrics/metrics.h"
 
 #include <pthread.h>

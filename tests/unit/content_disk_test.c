@@ -1,4 +1,4 @@
-/* cache/store/content_disk.c: blend's content records on disk. Round trip through a reopen (the
+/* cache/store/content_disk.c: content records on disk. Round trip through a reopen (the
  * index rebuilt from the headers), layer-by-layer reads that find a damaged layer where it breaks
  * (the layers before it read fine), torn, stray and foreign files at open, the byte cap (least
  * recently used first) and clearing by namespace. */
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cache/blend/blend.h"
+#include "cache/store/content.h"
 #include "tests/unit/tmpdir.h"
 
 enum { N_LAYER = 4, KV_DIM = 24 };

@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache/blend/blend.h"
 #include "cache/store/content_disk.h"
 #include "tests/unit/disk_fixture.h"
 

@@ -1,3 +1,6 @@
+/* The unit tests' model and the set built over it (tests/unit/model_fixture.h): loading
+ * TEST_MODEL_PATH or another file, and a CPU backend, KV pool and forward context for the tests
+ * that compute with it. Failures are Criterion assertions. */
 #include "tests/unit/model_fixture.h"
 
 #include <criterion/criterion.h>

@@ -1,3 +1,6 @@
+/* Comparing logits with a reference's top-k (tests/unit/ref_logits.h), for the model and
+ * architecture tests: top-1 agreement, agreement where the reference is decisive, and the
+ * logit deltas, reported on one line. */
 #include "tests/unit/ref_logits.h"
 
 #include <criterion/criterion.h>

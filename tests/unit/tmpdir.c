@@ -1,3 +1,5 @@
+/* Temporary directories for the unit tests (tests/unit/tmpdir.h), each removed at exit by the
+ * process that made it (not by a child forked from it). */
 #include "tests/unit/tmpdir.h"
 
 #include <criterion/criterion.h>
