@@ -47,7 +47,7 @@ struct server {
     int ctx;                  /* per-sequence context */
     int max_tokens_limit;     /* cap on max_tokens */
     cache_store *store;       /* RAM and disk tiers of the context cache, or NULL */
-    schema_registry *schemas; /* Prompt Cache schemas (schemas.c), or NULL */
+    schema_registry *schemas; /* Prompt Cache schemas (cache/schema/registry.c), or NULL */
     resp_store *responses;    /* the Responses API's stored responses, or NULL: none kept */
     content_disk *blend_disk; /* blend's content records on disk, or NULL */
     server_reuse reuse;       /* approximate reuse's quality budget and what it chose */

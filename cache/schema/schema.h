@@ -238,4 +238,86 @@ void schema_def_load_all(const char *dir, schema_def_fn fn, void *ud);
 /* The definition of (ns, name): its source, malloc'd, or NULL. */
 char *schema_def_load(const char *dir, const cache_key *ns, const char *name, size_t *len);
 
+/* ---------------------------------------------------------------- the registry */
+
+/* The schemas registered per namespace (cache/schema/registry.c), with a builder thread that
+ * precomputes each one's modules (the newest registered first) and pins
+ * their records, so a prompt imports them from RAM or disk. Definitions are kept in a
+ * directory when one is given (schema_def_save), loaded at start and whenever a namespace names
+ * one not registered here (another instance sharing the directory stored it). Thread-safe: the
+ * server's handlers call it from their connections' threads. */
+typedef struct schema_registry schema_registry;
+
+typedef enum schema_status {
+    SCHEMA_BUILDING = 0, /* its modules are being precomputed (a prompt is served meanwhile) */
+    SCHEMA_READY,
+    SCHEMA_FAILED,
+} schema_status;
+
+/* A registered schema as it was when asked. sc holds one reference: schema_info_free. */
+typedef struct schema_info {
+    schema *sc;
+    schema_status status;
+    char error[400];     /* why it failed */
+    int64_t done_tokens; /* of sc->own_tokens, precomputed and pinned */
+    long created;        /* Unix seconds */
+} schema_info;
+void schema_info_free(schema_info *in);
+void schema_info_list_free(schema_info *v, int n);
+
+/* What the builder hands whoever computes a node, which asks it while it waits whether the node
+ * is still wanted (false once the registry stops or the schema is deleted: give up then). */
+typedef struct schema_build schema_build;
+bool schema_build_abandoned(const schema_build *b);
+
+/* Computes job (a node's schema_node_job: a prompt-only pass whose KV is exported as the node's
+ * records) through the model, taking its arrays (freed by whoever takes them, also on failure).
+ * 0 once the records are stored, or -1 with msg (an error, or given up as b says). Called on the
+ * builder thread. */
+typedef int (*schema_compute_fn)(void *ud, schema_job *job, const schema_build *b, char *msg,
+                                 size_t cap);
+
+typedef struct schema_registry_opts {
+    const model *m;
+    cache_store *store; /* where the records go */
+    int chunk_tokens;   /* the store's */
+    int max_positions;  /* a schema's extent allowed (the context) */
+    int max_schemas;    /* registered at most, all namespaces */
+    const char *dir;    /* definitions (copied), or NULL: none kept */
+    schema_compute_fn compute;
+    void *compute_ud;
+} schema_registry_opts;
+
+/* Loads the definitions in o->dir and starts the builder. NULL with err. */
+schema_registry *schema_registry_create(const schema_registry_opts *o, kv_error *err);
+/* Stops the builder (a node being computed is given up) and frees every schema. */
+void schema_registry_destroy(schema_registry *g);
+/* The role tags the schemas are compiled with (schema_assemble's chat). */
+const schema_chat *schema_registry_chat(const schema_registry *g);
+
+typedef enum schema_add_result {
+    SCHEMA_ADD_NEW,     /* registered (replacing one of its name): built in the background */
+    SCHEMA_ADD_SAME,    /* the same source is registered already: nothing changes */
+    SCHEMA_ADD_INVALID, /* the source does not compile: err says why */
+    SCHEMA_ADD_FULL,    /* max_schemas are registered: err says so */
+    SCHEMA_ADD_NOMEM,
+} schema_add_result;
+/* Compiles src as a schema of namespace ns and registers it, keeping its definition; out gets
+ * its entry (NEW, SAME). */
+schema_add_result schema_registry_add(schema_registry *g, const cache_key *ns, const char *src,
+                                      size_t len, schema_info *out, kv_error *err);
+/* The schemas of namespace ns, newest first: *out malloc'd (schema_info_list_free). -1 when out
+ * of memory. */
+int schema_registry_list(schema_registry *g, const cache_key *ns, schema_info **out, int *n);
+/* The schema name of namespace ns, loading its definition from the directory when it is not
+ * registered here. False when there is none. */
+bool schema_registry_get(schema_registry *g, const cache_key *ns, const char *name,
+                         schema_info *out);
+/* Unregisters name of namespace ns, unpins its records (those no other schema holds) and
+ * deletes its definition. False when there is none. */
+bool schema_registry_delete(schema_registry *g, const cache_key *ns, const char *name);
+/* A record of sc was found missing (cleared, evicted, corrupt) while it was ready: it is
+ * precomputed again, if sc is still the one registered under its name. */
+void schema_registry_rebuild(schema_registry *g, const schema *sc);
+
 #endif

@@ -344,57 +344,52 @@ static void level_lines(FILE *f, const char *name, const cache_tier_stats *t) {
     }
 }
 
-char *cache_api_metrics(server *s, char *text, size_t *len) {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    if (!f) {
-        free(text);
-        return NULL;
-    }
-    fwrite(text, 1, *len, f);
-    free(text);
-    engine_cache_stats es;
-    engine_cache_stats_get(s->eng, &es);
-    cache_stats cs = {0};
-    if (s->store) cache_store_stats(s->store, &cs);
-    /* Redis last: its evictions, entries and bytes are not known here (other instances share
-     * it), so those series stop before it (N_HELD). */
-    enum { NT = 5, N_HELD = NT - 1 };
-    const cache_tier_stats *t[NT] = {&cs.ram, &cs.disk, &es.content, &es.content_disk, &cs.redis};
-    const char *names[NT] = {"ram", "disk", "blend_ram", "blend_disk", "redis"};
+/* The tiers of the cache's series, Redis last: its evictions, entries and bytes are not known
+ * here (other instances share it), so those series stop before it (N_HELD). */
+enum { N_TIERS = 5, N_HELD = N_TIERS - 1 };
+static const char *const tier_names[N_TIERS] = {"ram", "disk", "blend_ram", "blend_disk", "redis"};
+
+/* Lookups and traffic: reused tokens, hits, misses, evictions, bytes in and out, corrupt
+ * records. */
+static void traffic_metrics(FILE *f, const engine_cache_stats *es, const cache_stats *cs,
+                            const cache_tier_stats *const t[N_TIERS]) {
     metric(f, "kvserve_cache_reused_tokens_total", "counter",
            "Prompt tokens whose KV came from the context cache.");
-    fprintf(f, "kvserve_cache_reused_tokens_total %lld\n", (long long)es.reused_tokens);
+    fprintf(f, "kvserve_cache_reused_tokens_total %lld\n", (long long)es->reused_tokens);
     metric(f, "kvserve_cache_hits_total", "counter", "Chunk lookups found, by tier.");
-    fprintf(f, "kvserve_cache_hits_total{tier=\"pool\"} %lld\n", (long long)es.pool_hits);
-    for (int i = 0; i < NT; i++)
-        fprintf(f, "kvserve_cache_hits_total{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->hits);
+    fprintf(f, "kvserve_cache_hits_total{tier=\"pool\"} %lld\n", (long long)es->pool_hits);
+    for (int i = 0; i < N_TIERS; i++)
+        fprintf(f, "kvserve_cache_hits_total{tier=\"%s\"} %lld\n", tier_names[i],
+                (long long)t[i]->hits);
     metric(f, "kvserve_cache_misses_total", "counter", "Chunk lookups not found, by tier.");
-    fprintf(f, "kvserve_cache_misses_total{tier=\"pool\"} %lld\n", (long long)es.pool_misses);
-    for (int i = 0; i < NT; i++)
-        fprintf(f, "kvserve_cache_misses_total{tier=\"%s\"} %lld\n", names[i],
+    fprintf(f, "kvserve_cache_misses_total{tier=\"pool\"} %lld\n", (long long)es->pool_misses);
+    for (int i = 0; i < N_TIERS; i++)
+        fprintf(f, "kvserve_cache_misses_total{tier=\"%s\"} %lld\n", tier_names[i],
                 (long long)t[i]->misses);
     metric(f, "kvserve_cache_evictions_total", "counter", "Chunks evicted for room, by tier.");
-    fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n", (long long)es.pool_evictions);
+    fprintf(f, "kvserve_cache_evictions_total{tier=\"pool\"} %lld\n",
+            (long long)es->pool_evictions);
     for (int i = 0; i < N_HELD; i++)
-        fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", names[i],
+        fprintf(f, "kvserve_cache_evictions_total{tier=\"%s\"} %lld\n", tier_names[i],
                 (long long)t[i]->evictions);
     metric(f, "kvserve_cache_bytes_in_total", "counter", "Bytes stored into a tier.");
-    for (int i = 0; i < NT; i++)
-        fprintf(f, "kvserve_cache_bytes_in_total{tier=\"%s\"} %lld\n", names[i],
+    for (int i = 0; i < N_TIERS; i++)
+        fprintf(f, "kvserve_cache_bytes_in_total{tier=\"%s\"} %lld\n", tier_names[i],
                 (long long)t[i]->bytes_in);
     metric(f, "kvserve_cache_bytes_out_total", "counter", "Bytes loaded from a tier.");
-    for (int i = 0; i < NT; i++)
-        fprintf(f, "kvserve_cache_bytes_out_total{tier=\"%s\"} %lld\n", names[i],
+    for (int i = 0; i < N_TIERS; i++)
+        fprintf(f, "kvserve_cache_bytes_out_total{tier=\"%s\"} %lld\n", tier_names[i],
                 (long long)t[i]->bytes_out);
     metric(f, "kvserve_cache_corrupt_total", "counter",
            "Records dropped as torn or corrupt (failed header or checksum).");
-    fprintf(f, "kvserve_cache_corrupt_total{tier=\"disk\"} %lld\n", (long long)cs.disk.corrupt);
+    fprintf(f, "kvserve_cache_corrupt_total{tier=\"disk\"} %lld\n", (long long)cs->disk.corrupt);
     fprintf(f, "kvserve_cache_corrupt_total{tier=\"blend_disk\"} %lld\n",
-            (long long)es.content_disk.corrupt);
-    fprintf(f, "kvserve_cache_corrupt_total{tier=\"redis\"} %lld\n", (long long)cs.redis.corrupt);
-    /* the live check of approximate reuse (cache/quality.h) */
+            (long long)es->content_disk.corrupt);
+    fprintf(f, "kvserve_cache_corrupt_total{tier=\"redis\"} %lld\n", (long long)cs->redis.corrupt);
+}
+
+/* The live check of approximate reuse (cache/quality.h) and the blend ratio it leads to. */
+static void quality_metrics(FILE *f, const server *s) {
     engine_quality_stats q;
     engine_quality_stats_get(s->eng, &q);
     metric(f, "kvserve_reuse_quality_checks_total", "counter",
@@ -425,41 +420,79 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
                    : !c->gated && s->cfg->blend ? s->cfg->blend_recompute / 100.0
                                                 : -1.0;
     fprintf(f, "kvserve_blend_ratio %.4f\n", ratio);
+}
+
+static void write_error_metrics(FILE *f, const engine_cache_stats *es, const cache_stats *cs) {
     metric(
         f, "kvserve_cache_write_errors_total", "counter",
         "Failed or dropped write-backs (a full disk, a full queue, a last record whose blocks the "
         "pool evicted before the disk took it).");
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"io\"} %lld\n",
-            (long long)cs.disk.write_errors);
+            (long long)cs->disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"queue_full\"} %lld\n",
-            (long long)cs.disk.dropped);
+            (long long)cs->disk.dropped);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"disk\",reason=\"evicted\"} %lld\n",
-            (long long)es.tails_dropped);
+            (long long)es->tails_dropped);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"io\"} %lld\n",
-            (long long)es.content_disk.write_errors);
+            (long long)es->content_disk.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"blend_disk\",reason=\"queue_full\"} %lld\n",
-            (long long)es.content_disk.dropped);
+            (long long)es->content_disk.dropped);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"redis\",reason=\"io\"} %lld\n",
-            (long long)cs.redis.write_errors);
+            (long long)cs->redis.write_errors);
     fprintf(f, "kvserve_cache_write_errors_total{tier=\"redis\",reason=\"queue_full\"} %lld\n",
-            (long long)cs.redis.dropped);
+            (long long)cs->redis.dropped);
+}
+
+/* The chunks Redis and disk served by level, and whether Redis answers. */
+static void level_metrics(FILE *f, const cache_stats *cs) {
     metric(f, "kvserve_cache_redis_chunks_total", "counter",
            "Chunks fetched from Redis, by the level they came in (text: left to be computed).");
-    level_lines(f, "kvserve_cache_redis_chunks_total", &cs.redis);
-    fprintf(f, "kvserve_cache_redis_chunks_total{level=\"text\"} %lld\n", (long long)cs.redis.text);
+    level_lines(f, "kvserve_cache_redis_chunks_total", &cs->redis);
+    fprintf(f, "kvserve_cache_redis_chunks_total{level=\"text\"} %lld\n",
+            (long long)cs->redis.text);
     metric(f, "kvserve_cache_disk_chunks_total", "counter",
            "Chunks read from disk, by the level they came in (--cache-disk-encoded).");
-    level_lines(f, "kvserve_cache_disk_chunks_total", &cs.disk);
+    level_lines(f, "kvserve_cache_disk_chunks_total", &cs->disk);
     metric(f, "kvserve_cache_redis_connected", "gauge",
            "1 when the last exchange with the Redis tier succeeded (0: down or no Redis tier).");
-    fprintf(f, "kvserve_cache_redis_connected %d\n", cs.redis_connected ? 1 : 0);
+    fprintf(f, "kvserve_cache_redis_connected %d\n", cs->redis_connected ? 1 : 0);
+}
+
+/* What each tier holds now: chunks and payload bytes. */
+static void held_metrics(FILE *f, const engine_cache_stats *es,
+                         const cache_tier_stats *const t[N_TIERS]) {
     metric(f, "kvserve_cache_entries", "gauge", "Chunks held, by tier.");
-    fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es.pool_entries);
+    fprintf(f, "kvserve_cache_entries{tier=\"pool\"} %lld\n", (long long)es->pool_entries);
     for (int i = 0; i < N_HELD; i++)
-        fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->entries);
+        fprintf(f, "kvserve_cache_entries{tier=\"%s\"} %lld\n", tier_names[i],
+                (long long)t[i]->entries);
     metric(f, "kvserve_cache_bytes", "gauge", "Payload bytes held, by tier.");
     for (int i = 0; i < N_HELD; i++)
-        fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", names[i], (long long)t[i]->bytes);
+        fprintf(f, "kvserve_cache_bytes{tier=\"%s\"} %lld\n", tier_names[i],
+                (long long)t[i]->bytes);
+}
+
+char *cache_api_metrics(server *s, char *text, size_t *len) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) {
+        free(text);
+        return NULL;
+    }
+    fwrite(text, 1, *len, f);
+    free(text);
+    engine_cache_stats es;
+    engine_cache_stats_get(s->eng, &es);
+    cache_stats cs = {0};
+    if (s->store) cache_store_stats(s->store, &cs);
+    const cache_tier_stats *const t[N_TIERS] = {&cs.ram, &cs.disk, &es.content, &es.content_disk,
+                                                &cs.redis};
+    traffic_metrics(f, &es, &cs, t);
+    quality_metrics(f, s);
+    write_error_metrics(f, &es, &cs);
+    level_metrics(f, &cs);
+    held_metrics(f, &es, t);
     responses_metrics(s, f);
     if (fclose(f) != 0) {
         free(buf);

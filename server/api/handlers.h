@@ -59,8 +59,9 @@ json_t *cache_api_reuse_json(const server *s);
  * bytes; freed here). Returns the new text, or NULL when out of memory. */
 char *cache_api_metrics(server *s, char *text, size_t *len);
 
-/* Prompt Cache (schemas.c): the registry and its builder thread, started once the engine runs
- * (dir: where definitions are kept, or NULL), stopped before the engine; /v1/schemas (POST
+/* Prompt Cache (schemas.c): the schema registry (cache/schema/schema.h) and its builder thread,
+ * which precomputes modules through the engine, started once the engine runs (dir: where
+ * definitions are kept, or NULL), stopped before the engine; /v1/schemas (POST
  * registers, GET lists) and /v1/schemas/{name} (GET, DELETE); and a request's schema_prompt
  * assembled into out (-1 with err: 400 for a prompt that does not fit its schema, 404 for an
  * unknown schema, 409 for one not ready). */

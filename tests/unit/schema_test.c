@@ -4,12 +4,19 @@
  * namespace but not with the schema's name, prompts assemble in slot order with free text after
  * the last position and are refused where they do not fit the schema, KV rows copied to a
  * record and back at another slot are the same bits, and an exact fetch takes only the imported
- * tokens whose KV a full prefill computes. */
+ * tokens whose KV a full prefill computes. The registry (cache/schema/registry.c) keeps schemas
+ * per namespace, builds them through its compute callback (none here: a schema whose records
+ * are stored is ready without it, one whose are not fails with the callback's reason), and
+ * keeps their definitions in a directory. */
 #include <criterion/criterion.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache/schema/schema.h"
 #include "tests/unit/model_fixture.h"
+#include "tests/unit/tmpdir.h"
 
 static model *g_m;
 static schema_chat g_chat;
@@ -400,5 +407,141 @@ Test(schema, exact_fetch_takes_the_prefix_a_full_prefill_computes) {
     st = store_of(sc, 2);
     cr_assert_eq(exact_tokens(sc, st, "<prompt schema=\"sib\"><a/><b/> Why?</prompt>"), r + a);
     cache_store_close(st);
+    schema_unref(sc);
+}
+
+/* ---------------------------------------------------------------- the registry */
+
+/* The compute callback of these tests: there is no engine, so it counts its calls and refuses. */
+static int refuse(void *ud, schema_job *job, const schema_build *b, char *msg, size_t cap) {
+    (void)b;
+    atomic_fetch_add((atomic_int *)ud, 1);
+    schema_job_free(job);
+    snprintf(msg, cap, "no engine here");
+    return -1;
+}
+
+static schema_registry *registry(cache_store *st, const char *dir, int max, atomic_int *calls) {
+    schema_registry_opts o = {.m = g_m,
+                              .store = st,
+                              .chunk_tokens = 64,
+                              .max_positions = 2047,
+                              .max_schemas = max,
+                              .dir = dir,
+                              .compute = refuse,
+                              .compute_ud = calls};
+    kv_error err = {{0}};
+    schema_registry *g = schema_registry_create(&o, &err);
+    cr_assert_not_null(g, "%s", err.msg);
+    return g;
+}
+
+static schema_add_result add(schema_registry *g, const char *src, kv_error *err) {
+    schema_info in;
+    schema_add_result r = schema_registry_add(g, &g_ns, src, strlen(src), &in, err);
+    schema_info_free(&in);
+    return r;
+}
+
+/* name once the builder is done with it (up to 10 s). */
+static schema_info settled(schema_registry *g, const char *name) {
+    schema_info in = {0};
+    for (int i = 0; i < 1000; i++) {
+        cr_assert(schema_registry_get(g, &g_ns, name, &in), "'%s' is registered", name);
+        if (in.status != SCHEMA_BUILDING) break;
+        schema_info_free(&in);
+        usleep(10 * 1000);
+    }
+    cr_assert_neq(in.status, SCHEMA_BUILDING, "'%s' is still building", name);
+    return in;
+}
+
+static int listed(schema_registry *g, const cache_key *ns) {
+    schema_info *v;
+    int n;
+    cr_assert_eq(schema_registry_list(g, ns, &v, &n), 0);
+    schema_info_list_free(v, n);
+    return n;
+}
+
+Test(schema, stored_records_make_a_schema_ready_without_computing) {
+    schema *sc = compile_ok(TRAVEL);
+    cache_store *st = store_of(sc, -1);
+    atomic_int calls = 0;
+    schema_registry *g = registry(st, NULL, 8, &calls);
+    kv_error err = {{0}};
+    cr_assert_eq(add(g, TRAVEL, &err), SCHEMA_ADD_NEW, "%s", err.msg);
+    schema_info in = settled(g, "travel");
+    cr_assert_eq(in.status, SCHEMA_READY, "%s", in.error);
+    cr_assert_eq(in.done_tokens, sc->own_tokens);
+    cr_assert_eq(atomic_load(&calls), 0, "every node's records were stored");
+    schema_info_free(&in);
+    cr_assert_eq(add(g, TRAVEL, &err), SCHEMA_ADD_SAME);
+
+    /* in its namespace only, until deleted */
+    cache_key other;
+    cache_namespace(NULL, 0, "other", &other);
+    cr_assert_eq(listed(g, &g_ns), 1);
+    cr_assert_eq(listed(g, &other), 0);
+    cr_assert_not(schema_registry_get(g, &other, "travel", &in));
+    cr_assert(schema_registry_delete(g, &g_ns, "travel"));
+    cr_assert_not(schema_registry_delete(g, &g_ns, "travel"));
+    cr_assert_not(schema_registry_get(g, &g_ns, "travel", &in));
+    cr_assert_eq(listed(g, &g_ns), 0);
+    schema_registry_destroy(g);
+    cache_store_close(st);
+    schema_unref(sc);
+}
+
+Test(schema, a_schema_that_cannot_be_computed_fails_with_the_reason) {
+    schema *sc = compile_ok(TRAVEL);
+    cache_store *st = store_of(sc, 0); /* the schema's text is not stored */
+    atomic_int calls = 0;
+    schema_registry *g = registry(st, NULL, 1, &calls);
+    kv_error err = {{0}};
+    cr_assert_eq(add(g, TRAVEL, &err), SCHEMA_ADD_NEW, "%s", err.msg);
+    schema_info in = settled(g, "travel");
+    cr_assert_eq(in.status, SCHEMA_FAILED);
+    cr_assert_str_eq(in.error, "no engine here");
+    cr_assert_eq(atomic_load(&calls), 1);
+    schema_info_free(&in);
+
+    /* refused: a source that does not compile, one schema past --schema-max */
+    cr_assert_eq(
+        add(g, "<schema name=\"bad\"><module name=\"a\"/><module name=\"a\"/></schema>", &err),
+        SCHEMA_ADD_INVALID);
+    cr_assert_eq(add(g, "<schema name=\"more\">More.</schema>", &err), SCHEMA_ADD_FULL);
+    cr_assert(strstr(err.msg, "1 schemas are registered"), "%s", err.msg);
+    schema_registry_destroy(g);
+    cache_store_close(st);
+    schema_unref(sc);
+}
+
+Test(schema, definitions_come_back_from_the_directory_until_deleted) {
+    schema *sc = compile_ok(TRAVEL);
+    cache_store *st = store_of(sc, -1);
+    char *dir = tmpdir_create("schemas");
+    atomic_int calls = 0;
+    schema_registry *g = registry(st, dir, 8, &calls);
+    schema_registry *peer = registry(st, dir, 8, &calls); /* another instance on the directory */
+    kv_error err = {{0}};
+    cr_assert_eq(add(g, TRAVEL, &err), SCHEMA_ADD_NEW, "%s", err.msg);
+    /* the peer finds it once it is named */
+    cr_assert_eq(listed(peer, &g_ns), 0);
+    schema_info in;
+    cr_assert(schema_registry_get(peer, &g_ns, "travel", &in));
+    schema_info_free(&in);
+    schema_registry_destroy(peer);
+    /* a restart loads it */
+    schema_registry_destroy(g);
+    g = registry(st, dir, 8, &calls);
+    cr_assert_eq(listed(g, &g_ns), 1);
+    cr_assert(schema_registry_delete(g, &g_ns, "travel"));
+    schema_registry_destroy(g);
+    g = registry(st, dir, 8, &calls);
+    cr_assert_eq(listed(g, &g_ns), 0);
+    schema_registry_destroy(g);
+    cache_store_close(st);
+    free(dir);
     schema_unref(sc);
 }
