@@ -59,7 +59,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CU_SRC:tests/unit
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all run test test-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
+.PHONY: all run test test-build gpu-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check layout bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
         bench-grammar bench-schema bench-gpu bench-spec
@@ -160,7 +160,9 @@ $(BUILD)/gpu_bench: $(BUILD)/obj/scripts/bench/gpu_bench.o $(BUILD)/libkvserve.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/obj/scripts/bench/gpu_bench.o: CFLAGS += -I$(CUDA_HOME)/include
 
-test-gpu: $(GPU_TEST_BIN) $(BUILD)/gpu_bench $(MODEL)
+gpu-build: $(GPU_TEST_BIN) $(BUILD)/gpu_bench
+test-gpu: $(MODEL)
+	@$(MAKE) --no-print-directory -j$(JOBS) gpu-build
 	@if ! $(BUILD)/gpu_bench --probe; then \
 	    echo "test-gpu: SKIPPED: no usable CUDA device (the same comparisons ran under emulation in make test)"; \
 	    exit 0; fi; \
@@ -173,11 +175,12 @@ test-gpu: $(GPU_TEST_BIN) $(BUILD)/gpu_bench $(MODEL)
 	$(SANITIZER) --tool memcheck --leak-check full --target-processes all --error-exitcode 1 \
 	    $(BUILD)/gpu-tests/cuda_forward_test --jobs 1 --filter 'cuda_forward/tiny*'
 
-bench-gpu: $(BUILD)/gpu_bench
+bench-gpu:
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BUILD)/gpu_bench
 	@if $(BUILD)/gpu_bench --probe; then $(BUILD)/gpu_bench; \
 	else echo "bench-gpu: SKIPPED: no usable CUDA device"; fi
 else
-test-gpu bench-gpu:
+test-gpu bench-gpu gpu-build:
 	@echo "$@: SKIPPED: kvserve is built without CUDA (no nvcc found, or CUDA=0)"
 endif
 
