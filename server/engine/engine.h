@@ -165,8 +165,8 @@ typedef struct engine_opts {
     int prefill_chunk;
     bool spec; /* speculation from the context (--spec context); requests may opt out */
     /* The draft model (--draft-model; the caller's, outliving the engine), or NULL: with spec,
-     * it drafts where a request's prediction and a long context match do not (engine.c's
-     * spec_draft). engine_create refuses one whose vocabulary is not the model's. */
+     * it drafts where a request's prediction and a long context match do not (speculate.c's
+     * eseq_spec_propose). engine_create refuses one whose vocabulary is not the model's. */
     const model *draft;
     /* context cache */
     cache_store *store; /* RAM/disk tiers, or NULL */

@@ -2,7 +2,7 @@
  * sequence already holds (its prompt and its output so far) and from a request's predicted
  * output (OpenAI's Predicted Outputs), and the per-sequence controller that sets how many to
  * draft. The engine verifies a draft as extra rows of the sequence in its next batched step
- * (engine.c); nothing here touches the model or the KV pool.
+ * (speculate.c); nothing here touches the model or the KV pool.
  *
  * The draft source is prompt lookup (Saxena 2023; llama.cpp's ngram speculation, vLLM's ngram
  * proposer): the longest earlier occurrence of the sequence's last tokens, found through hash
