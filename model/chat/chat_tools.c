@@ -468,6 +468,75 @@ static long scan_json(chat_tool_parser *p, const char *s, size_t n, bool at_star
     return (long)n;
 }
 
+/* PH_ID: the call's id of x->id_len letters and digits. Returns the phase's verdict (1 moved on,
+ * 0 wait for more text, -1 broken). */
+static int parse_id(chat_tool_parser *p, const tool_syntax *x, const char *s, size_t left) {
+    size_t have = left < (size_t)x->id_len ? left : (size_t)x->id_len;
+    int r = left >= (size_t)x->id_len ? 1 : 0;
+    for (size_t i = 0; i < have; i++)
+        if (!is_alnum(s[i])) r = -1;
+    if (r == 1) p->cur += (size_t)x->id_len, p->phase = PH_ID_END;
+    return r;
+}
+
+/* PH_CALL: a call's opening, its name, its id where the format puts one there and the opening of
+ * its arguments. On 1 (moved on to PH_ARGS), *ev is the call's event; else 0 or -1 as parse_id. */
+static int parse_call(chat_tool_parser *p, const tool_syntax *x, const char *text, size_t len,
+                      chat_tool_event *ev) {
+    const char *s = text + p->cur;
+    size_t left = len - p->cur;
+    int r = literal(s, left, x->call);
+    if (r != 1) return r;
+    /* the name runs up to what follows it (its first character is never a name's) */
+    const char *name = s + strlen(x->call);
+    const char *after = x->id_open ? x->id_open : x->args;
+    const char *q = memchr(name, after[0], left - strlen(x->call));
+    r = q ? literal(q, left - (size_t)(q - s), after) : 0;
+    const char *a = q; /* where args begins */
+    if (r == 1 && x->id_open) {
+        const char *id = q + strlen(x->id_open);
+        size_t rest = left - (size_t)(id - s), len_id = (size_t)x->id_len;
+        for (size_t i = 0; i < rest && i < len_id; i++)
+            if (!is_alnum(id[i])) r = -1;
+        if (r == 1 && rest < len_id) r = 0;
+        a = id + len_id;
+        if (r == 1) r = literal(a, left - (size_t)(a - s), x->args);
+    }
+    if (r != 1) return r;
+    *ev = (chat_tool_event){CHAT_TOOL_EVENT_CALL, p->n_calls++, name, (size_t)(q - name)};
+    p->cur = (size_t)(a - text) + strlen(x->args);
+    p->phase = PH_ARGS;
+    p->depth = 0;
+    p->in_string = p->escaped = false;
+    p->complete = false;
+    return 1;
+}
+
+/* PH_ARGS: as much of the arguments' JSON as has come (held back: a split UTF-8 character unless
+ * final), as an event into ev[*k] when there is any. Returns 1 to go on, 0 to wait for more text,
+ * -1 when the text is not arguments. */
+static int parse_args(chat_tool_parser *p, const tool_syntax *x, const char *text, size_t len,
+                      bool final, chat_tool_event *ev, int *k) {
+    const char *s = text + p->cur;
+    size_t left = len - p->cur;
+    bool at_start = p->depth == 0 && !p->in_string, done;
+    chat_tool_parser probe = *p;
+    long n = scan_json(&probe, s, left, at_start, &done);
+    if (n < 0) return -1;
+    if (!done && !final) n = (long)utf8_cut(s, (size_t)n); /* hold back a split char */
+    scan_json(p, s, (size_t)n, at_start, &done);
+    if (n > 0) ev[(*k)++] = (chat_tool_event){CHAT_TOOL_EVENT_ARGS, p->n_calls - 1, s, (size_t)n};
+    p->cur += (size_t)n;
+    if (done) p->phase = PH_END;
+    if (done && !*x->end && (x->id_len == 0 || x->id_open) && !*x->id_end) {
+        /* nothing is owed after the arguments: the call has ended */
+        p->phase = PH_NEXT;
+        p->complete = !*x->close;
+    }
+    if (!done && p->cur < len) return 0; /* a held-back character: wait */
+    return 1;
+}
+
 int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool final,
                      chat_tool_event *ev, int max) {
     const tool_syntax *x = syntax_of(p->format);
@@ -499,61 +568,19 @@ int chat_tools_parse(chat_tool_parser *p, const char *text, size_t len, bool fin
             lit = x->sep, next = PH_CALL;
             lit2 = *x->close ? x->close : NULL, next2 = PH_DONE;
             break;
-        case PH_ID: {
-            size_t have = left < (size_t)x->id_len ? left : (size_t)x->id_len;
-            r = left >= (size_t)x->id_len ? 1 : 0;
-            for (size_t i = 0; i < have; i++)
-                if (!is_alnum(s[i])) r = -1;
-            if (r == 1) p->cur += (size_t)x->id_len, p->phase = PH_ID_END;
+        case PH_ID:
+            r = parse_id(p, x, s, left);
             break;
-        }
-        case PH_CALL: {
-            r = literal(s, left, x->call);
+        case PH_CALL:
+            r = parse_call(p, x, text, len, &ev[k]);
             if (r != 1) break;
-            /* the name runs up to what follows it (its first character is never a name's) */
-            const char *name = s + strlen(x->call);
-            const char *after = x->id_open ? x->id_open : x->args;
-            const char *q = memchr(name, after[0], left - strlen(x->call));
-            r = q ? literal(q, left - (size_t)(q - s), after) : 0;
-            const char *a = q; /* where args begins */
-            if (r == 1 && x->id_open) {
-                const char *id = q + strlen(x->id_open);
-                size_t rest = left - (size_t)(id - s), len_id = (size_t)x->id_len;
-                for (size_t i = 0; i < rest && i < len_id; i++)
-                    if (!is_alnum(id[i])) r = -1;
-                if (r == 1 && rest < len_id) r = 0;
-                a = id + len_id;
-                if (r == 1) r = literal(a, left - (size_t)(a - s), x->args);
-            }
-            if (r != 1) break;
-            ev[k++] =
-                (chat_tool_event){CHAT_TOOL_EVENT_CALL, p->n_calls++, name, (size_t)(q - name)};
-            p->cur = (size_t)(a - text) + strlen(x->args);
-            p->phase = PH_ARGS;
-            p->depth = 0;
-            p->in_string = p->escaped = false;
-            p->complete = false;
+            k++;
             continue;
-        }
-        case PH_ARGS: {
-            bool at_start = p->depth == 0 && !p->in_string, done;
-            chat_tool_parser probe = *p;
-            long n = scan_json(&probe, s, left, at_start, &done);
-            if (n < 0) break;
-            if (!done && !final) n = (long)utf8_cut(s, (size_t)n); /* hold back a split char */
-            scan_json(p, s, (size_t)n, at_start, &done);
-            if (n > 0)
-                ev[k++] = (chat_tool_event){CHAT_TOOL_EVENT_ARGS, p->n_calls - 1, s, (size_t)n};
-            p->cur += (size_t)n;
-            if (done) p->phase = PH_END;
-            if (done && !*x->end && (x->id_len == 0 || x->id_open) && !*x->id_end) {
-                /* nothing is owed after the arguments: the call has ended */
-                p->phase = PH_NEXT;
-                p->complete = !*x->close;
-            }
-            if (!done && p->cur < len) return k; /* a held-back character: wait */
+        case PH_ARGS:
+            r = parse_args(p, x, text, len, final, ev, &k);
+            if (r < 0) break;
+            if (r == 0) return k;
             continue;
-        }
         default: /* PH_DONE: nothing may follow the closing */
             break;
         }

@@ -829,65 +829,54 @@ static bool is_required(const json_t *req, const char *name) {
     return false;
 }
 
-static int compile_object(jsc *c, const json_t *s, const char *path, int depth, sbuf *b) {
-    const json_t *props = json_object_get(s, "properties");
-    const json_t *req = json_object_get(s, "required");
-    const json_t *addl = json_object_get(s, "additionalProperties");
-    char cp[512];
-    if (props && !json_is_object(props))
-        return fail_kw(c, path, "expected an object for", "properties");
+/* Every name in "required" must be a string with a schema in "properties". */
+static int check_required(jsc *c, const json_t *props, const json_t *req, const char *path) {
     if (req && !json_is_array(req)) return fail_kw(c, path, "expected an array for", "required");
-    if (req) {
-        size_t i;
-        const json_t *v;
-        json_array_foreach(req, i, v) {
-            if (!json_is_string(v)) return fail_kw(c, path, "expected strings in", "required");
-            if (!props || !json_object_get(props, json_string_value(v)))
-                return kv_fail(c->err,
-                               "json_schema: required property '%s' at %s has no schema "
-                               "in 'properties'",
-                               json_string_value(v), path);
-        }
+    if (!req) return 0;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(req, i, v) {
+        if (!json_is_string(v)) return fail_kw(c, path, "expected strings in", "required");
+        if (!props || !json_object_get(props, json_string_value(v)))
+            return kv_fail(c->err,
+                           "json_schema: required property '%s' at %s has no schema "
+                           "in 'properties'",
+                           json_string_value(v), path);
     }
-    /* the extra members' rule, when extra keys are allowed */
-    sbuf extra = {0};
+    return 0;
+}
+
+/* The extra members' rule body into extra (`string ": " value`, or the additionalProperties
+ * schema's rule) when extra keys are allowed; *open says whether they are. */
+static int extra_members(jsc *c, const json_t *props, const json_t *addl, const char *path,
+                         int depth, bool *open, sbuf *extra) {
+    char cp[512];
     if (addl && !json_is_boolean(addl) && !json_is_object(addl))
         return fail_kw(c, path, "expected a boolean or a schema for", "additionalProperties");
-    bool open = addl && !json_is_false(addl);
-    if (!props && !addl) open = true; /* {"type": "object"}: any object */
-    if (open) {
-        kv_buf_append(&extra, "string \": \" ", 12);
-        if (addl && json_is_object(addl)) {
-            child_path(cp, sizeof cp, path, "additionalProperties", NULL);
-            if (ref_to(c, &extra, addl, cp, depth)) {
-                free(extra.p);
-                return -1;
-            }
-        } else {
-            kv_buf_append(&extra, "value", 5);
-        }
+    *open = addl && !json_is_false(addl);
+    if (!props && !addl) *open = true; /* {"type": "object"}: any object */
+    if (!*open) return 0;
+    kv_buf_append(extra, "string \": \" ", 12);
+    if (addl && json_is_object(addl)) {
+        child_path(cp, sizeof cp, path, "additionalProperties", NULL);
+        return ref_to(c, extra, addl, cp, depth);
     }
-    size_t n = props ? json_object_size(props) : 0;
-    /* member i as "key": value rules; after_i: members from i on when one came before */
-    int *kv = calloc(n + 1, sizeof *kv);
-    bool *reqd = calloc(n + 1, sizeof *reqd);
-    if (!kv || !reqd || extra.oom) {
-        free(kv);
-        free(reqd);
-        free(extra.p);
-        return kv_fail(c->err, "out of memory");
-    }
+    kv_buf_append(extra, "value", 5);
+    return 0;
+}
+
+/* A rule per declared property, `"key": value`, numbered into kv[i] in the schema's order, and
+ * whether it is required into reqd[i]. */
+static int member_rules(jsc *c, const json_t *props, const json_t *req, const char *path, int depth,
+                        int *kv, bool *reqd) {
+    char cp[512];
     const char *key;
     const json_t *sub;
     size_t i = 0;
-    int rc = 0;
     json_object_foreach((json_t *)props, key, sub) {
         child_path(cp, sizeof cp, path, "properties", key);
         int r = new_rule(c), vr;
-        if (compile(c, sub, cp, depth + 1, &vr)) {
-            rc = -1;
-            break;
-        }
+        if (compile(c, sub, cp, depth + 1, &vr)) return -1;
         sbuf kt = {0};
         json_t *ks = json_string(key);
         if (!ks || sb_json_literal(&kt, ks)) kt.oom = true;
@@ -898,16 +887,22 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
         reqd[i] = req && is_required(req, key);
         i++;
     }
-    if (rc) goto done;
-    /* after_n: the extra members, if any; after_i / first_i built from the end */
+    return 0;
+}
+
+/* The rules that chain n members (kv, reqd) and the extra ones (extra, when open) in order, each
+ * optional one skippable; returns the rule of the whole list. after_i: members from i on when
+ * one came before; first_i: members from i on when none did; both built from the end. */
+static int member_chain(jsc *c, const int *kv, const bool *reqd, size_t n, bool open,
+                        const char *extra) {
     int after = new_rule(c);
     if (open)
-        kv_buf_printf(&c->out, "r%d ::= ( \", \" %s )*\n", after, extra.p);
+        kv_buf_printf(&c->out, "r%d ::= ( \", \" %s )*\n", after, extra);
     else
         kv_buf_printf(&c->out, "r%d ::= \"\"\n", after);
     int first = new_rule(c);
     if (open)
-        kv_buf_printf(&c->out, "r%d ::= ( %s r%d )?\n", first, extra.p, after);
+        kv_buf_printf(&c->out, "r%d ::= ( %s r%d )?\n", first, extra, after);
     else
         kv_buf_printf(&c->out, "r%d ::= \"\"\n", first);
     for (size_t k = n; k-- > 0;) {
@@ -922,8 +917,35 @@ static int compile_object(jsc *c, const json_t *s, const char *path, int depth, 
         after = a;
         first = f;
     }
-    kv_buf_printf(b, "\"{\" r%d \"}\"", first);
-done:
+    return first;
+}
+
+/* An object: the declared members in the schema's order (the optional ones skippable), then the
+ * extra ones where additionalProperties allows them. */
+static int compile_object(jsc *c, const json_t *s, const char *path, int depth, sbuf *b) {
+    const json_t *props = json_object_get(s, "properties");
+    const json_t *req = json_object_get(s, "required");
+    const json_t *addl = json_object_get(s, "additionalProperties");
+    if (props && !json_is_object(props))
+        return fail_kw(c, path, "expected an object for", "properties");
+    if (check_required(c, props, req, path)) return -1;
+    sbuf extra = {0};
+    bool open;
+    if (extra_members(c, props, addl, path, depth, &open, &extra)) {
+        free(extra.p);
+        return -1;
+    }
+    size_t n = props ? json_object_size(props) : 0;
+    int *kv = calloc(n + 1, sizeof *kv);
+    bool *reqd = calloc(n + 1, sizeof *reqd);
+    if (!kv || !reqd || extra.oom) {
+        free(kv);
+        free(reqd);
+        free(extra.p);
+        return kv_fail(c->err, "out of memory");
+    }
+    int rc = member_rules(c, props, req, path, depth, kv, reqd);
+    if (!rc) kv_buf_printf(b, "\"{\" r%d \"}\"", member_chain(c, kv, reqd, n, open, extra.p));
     free(kv);
     free(reqd);
     free(extra.p);
@@ -971,107 +993,104 @@ static int compile_typed(jsc *c, const json_t *s, const char *type, const char *
     return fail_kw(c, path, "unknown type", type);
 }
 
-/* The body of s's rule into b. */
-static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sbuf *b) {
+static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sbuf *b);
+
+/* $ref: the target's rule, compiled once (the first reference names it, later ones and
+ * recursion reuse the name). */
+static int compile_ref(jsc *c, const json_t *v, const char *path, int depth, sbuf *b) {
     char cp[512];
-    if (json_is_true(s)) {
-        kv_buf_append(b, "value", 5);
-        return 0;
-    }
-    if (!json_is_object(s))
-        return kv_fail(c->err, "json_schema: the schema at %s must be an object or true", path);
-    if (check_keywords(c, s, path)) return -1;
-    const json_t *v;
-    if ((v = json_object_get(s, "$ref"))) {
-        const json_t *t = resolve_ref(c, v, path);
-        if (!t) return -1;
-        for (int i = 0; i < c->n_refs; i++)
-            if (c->ref_node[i] == t) {
-                kv_buf_printf(b, "r%d", c->ref_rule[i]);
-                return 0;
-            }
-        if (c->n_refs == c->cap_refs) {
-            int cap = c->cap_refs ? c->cap_refs * 2 : 8;
-            const json_t **n = realloc(c->ref_node, sizeof *n * (size_t)cap);
-            if (n) c->ref_node = n;
-            int *r = realloc(c->ref_rule, sizeof *r * (size_t)cap);
-            if (r) c->ref_rule = r;
-            if (!n || !r) return kv_fail(c->err, "out of memory");
-            c->cap_refs = cap;
-        }
-        /* The rule is named before it is compiled, so recursion refers to it. */
-        int rule = new_rule(c);
-        c->ref_node[c->n_refs] = t;
-        c->ref_rule[c->n_refs++] = rule;
-        sbuf body = {0};
-        snprintf(cp, sizeof cp, "%.400s", json_string_value(v));
-        int rc = compile_body(c, t, cp, depth + 1, &body);
-        if (!rc) kv_buf_printf(&c->out, "r%d ::= %s\n", rule, body.p ? body.p : "\"\"");
-        free(body.p);
-        if (rc) return -1;
-        kv_buf_printf(b, "r%d", rule);
-        return 0;
-    }
-    if ((v = json_object_get(s, "const"))) return sb_json_literal(b, v) ? -1 : 0;
-    if ((v = json_object_get(s, "enum"))) {
-        if (!json_is_array(v) || json_array_size(v) == 0)
-            return fail_kw(c, path, "expected a non-empty array for", "enum");
-        size_t i;
-        const json_t *e;
-        kv_buf_append(b, "(", 1);
-        json_array_foreach(v, i, e) {
-            if (i) kv_buf_append(b, " | ", 3);
-            if (sb_json_literal(b, e)) return kv_fail(c->err, "out of memory");
-        }
-        kv_buf_append(b, ")", 1);
-        return 0;
-    }
-    if (json_object_get(s, "allOf")) {
-        json_t *m = merge_all_of(c, s, path);
-        if (!m) return -1;
-        int rc = compile_object(c, m, path, depth, b);
-        json_decref(m);
-        return rc;
-    }
-    const char *alt_key = json_object_get(s, "anyOf") ? "anyOf" : "oneOf";
-    if ((v = json_object_get(s, alt_key))) {
-        if (!json_is_array(v) || json_array_size(v) == 0)
-            return fail_kw(c, path, "expected a non-empty array for", alt_key);
-        size_t i;
-        const json_t *e;
-        kv_buf_append(b, "(", 1);
-        json_array_foreach(v, i, e) {
-            char idx[24];
-            snprintf(idx, sizeof idx, "%zu", i);
-            child_path(cp, sizeof cp, path, alt_key, idx);
-            if (i) kv_buf_append(b, " | ", 3);
-            if (ref_to(c, b, e, cp, depth)) return -1;
-        }
-        kv_buf_append(b, ")", 1);
-        return 0;
-    }
-    const json_t *type = json_object_get(s, "type");
-    bool nullable = json_is_true(json_object_get(s, "nullable"));
-    if (!type) {
-        /* no type: inferred from the keywords present, else any value */
-        const char *t = json_object_get(s, "properties") || json_object_get(s, "required") ||
-                                json_object_get(s, "additionalProperties")
-                            ? "object"
-                        : json_object_get(s, "items") || json_object_get(s, "prefixItems") ? "array"
-                        : json_object_get(s, "pattern") || json_object_get(s, "format") ||
-                                json_object_get(s, "minLength") || json_object_get(s, "maxLength")
-                            ? "string"
-                        : json_object_get(s, "minimum") || json_object_get(s, "maximum") ? "number"
-                                                                                         : NULL;
-        if (!t) {
-            kv_buf_append(b, nullable ? "value" : "value", 5);
+    const json_t *t = resolve_ref(c, v, path);
+    if (!t) return -1;
+    for (int i = 0; i < c->n_refs; i++)
+        if (c->ref_node[i] == t) {
+            kv_buf_printf(b, "r%d", c->ref_rule[i]);
             return 0;
         }
-        if (nullable) kv_buf_append(b, "( null | ", 9);
-        int rc = compile_typed(c, s, t, path, depth, b);
-        if (nullable) kv_buf_append(b, " )", 2);
-        return rc;
+    if (c->n_refs == c->cap_refs) {
+        int cap = c->cap_refs ? c->cap_refs * 2 : 8;
+        const json_t **n = realloc(c->ref_node, sizeof *n * (size_t)cap);
+        if (n) c->ref_node = n;
+        int *r = realloc(c->ref_rule, sizeof *r * (size_t)cap);
+        if (r) c->ref_rule = r;
+        if (!n || !r) return kv_fail(c->err, "out of memory");
+        c->cap_refs = cap;
     }
+    /* The rule is named before it is compiled, so recursion refers to it. */
+    int rule = new_rule(c);
+    c->ref_node[c->n_refs] = t;
+    c->ref_rule[c->n_refs++] = rule;
+    sbuf body = {0};
+    snprintf(cp, sizeof cp, "%.400s", json_string_value(v));
+    int rc = compile_body(c, t, cp, depth + 1, &body);
+    if (!rc) kv_buf_printf(&c->out, "r%d ::= %s\n", rule, body.p ? body.p : "\"\"");
+    free(body.p);
+    if (rc) return -1;
+    kv_buf_printf(b, "r%d", rule);
+    return 0;
+}
+
+/* enum: one of the listed values' literals. */
+static int compile_enum(jsc *c, const json_t *v, const char *path, sbuf *b) {
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return fail_kw(c, path, "expected a non-empty array for", "enum");
+    size_t i;
+    const json_t *e;
+    kv_buf_append(b, "(", 1);
+    json_array_foreach(v, i, e) {
+        if (i) kv_buf_append(b, " | ", 3);
+        if (sb_json_literal(b, e)) return kv_fail(c->err, "out of memory");
+    }
+    kv_buf_append(b, ")", 1);
+    return 0;
+}
+
+/* anyOf or oneOf (alt_key; both as anyOf): a rule per alternative. */
+static int compile_alternatives(jsc *c, const json_t *v, const char *alt_key, const char *path,
+                                int depth, sbuf *b) {
+    char cp[512];
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return fail_kw(c, path, "expected a non-empty array for", alt_key);
+    size_t i;
+    const json_t *e;
+    kv_buf_append(b, "(", 1);
+    json_array_foreach(v, i, e) {
+        char idx[24];
+        snprintf(idx, sizeof idx, "%zu", i);
+        child_path(cp, sizeof cp, path, alt_key, idx);
+        if (i) kv_buf_append(b, " | ", 3);
+        if (ref_to(c, b, e, cp, depth)) return -1;
+    }
+    kv_buf_append(b, ")", 1);
+    return 0;
+}
+
+/* A schema without "type": the type its keywords imply, else any value. */
+static int compile_untyped(jsc *c, const json_t *s, bool nullable, const char *path, int depth,
+                           sbuf *b) {
+    const char *t = json_object_get(s, "properties") || json_object_get(s, "required") ||
+                            json_object_get(s, "additionalProperties")
+                        ? "object"
+                    : json_object_get(s, "items") || json_object_get(s, "prefixItems") ? "array"
+                    : json_object_get(s, "pattern") || json_object_get(s, "format") ||
+                            json_object_get(s, "minLength") || json_object_get(s, "maxLength")
+                        ? "string"
+                    : json_object_get(s, "minimum") || json_object_get(s, "maximum") ? "number"
+                                                                                     : NULL;
+    if (!t) {
+        kv_buf_append(b, "value", 5); /* null included */
+        return 0;
+    }
+    if (nullable) kv_buf_append(b, "( null | ", 9);
+    int rc = compile_typed(c, s, t, path, depth, b);
+    if (nullable) kv_buf_append(b, " )", 2);
+    return rc;
+}
+
+/* "type" (a name or a list of names; "nullable": true adds null). */
+static int compile_type(jsc *c, const json_t *s, const json_t *type, const char *path, int depth,
+                        sbuf *b) {
+    bool nullable = json_is_true(json_object_get(s, "nullable"));
+    if (!type) return compile_untyped(c, s, nullable, path, depth, b);
     if (json_is_string(type)) {
         if (nullable) kv_buf_append(b, "( null | ", 9);
         int rc = compile_typed(c, s, json_string_value(type), path, depth, b);
@@ -1091,6 +1110,33 @@ static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sb
     }
     kv_buf_append(b, ")", 1);
     return 0;
+}
+
+/* The body of s's rule into b: the first of $ref, const, enum, allOf, anyOf/oneOf and type that
+ * s has decides. */
+static int compile_body(jsc *c, const json_t *s, const char *path, int depth, sbuf *b) {
+    if (json_is_true(s)) {
+        kv_buf_append(b, "value", 5);
+        return 0;
+    }
+    if (!json_is_object(s))
+        return kv_fail(c->err, "json_schema: the schema at %s must be an object or true", path);
+    if (check_keywords(c, s, path)) return -1;
+    const json_t *v;
+    if ((v = json_object_get(s, "$ref"))) return compile_ref(c, v, path, depth, b);
+    if ((v = json_object_get(s, "const"))) return sb_json_literal(b, v) ? -1 : 0;
+    if ((v = json_object_get(s, "enum"))) return compile_enum(c, v, path, b);
+    if (json_object_get(s, "allOf")) {
+        json_t *m = merge_all_of(c, s, path);
+        if (!m) return -1;
+        int rc = compile_object(c, m, path, depth, b);
+        json_decref(m);
+        return rc;
+    }
+    const char *alt_key = json_object_get(s, "anyOf") ? "anyOf" : "oneOf";
+    if ((v = json_object_get(s, alt_key)))
+        return compile_alternatives(c, v, alt_key, path, depth, b);
+    return compile_type(c, s, json_object_get(s, "type"), path, depth, b);
 }
 
 /* Compiles s into a new rule, numbered into *rule. */

@@ -157,6 +157,149 @@ static int parse_generate(int argc, char **argv, gen_opts *o) {
     return -1;
 }
 
+/* ---------------------------------------------------------------- a run */
+
+/* One run: the engine, the prompt's tokens, the sampler and the text generated so far. */
+typedef struct gen_run {
+    const gen_opts *o;
+    engine_single e;
+    const model *m;
+    int ctx;
+    char *file_text, *rendered;
+    int32_t *ids; /* the prompt's tokens */
+    int n_prompt;
+    int32_t *hist; /* [ctx]: the prompt's tokens, then those generated */
+    int n_hist, n_gen;
+    sampler *smp;
+    stop_set stops;
+    char *gen; /* the generated text, [gen_cap] */
+    size_t gen_cap, gen_len;
+    size_t emitted; /* gen[0..emitted) is on stdout */
+    detok_state ds;
+    const char *finish; /* "length", "context" or "stop" */
+    bool stop_matched;
+} gen_run;
+
+/* The prompt (with --chat, the messages in the model's template) as tokens, into r->ids; it must
+ * leave room in the context for one token. */
+static int generate_tokenize(gen_run *r, const char *prompt, kv_error *err) {
+    const model *m = r->m;
+    bool add_bos = tokenizer_add_bos(m->tok);
+    if (r->o->chat) {
+        chat_message msgs[2];
+        int n = 0;
+        if (r->o->system) msgs[n++] = (chat_message){.role = "system", .content = r->o->system};
+        msgs[n++] = (chat_message){.role = "user", .content = prompt};
+        int32_t bos = tokenizer_bos(m->tok);
+        const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
+        if (!(r->rendered = chat_render(&m->chat, msgs, n, NULL, 0, true, bos_text, err)))
+            return -1;
+        /* Templates that spell BOS out must not get a second one. */
+        if (bos_text && strncmp(r->rendered, bos_text, strlen(bos_text)) == 0) add_bos = false;
+        prompt = r->rendered;
+    }
+    r->n_prompt = tokenizer_encode(m->tok, prompt, strlen(prompt), add_bos, true, &r->ids, err);
+    if (r->n_prompt < 0) return -1;
+    if (r->n_prompt == 0) return kv_fail(err, "the prompt is empty");
+    if (r->n_prompt >= r->ctx)
+        return kv_fail(err, "prompt of %d tokens does not fit the context of %d tokens",
+                       r->n_prompt, r->ctx);
+    return 0;
+}
+
+/* The sampler, the stop strings, the token history (the prompt first) and the text buffer. */
+static int generate_prepare(gen_run *r, kv_error *err) {
+    if (!(r->smp = sampler_create(&r->o->sp, r->m->hp.n_vocab, err))) return -1;
+    if (stop_set_init(&r->stops, r->o->stops, r->o->n_stops, err)) return -1;
+    r->hist = malloc(sizeof(int32_t) * (size_t)r->ctx);
+    r->gen_cap = 4096;
+    r->gen = malloc(r->gen_cap);
+    if (!r->hist || !r->gen) return kv_fail(err, "out of memory");
+    memcpy(r->hist, r->ids, sizeof(int32_t) * (size_t)r->n_prompt);
+    r->n_hist = r->n_prompt;
+    return 0;
+}
+
+/* Appends piece[0..n) to the generated text. */
+static int generate_append(gen_run *r, const char *piece, size_t n, kv_error *err) {
+    if (r->gen_len + n + 1 > r->gen_cap) {
+        r->gen_cap = (r->gen_len + n + 1) * 2;
+        char *g2 = realloc(r->gen, r->gen_cap);
+        if (!g2) return kv_fail(err, "out of memory");
+        r->gen = g2;
+    }
+    memcpy(r->gen + r->gen_len, piece, n);
+    r->gen_len += n;
+    return 0;
+}
+
+/* Writes the text that can no longer be part of a stop string; true when one matched. */
+static bool generate_emit(gen_run *r) {
+    bool matched = false;
+    /* Text before `emitted` cannot hold the start of a stop string (a possible start is held
+     * back), so each step scans only the new tail: linear in the output, not quadratic. */
+    size_t safe = r->emitted +
+                  stop_set_scan(&r->stops, r->gen + r->emitted, r->gen_len - r->emitted, &matched);
+    if (safe > r->emitted) {
+        fwrite(r->gen + r->emitted, 1, safe - r->emitted, stdout);
+        fflush(stdout);
+        r->emitted = safe;
+    }
+    return matched;
+}
+
+/* Samples, writes and decodes token after token until the end of generation, a stop string,
+ * --max-tokens or the context's end (r->finish says which); then writes the text held back. */
+static int generate_tokens(gen_run *r, kv_error *err) {
+    const model *m = r->m;
+    detok_init(&r->ds);
+    r->finish = "length";
+    char piece[512];
+    while (r->n_gen < r->o->max_tokens) {
+        if (r->n_hist >= r->ctx) {
+            r->finish = "context";
+            break;
+        }
+        int32_t tok = sampler_sample(r->smp, r->e.logits, r->hist, r->n_hist, NULL);
+        r->hist[r->n_hist++] = tok;
+        r->n_gen++;
+        if (!r->o->ignore_eos && tokenizer_is_eog(m->tok, tok)) {
+            r->finish = "stop";
+            break;
+        }
+        int nb = detok_push(m->tok, &r->ds, tok, piece, sizeof piece);
+        if (nb < 0) nb = 0;
+        if (generate_append(r, piece, (size_t)nb, err)) return -1;
+        if (generate_emit(r)) {
+            r->finish = "stop";
+            r->stop_matched = true;
+            break;
+        }
+        if (r->n_gen == r->o->max_tokens) break;
+        if (engine_single_decode(&r->e, tok, err)) return -1;
+    }
+    /* Text held back as a possible stop-string prefix is the answer's end after all. */
+    if (!r->stop_matched) {
+        fwrite(r->gen + r->emitted, 1, r->gen_len - r->emitted, stdout);
+        int nb = detok_flush(&r->ds, piece, sizeof piece);
+        if (nb > 0) fwrite(piece, 1, (size_t)nb, stdout);
+    }
+    fputc('\n', stdout);
+    return 0;
+}
+
+/* Frees what the run holds, whichever step it reached. */
+static void generate_run_free(gen_run *r) {
+    stop_set_free(&r->stops);
+    sampler_destroy(r->smp);
+    free(r->hist);
+    free(r->gen);
+    free(r->ids);
+    free(r->rendered);
+    free(r->file_text);
+    engine_single_free(&r->e);
+}
+
 int cli_generate(int argc, char **argv) {
     log_set_level(LOG_LEVEL_WARN);
     gen_opts o;
@@ -164,127 +307,29 @@ int cli_generate(int argc, char **argv) {
     if (rc >= 0) return rc;
     rc = 1;
     kv_error err = {{0}};
-    engine_single e = {0};
-    char *file_text = NULL, *rendered = NULL, *gen = NULL;
-    int32_t *ids = NULL, *hist = NULL;
-    sampler *smp = NULL;
-    stop_set stops = {0};
+    gen_run r = {.o = &o};
 
-    if (o.file && !(file_text = kv_read_file(o.file, SIZE_MAX, NULL, &err))) goto fail;
-    const char *prompt = o.file ? file_text : o.prompt;
-    if (engine_single_load(&e, &o.mo, &err)) goto fail;
-    const model *m = e.m;
-    int ctx = o.ctx ? o.ctx : (m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096);
-    if (engine_single_start(&e, ctx, &err)) goto fail;
-
-    bool add_bos = tokenizer_add_bos(m->tok);
-    if (o.chat) {
-        chat_message msgs[2];
-        int n = 0;
-        if (o.system) msgs[n++] = (chat_message){.role = "system", .content = o.system};
-        msgs[n++] = (chat_message){.role = "user", .content = prompt};
-        int32_t bos = tokenizer_bos(m->tok);
-        const char *bos_text = bos >= 0 ? tokenizer_token_text(m->tok, bos) : NULL;
-        if (!(rendered = chat_render(&m->chat, msgs, n, NULL, 0, true, bos_text, &err))) goto fail;
-        /* Templates that spell BOS out must not get a second one. */
-        if (bos_text && strncmp(rendered, bos_text, strlen(bos_text)) == 0) add_bos = false;
-        prompt = rendered;
-    }
-    int n_prompt = tokenizer_encode(m->tok, prompt, strlen(prompt), add_bos, true, &ids, &err);
-    if (n_prompt < 0) goto fail;
-    if (n_prompt == 0) {
-        kv_fail(&err, "the prompt is empty");
-        goto fail;
-    }
-    if (n_prompt >= ctx) {
-        kv_fail(&err, "prompt of %d tokens does not fit the context of %d tokens", n_prompt, ctx);
-        goto fail;
-    }
-    if (!(smp = sampler_create(&o.sp, m->hp.n_vocab, &err))) goto fail;
-    if (stop_set_init(&stops, o.stops, o.n_stops, &err)) goto fail;
-    hist = malloc(sizeof(int32_t) * (size_t)ctx);
-    size_t gen_cap = 4096, gen_len = 0, emitted = 0;
-    gen = malloc(gen_cap);
-    if (!hist || !gen) {
-        kv_fail(&err, "out of memory");
-        goto fail;
-    }
-    memcpy(hist, ids, sizeof(int32_t) * (size_t)n_prompt);
+    if (o.file && !(r.file_text = kv_read_file(o.file, SIZE_MAX, NULL, &err))) goto fail;
+    if (engine_single_load(&r.e, &o.mo, &err)) goto fail;
+    r.m = r.e.m;
+    r.ctx = o.ctx ? o.ctx : (r.m->hp.n_ctx_train < 4096 ? r.m->hp.n_ctx_train : 4096);
+    if (engine_single_start(&r.e, r.ctx, &err)) goto fail;
+    if (generate_tokenize(&r, o.file ? r.file_text : o.prompt, &err)) goto fail;
+    if (generate_prepare(&r, &err)) goto fail;
 
     uint64_t t0 = clock_now_ns();
-    if (engine_single_prefill(&e, ids, n_prompt, &err)) goto fail;
+    if (engine_single_prefill(&r.e, r.ids, r.n_prompt, &err)) goto fail;
     uint64_t t1 = clock_now_ns();
-    detok_state ds;
-    detok_init(&ds);
-    int n_hist = n_prompt, n_gen = 0;
-    const char *finish = "length";
-    bool stop_matched = false;
-    char piece[512];
-    while (n_gen < o.max_tokens) {
-        if (n_hist >= ctx) {
-            finish = "context";
-            break;
-        }
-        int32_t tok = sampler_sample(smp, e.logits, hist, n_hist, NULL);
-        hist[n_hist++] = tok;
-        n_gen++;
-        if (!o.ignore_eos && tokenizer_is_eog(m->tok, tok)) {
-            finish = "stop";
-            break;
-        }
-        int nb = detok_push(m->tok, &ds, tok, piece, sizeof piece);
-        if (nb < 0) nb = 0;
-        if (gen_len + (size_t)nb + 1 > gen_cap) {
-            gen_cap = (gen_len + (size_t)nb + 1) * 2;
-            char *g2 = realloc(gen, gen_cap);
-            if (!g2) {
-                kv_fail(&err, "out of memory");
-                goto fail;
-            }
-            gen = g2;
-        }
-        memcpy(gen + gen_len, piece, (size_t)nb);
-        gen_len += (size_t)nb;
-        bool matched = false;
-        /* Text before `emitted` cannot hold the start of a stop string (a possible start is
-         * held back), so each step scans only the new tail: linear in the output, not quadratic. */
-        size_t safe = emitted + stop_set_scan(&stops, gen + emitted, gen_len - emitted, &matched);
-        if (safe > emitted) {
-            fwrite(gen + emitted, 1, safe - emitted, stdout);
-            fflush(stdout);
-            emitted = safe;
-        }
-        if (matched) {
-            finish = "stop";
-            stop_matched = true;
-            break;
-        }
-        if (n_gen == o.max_tokens) break;
-        if (engine_single_decode(&e, tok, &err)) goto fail;
-    }
-    /* Text held back as a possible stop-string prefix is the answer's end after all. */
-    if (!stop_matched) {
-        fwrite(gen + emitted, 1, gen_len - emitted, stdout);
-        int nb = detok_flush(&ds, piece, sizeof piece);
-        if (nb > 0) fwrite(piece, 1, (size_t)nb, stdout);
-    }
-    fputc('\n', stdout);
+    if (generate_tokens(&r, &err)) goto fail;
     uint64_t t2 = clock_now_ns();
     fprintf(stderr,
             "\n[kvserve] prompt %d tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | "
             "finish: %s\n",
-            n_prompt, n_prompt / ((t1 - t0) / 1e9), n_gen,
-            n_gen > 0 ? n_gen / ((t2 - t1) / 1e9) : 0.0, finish);
+            r.n_prompt, r.n_prompt / ((t1 - t0) / 1e9), r.n_gen,
+            r.n_gen > 0 ? r.n_gen / ((t2 - t1) / 1e9) : 0.0, r.finish);
     rc = 0;
 fail:
     if (rc) fprintf(stderr, "kvserve generate: %s\n", err.msg);
-    stop_set_free(&stops);
-    sampler_destroy(smp);
-    free(hist);
-    free(gen);
-    free(ids);
-    free(rendered);
-    free(file_text);
-    engine_single_free(&e);
+    generate_run_free(&r);
     return rc;
 }

@@ -220,173 +220,259 @@ static gen_pooling embed_pooling(const char *flag, const model *m) {
     return GEN_POOL_MEAN;
 }
 
-int cli_serve(int argc, char **argv) {
+/* ---------------------------------------------------------------- the server's life */
+
+/* What serve sets up, in order, and tears down in reverse. */
+typedef struct serve_state {
     kv_config cfg;
-    kv_error err = {{0}};
-    config_defaults(&cfg);
+    kv_error err;
+    sigset_t sigs; /* SIGINT and SIGTERM, taken by sigwait */
+    server s;
+    model *m, *draft;
+    codec_table *codec; /* the Redis tier's, outlives the store */
+    engine_opts eo;
+} serve_state;
+
+/* The configuration (defaults < file < env < flags) and the log level. -1 to go on, else the
+ * exit status: 0 after --help, 2 after a bad configuration. */
+static int serve_config(kv_config *cfg, int argc, char **argv, kv_error *err) {
+    config_defaults(cfg);
     argv[0] = "kvserve serve"; /* the command name the usage text shows */
-    config_status cs = config_load(&cfg, argc, argv, environ, stdout, &err);
+    config_status cs = config_load(cfg, argc, argv, environ, stdout, err);
     if (cs == CONFIG_HELP) {
-        config_free(&cfg);
+        config_free(cfg);
         return 0;
     }
     if (cs != CONFIG_OK) {
-        fprintf(stderr, "kvserve serve: %s\n", err.msg);
-        config_free(&cfg);
+        fprintf(stderr, "kvserve serve: %s\n", err->msg);
+        config_free(cfg);
         return 2;
     }
     log_level lv = LOG_LEVEL_INFO;
-    log_level_parse(cfg.log_level, &lv);
+    log_level_parse(cfg->log_level, &lv);
     log_set_level(lv);
+    return -1;
+}
 
-    /* Signals are taken by sigwait in this thread only: every thread started from here on
-     * inherits the blocked mask. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+/* Signals are taken by sigwait in this thread only: every thread started from here on inherits
+ * the blocked mask. */
+static void serve_signals_block(sigset_t *sigs) {
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
-    int rc = 1;
-    model *m = NULL, *draft = NULL;
-    codec_table *codec = NULL; /* the Redis tier's, outlives the store */
-    server s = {.cfg = &cfg, .started = (long)time(NULL)};
-    if (!(s.mx = metrics_create())) {
-        kv_fail(&err, "out of memory");
-        goto done;
-    }
-    if (model_ids_from(&cfg, &s, &err)) goto done;
-    if (cfg.n_api_keys > 0) {
-        if (!(s.http.key_digests = calloc((size_t)cfg.n_api_keys, sizeof *s.http.key_digests))) {
-            kv_fail(&err, "out of memory");
-            goto done;
-        }
-        for (int i = 0; i < cfg.n_api_keys; i++)
-            SHA256((const unsigned char *)cfg.api_keys[i], strlen(cfg.api_keys[i]),
-                   s.http.key_digests[i]);
-        s.http.n_keys = cfg.n_api_keys;
-    }
-    fd_limit_raise(&cfg);
-    s.http.app = &s;
-    s.http.cfg = &cfg;
-    s.http.mx = s.mx;
-    s.http.n_routes = api_routes(&cfg, s.http.routes, HTTP_MAX_ROUTES);
-    if (http_start(&s.http, &err)) goto done;
+/* The API keys' SHA-256 digests, which requests' keys are compared against. */
+static int api_key_digests(const kv_config *c, http_transport *h, kv_error *err) {
+    if (c->n_api_keys == 0) return 0;
+    if (!(h->key_digests = calloc((size_t)c->n_api_keys, sizeof *h->key_digests)))
+        return kv_fail(err, "out of memory");
+    for (int i = 0; i < c->n_api_keys; i++)
+        SHA256((const unsigned char *)c->api_keys[i], strlen(c->api_keys[i]), h->key_digests[i]);
+    h->n_keys = c->n_api_keys;
+    return 0;
+}
+
+/* Metrics, the model ids and the API keys, then the listener: GET /health answers 503
+ * "loading" until the engine is ready. */
+static int serve_listen(serve_state *st) {
+    kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    if (!(s->mx = metrics_create())) return kv_fail(&st->err, "out of memory");
+    if (model_ids_from(cfg, s, &st->err)) return -1;
+    if (api_key_digests(cfg, &s->http, &st->err)) return -1;
+    fd_limit_raise(cfg);
+    s->http.app = s;
+    s->http.cfg = cfg;
+    s->http.mx = s->mx;
+    s->http.n_routes = api_routes(cfg, s->http.routes, HTTP_MAX_ROUTES);
+    if (http_start(&s->http, &st->err)) return -1;
     log_info("listening on http://%s:%d (loading %s); %d HTTP threads, up to %d connections, "
              "idle timeout %d s",
-             cfg.host, cfg.port, cfg.model, cfg.http_threads, cfg.max_connections,
-             cfg.idle_timeout);
+             cfg->host, cfg->port, cfg->model, cfg->http_threads, cfg->max_connections,
+             cfg->idle_timeout);
+    return 0;
+}
 
-    if (engine_simd_apply(cfg.simd, &err) != 0) goto done;
-    model_load_opts lo = {.chat_template = cfg.chat_template};
-    if (!(m = model_load(cfg.model, &lo, &err))) goto done;
-    if (draft_load(&cfg, &draft, &err)) goto done;
-    s.ctx = cfg.ctx_size ? cfg.ctx_size : m->hp.n_ctx_train;
-    if (s.ctx > m->hp.n_ctx_train)
-        log_warn("ctx_size %d is beyond the model's training context of %d tokens", s.ctx,
+/* The kernels, the model and its draft; the context and the max_tokens limit they allow. */
+static int serve_models_load(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    if (engine_simd_apply(cfg->simd, &st->err) != 0) return -1;
+    model_load_opts lo = {.chat_template = cfg->chat_template};
+    if (!(st->m = model_load(cfg->model, &lo, &st->err))) return -1;
+    if (draft_load(cfg, &st->draft, &st->err)) return -1;
+    const model *m = st->m;
+    s->ctx = cfg->ctx_size ? cfg->ctx_size : m->hp.n_ctx_train;
+    if (s->ctx > m->hp.n_ctx_train)
+        log_warn("ctx_size %d is beyond the model's training context of %d tokens", s->ctx,
                  m->hp.n_ctx_train);
-    s.max_tokens_limit = cfg.max_tokens_limit ? cfg.max_tokens_limit : s.ctx;
-    engine_opts eo = {
-        .device = cfg.device,
-        .threads = cfg.threads,
-        .precise = cfg.precise,
-        .ctx = s.ctx,
-        .kv_pool_tokens = cfg.kv_pool_tokens ? cfg.kv_pool_tokens : 4 * (int64_t)s.ctx,
-        .max_seqs = cfg.max_seqs,
-        .max_queue = cfg.max_queue,
-        .prefill_chunk = cfg.prefill_chunk,
-        .spec = strcmp(cfg.spec, "off") != 0,
-        .draft = draft,
-        .chunk_tokens = cfg.cache ? cfg.cache_chunk_tokens : 0,
+    s->max_tokens_limit = cfg->max_tokens_limit ? cfg->max_tokens_limit : s->ctx;
+    return 0;
+}
+
+/* The engine's options from the configuration, then from the reuse budget (reuse_setup), which
+ * sets the blend for requests that ask nothing and bars the levels it does not allow. */
+static int serve_engine_opts(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    engine_opts *eo = &st->eo;
+    *eo = (engine_opts){
+        .device = cfg->device,
+        .threads = cfg->threads,
+        .precise = cfg->precise,
+        .ctx = s->ctx,
+        .kv_pool_tokens = cfg->kv_pool_tokens ? cfg->kv_pool_tokens : 4 * (int64_t)s->ctx,
+        .max_seqs = cfg->max_seqs,
+        .max_queue = cfg->max_queue,
+        .prefill_chunk = cfg->prefill_chunk,
+        .spec = strcmp(cfg->spec, "off") != 0,
+        .draft = st->draft,
+        .chunk_tokens = cfg->cache ? cfg->cache_chunk_tokens : 0,
         .pool_cache = true,
-        .prefetch_bytes = cfg.cache_ram_bytes > 0 ? cfg.cache_ram_bytes : 0,
-        .blend_bytes = !cfg.cache || !cfg.blend ? 0
-                       : cfg.blend_ram_bytes    ? cfg.blend_ram_bytes
-                                                : cfg.cache_ram_bytes / 4,
-        .blend_ratio = (float)cfg.blend_recompute / 100.0f,
-        .blend_policy = (blend_policy)blend_policy_parse(cfg.blend_policy),
-        .blend_chunk = cfg.blend_chunk,
-        .ttft_budget_ms = cfg.ttft_budget_ms,
-        .quality_sample = cfg.quality_sample / 100.0,
-        .blend_repair = cfg.blend_repair,
+        .prefetch_bytes = cfg->cache_ram_bytes > 0 ? cfg->cache_ram_bytes : 0,
+        .blend_bytes = !cfg->cache || !cfg->blend ? 0
+                       : cfg->blend_ram_bytes     ? cfg->blend_ram_bytes
+                                                  : cfg->cache_ram_bytes / 4,
+        .blend_ratio = (float)cfg->blend_recompute / 100.0f,
+        .blend_policy = (blend_policy)blend_policy_parse(cfg->blend_policy),
+        .blend_chunk = cfg->blend_chunk,
+        .ttft_budget_ms = cfg->ttft_budget_ms,
+        .quality_sample = cfg->quality_sample / 100.0,
+        .blend_repair = cfg->blend_repair,
     };
-    if (eo.kv_pool_tokens < s.ctx) {
-        kv_fail(&err, "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
-                (long long)eo.kv_pool_tokens, s.ctx);
-        goto done;
-    }
-    if (reuse_setup(&cfg, m, &s.reuse, &err)) goto done;
-    eo.monitor = s.reuse.monitor;
-    if (s.reuse.choice.blend) {
+    if (eo->kv_pool_tokens < s->ctx)
+        return kv_fail(&st->err,
+                       "kv_pool_tokens (%lld) must hold at least one context (ctx_size %d)",
+                       (long long)eo->kv_pool_tokens, s->ctx);
+    if (reuse_setup(cfg, st->m, &s->reuse, &st->err)) return -1;
+    eo->monitor = s->reuse.monitor;
+    if (s->reuse.choice.blend) {
         /* the budget's setting for requests that ask nothing: the loading controller's floor */
-        eo.blend_ratio = s.reuse.choice.blend_ratio;
-        eo.blend_policy = s.reuse.choice.blend_policy;
+        eo->blend_ratio = s->reuse.choice.blend_ratio;
+        eo->blend_policy = s->reuse.choice.blend_policy;
     }
-    if (s.reuse.choice.gated)
+    if (s->reuse.choice.gated)
         for (int e = CACHE_ENC_Q8; e < CACHE_ENC_MAX; e++)
-            if (!(s.reuse.choice.levels & (1u << e))) eo.levels_barred |= 1u << e;
-    if (cfg.cache && cache_setup_codec(&cfg, m, calibrate_at_start, &codec, &err)) goto done;
-    if (cfg.cache && !(s.store = cache_setup_store(&cfg, m, codec, &err))) goto done;
-    eo.store = s.store;
-    if (eo.blend_bytes > 0 && cache_setup_blend_disk(&cfg, m, &s.blend_disk, &err)) goto done;
-    eo.blend_disk = s.blend_disk;
-    if (!(s.eng = engine_create(m, &eo, s.mx, &err))) goto done;
-    if (!(s.gvocab = grammar_vocab_create(m->tok, &err))) goto done;
-    s.pooling = embed_pooling(cfg.pooling, m);
-    s.m = m;
-    if (s.store && start_schemas(&s, &cfg, m, &err)) goto done;
-    if (cfg.responses_store > 0 &&
-        !(s.responses = resp_store_create(cfg.responses_store, cfg.responses_store_bytes))) {
-        kv_fail(&err, "out of memory");
-        goto done;
-    }
-    atomic_store(&s.http.ready, true);
-    int64_t pool = engine_kv_pool_tokens(s.eng);
+            if (!(s->reuse.choice.levels & (1u << e))) eo->levels_barred |= 1u << e;
+    return 0;
+}
+
+/* The cache's tiers (--cache): the codec table, the store, and the blend's disk tier. */
+static int serve_cache_tiers(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    if (cfg->cache && cache_setup_codec(cfg, st->m, calibrate_at_start, &st->codec, &st->err))
+        return -1;
+    if (cfg->cache && !(s->store = cache_setup_store(cfg, st->m, st->codec, &st->err))) return -1;
+    st->eo.store = s->store;
+    if (st->eo.blend_bytes > 0 && cache_setup_blend_disk(cfg, st->m, &s->blend_disk, &st->err))
+        return -1;
+    st->eo.blend_disk = s->blend_disk;
+    return 0;
+}
+
+/* The engine, the grammar vocabulary and embedding pooling over the model. */
+static int serve_engine_start(serve_state *st) {
+    server *s = &st->s;
+    if (!(s->eng = engine_create(st->m, &st->eo, s->mx, &st->err))) return -1;
+    if (!(s->gvocab = grammar_vocab_create(st->m->tok, &st->err))) return -1;
+    s->pooling = embed_pooling(st->cfg.pooling, st->m);
+    s->m = st->m;
+    return 0;
+}
+
+/* The registries requests refer to: Prompt Cache's schemas (with a store) and the Responses
+ * API's stored responses (--responses-store). */
+static int serve_registries_start(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    if (s->store && start_schemas(s, cfg, st->m, &st->err)) return -1;
+    if (cfg->responses_store > 0 &&
+        !(s->responses = resp_store_create(cfg->responses_store, cfg->responses_store_bytes)))
+        return kv_fail(&st->err, "out of memory");
+    return 0;
+}
+
+/* Opens the doors (GET /health answers 200) and says what serves. */
+static void serve_ready(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    server *s = &st->s;
+    const model *m = st->m;
+    atomic_store(&s->http.ready, true);
+    int64_t pool = engine_kv_pool_tokens(s->eng);
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "
              "(SIMD %s, %s matmuls), context %d, KV pool %lld tokens (%.1f MiB), up to %d "
              "sequences; API keys %s; serving http://%s:%d/v1",
-             s.model_ids[0], m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0,
-             engine_backend_name(s.eng), engine_threads(s.eng), simd_level_name(simd_level_get()),
-             cfg.precise ? "f32" : "8-bit activation", s.ctx, (long long)pool,
-             (double)pool * (double)model_kv_bytes_per_token(m) / 1048576.0, cfg.max_seqs,
-             s.http.n_keys ? "required" : "off", cfg.host, cfg.port);
+             s->model_ids[0], m->name, m->hp.n_layer, model_weight_bytes(m) / 1048576.0,
+             engine_backend_name(s->eng), engine_threads(s->eng), simd_level_name(simd_level_get()),
+             cfg->precise ? "f32" : "8-bit activation", s->ctx, (long long)pool,
+             (double)pool * (double)model_kv_bytes_per_token(m) / 1048576.0, cfg->max_seqs,
+             s->http.n_keys ? "required" : "off", cfg->host, cfg->port);
+}
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    drain(&s, &sigs, sig);
-    rc = 0;
-done:
-    if (rc) log_error("%s", err.msg);
-    atomic_store(&s.http.draining, true);
-    atomic_store(&s.http.stopping, true);
-    if (s.eng) {
+/* Stops and frees whatever serve set up, the last first; rc is what serve returns (nonzero: the
+ * error is logged first). */
+static void serve_teardown(serve_state *st, int rc) {
+    server *s = &st->s;
+    if (rc) log_error("%s", st->err.msg);
+    atomic_store(&s->http.draining, true);
+    atomic_store(&s->http.stopping, true);
+    if (s->eng) {
         /* Ends what still runs: each request's connection is woken and writes its error (a
          * stream: an error event and [DONE]) before the connections are closed. */
-        engine_stop(s.eng);
-        wait_in_flight(&s, &sigs, 2.0);
+        engine_stop(s->eng);
+        wait_in_flight(s, &st->sigs, 2.0);
     }
-    http_stop(&s.http);
-    schemas_stop(&s);
-    resp_store_destroy(s.responses);
-    engine_destroy(s.eng);
-    grammar_vocab_destroy(s.gvocab);
-    if (s.store) {
-        cache_store_close(s.store);
+    http_stop(&s->http);
+    schemas_stop(s);
+    resp_store_destroy(s->responses);
+    engine_destroy(s->eng);
+    grammar_vocab_destroy(s->gvocab);
+    if (s->store) {
+        cache_store_close(s->store);
         log_info("cache: queued writes flushed");
     }
-    content_disk_close(s.blend_disk);
-    if (codec) {
-        codec_table_free(codec);
-        free(codec);
+    content_disk_close(s->blend_disk);
+    if (st->codec) {
+        codec_table_free(st->codec);
+        free(st->codec);
     }
-    model_free(draft);
-    model_free(m);
-    metrics_destroy(s.mx);
-    free(s.http.key_digests);
-    for (int i = 0; i < s.n_model_ids; i++) free(s.model_ids[i]);
-    free(s.model_ids);
-    config_free(&cfg);
+    model_free(st->draft);
+    model_free(st->m);
+    metrics_destroy(s->mx);
+    free(s->http.key_digests);
+    for (int i = 0; i < s->n_model_ids; i++) free(s->model_ids[i]);
+    free(s->model_ids);
+    config_free(&st->cfg);
     if (rc == 0) log_info("stopped");
+}
+
+int cli_serve(int argc, char **argv) {
+    serve_state st;
+    memset(&st, 0, sizeof st);
+    int rc = serve_config(&st.cfg, argc, argv, &st.err);
+    if (rc >= 0) return rc;
+    serve_signals_block(&st.sigs);
+
+    rc = 1;
+    st.s.cfg = &st.cfg;
+    st.s.started = (long)time(NULL);
+    if (serve_listen(&st)) goto done;
+    if (serve_models_load(&st)) goto done;
+    if (serve_engine_opts(&st)) goto done;
+    if (serve_cache_tiers(&st)) goto done;
+    if (serve_engine_start(&st)) goto done;
+    if (serve_registries_start(&st)) goto done;
+    serve_ready(&st);
+
+    int sig = 0;
+    sigwait(&st.sigs, &sig);
+    drain(&st.s, &st.sigs, sig);
+    rc = 0;
+done:
+    serve_teardown(&st, rc);
     return rc;
 }
