@@ -23,8 +23,8 @@
 
 namespace emu {
 
-thread_local thread_state *cur_thread;
-thread_local block_state *cur_block;
+__thread thread_state *cur_thread;
+__thread block_state *cur_block;
 
 /* ---------------------------------------------------------------- context switch */
 

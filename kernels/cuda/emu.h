@@ -184,8 +184,12 @@ struct block_state {
     const char *kernel;
 };
 
-extern thread_local thread_state *cur_thread;
-extern thread_local block_state *cur_block;
+/* __thread, not thread_local: an extern thread_local is read through a wrapper that calls its
+ * initialisation function where one is linked, and GCC 12 at -O2 under UBSan miscompiled that
+ * (the pointer not loaded on the branch without one, its null check testing stale flags): every
+ * kernel read a null blockIdx in the sanitized unit tests. A __thread pointer is a plain load. */
+extern __thread thread_state *cur_thread;
+extern __thread block_state *cur_block;
 
 void sync_block();
 void sync_warp();
