@@ -379,10 +379,17 @@ static int read_model(const uint8_t **p, rans_model *m, int n_symbols, kv_error 
     return 0;
 }
 
-int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint8_t model_id[32],
-                      kv_error *err) {
-    memset(t, 0, sizeof *t);
-    if (!buf || !model_id) return kv_fail(err, "codec: table parse needs a buffer and model id");
+/* The shape a table file declares (codec.h, codec_table_parse): layers, channels, levels and
+ * the attention shape (heads, head_dim, rotated dims; all 0 when none). */
+typedef struct table_shape {
+    uint32_t nl, nc, nv, nh, hd, nr;
+} table_shape;
+
+/* Checks buf[0, len) before any of its body is read: magic and version, a shape within the
+ * limits, the length that shape needs, the trailing SHA-256 and the model it was calibrated
+ * for. The shape into *s. */
+static int table_check_file(const uint8_t *buf, size_t len, const uint8_t model_id[32],
+                            table_shape *s, kv_error *err) {
     if (len < TABLE_HEADER + SHA_BYTES)
         return kv_fail(err, "codec: table truncated (%zu bytes)", len);
     if (memcmp(buf, "KVCT", 4) != 0) return kv_fail(err, "codec: not a codec table (bad magic)");
@@ -407,76 +414,108 @@ int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint
         return kv_fail(err, "codec: table checksum mismatch (corrupt file)");
     if (memcmp(buf + 8, model_id, 32) != 0)
         return kv_fail(err, "codec: table was calibrated for another model");
+    *s = (table_shape){.nl = nl, .nc = nc, .nv = nv, .nh = nh, .hd = hd, .nr = nr};
+    return 0;
+}
 
-    const uint8_t *p = buf + TABLE_HEADER;
-    codec_level *levels = calloc(nv, sizeof *levels);
+/* Reads the levels at *p (each: group, then the anchor and delta bins of every layer), checks
+ * them and allocates t for shape s (table_alloc). On failure t holds nothing. */
+static int read_levels(const uint8_t **p, codec_table *t, const table_shape *s,
+                       const uint8_t model_id[32], kv_error *err) {
+    const uint8_t *q = *p;
+    codec_level *levels = calloc(s->nv, sizeof *levels);
     if (!levels) return kv_fail(err, "codec: out of memory");
-    for (uint32_t v = 0; v < nv; v++) {
-        uint32_t group = le_get_u32(p);
+    for (uint32_t v = 0; v < s->nv; v++) {
+        uint32_t group = le_get_u32(q);
         levels[v].group = group > CODEC_MAX_TOKENS ? -1 : (int)group;
-        p += 4;
-        for (uint32_t l = 0; l < nl; l++)
-            for (int kv = 0; kv < 2; kv++, p += 4) levels[v].anchor_bin[l][kv] = get_f32(p);
-        for (uint32_t l = 0; l < nl; l++)
-            for (int kv = 0; kv < 2; kv++, p += 4) levels[v].delta_bin[l][kv] = get_f32(p);
+        q += 4;
+        for (uint32_t l = 0; l < s->nl; l++)
+            for (int kv = 0; kv < 2; kv++, q += 4) levels[v].anchor_bin[l][kv] = get_f32(q);
+        for (uint32_t l = 0; l < s->nl; l++)
+            for (int kv = 0; kv < 2; kv++, q += 4) levels[v].delta_bin[l][kv] = get_f32(q);
     }
-    int rc = check_levels(levels, (int)nv, (int)nl, err);
-    if (!rc) rc = table_alloc(t, model_id, (int)nl, (int)nc, levels, (int)nv, err);
+    int rc = check_levels(levels, (int)s->nv, (int)s->nl, err);
+    if (!rc) rc = table_alloc(t, model_id, (int)s->nl, (int)s->nc, levels, (int)s->nv, err);
     free(levels);
     if (rc) return kv_fail_wrap(err, "codec: table");
-    size_t n_scale = (size_t)nl * 2 * nc;
-    for (size_t i = 0; i < n_scale; i++, p += 4) {
-        float s = get_f32(p);
-        if (!(s > 0) || !isfinite(s)) {
-            kv_fail(err, "codec: table scale %zu is %g; scales must be finite and positive", i, s);
-            goto fail;
-        }
+    *p = q;
+    return 0;
+}
+
+/* Reads every channel's scale (finite and positive) and then its centre (finite) at *p. */
+static int read_scales(const uint8_t **p, codec_table *t, kv_error *err) {
+    const uint8_t *q = *p;
+    size_t n_scale = (size_t)t->n_layer * 2 * (size_t)t->n_chan;
+    for (size_t i = 0; i < n_scale; i++, q += 4) {
+        float s = get_f32(q);
+        if (!(s > 0) || !isfinite(s))
+            return kv_fail(err, "codec: table scale %zu is %g; scales must be finite and positive",
+                           i, s);
         t->scale[i] = s;
     }
-    for (size_t i = 0; i < n_scale; i++, p += 4) {
-        float c = get_f32(p);
-        if (!isfinite(c)) {
-            kv_fail(err, "codec: table centre %zu is %g; centres must be finite", i, c);
-            goto fail;
-        }
+    for (size_t i = 0; i < n_scale; i++, q += 4) {
+        float c = get_f32(q);
+        if (!isfinite(c))
+            return kv_fail(err, "codec: table centre %zu is %g; centres must be finite", i, c);
         t->center[i] = c;
     }
-    if (nh) {
-        if (attention_alloc(t, (int)nh, (int)hd, (int)nr, err)) goto fail;
-        t->margin = get_f32(p);
-        p += 4;
-        if (!(t->margin >= 0) || !isfinite(t->margin)) {
-            kv_fail(err, "codec: table margin %g must be finite and not negative", t->margin);
-            goto fail;
-        }
-        for (uint32_t i = 0; i < nr / 2; i++, p += 4) {
-            t->inv_freq[i] = get_f32(p);
-            if (!(t->inv_freq[i] >= 0) || !isfinite(t->inv_freq[i])) {
-                kv_fail(err, "codec: table RoPE frequency %u is %g", i, t->inv_freq[i]);
-                goto fail;
-            }
-        }
-        size_t n_dir = (size_t)nl * nh * hd;
-        for (size_t i = 0; i < n_dir; i++, p += 4) {
-            t->qdir[i] = get_f32(p);
-            if (!isfinite(t->qdir[i])) {
-                kv_fail(err, "codec: table query direction %zu is not finite", i);
-                goto fail;
-            }
-        }
+    *p = q;
+    return 0;
+}
+
+/* Reads the attention section at *p (shape s declares one): the margin, the RoPE frequencies
+ * and every layer's query directions, each checked. */
+static int read_attention(const uint8_t **p, codec_table *t, const table_shape *s, kv_error *err) {
+    const uint8_t *q = *p;
+    if (attention_alloc(t, (int)s->nh, (int)s->hd, (int)s->nr, err)) return -1;
+    t->margin = get_f32(q);
+    q += 4;
+    if (!(t->margin >= 0) || !isfinite(t->margin))
+        return kv_fail(err, "codec: table margin %g must be finite and not negative", t->margin);
+    for (uint32_t i = 0; i < s->nr / 2; i++, q += 4) {
+        t->inv_freq[i] = get_f32(q);
+        if (!(t->inv_freq[i] >= 0) || !isfinite(t->inv_freq[i]))
+            return kv_fail(err, "codec: table RoPE frequency %u is %g", i, t->inv_freq[i]);
     }
-    for (uint32_t v = 0; v < nv; v++) {
-        for (uint32_t l = 0; l < nl; l++)
+    size_t n_dir = (size_t)s->nl * s->nh * s->hd;
+    for (size_t i = 0; i < n_dir; i++, q += 4) {
+        t->qdir[i] = get_f32(q);
+        if (!isfinite(t->qdir[i]))
+            return kv_fail(err, "codec: table query direction %zu is not finite", i);
+    }
+    *p = q;
+    return 0;
+}
+
+/* Reads every level's rANS models at *p: each layer's two anchor models, then each layer's
+ * delta models (two per channel), as table_emit writes them. */
+static int read_models(const uint8_t **p, codec_table *t, kv_error *err) {
+    for (int v = 0; v < t->n_levels; v++) {
+        for (int l = 0; l < t->n_layer; l++)
             for (int kv = 0; kv < 2; kv++)
-                if (read_model(&p, &codec_table_layer_models(t, (int)v, (int)l)[kv],
-                               CODEC_ANCHOR_SYMBOLS, err))
-                    goto fail;
-        for (uint32_t l = 0; l < nl; l++) {
-            rans_model *m = codec_table_layer_models(t, (int)v, (int)l) + 2;
-            for (size_t i = 0; i < 2 * (size_t)nc; i++)
-                if (read_model(&p, &m[i], CODEC_DELTA_SYMBOLS, err)) goto fail;
+                if (read_model(p, &codec_table_layer_models(t, v, l)[kv], CODEC_ANCHOR_SYMBOLS,
+                               err))
+                    return -1;
+        for (int l = 0; l < t->n_layer; l++) {
+            rans_model *m = codec_table_layer_models(t, v, l) + 2;
+            for (size_t i = 0; i < 2 * (size_t)t->n_chan; i++)
+                if (read_model(p, &m[i], CODEC_DELTA_SYMBOLS, err)) return -1;
         }
     }
+    return 0;
+}
+
+int codec_table_parse(codec_table *t, const uint8_t *buf, size_t len, const uint8_t model_id[32],
+                      kv_error *err) {
+    memset(t, 0, sizeof *t);
+    if (!buf || !model_id) return kv_fail(err, "codec: table parse needs a buffer and model id");
+    table_shape s = {0};
+    if (table_check_file(buf, len, model_id, &s, err)) return -1;
+    const uint8_t *p = buf + TABLE_HEADER;
+    if (read_levels(&p, t, &s, model_id, err)) return -1;
+    if (read_scales(&p, t, err) || (s.nh && read_attention(&p, t, &s, err)) ||
+        read_models(&p, t, err))
+        goto fail;
     if (p != buf + len - SHA_BYTES) { /* the size check makes this unreachable */
         kv_fail(err, "codec: table layout mismatch");
         goto fail;

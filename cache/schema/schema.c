@@ -722,6 +722,208 @@ void schema_prompt_free(schema_prompt *p) {
     memset(p, 0, sizeof *p);
 }
 
+/* Collects doc's module references into a (a->uses, used_union and used_node, allocated here:
+ * the caller frees them, on failure too). 0, or -1 with err: a reference that does not fit the
+ * schema (collect), out of memory. */
+static int collect_uses(asm_state *a, const pml_doc *doc) {
+    const schema *sc = a->sc;
+    a->uses = malloc(sizeof *a->uses * (size_t)sc->n_nodes);
+    a->used_union = malloc(sizeof *a->used_union * (size_t)(sc->n_unions + 1));
+    a->used_node = calloc((size_t)sc->n_nodes, sizeof *a->used_node);
+    if (!a->uses || !a->used_union || !a->used_node) return kv_fail(a->err, "out of memory");
+    for (int i = 0; i < sc->n_unions; i++) a->used_union[i] = -1;
+    a->used_node[0] = 1;
+    return collect(a, &doc->root, 0);
+}
+
+/* Appends to pl (at *n) the values of every use's parameters, tokenized, at their parameters'
+ * positions. 0, or -1 with err: a value longer than its parameter's length. */
+static int place_values(const asm_state *a, placed *pl, int *n) {
+    const schema *sc = a->sc;
+    tokv val = {0};
+    int rc = -1;
+    for (int u = 0; u < a->n_uses; u++) {
+        const schema_node *nd = &sc->nodes[a->uses[u].node];
+        const pml_node *r = a->uses[u].ref;
+        for (int q = 0; q < r->n_args; q++) {
+            const schema_param *pm = NULL;
+            for (int j = 0; j < nd->n_params && !pm; j++)
+                if (strcmp(nd->params[j].name, r->args[2 * q]) == 0) pm = &nd->params[j];
+            val.n = 0;
+            if (tokv_text(&val, a->tok, r->args[2 * q + 1], false, a->err)) goto done;
+            if (val.n > pm->length) {
+                where(a->err, r,
+                      "parameter '%s' of module '%s' is %d tokens; its length is %d (a value is "
+                      "never truncated)",
+                      pm->name, nd->name, val.n, pm->length);
+                goto done;
+            }
+            for (int t = 0; t < val.n; t++)
+                pl[(*n)++] = (placed){.pos = pm->pos + t, .token = val.ids[t], .node = -1};
+        }
+    }
+    rc = 0;
+done:
+    free(val.ids);
+    return rc;
+}
+
+/* Every token the prompt places, into *out (malloc'd; the caller frees it, on failure too): the
+ * imported nodes' own tokens pl[0, *n_cached), then the parameters' values up to *n, each part
+ * in position order. 0, or -1 with err. */
+static int place_tokens(const asm_state *a, placed **out, int *n, int *n_cached) {
+    const schema *sc = a->sc;
+    int64_t n_pl = 0;
+    for (int i = 0; i < sc->n_nodes; i++)
+        if (a->used_node[i]) n_pl += sc->nodes[i].n_tok;
+    for (int u = 0; u < a->n_uses; u++) {
+        const schema_node *nd = &sc->nodes[a->uses[u].node];
+        for (int q = 0; q < nd->n_params; q++) n_pl += nd->params[q].length;
+    }
+    placed *pl = *out = malloc(sizeof *pl * (size_t)(n_pl + 1));
+    if (!pl) return kv_fail(a->err, "out of memory");
+    *n = 0;
+    for (int i = 0; i < sc->n_nodes; i++) {
+        if (!a->used_node[i]) continue;
+        const schema_node *nd = &sc->nodes[i];
+        for (int t = 0; t < nd->n_tok; t++)
+            pl[(*n)++] = (placed){.pos = nd->pos[t], .token = nd->tok[t], .node = i, .idx = t};
+    }
+    *n_cached = *n;
+    if (place_values(a, pl, n)) return -1;
+    qsort(pl, (size_t)*n_cached, sizeof *pl, cmp_placed);
+    qsort(pl + *n_cached, (size_t)(*n - *n_cached), sizeof *pl, cmp_placed);
+    return 0;
+}
+
+/* The free text into v: the prompt's text and role tags, the turns after it and (gen) the
+ * answer's opening. 0, or -1 with err: role tags or turns the template cannot render. */
+static int free_text_tokens(const asm_state *a, const pml_doc *doc, const schema_chat *chat,
+                            const schema_turn *turns, int n_turns, bool gen, tokv *v) {
+    for (int i = 0; i < doc->root.n_kids; i++) {
+        const pml_node *x = doc->root.kids[i];
+        if (x->kind == PML_TEXT && tokv_turn(v, a->tok, chat, -1, x->text, a->err)) return -1;
+        if (x->kind != PML_ROLE) continue;
+        if (!chat->ok) return where(a->err, x, "role tags are not available: %s", chat->why);
+        const char *text = x->n_kids > 0 ? x->kids[0]->text : "";
+        if (tokv_turn(v, a->tok, chat, (int)x->role, text, a->err)) return -1;
+    }
+    for (int i = 0; i < n_turns; i++) {
+        if (turns[i].role >= 0 && !chat->ok)
+            return kv_fail(a->err, "role turns are not available: %s", chat->why);
+        if (tokv_turn(v, a->tok, chat, turns[i].role, turns[i].text, a->err)) return -1;
+    }
+    if (gen && chat->ok && tokv_text(v, a->tok, chat->gen, true, a->err)) return -1;
+    return 0;
+}
+
+/* Lays out out's n + ft->n tokens: tokens and pos, the placed tokens pl[0, n) at their positions
+ * and the free text ft after the last of them; flat, a full prefill's order: the placed tokens
+ * merged by position, then the free text, with *flat_slot[i] (malloc'd; the caller frees it)
+ * where cached entry i of pl[0, n_cached) lands there. compact: tokens and pos are flat's, at
+ * 0..n-1. 0, or -1 when out of memory. */
+static int lay_out(schema_prompt *out, const placed *pl, int n, int n_cached, const tokv *ft,
+                   bool compact, int **flat_slot) {
+    int total = n + ft->n;
+    int32_t last = -1;
+    for (int i = 0; i < n; i++)
+        if (pl[i].pos > last) last = pl[i].pos;
+    out->n = total;
+    if (!(out->tokens = malloc(sizeof(int32_t) * (size_t)total)) ||
+        !(out->pos = malloc(sizeof(int32_t) * (size_t)total)) ||
+        !(out->flat = malloc(sizeof(int32_t) * (size_t)total)))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        out->tokens[i] = pl[i].token;
+        out->pos[i] = pl[i].pos;
+    }
+    for (int i = 0; i < ft->n; i++) {
+        out->tokens[n + i] = ft->ids[i];
+        out->pos[n + i] = last + 1 + i;
+    }
+    out->last_pos = out->pos[total - 1];
+    int *slot = *flat_slot = malloc(sizeof *slot * (size_t)(n_cached + 1));
+    if (!slot) return -1;
+    int i = 0, j = n_cached, o = 0;
+    while (i < n_cached || j < n) {
+        if (j >= n || (i < n_cached && pl[i].pos < pl[j].pos)) {
+            slot[i] = o;
+            out->flat[o++] = pl[i++].token;
+        } else {
+            out->flat[o++] = pl[j++].token;
+        }
+    }
+    if (ft->n > 0) memcpy(out->flat + o, ft->ids, sizeof(int32_t) * (size_t)ft->n);
+    if (compact) {
+        memcpy(out->tokens, out->flat, sizeof(int32_t) * (size_t)total);
+        for (int t = 0; t < total; t++) out->pos[t] = t;
+        out->last_pos = total - 1;
+    }
+    return 0;
+}
+
+/* Fetches into k the records of the nodes of the imported tokens pl[0, n_import): each node's
+ * up to its last imported token (all of them, unless only an exact prefix is taken);
+ * recs0[node] is its first in k->recs. 0, 1 when the store does not hold one, -1 when out of
+ * memory. */
+static int fetch_records(const schema *sc, const placed *pl, int n_import, cache_store *st,
+                         schema_kv *k, int *recs0) {
+    int *upto = calloc((size_t)sc->n_nodes, sizeof *upto);
+    if (!upto) return -1;
+    for (int i = 0; i < n_import; i++)
+        if (pl[i].idx + 1 > upto[pl[i].node]) upto[pl[i].node] = pl[i].idx + 1;
+    int rc = 0;
+    for (int i = 0; i < sc->n_nodes && rc == 0; i++)
+        if (upto[i] > 0) rc = fetch_node(sc, i, upto[i], st, k, &recs0[i]);
+    free(upto);
+    return rc;
+}
+
+/* Rows into k for the imported tokens pl[0, n_import), in runs of one node's consecutive tokens
+ * that land on consecutive slots: slot i, or (compact) flat_slot[i], where a parameter's value
+ * may sit between. recs0: each node's first record in k->recs. 0, or -1 when out of memory. */
+static int import_runs(const schema *sc, const placed *pl, int n_import, const int *flat_slot,
+                       bool compact, schema_kv *k, const int *recs0) {
+    for (int s = 0; s < n_import;) {
+        int e = s + 1, d0 = compact ? flat_slot[s] : s;
+        while (e < n_import && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1 &&
+               (!compact || flat_slot[e] == flat_slot[e - 1] + 1))
+            e++;
+        if (node_rows(sc, pl[s].node, pl[s].idx, pl[s].idx + (e - s), d0, k, recs0[pl[s].node]))
+            return -1;
+        s = e;
+    }
+    return 0;
+}
+
+/* The KV rows of the imported tokens pl[0, n_import) into out->kv, from their nodes' records in
+ * st (import_runs says where they land). A record that is gone (cleared, evicted, corrupt)
+ * leaves out->kv NULL, out->n_cached 0 and out->missing set: the prompt is computed in full.
+ * 0, or -1 when out of memory. */
+static int import_rows(const schema *sc, const placed *pl, int n_import, const int *flat_slot,
+                       bool compact, cache_store *st, schema_prompt *out) {
+    schema_kv *k = calloc(1, sizeof *k);
+    if (!k) return -1;
+    k->fixup = -1;
+    int *recs0 = malloc(sizeof *recs0 * (size_t)sc->n_nodes);
+    int rc = recs0 ? fetch_records(sc, pl, n_import, st, k, recs0) : -1;
+    if (rc > 0) {
+        out->n_cached = 0;
+        out->missing = true;
+        rc = 0;
+    } else if (rc == 0) {
+        rc = import_runs(sc, pl, n_import, flat_slot, compact, k, recs0);
+        if (rc == 0) {
+            k->n_slots = out->n_cached;
+            out->kv = k;
+            k = NULL;
+        }
+    }
+    free(recs0);
+    schema_kv_free(k);
+    return rc;
+}
+
 int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *chat,
                     const tokenizer *tok, const schema_turn *turns, int n_turns, bool gen,
                     cache_store *st, schema_fetch fetch, bool compact, schema_prompt *out,
@@ -731,195 +933,40 @@ int schema_assemble(const schema *sc, const pml_doc *doc, const schema_chat *cha
     compact = compact || exact;
     asm_state a = {.sc = sc, .tok = tok, .err = err};
     placed *pl = NULL;
-    tokv free_text = {0}, val = {0};
-    schema_kv *k = NULL;
+    tokv free_text = {0};
     int *flat_slot = NULL;
-    int rc = -1;
+    int n = 0, n_cached = 0, rc = -1;
     if (!doc->prompt)
         return kv_fail(err, "line %d, column %d: a <schema> where a <prompt> was expected",
                        doc->root.line, doc->root.col);
     if (strcmp(doc->name, sc->name) != 0)
         return kv_fail(err, "the prompt names schema '%s', not '%s'", doc->name, sc->name);
-    a.uses = malloc(sizeof *a.uses * (size_t)sc->n_nodes);
-    a.used_union = malloc(sizeof *a.used_union * (size_t)(sc->n_unions + 1));
-    a.used_node = calloc((size_t)sc->n_nodes, sizeof *a.used_node);
-    if (!a.uses || !a.used_union || !a.used_node) goto oom;
-    for (int i = 0; i < sc->n_unions; i++) a.used_union[i] = -1;
-    a.used_node[0] = 1;
-    if (collect(&a, &doc->root, 0)) goto done;
-    /* every token the prompt places: the imported nodes' own ones and the parameters' values */
-    int64_t n_pl = 0;
-    for (int i = 0; i < sc->n_nodes; i++)
-        if (a.used_node[i]) n_pl += sc->nodes[i].n_tok;
-    for (int u = 0; u < a.n_uses; u++) {
-        const schema_node *nd = &sc->nodes[a.uses[u].node];
-        for (int q = 0; q < nd->n_params; q++) n_pl += nd->params[q].length;
-    }
-    if (!(pl = malloc(sizeof *pl * (size_t)(n_pl + 1)))) goto oom;
-    int n_cached = 0, n = 0;
-    for (int i = 0; i < sc->n_nodes; i++) {
-        if (!a.used_node[i]) continue;
-        const schema_node *nd = &sc->nodes[i];
-        for (int t = 0; t < nd->n_tok; t++)
-            pl[n++] = (placed){.pos = nd->pos[t], .token = nd->tok[t], .node = i, .idx = t};
-    }
-    n_cached = n;
-    for (int u = 0; u < a.n_uses; u++) {
-        const schema_node *nd = &sc->nodes[a.uses[u].node];
-        const pml_node *r = a.uses[u].ref;
-        for (int q = 0; q < r->n_args; q++) {
-            const schema_param *pm = NULL;
-            for (int j = 0; j < nd->n_params && !pm; j++)
-                if (strcmp(nd->params[j].name, r->args[2 * q]) == 0) pm = &nd->params[j];
-            val.n = 0;
-            if (tokv_text(&val, tok, r->args[2 * q + 1], false, err)) goto done;
-            if (val.n > pm->length) {
-                where(err, r,
-                      "parameter '%s' of module '%s' is %d tokens; its length is %d (a value is "
-                      "never truncated)",
-                      pm->name, nd->name, val.n, pm->length);
-                goto done;
-            }
-            for (int t = 0; t < val.n; t++)
-                pl[n++] = (placed){.pos = pm->pos + t, .token = val.ids[t], .node = -1};
-        }
-    }
-    qsort(pl, (size_t)n_cached, sizeof *pl, cmp_placed);
-    qsort(pl + n_cached, (size_t)(n - n_cached), sizeof *pl, cmp_placed);
-    int32_t last = -1;
-    for (int i = 0; i < n; i++)
-        if (pl[i].pos > last) last = pl[i].pos;
-    /* the free text: the prompt's text and role tags, the turns after it, the answer's opening */
-    for (int i = 0; i < doc->root.n_kids; i++) {
-        const pml_node *x = doc->root.kids[i];
-        if (x->kind == PML_TEXT && tokv_turn(&free_text, tok, chat, -1, x->text, err)) goto done;
-        if (x->kind != PML_ROLE) continue;
-        if (!chat->ok) {
-            where(err, x, "role tags are not available: %s", chat->why);
-            goto done;
-        }
-        const char *text = x->n_kids > 0 ? x->kids[0]->text : "";
-        if (tokv_turn(&free_text, tok, chat, (int)x->role, text, err)) goto done;
-    }
-    for (int i = 0; i < n_turns; i++) {
-        if (turns[i].role >= 0 && !chat->ok) {
-            kv_fail(err, "role turns are not available: %s", chat->why);
-            goto done;
-        }
-        if (tokv_turn(&free_text, tok, chat, turns[i].role, turns[i].text, err)) goto done;
-    }
-    if (gen && chat->ok && tokv_text(&free_text, tok, chat->gen, true, err)) goto done;
+    if (collect_uses(&a, doc) || place_tokens(&a, &pl, &n, &n_cached) ||
+        free_text_tokens(&a, doc, chat, turns, n_turns, gen, &free_text))
+        goto done;
     int total = n + free_text.n;
     if (total == 0) {
         kv_fail(err, "the prompt is empty");
         goto done;
     }
-    out->n = total;
     out->n_modules = a.n_uses;
-    if (!(out->tokens = malloc(sizeof(int32_t) * (size_t)total)) ||
-        !(out->pos = malloc(sizeof(int32_t) * (size_t)total)) ||
-        !(out->flat = malloc(sizeof(int32_t) * (size_t)total)))
-        goto oom;
-    for (int i = 0; i < n; i++) {
-        out->tokens[i] = pl[i].token;
-        out->pos[i] = pl[i].pos;
-    }
-    for (int i = 0; i < free_text.n; i++) {
-        out->tokens[n + i] = free_text.ids[i];
-        out->pos[n + i] = last + 1 + i;
-    }
-    out->last_pos = out->pos[total - 1];
-    /* a full prefill: the placed tokens merged by position, then the free text; flat_slot[i]
-     * is where cached entry i lands there */
-    if (!(flat_slot = malloc(sizeof *flat_slot * (size_t)(n_cached + 1)))) goto oom;
-    {
-        int i = 0, j = n_cached, o = 0;
-        while (i < n_cached || j < n) {
-            if (j >= n || (i < n_cached && pl[i].pos < pl[j].pos)) {
-                flat_slot[i] = o;
-                out->flat[o++] = pl[i++].token;
-            } else {
-                out->flat[o++] = pl[j++].token;
-            }
-        }
-        if (free_text.n > 0)
-            memcpy(out->flat + o, free_text.ids, sizeof(int32_t) * (size_t)free_text.n);
-    }
-    if (compact) {
-        memcpy(out->tokens, out->flat, sizeof(int32_t) * (size_t)total);
-        for (int i = 0; i < total; i++) out->pos[i] = i;
-        out->last_pos = total - 1;
-    }
+    if (lay_out(out, pl, n, n_cached, &free_text, compact, &flat_slot)) goto oom;
     /* at least the last token is computed, for its logits */
     if (n_cached >= total) n_cached = total - 1;
     int n_import = exact ? exact_prefix(sc, pl, n_cached) : n_cached;
     out->n_cached = compact && !exact ? 0 : n_import;
-    if (fetch == SCHEMA_FETCH_NONE || n_import == 0) {
-        rc = 0;
-        goto done;
-    }
-    if (!(k = calloc(1, sizeof *k))) goto oom;
-    k->fixup = -1;
-    /* each node's tokens the rows need (all of them, unless only an exact prefix is taken) */
-    int *recs0 = malloc(sizeof *recs0 * (size_t)sc->n_nodes);
-    int *upto = calloc((size_t)sc->n_nodes, sizeof *upto);
-    if (!recs0 || !upto) {
-        free(recs0);
-        free(upto);
+    if (fetch != SCHEMA_FETCH_NONE && n_import > 0 &&
+        import_rows(sc, pl, n_import, flat_slot, compact, st, out))
         goto oom;
-    }
-    for (int i = 0; i < n_import; i++)
-        if (pl[i].idx + 1 > upto[pl[i].node]) upto[pl[i].node] = pl[i].idx + 1;
-    bool missing = false;
-    for (int i = 0; i < sc->n_nodes && !missing; i++) {
-        if (upto[i] == 0) continue;
-        int f = fetch_node(sc, i, upto[i], st, k, &recs0[i]);
-        if (f < 0) {
-            free(recs0);
-            free(upto);
-            goto oom;
-        }
-        missing = f > 0;
-    }
-    free(upto);
-    if (missing) {
-        /* a record that is gone (cleared, evicted, corrupt): the prompt is computed in full */
-        free(recs0);
-        schema_kv_free(k);
-        k = NULL;
-        out->n_cached = 0;
-        out->missing = true;
-        rc = 0;
-        goto done;
-    }
-    /* runs of one node's consecutive tokens that land on consecutive slots (compact: a
-     * parameter's value may sit between) */
-    for (int s = 0; s < n_import;) {
-        int e = s + 1, d0 = compact ? flat_slot[s] : s;
-        while (e < n_import && pl[e].node == pl[s].node && pl[e].idx == pl[e - 1].idx + 1 &&
-               (!compact || flat_slot[e] == flat_slot[e - 1] + 1))
-            e++;
-        if (node_rows(sc, pl[s].node, pl[s].idx, pl[s].idx + (e - s), d0, k, recs0[pl[s].node])) {
-            free(recs0);
-            goto oom;
-        }
-        s = e;
-    }
-    free(recs0);
-    k->n_slots = out->n_cached;
-    out->kv = k;
-    k = NULL;
     rc = 0;
     goto done;
 oom:
     kv_fail(err, "out of memory");
 done:
     if (rc) schema_prompt_free(out);
-    schema_kv_free(k);
     free(pl);
     free(flat_slot);
     free(free_text.ids);
-    free(val.ids);
     free(a.uses);
     free(a.used_union);
     free(a.used_node);

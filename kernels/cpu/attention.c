@@ -260,84 +260,132 @@ static void attn_merge(const attn_job *j, int si) {
         }
 }
 
+/* Allocates j's work items (room for the most n_seqs sequences can need: a row block per row or
+ * a key range per ATTN_MIN_SPLIT keys, whichever is more, per kv head) and its per-sequence
+ * split counts and partial states (zeroed). 0, or -1 when out of memory (the caller frees). */
+static int attn_job_alloc(attn_job *j, int n_seqs) {
+    int max_items = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int rb = j->seqs[s].n_q; /* row blocks: at most one per row (see ATTN_SPAN) */
+        int sp = j->seqs[s].n_kv / ATTN_MIN_SPLIT + 1;
+        max_items += j->l->n_kv_head * (rb > sp ? rb : sp);
+    }
+    j->items = malloc(sizeof *j->items * (size_t)(max_items ? max_items : 1));
+    j->partial = calloc((size_t)n_seqs, sizeof *j->partial);
+    j->n_splits = calloc((size_t)n_seqs, sizeof *j->n_splits);
+    return j->items && j->partial && j->n_splits ? 0 : -1;
+}
+
+/* How many key ranges sequence sq splits into: decode-sized (a few rows), one row block with
+ * its keys split so every thread has work; otherwise 1. */
+static inline int attn_key_splits(const cpu_backend *b, const kv_layout *l, const attn_seq *sq) {
+    int ns = 1;
+    if (sq->split_keys && sq->n_q <= 4) {
+        int want = (2 * b->n_threads + l->n_kv_head - 1) / l->n_kv_head;
+        int can = sq->n_kv / ATTN_MIN_SPLIT;
+        ns = want < can ? want : can;
+        if (ns < 1) ns = 1;
+    }
+    return ns;
+}
+
+/* Query rows per block of sequence sq, split into ns key ranges. Prefill-sized: row blocks of
+ * ATTN_ROWS, fewer rows per block when that leaves threads idle (a warm request's question is a
+ * 16-row step over a long history). A row's result does not depend on which rows share its
+ * block. Split keys: all rows in one block. */
+static inline int attn_block_rows(const cpu_backend *b, const kv_layout *l, const attn_seq *sq,
+                                  int ns) {
+    int rows = ATTN_ROWS;
+    while (rows > 4 && l->n_kv_head * ((sq->n_q + rows - 1) / rows) < 4 * b->n_threads) rows /= 2;
+    if (ns > 1) rows = sq->n_q;
+    return rows;
+}
+
+/* Appends sequence s's work items to j->items: for every kv head, its blocks of at most rows
+ * query rows, each over ns key ranges (split k of ns when ns > 1). Returns the scratch floats
+ * the largest item needs. */
+static inline size_t attn_seq_items(attn_job *j, int s, int ns, int rows) {
+    const attn_seq *sq = &j->seqs[s];
+    const kv_layout *l = j->l;
+    int gs = j->n_head / l->n_kv_head;
+    size_t scratch_need = 0;
+    for (int g = 0; g < l->n_kv_head; g++)
+        for (int r0 = 0, r1; r0 < sq->n_q; r0 = r1) {
+            /* A block's rows all score the keys up to its last visible one, masked past their
+             * own: rows far apart (a blended layer's scattered recomputed tokens) start a new
+             * block rather than score keys they cannot see. */
+            int kmax = sq->q_slot[r0] + 1; /* keys the rows can see */
+            for (r1 = r0 + 1; r1 < sq->n_q && r1 - r0 < rows; r1++) {
+                if (ns == 1 && (sq->q_slot[r1] < sq->q_slot[r0] ||
+                                sq->q_slot[r1] - sq->q_slot[r0] >= ATTN_SPAN))
+                    break;
+                kmax = sq->q_slot[r1] + 1 > kmax ? sq->q_slot[r1] + 1 : kmax;
+            }
+            for (int k = 0; k < ns; k++) {
+                attn_item *it = &j->items[j->n_items++];
+                /* key ranges start on multiples of 16: the score loop's vector width */
+                int ka = (int)((int64_t)kmax * k / ns) & ~15;
+                int kz = k + 1 == ns ? kmax : (int)((int64_t)kmax * (k + 1) / ns) & ~15;
+                *it = (attn_item){s, g, r0, r1, ka, kz, ns > 1 ? k : -1};
+                /* scores [queries][keys], then the weighted V sums [queries][hd] at
+                 * attn_item_kernel's acc_buf: both with the query count rounded up to 4 */
+                size_t nq4 = ((size_t)(r1 - r0) * gs + 3) & ~(size_t)3;
+                size_t need = nq4 * ((size_t)((kz - ka + 15) & ~15) + (size_t)l->head_dim);
+                scratch_need = need > scratch_need ? need : scratch_need;
+            }
+        }
+    return scratch_need;
+}
+
+/* Plans j's work items over its n_seqs sequences (their key splits, the partial states of split
+ * ones, their row blocks); *scratch_need gets the floats of scratch the largest item needs. 0,
+ * or -1 when out of memory. */
+static int attn_plan(const cpu_backend *b, attn_job *j, int n_seqs, size_t *scratch_need) {
+    const kv_layout *l = j->l;
+    *scratch_need = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const attn_seq *sq = &j->seqs[s];
+        if (sq->n_q == 0) continue;
+        int ns = attn_key_splits(b, l, sq);
+        j->n_splits[s] = ns;
+        if (ns > 1) {
+            j->partial[s] =
+                malloc(sizeof(float) * (size_t)sq->n_q * j->n_head * ns * (l->head_dim + 2));
+            if (!j->partial[s]) return -1;
+        }
+        size_t need = attn_seq_items(j, s, ns, attn_block_rows(b, l, sq, ns));
+        *scratch_need = need > *scratch_need ? need : *scratch_need;
+    }
+    return 0;
+}
+
+/* Grows every thread's attention scratch to floats (scratch only grows). 0, or -1 when out of
+ * memory (the scratch is then marked empty). */
+static int attn_scratch_reserve(cpu_backend *b, size_t floats) {
+    if (floats <= b->attn_scratch_floats) return 0;
+    for (int t = 0; t < b->n_threads; t++) {
+        kv_aligned_free(b->attn_scratch[t]);
+        b->attn_scratch[t] = kv_aligned_alloc(floats * sizeof(float));
+        if (!b->attn_scratch[t]) {
+            b->attn_scratch_floats = 0;
+            return -1;
+        }
+    }
+    b->attn_scratch_floats = floats;
+    return 0;
+}
+
 int cpu_attention(backend *bk, const void *pool, const kv_layout *l, int layer, int n_head,
                   float scale, const attn_seq *seqs, int n_seqs) {
     cpu_backend *b = cpu_of(bk);
     attn_job j = {
         .pool = pool, .l = l, .layer = layer, .n_head = n_head, .scale = scale, .seqs = seqs};
-    int gs = n_head / l->n_kv_head;
-    int max_items = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        int rb = seqs[s].n_q; /* row blocks: at most one per row (see ATTN_SPAN) */
-        int sp = seqs[s].n_kv / ATTN_MIN_SPLIT + 1;
-        max_items += l->n_kv_head * (rb > sp ? rb : sp);
-    }
-    j.items = malloc(sizeof *j.items * (size_t)(max_items ? max_items : 1));
-    j.partial = calloc((size_t)n_seqs, sizeof *j.partial);
-    j.n_splits = calloc((size_t)n_seqs, sizeof *j.n_splits);
-    if (!j.items || !j.partial || !j.n_splits) goto oom;
-
     size_t scratch_need = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        const attn_seq *sq = &seqs[s];
-        if (sq->n_q == 0) continue;
-        /* decode-sized: one row block, keys split so every thread has work */
-        int ns = 1;
-        if (sq->split_keys && sq->n_q <= 4) {
-            int want = (2 * b->n_threads + l->n_kv_head - 1) / l->n_kv_head;
-            int can = sq->n_kv / ATTN_MIN_SPLIT;
-            ns = want < can ? want : can;
-            if (ns < 1) ns = 1;
-        }
-        j.n_splits[s] = ns;
-        if (ns > 1) {
-            j.partial[s] =
-                malloc(sizeof(float) * (size_t)sq->n_q * n_head * ns * (l->head_dim + 2));
-            if (!j.partial[s]) goto oom;
-        }
-        /* Prefill-sized: row blocks of ATTN_ROWS, fewer rows per block when that leaves
-         * threads idle (a warm request's question is a 16-row step over a long history). A
-         * row's result does not depend on which rows share its block. */
-        int rows = ATTN_ROWS;
-        while (rows > 4 && l->n_kv_head * ((sq->n_q + rows - 1) / rows) < 4 * b->n_threads)
-            rows /= 2;
-        if (ns > 1) rows = sq->n_q;
-        for (int g = 0; g < l->n_kv_head; g++)
-            for (int r0 = 0, r1; r0 < sq->n_q; r0 = r1) {
-                /* A block's rows all score the keys up to its last visible one, masked past
-                 * their own: rows far apart (a blended layer's scattered recomputed tokens)
-                 * start a new block rather than score keys they cannot see. */
-                int kmax = sq->q_slot[r0] + 1; /* keys the rows can see */
-                for (r1 = r0 + 1; r1 < sq->n_q && r1 - r0 < rows; r1++) {
-                    if (ns == 1 && (sq->q_slot[r1] < sq->q_slot[r0] ||
-                                    sq->q_slot[r1] - sq->q_slot[r0] >= ATTN_SPAN))
-                        break;
-                    kmax = sq->q_slot[r1] + 1 > kmax ? sq->q_slot[r1] + 1 : kmax;
-                }
-                for (int k = 0; k < ns; k++) {
-                    attn_item *it = &j.items[j.n_items++];
-                    /* key ranges start on multiples of 16: the score loop's vector width */
-                    int ka = (int)((int64_t)kmax * k / ns) & ~15;
-                    int kz = k + 1 == ns ? kmax : (int)((int64_t)kmax * (k + 1) / ns) & ~15;
-                    *it = (attn_item){s, g, r0, r1, ka, kz, ns > 1 ? k : -1};
-                    /* scores [queries][keys], then the weighted V sums [queries][hd] at
-                     * attn_item_kernel's acc_buf: both with the query count rounded up to 4 */
-                    size_t nq4 = ((size_t)(r1 - r0) * gs + 3) & ~(size_t)3;
-                    size_t need = nq4 * ((size_t)((kz - ka + 15) & ~15) + (size_t)l->head_dim);
-                    scratch_need = need > scratch_need ? need : scratch_need;
-                }
-            }
-    }
-    if (scratch_need > b->attn_scratch_floats) {
-        for (int t = 0; t < b->n_threads; t++) {
-            kv_aligned_free(b->attn_scratch[t]);
-            b->attn_scratch[t] = kv_aligned_alloc(scratch_need * sizeof(float));
-            if (!b->attn_scratch[t]) {
-                b->attn_scratch_floats = 0;
-                goto oom;
-            }
-        }
-        b->attn_scratch_floats = scratch_need;
+    int rc = -1;
+    if (attn_job_alloc(&j, n_seqs) || attn_plan(b, &j, n_seqs, &scratch_need) ||
+        attn_scratch_reserve(b, scratch_need)) {
+        log_error("attention: out of memory (layer %d)", layer);
+        goto done;
     }
     j.scratch = b->attn_scratch;
     atomic_store(&j.next, 0);
@@ -347,11 +395,7 @@ int cpu_attention(backend *bk, const void *pool, const kv_layout *l, int layer, 
         threadpool_run(b->tp, attn_task, &j);
     for (int s = 0; s < n_seqs; s++)
         if (j.n_splits[s] > 1) attn_merge(&j, s);
-    int rc = 0;
-    goto done;
-oom:
-    log_error("attention: out of memory (layer %d)", layer);
-    rc = -1;
+    rc = 0;
 done:
     if (j.partial)
         for (int s = 0; s < n_seqs; s++) free(j.partial[s]);
