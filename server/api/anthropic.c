@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "server/api/anthropic.h"
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 /* One /v1/messages request in flight. */
 typedef struct amsg {
@@ -214,7 +214,7 @@ static const char *stop_reason(const amsg *a, gen_finish f, int stop_string, con
 typedef int (*piece_fn)(amsg *a, void *ud, const chat_tool_event *ev);
 
 /* Feeds text[0..len), the answer so far, to the pieces: through the tool parser with tools (as
- * openai_stream.c's stream_tools: a call cut by max_tokens ends with what it had; cut before any
+ * stream.c's stream_tools: a call cut by max_tokens ends with what it had; cut before any
  * call, the text is content after all), else as text from `from` on. */
 static int answer_pieces(amsg *a, const char *text, size_t len, size_t from, gen_finish f,
                          piece_fn fn, void *ud) {

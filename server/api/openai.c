@@ -1,6 +1,6 @@
 /* The OpenAI endpoints over the engine: requests become token prompts (chat template, tokenizer,
  * length checks with the counts in the message), one gen_request per prompt with n choices, and
- * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (openai_stream.c). */
+ * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (stream.c). */
 #include <jansson.h>
 #include <math.h>
 #include <openssl/evp.h>
@@ -9,7 +9,7 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 /* ---------------------------------------------------------------- completions */
 

@@ -15,7 +15,7 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 #include "server/api/responses.h"
 
 /* The Responses state of a job (job.ext). */

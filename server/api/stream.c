@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 int job_put(job *j, const char *s, size_t n) {
     if (j->buf_len + n > j->buf_cap) {

@@ -1,7 +1,8 @@
-/* One OpenAI completion request in flight (openai.c builds it, openai_stream.c streams it):
- * a gen_request per prompt, n choices each, and the stream's cursors into their output. */
-#ifndef KVSERVE_OPENAI_JOB_H
-#define KVSERVE_OPENAI_JOB_H
+/* One generating request in flight, whatever API it came through (job.c runs it over the
+ * engine, stream.c streams it): a gen_request per prompt, n choices each, and the stream's
+ * cursors into their output. */
+#ifndef KVSERVE_JOB_H
+#define KVSERVE_JOB_H
 
 #include <jansson.h>
 
@@ -10,7 +11,7 @@
 typedef struct job job;
 
 /* How a job's stream is written (job.fmt): OpenAI's chat and completion chunks
- * (openai_stream.c's), or another API's events over the same driver (the Responses API's,
+ * (stream.c's), or another API's events over the same driver (the Responses API's,
  * responses.c). The driver takes each choice's news under its request's lock and hands it to the
  * hooks outside it, tool calls already parsed; the hooks queue bytes with job_put and return 0,
  * or -1 when out of memory. */
