@@ -1,16 +1,21 @@
-/* Streaming responses: the driver that follows a job's choices (their text, tool calls parsed as
- * they stream, finish) and hands them to the job's format (job_stream_format), and OpenAI's
- * chat/completions format. There each event is `data: {chunk}\n\n`; a chat stream opens with
- * the assistant role per choice, then content deltas, then a chunk with the finish reason; with
- * stream_options.include_usage every chunk carries "usage": null and a last chunk with no choices
- * carries the usage; `data: [DONE]` ends the stream. An error after the stream began is sent as
- * `data: {"error": {...}}` before [DONE]. */
+/* A job's answer (job.h), streamed or whole, in its API's format (job_format: OpenAI's in
+ * openai.c, the Responses API's in responses.c, Anthropic's Messages in anthropic.c).
+ *
+ * Streamed, one driver for every API follows the job's choices (their text, tool calls parsed as
+ * they stream, the finish) and hands them to the format's stream hooks, which write Server-Sent
+ * Events (https://html.spec.whatwg.org/multipage/server-sent-events.html) with the one writer,
+ * job_sse_event. Once every choice has finished the close hook ends the stream, with the first
+ * error in its API's shape when there was one: the status line said 200 by then, so the log says
+ * why the stream ended. Whole, the reply waits for the last choice and is the format's. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/api/job.h"
 
-int job_put(job *j, const char *s, size_t n) {
+/* ---------------------------------------------------------------- SSE bytes */
+
+/* Queues n bytes of the stream; -1 when out of memory. */
+static int job_put(job *j, const char *s, size_t n) {
     if (j->buf_len + n > j->buf_cap) {
         size_t cap = (j->buf_len + n) * 2;
         char *b = realloc(j->buf, cap);
@@ -23,83 +28,52 @@ int job_put(job *j, const char *s, size_t n) {
     return 0;
 }
 
-/* Queues `data: <json>\n\n` (takes the reference). */
-static int emit(job *j, json_t *v) {
+int job_sse_event(job *j, const char *event, const char *data) {
+    if (!data) return -1;
+    if (event &&
+        (job_put(j, "event: ", 7) || job_put(j, event, strlen(event)) || job_put(j, "\n", 1)))
+        return -1;
+    if (job_put(j, "data: ", 6) || job_put(j, data, strlen(data)) || job_put(j, "\n\n", 2))
+        return -1;
+    return 0;
+}
+
+int job_sse_json(job *j, const char *event, json_t *v) {
     char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
     json_decref(v);
-    if (!s) return -1;
-    int rc = job_put(j, "data: ", 6) || job_put(j, s, strlen(s)) || job_put(j, "\n\n", 2);
+    int rc = job_sse_event(j, event, s);
     free(s);
-    return rc ? -1 : 0;
+    return rc;
 }
 
-static json_t *chunk(const job *j, json_t *choices) {
-    json_t *v =
-        json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", j->id, "object",
-                  j->kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
-                  (json_int_t)j->created, "model", j->s->model_ids[0], "choices", choices);
-    if (v && j->include_usage) json_object_set_new(v, "usage", json_null());
-    return v;
-}
-
-/* One choice's delta: text (may be empty), logprobs of the tokens it covers, finish reason. */
-static json_t *choice_delta(const job *j, int index, const char *text, size_t len, json_t *logprobs,
-                            const char *finish) {
-    json_t *c = json_object();
-    json_object_set_new(c, "index", json_integer(index));
-    if (j->kind == API_CHAT) {
-        json_t *delta = json_object();
-        if (len > 0 || !finish) json_object_set_new(delta, "content", json_stringn(text, len));
-        json_object_set_new(c, "delta", delta);
-    } else {
-        json_object_set_new(c, "text", json_stringn(text, len));
+/* Moves up to max pending bytes into buf: their count, 0 when none are left. */
+static long job_buf_take(job *j, char *buf, size_t max) {
+    if (j->buf_off < j->buf_len) {
+        size_t n = j->buf_len - j->buf_off < max ? j->buf_len - j->buf_off : max;
+        memcpy(buf, j->buf + j->buf_off, n);
+        j->buf_off += n;
+        return (long)n;
     }
-    json_object_set_new(c, "logprobs", logprobs ? logprobs : json_null());
-    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
-    return c;
+    j->buf_len = j->buf_off = 0;
+    return 0;
 }
 
-/* True when every prompt's scoring (echo with logprobs) is done, or none is needed. */
-static bool prompts_scored(job *j) {
-    for (int p = 0; p < j->n_reqs; p++) {
-        gen_request *r = j->reqs[p];
-        if (!r->prompt_logprobs) continue;
-        pthread_mutex_lock(&r->mu);
-        bool ready = r->prompt_lps_ready || r->n_finished == r->n_choices;
-        pthread_mutex_unlock(&r->mu);
-        if (!ready) return false;
-    }
-    return true;
-}
+/* ---------------------------------------------------------------- a choice's news */
 
-/* The opening chunks: the assistant role (chat) or the echoed prompt (completions, with the
- * prompt's logprobs when asked: those wait for the engine to score it). Returns 1 when sent,
- * 0 when the prompt's scores are not ready yet, -1 when out of memory. */
-static int chat_open(job *j) {
-    if (j->echo && j->logprobs && !prompts_scored(j)) return 0;
-    for (int p = 0; p < j->n_reqs; p++)
-        for (int i = 0; i < j->n; i++) {
-            int index = p * j->n + i;
-            json_t *c = NULL;
-            if (j->kind == API_CHAT) {
-                c = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", index, "delta", "role",
-                              "assistant", "content", "", "logprobs", "finish_reason");
-            } else if (j->echo) {
-                /* an error before scoring ended leaves prompt_lps unwritten: no logprobs then */
-                gen_request *r = j->reqs[p];
-                pthread_mutex_lock(&r->mu);
-                bool scored = r->prompt_logprobs && r->prompt_lps_ready;
-                pthread_mutex_unlock(&r->mu);
-                json_t *lps = scored ? job_prompt_logprobs_json(j, p) : NULL;
-                c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), lps, NULL);
-            }
-            if (c && emit(j, chunk(j, json_pack("[o]", c)))) return -1;
-        }
-    return 1;
-}
+/* A choice's news since the stream's cursor (its text, logprobs and finish), copied under the
+ * request's lock so the JSON is built without it (the engine takes that lock for every token it
+ * publishes). */
+typedef struct choice_news {
+    char *text;
+    size_t len, text_base;
+    gen_logprob *lps;
+    int n_lps;
+    gen_finish finish;
+} choice_news;
 
-/* One choice's news (choice_news), copied out under the request's lock so the JSON is built
- * without it (the engine takes that lock for every token it publishes). */
+/* Takes choice i of prompt p's news into *out (free text and lps) and moves the cursor: 1 when
+ * there was some, 0 when none (*done cleared while the choice runs), -1 when out of memory.
+ * Call with the request's mutex held. */
 static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     gen_request *r = j->reqs[p];
     int index = p * j->n + i;
@@ -135,85 +109,60 @@ static int take_news(job *j, int p, int i, choice_news *out, bool *done) {
     return 1;
 }
 
-/* Hands the parser's events on acc[0..len) to the format. */
-static int stream_tool_events(job *j, int index, chat_tool_parser *tp, const char *acc, size_t len,
-                              bool final) {
-    chat_tool_event ev[16];
-    int n;
-    do {
-        n = chat_tools_parse(tp, acc, len, final, ev, 16);
-        for (int k = 0; k < n; k++) {
-            int rc = ev[k].kind == CHAT_TOOL_EVENT_CONTENT
-                         ? j->fmt->text(j, index, ev[k].s, ev[k].n, NULL, NULL)
-                         : j->fmt->call(j, index, &ev[k]);
-            if (rc) return -1;
-        }
-    } while (n == 16);
+int job_tool_events(chat_tool_parser *tp, const char *text, size_t len, gen_finish f,
+                    job_tool_fn fn, void *ud) {
+    bool final = f != GEN_RUNNING, cut = f == GEN_FINISH_LENGTH;
+    for (int pass = 0; pass < 2; pass++) {
+        /* the second pass: cut before any call, the text is content after all */
+        if (pass == 1 && !(final && cut && tp->n_calls == 0)) break;
+        chat_tool_event ev[16];
+        int n;
+        do {
+            n = chat_tools_parse(tp, text, len, final && (!cut || pass == 1), ev, 16);
+            for (int k = 0; k < n; k++)
+                if (fn(ud, &ev[k])) return -1;
+        } while (n == 16);
+    }
     return 0;
 }
 
-/* A call event as chat chunks: the call's index, id, type and name first, then argument pieces;
- * legacy functions as delta.function_call (the name, then argument pieces). */
-static int chat_call(job *j, int index, const chat_tool_event *ev) {
-    json_t *c;
-    if (j->legacy) {
-        json_t *fn = ev->kind == CHAT_TOOL_EVENT_CALL
-                         ? json_pack("{s:s%,s:s}", "name", ev->s, ev->n, "arguments", "")
-                         : json_pack("{s:s%}", "arguments", ev->s, ev->n);
-        c = json_pack("{s:i,s:{s:o},s:n,s:n}", "index", index, "delta", "function_call", fn,
-                      "logprobs", "finish_reason");
-    } else {
-        json_t *call;
-        if (ev->kind == CHAT_TOOL_EVENT_CALL) {
-            char id[48];
-            job_call_id(j, index, ev->index, id, sizeof id);
-            call = json_pack("{s:i,s:s,s:s,s:{s:s%,s:s}}", "index", ev->index, "id", id, "type",
-                             "function", "function", "name", ev->s, ev->n, "arguments", "");
-        } else {
-            call = json_pack("{s:i,s:{s:s%}}", "index", ev->index, "function", "arguments", ev->s,
-                             ev->n);
-        }
-        c = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", index, "delta", "tool_calls", call,
-                      "logprobs", "finish_reason");
-    }
-    return emit(j, chunk(j, json_pack("[o]", c)));
-}
+/* The choice a tool event belongs to, for the format's hooks. */
+typedef struct tool_target {
+    job *j;
+    int index;
+} tool_target;
 
-/* Text as one chunk of choice index: a content delta (or completions' text) with its logprobs
- * and finish reason. */
-static int chat_text(job *j, int index, const char *s, size_t n, json_t *logprobs,
-                     const char *finish) {
-    return emit(j, chunk(j, json_pack("[o]", choice_delta(j, index, s, n, logprobs, finish))));
+static int tool_event_to_format(void *ud, const chat_tool_event *ev) {
+    tool_target *t = ud;
+    return ev->kind == CHAT_TOOL_EVENT_CONTENT
+               ? t->j->fmt->text(t->j, t->index, ev->s, ev->n, NULL, NULL)
+               : t->j->fmt->call(t->j, t->index, ev);
 }
 
 /* A chat choice under tools: its new text goes through the tool parser, so calls stream as
- * OpenAI streams them (delta.tool_calls: index, id, type and name first, then argument pieces)
- * and anything else as content; the finish is "tool_calls" after complete calls. An answer that
- * max_tokens cut inside its calls ends with the calls so far: the unfinished syntax after them is
- * held back, not sent as content (the whole answer's form, tools_message, does the same). Legacy
- * functions stream as delta.function_call (the name, then argument pieces), finish
- * "function_call". */
+ * calls and anything else as text; the finish is "tool_calls" after complete calls ("function_call"
+ * for legacy functions). An answer that max_tokens cut inside its calls ends with the calls so
+ * far (the whole answer's form, job_message_json, does the same). */
 static int stream_tools(job *j, int index, const choice_news *nw) {
     size_t len = j->acc_len[index];
     char *acc = realloc(j->acc[index], len + nw->len + 1);
     if (!acc) return -1;
     memcpy(acc + len, nw->text, nw->len);
+    acc[len + nw->len] = '\0';
     j->acc[index] = acc;
     j->acc_len[index] = len += nw->len;
     chat_tool_parser *tp = &j->tp[index];
-    bool final = nw->finish != GEN_RUNNING, cut = nw->finish == GEN_FINISH_LENGTH;
-    if (stream_tool_events(j, index, tp, acc, len, final && !cut)) return -1;
-    /* cut before any call: what is left is content after all */
-    if (final && cut && tp->n_calls == 0 && stream_tool_events(j, index, tp, acc, len, true))
+    if (job_tool_events(tp, acc, len, nw->finish, tool_event_to_format,
+                        &(tool_target){.j = j, .index = index}))
         return -1;
-    if (!final) return 0;
+    if (nw->finish == GEN_RUNNING) return 0;
     const char *finish = job_finish_name(nw->finish);
     if (tp->mode == 2 && tp->complete && tp->n_calls > 0 && nw->finish == GEN_FINISH_STOP)
         finish = j->legacy ? "function_call" : "tool_calls";
     return j->fmt->text(j, index, "", 0, NULL, finish);
 }
 
-/* Queues a chunk for every choice with new output. Sets *progress when something was queued
+/* Hands every choice's new output to the format. Sets *progress when something was handed on
  * and *done when every choice has finished. */
 static int stream_collect(job *j, bool *progress, bool *done) {
     *progress = false;
@@ -247,45 +196,16 @@ static int stream_collect(job *j, bool *progress, bool *done) {
     return 0;
 }
 
-/* The error event, or the usage chunk when asked for, then [DONE]. */
-static int chat_close(job *j, const api_error *err) {
-    if (err) {
-        char *e = api_error_json(err);
-        int rc = !e || job_put(j, "data: ", 6) || job_put(j, e, strlen(e)) || job_put(j, "\n\n", 2);
-        free(e);
-        if (rc) return -1;
-    } else if (j->include_usage) {
-        json_t *v = chunk(j, json_array());
-        json_object_set_new(v, "usage", job_usage(j));
-        if (emit(j, v)) return -1;
-    }
-    return job_put(j, "data: [DONE]\n\n", 14);
-}
-
-static const job_stream_format CHAT_FORMAT = {chat_open, chat_text, chat_call, chat_close, NULL};
+/* ---------------------------------------------------------------- the stream */
 
 static int stream_close_events(job *j) {
     api_error err = {0};
     bool failed = job_error(j, &err) != 0;
     if (failed) /* the access line says 200 (what the status line said): this says why it ended */
-        log_warn("POST %s %d id=%s: the stream ended with an error event: %s",
-                 j->fmt->path          ? j->fmt->path
-                 : j->kind == API_CHAT ? "/v1/chat/completions"
-                                       : "/v1/completions",
+        log_warn("POST %s %d id=%s: the stream ended with an error event: %s", j->fmt->path,
                  err.status, j->request_id, err.message);
     j->ended = true;
     return j->fmt->close(j, failed ? &err : NULL);
-}
-
-long job_buf_take(job *j, char *buf, size_t max) {
-    if (j->buf_off < j->buf_len) {
-        size_t n = j->buf_len - j->buf_off < max ? j->buf_len - j->buf_off : max;
-        memcpy(buf, j->buf + j->buf_off, n);
-        j->buf_off += n;
-        return (long)n;
-    }
-    j->buf_len = j->buf_off = 0;
-    return 0;
 }
 
 static long stream_read(void *ud, char *buf, size_t max) {
@@ -313,13 +233,28 @@ static long stream_read(void *ud, char *buf, size_t max) {
     }
 }
 
-static void stream_close(void *ud) { job_free(ud); }
+/* ---------------------------------------------------------------- the whole answer */
 
-int job_take_news(job *j, int p, int i, choice_news *out, bool *done) {
-    return take_news(j, p, i, out, done);
+/* A whole reply, once every choice has finished: 1 with *out filled, else 0. */
+static int job_poll(void *ud, http_reply *out) {
+    job *j = ud;
+    if (!job_finished(j)) return 0;
+    api_error err = {0};
+    if (job_error(j, &err))
+        j->fmt->reply_error(out, &err);
+    else
+        j->fmt->reply(j, out);
+    return 1;
 }
 
-void job_stream(job *j, http_stream *out) {
-    if (!j->fmt) j->fmt = &CHAT_FORMAT;
-    *out = (http_stream){.ud = j, .read = stream_read, .close = stream_close};
+static void job_close(void *ud) { job_free(ud); }
+
+http_result job_answer(job *j, const job_format *fmt, bool stream, http_out *out) {
+    j->fmt = fmt;
+    if (stream) {
+        out->stream = (http_stream){.ud = j, .read = stream_read, .close = job_close};
+        return HTTP_STREAMING;
+    }
+    out->pending = (http_pending){.ud = j, .poll = job_poll, .close = job_close};
+    return HTTP_PENDING;
 }
