@@ -11,20 +11,21 @@
  * (cache_creation_input_tokens: the marked prefix past what was read, as far as it could be
  * leased), and the rest (input_tokens).
  *
- * Streaming sends message_start once the prompt is computed (its usage is known then), then
- * content_block_start / content_block_delta (text_delta, or input_json_delta for a tool call's
- * input) / content_block_stop per block, message_delta with the stop reason and the usage, and
- * message_stop; ping after message_start. An error after the stream began is an error event. */
+ * Streamed, the answer goes through the stream driver every API shares (stream.c) in this file's
+ * format (ANTHROPIC_FORMAT): message_start once the prompt is computed (its usage is known
+ * then), ping, then content_block_start / content_block_delta (text_delta, or input_json_delta
+ * for a tool call's input) / content_block_stop per block, message_delta with the stop reason
+ * and the usage, and message_stop. An error after the stream began is an error event. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "server/api/anthropic.h"
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
-/* One /v1/messages request in flight. */
+/* The Messages state of a /v1/messages request's chat job (job.ext; the job has one prompt and
+ * one choice, whose tool parser is the job's, tp[0]). */
 typedef struct amsg {
-    job *j; /* the chat job: one prompt, one choice */
     anthropic_marker markers[ANTHROPIC_MAX_MARKERS];
     int n_markers;
     int pos[ANTHROPIC_MAX_MARKERS]; /* the prompt tokens up to each marker's block's end */
@@ -33,20 +34,9 @@ typedef struct amsg {
     bool leased;
     int read, creation, creation_1h;
     /* streaming */
-    bool started, ended;
     int n_blocks; /* content blocks begun */
     int open;     /* the open block: 0 none, 1 text, 2 tool_use */
-    char *acc;    /* with tools: the answer so far, for the parser */
-    size_t acc_len;
-    chat_tool_parser tp;
 } amsg;
-
-static void amsg_free(amsg *a) {
-    if (!a) return;
-    job_free(a->j);
-    free(a->acc);
-    free(a);
-}
 
 static void reply_error(http_reply *out, const api_error *err) {
     char *s = anthropic_error_json(err);
@@ -160,11 +150,12 @@ static int marker_positions(const model *m, const anthropic_request *ar, const i
 }
 
 /* Once the prompt is computed: leases each marker's prefix and fixes the usage. */
-static void amsg_lease(amsg *a) {
+static void amsg_lease(job *j) {
+    amsg *a = j->ext;
     if (a->leased) return;
     a->leased = true;
-    server *s = a->j->s;
-    gen_request *r = a->j->reqs[0];
+    server *s = j->s;
+    gen_request *r = j->reqs[0];
     pthread_mutex_lock(&r->mu);
     a->read = r->cached_tokens;
     pthread_mutex_unlock(&r->mu);
@@ -182,8 +173,9 @@ static void amsg_lease(amsg *a) {
     a->creation_1h = kept_1h > a->read ? kept_1h - a->read : 0;
 }
 
-static json_t *usage_json(const amsg *a, int output) {
-    int input = a->j->prompt_tokens - a->read - a->creation;
+static json_t *usage_json(const job *j, int output) {
+    const amsg *a = j->ext;
+    int input = j->prompt_tokens - a->read - a->creation;
     return json_pack("{s:i,s:i,s:i,s:i,s:{s:i,s:i},s:s}", "input_tokens", input > 0 ? input : 0,
                      "cache_creation_input_tokens", a->creation, "cache_read_input_tokens", a->read,
                      "output_tokens", output, "cache_creation", "ephemeral_5m_input_tokens",
@@ -193,56 +185,39 @@ static json_t *usage_json(const amsg *a, int output) {
 
 /* ---------------------------------------------------------------- the answer */
 
-static void tool_use_id(const amsg *a, int call, char *out, size_t cap) {
-    snprintf(out, cap, "toolu_%08x%04x", (unsigned)a->j->call_salt, (unsigned)call & 0xffff);
+static void tool_use_id(const job *j, int call, char *out, size_t cap) {
+    snprintf(out, cap, "toolu_%08x%04x", (unsigned)j->call_salt, (unsigned)call & 0xffff);
 }
 
-/* stop_reason (and *seq, the stop sequence that ended it, or NULL) of a finished answer. */
-static const char *stop_reason(const amsg *a, gen_finish f, int stop_string, const char **seq) {
+/* stop_reason (and *seq, the stop sequence that ended it, or NULL) of a finished answer, once
+ * the job's tool parser has read all of it. */
+static const char *stop_reason(const job *j, gen_finish f, int stop_string, const char **seq) {
     *seq = NULL;
     if (f == GEN_FINISH_LENGTH) return "max_tokens";
-    gen_request *r = a->j->reqs[0];
+    gen_request *r = j->reqs[0];
     if (stop_string > 0 && stop_string <= r->stops.n) {
         *seq = r->stops.strs[stop_string - 1];
         return "stop_sequence";
     }
-    if (a->j->tools && a->tp.mode == 2 && a->tp.complete && a->tp.n_calls > 0) return "tool_use";
+    const chat_tool_parser *tp = j->tools ? &j->tp[0] : NULL;
+    if (tp && tp->mode == 2 && tp->complete && tp->n_calls > 0) return "tool_use";
     return "end_turn";
 }
 
-/* What receives the answer's pieces: the whole reply's content array, or the stream. */
-typedef int (*piece_fn)(amsg *a, void *ud, const chat_tool_event *ev);
+/* The whole reply's content as the answer's pieces build it: text blocks, and tool_use blocks
+ * whose input gathers as "_args". */
+typedef struct content_builder {
+    const job *j;
+    json_t *content;
+} content_builder;
 
-/* Feeds text[0..len), the answer so far, to the pieces: through the tool parser with tools (as
- * openai_stream.c's stream_tools: a call cut by max_tokens ends with what it had; cut before any
- * call, the text is content after all), else as text from `from` on. */
-static int answer_pieces(amsg *a, const char *text, size_t len, size_t from, gen_finish f,
-                         piece_fn fn, void *ud) {
-    if (!a->j->tools) {
-        chat_tool_event ev = {.kind = CHAT_TOOL_EVENT_CONTENT, .s = text + from, .n = len - from};
-        return len > from ? fn(a, ud, &ev) : 0;
-    }
-    bool final = f != GEN_RUNNING, cut = f == GEN_FINISH_LENGTH;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1 && !(final && cut && a->tp.n_calls == 0)) break;
-        chat_tool_event ev[16];
-        int n;
-        do {
-            n = chat_tools_parse(&a->tp, text, len, final && (!cut || pass == 1), ev, 16);
-            for (int k = 0; k < n; k++)
-                if (fn(a, ud, &ev[k])) return -1;
-        } while (n == 16);
-    }
-    return 0;
-}
-
-/* The whole reply's content: text blocks, and tool_use blocks whose input gathers as "_args". */
-static int piece_block(amsg *a, void *ud, const chat_tool_event *ev) {
-    json_t *content = ud, *last = json_array_get(content, json_array_size(content) - 1);
+static int piece_block(void *ud, const chat_tool_event *ev) {
+    const content_builder *b = ud;
+    json_t *content = b->content, *last = json_array_get(content, json_array_size(content) - 1);
     const char *kind = json_string_value(json_object_get(last, "type"));
     if (ev->kind == CHAT_TOOL_EVENT_CALL) {
         char id[48];
-        tool_use_id(a, ev->index, id, sizeof id);
+        tool_use_id(b->j, ev->index, id, sizeof id);
         return json_array_append_new(content,
                                      json_pack("{s:s,s:s,s:s%,s:s}", "type", "tool_use", "id", id,
                                                "name", ev->s, ev->n, "_args", ""));
@@ -280,219 +255,169 @@ static void content_finish(json_t *content) {
     }
 }
 
-static json_t *message_json(const amsg *a, json_t *content, const char *stop, const char *seq,
+static json_t *message_json(const job *j, json_t *content, const char *stop, const char *seq,
                             int output) {
+    const amsg *a = j->ext;
     return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s?,s:s?,s:o}", "id", a->id, "type", "message", "role",
-                     "assistant", "model", a->j->s->model_ids[0], "content", content, "stop_reason",
-                     stop, "stop_sequence", seq, "usage", usage_json(a, output));
+                     "assistant", "model", j->s->model_ids[0], "content", content, "stop_reason",
+                     stop, "stop_sequence", seq, "usage", usage_json(j, output));
 }
 
-/* The whole reply, once the answer has finished. */
-static int amsg_poll(void *ud, http_reply *out) {
-    amsg *a = ud;
-    if (!job_finished(a->j)) return 0;
-    api_error err = {0};
-    if (job_error(a->j, &err)) {
-        reply_error(out, &err);
-        return 1;
-    }
-    amsg_lease(a);
-    const gen_choice *c = &a->j->reqs[0]->choices[0];
-    json_t *content = json_array();
-    if (answer_pieces(a, c->text ? c->text : "", c->len, 0, c->finish, piece_block, content)) {
-        json_decref(content);
+/* The whole reply, once the answer has finished: its text through the tool parser (as the
+ * stream reads it, job_tool_events) with tools, else one text block. */
+static void amsg_reply(job *j, http_reply *out) {
+    amsg_lease(j);
+    const gen_choice *c = &j->reqs[0]->choices[0];
+    const char *text = c->text ? c->text : "";
+    content_builder b = {.j = j, .content = json_array()};
+    chat_tool_event all = {.kind = CHAT_TOOL_EVENT_CONTENT, .s = text, .n = c->len};
+    int rc = j->tools     ? job_tool_events(&j->tp[0], text, c->len, c->finish, piece_block, &b)
+             : c->len > 0 ? piece_block(&b, &all)
+                          : 0;
+    if (rc) {
+        json_decref(b.content);
+        api_error err;
         api_fail(&err, 500, "api_error", NULL, NULL, "out of memory");
         reply_error(out, &err);
-        return 1;
+        return;
     }
-    content_finish(content);
-    const char *seq, *stop = stop_reason(a, c->finish, c->stop_string, &seq);
-    http_reply_json(out, 200, message_json(a, content, stop, seq, c->n_tokens));
-    return 1;
+    content_finish(b.content);
+    const char *seq, *stop = stop_reason(j, c->finish, c->stop_string, &seq);
+    http_reply_json(out, 200, message_json(j, b.content, stop, seq, c->n_tokens));
 }
 
-static void amsg_close(void *ud) { amsg_free(ud); }
+/* ---------------------------------------------------------------- streaming (ANTHROPIC_FORMAT) */
 
-/* ---------------------------------------------------------------- streaming */
-
-/* Queues `event: name` with its data (takes the reference). */
-static int event(amsg *a, const char *name, json_t *data) {
-    char *s = data ? json_dumps(data, JSON_COMPACT) : NULL;
-    json_decref(data);
-    job *j = a->j;
-    int rc = !s || job_put(j, "event: ", 7) || job_put(j, name, strlen(name)) ||
-             job_put(j, "\ndata: ", 7) || job_put(j, s, strlen(s)) || job_put(j, "\n\n", 2);
-    free(s);
-    return rc ? -1 : 0;
-}
-
-static int block_stop(amsg *a) {
+static int block_stop(job *j) {
+    amsg *a = j->ext;
     if (!a->open) return 0;
     a->open = 0;
-    return event(a, "content_block_stop",
-                 json_pack("{s:s,s:i}", "type", "content_block_stop", "index", a->n_blocks - 1));
+    return job_sse_json(
+        j, "content_block_stop",
+        json_pack("{s:s,s:i}", "type", "content_block_stop", "index", a->n_blocks - 1));
 }
 
-static int block_start(amsg *a, int kind, json_t *block) {
-    if (block_stop(a)) {
+static int block_start(job *j, int kind, json_t *block) {
+    amsg *a = j->ext;
+    if (block_stop(j)) {
         json_decref(block);
         return -1;
     }
     a->open = kind;
-    return event(a, "content_block_start",
-                 json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", a->n_blocks++,
-                           "content_block", block));
+    return job_sse_json(j, "content_block_start",
+                        json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index",
+                                  a->n_blocks++, "content_block", block));
 }
 
-static int delta(amsg *a, json_t *d) {
-    return event(a, "content_block_delta",
-                 json_pack("{s:s,s:i,s:o}", "type", "content_block_delta", "index", a->n_blocks - 1,
-                           "delta", d));
+static int delta(job *j, json_t *d) {
+    const amsg *a = j->ext;
+    return job_sse_json(j, "content_block_delta",
+                        json_pack("{s:s,s:i,s:o}", "type", "content_block_delta", "index",
+                                  a->n_blocks - 1, "delta", d));
 }
 
-static int piece_event(amsg *a, void *ud, const chat_tool_event *ev) {
-    (void)ud;
-    if (ev->kind == CHAT_TOOL_EVENT_CALL) {
-        char id[48];
-        tool_use_id(a, ev->index, id, sizeof id);
-        return block_start(a, 2,
-                           json_pack("{s:s,s:s,s:s%,s:{}}", "type", "tool_use", "id", id, "name",
-                                     ev->s, ev->n, "input"));
-    }
-    if (ev->kind == CHAT_TOOL_EVENT_ARGS)
-        return a->open == 2 ? delta(a, json_pack("{s:s,s:s%}", "type", "input_json_delta",
-                                                 "partial_json", ev->s, ev->n))
-                            : 0;
-    if (a->open != 1 && block_start(a, 1, json_pack("{s:s,s:s}", "type", "text", "text", "")))
-        return -1;
-    return delta(a, json_pack("{s:s,s:s%}", "type", "text_delta", "text", ev->s, ev->n));
-}
-
-static int stream_error(amsg *a, const api_error *err) {
-    log_warn("POST /v1/messages %d id=%s: the stream ended with an error event: %s", err->status,
-             a->j->request_id, err->message);
-    char *e = anthropic_error_json(err);
-    int rc = !e || job_put(a->j, "event: error\ndata: ", 19) || job_put(a->j, e, strlen(e)) ||
-             job_put(a->j, "\n\n", 2);
-    free(e);
-    a->ended = true;
-    return rc ? -1 : 1;
-}
-
-/* message_start, once the prompt is computed (or the answer ended without a token). */
-static int stream_open(amsg *a) {
-    gen_request *r = a->j->reqs[0];
+/* message_start and ping, once the prompt is computed (or the answer ended without a token). An
+ * answer that failed by then opens with nothing: amsg_close sends the error. */
+static int amsg_open(job *j) {
+    gen_request *r = j->reqs[0];
     pthread_mutex_lock(&r->mu);
     bool ready = r->t_first_token || r->n_finished == r->n_choices;
     pthread_mutex_unlock(&r->mu);
     if (!ready) return 0;
-    a->started = true;
     api_error err = {0};
-    if (job_error(a->j, &err)) return stream_error(a, &err);
-    amsg_lease(a);
-    json_t *m = message_json(a, json_array(), NULL, NULL, 0);
-    if (event(a, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message", m)) ||
-        event(a, "ping", json_pack("{s:s}", "type", "ping")))
+    if (job_error(j, &err)) return 1;
+    amsg_lease(j);
+    json_t *m = message_json(j, json_array(), NULL, NULL, 0);
+    if (job_sse_json(j, "message_start",
+                     json_pack("{s:s,s:o}", "type", "message_start", "message", m)) ||
+        job_sse_json(j, "ping", json_pack("{s:s}", "type", "ping")))
         return -1;
     return 1;
 }
 
-/* The answer's news as events: 1 when something was queued, 0 when nothing is new, -1 on
- * failure (out of memory). */
-static int stream_step(amsg *a) {
-    if (!a->started) return stream_open(a);
-    job *j = a->j;
-    gen_request *r = j->reqs[0];
-    choice_news nw;
-    bool done = true;
-    int stop_string = 0;
-    pthread_mutex_lock(&r->mu);
-    int got = job_take_news(j, 0, 0, &nw, &done);
-    if (got > 0) stop_string = r->choices[0].stop_string;
-    pthread_mutex_unlock(&r->mu);
-    if (got <= 0) return got;
-    int rc = 0;
-    if (nw.finish == GEN_FINISH_ERROR) {
-        api_error err = {0};
-        job_error(j, &err);
-        rc = block_stop(a) ? -1 : stream_error(a, &err);
-        goto out;
-    }
-    size_t from = a->acc_len;
-    char *acc = realloc(a->acc, a->acc_len + nw.len + 1);
-    if (!acc) {
-        rc = -1;
-        goto out;
-    }
-    memcpy(acc + a->acc_len, nw.text, nw.len);
-    a->acc = acc;
-    a->acc_len += nw.len;
-    acc[a->acc_len] = '\0';
-    if (answer_pieces(a, a->acc, a->acc_len, from, nw.finish, piece_event, NULL)) {
-        rc = -1;
-        goto out;
-    }
-    rc = 1;
-    if (nw.finish == GEN_RUNNING) goto out;
-    const char *seq, *stop = stop_reason(a, nw.finish, stop_string, &seq);
-    pthread_mutex_lock(&r->mu);
-    int output = r->choices[0].n_tokens;
-    pthread_mutex_unlock(&r->mu);
-    json_t *d = json_pack("{s:s,s:{s:s,s:s?},s:o}", "type", "message_delta", "delta", "stop_reason",
-                          stop, "stop_sequence", seq, "usage", usage_json(a, output));
-    if (block_stop(a) || event(a, "message_delta", d) ||
-        event(a, "message_stop", json_pack("{s:s}", "type", "message_stop")))
-        rc = -1;
-    a->ended = true;
-out:
-    free(nw.text);
-    free(nw.lps);
-    return rc;
+/* Text as text_delta events, in a text block begun unless one is open; the finish ends the
+ * message in amsg_close. */
+static int amsg_text(job *j, int index, const char *s, size_t n, json_t *logprobs,
+                     const char *finish) {
+    (void)index;
+    json_decref(logprobs); /* none asked for: Anthropic's API has none */
+    if (n == 0 && finish) return 0;
+    const amsg *a = j->ext;
+    if (a->open != 1 && block_start(j, 1, json_pack("{s:s,s:s}", "type", "text", "text", "")))
+        return -1;
+    return delta(j, json_pack("{s:s,s:s%}", "type", "text_delta", "text", s, n));
 }
 
-static long amsg_read(void *ud, char *buf, size_t max) {
-    amsg *a = ud;
-    for (;;) {
-        long n = job_buf_take(a->j, buf, max);
-        if (n > 0) return n;
-        if (a->ended) return 0;
-        int rc = stream_step(a);
-        if (rc < 0) return -1;
-        /* amsg_free (at close) cancels the work of a client that left */
-        if (rc == 0) return http_client_gone(a->j->fd) ? -1 : HTTP_WAIT;
+/* A call begins a tool_use block; its arguments are input_json_delta events. */
+static int amsg_call(job *j, int index, const chat_tool_event *ev) {
+    (void)index;
+    if (ev->kind == CHAT_TOOL_EVENT_CALL) {
+        char id[48];
+        tool_use_id(j, ev->index, id, sizeof id);
+        return block_start(j, 2,
+                           json_pack("{s:s,s:s,s:s%,s:{}}", "type", "tool_use", "id", id, "name",
+                                     ev->s, ev->n, "input"));
     }
+    const amsg *a = j->ext;
+    return a->open == 2 ? delta(j, json_pack("{s:s,s:s%}", "type", "input_json_delta",
+                                             "partial_json", ev->s, ev->n))
+                        : 0;
 }
+
+/* The open block's end, then message_delta with the stop reason and the usage, and
+ * message_stop; or, after an error, the error event. */
+static int amsg_close(job *j, const api_error *err) {
+    if (err) {
+        char *e = anthropic_error_json(err);
+        int rc = block_stop(j) || job_sse_event(j, "error", e);
+        free(e);
+        return rc ? -1 : 0;
+    }
+    gen_request *r = j->reqs[0];
+    pthread_mutex_lock(&r->mu);
+    gen_finish f = r->choices[0].finish;
+    int stop_string = r->choices[0].stop_string, output = r->choices[0].n_tokens;
+    pthread_mutex_unlock(&r->mu);
+    const char *seq, *stop = stop_reason(j, f, stop_string, &seq);
+    if (block_stop(j)) return -1;
+    json_t *d = json_pack("{s:s,s:{s:s,s:s?},s:o}", "type", "message_delta", "delta", "stop_reason",
+                          stop, "stop_sequence", seq, "usage", usage_json(j, output));
+    if (job_sse_json(j, "message_delta", d) ||
+        job_sse_json(j, "message_stop", json_pack("{s:s}", "type", "message_stop")))
+        return -1;
+    return 0;
+}
+
+static const job_format ANTHROPIC_FORMAT = {amsg_open,  amsg_text,   amsg_call,     amsg_close,
+                                            amsg_reply, reply_error, "/v1/messages"};
 
 /* ---------------------------------------------------------------- endpoints */
 
 http_result anthropic_messages(server *s, const http_call *c, http_out *out) {
     anthropic_request ar;
     api_error err = {0};
-    amsg *a = NULL;
+    job *j = NULL;
     if (anthropic_parse(c->body, c->len, false, &ar, &err)) goto fail;
-    if (!(a = calloc(1, sizeof *a))) {
+    if (!(j = job_start(s, &ar.rq, c, true, &err))) goto fail;
+    amsg *a = calloc(1, sizeof *a);
+    if (!a) {
         api_fail(&err, 500, "api_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    if (!(a->j = job_start(s, &ar.rq, c, true, &err))) goto fail;
-    gen_request *r = a->j->reqs[0];
+    j->ext = a;
+    j->ext_free = free;
+    gen_request *r = j->reqs[0];
     a->n_markers = ar.n_markers;
     memcpy(a->markers, ar.markers, sizeof ar.markers);
     if (marker_positions(s->m, &ar, r->prompt, r->n_prompt, a->pos, &err)) goto fail;
     /* the job's random id, as Anthropic's: msg_... */
-    snprintf(a->id, sizeof a->id, "msg_%s", strchr(a->j->id, '-') + 1);
-    chat_tool_parser_init(&a->tp, s->m->chat.tools);
+    snprintf(a->id, sizeof a->id, "msg_%s", strchr(j->id, '-') + 1);
     bool streaming = ar.rq.stream;
     anthropic_request_free(&ar);
-    if (streaming) {
-        out->stream = (http_stream){.ud = a, .read = amsg_read, .close = amsg_close};
-        return HTTP_STREAMING;
-    }
-    out->pending = (http_pending){.ud = a, .poll = amsg_poll, .close = amsg_close};
-    return HTTP_PENDING;
+    return job_answer(j, &ANTHROPIC_FORMAT, streaming, out);
 fail:
     anthropic_request_free(&ar);
-    amsg_free(a);
+    job_free(j);
     reply_error(&out->reply, &err);
     return HTTP_REPLIED;
 }

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "server/api/handlers.h"
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 static json_t *tier_json(const cache_tier_stats *t, bool disk) {
     json_t *v =

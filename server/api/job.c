@@ -1,8 +1,8 @@
-/* A completion request's life over the engine (openai_job.h), shared by every API that
+/* A completion request's life over the engine (job.h), shared by every API that
  * generates: its prompts rendered and tokenized (chat template, tokenizer, length checks with
  * the counts in the message), one gen_request per prompt with n choices, submitted, waited on
  * and freed; and the pieces of OpenAI's JSON that the APIs build their answers from. */
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 #include <jansson.h>
 #include <math.h>
 #include <openssl/evp.h>

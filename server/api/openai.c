@@ -1,6 +1,13 @@
 /* The OpenAI endpoints over the engine: requests become token prompts (chat template, tokenizer,
  * length checks with the counts in the message), one gen_request per prompt with n choices, and
- * the engine's output becomes OpenAI's JSON, whole or streamed as SSE (openai_stream.c). */
+ * the engine's output becomes OpenAI's JSON, whole or streamed (stream.c's driver, in this file's
+ * chunk format).
+ *
+ * Streamed, each event is `data: {chunk}\n\n`; a chat stream opens with the assistant role per
+ * choice, then content deltas (or tool call deltas), then a chunk with the finish reason; with
+ * stream_options.include_usage every chunk carries "usage": null and a last chunk with no choices
+ * carries the usage; `data: [DONE]` ends the stream. An error after the stream began is sent as
+ * `data: {"error": {...}}` before [DONE]. */
 #include <jansson.h>
 #include <math.h>
 #include <openssl/evp.h>
@@ -9,12 +16,12 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 /* ---------------------------------------------------------------- completions */
 
 /* The whole response once every choice has finished. */
-static void job_reply(const job *j, http_reply *out) {
+static void chat_reply(job *j, http_reply *out) {
     json_t *choices = json_array();
     for (int p = 0; p < j->n_reqs; p++) {
         gen_request *r = j->reqs[p];
@@ -56,19 +63,133 @@ static void job_reply(const job *j, http_reply *out) {
     http_reply_json(out, 200, v);
 }
 
-/* A whole reply, once every choice has finished: 1 with *out filled, else 0. */
-static int job_poll(void *ud, http_reply *out) {
-    job *j = ud;
-    if (!job_finished(j)) return 0;
-    api_error err = {0};
-    if (job_error(j, &err))
-        http_reply_error(out, &err);
-    else
-        job_reply(j, out);
+/* ---------------------------------------------------------------- streamed completions */
+
+/* A chunk of the stream around choices (taken). */
+static json_t *chunk(const job *j, json_t *choices) {
+    json_t *v =
+        json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", j->id, "object",
+                  j->kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                  (json_int_t)j->created, "model", j->s->model_ids[0], "choices", choices);
+    if (v && j->include_usage) json_object_set_new(v, "usage", json_null());
+    return v;
+}
+
+/* One choice's delta: text (may be empty), logprobs of the tokens it covers, finish reason. */
+static json_t *choice_delta(const job *j, int index, const char *text, size_t len, json_t *logprobs,
+                            const char *finish) {
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(index));
+    if (j->kind == API_CHAT) {
+        json_t *delta = json_object();
+        if (len > 0 || !finish) json_object_set_new(delta, "content", json_stringn(text, len));
+        json_object_set_new(c, "delta", delta);
+    } else {
+        json_object_set_new(c, "text", json_stringn(text, len));
+    }
+    json_object_set_new(c, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    return c;
+}
+
+/* True when every prompt's scoring (echo with logprobs) is done, or none is needed. */
+static bool prompts_scored(job *j) {
+    for (int p = 0; p < j->n_reqs; p++) {
+        gen_request *r = j->reqs[p];
+        if (!r->prompt_logprobs) continue;
+        pthread_mutex_lock(&r->mu);
+        bool ready = r->prompt_lps_ready || r->n_finished == r->n_choices;
+        pthread_mutex_unlock(&r->mu);
+        if (!ready) return false;
+    }
+    return true;
+}
+
+/* The opening chunks: the assistant role (chat) or the echoed prompt (completions, with the
+ * prompt's logprobs when asked: those wait for the engine to score it). Returns 1 when sent,
+ * 0 when the prompt's scores are not ready yet, -1 when out of memory. */
+static int chat_open(job *j) {
+    if (j->echo && j->logprobs && !prompts_scored(j)) return 0;
+    for (int p = 0; p < j->n_reqs; p++)
+        for (int i = 0; i < j->n; i++) {
+            int index = p * j->n + i;
+            json_t *c = NULL;
+            if (j->kind == API_CHAT) {
+                c = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", index, "delta", "role",
+                              "assistant", "content", "", "logprobs", "finish_reason");
+            } else if (j->echo) {
+                /* an error before scoring ended leaves prompt_lps unwritten: no logprobs then */
+                gen_request *r = j->reqs[p];
+                pthread_mutex_lock(&r->mu);
+                bool scored = r->prompt_logprobs && r->prompt_lps_ready;
+                pthread_mutex_unlock(&r->mu);
+                json_t *lps = scored ? job_prompt_logprobs_json(j, p) : NULL;
+                c = choice_delta(j, index, j->echo[p], strlen(j->echo[p]), lps, NULL);
+            }
+            if (c && job_sse_json(j, NULL, chunk(j, json_pack("[o]", c)))) return -1;
+        }
     return 1;
 }
 
-static void job_close(void *ud) { job_free(ud); }
+/* A call event as chat chunks: the call's index, id, type and name first, then argument pieces;
+ * legacy functions as delta.function_call (the name, then argument pieces). */
+static int chat_call(job *j, int index, const chat_tool_event *ev) {
+    json_t *c;
+    if (j->legacy) {
+        json_t *fn = ev->kind == CHAT_TOOL_EVENT_CALL
+                         ? json_pack("{s:s%,s:s}", "name", ev->s, ev->n, "arguments", "")
+                         : json_pack("{s:s%}", "arguments", ev->s, ev->n);
+        c = json_pack("{s:i,s:{s:o},s:n,s:n}", "index", index, "delta", "function_call", fn,
+                      "logprobs", "finish_reason");
+    } else {
+        json_t *call;
+        if (ev->kind == CHAT_TOOL_EVENT_CALL) {
+            char id[48];
+            job_call_id(j, index, ev->index, id, sizeof id);
+            call = json_pack("{s:i,s:s,s:s,s:{s:s%,s:s}}", "index", ev->index, "id", id, "type",
+                             "function", "function", "name", ev->s, ev->n, "arguments", "");
+        } else {
+            call = json_pack("{s:i,s:{s:s%}}", "index", ev->index, "function", "arguments", ev->s,
+                             ev->n);
+        }
+        c = json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", index, "delta", "tool_calls", call,
+                      "logprobs", "finish_reason");
+    }
+    return job_sse_json(j, NULL, chunk(j, json_pack("[o]", c)));
+}
+
+/* Text as one chunk of choice index: a content delta (or completions' text) with its logprobs
+ * and finish reason. */
+static int chat_text(job *j, int index, const char *s, size_t n, json_t *logprobs,
+                     const char *finish) {
+    return job_sse_json(j, NULL,
+                        chunk(j, json_pack("[o]", choice_delta(j, index, s, n, logprobs, finish))));
+}
+
+/* The error event, or the usage chunk when asked for, then [DONE]. */
+static int chat_close(job *j, const api_error *err) {
+    if (err) {
+        char *e = api_error_json(err);
+        int rc = job_sse_event(j, NULL, e);
+        free(e);
+        if (rc) return -1;
+    } else if (j->include_usage) {
+        json_t *v = chunk(j, json_array());
+        json_object_set_new(v, "usage", job_usage(j));
+        if (job_sse_json(j, NULL, v)) return -1;
+    }
+    return job_sse_event(j, NULL, "[DONE]");
+}
+
+static const job_format CHAT_FORMAT = {chat_open,
+                                       chat_text,
+                                       chat_call,
+                                       chat_close,
+                                       chat_reply,
+                                       http_reply_error,
+                                       "/v1/chat/completions"};
+static const job_format COMPLETION_FORMAT = {
+    chat_open, chat_text, chat_call, chat_close, chat_reply, http_reply_error, "/v1/completions"};
 
 static http_result completion_endpoint(server *s, api_kind kind, const http_call *c,
                                        http_out *out) {
@@ -87,12 +208,7 @@ static http_result completion_endpoint(server *s, api_kind kind, const http_call
         if (err.status == 429) out->reply.retry_after = 1;
         return HTTP_REPLIED;
     }
-    if (streaming) {
-        job_stream(j, &out->stream);
-        return HTTP_STREAMING;
-    }
-    out->pending = (http_pending){.ud = j, .poll = job_poll, .close = job_close};
-    return HTTP_PENDING;
+    return job_answer(j, kind == API_CHAT ? &CHAT_FORMAT : &COMPLETION_FORMAT, streaming, out);
 }
 
 http_result openai_chat(server *s, const http_call *c, http_out *out) {

@@ -15,7 +15,7 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 #include "server/api/responses.h"
 
 /* The Responses state of a job (job.ext). */
@@ -204,19 +204,14 @@ static json_t *response_final(job *j) {
 static int event(job *j, const char *type, json_t *fields) {
     resp_job *rj = j->ext;
     json_t *v = json_pack("{s:s}", "type", type);
-    int rc = -1;
     if (v && fields && !json_object_update(v, fields) &&
         !json_object_set_new(v, "sequence_number", json_integer(rj->seq++))) {
-        char *s = json_dumps(v, JSON_COMPACT);
-        rc = !s || job_put(j, "event: ", 7) || job_put(j, type, strlen(type)) ||
-                     job_put(j, "\ndata: ", 7) || job_put(j, s, strlen(s)) || job_put(j, "\n\n", 2)
-                 ? -1
-                 : 0;
-        free(s);
+        json_decref(fields);
+        return job_sse_json(j, type, v);
     }
     json_decref(v);
     json_decref(fields);
-    return rc;
+    return -1;
 }
 
 /* Starts the open item's text afresh. -1 when out of memory. */
@@ -355,29 +350,20 @@ static int resp_close(job *j, const api_error *err) {
     return event(j, type, json_pack("{s:o}", "response", v));
 }
 
-static const job_stream_format RESP_FORMAT = {resp_open, resp_text, resp_call, resp_close,
-                                              "/v1/responses"};
-
-/* ---------------------------------------------------------------- endpoints */
-
-static int resp_poll(void *ud, http_reply *out) {
-    job *j = ud;
-    if (!job_finished(j)) return 0;
-    api_error err = {0};
-    if (job_error(j, &err)) {
-        http_reply_error(out, &err);
-        return 1;
-    }
+/* The whole response object. */
+static void resp_reply(job *j, http_reply *out) {
     json_t *v = response_final(j);
     if (v)
         http_reply_json(out, 200, v);
     else
         http_reply_error(
             out, &(api_error){.status = 500, .type = "server_error", .message = "out of memory"});
-    return 1;
 }
 
-static void resp_pending_close(void *ud) { job_free(ud); }
+static const job_format RESP_FORMAT = {resp_open,  resp_text,        resp_call,      resp_close,
+                                       resp_reply, http_reply_error, "/v1/responses"};
+
+/* ---------------------------------------------------------------- endpoints */
 
 /* The job's Responses state: a new id, the request's settings, and the conversation before this
  * answer (prev's items, then the input). NULL when out of memory. */
@@ -451,16 +437,10 @@ http_result responses_create(server *s, const http_call *c, http_out *out) {
     }
     j->ext = rj;
     j->ext_free = resp_job_free;
-    j->fmt = &RESP_FORMAT;
     bool streaming = r.rq.stream;
     resp_request_free(&r);
     json_decref(prev);
-    if (streaming) {
-        job_stream(j, &out->stream);
-        return HTTP_STREAMING;
-    }
-    out->pending = (http_pending){.ud = j, .poll = resp_poll, .close = resp_pending_close};
-    return HTTP_PENDING;
+    return job_answer(j, &RESP_FORMAT, streaming, out);
 fail:
     resp_request_free(&r);
     json_decref(prev);

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "server/api/handlers.h"
-#include "server/api/openai_job.h"
+#include "server/api/job.h"
 
 /* ---------------------------------------------------------------- the registry on the engine */
 

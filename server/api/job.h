@@ -1,7 +1,10 @@
-/* One OpenAI completion request in flight (openai.c builds it, openai_stream.c streams it):
- * a gen_request per prompt, n choices each, and the stream's cursors into their output. */
-#ifndef KVSERVE_OPENAI_JOB_H
-#define KVSERVE_OPENAI_JOB_H
+/* One generating request in flight, whatever API it came through (OpenAI's chat and
+ * completions, the Responses API, Anthropic's Messages): a gen_request per prompt, n choices
+ * each, and the stream's cursors into their output. job.c runs it over the engine; stream.c
+ * streams it, one driver for every API, each API's dialect a job_format of hooks that
+ * write Server-Sent Events with job_sse_event. Internal to server/api/. */
+#ifndef KVSERVE_JOB_H
+#define KVSERVE_JOB_H
 
 #include <jansson.h>
 
@@ -9,12 +12,13 @@
 
 typedef struct job job;
 
-/* How a job's stream is written (job.fmt): OpenAI's chat and completion chunks
- * (openai_stream.c's), or another API's events over the same driver (the Responses API's,
- * responses.c). The driver takes each choice's news under its request's lock and hands it to the
- * hooks outside it, tool calls already parsed; the hooks queue bytes with job_put and return 0,
- * or -1 when out of memory. */
-typedef struct job_stream_format {
+/* How a job's answer is written in its API's dialect (job.fmt): OpenAI's chat and completions
+ * (openai.c), the Responses API (responses.c), Anthropic's Messages (anthropic.c). Streamed, the
+ * one driver (stream.c) takes each choice's news under its request's lock and hands it to the
+ * stream hooks outside it, tool calls already parsed; they queue events with job_sse_event (or
+ * job_sse_json) and return 0, or -1 when out of memory. Whole, reply writes the answer once
+ * every choice has finished. */
+typedef struct job_format {
     /* The opening events: 1 sent, 0 not ready yet (the stream waits), -1 out of memory. */
     int (*open)(job *j);
     /* Choice index's next text s[0..n) (n may be 0) with the logprobs of the tokens it covers
@@ -25,10 +29,15 @@ typedef struct job_stream_format {
     /* A call of choice index: one begins (CHAT_TOOL_EVENT_CALL: s is its name) or its arguments
      * continue (CHAT_TOOL_EVENT_ARGS). */
     int (*call)(job *j, int index, const chat_tool_event *ev);
-    /* The closing events once every choice has finished; err: the first error, or NULL. */
+    /* The closing events once every choice has finished; err: the first error (the stream
+     * ends with it, in the API's shape), or NULL. */
     int (*close)(job *j, const api_error *err);
-    const char *path; /* the endpoint, for the log; NULL: chat's or completions' by j->kind */
-} job_stream_format;
+    /* The whole answer (no stream) once every choice has finished without an error; an error
+     * is written by reply_error, in the API's error JSON. */
+    void (*reply)(job *j, http_reply *out);
+    void (*reply_error)(http_reply *out, const api_error *err);
+    const char *path; /* the endpoint, for the log of a stream that ended with an error */
+} job_format;
 
 struct job {
     server *s;
@@ -63,7 +72,7 @@ struct job {
     bool started, ended;
     char *buf; /* SSE bytes not yet handed to the connection */
     size_t buf_len, buf_off, buf_cap;
-    const job_stream_format *fmt; /* NULL: OpenAI's chunks */
+    const job_format *fmt; /* its API's (job_answer sets it) */
     /* Another API's state for the request (its stream hooks' and reply's), freed by ext_free
      * with the job. */
     void *ext;
@@ -97,10 +106,26 @@ void job_call_id(const job *j, int choice, int call, char *out, size_t cap);
  * function_call), with *finish "tool_calls" ("function_call") for complete calls; choice index
  * c of j. */
 json_t *job_message_json(const job *j, int index, const gen_choice *c, const char **finish);
-/* Turns j into a stream (which owns it from then on), written in j->fmt. */
-void job_stream(job *j, http_stream *out);
-/* Queues n bytes of the stream; -1 when out of memory. */
-int job_put(job *j, const char *s, size_t n);
+
+/* ---------------------------------------------------------------- the answer (stream.c) */
+
+/* The handler's answer for j, written in fmt, which owns j from then on (freed when the
+ * connection ends): with stream, an SSE stream (HTTP_STREAMING); else a reply pending until every
+ * choice has finished (HTTP_PENDING). */
+http_result job_answer(job *j, const job_format *fmt, bool stream, http_out *out);
+/* The one SSE writer: queues `event: EVENT\n` (none when event is NULL), then `data: DATA\n\n`.
+ * -1 when out of memory (data NULL counts as that: a failed dump). */
+int job_sse_event(job *j, const char *event, const char *data);
+/* job_sse_event with the compact JSON text of v as its data (takes the reference). */
+int job_sse_json(job *j, const char *event, json_t *v);
+/* Receives the tool parser's events (job_tool_events); 0, or -1 to stop (out of memory). */
+typedef int (*job_tool_fn)(void *ud, const chat_tool_event *ev);
+/* Hands the events of tp on a chat answer so far, text[0..len), to fn: f is the choice's finish
+ * (GEN_RUNNING while it runs). An answer that max_tokens cut inside its calls ends with the
+ * calls so far: the unfinished syntax after them is held back, not sent as content; cut before
+ * any call, what is left is content after all. */
+int job_tool_events(chat_tool_parser *tp, const char *text, size_t len, gen_finish f,
+                    job_tool_fn fn, void *ud);
 
 /* For the other APIs over the same jobs (openai.c's embeddings and tokenizer, anthropic.c). */
 
@@ -131,20 +156,5 @@ char *job_render(const model *m, const chat_message *msgs, int n, const chat_too
  * its bytes as sent, else trimmed of white space (*n: the bytes found); NULL when absent. */
 const char *job_find_part(const char *text, size_t len, size_t from, const char *c, size_t a,
                           size_t e, size_t *n);
-/* A choice's news since the stream's cursor (its text, logprobs and finish), copied under the
- * request's lock so the JSON is built without it. */
-typedef struct choice_news {
-    char *text;
-    size_t len, text_base;
-    gen_logprob *lps;
-    int n_lps;
-    gen_finish finish;
-} choice_news;
-/* Takes choice i of prompt p's news into *out (free text and lps) and moves the cursor: 1 when
- * there was some, 0 when none (*done cleared while the choice runs), -1 when out of memory.
- * Call with the request's mutex held. */
-int job_take_news(job *j, int p, int i, choice_news *out, bool *done);
-/* Moves up to max pending bytes into buf: their count, 0 when none are left. */
-long job_buf_take(job *j, char *buf, size_t max);
 
 #endif
