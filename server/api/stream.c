@@ -16,13 +16,7 @@
 
 /* Queues n bytes of the stream; -1 when out of memory. */
 static int job_put(job *j, const char *s, size_t n) {
-    if (j->buf_len + n > j->buf_cap) {
-        size_t cap = (j->buf_len + n) * 2;
-        char *b = realloc(j->buf, cap);
-        if (!b) return -1;
-        j->buf = b;
-        j->buf_cap = cap;
-    }
+    if (kv_array_reserve((void **)&j->buf, &j->buf_cap, j->buf_len + n, 1, 256)) return -1;
     memcpy(j->buf + j->buf_len, s, n);
     j->buf_len += n;
     return 0;

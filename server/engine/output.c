@@ -140,13 +140,7 @@ static int64_t guard_step(eseq *s, int64_t release_end, bool *ended) {
 
 /* Appends to a choice (under r->mu). Returns -1 when out of memory. */
 static int choice_append_text(gen_choice *c, const char *s, size_t n) {
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = (c->len + n + 1) * 2;
-        char *t = realloc(c->text, cap);
-        if (!t) return -1;
-        c->text = t;
-        c->cap = cap;
-    }
+    if (kv_array_reserve((void **)&c->text, &c->cap, c->len + n + 1, 1, 64)) return -1;
     memcpy(c->text + c->len, s, n);
     c->len += n;
     c->text[c->len] = '\0';
