@@ -192,8 +192,8 @@ static int reuse_from_pool(planner *p, const plan_seq *ps, kv_seq *kv, int n_blo
 /* Continues the prefix (held blocks so far) with the records the submitting thread fetched:
  * their blocks are copied into fresh pool blocks (and kept in the pool tier). Returns the
  * blocks kv holds afterwards. */
-static int reuse_loaded(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, int held,
-                        int n_blocks) {
+static int reuse_loaded(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv,
+                        const int32_t *hist, int held, int n_blocks) {
     int bt = kv_pool_layout(p->pool)->block_tokens;
     size_t bb = kv_layout_block_bytes(kv_pool_layout(p->pool));
     int upto = pr->loaded_from + pr->loaded_blocks;
@@ -214,10 +214,33 @@ static int reuse_loaded(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv
         bool lossy = pr->loaded_src && pr->loaded_src[i].enc != CACHE_ENC_RAW;
         if (lossy && held * bt < ps->lossy_from) ps->lossy_from = held * bt;
         for (int j = held; j < hi && p->pc && !lossy; j++)
-            pool_cache_put(p->pc, &ps->keys[j], &pr->ns, kv->blocks[j]);
+            pool_cache_put(p->pc, &ps->keys[j], &pr->ns, j ? &ps->keys[j - 1] : NULL,
+                           hist + (size_t)j * bt, kv->blocks[j]);
         held = hi;
     }
     return held;
+}
+
+/* Continues the prefix (held whole blocks) to the token: the pool tier's block after it whose
+ * leading tokens match the most of hist's next ones (a sibling full block, or a sequence's
+ * partial last block) is appended by reference; the caller truncates kv to what matched, and
+ * the first write copies the block. Returns the tokens matched. */
+static int reuse_partial(planner *p, const plan_seq *ps, const plan_req *pr, kv_seq *kv,
+                         const int32_t *hist, int n_hist, int held) {
+    int bt = kv_pool_layout(p->pool)->block_tokens;
+    int n = n_hist - held * bt;
+    if (n <= 0 || held > ps->n_keys) return 0;
+    int32_t block;
+    int got = pool_cache_match(p->pc, &pr->ns, held ? &ps->keys[held - 1] : NULL,
+                               hist + (size_t)held * bt, n < bt ? n : bt, &block);
+    kv_error err = {{0}};
+    if (got > 0 && kv_seq_append_blocks(p->pool, kv, &block, 1, &err)) {
+        log_warn("cache: cannot reuse a pooled block: %s", err.msg);
+        return 0;
+    }
+    /* the prefix's head stays more recently used than its tail */
+    if (got > 0 && held > 0) pool_cache_lookup(p->pc, ps->keys, held, NULL, false);
+    return got;
 }
 
 /* The recompute ratio: the request's, else the loading controller's (CacheBlend section 5): as
@@ -324,10 +347,11 @@ int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t
     if (!score) {
         int n_blocks = ps->n_keys < n_hist / bt ? ps->n_keys : n_hist / bt;
         if (p->pc) held = reuse_from_pool(p, ps, kv, n_blocks);
-        if (first) held = reuse_loaded(p, ps, pr, kv, held, n_blocks);
+        if (first) held = reuse_loaded(p, ps, pr, kv, hist, held, n_blocks);
     }
     if (first) drop_loaded(pr);
     int reused = held * bt;
+    if (!score && p->pc && pr->cache) reused += reuse_partial(p, ps, pr, kv, hist, n_hist, held);
     if (reused >= n_hist) reused = n_hist - 1;
     kv_seq_truncate(p->pool, kv, reused);
     /* plan_write_back revisits the reused blocks: a chunk that came from the pool but has left
@@ -388,11 +412,29 @@ void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, c
                              hist + (size_t)i * bt, bt, &ps->keys[i]);
             ps->n_keys++;
         }
-        if (p->pc) pool_cache_put(p->pc, &ps->keys[i], &pr->ns, kv->blocks[i]);
+        if (p->pc)
+            pool_cache_put(p->pc, &ps->keys[i], &pr->ns, i ? &ps->keys[i - 1] : NULL,
+                           hist + (size_t)i * bt, kv->blocks[i]);
         ps->n_stored++;
         if (p->o.store && ps->n_stored % cb == 0)
             store_record(p, ps, pr, kv, ps->n_stored - cb, cb, false);
     }
+}
+
+void plan_keep_partial(planner *p, const plan_seq *ps, const plan_req *pr, const kv_seq *kv,
+                       const int32_t *hist, int n_computed) {
+    if (!p->pc || !pr->cache) return;
+    int bt = kv_pool_layout(p->pool)->block_tokens;
+    /* only rows a full prefill computes: not blended or lossy ones, nor any after them */
+    int exact = n_computed;
+    if (ps->exact_end < exact) exact = ps->exact_end;
+    if (ps->lossy_from < exact) exact = ps->lossy_from;
+    if (kv->n_tokens < exact) exact = kv->n_tokens;
+    int h = exact / bt, n = exact - h * bt;
+    /* the block after the registered ones (their keys name its parent) */
+    if (n == 0 || h > ps->n_stored || h >= kv->n_blocks) return;
+    pool_cache_put_partial(p->pc, &pr->ns, h ? &ps->keys[h - 1] : NULL, hist + (size_t)h * bt, n,
+                           kv->blocks[h]);
 }
 
 /* A tail is copied for the disk only while nothing waits for it (plan_opts' tail_backlog): else

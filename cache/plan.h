@@ -171,9 +171,11 @@ int plan_prepare(planner *p, plan_req *pr, const cache_key *ns, const int32_t *p
 /* Admission: the prompt's leading blocks the pool tier holds (shared, not allocated). */
 int64_t plan_shared_blocks(planner *p, const plan_req *pr, bool score);
 
-/* Gives a sequence holding no KV its longest cached prefix, to the block, into kv: pool blocks
+/* Gives a sequence holding no KV its longest cached prefix, to the token, into kv: pool blocks
  * by reference, then (first: the prompt's first choice, which uses them up) pr's fetched
- * records copied; at least the last of hist's n_hist tokens is left to compute. Then plans the
+ * records copied, then the pool tier's block that matches the most of the next tokens (by
+ * reference, copied when written); at least the last of hist's n_hist tokens is left to
+ * compute. Then plans the
  * blend of the prompt (hist[0..n_prompt)) past it: load_ns is the fusor's measured load time
  * per token and layer. Returns the tokens reused. */
 int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t *hist, int n_hist,
@@ -182,6 +184,12 @@ int plan_reuse(planner *p, plan_seq *ps, plan_req *pr, kv_seq *kv, const int32_t
  * stores each chunk they complete. */
 void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, const int32_t *hist,
                      int n_computed);
+/* A sequence about to release its KV (ending, or preempted) with n_computed rows computed:
+ * its partly filled last block goes to the pool tier with the rows it holds, so a prompt that
+ * shares part of it reuses them (plan_reuse). Before plan_store_tail, which makes the prefix's
+ * whole blocks more recently used than this one. */
+void plan_keep_partial(planner *p, const plan_seq *ps, const plan_req *pr, const kv_seq *kv,
+                       const int32_t *hist, int n_computed);
 /* Stores the trailing partial chunk (when the prompt is computed, and before the sequence's KV
  * is released: ending), so the same prompt reuses it once the pool has let it go. As the
  * sequence ends, onto disk and not into RAM where there is a disk tier (the pool tier holds its

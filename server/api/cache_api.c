@@ -79,12 +79,13 @@ http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
     cache_stats cs = {0};
     if (s->store) cache_store_stats(s->store, &cs);
     json_t *tiers = json_object();
-    json_object_set_new(tiers, "pool",
-                        json_pack("{s:b,s:I,s:I,s:I,s:I,s:I}", "enabled", s->cfg->cache, "entries",
-                                  (json_int_t)es.pool_entries, "blocks", (json_int_t)es.pool_blocks,
-                                  "hits", (json_int_t)es.pool_hits, "misses",
-                                  (json_int_t)es.pool_misses, "evictions",
-                                  (json_int_t)es.pool_evictions));
+    json_object_set_new(
+        tiers, "pool",
+        json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "enabled", s->cfg->cache, "entries",
+                  (json_int_t)es.pool_entries, "blocks", (json_int_t)es.pool_blocks, "hits",
+                  (json_int_t)es.pool_hits, "misses", (json_int_t)es.pool_misses, "evictions",
+                  (json_int_t)es.pool_evictions, "partial_blocks", (json_int_t)es.pool_partial,
+                  "partial_hits", (json_int_t)es.pool_partial_hits));
     json_t *ram = tier_json(&cs.ram, false);
     json_object_set_new(ram, "enabled", json_boolean(s->store && cs.ram.capacity > 0));
     json_object_set_new(tiers, "ram", ram);
@@ -361,6 +362,9 @@ static void traffic_metrics(FILE *f, const engine_cache_stats *es, const cache_s
     for (int i = 0; i < N_TIERS; i++)
         fprintf(f, "kvserve_cache_hits_total{tier=\"%s\"} %lld\n", tier_names[i],
                 (long long)t[i]->hits);
+    metric(f, "kvserve_cache_partial_hits_total", "counter",
+           "Prompts that reused part of a pool block (matched to the token).");
+    fprintf(f, "kvserve_cache_partial_hits_total %lld\n", (long long)es->pool_partial_hits);
     metric(f, "kvserve_cache_misses_total", "counter", "Chunk lookups not found, by tier.");
     fprintf(f, "kvserve_cache_misses_total{tier=\"pool\"} %lld\n", (long long)es->pool_misses);
     for (int i = 0; i < N_TIERS; i++)

@@ -299,4 +299,6 @@ void engine_cache_stats_get(engine *e, engine_cache_stats *out) {
     out->pool_hits = ps.hits;
     out->pool_misses = ps.misses;
     out->pool_evictions = ps.evictions;
+    out->pool_partial = ps.partial;
+    out->pool_partial_hits = ps.partial_hits;
 }

@@ -240,6 +240,7 @@ typedef struct engine_cache_stats {
     bool enabled;
     int chunk_tokens;
     int64_t pool_entries, pool_blocks, pool_hits, pool_misses, pool_evictions;
+    int64_t pool_partial, pool_partial_hits; /* reuse to the token (pool_cache.h) */
     int64_t reused_tokens;
     int64_t blended_tokens, recomputed_tokens;
     int64_t tails_dropped;         /* last records the pool evicted before the disk took them */

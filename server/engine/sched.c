@@ -13,6 +13,9 @@
 static void preempt(engine *e, eseq *v) {
     log_info("KV pool full: preempting a sequence of %d tokens (it will be recomputed)",
              v->n_computed);
+    /* its last block's rows stay findable: coming back, it takes them to the token */
+    if (eseq_cache_on(e, v))
+        plan_keep_partial(e->plan, &v->ps, &v->req->plan, &v->kv, v->hist, v->n_computed);
     kv_seq_release(e->pool, &v->kv);
     /* the draft KV is cheap to catch up with, and its pool may be what another sequence needs */
     if (e->draft) draft_seq_release(e->draft, &v->dkv);

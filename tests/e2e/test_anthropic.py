@@ -230,7 +230,9 @@ def leases(srv):
 
 def test_prompt_cache_writes_then_reads_also_after_a_restart(srv):
     first = cached_request(srv, "Which topic comes after topic 3?")
-    assert first.cache_read_input_tokens == 0
+    # nothing of the system prompt, only the chat template's first tokens (earlier requests
+    # share them: reuse to the token)
+    assert first.cache_read_input_tokens < 16
     assert first.cache_creation_input_tokens >= 2700, first
     assert first.cache_creation.ephemeral_5m_input_tokens == first.cache_creation_input_tokens
     stored = first.cache_creation_input_tokens
@@ -257,4 +259,5 @@ def test_prompt_cache_writes_then_reads_also_after_a_restart(srv):
     third = cached_request(srv, "Which topic comes after topic 3?")
     assert third.cache_read_input_tokens >= 0.95 * stored, third
     assert third.input_tokens + third.cache_read_input_tokens + \
-        third.cache_creation_input_tokens == first.input_tokens + stored
+        third.cache_creation_input_tokens == \
+        first.input_tokens + first.cache_read_input_tokens + stored

@@ -21,14 +21,20 @@ CTX = ["-c", "2048", "--cache-chunk-tokens", str(CHUNK)]
 # For tests of the chunk tiers alone across a restart: blend's content records are kept on disk
 # too, and would serve a prompt by content where its chunk records are gone (test_blend.py)
 EXACT = ["--no-blend"]
-BLOCK = 16  # KV block: reuse is exact to the block
+BLOCK = 16  # KV block: records (RAM, disk, Redis) hold whole blocks
 
 
 def reusable(n):
-    """Prompt tokens a repeat of an n-token prompt reuses: its whole blocks, but never the last
-    token (its logits must be computed)."""
+    """Prompt tokens a repeat of an n-token prompt reuses from records (RAM, disk, Redis): its
+    whole blocks, but never the last token (its logits must be computed)."""
     whole = n // BLOCK * BLOCK
     return whole if whole < n else n - 1
+
+
+def pooled(n):
+    """Prompt tokens a repeat of an n-token prompt reuses from the pool tier, which matches to
+    the token (the last sequence's partly filled block lends its rows too): all but the last."""
+    return n - 1
 
 
 def records_for(n):
@@ -94,15 +100,15 @@ def test_reuse_is_exact_pool_ram_partial_and_whole_prompt(start_server):
     assert (text, cached) == (ref, 0)
     # two whole chunks and the trailing partial one (its whole blocks)
     assert stats(srv)["tiers"]["ram"]["entries"] == 3
-    # a repeat reuses every whole block from the pool, by reference
+    # a repeat reuses every whole block from the pool, by reference, and the last block's rows
     text, cached, _ = complete(srv, prompt)
-    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert (text, cached) == (ref, pooled(len(prompt)))
     assert stats(srv)["tiers"]["pool"]["hits"] >= len(prompt) // BLOCK
     # the official client sees it too
     r = srv.client().completions.create(model=srv.model_id, prompt=prompt,
                                         max_tokens=MAX_TOKENS, temperature=0)
     assert r.choices[0].text == ref
-    assert r.usage.prompt_tokens_details.cached_tokens == reusable(len(prompt))
+    assert r.usage.prompt_tokens_details.cached_tokens == pooled(len(prompt))
     # with the pool tier cleared, the blocks come from RAM (copied into fresh blocks), the
     # partial chunk's too
     assert clear(srv, tiers=["pool"])["pool"] >= len(prompt) // BLOCK
@@ -119,7 +125,7 @@ def test_reuse_is_exact_pool_ram_partial_and_whole_prompt(start_server):
     text, cached, _ = complete(srv, other)
     assert (text, cached) == (ref2, CHUNK + 32)
     text, cached, _ = complete(srv, other)
-    assert (text, cached) == (ref2, reusable(len(other)))
+    assert (text, cached) == (ref2, pooled(len(other)))
 
 
 def test_whole_prompt_hit_recomputes_the_last_token(start_server):
@@ -333,13 +339,44 @@ def test_concurrent_requests_sharing_a_prefix(start_server):
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         out = list(pool.map(lambda p: complete(srv, p), prompts))
     assert [o[0] for o in out] == refs
-    assert [o[1] for o in out] == [reusable(len(p)) for p in prompts]
+    assert [o[1] for o in out] == [pooled(len(p)) for p in prompts]
+
+
+def test_reuse_to_the_token(start_server):
+    """Prompts that share 1..40 leading tokens with a cached one reuse exactly those, under a
+    block, across block edges and inside the last block (a sequence's partly filled last block
+    lends its rows), and answer as the same prompts with the cache off. The Anthropic usage
+    counts the same tokens."""
+    srv = start_server(*CTX)
+    base = document_tokens(srv, 40, seed=5)
+    other = question_tokens(srv)
+    assert other[0] not in base  # a prompt base[:k] + other shares k tokens, no more
+    complete(srv, base)
+    for k in (1, 5, 15, 16, 17, 31, 33, 39):
+        prompt = base[:k] + other
+        ref, cached, _ = complete(srv, prompt, cache=False)
+        assert cached == 0
+        text, cached, _ = complete(srv, prompt)
+        assert (text, cached) == (ref, k), k
+    stats_pool = stats(srv)["tiers"]["pool"]
+    # every k but 16 (whole blocks, found by key) took part of a block
+    assert stats_pool["partial_hits"] >= 7 and stats_pool["partial_blocks"] >= 1, stats_pool
+    # the same conversation twice through the Messages API: all but the last prompt token
+    body = {"model": srv.model_id, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": "Name a colour."}]}
+    reads = []
+    for _ in range(2):
+        status, r = srv.post_json("/v1/messages", body)
+        assert status == 200, r
+        u = r["usage"]
+        reads.append((u["cache_read_input_tokens"], u["input_tokens"]))
+    assert reads[1][0] > 0 and reads[1][1] == 1, reads
 
 
 def test_namespaces_isolate_api_keys_and_salts(start_server):
     srv = start_server(*CTX, "--api-key", "alice", "--api-key", "bob")
     prompt = document_tokens(srv, CHUNK + 50, seed=40, api_key="alice")
-    warm = reusable(len(prompt))
+    warm = pooled(len(prompt))
     assert complete(srv, prompt, api_key="alice")[1] == 0
     assert complete(srv, prompt, api_key="alice")[1] == warm
     # the same prompt under another key is cold, whatever alice has cached

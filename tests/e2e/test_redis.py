@@ -20,7 +20,8 @@ import pytest
 
 from conftest import MODEL, SLOW, free_port, run_kvserve
 from test_cache import (BLOCK, CHUNK, CTX, EXACT, KV_BYTES_PER_TOKEN, MAX_TOKENS, clear, complete,
-                        document_tokens, question_tokens, records_for, reusable, stats)
+                        document_tokens, question_tokens, records_for, reusable, pooled,
+                        stats)
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -125,13 +126,13 @@ def test_two_instances_share_one_redis(start_server, redis, codec_table):
     assert m["kvserve_cache_redis_connected"] == 1
     # promoted: a repeat is served above Redis (pool, RAM), the hits stay
     text, cached, _ = complete(b, prompt)
-    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert (text, cached) == (ref, pooled(len(prompt)))
     assert redis_tier(b)["hits"] == st["hits"]
     # the official client sees the reuse too
     r = b.client().completions.create(model=b.model_id, prompt=prompt, max_tokens=MAX_TOKENS,
                                       temperature=0)
     assert r.choices[0].text == ref
-    assert r.usage.prompt_tokens_details.cached_tokens == reusable(len(prompt))
+    assert r.usage.prompt_tokens_details.cached_tokens == pooled(len(prompt))
 
     # clearing Redis for this namespace: a third instance recomputes
     assert clear(b, tiers=["redis"])["redis"] >= records_for(len(prompt))
@@ -153,7 +154,7 @@ def test_redis_down_then_back(start_server, redis, codec_table):
     assert (text, cached) == (ref, 0)
     assert time.monotonic() - t0 < 30 * SLOW
     text, cached, _ = complete(b, prompt)
-    assert (text, cached) == (ref, reusable(len(prompt)))  # RAM and pool still work
+    assert (text, cached) == (ref, pooled(len(prompt)))  # RAM and pool still work
     st = redis_tier(b)
     assert not st["connected"] and st["misses"] >= 1, st
     assert b.metrics()["kvserve_cache_redis_connected"] == 0
@@ -292,7 +293,7 @@ def test_levels_through_redis(start_server, redis, codec_table):
     assert (text, cached) == (ref, reusable(len(prompt)))
     # now held above Redis: the pool serves it, nothing is fetched
     text, cached, r = complete(b, prompt, kv_level="q8")
-    assert (text, cached) == (ref, reusable(len(prompt)))
+    assert (text, cached) == (ref, pooled(len(prompt)))
     assert "kv_chunks" not in r["usage"]
     st = redis_tier(b)
     assert st["levels"]["codec1"] == n and st["levels"]["lossless"] == n, st

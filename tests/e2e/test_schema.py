@@ -226,7 +226,8 @@ def test_missing_records_fall_back_and_rebuild(server):
     status, r = call(server, "POST", "/v1/cache/clear", {"tiers": ["ram", "disk"]})
     assert status == 200, r
     text, usage = answer(server, p)  # computed in full, not refused
-    assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+    # (but for the chat template's first tokens, which earlier prompts share: reuse to the token)
+    assert usage["prompt_tokens_details"]["cached_tokens"] < 16
     wait_ready(server, "travel3")
     again, usage = answer(server, p)
     assert again == before and usage["prompt_tokens_details"]["cached_tokens"] > 0

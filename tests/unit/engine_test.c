@@ -204,6 +204,58 @@ Test(engine, preempted_outputs_equal_alone_with_the_pool_tier) {
     stop_engine();
 }
 
+/* Reuse to the token under pressure: prompts that share part of a cached sequence's blocks
+ * take those rows (cached_tokens to the token), copy the blocks they write, are preempted (their
+ * own last blocks kept as they step back) while cached blocks are evicted, and every output
+ * equals the same prompt computed alone without the cache. */
+Test(engine, rows_shared_to_the_token_survive_preemption_and_eviction) {
+    metrics *mx;
+    engine *e = start_cached(256, 256, 4, 8, 32, &mx);
+    cache_key ns;
+    cache_namespace(NULL, 0, NULL, &ns);
+    gen_request *first = request(PROMPTS[0], 1, 20, 0, 0);
+    first->logprobs = true; /* for the generated token ids */
+    cr_assert_eq(engine_prepare_cache(e, first, &ns, true), 0);
+    submit_ok(e, first);
+    wait_done(first);
+    /* the first sequence's computed history: its prompt and all but its last token */
+    int n_first = first->n_prompt + 19;
+    int32_t hist[256];
+    memcpy(hist, first->prompt, sizeof(int32_t) * (size_t)first->n_prompt);
+    for (int i = 0; i < 19; i++) hist[first->n_prompt + i] = first->choices[0].lps[i].token;
+    static const char *const ENDINGS[N_PROMPTS] = {" the", " a ship", " saw", " thought of home"};
+    gen_request *together[N_PROMPTS];
+    char text[N_PROMPTS][256];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        snprintf(text[i], sizeof text[i], "%s%s", PROMPTS[0], ENDINGS[i]);
+        together[i] = request(text[i], 1, 120, 0, 0);
+        cr_assert_eq(engine_prepare_cache(e, together[i], &ns, true), 0);
+        submit_ok(e, together[i]);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) wait_done(together[i]);
+    cr_assert_gt(metric(mx, "kvserve_preemptions_total"), 0, "the pool never filled");
+    engine_cache_stats st;
+    engine_cache_stats_get(e, &st);
+    cr_assert_geq(st.pool_partial_hits, N_PROMPTS);
+    cr_assert_gt(st.pool_evictions, 0, "no cached block was evicted");
+    for (int i = 0; i < N_PROMPTS; i++) {
+        const gen_request *t = together[i];
+        int lcp = 0;
+        while (lcp < n_first && lcp < t->n_prompt && t->prompt[lcp] == hist[lcp]) lcp++;
+        cr_assert_eq(t->cached_tokens, lcp < t->n_prompt ? lcp : t->n_prompt - 1,
+                     "prompt %d: cached %d, shares %d", i, t->cached_tokens, lcp);
+        gen_request *alone = request(text[i], 1, 120, 0, 0); /* no cache */
+        submit_ok(e, alone);
+        wait_done(alone);
+        cr_assert_str_eq(t->choices[0].text, alone->choices[0].text, "prompt %d", i);
+        gen_request_unref(alone);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) gen_request_unref(together[i]);
+    gen_request_unref(first);
+    wait_idle(mx);
+    stop_engine();
+}
+
 /* Chunks of generated text are stored too: a follow-up prompt made of the prompt and the
  * generated tokens reuses them, and its output equals the uncached computation. */
 Test(engine, generated_chunks_are_reused) {
@@ -230,8 +282,8 @@ Test(engine, generated_chunks_are_reused) {
         submit_ok(e, next[k]);
         wait_done(next[k]);
     }
-    cr_assert_eq(next[0]->cached_tokens, (n - 1) / 32 * 32, "cached %d of %d",
-                 next[0]->cached_tokens, n);
+    /* every token the first sequence computed: its last block's rows were kept as it ended */
+    cr_assert_eq(next[0]->cached_tokens, n - 1, "cached %d of %d", next[0]->cached_tokens, n);
     cr_assert_eq(next[1]->cached_tokens, 0);
     cr_assert_str_eq(next[0]->choices[0].text, next[1]->choices[0].text);
     engine_cache_stats st;

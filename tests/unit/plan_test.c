@@ -432,3 +432,172 @@ Test(plan, content_records_stop_where_blended_kv_starts) {
     cr_expect_gt(y_and_x, n_x, "Y was not kept");
     planner_destroy(p);
 }
+
+/* ---------------------------------------------------------------- reuse to the token */
+
+/* The pool tier's entries directly: a partial block is kept once (again, or covered by a longer
+ * one: no-op), found by its parent, namespace and leading tokens only, and gives way to a full
+ * block that covers it once no sequence shares it. */
+Test(plan, a_partial_block_is_kept_once_and_gives_way_to_a_covering_one) {
+    pool_cache *pc = pool_cache_create(g_pool);
+    cr_assert_not_null(pc);
+    int64_t free0 = kv_pool_free_blocks(g_pool);
+    kv_error err = {{0}};
+    kv_seq s;
+    kv_seq_init(&s);
+    cr_assert_eq(kv_seq_reserve(g_pool, &s, 48, &err), 0, "%s", err.msg);
+    int32_t b0 = s.blocks[0], b1 = s.blocks[1], b2 = s.blocks[2];
+    pool_cache_put_partial(pc, &g_ns, NULL, g_prompt, 6, b0);
+    pool_cache_put_partial(pc, &g_ns, NULL, g_prompt, 6, b1); /* the same tokens */
+    pool_cache_put_partial(pc, &g_ns, NULL, g_prompt, 4, b1); /* fewer of them */
+    pool_cache_stats st;
+    pool_cache_stats_get(pc, &st);
+    cr_expect_eq(st.partial, 1);
+    cr_expect_eq(kv_pool_block_refs(g_pool, b0), 2);
+    cr_expect_eq(kv_pool_block_refs(g_pool, b1), 1);
+
+    int32_t got = -1;
+    cr_expect_eq(pool_cache_match(pc, &g_ns, NULL, g_prompt, 16, &got), 6);
+    cr_expect_eq(got, b0);
+    cr_expect_eq(pool_cache_match(pc, &g_ns, NULL, g_prompt, 3, &got), 3, "a shorter prompt");
+    int32_t other[16];
+    memcpy(other, g_prompt, sizeof other);
+    other[0] = 7;
+    cr_expect_eq(pool_cache_match(pc, &g_ns, NULL, other, 16, &got), 0, "another first token");
+    cache_key ns2 = g_ns, parent;
+    ns2.b[31] ^= 1;
+    cr_expect_eq(pool_cache_match(pc, &ns2, NULL, g_prompt, 16, &got), 0, "another namespace");
+    cache_prefix_key(g_m->identity, &g_ns, NULL, g_prompt, 16, &parent);
+    cr_expect_eq(pool_cache_match(pc, &g_ns, &parent, g_prompt, 16, &got), 0, "another parent");
+
+    /* a full block starting with the same tokens replaces the partial one, unshared now */
+    kv_seq_truncate(g_pool, &s, 16); /* b1, b2 back in the pool */
+    kv_seq t;
+    kv_seq_init(&t);
+    cr_assert_eq(kv_seq_reserve(g_pool, &t, 16, &err), 0, "%s", err.msg);
+    kv_seq_release(g_pool, &s); /* b0: held by the pool tier alone */
+    pool_cache_put(pc, &parent, &g_ns, NULL, g_prompt, t.blocks[0]);
+    pool_cache_stats_get(pc, &st);
+    cr_expect_eq(st.partial, 0);
+    cr_expect_eq(st.entries, 1);
+    cr_expect_eq(kv_pool_block_refs(g_pool, b0), 0, "the partial block is free");
+    cr_expect_eq(pool_cache_match(pc, &g_ns, NULL, g_prompt, 16, &got), 16);
+    cr_expect_eq(got, t.blocks[0]);
+    (void)b2;
+    kv_seq_release(g_pool, &t);
+    pool_cache_destroy(pc);
+    cr_expect_eq(kv_pool_free_blocks(g_pool), free0, "every block back in the pool");
+}
+
+/* A prompt n tokens long made of g_prompt's first `shared` tokens and then others. */
+static void diverging(int32_t *out, int n, int shared) {
+    for (int i = 0; i < n; i++) out[i] = i < shared ? g_prompt[i] : 7 + i;
+}
+
+static int reuse_tokens(planner *p, plan_req *pr, plan_seq *ps, kv_seq *kv, const int32_t *prompt,
+                        int n) {
+    plan_req_init(pr);
+    cr_assert_eq(plan_prepare(p, pr, &g_ns, prompt, n, false, false, 0, false), 0);
+    kv_seq_init(kv);
+    cr_assert_eq(plan_seq_init(ps, pr), 0);
+    return plan_reuse(p, ps, pr, kv, prompt, n, n, true, false, 0);
+}
+
+/* A sequence's partly filled last block, kept as it ends, lends its leading rows to a prompt that
+ * shares them: by reference, copied on the first write, so the cached block is never written in
+ * place; a full block lends its leading rows the same way (prompts under a block too). */
+Test(plan, the_pool_tier_lends_rows_to_the_token_and_never_writes_a_cached_block) {
+    planner *p = make_planner(true, NULL);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka, true);
+    plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
+    const int last = N_PROMPT / 16; /* 9 whole blocks, then 6 rows */
+    int32_t cached = ka.blocks[last];
+    kv_seq_release(g_pool, &ka);
+    cr_expect_eq(kv_pool_block_refs(g_pool, cached), 1, "the pool tier's reference");
+    size_t bb = kv_layout_block_bytes(kv_pool_layout(g_pool));
+    uint8_t *mem = kv_pool_memory(g_pool), *before = malloc(bb);
+    cr_assert_not_null(before);
+    memcpy(before, mem + (size_t)cached * bb, bb);
+
+    int32_t other[N_PROMPT];
+    diverging(other, N_PROMPT, N_PROMPT - 3);
+    plan_req po;
+    plan_seq b;
+    kv_seq kb;
+    cr_expect_eq(reuse_tokens(p, &po, &b, &kb, other, N_PROMPT), N_PROMPT - 3);
+    cr_expect_eq(kb.n_tokens, N_PROMPT - 3);
+    cr_assert_eq(kb.blocks[last], cached, "shared by reference");
+    cr_expect_eq(kv_pool_block_refs(g_pool, cached), 2);
+    kv_error err = {{0}};
+    cr_assert_eq(kv_seq_reserve(g_pool, &kb, N_PROMPT, &err), 0, "%s", err.msg);
+    int32_t copy = kb.blocks[last];
+    cr_assert_neq(copy, cached, "copied before the write");
+    cr_expect_eq(kv_pool_block_refs(g_pool, cached), 1);
+    cr_expect_eq(kv_pool_block_refs(g_pool, copy), 1);
+    cr_expect(memcmp(mem + (size_t)copy * bb, before, bb) == 0,
+              "the copy starts as the cached one");
+    memset(mem + (size_t)copy * bb, 0xee, bb); /* the sequence's write */
+    cr_expect(memcmp(mem + (size_t)cached * bb, before, bb) == 0, "the cached block is unchanged");
+    drop(&b, &kb);
+    plan_req_free(&po);
+
+    /* under a block: the first full block's leading rows; the whole prompt, but its last token */
+    for (int n = 1; n <= 12; n += 11) {
+        int32_t shortp[12];
+        diverging(shortp, n, n - 1);
+        cr_expect_eq(reuse_tokens(p, &po, &b, &kb, shortp, n), n == 1 ? 0 : n - 1);
+        drop(&b, &kb);
+        plan_req_free(&po);
+        diverging(shortp, n, n);
+        cr_expect_eq(reuse_tokens(p, &po, &b, &kb, shortp, n), n - 1);
+        drop(&b, &kb);
+        plan_req_free(&po);
+    }
+    /* scoring reuses nothing, to the token neither */
+    plan_req_init(&po);
+    cr_assert_eq(plan_prepare(p, &po, &g_ns, other, N_PROMPT, false, true, 0, false), 0);
+    kv_seq_init(&kb);
+    cr_assert_eq(plan_seq_init(&b, &po), 0);
+    cr_expect_eq(plan_reuse(p, &b, &po, &kb, other, N_PROMPT, N_PROMPT, true, true, 0), 0);
+    drop(&b, &kb);
+    plan_req_free(&po);
+    free(before);
+    plan_seq_free(&a);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
+/* Only rows a full prefill computes are kept: none past the first blended or lossy token. */
+Test(plan, partial_blocks_stop_where_inexact_kv_starts) {
+    planner *p = make_planner(true, NULL);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka, true);
+    a.exact_end = N_PROMPT / 16 * 16 + 2; /* blended from there on */
+    plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
+    pool_cache_stats st;
+    pool_cache_stats_get(planner_pool(p), &st);
+    cr_expect_eq(st.partial, 1);
+    int32_t got;
+    const int32_t *tail = g_prompt + N_PROMPT / 16 * 16;
+    cr_expect_eq(
+        pool_cache_match(planner_pool(p), &g_ns, &a.keys[N_PROMPT / 16 - 1], tail, 6, &got), 2);
+    /* lossy KV: nothing of the block is kept */
+    pool_cache_clear(planner_pool(p), NULL);
+    pool_cache_reclaim(planner_pool(p));
+    a.exact_end = INT_MAX;
+    a.lossy_from = 16 * 3 + 2;
+    plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
+    cr_expect_eq(pool_cache_match(planner_pool(p), &g_ns, &a.keys[2], g_prompt + 48, 16, &got), 2,
+                 "the rows before the lossy token");
+    kv_seq_release(g_pool, &ka);
+    plan_seq_free(&a);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
