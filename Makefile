@@ -60,7 +60,7 @@ TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all run test test-build gpu-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
-        format-check layout bench bench-serve bench-ttft bench-stream bench-levels bench-codec bench-blend \
+        format-check layout bench bench-serve bench-ttft bench-ttft-word bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
         bench-grammar bench-schema bench-gpu bench-spec
 all: $(BUILD)/kvserve
@@ -221,6 +221,13 @@ bench-serve: $(MODEL) $(BUILD)/kvserve
 # Time to first token: cold vs pool, RAM and disk hits of the context cache at 1K/4K/8K tokens.
 bench-ttft: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/ttft.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
+
+# Time to first token at low load, prompts sharing all but their last word (6, 200 and 3,000
+# tokens), kvserve against llama-server (scripts/bench/build_llamacpp.sh builds it) in one run.
+LLAMA_SERVER ?= build/llamacpp/avx512/bin/llama-server
+bench-ttft-word: $(MODEL) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/ttft_word.py --bin $(BUILD)/kvserve --model $(MODEL) \
+	    --threads $(THREADS) --llama-server $(LLAMA_SERVER)
 
 # KV over the network: TTFT of a 4K-token context whose KV is in a Redis behind a link shaped
 # with tc (50 Mbps to 3 Gbps, in a network namespace: needs root, else SKIPPED), per level, text

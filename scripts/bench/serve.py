@@ -14,7 +14,10 @@ once, and its peak RSS (VmHWM: the mmapped weights it touched, the KV pool's com
 what the RAM tier took, scratch) is read from /proc. With --llama-server PATH
 (scripts/bench/build_llamacpp.sh builds it) a fresh llama-server with as many slots and the same
 KV capacity (-np LEVEL_MAX -c 4 x 2048, kvserve's pool) runs the same load beside it, and the
-table gives the ratio.
+table gives the ratio; the throughput levels then also run against a llama-server started beside
+kvserve (alternating server by server within each repetition), in a table of tokens/s and TTFT
+side by side. Prompts repeat from one repetition to the next, as a client's do: both servers
+reuse what they share with earlier ones.
 
     python3 scripts/bench/serve.py [--bin build/kvserve] [--model MODEL] [--threads 2]
                                    [--llama-server build/llamacpp/avx512/bin/llama-server]
@@ -156,32 +159,47 @@ def main():
     ap.add_argument("--tokens", type=int, default=128, help="tokens per stream")
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--llama-server", help="llama-server binary: its peak RSS beside kvserve's")
+    ap.add_argument("--llama-server", help="llama-server binary: the same load on it, and its "
+                    "peak RSS, beside kvserve's")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak RSS table")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
-    srv = kvserve(args, max(levels))
-    port, model = srv.port, srv.model
+    peers = [kvserve(args, max(levels))]
     try:
-        run_level(port, model, 2, 16)  # warm-up
-        rows = {c: [] for c in levels}
-        for _ in range(args.reps):
+        if args.llama_server:
+            peers.append(llama_server(args, max(levels)))
+        for srv in peers:
+            run_level(srv.port, srv.model, 2, 16)  # warm-up
+        rows = {(srv.NAME, c): [] for srv in peers for c in levels}
+        for rep in range(args.reps):
             for c in levels:  # levels alternate within a repetition: noise hits all alike
-                rows[c].append(run_level(port, model, c, args.tokens))
-        base = statistics.median(r["agg"] for r in rows[levels[0]])
-        print(f"\nkvserve serve, {args.threads} threads, {args.tokens} tokens per stream, "
-              f"median of {args.reps}\n")
-        print("| streams | aggregate decode tok/s | vs 1 stream | median TTFT ms "
-              "| median ITL ms |")
-        print("|---:|---:|---:|---:|---:|")
-        for c in levels:
-            agg = statistics.median(r["agg"] for r in rows[c])
-            ttft = statistics.median(r["ttft"] for r in rows[c]) * 1e3
-            itl = statistics.median(r["itl"] for r in rows[c]) * 1e3
-            print(f"| {c} | {agg:.0f} | {agg / base:.2f}x | {ttft:.0f} | {itl:.1f} |")
+                for srv in peers if rep % 2 == 0 else peers[::-1]:  # and the servers too
+                    rows[srv.NAME, c].append(run_level(srv.port, srv.model, c, args.tokens))
     finally:
-        srv.stop()
+        for srv in peers:
+            srv.stop()
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("agg", "ttft", "itl")}
+           for k, v in rows.items()}
+    base = med["kvserve", levels[0]]["agg"]
+    print(f"\nkvserve serve, {args.threads} threads, {args.tokens} tokens per stream, "
+          f"median of {args.reps}\n")
+    print("| streams | aggregate decode tok/s | vs 1 stream | median TTFT ms | median ITL ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for c in levels:
+        m = med["kvserve", c]
+        print(f"| {c} | {m['agg']:.0f} | {m['agg'] / base:.2f}x | {m['ttft'] * 1e3:.0f} "
+              f"| {m['itl'] * 1e3:.1f} |")
+    if args.llama_server:
+        print(f"\nThe same load on llama-server (-np {max(levels)}), alternating with kvserve\n")
+        print("| streams | kvserve tok/s | llama-server tok/s | ratio | kvserve TTFT ms "
+              "| llama-server TTFT ms | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for c in levels:
+            a, b = med["kvserve", c], med["llama-server", c]
+            print(f"| {c} | {a['agg']:.0f} | {b['agg']:.0f} | {a['agg'] / b['agg']:.2f}x "
+                  f"| {a['ttft'] * 1e3:.1f} | {b['ttft'] * 1e3:.1f} "
+                  f"| {a['ttft'] / b['ttft']:.2f}x |")
     if not args.no_memory:
         memory_table(args, levels)
 
