@@ -66,6 +66,7 @@ typedef struct opt_row {
     bool size_suffix;    /* numbers: K, M, G (binary) suffixes accepted */
     bool nullable;       /* strings and lists: "" or JSON null reset the option */
     const char *item;    /* OPT_STRING_LIST: what one value is, for messages */
+    bool comma;          /* OPT_STRING_LIST: a flag's value is a comma-separated list too */
     /* OPT_STRING_LIST: refuses a bad value (not an empty one: every list refuses those) with a
      * message that does not quote it, or NULL: any value */
     int (*check_item)(const char *value, size_t len, kv_error *err);
@@ -95,6 +96,36 @@ static int check_api_key(const char *value, size_t len, kv_error *err) {
         unsigned char ch = (unsigned char)value[i];
         if (ch <= ' ' || ch == 0x7f)
             return kv_fail(err, "API key contains a space or control character");
+    }
+    return 0;
+}
+
+/* An origin as browsers send it: "*" (any), "null", or scheme://host[:port] with no path (a
+ * trailing "/", as an address bar shows it, is taken). */
+static int check_origin(const char *value, size_t len, kv_error *err) {
+    if ((len == 1 && value[0] == '*') || (len == 4 && memcmp(value, "null", 4) == 0)) return 0;
+    size_t i = 0;
+    while (i < len && (isalnum((unsigned char)value[i]) || strchr("+.-", value[i]))) i++;
+    if (i == 0 || len - i < 4 || memcmp(value + i, "://", 3) != 0)
+        return kv_fail(err,
+                       "origin '%.*s' is not scheme://host[:port] (e.g. http://localhost:3000)",
+                       (int)len, value);
+    for (i += 3; i < len; i++)
+        if ((value[i] == '/' && i + 1 < len) || (unsigned char)value[i] <= ' ' || value[i] == 0x7f)
+            return kv_fail(err,
+                           "origin '%.*s' has a path or a space: an origin is "
+                           "scheme://host[:port] only",
+                           (int)len, value);
+    return 0;
+}
+
+/* A Host name (or address) without scheme, path or port: "*" (any), "myhost", "10.0.0.5". */
+static int check_host_name(const char *value, size_t len, kv_error *err) {
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)value[i];
+        if (ch <= ' ' || ch == 0x7f || ch == '/' || (ch == ':' && value[0] != '['))
+            return kv_fail(err, "host '%.*s' is not a host name (no scheme, path or port)",
+                           (int)len, value);
     }
     return 0;
 }
@@ -163,6 +194,16 @@ static const opt_row OPTIONS[] = {
     NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
         "on SIGTERM, time running requests get to finish"),
     BOOL(webui, "true", "the web page at / (chat and a live view of the cache)"),
+    {.key = "allowed_origins", .type = OPT_STRING_LIST, .group = GROUP, .nullable = true,
+     .comma = true, .offset = offsetof(kv_config, allowed_origins),
+     .count_offset = offsetof(kv_config, n_allowed_origins), .item = "origin",
+     .check_item = check_origin, .metavar = "ORIGINS",
+     .help = "web pages of these origins may call the API too, comma-separated (*: any)"},
+    {.key = "allowed_hosts", .type = OPT_STRING_LIST, .group = GROUP, .nullable = true,
+     .comma = true, .offset = offsetof(kv_config, allowed_hosts),
+     .count_offset = offsetof(kv_config, n_allowed_hosts), .item = "host",
+     .check_item = check_host_name, .metavar = "NAMES",
+     .help = "Host names a loopback listener answers too, comma-separated (*: any)"},
     NUM(responses_store, 0, OPT_INT, 1, 1 << 24, true, false, "1024", "N",
         "Responses API: stored responses kept, all keys (0: none stored)"),
     NUM(responses_store_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 33, false, true, "64M", "BYTES",
@@ -498,6 +539,8 @@ static int parse_bool(const char *s, bool *out) {
     return -1;
 }
 
+static int apply_env_list(kv_config *c, const opt_row *r, const char *s, kv_error *err);
+
 /* Applies one text value (an environment variable or a flag) to a scalar row. The message does
  * not name the source; the caller prefixes it. */
 static int apply_text(kv_config *c, const opt_row *r, const char *s, kv_error *err) {
@@ -549,7 +592,7 @@ static int apply_text(kv_config *c, const opt_row *r, const char *s, kv_error *e
             list_clear(c, r);
             return 0;
         }
-        return list_append(c, r, s, strlen(s), err);
+        return r->comma ? apply_env_list(c, r, s, err) : list_append(c, r, s, strlen(s), err);
     }
     return kv_fail(err, "internal: bad option type");
 }

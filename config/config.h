@@ -36,6 +36,13 @@ typedef struct kv_config {
     int idle_timeout;     /* seconds a connection may wait with no complete request */
     int shutdown_timeout; /* seconds running requests get to finish after SIGTERM */
     bool webui;           /* the web page at / and its files under /webui/ */
+    /* Requests from web pages: the origins (scheme://host[:port]) whose pages may call the API,
+     * beside the server's own ("*": any), and the Host names a loopback listener answers beside
+     * its own (DNS rebinding; "*": any) */
+    char **allowed_origins;
+    int n_allowed_origins;
+    char **allowed_hosts;
+    int n_allowed_hosts;
     /* Responses API: stored responses (in memory), least recently used evicted over either bound */
     int responses_store;           /* at most this many (0: none stored) */
     int64_t responses_store_bytes; /* and this many bytes of their JSON */

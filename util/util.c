@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -217,6 +218,21 @@ char *kv_read_file(const char *path, size_t max, size_t *len, kv_error *err) {
     buf[n] = '\0';
     if (len) *len = n;
     return buf;
+}
+
+int kv_random(void *buf, size_t n) {
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t got = getrandom(p, n, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = EIO;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
 }
 
 void kv_hex_encode(const void *b, size_t n, char *out) {

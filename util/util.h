@@ -92,6 +92,13 @@ static inline int kv_sha256(const void *data, size_t len, uint8_t out[32]) {
     return kv_sha256_2(data, len, NULL, 0, out);
 }
 
+/* ---------------------------------------------------------------- randomness */
+
+/* Fills buf with n bytes from the kernel's CSPRNG (getrandom), retrying a call a signal
+ * interrupted (EINTR) and short reads. 0, or -1 with errno when the kernel cannot give them:
+ * ids and secrets are never made from a clock instead, so the caller fails what needed them. */
+int kv_random(void *buf, size_t n);
+
 /* Lower-case hex of b[0..n) to out[2n + 1] (terminated). */
 void kv_hex_encode(const void *b, size_t n, char *out);
 /* The n bytes that the 2n lower-case hex digits at s spell, to out; false at any other character

@@ -422,8 +422,9 @@ fail:
     return HTTP_REPLIED;
 }
 
-/* {"input_tokens": N}: the prompt's tokens as /v1/messages would compute them (tools included),
- * without the context's limit. */
+/* {"input_tokens": N}: the prompt's tokens as /v1/messages would compute them (tools included).
+ * The count may pass the context's limit, not the text it is counted on: a rendered prompt over
+ * server_text_limit (which cannot fit) is a 400, before it is tokenized. */
 http_result anthropic_count_tokens(server *s, const http_call *c, http_out *o) {
     http_reply *out = &o->reply;
     anthropic_request ar;
@@ -440,8 +441,10 @@ http_result anthropic_count_tokens(server *s, const http_call *c, http_out *o) {
                             tools ? rq->n_tools : 0, true, &add_bos, &err);
     int32_t *ids = NULL;
     kv_error ke = {{0}};
-    int n = text ? tokenizer_encode(s->m->tok, text, strlen(text), add_bos, true, &ids, &ke) : -1;
-    if (text && n < 0) api_fail(&err, 400, "invalid_request_error", NULL, "messages", "%s", ke.msg);
+    size_t len = text ? strlen(text) : 0;
+    bool fits = text && job_check_text(s, len, "messages", &err) == 0;
+    int n = fits ? tokenizer_encode(s->m->tok, text, len, add_bos, true, &ids, &ke) : -1;
+    if (fits && n < 0) api_fail(&err, 400, "invalid_request_error", NULL, "messages", "%s", ke.msg);
     free(ids);
     free(text);
     anthropic_request_free(&ar);

@@ -39,18 +39,44 @@ static json_t *levels_json(const cache_tier_stats *t) {
     return levels;
 }
 
+/* Every pinned or leased record (*n of them, malloc'd), or NULL (*n 0) with no store or memory.
+ * Listing ends the leases that are due first. */
+static cache_pin_info *pins_all(server *s, int *n) {
+    int cap = 256;
+    *n = 0;
+    for (int tries = 0; s->store && tries < 4; tries++) {
+        cache_pin_info *pins = malloc(sizeof *pins * (size_t)cap);
+        if (!pins) return NULL;
+        int total = cache_store_pins(s->store, pins, cap);
+        if (total <= cap) {
+            *n = total;
+            return pins;
+        }
+        free(pins); /* more than room for: again with room for all (more may come meanwhile) */
+        cap = total + 64;
+    }
+    return NULL;
+}
+
 /* The pinned and leased records (up to STATS_PINS of them listed): Anthropic's cache_control
- * leases with their expiry (Unix seconds), /v1/cache/pin's pins (until unpinned). Listing ends
- * the leases that are due first. */
+ * leases with their expiry (Unix seconds), /v1/cache/pin's pins (until unpinned). With API keys,
+ * only the caller's namespace's: its key's, split by ?cache_salt= (a tenant sees no other's
+ * prefixes, token counts or expiries); without keys the server is one tenant and lists all. */
 #define STATS_PINS 256
-static json_t *pins_json(server *s) {
-    cache_pin_info *pins = malloc(sizeof *pins * STATS_PINS);
-    int n = pins && s->store ? cache_store_pins(s->store, pins, STATS_PINS) : 0;
+static json_t *pins_json(server *s, const http_call *c) {
+    int n_all;
+    cache_pin_info *pins = pins_all(s, &n_all);
     int64_t now = s->store ? cache_store_now(s->store) : 0;
     int bt = s->store ? cache_store_layout(s->store)->block_tokens : 0;
+    bool mine_only = s->http.n_keys > 0;
+    cache_key mine;
+    server_cache_namespace(s, c, c->query_salt, &mine);
     json_t *list = json_array();
-    for (int i = 0; i < n && i < STATS_PINS; i++) {
+    int n = 0;
+    for (int i = 0; i < n_all; i++) {
         const cache_pin_info *p = &pins[i];
+        if (mine_only && memcmp(p->ns.b, mine.b, CACHE_KEY_BYTES) != 0) continue;
+        if (n++ >= STATS_PINS) continue; /* counted, not listed */
         char key[2 * CACHE_KEY_BYTES + 1], ns[2 * CACHE_KEY_BYTES + 1];
         cache_key_hex(&p->key, key);
         cache_key_hex(&p->ns, ns);
@@ -72,7 +98,6 @@ static json_t *pins_json(server *s) {
 }
 
 http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
-    (void)c;
     http_reply *out = &o->reply;
     engine_cache_stats es;
     engine_cache_stats_get(s->eng, &es);
@@ -117,7 +142,7 @@ http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
                     json_pack("{s:s,s:b,s:i,s:I,s:s,s:o,s:o,s:o}", "object", "cache.stats",
                               "enabled", es.enabled, "chunk_tokens", es.chunk_tokens,
                               "reused_tokens", (json_int_t)es.reused_tokens, "model_identity", hex,
-                              "tiers", tiers, "pins", pins_json(s), "reuse_quality",
+                              "tiers", tiers, "pins", pins_json(s, c), "reuse_quality",
                               cache_api_reuse_json(s)));
     return HTTP_REPLIED;
 }

@@ -48,6 +48,13 @@ static inline void server_cache_namespace(const server *s, const http_call *c, c
     const char *key = s->http.n_keys > 0 && c->api_key ? c->api_key : NULL;
     cache_namespace((const uint8_t *)key, key ? strlen(key) : 0, salt, ns);
 }
+/* The most bytes of text a prompt of the server's context can have: no token spans more than
+ * the vocabulary's longest. Longer text cannot fit, and is refused before it is tokenized, so
+ * what an HTTP thread tokenizes for one request is bounded (job_check_text). */
+static inline size_t server_text_limit(const server *s) {
+    return (size_t)s->ctx * tokenizer_max_token_len(s->m->tok);
+}
+
 /* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */
 http_result cache_api_stats(server *s, const http_call *c, http_out *out);
 http_result cache_api_clear(server *s, const http_call *c, http_out *out);

@@ -3,12 +3,12 @@
  * the counts in the message), one gen_request per prompt with n choices, submitted, waited on
  * and freed; and the pieces of OpenAI's JSON that the APIs build their answers from. */
 #include "server/api/job.h"
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 /* ---------------------------------------------------------------- prompts */
@@ -101,12 +101,17 @@ char *job_render(const model *m, const chat_message *msgs, int n, const chat_too
 /* Renders messages (with tools, when given) with the model's chat template and tokenizes them;
  * *bounds (malloc'd, or NULL) gets the content parts' segment bounds and *n_bounds their count,
  * unless bounds is NULL. */
-int job_tokenize_messages(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+int job_tokenize_messages(const server *s, const chat_message *msgs, int n, const chat_tool *tools,
                           int n_tools, int32_t **ids, int **bounds, int *n_bounds, api_error *err) {
+    const model *m = s->m;
     kv_error ke = {{0}};
     bool add_bos;
     char *text = job_render(m, msgs, n, tools, n_tools, true, &add_bos, err);
     if (!text) return -1;
+    if (job_check_text(s, strlen(text), "messages", err)) {
+        free(text);
+        return -1;
+    }
     int n_ids = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
     if (n_ids > 0 && bounds)
         *n_bounds = part_bounds(m, msgs, n, text, *ids, n_ids, add_bos, bounds);
@@ -115,13 +120,25 @@ int job_tokenize_messages(const model *m, const chat_message *msgs, int n, const
     return n_ids;
 }
 
-int job_tokenize_text(const model *m, const char *text, bool add_special, int32_t **ids,
+int job_tokenize_text(const server *s, const char *text, bool add_special, int32_t **ids,
                       const char *param, api_error *err) {
+    const model *m = s->m;
+    if (job_check_text(s, strlen(text), param, err)) return -1;
     kv_error ke = {{0}};
     bool add_bos = add_special && tokenizer_add_bos(m->tok);
     int n = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
     if (n < 0) return fail_400(err, param, NULL, ke.msg);
     return n;
+}
+
+int job_check_text(const server *s, size_t len, const char *param, api_error *err) {
+    size_t limit = server_text_limit(s);
+    if (len <= limit) return 0;
+    return api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
+                    "This model's maximum context length is %d tokens, and no token spans more "
+                    "than %zu bytes: text over %zu bytes cannot fit, and yours has %zu. Please "
+                    "reduce the length of the %s.",
+                    s->ctx, tokenizer_max_token_len(s->m->tok), limit, len, param);
 }
 
 int job_check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err) {
@@ -186,14 +203,24 @@ void job_free(job *j) {
     free(j);
 }
 
-static uint64_t random_u64(void) {
-    uint64_t v;
-    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) v = clock_now_ns() * 0x9E3779B97F4A7C15ull;
-    return v;
+/* The job's random numbers: its id's, its calls' and a seed. -1 with err (500) when the kernel
+ * gives no random bytes (never a clock's stand-in: ids must not be guessable). */
+typedef struct job_random {
+    uint64_t id;
+    uint32_t id_tail, call_salt;
+    uint64_t seed;
+} job_random;
+
+static int job_random_draw(job_random *r, api_error *err) {
+    if (kv_random(r, sizeof *r) == 0) return 0;
+    return api_fail(err, 500, "server_error", NULL, NULL,
+                    "no random bytes for the request's ids (getrandom: %s)", strerror(errno));
 }
 
-/* A job for rq with room for n_prompts requests and none added yet. NULL when out of memory. */
-static job *job_create(server *s, const api_request *rq, const http_call *c, int n_prompts) {
+/* A job for rq with room for n_prompts requests and none added yet, ids from rnd. NULL when out
+ * of memory. */
+static job *job_create(server *s, const api_request *rq, const http_call *c, int n_prompts,
+                       const job_random *rnd) {
     job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->s = s;
@@ -210,10 +237,9 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->include_usage = rq->include_usage;
     j->tools = rq->kind == API_CHAT && rq->tool_choice != CHAT_TOOL_NONE;
     j->legacy = rq->legacy_functions;
-    j->call_salt = (uint32_t)random_u64();
-    uint64_t idv = random_u64();
+    j->call_salt = rnd->call_salt;
     snprintf(j->id, sizeof j->id, "%s-%016llx%08x", rq->kind == API_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)idv, (unsigned)(random_u64() & 0xffffffffu));
+             (unsigned long long)rnd->id, (unsigned)rnd->id_tail);
     if (!(j->reqs = calloc((size_t)n_prompts, sizeof *j->reqs)) ||
         (rq->echo && !(j->echo = calloc((size_t)n_prompts, sizeof *j->echo)))) {
         job_free(j);
@@ -225,7 +251,7 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
 /* Prompt p of rq as token ids (*ids malloc'd): the chat's messages rendered and tokenized, a
  * text prompt tokenized, or a token-id prompt checked against the vocabulary. param receives
  * the name errors cite. Returns the count (0: an empty prompt), or -1 with err and *ids NULL. */
-static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t **ids, int **bounds,
+static int prompt_tokens(const server *s, const api_request *rq, int p, int32_t **ids, int **bounds,
                          int *n_bounds, char *param, size_t param_size, api_error *err) {
     *ids = NULL;
     *bounds = NULL;
@@ -235,14 +261,14 @@ static int prompt_tokens(const model *m, const api_request *rq, int p, int32_t *
         /* tool_choice none: no tools listed, earlier calls and results still written */
         bool tools = rq->tool_choice != CHAT_TOOL_NONE;
         /* content parts bound blend's segments: not looked for when the request blends nothing */
-        return job_tokenize_messages(m, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
+        return job_tokenize_messages(s, rq->messages, rq->n_messages, tools ? rq->tools : NULL,
                                      tools ? rq->n_tools : 0, ids, rq->blend != 0 ? bounds : NULL,
                                      n_bounds, err);
     }
     snprintf(param, param_size, rq->n_prompts > 1 ? "prompt[%d]" : "prompt", p);
     const api_prompt *pr = &rq->prompts[p];
-    if (pr->text) return job_tokenize_text(m, pr->text, true, ids, param, err);
-    if (job_check_ids(m, pr->tokens, pr->n_tokens, param, err)) return -1;
+    if (pr->text) return job_tokenize_text(s, pr->text, true, ids, param, err);
+    if (job_check_ids(s->m, pr->tokens, pr->n_tokens, param, err)) return -1;
     if (!(*ids = malloc(sizeof(int32_t) * (size_t)(pr->n_tokens ? pr->n_tokens : 1))))
         return fail_oom(err);
     memcpy(*ids, pr->tokens, sizeof(int32_t) * (size_t)pr->n_tokens);
@@ -319,8 +345,9 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
     if (rq->prediction && rq->speculative) {
         /* drafted where the output matches it: the tokens the answer would have as plain text */
         kv_error ke = {{0}};
-        int n = tokenizer_encode(s->m->tok, rq->prediction, strlen(rq->prediction), false, false,
-                                 &r->prediction, &ke);
+        size_t len = strlen(rq->prediction);
+        if (job_check_text(s, len, "prediction.content", err)) return -1;
+        int n = tokenizer_encode(s->m->tok, rq->prediction, len, false, false, &r->prediction, &ke);
         if (n < 0) return fail_400(err, "prediction.content", NULL, ke.msg);
         r->n_prediction = n;
     }
@@ -398,7 +425,7 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
         }
         n_ids = schema_prompt_tokens(j->s, rq, c, &ids, &pos, &skv, &span, err);
     } else {
-        n_ids = prompt_tokens(m, rq, p, &ids, &bounds, &n_bounds, param, sizeof param, err);
+        n_ids = prompt_tokens(j->s, rq, p, &ids, &bounds, &n_bounds, param, sizeof param, err);
         span = n_ids;
     }
     if (n_ids < 0) goto fail;
@@ -493,12 +520,14 @@ job *job_start(server *s, const api_request *rq, const http_call *c, bool submit
         return NULL;
     }
     int n_prompts = rq->kind == API_CHAT || rq->schema_prompt ? 1 : rq->n_prompts;
-    job *j = job_create(s, rq, c, n_prompts);
+    job_random rnd;
+    if (job_random_draw(&rnd, err)) return NULL;
+    job *j = job_create(s, rq, c, n_prompts, &rnd);
     if (!j) {
         fail_oom(err);
         return NULL;
     }
-    uint64_t seed = rq->seed_given ? rq->sampling.seed : random_u64();
+    uint64_t seed = rq->seed_given ? rq->sampling.seed : rnd.seed;
     for (int p = 0; p < n_prompts; p++)
         if (job_add_prompt(j, rq, c, p, seed, err)) goto fail;
     if (rq->cache && s->cfg->cache && job_prepare_cache(j, rq, c, submit)) {

@@ -134,12 +134,16 @@ int job_tool_events(chat_tool_parser *tp, const char *text, size_t len, gen_fini
 bool job_model_accepted(const server *s, const char *name);
 int job_model_not_found(const server *s, const char *name, const char *param, api_error *err);
 /* A chat's or a text's token ids (malloc'd) as a job tokenizes them: the count, or -1 with err
- * (400). With bounds, the token offsets where the chat's content parts start and end
- * (*n_bounds of them; see part_bounds in job.c). */
-int job_tokenize_messages(const model *m, const chat_message *msgs, int n, const chat_tool *tools,
+ * (400; text over server_text_limit is refused before it is tokenized). With bounds, the token
+ * offsets where the chat's content parts start and end (*n_bounds of them; see part_bounds in
+ * job.c). */
+int job_tokenize_messages(const server *s, const chat_message *msgs, int n, const chat_tool *tools,
                           int n_tools, int32_t **ids, int **bounds, int *n_bounds, api_error *err);
-int job_tokenize_text(const model *m, const char *text, bool add_special, int32_t **ids,
+int job_tokenize_text(const server *s, const char *text, bool add_special, int32_t **ids,
                       const char *param, api_error *err);
+/* -1 with err (400 context_length_exceeded, naming param) when len bytes of text cannot fit
+ * the context (over server_text_limit): what every route checks before it tokenizes text. */
+int job_check_text(const server *s, size_t len, const char *param, api_error *err);
 /* -1 with err (400 naming param) when an id is outside the vocabulary. */
 int job_check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err);
 /* The API error for an engine refusal (429 when its queue is full, 503 when it shuts down). */

@@ -230,7 +230,7 @@ static gen_request *embed_request(const server *s, const api_prompt *in, int i, 
     int32_t *ids = NULL;
     int n;
     if (in->text) {
-        n = job_tokenize_text(m, in->text, true, &ids, param, err);
+        n = job_tokenize_text(s, in->text, true, &ids, param, err);
     } else {
         n = job_check_ids(m, in->tokens, in->n_tokens, param, err) ? -1 : in->n_tokens;
         if (n > 0 && !(ids = malloc(sizeof *ids * (size_t)n)))
@@ -413,10 +413,9 @@ http_result openai_tokenize(server *s, const http_call *c, http_out *o) {
     int n = -1;
     if (api_parse_tokenize(c->body, c->len, &t, &err) == 0) {
         if (t.messages)
-            n = job_tokenize_messages(s->m, t.messages, t.n_messages, NULL, 0, &ids, NULL, NULL,
-                                      &err);
+            n = job_tokenize_messages(s, t.messages, t.n_messages, NULL, 0, &ids, NULL, NULL, &err);
         else
-            n = job_tokenize_text(s->m, t.text, t.add_special, &ids, "content", &err);
+            n = job_tokenize_text(s, t.text, t.add_special, &ids, "content", &err);
     }
     if (n < 0) {
         api_tokenize_free(&t);
@@ -448,7 +447,13 @@ http_result openai_detokenize(server *s, const http_call *c, http_out *o) {
     int32_t *ids = NULL;
     int n = 0;
     api_error err = {0};
+    /* a sequence no longer than the context: the text it makes is bounded as a prompt's */
     if (api_parse_detokenize(c->body, c->len, &ids, &n, &err) ||
+        (n > s->ctx &&
+         api_fail(&err, 400, "invalid_request_error", "context_length_exceeded", "tokens",
+                  "'tokens' has %d ids; at most the context's %d are "
+                  "detokenized at once",
+                  n, s->ctx)) ||
         job_check_ids(s->m, ids, n, "tokens", &err)) {
         free(ids);
         http_reply_error(out, &err);

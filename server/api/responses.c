@@ -9,10 +9,11 @@
  * function_call_arguments.done; output_item.done; and last response.completed (or
  * response.incomplete when max_output_tokens cut the answer, response.failed on an error), which
  * carries the whole response object, as a non-streamed request gets it. */
+#include <errno.h>
+#include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "server/api/job.h"
@@ -20,8 +21,11 @@
 
 /* The Responses state of a job (job.ext). */
 typedef struct resp_job {
-    char id[64];  /* resp_<48 hex> */
-    char hex[49]; /* its random part: output items' ids derive from it */
+    char id[64]; /* resp_<48 hex>, random */
+    /* output items' ids: SHA-256(item_key, kind, index), from random bytes drawn apart from the
+     * id's, so an item id says nothing of the response's id (the key to GET, DELETE or continue
+     * it) and no two items of a response share one, however many there are */
+    uint8_t item_key[32];
     long created;
     json_t *echo;         /* the request's settings the response object repeats */
     json_t *conversation; /* canonical items before this turn's output (stored turns, input) */
@@ -53,8 +57,17 @@ static void resp_job_free(void *ud) {
     free(rj);
 }
 
+/* msg_<48 hex> or fc_<48 hex>: the item at output index `index`, as the stream and the whole
+ * response both number them. */
 static void item_id(const resp_job *rj, bool call, int index, char *out, size_t cap) {
-    snprintf(out, cap, "%s_%s%02x", call ? "fc" : "msg", rj->hex, (unsigned)index & 0xff);
+    uint8_t in[sizeof rj->item_key + 5], d[SHA256_DIGEST_LENGTH];
+    memcpy(in, rj->item_key, sizeof rj->item_key);
+    in[sizeof rj->item_key] = call ? 'f' : 'm';
+    le_put_u32(in + sizeof rj->item_key + 1, (uint32_t)index);
+    SHA256(in, sizeof in, d);
+    char hex[49];
+    kv_hex_encode(d, 24, hex);
+    snprintf(out, cap, "%s_%s", call ? "fc" : "msg", hex);
 }
 
 /* ---------------------------------------------------------------- the response object */
@@ -366,18 +379,24 @@ static const job_format RESP_FORMAT = {resp_open,  resp_text,        resp_call, 
 /* ---------------------------------------------------------------- endpoints */
 
 /* The job's Responses state: a new id, the request's settings, and the conversation before this
- * answer (prev's items, then the input). NULL when out of memory. */
+ * answer (prev's items, then the input). NULL with err (500) when out of memory, or when the
+ * kernel gives no random bytes for the ids. */
 static resp_job *resp_job_create(server *s, resp_request *r, const json_t *prev,
-                                 const cache_key *ns) {
+                                 const cache_key *ns, api_error *err) {
     resp_job *rj = calloc(1, sizeof *rj);
-    if (!rj) return NULL;
     uint8_t b[24];
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
-        uint64_t t = clock_now_ns() * 0x9E3779B97F4A7C15ull;
-        for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)(t >> (8 * (i % 8))) ^ (uint8_t)i;
+    if (!rj || kv_random(b, sizeof b) || kv_random(rj->item_key, sizeof rj->item_key)) {
+        if (rj)
+            api_fail(err, 500, "server_error", NULL, NULL,
+                     "no random bytes for the response's ids (getrandom: %s)", strerror(errno));
+        else
+            api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        free(rj);
+        return NULL;
     }
-    for (size_t i = 0; i < sizeof b; i++) snprintf(rj->hex + 2 * i, 3, "%02x", b[i]);
-    snprintf(rj->id, sizeof rj->id, "resp_%s", rj->hex);
+    char hex[2 * sizeof b + 1];
+    kv_hex_encode(b, sizeof b, hex);
+    snprintf(rj->id, sizeof rj->id, "resp_%s", hex);
     rj->created = (long)time(NULL);
     rj->ns = *ns;
     rj->store = r->store && s->responses;
@@ -386,6 +405,7 @@ static resp_job *resp_job_create(server *s, resp_request *r, const json_t *prev,
     if (!rj->conversation || json_array_extend(rj->conversation, r->input) ||
         json_object_set_new(rj->echo, "store", json_boolean(rj->store))) {
         resp_job_free(rj);
+        api_fail(err, 500, "server_error", NULL, NULL, "out of memory");
         return NULL;
     }
     return rj;
@@ -406,8 +426,9 @@ http_result responses_create(server *s, const http_call *c, http_out *out) {
     json_t *prev = NULL;
     job *j = NULL;
     cache_key ns;
-    server_cache_namespace(s, c, NULL, &ns);
     if (resp_parse(c->body, c->len, &r, &err)) goto fail;
+    /* stored responses live in the KV cache's namespace: the key's, split by cache_salt */
+    server_cache_namespace(s, c, r.rq.cache_salt, &ns);
     if (r.previous_response_id) {
         char *text = NULL;
         if (!s->responses ||
@@ -425,11 +446,8 @@ http_result responses_create(server *s, const http_call *c, http_out *out) {
         }
     }
     if (resp_conversation(&r, prev, &err)) goto fail;
-    resp_job *rj = resp_job_create(s, &r, prev, &ns);
-    if (!rj) {
-        api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
-        goto fail;
-    }
+    resp_job *rj = resp_job_create(s, &r, prev, &ns, &err);
+    if (!rj) goto fail;
     if (!(j = job_start(s, &r.rq, c, true, &err))) {
         resp_job_free(rj);
         rename_param(&err);
@@ -449,12 +467,13 @@ fail:
     return HTTP_REPLIED;
 }
 
-/* GET and DELETE /v1/responses/{id}. */
+/* GET and DELETE /v1/responses/{id}, in the namespace of ?cache_salt= (the salt it was created
+ * with). */
 http_result responses_api(server *s, const http_call *c, http_out *o) {
     http_reply *out = &o->reply;
     const char *method = c->method, *id = c->tail;
     cache_key ns;
-    server_cache_namespace(s, c, NULL, &ns);
+    server_cache_namespace(s, c, c->query_salt, &ns);
     bool del = strcmp(method, "DELETE") == 0;
     char *text = NULL;
     bool found = s->responses && !strchr(id, '/') &&

@@ -64,10 +64,10 @@ void resp_request_free(resp_request *r);
 
 /* ---------------------------------------------------------------- the store (responses_store.c)
  *
- * Stored responses live in memory, per namespace (the caller's API key: a response is found only
- * with the key that created it), at most max_count of them and max_bytes of their JSON; past
- * either bound the least recently used go (a GET or a continuation counts as a use). A restart
- * empties it. Thread-safe. */
+ * Stored responses live in memory, per namespace (the KV cache's: the caller's API key and the
+ * request's cache_salt, so a response is found only with the key and salt that created it), at
+ * most max_count of them and max_bytes of their JSON; past either bound the least recently used
+ * go (a GET or a continuation counts as a use). A restart empties it. Thread-safe. */
 
 typedef struct resp_store resp_store;
 

@@ -76,32 +76,35 @@ static http_result prometheus(server *s, const http_call *c, http_out *out) {
     return HTTP_REPLIED;
 }
 
-/* path, prefix, methods, public, always (before the model is ready), handler, error format */
+/* path, prefix, methods, public, always (before the model is ready), handler, error format,
+ * tokenizes (on the HTTP thread: within the transport's work budget) */
 static const http_route ROUTES[] = {
-    {"/health", false, HTTP_GET, true, true, health, NULL},
-    {"/metrics", false, HTTP_GET, true, true, prometheus, NULL},
-    {"/v1/models", false, HTTP_GET, false, false, openai_models, NULL},
-    {"/v1/models/", true, HTTP_GET, false, false, openai_models, NULL},
-    {"/v1/chat/completions", false, HTTP_POST, false, false, openai_chat, NULL},
-    {"/v1/completions", false, HTTP_POST, false, false, openai_completions, NULL},
-    {"/tokenize", false, HTTP_POST, false, false, openai_tokenize, NULL},
-    {"/detokenize", false, HTTP_POST, false, false, openai_detokenize, NULL},
-    {"/v1/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL},
-    {"/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL}, /* llama-server's */
-    {"/v1/messages", false, HTTP_POST, false, false, anthropic_messages, anthropic_reply_error},
+    {"/health", false, HTTP_GET, true, true, health, NULL, false},
+    {"/metrics", false, HTTP_GET, true, true, prometheus, NULL, false},
+    {"/v1/models", false, HTTP_GET, false, false, openai_models, NULL, false},
+    {"/v1/models/", true, HTTP_GET, false, false, openai_models, NULL, false},
+    {"/v1/chat/completions", false, HTTP_POST, false, false, openai_chat, NULL, true},
+    {"/v1/completions", false, HTTP_POST, false, false, openai_completions, NULL, true},
+    {"/tokenize", false, HTTP_POST, false, false, openai_tokenize, NULL, true},
+    {"/detokenize", false, HTTP_POST, false, false, openai_detokenize, NULL, true},
+    {"/v1/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true},
+    /* llama-server's path */
+    {"/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true},
+    {"/v1/messages", false, HTTP_POST, false, false, anthropic_messages, anthropic_reply_error,
+     true},
     {"/v1/messages/count_tokens", false, HTTP_POST, false, false, anthropic_count_tokens,
-     anthropic_reply_error},
-    {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL},
-    {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL},
-    {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL},
-    {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL},
-    {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL},
-    {"/v1/cache/unpin", false, HTTP_POST, false, false, cache_api_unpin, NULL},
-    {"/v1/schemas", false, HTTP_GET | HTTP_POST, false, false, schemas_api, NULL},
-    {"/v1/schemas/", true, HTTP_GET | HTTP_DELETE, false, false, schemas_api, NULL},
+     anthropic_reply_error, true},
+    {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL, true},
+    {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL, false},
+    {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL, false},
+    {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL, false},
+    {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL, true},
+    {"/v1/cache/unpin", false, HTTP_POST, false, false, cache_api_unpin, NULL, true},
+    {"/v1/schemas", false, HTTP_GET | HTTP_POST, false, false, schemas_api, NULL, true},
+    {"/v1/schemas/", true, HTTP_GET | HTTP_DELETE, false, false, schemas_api, NULL, false},
     /* the web page: static, public, served while the model loads; gone with --no-webui */
-    {"/", false, HTTP_GET, true, true, webui_get, NULL},
-    {"/webui/", true, HTTP_GET, true, true, webui_get, NULL},
+    {"/", false, HTTP_GET, true, true, webui_get, NULL, false},
+    {"/webui/", true, HTTP_GET, true, true, webui_get, NULL, false},
 };
 
 int api_routes(const kv_config *cfg, http_route *out, int cap) {

@@ -8,6 +8,7 @@
  * route's handler runs. Every failure is OpenAI's error JSON (or the route's format) with the
  * matching status, logged with the request's id. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -17,7 +18,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,8 +61,10 @@ typedef struct conn_req {
     char id[HTTP_REQUEST_ID_MAX];
     char error[256]; /* the message of a 4xx or 5xx answer, for the access log */
     void (*error_format)(http_reply *r); /* the route's error format (NULL: OpenAI's) */
-    bool counted;                        /* in t->in_flight */
-    http_pending pending;                /* a reply the engine works on (.ud NULL: none) */
+    const char *origin; /* the request's Origin when it is allowed (answered with CORS), or NULL */
+    bool preflight;     /* a CORS preflight (OPTIONS), answered once its body is dropped */
+    bool counted;       /* in t->in_flight */
+    http_pending pending; /* a reply the engine works on (.ud NULL: none) */
     /* The connection sleeps (suspended) while its stream or pending reply has nothing; wake
      * resumes it. `news` keeps a wake that came while it was awake, so one that lands between
      * "nothing yet" and the suspension is not lost. Lock order: a request's mu, then this. */
@@ -111,23 +113,25 @@ static bool conn_sleep(conn_req *cr) {
 }
 
 /* The client's X-Request-Id when it is 1..64 printable ASCII characters without spaces, else a
- * new random one. */
-static void request_id(struct MHD_Connection *conn, char *out, size_t size) {
+ * new random one. false when the kernel gives no random bytes for it (the id is then "-"). */
+static bool request_id(struct MHD_Connection *conn, char *out, size_t size) {
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
     size_t n = h ? strlen(h) : 0;
     bool ok = n > 0 && n <= 64;
     for (size_t i = 0; ok && i < n; i++) ok = h[i] > ' ' && h[i] < 0x7f;
     if (ok) {
         snprintf(out, size, "%s", h);
-        return;
+        return true;
     }
-    uint64_t v[2];
-    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) {
-        v[0] = clock_now_ns() * 0x9E3779B97F4A7C15ull;
-        v[1] = (uint64_t)(uintptr_t)out;
+    uint8_t v[12];
+    char hex[2 * sizeof v + 1];
+    if (kv_random(v, sizeof v)) {
+        snprintf(out, size, "-");
+        return false;
     }
-    snprintf(out, size, "req-%016llx%08llx", (unsigned long long)v[0],
-             (unsigned long long)(v[1] & 0xffffffffu));
+    kv_hex_encode(v, sizeof v, hex);
+    snprintf(out, size, "req-%s", hex);
+    return true;
 }
 
 /* The message of an error reply (OpenAI's error JSON, or the body as it is), one line. */
@@ -144,12 +148,39 @@ static void reply_message(const http_reply *r, char *out, size_t size) {
         if ((unsigned char)*p < ' ' || *p == 0x7f) *p = ' ';
 }
 
-/* Headers every answer carries: the request id, and (draining) Connection: close, so that
- * keep-alive clients go elsewhere. */
+/* Headers every answer carries: the request id, (draining) Connection: close, so that
+ * keep-alive clients go elsewhere, and for a page of an allowed origin, CORS's: the page may
+ * read the answer and its request id. */
 static void common_headers(struct MHD_Response *resp, const conn_req *cr) {
     MHD_add_response_header(resp, "x-request-id", cr->id);
     if (atomic_load(&cr->t->draining))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (cr->origin) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCESS_CONTROL_ALLOW_ORIGIN, cr->origin);
+        MHD_add_response_header(resp, "Access-Control-Expose-Headers", "x-request-id, Retry-After");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+    }
+}
+
+/* A CORS preflight (OPTIONS) of an allowed origin, or a plain OPTIONS: 204 with the route's
+ * methods; with an Origin, the methods and headers its page may use, cached ten minutes. */
+static enum MHD_Result send_preflight(struct MHD_Connection *conn, conn_req *cr) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    common_headers(resp, cr);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, cr->allow);
+    if (cr->origin) {
+        const char *asked =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", cr->allow);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers",
+                                http_preflight_headers(asked));
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    cr->status = MHD_HTTP_NO_CONTENT;
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_NO_CONTENT, resp);
+    MHD_destroy_response(resp);
+    return ok;
 }
 
 static enum MHD_Result send_reply(struct MHD_Connection *conn, conn_req *cr, http_reply *r) {
@@ -365,8 +396,22 @@ static enum MHD_Result handle(http_transport *t, struct MHD_Connection *conn, co
             return send_error(conn, cr, 503, "server_error", "model_loading",
                               "the model is still loading; retry shortly");
     }
+    /* at least a byte: an empty body's request holds the budget too while it works */
+    int64_t work = cr->rt->tokenizes ? (int64_t)cr->len + 1 : 0;
+    if (work && !http_work_take(t, work)) {
+        http_reply r = {.retry_after = 1};
+        api_error e = {.status = 429, .type = "rate_limit_error", .code = "server_busy"};
+        snprintf(e.message, sizeof e.message,
+                 "the server is busy: requests holding %lld bytes are being tokenized; retry "
+                 "later",
+                 (long long)atomic_load(&t->work_bytes));
+        http_reply_error(&r, &e);
+        return send_reply(conn, cr, &r);
+    }
     http_out out = {0};
-    switch (cr->rt->handler(t->app, &call, &out)) {
+    http_result res = cr->rt->handler(t->app, &call, &out);
+    if (work) http_work_release(t, work);
+    switch (res) {
     case HTTP_STREAMING:
         return send_stream(conn, cr, &out.stream);
     case HTTP_PENDING:
@@ -376,6 +421,17 @@ static enum MHD_Result handle(http_transport *t, struct MHD_Connection *conn, co
         break;
     }
     return send_reply(conn, cr, &out.reply);
+}
+
+bool http_work_take(http_transport *t, int64_t bytes) {
+    int64_t held = atomic_fetch_add(&t->work_bytes, bytes);
+    if (t->work_budget <= 0 || held == 0 || held + bytes <= t->work_budget) return true;
+    atomic_fetch_sub(&t->work_bytes, bytes);
+    return false;
+}
+
+void http_work_release(http_transport *t, int64_t bytes) {
+    atomic_fetch_sub(&t->work_bytes, bytes);
 }
 
 /* Sums the size and count of a request's headers or query arguments (the iterator of
@@ -394,9 +450,56 @@ static enum MHD_Result tally_header(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
+/* A POST's body is JSON, declared so: a Content-Type other than application/json is a 415, and
+ * so is a body sent without one (a page's "simple" cross-origin POST is text/plain, or a form).
+ * A POST without a body needs none (curl -X POST). */
+static void check_content_type(struct MHD_Connection *conn, api_error *e) {
+    const char *type =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    if (http_json_content_type(type)) return;
+    const char *cl =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    bool body = (cl && strtoll(cl, NULL, 10) != 0) ||
+                MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                            MHD_HTTP_HEADER_TRANSFER_ENCODING) != NULL;
+    if (type)
+        api_fail(e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                 "Content-Type '%.100s' is not supported: send the body as JSON, with "
+                 "'Content-Type: application/json'",
+                 type);
+    else if (body)
+        api_fail(e, 415, "invalid_request_error", "unsupported_media_type", NULL,
+                 "the request body has no Content-Type: send it as JSON, with 'Content-Type: "
+                 "application/json'");
+}
+
+/* A request from a web page the server does not serve: a Host that is not one of its names on a
+ * loopback listener (a DNS-rebinding page), or an Origin not allowed; into e (403), and true.
+ * An allowed Origin goes to cr->origin, for the CORS headers. */
+static bool check_browser(const http_transport *t, struct MHD_Connection *conn, conn_req *cr,
+                          api_error *e) {
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ORIGIN);
+    if (!http_browser_host_ok(&t->browser, host))
+        api_fail(e, 403, "permission_error", "host_not_allowed", NULL,
+                 "Host '%.100s' is not a name of this server: on the loopback address %s it "
+                 "answers localhost, 127.0.0.1 and [::1] (a page under another name may be a DNS "
+                 "rebinding attack); --allowed-hosts names others",
+                 host, t->cfg->host);
+    else if (!http_browser_origin_ok(&t->browser, origin))
+        api_fail(e, 403, "permission_error", "origin_not_allowed", NULL,
+                 "Origin '%.100s' may not call this server: pages of other origins are refused "
+                 "unless --allowed-origins names them (clients that send no Origin are not)",
+                 origin);
+    else
+        cr->origin = origin;
+    return e->status != 0;
+}
+
 /* What the request line and headers alone say is wrong, into cr->early (status 0: nothing):
- * a URL or header block over the limits (414, 431), no route (404), a method the route does not
- * take (405), no valid key (401). */
+ * a URL or header block over the limits (414, 431), a page the server does not serve (403),
+ * no route (404), a method the route does not take (405), no valid key (401), a body that is
+ * not JSON (415). An OPTIONS is a preflight, answered without a key. */
 static void check_headers(const http_transport *t, struct MHD_Connection *conn, conn_req *cr,
                           const char *url) {
     api_error *e = &cr->early;
@@ -414,9 +517,13 @@ static void check_headers(const http_transport *t, struct MHD_Connection *conn, 
         api_fail(e, 431, "invalid_request_error", "headers_too_large", NULL,
                  "the header fields' %zu bytes exceed the limit of %d bytes", h.bytes,
                  MAX_HEADER_BYTES);
+    else if (check_browser(t, conn, cr, e))
+        return;
     else if (!cr->rt)
         api_fail(e, 404, "invalid_request_error", "not_found", NULL, "no endpoint %s %s",
                  cr->method, url);
+    else if (strcmp(cr->method, MHD_HTTP_METHOD_OPTIONS) == 0)
+        cr->preflight = true;
     else if (!(cr->rt->methods & method_bit(cr->method)))
         api_fail(e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s takes %s, not %s",
                  cr->rt->path, cr->allow, cr->method);
@@ -424,6 +531,8 @@ static void check_headers(const http_transport *t, struct MHD_Connection *conn, 
         api_fail(e, 401, "invalid_request_error", "invalid_api_key", NULL,
                  "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or "
                  "'x-api-key: KEY').");
+    else if (method_bit(cr->method) == HTTP_POST)
+        check_content_type(conn, e);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -441,7 +550,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->conn = conn;
         pthread_mutex_init(&cr->mu, NULL);
         atomic_init(&cr->refs, 1);
-        request_id(conn, cr->id, sizeof cr->id);
+        bool have_id = request_id(conn, cr->id, sizeof cr->id);
         cr->limit = t->cfg->max_body_bytes;
         const http_route *rt = cr->rt = route_find(t, url, &cr->tail);
         cr->route = rt ? rt->path : "other";
@@ -450,6 +559,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         cr->t_start = clock_now_ns();
         snprintf(cr->method, sizeof cr->method, "%s", method);
         check_headers(t, conn, cr, url);
+        if (!have_id)
+            api_fail(&cr->early, 500, "server_error", NULL, NULL,
+                     "no random bytes for the request's id (getrandom: %s)", strerror(errno));
         const char *cl =
             MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long declared = cl ? strtoll(cl, NULL, 10) : 0;
@@ -498,6 +610,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         http_reply_error(&r, &cr->early);
         return send_reply(conn, cr, &r);
     }
+    if (cr->preflight) return send_preflight(conn, cr);
     if (cr->too_big)
         return send_error(conn, cr, 413, "invalid_request_error", "request_too_large",
                           "the request body of %zu bytes exceeds the limit of %lld bytes", cr->len,
@@ -590,6 +703,7 @@ int http_start(http_transport *t, kv_error *err) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t->cfg->port)};
     if (inet_pton(AF_INET, t->cfg->host, &addr.sin_addr) != 1)
         return kv_fail(err, "host: '%s' is not an IPv4 address", t->cfg->host);
+    if (http_browser_init(&t->browser, t->cfg, err)) return -1;
     /* Suspend/resume brings the ITC (an eventfd) that wakes a worker for a resumed connection;
      * it also lets MHD_quiesce_daemon stop the listener. */
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -603,9 +717,11 @@ int http_start(http_transport *t, kv_error *err) {
         (unsigned)t->cfg->http_threads, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)t->cfg->idle_timeout,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONN_POOL_BYTES, MHD_OPTION_END);
-    if (!t->daemon)
+    if (!t->daemon) {
+        http_browser_free(&t->browser);
         return kv_fail(err, "cannot listen on %s:%d (in use, or not permitted)", t->cfg->host,
                        t->cfg->port);
+    }
     return 0;
 }
 
@@ -621,4 +737,5 @@ void http_stop(http_transport *t) {
     MHD_stop_daemon(t->daemon);
     if (fd != MHD_INVALID_SOCKET) close(fd);
     t->daemon = NULL;
+    http_browser_free(&t->browser); /* no thread reads it any more */
 }

@@ -7,7 +7,13 @@
  * engine publishes, so a waiting client costs memory, not a thread.
  *
  * Handlers answer with the reply helpers (reply.c), never with the transport's internals; every
- * error, the transport's own included, is OpenAI's error JSON (a route can reformat them). */
+ * error, the transport's own included, is OpenAI's error JSON (a route can reformat them).
+ *
+ * Requests from web pages (browser.c): a request whose Origin is not allowed, or (listening on a
+ * loopback address) whose Host is not one of the server's names, is a 403; a POST's body must
+ * be declared application/json (else 415); allowed origins get CORS headers, preflights
+ * (OPTIONS) included. Routes that tokenize or render on an HTTP thread share a budget of body
+ * bytes in work at once: over it, a 429 as the engine's full queue gives. */
 #ifndef KVSERVE_HTTP_H
 #define KVSERVE_HTTP_H
 
@@ -119,10 +125,24 @@ typedef struct http_route {
     /* Rewrites an error reply the transport makes (401, 404, 405, 413, 503, ...) into the
      * route's API's error format, or NULL: OpenAI's error JSON. */
     void (*error_format)(http_reply *r);
+    /* The handler tokenizes or renders the body on the HTTP thread: it runs within the work
+     * budget (http_work_take). */
+    bool tokenizes;
 } http_route;
 
 /* The most rows a route table has. */
 #define HTTP_MAX_ROUTES 32
+
+/* Which web pages may call the server and which Host names it answers (browser.c), from the
+ * configuration's --host, --port, --allowed-origins and --allowed-hosts. */
+typedef struct http_browser {
+    char **origins; /* the server's own origins, then --allowed-origins */
+    int n_origins;
+    bool any_origin; /* "*" among them */
+    char **hosts;    /* the Host names answered: the server's own, then --allowed-hosts */
+    int n_hosts;
+    bool check_host; /* listening on a loopback address, and no "*" among them */
+} http_browser;
 
 /* The transport's state: the routes it serves, the limits and keys it checks, its counters and
  * the daemon. The application holds one (server.http) and fills the first block before
@@ -135,6 +155,11 @@ typedef struct http_transport {
     int n_keys;                         /* 0: no key needed */
     http_route routes[HTTP_MAX_ROUTES]; /* the route table (server/api/routes.c) */
     int n_routes;
+    /* Bytes of bodies the "tokenizes" routes may work on at once (0: no bound): set with the
+     * model, from the most text a prompt can have (server/cli/cli_serve.c). */
+    int64_t work_budget;
+    atomic_llong work_bytes;         /* held now */
+    http_browser browser;            /* filled by http_start */
     atomic_bool ready;               /* model loaded, engine running (else "always" routes) */
     atomic_bool draining;            /* SIGTERM: running work finishes; new requests get 503 */
     atomic_bool stopping;            /* the engine is stopped */
@@ -150,6 +175,30 @@ int http_start(http_transport *t, kv_error *err);
 /* Stops accepting and closes every connection. Call with no connection waiting on the engine
  * (after engine_stop every request has finished and woken its connection). */
 void http_stop(http_transport *t);
+
+/* Takes bytes of t's work budget for a request of a "tokenizes" route: false (nothing taken)
+ * when that would pass the budget while other such requests hold some of it. A request alone
+ * is always taken, whatever its size (its handler bounds what it tokenizes). */
+bool http_work_take(http_transport *t, int64_t bytes);
+void http_work_release(http_transport *t, int64_t bytes);
+
+/* ---------------------------------------------------------------- browser requests (browser.c) */
+
+/* Fills b from cfg (the server's own origins and names, then the allowed ones); -1 with err when
+ * cfg->host is not an IPv4 address or out of memory. */
+int http_browser_init(http_browser *b, const kv_config *cfg, kv_error *err);
+void http_browser_free(http_browser *b);
+/* True when origin is allowed (NULL, as curl and the SDKs send none, is). Origins compare as
+ * whole strings, ignoring case: "http://localhost:3000" does not allow port 3001. */
+bool http_browser_origin_ok(const http_browser *b, const char *origin);
+/* True when host (a Host header: name or [IPv6], an optional :port) is one b answers: any when
+ * b does not check, and a request without Host. */
+bool http_browser_host_ok(const http_browser *b, const char *host);
+/* True when a Content-Type is application/json, parameters (charset) allowed. */
+bool http_json_content_type(const char *type);
+/* What a preflight allows in Access-Control-Allow-Headers: the headers it asks for (a list of
+ * header names), else the ones the API reads. */
+const char *http_preflight_headers(const char *requested);
 
 /* ---------------------------------------------------------------- reply helpers (reply.c) */
 

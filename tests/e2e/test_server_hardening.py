@@ -75,7 +75,7 @@ def raw_exchange(url, data, half_close=False, timeout=TIMEOUT):
 
 
 def request_bytes(path, body, extra=b""):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
 
 
@@ -352,10 +352,10 @@ def test_half_closed_request_is_answered(server, stream):
 def test_oversize_request_lines_and_headers_are_json_errors(server):
     # over nginx's and llama-server's limits (8 KiB URLs, 100 headers), within what the
     # server's connection pool holds: answered by the server, in OpenAI's error JSON
-    big_query = b"GET /v1/models?" + b"q=" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
-    big_path = b"GET /v1/models/" + b"m" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
-    big_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n"
-    many = (b"GET /health HTTP/1.1\r\nHost: x\r\n"
+    big_query = b"GET /v1/models?" + b"q=" + b"a" * 65536 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    big_path = b"GET /v1/models/" + b"m" * 65536 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    big_header = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 100000 + b"\r\n\r\n"
+    many = (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             + b"".join(b"X-H%d: v\r\n" % i for i in range(1000)) + b"\r\n")
     for data, status, code, words in [(big_query, 414, "uri_too_long", "URL of"),
                                       (big_path, 414, "uri_too_long", "URL of"),
@@ -367,7 +367,7 @@ def test_oversize_request_lines_and_headers_are_json_errors(server):
         err = json.loads(body)["error"]
         assert err["code"] == code and words in err["message"], err
     # a 40 KB header is within the limit
-    got, _, body = raw_exchange(server.url, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: "
+    got, _, body = raw_exchange(server.url, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
                                 + b"a" * 40000 + b"\r\n\r\n")
     assert got == 200 and json.loads(body)["status"] == "ok"
 
@@ -375,19 +375,19 @@ def test_oversize_request_lines_and_headers_are_json_errors(server):
 def test_libmicrohttpd_answers_are_json_errors_and_the_server_serves(server):
     # Cases libmicrohttpd answers itself, before the server's code sees a request: its own
     # pages become OpenAI's error JSON (server/http/mhd_pages.c)
-    cl = b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n\r\n"
+    cl = b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %s\r\n\r\n"
     for data, status, code, words in [
-            (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300000 + b"\r\n\r\n", 431,
+            (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 300000 + b"\r\n\r\n", 431,
              "headers_too_large", "too big"),
-            (b"GET /health HTTP/3.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported",
+            (b"GET /health HTTP/3.0\r\nHost: 127.0.0.1\r\n\r\n", 505, "http_version_not_supported",
              "not supported"),
-            (b"GET /health HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported",
+            (b"GET /health HTTP/0.9\r\nHost: 127.0.0.1\r\n\r\n", 505, "http_version_not_supported",
              "too old"),
-            (b"GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400,
+            (b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon here\r\n\r\n", 400,
              "malformed_request", "syntactically incorrect"),
             (cl % b"-5", 400, "malformed_request", "Content-Length header"),
             (cl % b"ab", 400, "malformed_request", "Content-Length header"),
-            (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            (b"POST /tokenize HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
              b"zz\r\nabc\r\n0\r\n\r\n", 400, "malformed_request", "chunked encoding")]:
         got, headers, body = raw_exchange(server.url, data)
         assert got == status, data[:80]
