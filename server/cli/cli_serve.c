@@ -401,6 +401,10 @@ static void serve_ready(serve_state *st) {
     const kv_config *cfg = &st->cfg;
     server *s = &st->s;
     const model *m = st->m;
+    /* Routes that tokenize on an HTTP thread: at once, as many bodies of the most text a prompt
+     * can have as leave one thread free for the others' streams (over it, a 429). */
+    int work_threads = cfg->http_threads > 1 ? cfg->http_threads - 1 : 1;
+    s->http.work_budget = (int64_t)work_threads * (int64_t)server_text_limit(s);
     atomic_store(&s->http.ready, true);
     int64_t pool = engine_kv_pool_tokens(s->eng);
     log_info("ready: model '%s' (%s, %d layers, %.1f MiB mapped), backend %s with %d threads "

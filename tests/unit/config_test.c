@@ -667,6 +667,8 @@ Test(config, unknown_env_warns_once_per_name) {
 /* Every option's flag and variable, written out here so a renamed option fails the test. */
 static const char *const ALL_FLAGS[] = {
     "--simd",
+    "--allowed-origins",
+    "--allowed-hosts",
     "--device",
     "--cache",
     "--no-cache",
@@ -715,6 +717,8 @@ static const char *const ALL_FLAGS[] = {
 };
 static const char *const ALL_ENV[] = {
     "KVSERVE_SIMD",
+    "KVSERVE_ALLOWED_ORIGINS",
+    "KVSERVE_ALLOWED_HOSTS",
     "KVSERVE_DRAFT_MODEL",
     "KVSERVE_RESPONSES_STORE",
     "KVSERVE_RESPONSES_STORE_BYTES",
@@ -892,4 +896,34 @@ Test(config, pin_bytes_from_flag_and_environment) {
     cr_assert_eq(config_load(&c, 3, bad, NULL, NULL, &err), CONFIG_ERROR);
     cr_assert(strstr(err.msg, "--pin-bytes"), "%s", err.msg);
     config_free(&c);
+}
+
+/* --allowed-origins and --allowed-hosts: comma-separated in a flag as in the variable, a
+ * trailing "/" taken, anything that is not an origin (or a host name) refused by name. */
+Test(config, allowed_origins_and_hosts) {
+    kv_config c;
+    load_ok(&c, NONE, NONE);
+    cr_assert_eq(c.n_allowed_origins, 0);
+    cr_assert_eq(c.n_allowed_hosts, 0);
+    config_free(&c);
+    load_ok(&c,
+            L("--allowed-origins", "http://a.example:3000, https://b.example/",
+              "--allowed-hosts=box.lan,10.0.0.5"),
+            L("KVSERVE_ALLOWED_ORIGINS=*"));
+    cr_assert_eq(c.n_allowed_origins, 2, "the flag's list replaces the environment's");
+    cr_assert_str_eq(c.allowed_origins[0], "http://a.example:3000");
+    cr_assert_str_eq(c.allowed_origins[1], "https://b.example/");
+    cr_assert_eq(c.n_allowed_hosts, 2);
+    cr_assert_str_eq(c.allowed_hosts[1], "10.0.0.5");
+    config_free(&c);
+    load_ok(&c, NONE, L("KVSERVE_ALLOWED_ORIGINS=*,null", "KVSERVE_ALLOWED_HOSTS=*"));
+    cr_assert_eq(c.n_allowed_origins, 2);
+    cr_assert_str_eq(c.allowed_origins[0], "*");
+    cr_assert_str_eq(c.allowed_hosts[0], "*");
+    config_free(&c);
+    load_fails(L("--allowed-origins", "app.example"), NONE,
+               L("--allowed-origins", "scheme://host[:port]"));
+    load_fails(L("--allowed-origins", "http://app.example/page"), NONE, L("has a path"));
+    load_fails(L("--allowed-hosts", "http://box"), NONE, L("--allowed-hosts", "not a host name"));
+    load_fails(L("--allowed-hosts", "box:8080"), NONE, L("not a host name"));
 }
