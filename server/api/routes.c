@@ -77,34 +77,38 @@ static http_result prometheus(server *s, const http_call *c, http_out *out) {
 }
 
 /* path, prefix, methods, public, always (before the model is ready), handler, error format,
- * tokenizes (on the HTTP thread: within the transport's work budget) */
+ * tokenizes (on the HTTP thread: within the transport's work budget), a POST body's type taken
+ * beside JSON */
 static const http_route ROUTES[] = {
-    {"/health", false, HTTP_GET, true, true, health, NULL, false},
-    {"/metrics", false, HTTP_GET, true, true, prometheus, NULL, false},
-    {"/v1/models", false, HTTP_GET, false, false, openai_models, NULL, false},
-    {"/v1/models/", true, HTTP_GET, false, false, openai_models, NULL, false},
-    {"/v1/chat/completions", false, HTTP_POST, false, false, openai_chat, NULL, true},
-    {"/v1/completions", false, HTTP_POST, false, false, openai_completions, NULL, true},
-    {"/tokenize", false, HTTP_POST, false, false, openai_tokenize, NULL, true},
-    {"/detokenize", false, HTTP_POST, false, false, openai_detokenize, NULL, true},
-    {"/v1/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true},
+    {"/health", false, HTTP_GET, true, true, health, NULL, false, NULL},
+    {"/metrics", false, HTTP_GET, true, true, prometheus, NULL, false, NULL},
+    {"/v1/models", false, HTTP_GET, false, false, openai_models, NULL, false, NULL},
+    {"/v1/models/", true, HTTP_GET, false, false, openai_models, NULL, false, NULL},
+    {"/v1/chat/completions", false, HTTP_POST, false, false, openai_chat, NULL, true, NULL},
+    {"/v1/completions", false, HTTP_POST, false, false, openai_completions, NULL, true, NULL},
+    {"/tokenize", false, HTTP_POST, false, false, openai_tokenize, NULL, true, NULL},
+    {"/detokenize", false, HTTP_POST, false, false, openai_detokenize, NULL, true, NULL},
+    {"/v1/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true, NULL},
     /* llama-server's path */
-    {"/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true},
+    {"/embeddings", false, HTTP_POST, false, false, openai_embeddings, NULL, true, NULL},
     {"/v1/messages", false, HTTP_POST, false, false, anthropic_messages, anthropic_reply_error,
-     true},
+     true, NULL},
     {"/v1/messages/count_tokens", false, HTTP_POST, false, false, anthropic_count_tokens,
-     anthropic_reply_error, true},
-    {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL, true},
-    {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL, false},
-    {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL, false},
-    {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL, false},
-    {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL, true},
-    {"/v1/cache/unpin", false, HTTP_POST, false, false, cache_api_unpin, NULL, true},
-    {"/v1/schemas", false, HTTP_GET | HTTP_POST, false, false, schemas_api, NULL, true},
-    {"/v1/schemas/", true, HTTP_GET | HTTP_DELETE, false, false, schemas_api, NULL, false},
+     anthropic_reply_error, true, NULL},
+    {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL, true, NULL},
+    {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL, false,
+     NULL},
+    {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL, false, NULL},
+    {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL, false, NULL},
+    {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL, true, NULL},
+    {"/v1/cache/unpin", false, HTTP_POST, false, false, cache_api_unpin, NULL, true, NULL},
+    /* a schema's PML may come as it is */
+    {"/v1/schemas", false, HTTP_GET | HTTP_POST, false, false, schemas_api, NULL, true,
+     "application/xml"},
+    {"/v1/schemas/", true, HTTP_GET | HTTP_DELETE, false, false, schemas_api, NULL, false, NULL},
     /* the web page: static, public, served while the model loads; gone with --no-webui */
-    {"/", false, HTTP_GET, true, true, webui_get, NULL, false},
-    {"/webui/", true, HTTP_GET, true, true, webui_get, NULL, false},
+    {"/", false, HTTP_GET, true, true, webui_get, NULL, false, NULL},
+    {"/webui/", true, HTTP_GET, true, true, webui_get, NULL, false, NULL},
 };
 
 int api_routes(const kv_config *cfg, http_route *out, int cap) {

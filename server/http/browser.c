@@ -126,13 +126,12 @@ bool http_browser_host_ok(const http_browser *b, const char *host) {
     return false;
 }
 
-bool http_json_content_type(const char *type) {
-    static const char JSON[] = "application/json";
+bool http_content_type_is(const char *type, const char *media) {
     if (!type) return false;
     while (*type == ' ' || *type == '\t') type++;
-    if (strncasecmp(type, JSON, sizeof JSON - 1) != 0) return false;
-    char next = type[sizeof JSON - 1];
-    return next == '\0' || next == ';' || next == ' ' || next == '\t'; /* "; charset=utf-8" */
+    size_t n = strlen(media);
+    if (strncasecmp(type, media, n) != 0) return false;
+    return type[n] == '\0' || type[n] == ';' || type[n] == ' ' || type[n] == '\t'; /* charset */
 }
 
 const char *http_preflight_headers(const char *requested) {

@@ -450,13 +450,15 @@ static enum MHD_Result tally_header(void *cls, enum MHD_ValueKind kind, const ch
     return MHD_YES;
 }
 
-/* A POST's body is JSON, declared so: a Content-Type other than application/json is a 415, and
- * so is a body sent without one (a page's "simple" cross-origin POST is text/plain, or a form).
- * A POST without a body needs none (curl -X POST). */
-static void check_content_type(struct MHD_Connection *conn, api_error *e) {
+/* A POST's body is JSON, declared so: a Content-Type other than application/json (or the
+ * route's body_type) is a 415, and so is a body sent without one (a page's "simple"
+ * cross-origin POST is text/plain, or a form). A POST without a body needs none (curl -X POST). */
+static void check_content_type(struct MHD_Connection *conn, const http_route *rt, api_error *e) {
     const char *type =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-    if (http_json_content_type(type)) return;
+    if (http_content_type_is(type, "application/json") ||
+        (rt->body_type && http_content_type_is(type, rt->body_type)))
+        return;
     const char *cl =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     bool body = (cl && strtoll(cl, NULL, 10) != 0) ||
@@ -532,7 +534,7 @@ static void check_headers(const http_transport *t, struct MHD_Connection *conn, 
                  "Incorrect API key provided. Pass it as 'Authorization: Bearer KEY' (or "
                  "'x-api-key: KEY').");
     else if (method_bit(cr->method) == HTTP_POST)
-        check_content_type(conn, e);
+        check_content_type(conn, cr->rt, e);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,

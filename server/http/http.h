@@ -128,6 +128,9 @@ typedef struct http_route {
     /* The handler tokenizes or renders the body on the HTTP thread: it runs within the work
      * budget (http_work_take). */
     bool tokenizes;
+    /* A POST body's media type taken beside application/json, or NULL. Never one a page may
+     * send without a preflight (text/plain, a form's). */
+    const char *body_type;
 } http_route;
 
 /* The most rows a route table has. */
@@ -194,8 +197,9 @@ bool http_browser_origin_ok(const http_browser *b, const char *origin);
 /* True when host (a Host header: name or [IPv6], an optional :port) is one b answers: any when
  * b does not check, and a request without Host. */
 bool http_browser_host_ok(const http_browser *b, const char *host);
-/* True when a Content-Type is application/json, parameters (charset) allowed. */
-bool http_json_content_type(const char *type);
+/* True when a Content-Type (NULL: none) is of the media type `media` ("application/json"),
+ * parameters (charset) allowed. */
+bool http_content_type_is(const char *type, const char *media);
 /* What a preflight allows in Access-Control-Allow-Headers: the headers it asks for (a list of
  * header names), else the ones the API reads. */
 const char *http_preflight_headers(const char *requested);

@@ -126,6 +126,9 @@ def test_post_bodies_must_be_declared_json(srv):
     # Anthropic's routes answer in Anthropic's shape
     r = post(srv, "/v1/messages/count_tokens", None, data=body, headers={"Content-Type": "text/plain"})
     assert r.status_code == 415 and r.json()["type"] == "error", r.text
+    # /v1/schemas also takes PML as it is (answered by the schema parser, not refused)
+    r = post(srv, "/v1/schemas", None, data="<schema", headers={"Content-Type": "application/xml"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_pml", r.text
     # a POST without a body needs no Content-Type (curl -X POST)
     r = requests.post(srv.url + "/v1/cache/clear", headers={"Authorization": f"Bearer {BOB}"},
                       timeout=TIMEOUT)

@@ -301,7 +301,8 @@ def test_every_error_answer_is_logged_with_its_request_id(start_server):
         seen.append((rid, status, r.json()["error"]["message"]))
     # without X-Request-Id (or with an unusable one) the server makes one
     r = requests.post(s.url + "/v1/completions", data=b"[1]", headers={**auth,
-                      "X-Request-Id": "has space"}, timeout=TIMEOUT)
+                      "Content-Type": "application/json", "X-Request-Id": "has space"},
+                      timeout=TIMEOUT)
     made = r.headers["x-request-id"]
     assert r.status_code == 400 and made.startswith("req-") and len(made) > 12
     seen.append((made, 400, r.json()["error"]["message"]))

@@ -29,16 +29,28 @@ Test(browser, a_loopback_listener_answers_its_own_names_and_pages) {
     const char *own[] = {"http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080",
                          "HTTP://LOCALHOST:8080", NULL};
     for (int i = 0; own[i]; i++) cr_assert(http_browser_origin_ok(&b, own[i]), "%s", own[i]);
-    const char *foreign[] = {"http://evil.example", "http://localhost:8081", "https://localhost:8080",
-                             "null", "http://127.0.0.1:8080.evil.example", "", NULL};
+    const char *foreign[] = {"http://evil.example",
+                             "http://localhost:8081",
+                             "https://localhost:8080",
+                             "null",
+                             "http://127.0.0.1:8080.evil.example",
+                             "",
+                             NULL};
     for (int i = 0; foreign[i]; i++)
         cr_assert_not(http_browser_origin_ok(&b, foreign[i]), "%s", foreign[i]);
     cr_assert(http_browser_origin_ok(&b, NULL), "curl and the SDKs send no Origin");
-    const char *hosts[] = {"localhost", "localhost:8080", "127.0.0.1:9", "[::1]", "[::1]:8080",
-                           "LocalHost", NULL};
+    const char *hosts[] = {"localhost",  "localhost:8080", "127.0.0.1:9", "[::1]",
+                           "[::1]:8080", "LocalHost",      NULL};
     for (int i = 0; hosts[i]; i++) cr_assert(http_browser_host_ok(&b, hosts[i]), "%s", hosts[i]);
-    const char *rebound[] = {"evil.example", "evil.example:8080", "localhost.evil.example",
-                             "localhost:80x", "localhost:", "[::1]x", "127.0.0.2", "", NULL};
+    const char *rebound[] = {"evil.example",
+                             "evil.example:8080",
+                             "localhost.evil.example",
+                             "localhost:80x",
+                             "localhost:",
+                             "[::1]x",
+                             "127.0.0.2",
+                             "",
+                             NULL};
     for (int i = 0; rebound[i]; i++)
         cr_assert_not(http_browser_host_ok(&b, rebound[i]), "%s", rebound[i]);
     cr_assert(http_browser_host_ok(&b, NULL));
@@ -86,13 +98,25 @@ Test(browser, other_listeners_check_origins_not_hosts) {
 }
 
 Test(browser, json_content_types) {
-    const char *ok[] = {"application/json", "Application/JSON", "application/json; charset=utf-8",
-                        "application/json;charset=UTF-8", " application/json", NULL};
-    for (int i = 0; ok[i]; i++) cr_assert(http_json_content_type(ok[i]), "%s", ok[i]);
-    const char *bad[] = {"text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
-                         "application/jsonp", "application/json-seq", "", NULL};
-    for (int i = 0; bad[i]; i++) cr_assert_not(http_json_content_type(bad[i]), "%s", bad[i]);
-    cr_assert_not(http_json_content_type(NULL));
+    const char *ok[] = {"application/json",
+                        "Application/JSON",
+                        "application/json; charset=utf-8",
+                        "application/json;charset=UTF-8",
+                        " application/json",
+                        NULL};
+    for (int i = 0; ok[i]; i++)
+        cr_assert(http_content_type_is(ok[i], "application/json"), "%s", ok[i]);
+    const char *bad[] = {"text/plain",
+                         "application/x-www-form-urlencoded",
+                         "multipart/form-data",
+                         "application/jsonp",
+                         "application/json-seq",
+                         "",
+                         NULL};
+    for (int i = 0; bad[i]; i++)
+        cr_assert_not(http_content_type_is(bad[i], "application/json"), "%s", bad[i]);
+    cr_assert_not(http_content_type_is(NULL, "application/json"));
+    cr_assert(http_content_type_is("application/xml; charset=utf-8", "application/xml"));
 }
 
 Test(browser, preflights_allow_the_headers_asked_for_when_they_are_names) {
