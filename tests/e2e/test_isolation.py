@@ -124,7 +124,8 @@ def test_post_bodies_must_be_declared_json(srv):
              headers={"Content-Type": "Application/JSON; charset=utf-8"})
     assert r.status_code == 200 and r.json()["count"] == 1, r.text
     # Anthropic's routes answer in Anthropic's shape
-    r = post(srv, "/v1/messages/count_tokens", None, data=body, headers={"Content-Type": "text/plain"})
+    r = post(srv, "/v1/messages/count_tokens", None, data=body,
+             headers={"Content-Type": "text/plain"})
     assert r.status_code == 415 and r.json()["type"] == "error", r.text
     # /v1/schemas also takes PML as it is (answered by the schema parser, not refused)
     r = post(srv, "/v1/schemas", None, data="<schema", headers={"Content-Type": "application/xml"})
