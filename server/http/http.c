@@ -485,8 +485,8 @@ static bool check_browser(const http_transport *t, struct MHD_Connection *conn, 
     if (!http_browser_host_ok(&t->browser, host))
         api_fail(e, 403, "permission_error", "host_not_allowed", NULL,
                  "Host '%.100s' is not a name of this server: on the loopback address %s it "
-                 "answers localhost, 127.0.0.1 and [::1] (a page under another name may be a DNS "
-                 "rebinding attack); --allowed-hosts names others",
+                 "answers localhost, 127.0.0.1, [::1] and its address (a page under another name "
+                 "may be a DNS rebinding attack); --allowed-hosts names others",
                  host, t->cfg->host);
     else if (!http_browser_origin_ok(&t->browser, origin))
         api_fail(e, 403, "permission_error", "origin_not_allowed", NULL,
