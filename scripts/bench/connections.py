@@ -185,7 +185,7 @@ async def load(url, request, n_clients, seconds):
 
 
 def http_request(method, path, body=None):
-    head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # a loopback name: others are refused
     if body is None:
         return (head + "\r\n").encode()
     data = json.dumps(body).encode()

@@ -37,7 +37,7 @@ static http_result health(server *s, const http_call *c, http_out *out) {
 /* Appends the connection gauges to the Prometheus text (malloc'd, len bytes; freed here). NULL
  * when out of memory. */
 static char *connection_metrics(server *s, char *text, size_t *len) {
-    char more[768];
+    char more[1280];
     int n = snprintf(
         more, sizeof more,
         "# HELP kvserve_http_connections Open HTTP connections.\n"
@@ -48,9 +48,17 @@ static char *connection_metrics(server *s, char *text, size_t *len) {
         "kvserve_http_connections_refused_total %lld\n"
         "# HELP kvserve_http_requests_in_flight Requests being answered or streamed (this one "
         "included).\n"
-        "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n",
+        "# TYPE kvserve_http_requests_in_flight gauge\nkvserve_http_requests_in_flight %d\n"
+        "# HELP kvserve_http_tokenizing_bytes Bytes of request bodies being rendered or tokenized "
+        "on HTTP threads now.\n"
+        "# TYPE kvserve_http_tokenizing_bytes gauge\nkvserve_http_tokenizing_bytes %lld\n"
+        "# HELP kvserve_http_tokenizing_budget_bytes Bytes of bodies they may hold at once (over "
+        "it: 429).\n"
+        "# TYPE kvserve_http_tokenizing_budget_bytes gauge\n"
+        "kvserve_http_tokenizing_budget_bytes %lld\n",
         atomic_load(&s->http.connections), (long long)atomic_load(&s->http.refused),
-        atomic_load(&s->http.in_flight));
+        atomic_load(&s->http.in_flight), (long long)atomic_load(&s->http.work_bytes),
+        (long long)s->http.work_budget);
     char *t = realloc(text, *len + (size_t)n + 1);
     if (!t) {
         free(text);

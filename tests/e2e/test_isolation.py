@@ -188,3 +188,7 @@ def test_text_over_the_context_is_refused_before_it_is_tokenized(srv):
     error(post(srv, "/detokenize", {"tokens": [1] * 1025}), 400, "context_length_exceeded")
     error(post(srv, "/v1/completions", {"model": srv.model_id, "prompt": long_text}), 400,
           "context_length_exceeded")
+    # the work budget on HTTP threads: nothing held now, room for more than one such text
+    m = srv.metrics()
+    assert m["kvserve_http_tokenizing_bytes"] == 0
+    assert m["kvserve_http_tokenizing_budget_bytes"] >= 1024 * 16, m
