@@ -352,6 +352,7 @@ FUZZ_DEPS_codec_fuzz := cache/codec/codec.c cache/codec/codec_quant.c cache/code
 FUZZ_DEPS_quality_fuzz := cache/quality.c cache/blend/blend_policy.c cache/chunk.c
 FUZZ_DEPS_anthropic_fuzz := server/api/anthropic_req.c $(FUZZ_DEPS_api_fuzz)
 FUZZ_DEPS_leases_fuzz := cache/store/leases.c
+FUZZ_DEPS_browser_fuzz := server/http/browser.c
 .SECONDEXPANSION:
 build-fuzz/%: tests/fuzz/%.c $(FUZZ_DEPS_COMMON) $$(FUZZ_DEPS_$$*)
 	@mkdir -p build-fuzz
