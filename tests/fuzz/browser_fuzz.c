@@ -37,8 +37,12 @@ static void check_host(const http_browser *b, const char *host) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char *origins[] = {"http://app.example:3000"}, *hosts[] = {"box.lan"};
-    kv_config c = {.host = "127.0.0.1", .port = 8080, .allowed_origins = origins,
-                   .n_allowed_origins = 1, .allowed_hosts = hosts, .n_allowed_hosts = 1};
+    kv_config c = {.host = "127.0.0.1",
+                   .port = 8080,
+                   .allowed_origins = origins,
+                   .n_allowed_origins = 1,
+                   .allowed_hosts = hosts,
+                   .n_allowed_hosts = 1};
     http_browser b;
     kv_error err;
     if (http_browser_init(&b, &c, &err)) abort();
