@@ -202,6 +202,11 @@ typedef struct cache_store_opts {
                                  computed; else lossy, decoded when found) */
     int64_t pin_bytes;        /* pinned and leased bytes per tier at most, beside half of each
                                  tier (0: half of each tier) */
+    /* Tenants (DESIGN.md "Tenants"): pins and leases are made for one of n_tenants (0 or 1: one
+     * tenant), each holding at most tenant_pin_share percent of a tier's pin cap (0: an equal
+     * part, 100 / n_tenants), counted where they are made (cache/store/pins.h). */
+    int n_tenants;
+    int tenant_pin_share;
     /* The clock leases expire by, in Unix seconds (NULL: the wall clock); tests inject one. */
     int64_t (*clock)(void *arg);
     void *clock_arg;
@@ -251,10 +256,21 @@ bool cache_store_put_below(cache_store *s, cache_chunk *c, bool redis);
 /* The bytes of the records queued for the disk tier or being written (their chunks are held in
  * memory until then); -1 without a disk tier. */
 int64_t cache_store_disk_backlog(cache_store *s);
-/* Pins or unpins records by their own keys (RAM and disk keep pinned chunks; pins may fill at
- * most half of each tier). Returns how many keys the RAM tier (without one: the disk tier) held
- * and pinned. */
-int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin);
+/* Pins and leases are made for a tenant (an index below cache_store_opts' n_tenants), or for
+ * none: CACHE_TENANT_NONE counts against the tiers' pin caps only (the schema registry's pins). */
+#define CACHE_TENANT_NONE (-1)
+
+/* Pins or unpins records by their own keys, for tenant (RAM and disk keep pinned chunks; pins
+ * may fill at most half of each tier, and a tenant its share of that). Returns how many keys the
+ * RAM tier (without one: the disk tier) held and pinned; -1 when that tier pinned none of them
+ * because the new pins would take the tenant past its share (a tier pins all of a call's records
+ * that its share needs, or none). Unpinning never fails. */
+int cache_store_pin(cache_store *s, int tenant, const cache_key *keys, int n_keys, bool pin);
+/* Tenant t's pinned and leased bytes in RAM and on disk, and the most each tier lets it hold. */
+typedef struct cache_tenant_pins {
+    int64_t ram, ram_share, disk, disk_share;
+} cache_tenant_pins;
+void cache_store_tenant_pins(cache_store *s, int tenant, cache_tenant_pins *out);
 /* ---- leases: pins with an expiry (Anthropic's prompt caching: cache_control markers).
  * A lease keeps a record like a pin until its time (Unix seconds, the store's clock) and then
  * ends by itself; a record may have a pin and a lease, and is kept while it has either. A lease
@@ -268,8 +284,10 @@ int64_t cache_store_now(cache_store *s);
  * by chunk, in RAM and on disk (a record being written included), until `until` (a later lease a
  * record has is kept). Returns the blocks from the start whose chunks are leased in at least
  * one tier: less than n_blocks when a record is missing (evicted, never stored) or the pin cap
- * is reached, from the first such chunk on. Expired leases end first. */
-int cache_store_lease(cache_store *s, const cache_key *bkeys, int n_blocks, int64_t until);
+ * or tenant's share of it is reached, from the first such chunk on (a lease renewed holds no
+ * more bytes, so a tenant's share never refuses it). Expired leases end first. */
+int cache_store_lease(cache_store *s, int tenant, const cache_key *bkeys, int n_blocks,
+                      int64_t until);
 /* Ends the leases due by the store's clock (also done by every put, lease, stats and pin
  * listing, so an expired lease never keeps a record from eviction). Returns how many ended. */
 int cache_store_expire(cache_store *s);

@@ -166,7 +166,9 @@ cache_store *cache_setup_store(const kv_config *c, const model *m, const codec_t
                           .codec = codec,
                           .disk_encoded = c->cache_disk_encoded && dir,
                           .ram_enc = ram_enc,
-                          .pin_bytes = c->pin_bytes};
+                          .pin_bytes = c->pin_bytes,
+                          .n_tenants = c->n_api_keys,
+                          .tenant_pin_share = c->tenant_pin_share};
     cache_store *st = cache_store_open(&l, &o, err);
     if (!st && dir && strcmp(c->cache_dir, "auto") == 0) {
         log_warn("cache: no disk tier: %s", err->msg);

@@ -324,3 +324,13 @@ void kv_buf_printf(kv_buf *b, const char *fmt, ...) {
     kv_buf_append(b, big, (size_t)n);
     free(big);
 }
+
+/* ---------------------------------------------------------------- tenants' shares */
+
+int64_t kv_tenant_share(int64_t total, int share_pct, int n_tenants, int64_t min) {
+    int64_t part = total;
+    if (n_tenants > 1)
+        part = share_pct > 0 ? total / 100 * share_pct + total % 100 * share_pct / 100
+                             : total / n_tenants;
+    return part > min ? part : min < total ? min : total;
+}

@@ -130,6 +130,14 @@ void kv_buf_printf(kv_buf *b, const char *fmt, ...) __attribute__((format(printf
  * (*arr and *cap then unchanged). arr is the address of the caller's pointer: (void **)&items. */
 int kv_array_reserve(void **arr, size_t *cap, size_t need, size_t elem, size_t min_cap);
 
+/* ---------------------------------------------------------------- tenants' shares */
+
+/* A tenant (DESIGN.md "Tenants": an API key, or the whole server without keys) may hold a share
+ * of a budget shared by n_tenants: share_pct percent of total (0: an equal part, total /
+ * n_tenants), rounded down, and at least min (so a share of a small count is never zero when
+ * min is 1). One tenant (n_tenants <= 1) holds all of it whatever share_pct says. */
+int64_t kv_tenant_share(int64_t total, int share_pct, int n_tenants, int64_t min);
+
 /* ---------------------------------------------------------------- file I/O */
 
 /* Writes p[0..n) to fd at its file offset, retrying short writes and EINTR: 0, or -1 with errno

@@ -104,7 +104,7 @@ static void unpin_locked(schema_registry *g, const entry *e) {
         }
         if (!shared) keys[kept++] = keys[i];
     }
-    if (kept > 0) cache_store_pin(st, keys, kept, false);
+    if (kept > 0) cache_store_pin(st, CACHE_TENANT_NONE, keys, kept, false);
     free(keys);
 }
 
@@ -171,7 +171,8 @@ static int pin_node(schema_registry *g, entry *e, int i, bool fresh, char *msg, 
     }
     int n = schema_node_records(sc, i, keys, max);
     pthread_mutex_lock(&g->mu);
-    int pinned = g->stop || e->deleted ? n : cache_store_pin(g->o.store, keys, n, true);
+    int pinned =
+        g->stop || e->deleted ? n : cache_store_pin(g->o.store, CACHE_TENANT_NONE, keys, n, true);
     pthread_mutex_unlock(&g->mu);
     free(keys);
     if (fresh && pinned < n) {

@@ -32,6 +32,7 @@
 #include "cache/store/dirstore.h"
 #include "cache/store/disk.h"
 #include "cache/store/leases.h"
+#include "cache/store/pins.h"
 #include "cache/store/record.h"
 #include "cache/store/worker.h"
 #include "util/keytable.h"
@@ -75,6 +76,7 @@ typedef struct disk_entry {
      * until a time (Unix seconds, 0: none). */
     bool manual;
     int64_t lease;
+    int tenant;            /* whose pin reasons they are (counted in its pinned bytes) */
     disk_block by_block[]; /* [n_blocks] */
 } disk_entry;
 
@@ -120,7 +122,7 @@ struct cache_disk {
 
     /* Guarded by the core's lock. */
     keytable blocks;       /* block key -> the entries holding that block */
-    int64_t pinned_bytes;  /* payload bytes of pinned entries (published or being written) */
+    pin_ledger pins;       /* payload bytes of pinned entries (published or being written) */
     int64_t pin_limit;     /* pinned bytes at most beside half the cap (0: none) */
     int64_t next_expiry;   /* no lease ends before this (0: no lease) */
     bool leases_dirty;     /* the leases file is behind the index */
@@ -224,7 +226,7 @@ static void entry_unindex(void *ud, dirstore_entry *base) {
     cache_disk *d = ud;
     disk_entry *e = (disk_entry *)base;
     if (e->lease) d->leases_dirty = true; /* written with the next change, or at close */
-    if (e->base.pinned) d->pinned_bytes -= e->base.bytes;
+    if (e->base.pinned) pin_ledger_add(&d->pins, e->tenant, -e->base.bytes);
     for (int i = 0; i < e->n_blocks; i++) keytable_remove(&d->blocks, &e->by_block[i].node);
 }
 
@@ -237,7 +239,7 @@ static void entry_set_enc(cache_disk *d, dirstore *ds, disk_entry *e, int enc,
                     (e->size[enc] ? (int64_t)e->size[enc] - hb : 0);
     e->size[enc] = file_bytes;
     dirstore_set_file_locked(ds, &e->base, enc, file_bytes != 0, delta);
-    if (e->base.pinned) d->pinned_bytes += delta;
+    if (e->base.pinned) pin_ledger_add(&d->pins, e->tenant, delta);
 }
 
 /* Pinned records may fill at most half the tier, so unpinned traffic always has room, and at
@@ -247,14 +249,19 @@ static int64_t pin_cap(const cache_disk *d) {
     return d->pin_limit > 0 && d->pin_limit < half ? d->pin_limit : half;
 }
 
-/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), keeping it from eviction
- * while it has one. False, e unchanged, when that would take the pinned bytes over the cap. A
- * change of lease is for the leases file (leases_save, once the lock is released). */
-static bool entry_hold(cache_disk *d, disk_entry *e, bool manual, int64_t lease) {
+/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), for tenant t when it had
+ * none, keeping it from eviction while it has one. PIN_OK, or why not (e unchanged) when that
+ * would take the pinned bytes over the cap or the tenant's share of it. A change of lease is for
+ * the leases file (leases_save, once the lock is released). */
+static pin_verdict entry_hold(cache_disk *d, disk_entry *e, int t, bool manual, int64_t lease) {
     bool held = manual || lease > 0;
-    if (held && !e->base.pinned && d->pinned_bytes + e->base.bytes > pin_cap(d)) return false;
+    if (held && !e->base.pinned) {
+        pin_verdict v = pin_ledger_check(&d->pins, t, e->base.bytes, pin_cap(d));
+        if (v != PIN_OK) return v;
+        e->tenant = t;
+    }
     if (held != e->base.pinned) {
-        d->pinned_bytes += held ? e->base.bytes : -e->base.bytes;
+        pin_ledger_add(&d->pins, e->tenant, held ? e->base.bytes : -e->base.bytes);
         if (!e->base.writing) stats(d)->pinned += held ? 1 : -1;
     }
     if (lease != e->lease) d->leases_dirty = true;
@@ -262,7 +269,7 @@ static bool entry_hold(cache_disk *d, disk_entry *e, bool manual, int64_t lease)
     e->manual = manual;
     e->lease = lease;
     if (lease > 0 && (d->next_expiry == 0 || lease < d->next_expiry)) d->next_expiry = lease;
-    return true;
+    return PIN_OK;
 }
 
 /* The core's hook when a record is published: it holds a prefix of it, the records of the same
@@ -274,16 +281,20 @@ static void supersede_locked(void *ud, dirstore_entry *base, void *item) {
     (void)item;
     bool manual = e->manual;
     int64_t lease = e->lease;
+    /* a chunk's records share its namespace's tenant */
+    int tenant = e->base.pinned ? e->tenant : CACHE_TENANT_NONE;
     for (int i = 0; i < e->n_blocks - 1; i++) {
         disk_entry *old = table_find(d, &e->by_block[i].key);
         if (!old || old->base.writing) continue;
-        bool was_manual = old->manual;
+        bool was_manual = old->manual, was_pinned = old->base.pinned;
         int64_t was_lease = old->lease;
+        int was_tenant = old->tenant;
         if (!dirstore_remove_locked(d->ds, &old->base, old->base.files)) continue;
         manual |= was_manual;
         if (was_lease > lease) lease = was_lease;
+        if (was_pinned && tenant == CACHE_TENANT_NONE) tenant = was_tenant;
     }
-    entry_hold(d, e, manual, lease);
+    entry_hold(d, e, tenant, manual, lease);
 }
 
 /* ---------------------------------------------------------------- I/O */
@@ -513,7 +524,8 @@ static void disk_write_sidecars(void *ud, void *arg) {
     for (int i = 1; i < CACHE_ENC_MAX; i++)
         added += size[i] ? (int64_t)size[i] - (int64_t)d->header_bytes : 0;
     /* a pinned record's encodings are pinned too: only as far as the pin cap allows */
-    bool room = e && (!e->base.pinned || d->pinned_bytes + added <= pin_cap(d));
+    bool room = e && (!e->base.pinned ||
+                      pin_ledger_check(&d->pins, e->tenant, added, pin_cap(d)) == PIN_OK);
     if (e && e->base.gen == s->gen && !e->base.writing && room) {
         for (int i = 1; i < CACHE_ENC_MAX; i++)
             if (size[i]) {
@@ -876,6 +888,7 @@ static void disk_free(cache_disk *d) {
     dirstore_close(d->ds); /* frees the entries; the block index only links them */
     if (d->have_ring) io_uring_queue_exit(&d->ring);
     keytable_free(&d->blocks);
+    pin_ledger_free(&d->pins);
     free(d->scratch);
     free(d->enc_scratch);
     free(d->hdr);
@@ -1074,13 +1087,25 @@ void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
     dirstore_unlock(d->ds);
 }
 
-int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin) {
+/* The bytes pinning keys would newly hold (records held and not pinned yet). Under the lock. */
+static int64_t pin_need(const cache_disk *d, const cache_key *keys, int n) {
+    int64_t need = 0;
+    for (int i = 0; i < n; i++) {
+        const disk_entry *e = table_find(d, &keys[i]);
+        if (e && !e->base.doomed && !e->base.pinned) need += e->base.bytes;
+    }
+    return need;
+}
+
+int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin) {
     int held = 0;
     dirstore_lock(d->ds);
-    for (int i = 0; i < n; i++) {
+    /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
+    if (pin && pin_ledger_over_share(&d->pins, tenant, pin_need(d, keys, n), pin_cap(d))) held = -1;
+    for (int i = 0; i < n && held >= 0; i++) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */
-        if (e && !e->base.doomed && entry_hold(d, e, pin, e->lease)) held++;
+        if (e && !e->base.doomed && entry_hold(d, e, tenant, pin, e->lease) == PIN_OK) held++;
     }
     dirstore_unlock(d->ds);
     return held;
@@ -1163,9 +1188,18 @@ static void leases_save(cache_disk *d) {
     if (due) dirstore_post(d->ds, leases_write, NULL);
 }
 
-void cache_disk_set_pin_limit(cache_disk *d, int64_t bytes) {
+int cache_disk_set_pin_limit(cache_disk *d, int64_t bytes, int n_tenants, int share_pct) {
     dirstore_lock(d->ds);
     d->pin_limit = bytes;
+    int rc = pin_ledger_tenants(&d->pins, n_tenants, share_pct);
+    dirstore_unlock(d->ds);
+    return rc;
+}
+
+void cache_disk_tenant_pins(cache_disk *d, int t, int64_t *bytes, int64_t *share) {
+    dirstore_lock(d->ds);
+    *bytes = pin_ledger_of(&d->pins, t);
+    *share = pin_ledger_share(&d->pins, pin_cap(d));
     dirstore_unlock(d->ds);
 }
 
@@ -1181,10 +1215,11 @@ static disk_entry *block_find_any(const cache_disk *d, const cache_key *k) {
     return writing;
 }
 
-bool cache_disk_lease(cache_disk *d, const cache_key *bkey, int64_t until) {
+bool cache_disk_lease(cache_disk *d, int tenant, const cache_key *bkey, int64_t until) {
     dirstore_lock(d->ds);
     disk_entry *e = block_find_any(d, bkey);
-    bool ok = e && entry_hold(d, e, e->manual, until > e->lease ? until : e->lease);
+    bool ok =
+        e && entry_hold(d, e, tenant, e->manual, until > e->lease ? until : e->lease) == PIN_OK;
     dirstore_unlock(d->ds);
     leases_save(d);
     return ok;
@@ -1195,7 +1230,7 @@ static void expire_visit(void *ud, dirstore_entry *base) {
     disk_entry *e = (disk_entry *)base;
     if (e->lease <= 0) return;
     if (e->lease <= w->now) {
-        entry_hold(w->d, e, e->manual, 0); /* taking a reason away never fails */
+        entry_hold(w->d, e, e->tenant, e->manual, 0); /* taking a reason away never fails */
         w->n++;
     } else if (w->next == 0 || e->lease < w->next) {
         w->next = e->lease;
@@ -1270,7 +1305,7 @@ int cache_disk_restore_leases(cache_disk *d, int64_t now) {
     for (int i = 0; i < n; i++) {
         disk_entry *e = table_find(d, &leases[i].key);
         if (e && !e->base.doomed && leases[i].until > now &&
-            entry_hold(d, e, e->manual, leases[i].until))
+            entry_hold(d, e, CACHE_TENANT_NONE, e->manual, leases[i].until) == PIN_OK)
             restored++;
     }
     d->leases_dirty = true; /* the file again, without what expired or is gone */

@@ -61,16 +61,22 @@ void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **
 void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
                          const cache_fetch_policy *policy, cache_chunk **out, uint8_t *enc_out);
 /* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
- * it is on disk); returns how many were held. Pinned records may fill at most half the
- * capacity: a pin beyond that is refused (the key does not count as held). */
-int cache_disk_pin(cache_disk *d, const cache_key *keys, int n, bool pin);
-/* Caps the bytes of pinned records below half the capacity (0: half the capacity). */
-void cache_disk_set_pin_limit(cache_disk *d, int64_t bytes);
-/* Leases the record holding block bkey (on disk or being written) until `until` (Unix seconds;
- * a later lease is kept), as cache_ram_lease does; the leases are kept in the tier's leases file
- * (cache/store/leases.h), rewritten by the I/O thread. False when no record holds the block or the
- * pin cap is reached. */
-bool cache_disk_lease(cache_disk *d, const cache_key *bkey, int64_t until);
+ * it is on disk) for tenant (CACHE_TENANT_NONE: none); returns how many were held. Pinned records
+ * may fill at most half the capacity: a pin beyond that is refused (the key does not count as
+ * held). -1, nothing pinned, when the records not pinned yet would take the tenant past its
+ * share (cache/store/pins.h). */
+int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin);
+/* Caps the bytes of pinned records below half the capacity (0: half the capacity), and each of
+ * n_tenants tenants' at share_pct percent of that (0: an equal part). -1 when out of memory. */
+int cache_disk_set_pin_limit(cache_disk *d, int64_t bytes, int n_tenants, int share_pct);
+/* Tenant t's pinned bytes, and the most its share lets it hold. */
+void cache_disk_tenant_pins(cache_disk *d, int t, int64_t *bytes, int64_t *share);
+/* Leases the record holding block bkey (on disk or being written) for tenant until `until` (Unix
+ * seconds; a later lease is kept), as cache_ram_lease does; the leases are kept in the tier's
+ * leases file (cache/store/leases.h), rewritten by the I/O thread (without their tenants: a
+ * lease restored at start is held for none). False when no record holds the block, or the pin
+ * cap or the tenant's share of it is reached. */
+bool cache_disk_lease(cache_disk *d, int tenant, const cache_key *bkey, int64_t until);
 /* Ends the leases due at `now`; returns how many ended. Cheap when none is due. */
 int cache_disk_expire(cache_disk *d, int64_t now);
 /* Lists up to max pinned or leased records into out (disk set); returns how many there are. */

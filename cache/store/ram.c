@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/store/pins.h"
 #include "util/keytable.h"
 
 struct ram_entry;
@@ -20,10 +21,11 @@ typedef struct ram_entry {
     kt_node by_key; /* in records, keyed by c->key */
     lru_node lru;
     cache_chunk *c;
-    /* Kept from eviction (and counted in pinned_bytes) while it has a reason: a pin until
+    /* Kept from eviction (and counted in pins) while it has a reason: a pin until
      * unpinned (manual) or a lease until a time (Unix seconds, 0: none). */
     bool pinned, manual;
     int64_t lease;
+    int tenant;           /* whose pin reasons they are (counted in its pinned bytes) */
     ram_block by_block[]; /* [c->n_blocks]: block i keyed by c->bkeys[i] */
 } ram_entry;
 
@@ -32,7 +34,7 @@ struct cache_ram {
     keytable records; /* record key -> entry */
     keytable blocks;  /* block key -> entry (several entries may hold one block) */
     lru_list lru;
-    int64_t pinned_bytes;
+    pin_ledger pins;     /* pinned bytes, in all and per tenant */
     int64_t pin_limit;   /* pinned bytes at most beside half the capacity (0: none) */
     int64_t next_expiry; /* no lease ends before this (0: no lease) */
     cache_tier_stats st;
@@ -64,21 +66,26 @@ static int64_t pin_cap(const cache_ram *r) {
     return r->pin_limit > 0 && r->pin_limit < half ? r->pin_limit : half;
 }
 
-/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), keeping it from eviction
- * while it has one. False, e unchanged, when that would take the pinned bytes over the cap. */
-static bool entry_hold(cache_ram *r, ram_entry *e, bool manual, int64_t lease) {
+/* Gives e these pin reasons (manual, a lease until `lease`, 0: none), for tenant t when it had
+ * none, keeping it from eviction while it has one. PIN_OK, or why not (e unchanged) when that
+ * would take the pinned bytes over the cap or the tenant's share of it. */
+static pin_verdict entry_hold(cache_ram *r, ram_entry *e, int t, bool manual, int64_t lease) {
     bool held = manual || lease > 0;
     int64_t b = (int64_t)e->c->bytes;
-    if (held && !e->pinned && r->pinned_bytes + b > pin_cap(r)) return false;
+    if (held && !e->pinned) {
+        pin_verdict v = pin_ledger_check(&r->pins, t, b, pin_cap(r));
+        if (v != PIN_OK) return v;
+        e->tenant = t;
+    }
     if (held != e->pinned) {
         r->st.pinned += held ? 1 : -1;
-        r->pinned_bytes += held ? b : -b;
+        pin_ledger_add(&r->pins, e->tenant, held ? b : -b);
     }
     e->pinned = held;
     e->manual = manual;
     e->lease = lease;
     if (lease > 0 && (r->next_expiry == 0 || lease < r->next_expiry)) r->next_expiry = lease;
-    return true;
+    return PIN_OK;
 }
 
 /* Unlinks e from the tables and the list and frees it. */
@@ -90,7 +97,7 @@ static void entry_remove(cache_ram *r, ram_entry *e) {
     r->st.bytes -= (int64_t)e->c->bytes;
     if (e->pinned) {
         r->st.pinned--;
-        r->pinned_bytes -= (int64_t)e->c->bytes;
+        pin_ledger_add(&r->pins, e->tenant, -(int64_t)e->c->bytes);
     }
     cache_chunk_unref(e->c);
     free(e);
@@ -101,6 +108,7 @@ void cache_ram_destroy(cache_ram *r) {
     while (r->lru.oldest) entry_remove(r, KT_ENTRY(r->lru.oldest, ram_entry, lru));
     keytable_free(&r->records);
     keytable_free(&r->blocks);
+    pin_ledger_free(&r->pins);
     pthread_mutex_destroy(&r->mu);
     free(r);
 }
@@ -152,15 +160,17 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
     bool ok = false;
     /* Nothing is evicted for a chunk that could not fit beside the pinned ones, nor for one
      * whose blocks a record holds already (the same record, or a longer one of its chunk). */
-    if (r->pinned_bytes + (int64_t)c->bytes > r->st.capacity || keytable_find(&r->blocks, c->key.b))
+    if (r->pins.total + (int64_t)c->bytes > r->st.capacity || keytable_find(&r->blocks, c->key.b))
         goto out;
     /* Records of this chunk that end at one of c's blocks hold a prefix of c: c replaces them
      * (and keeps the pins and the latest lease they had). */
     bool manual = false;
     int64_t lease = 0;
+    int tenant = CACHE_TENANT_NONE; /* theirs: a chunk's records share its namespace's tenant */
     for (int i = 0; i < c->n_blocks - 1; i++) {
         ram_entry *old = find_record(r, &c->bkeys[i]);
         if (!old) continue;
+        if (old->pinned) tenant = old->tenant;
         manual |= old->manual;
         if (old->lease > lease) lease = old->lease;
         entry_remove(r, old);
@@ -190,7 +200,7 @@ bool cache_ram_put(cache_ram *r, cache_chunk *c) {
     r->st.entries++;
     r->st.bytes += (int64_t)c->bytes;
     r->st.bytes_in += (int64_t)c->bytes;
-    entry_hold(r, e, manual, lease); /* as far as the cap allows */
+    entry_hold(r, e, tenant, manual, lease); /* as far as the cap and the share allow */
     ok = true;
 out:
     pthread_mutex_unlock(&r->mu);
@@ -213,7 +223,7 @@ bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c) {
     if (ok) {
         int64_t delta = (int64_t)c->bytes - (int64_t)old->bytes;
         r->st.bytes += delta;
-        if (e->pinned) r->pinned_bytes += delta;
+        if (e->pinned) pin_ledger_add(&r->pins, e->tenant, delta);
         cache_chunk_ref(c);
         cache_chunk_unref(e->c);
         e->c = c;
@@ -225,12 +235,24 @@ bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c) {
     return ok;
 }
 
-int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin) {
+/* The bytes pinning keys would newly hold (records held and not pinned yet). */
+static int64_t pin_need(const cache_ram *r, const cache_key *keys, int n) {
+    int64_t need = 0;
+    for (int i = 0; i < n; i++) {
+        const ram_entry *e = find_record(r, &keys[i]);
+        if (e && !e->pinned) need += (int64_t)e->c->bytes;
+    }
+    return need;
+}
+
+int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin) {
     int held = 0;
     pthread_mutex_lock(&r->mu);
-    for (int i = 0; i < n; i++) {
+    /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
+    if (pin && pin_ledger_over_share(&r->pins, tenant, pin_need(r, keys, n), pin_cap(r))) held = -1;
+    for (int i = 0; i < n && held >= 0; i++) {
         ram_entry *e = find_record(r, &keys[i]);
-        if (e && entry_hold(r, e, pin, e->lease)) held++;
+        if (e && entry_hold(r, e, tenant, pin, e->lease) == PIN_OK) held++;
     }
     pthread_mutex_unlock(&r->mu);
     return held;
@@ -251,17 +273,27 @@ int64_t cache_ram_clear(cache_ram *r, const cache_key *ns) {
     return n;
 }
 
-void cache_ram_set_pin_limit(cache_ram *r, int64_t bytes) {
+int cache_ram_set_pin_limit(cache_ram *r, int64_t bytes, int n_tenants, int share_pct) {
     pthread_mutex_lock(&r->mu);
     r->pin_limit = bytes;
+    int rc = pin_ledger_tenants(&r->pins, n_tenants, share_pct);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+void cache_ram_tenant_pins(cache_ram *r, int t, int64_t *bytes, int64_t *share) {
+    pthread_mutex_lock(&r->mu);
+    *bytes = pin_ledger_of(&r->pins, t);
+    *share = pin_ledger_share(&r->pins, pin_cap(r));
     pthread_mutex_unlock(&r->mu);
 }
 
-bool cache_ram_lease(cache_ram *r, const cache_key *bkey, int64_t until) {
+bool cache_ram_lease(cache_ram *r, int tenant, const cache_key *bkey, int64_t until) {
     pthread_mutex_lock(&r->mu);
     kt_node *n = keytable_find(&r->blocks, bkey->b);
     ram_entry *e = n ? KT_ENTRY(n, ram_block, node)->e : NULL;
-    bool ok = e && entry_hold(r, e, e->manual, until > e->lease ? until : e->lease);
+    bool ok =
+        e && entry_hold(r, e, tenant, e->manual, until > e->lease ? until : e->lease) == PIN_OK;
     pthread_mutex_unlock(&r->mu);
     return ok;
 }
@@ -274,7 +306,7 @@ int cache_ram_expire(cache_ram *r, int64_t now) {
         for (lru_node *v = r->lru.oldest; v; v = v->newer) {
             ram_entry *e = KT_ENTRY(v, ram_entry, lru);
             if (e->lease > 0 && e->lease <= now) {
-                entry_hold(r, e, e->manual, 0); /* taking a reason away never fails */
+                entry_hold(r, e, e->tenant, e->manual, 0); /* taking a reason away never fails */
                 n++;
             } else if (e->lease > 0 && (next == 0 || e->lease < next)) {
                 next = e->lease;

@@ -32,17 +32,23 @@ bool cache_ram_has(cache_ram *r, const cache_chunk *c);
  * reference; c holds the same blocks, e.g. old encoded), keeping its place in the LRU order and
  * its pin. False when old is no longer held. */
 bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c);
-/* Pins (pin) or unpins keys; returns how many were held and (pinning) pinned. Pinned chunks
- * may fill at most half the capacity, so unpinned traffic always has room, and at most the pin
- * limit. Unpinning leaves a lease in force. */
-int cache_ram_pin(cache_ram *r, const cache_key *keys, int n, bool pin);
-/* Caps the bytes of pinned chunks below half the capacity (0: half the capacity). */
-void cache_ram_set_pin_limit(cache_ram *r, int64_t bytes);
+/* Pins (pin) or unpins keys for tenant (cache.h's CACHE_TENANT_NONE: none); returns how many
+ * were held and (pinning) pinned, or -1, nothing pinned, when the records not pinned yet would
+ * take the tenant past its share (cache/store/pins.h). Pinned chunks may fill at most half the
+ * capacity, so unpinned traffic always has room, and at most the pin limit. Unpinning leaves a
+ * lease in force. */
+int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin);
+/* Caps the bytes of pinned chunks below half the capacity (0: half the capacity), and each of
+ * n_tenants tenants' at share_pct percent of that (0: an equal part). -1 when out of memory. */
+int cache_ram_set_pin_limit(cache_ram *r, int64_t bytes, int n_tenants, int share_pct);
+/* Tenant t's pinned bytes, and the most its share lets it hold. */
+void cache_ram_tenant_pins(cache_ram *r, int t, int64_t *bytes, int64_t *share);
 /* Leases the record holding the block bkey (one of them, when several do: each holds every
- * block of the chunk up to bkey's) until `until` (Unix seconds; an existing later lease is
- * kept). A lease keeps the record like a pin and passes, as a pin does, to a longer record of
- * the chunk that replaces it. False when no record holds the block or the pin cap is reached. */
-bool cache_ram_lease(cache_ram *r, const cache_key *bkey, int64_t until);
+ * block of the chunk up to bkey's) for tenant until `until` (Unix seconds; an existing later
+ * lease is kept). A lease keeps the record like a pin and passes, as a pin does, to a longer
+ * record of the chunk that replaces it. False when no record holds the block, or the pin cap or
+ * the tenant's share of it is reached. */
+bool cache_ram_lease(cache_ram *r, int tenant, const cache_key *bkey, int64_t until);
 /* Ends the leases due at `now` (Unix seconds): their records are evicted like any other from
  * then on (unless pinned). Returns how many ended; cheap when none is due. */
 int cache_ram_expire(cache_ram *r, int64_t now);

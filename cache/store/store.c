@@ -112,7 +112,11 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
         kv_fail(err, "out of memory");
         goto fail;
     }
-    if (s->ram) cache_ram_set_pin_limit(s->ram, o->pin_bytes);
+    if (s->ram &&
+        cache_ram_set_pin_limit(s->ram, o->pin_bytes, o->n_tenants, o->tenant_pin_share)) {
+        kv_fail(err, "out of memory");
+        goto fail;
+    }
     if (o->ram_enc != CACHE_ENC_RAW && s->ram) {
         char name[16];
         cache_enc_name(o->ram_enc, name);
@@ -141,7 +145,10 @@ cache_store *cache_store_open(const cache_layout *l, const cache_store_opts *o, 
                                         o->disk_encoded, err)))
         goto fail;
     if (s->disk) {
-        cache_disk_set_pin_limit(s->disk, o->pin_bytes);
+        if (cache_disk_set_pin_limit(s->disk, o->pin_bytes, o->n_tenants, o->tenant_pin_share)) {
+            kv_fail(err, "out of memory");
+            goto fail;
+        }
         cache_disk_restore_leases(s->disk, cache_store_now(s));
     }
     if (o->redis_url && o->redis_url[0] &&
@@ -329,10 +336,16 @@ void cache_store_put(cache_store *s, cache_chunk *c) {
     if (s->redis) cache_redis_put(s->redis, c);
 }
 
-int cache_store_pin(cache_store *s, const cache_key *keys, int n_keys, bool pin) {
-    int ram = s->ram ? cache_ram_pin(s->ram, keys, n_keys, pin) : 0;
-    int disk = s->disk ? cache_disk_pin(s->disk, keys, n_keys, pin) : 0;
+int cache_store_pin(cache_store *s, int tenant, const cache_key *keys, int n_keys, bool pin) {
+    int ram = s->ram ? cache_ram_pin(s->ram, tenant, keys, n_keys, pin) : 0;
+    int disk = s->disk ? cache_disk_pin(s->disk, tenant, keys, n_keys, pin) : 0;
     return s->ram ? ram : disk; /* resident means in RAM, when there is a RAM tier */
+}
+
+void cache_store_tenant_pins(cache_store *s, int tenant, cache_tenant_pins *out) {
+    memset(out, 0, sizeof *out);
+    if (s->ram) cache_ram_tenant_pins(s->ram, tenant, &out->ram, &out->ram_share);
+    if (s->disk) cache_disk_tenant_pins(s->disk, tenant, &out->disk, &out->disk_share);
 }
 
 /* ---------------------------------------------------------------- leases */
@@ -347,15 +360,16 @@ int cache_store_expire(cache_store *s) {
     return n + (s->disk ? cache_disk_expire(s->disk, now) : 0);
 }
 
-int cache_store_lease(cache_store *s, const cache_key *bkeys, int n_blocks, int64_t until) {
+int cache_store_lease(cache_store *s, int tenant, const cache_key *bkeys, int n_blocks,
+                      int64_t until) {
     cache_store_expire(s);
     int cb = cache_chunk_blocks(&s->layout), covered = 0;
     for (int j = 0; j < n_blocks; j += cb) {
         /* the chunk's last block of the sequence: a record holding it holds the chunk's blocks
          * before it too */
         int last = j + cb < n_blocks ? j + cb - 1 : n_blocks - 1;
-        bool ram = s->ram && cache_ram_lease(s->ram, &bkeys[last], until);
-        bool disk = s->disk && cache_disk_lease(s->disk, &bkeys[last], until);
+        bool ram = s->ram && cache_ram_lease(s->ram, tenant, &bkeys[last], until);
+        bool disk = s->disk && cache_disk_lease(s->disk, tenant, &bkeys[last], until);
         if (!ram && !disk) break;
         covered = last + 1;
     }

@@ -91,7 +91,7 @@ Test(cache_lease, a_leased_record_outlives_eviction_until_its_time) {
     cache_key keys[4];
     cache_store *s = store_of_two(4, &now, keys);
     /* the prefix of the first chunk, for 300 s */
-    cr_assert_eq(cache_store_lease(s, keys, 2, now + 300), 2);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 2, now + 300), 2);
     cr_assert_eq(ram_pinned(s), 1);
     put_chunks(s, 2, 10); /* traffic: everything unleased goes */
     cr_assert(ram_holds_chunk(s, 0), "leased: kept");
@@ -113,8 +113,9 @@ Test(cache_lease, leases_are_listed_with_their_expiry_and_a_later_one_wins) {
     int64_t now = T0;
     cache_key keys[4];
     cache_store *s = store_of_two(8, &now, keys);
-    cr_assert_eq(cache_store_lease(s, keys, 4, now + 3600), 4);
-    cr_assert_eq(cache_store_lease(s, keys, 2, now + 300), 2, "a shorter lease keeps the later");
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 4, now + 3600), 4);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 2, now + 300), 2,
+                 "a shorter lease keeps the later");
     cache_pin_info pins[4];
     cr_assert_eq(cache_store_pins(s, pins, 4), 2);
     for (int i = 0; i < 2; i++) {
@@ -123,7 +124,8 @@ Test(cache_lease, leases_are_listed_with_their_expiry_and_a_later_one_wins) {
         cr_assert_eq(pins[i].n_blocks, 2);
     }
     now = T0 + 600;
-    cr_assert_eq(cache_store_lease(s, keys, 2, now + 3600), 2, "a refresh moves it on");
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 2, now + 3600), 2,
+                 "a refresh moves it on");
     now = T0 + 3600;
     cr_assert_eq(cache_store_expire(s), 1, "the second chunk's lease ends, the first's not");
     cr_assert_eq(cache_store_pins(s, pins, 4), 1);
@@ -138,11 +140,11 @@ Test(cache_lease, a_prefix_is_leased_up_to_the_first_chunk_no_tier_holds) {
     put_chunks(s, 2, 3); /* chunk 1 is missing */
     cache_key keys[6];
     seq_keys(keys, 6);
-    cr_assert_eq(cache_store_lease(s, keys, 6, now + 300), 2);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 6, now + 300), 2);
     cr_assert_eq(ram_pinned(s), 1, "nothing past the gap: it could not be reused");
     /* a prefix ending inside a chunk leases that chunk's record (it holds the prefix's blocks) */
-    cr_assert_eq(cache_store_lease(s, keys, 1, now + 300), 1);
-    cr_assert_eq(cache_store_lease(s, keys, 0, now + 300), 0);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 1, now + 300), 1);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 0, now + 300), 0);
     cache_store_close(s);
 }
 
@@ -156,7 +158,7 @@ Test(cache_lease, a_lease_passes_to_the_record_that_replaces_its_own) {
     cache_chunk_unref(part);
     cache_key keys[2];
     seq_keys(keys, 2);
-    cr_assert_eq(cache_store_lease(s, keys, 1, now + 300), 1);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 1, now + 300), 1);
     put_chunks(s, 0, 1);
     cache_pin_info pins[2];
     cr_assert_eq(cache_store_pins(s, pins, 2), 1);
@@ -178,13 +180,14 @@ Test(cache_lease, leases_and_pins_share_the_limit_and_keep_each_other) {
     cache_key keys[6];
     seq_keys(keys, 6);
     cache_key rec0 = seq_key(1);
-    cr_assert_eq(cache_store_pin(s, &rec0, 1, true), 1);
-    cr_assert_eq(cache_store_lease(s, keys, 6, now + 300), 4, "the third chunk is over the limit");
+    cr_assert_eq(cache_store_pin(s, CACHE_TENANT_NONE, &rec0, 1, true), 1);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 6, now + 300), 4,
+                 "the third chunk is over the limit");
     cr_assert_eq(ram_pinned(s), 2);
     /* unpinning keeps the lease; the lease ending keeps the pin */
-    cr_assert_eq(cache_store_pin(s, &rec0, 1, false), 1);
+    cr_assert_eq(cache_store_pin(s, CACHE_TENANT_NONE, &rec0, 1, false), 1);
     cr_assert_eq(ram_pinned(s), 2);
-    cr_assert_eq(cache_store_pin(s, &rec0, 1, true), 1);
+    cr_assert_eq(cache_store_pin(s, CACHE_TENANT_NONE, &rec0, 1, true), 1);
     now = T0 + 300;
     cr_assert_eq(cache_store_expire(s), 2);
     cache_pin_info pins[4];
@@ -201,8 +204,8 @@ Test(cache_lease, the_disk_tier_keeps_its_leases_across_a_restart) {
     put_chunks(s, 0, 3);
     cache_key keys[6];
     seq_keys(keys, 6);
-    cr_assert_eq(cache_store_lease(s, keys, 4, now + 300), 4);
-    cr_assert_eq(cache_store_lease(s, keys, 6, now + 100), 6);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 4, now + 300), 4);
+    cr_assert_eq(cache_store_lease(s, CACHE_TENANT_NONE, keys, 6, now + 100), 6);
     cache_store_flush(s);
     cache_store_close(s);
 
