@@ -132,7 +132,7 @@ void live_check_stop(engine *e) {
 void live_check_yield(engine *e) {
     live_check *lc = &e->check;
     if (!lc->req) return;
-    bool client = e->q_len > 0;
+    bool client = fairq_total(&e->queue) > 0;
     for (int i = 0; i < e->n_run && !client; i++)
         client = e->run[i]->req != lc->req && !e->run[i]->done;
     if (!client) return;

@@ -92,14 +92,16 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
      * by the rows a step uses. */
     e->logits = kv_aligned_alloc(sizeof(float) * n_vocab * (size_t)max_tokens);
     e->work = kv_aligned_alloc(sizeof(float) * n_vocab);
-    e->q_cap = o->max_queue;
-    e->queue = calloc((size_t)e->q_cap, sizeof *e->queue);
+    int n_tenants = o->n_tenants > 1 ? o->n_tenants : 1;
+    int q_share = (int)kv_tenant_share(o->max_queue, o->tenant_queue_share, n_tenants, 1);
+    bool q_ok = fairq_init(&e->queue, n_tenants, o->max_queue, q_share) == 0;
+    e->t_running = calloc((size_t)n_tenants, sizeof *e->t_running);
     e->run = calloc((size_t)o->max_seqs, sizeof *e->run);
     e->batch = calloc((size_t)o->max_seqs, sizeof *e->batch);
     e->batch_seqs = calloc((size_t)o->max_seqs, sizeof *e->batch_seqs);
     e->batch_pos = calloc((size_t)max_tokens, sizeof *e->batch_pos);
-    if (!e->logits || !e->work || !e->queue || !e->run || !e->batch || !e->batch_seqs ||
-        !e->batch_pos) {
+    if (!e->logits || !e->work || !q_ok || !e->t_running || !e->run || !e->batch ||
+        !e->batch_seqs || !e->batch_pos) {
         kv_fail(err, "out of memory for the engine's buffers");
         goto fail;
     }
@@ -129,7 +131,8 @@ void engine_stop(engine *e) {
 void engine_destroy(engine *e) {
     if (!e) return;
     engine_stop(e);
-    free(e->queue);
+    fairq_free(&e->queue);
+    free(e->t_running);
     free(e->run);
     free(e->batch);
     free(e->batch_seqs);
@@ -161,6 +164,10 @@ void engine_destroy(engine *e) {
 /* Checks r as engine_submit must before queueing it: false with err. */
 static bool request_valid(engine *e, gen_request *r, kv_error *err) {
     int n_vocab = e->m->hp.n_vocab;
+    if (r->tenant < 0 || r->tenant >= e->queue.n_tenants) {
+        kv_fail(err, "tenant %d is not one of the server's %d", r->tenant, e->queue.n_tenants);
+        return false;
+    }
     if (r->n_choices > e->o.max_seqs) {
         kv_fail(err, "n = %d exceeds the server's %d concurrent sequences", r->n_choices,
                 e->o.max_seqs);
@@ -207,6 +214,11 @@ engine_submit_status engine_submit_group(engine *e, gen_request *const *rs, int 
         return ENGINE_SUBMIT_INVALID;
     }
     for (int i = 0; i < n; i++)
+        if (rs[i]->tenant != rs[0]->tenant) {
+            kv_fail(err, "request %d of a group is another tenant's", i);
+            return ENGINE_SUBMIT_INVALID;
+        }
+    for (int i = 0; i < n; i++)
         if (!request_valid(e, rs[i], err)) {
             if (n > 1) kv_fail_wrap(err, "request %d of %d", i, n);
             return ENGINE_SUBMIT_INVALID;
@@ -216,16 +228,22 @@ engine_submit_status engine_submit_group(engine *e, gen_request *const *rs, int 
     if (e->stopping) {
         st = ENGINE_SUBMIT_SHUTTING_DOWN;
         kv_fail(err, "the server is shutting down");
-    } else if (e->q_len == e->q_cap) {
+    } else if (fairq_room(&e->queue, rs[0]->tenant) == FAIRQ_FULL) {
         st = ENGINE_SUBMIT_QUEUE_FULL;
-        kv_fail(err, "the server is busy: %d requests are waiting; retry later", e->q_len);
+        kv_fail(err, "the server is busy: %d requests are waiting; retry later",
+                fairq_total(&e->queue));
+    } else if (fairq_room(&e->queue, rs[0]->tenant) == FAIRQ_TENANT_FULL) {
+        st = ENGINE_SUBMIT_QUEUE_FULL;
+        kv_fail(err,
+                "the server is busy: %d of your requests are waiting, your share of the queue "
+                "(--tenant-queue-share); retry later",
+                fairq_len(&e->queue, rs[0]->tenant));
     } else {
         for (int i = 0; i < n; i++) {
             atomic_fetch_add(&rs[i]->refs, 1);
             rs[i]->group_next = i + 1 < n ? rs[i + 1] : NULL;
         }
-        e->queue[(e->q_head + e->q_len) % e->q_cap] = rs[0];
-        e->q_len++;
+        fairq_push(&e->queue, rs[0]->tenant, rs[0]);
         pthread_cond_signal(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
@@ -237,6 +255,14 @@ engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err) {
 }
 
 /* ---------------------------------------------------------------- settings and figures */
+
+void engine_tenant_stats_get(engine *e, int t, engine_tenant_stats *out) {
+    *out = (engine_tenant_stats){0};
+    pthread_mutex_lock(&e->mu);
+    if (t >= 0 && t < e->queue.n_tenants)
+        *out = (engine_tenant_stats){fairq_len(&e->queue, t), e->t_running[t], e->queue.cap_tenant};
+    pthread_mutex_unlock(&e->mu);
+}
 
 int engine_ctx(const engine *e) { return e->o.ctx; }
 int engine_max_seqs(const engine *e) { return e->o.max_seqs; }
@@ -261,7 +287,8 @@ void engine_spec_stats_get(engine *e, engine_spec_stats *out) {
 int engine_prepare_cache(engine *e, gen_request *r, const cache_key *ns, bool fetch) {
     if (!e->plan) return 0;
     pthread_mutex_lock(&e->mu);
-    bool queue_full = e->q_len >= e->q_cap;
+    bool queue_full = r->tenant < 0 || r->tenant >= e->queue.n_tenants ||
+                      fairq_room(&e->queue, r->tenant) != FAIRQ_OK;
     pthread_mutex_unlock(&e->mu);
     /* a Prompt Cache prompt's KV is not a plain prefix's: no prefix key may name it */
     return plan_prepare(e->plan, &r->plan, ns, r->prompt, r->n_prompt, r->pos || r->skv,

@@ -94,6 +94,9 @@ typedef struct gen_request {
      * with top_logprobs alternatives; written before prompt_lps_ready is set (under mu). */
     bool prompt_logprobs;
     uint64_t t_arrival; /* clock_now_ns() at arrival, for TTFT */
+    /* The tenant it came from (DESIGN.md "Tenants": its API key's index, 0 without keys), below
+     * engine_opts' n_tenants: whose share of the queue it takes, and whose turn admits it. */
+    int tenant;
     /* Speculation (server/engine/spec.h): false keeps this request's choices from drafting
      * (the server's --spec off does for all). prediction: OpenAI's Predicted Outputs, the
      * expected output's tokens (owned, or NULL), drafted from where the output matches it. */
@@ -162,6 +165,10 @@ typedef struct engine_opts {
     int64_t kv_pool_tokens; /* pool size; at least ctx */
     int max_seqs;
     int max_queue;
+    /* Tenants (0 or 1: one): each queues at most tenant_queue_share percent of max_queue (0: an
+     * equal part, at least one request), and they are admitted in turn (server/engine/fairq.h). */
+    int n_tenants;
+    int tenant_queue_share;
     int prefill_chunk;
     bool spec; /* speculation from the context (--spec context); requests may opt out */
     /* The draft model (--draft-model; the caller's, outliving the engine), or NULL: with spec,
@@ -214,7 +221,8 @@ typedef enum engine_submit_status {
     ENGINE_SUBMIT_INVALID,       /* 400: err says why (n over max_seqs, context, token ids) */
 } engine_submit_status;
 
-/* Queues r (the engine takes its own reference). */
+/* Queues r (the engine takes its own reference). A tenant whose share of the queue is full gets
+ * ENGINE_SUBMIT_QUEUE_FULL while the others still get in. */
 engine_submit_status engine_submit(engine *e, gen_request *r, kv_error *err);
 /* Queues rs[0..n) (a client request's embedding inputs or prompts) as one group: it takes one
  * place in the queue, whatever n, so one request is one admission, and --max-queue bounds the
@@ -267,6 +275,13 @@ typedef struct engine_quality_stats {
     int64_t repair_dropped; /* blended prompts not repaired: the queue was full */
 } engine_quality_stats;
 void engine_quality_stats_get(engine *e, engine_quality_stats *out);
+
+/* Tenant t's requests waiting in the queue and sequences running (0 for one out of range), and
+ * the most requests its share lets it queue. */
+typedef struct engine_tenant_stats {
+    int waiting, running, queue_share;
+} engine_tenant_stats;
+void engine_tenant_stats_get(engine *e, int t, engine_tenant_stats *out);
 
 int engine_ctx(const engine *e);
 int engine_max_seqs(const engine *e);

@@ -16,6 +16,7 @@
  * The rooms, each calling only rooms listed after it:
  *   engine.c     create, stop, destroy; submission; the public figures; the context cache's
  *                interface (engine.h)
+ *   fairq.c      the queue: a lane per tenant, admitted in turn
  *   sched.c      the engine thread (engine_main): admission, preemption, each step's batch,
  *                its forward pass, every entry's output consumed
  *   speculate.c  speculation in the step: drafts staged after a sequence's history (from its
@@ -34,6 +35,7 @@
 
 #include "server/engine/draft.h"
 #include "server/engine/engine.h"
+#include "server/engine/fairq.h"
 #include "server/engine/spec.h"
 
 /* ---------------------------------------------------------------- structs */
@@ -122,8 +124,8 @@ struct engine {
     bool thread_started;
     pthread_mutex_t mu; /* guards the queue and stopping */
     pthread_cond_t cv;
-    gen_request **queue; /* FIFO ring of waiting requests */
-    int q_head, q_len, q_cap;
+    fairq queue;    /* waiting requests, a lane per tenant */
+    int *t_running; /* [n_tenants] sequences running per tenant, as last published */
     bool stopping;
 
     /* engine thread only */

@@ -48,31 +48,18 @@ static bool any_preempted(const engine *e) {
     return false;
 }
 
-/* Takes the queue's head request out. Its group's next request, if any, stays queued: behind
- * every entry when the head had its turn (was admitted), else in the head's place (the head
- * was cancelled, or the queue is being emptied). Called with e->mu held. */
-static void queue_pop(engine *e, bool had_turn) {
-    gen_request *r = e->queue[e->q_head], *next = r->group_next;
-    r->group_next = NULL;
-    if (next && !had_turn) {
-        e->queue[e->q_head] = next;
-        return;
-    }
-    e->q_head = (e->q_head + 1) % e->q_cap;
-    e->q_len--;
-    if (next) e->queue[(e->q_head + e->q_len++) % e->q_cap] = next;
-}
-
 /* Moves requests from the queue into the batch while there are sequence slots and KV blocks
- * for their prompts (plus one block of growth per running sequence). FIFO: the head waits
- * rather than being overtaken; a group (engine_submit_group) gets one request admitted per
- * turn and then waits behind the entries queued after it, so every client request in the queue
- * is admitted at the pace of the others. Called with e->mu held. */
+ * for their prompts (plus one block of growth per running sequence). The tenants take turns
+ * (fairq.h); the head whose turn it is waits rather than being overtaken, so a large request is
+ * never starved by smaller ones behind it. A group (engine_submit_group) gets one request
+ * admitted per turn and then waits behind its tenant's entries queued after it, so every client
+ * request in the queue is admitted at the pace of the others. Called with e->mu held. */
 static void admit(engine *e) {
     /* Preempted sequences come back before anything new is admitted. */
     bool blocked = any_preempted(e);
-    while (e->q_len > 0) {
-        gen_request *r = e->queue[e->q_head];
+    int t = 0;
+    gen_request *r;
+    while ((r = fairq_peek(&e->queue, &t))) {
         bool cancelled = atomic_load(&r->cancelled);
         if (!cancelled) {
             if (blocked) break;
@@ -86,7 +73,10 @@ static void admit(engine *e) {
             int64_t need = engine_blocks_for(e, r->n_prompt + 1) - shared + e->n_run;
             if (e->n_run > 0 && engine_room_keep(e, need, keep_from) < need) break;
         }
-        queue_pop(e, !cancelled);
+        /* its group's next request stays queued (fairq_pop says where) */
+        gen_request *next = r->group_next;
+        r->group_next = NULL;
+        fairq_pop(&e->queue, t, !cancelled, next);
         if (cancelled) {
             gen_request_unref(r);
             continue;
@@ -461,7 +451,19 @@ static void step(engine *e) {
 
 /* ---------------------------------------------------------------- the engine thread */
 
+/* The sequences running per tenant, for engine_tenant_stats_get (under e->mu). */
+static void publish_tenants(engine *e) {
+    pthread_mutex_lock(&e->mu);
+    memset(e->t_running, 0, sizeof *e->t_running * (size_t)e->queue.n_tenants);
+    for (int i = 0; i < e->n_run; i++) {
+        int t = e->run[i]->req->tenant;
+        if (!e->run[i]->done && t >= 0 && t < e->queue.n_tenants) e->t_running[t]++;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void publish_gauges(engine *e, int waiting) {
+    publish_tenants(e);
     pool_cache_stats ps = {0};
     pool_cache *pc = engine_pool_tier(e);
     if (pc) pool_cache_stats_get(pc, &ps);
@@ -491,7 +493,7 @@ void *engine_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&e->mu);
         /* idle: a check waiting runs now */
-        while (!e->stopping && e->q_len == 0 && e->n_run == 0 &&
+        while (!e->stopping && fairq_total(&e->queue) == 0 && e->n_run == 0 &&
                (e->check.n_shadows == 0 || e->check.req)) {
             if (!tails_waiting(e)) {
                 pthread_cond_wait(&e->cv, &e->mu);
@@ -512,9 +514,9 @@ void *engine_main(void *arg) {
         }
         if (engine_pool_tier(e)) pool_cache_reclaim(engine_pool_tier(e));
         admit(e);
-        int waiting = e->q_len;
+        int waiting = fairq_total(&e->queue);
         live_check_yield(e);
-        if (e->n_run == 0 && e->q_len == 0 && e->check.n_shadows > 0 && !e->check.req)
+        if (e->n_run == 0 && waiting == 0 && e->check.n_shadows > 0 && !e->check.req)
             live_check_start(e);
         pthread_mutex_unlock(&e->mu);
         reap(e);
@@ -538,9 +540,11 @@ void *engine_main(void *arg) {
     if (e->plan)
         plan_drain_tails(e->plan, true); /* kept across a restart, as when the disk kept up */
     pthread_mutex_lock(&e->mu);
-    while (e->q_len > 0) {
-        gen_request *r = e->queue[e->q_head];
-        queue_pop(e, false);
+    int t = 0;
+    gen_request *r;
+    while ((r = fairq_peek(&e->queue, &t))) {
+        fairq_pop(&e->queue, t, false, r->group_next);
+        r->group_next = NULL;
         gen_request_fail(r, 503, "the server is shutting down");
         gen_request_unref(r);
     }
