@@ -67,18 +67,23 @@ void resp_request_free(resp_request *r);
  * Stored responses live in memory, per namespace (the KV cache's: the caller's API key and the
  * request's cache_salt, so a response is found only with the key and salt that created it), at
  * most max_count of them and max_bytes of their JSON; past either bound the least recently used
- * go (a GET or a continuation counts as a use). A restart empties it. Thread-safe. */
+ * of the tenant furthest over its share go (a GET or a continuation counts as a use). Each of
+ * n_tenants tenants (the API keys, in --api-key order; one without keys) keeps share_pct percent
+ * of both bounds for sure (0: an equal part): it may hold more while there is room, but those are
+ * the first to go when another tenant needs it, so one key's flood of requests evicts its own
+ * oldest responses, never another's within its share. A restart empties it. Thread-safe. */
 
 typedef struct resp_store resp_store;
 
 /* NULL when out of memory. */
-resp_store *resp_store_create(int max_count, int64_t max_bytes);
+resp_store *resp_store_create(int max_count, int64_t max_bytes, int n_tenants, int share_pct);
 void resp_store_destroy(resp_store *st);
 /* Keeps copies of response (the object GET returns) and conversation (the canonical items
- * through this response's output, as JSON text) under (ns, id), replacing what was there.
- * Returns 0, 1 when the entry alone is over max_bytes (nothing kept), -1 when out of memory. */
-int resp_store_put(resp_store *st, const cache_key *ns, const char *id, const char *response,
-                   const char *conversation);
+ * through this response's output, as JSON text) under (ns, id) for tenant (below n_tenants; one
+ * out of range counts as tenant 0), replacing what was there. Returns 0, 1 when the entry alone
+ * is over max_bytes (nothing kept), -1 when out of memory. */
+int resp_store_put(resp_store *st, int tenant, const cache_key *ns, const char *id,
+                   const char *response, const char *conversation);
 /* Copies (malloc'd) of what (ns, id) holds, into whichever of response and conversation is
  * non-NULL, and marks it used. false when there is none (or out of memory). */
 bool resp_store_get(resp_store *st, const cache_key *ns, const char *id, char **response,
@@ -90,5 +95,7 @@ typedef struct resp_store_stats {
     int64_t count, bytes, evictions;
 } resp_store_stats;
 void resp_store_stats_get(resp_store *st, resp_store_stats *out);
+/* Tenant t's entries, bytes and evictions (zero for one out of range). */
+void resp_store_tenant_stats(resp_store *st, int t, resp_store_stats *out);
 
 #endif

@@ -420,10 +420,10 @@ static bool has(resp_store *st, const cache_key *ns, const char *id) {
 }
 
 Test(responses_store, put_get_delete) {
-    resp_store *st = resp_store_create(8, 1 << 20);
+    resp_store *st = resp_store_create(8, 1 << 20, 1, 0);
     cr_assert_not_null(st);
     cache_key a = ns_of("a");
-    cr_assert_eq(resp_store_put(st, &a, "resp_1", "{\"id\":\"resp_1\"}", "[1]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "resp_1", "{\"id\":\"resp_1\"}", "[1]"), 0);
     char *resp = NULL, *conv = NULL;
     cr_assert(resp_store_get(st, &a, "resp_1", &resp, &conv));
     cr_assert_str_eq(resp, "{\"id\":\"resp_1\"}");
@@ -434,7 +434,7 @@ Test(responses_store, put_get_delete) {
     cr_assert_null(resp);
     cr_assert_null(conv);
     /* the same id again replaces it */
-    cr_assert_eq(resp_store_put(st, &a, "resp_1", "{}", "[2]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "resp_1", "{}", "[2]"), 0);
     cr_assert(resp_store_get(st, &a, "resp_1", NULL, &conv));
     cr_assert_str_eq(conv, "[2]");
     free(conv);
@@ -451,15 +451,15 @@ Test(responses_store, put_get_delete) {
 }
 
 Test(responses_store, namespaces_do_not_see_each_other) {
-    resp_store *st = resp_store_create(8, 1 << 20);
+    resp_store *st = resp_store_create(8, 1 << 20, 1, 0);
     cache_key a = ns_of("key-a"), b = ns_of("key-b");
-    cr_assert_eq(resp_store_put(st, &a, "resp_x", "{\"a\":1}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "resp_x", "{\"a\":1}", "[]"), 0);
     cr_assert(has(st, &a, "resp_x"));
     cr_assert_not(has(st, &b, "resp_x"));
     cr_assert_not(resp_store_delete(st, &b, "resp_x"));
     cr_assert(has(st, &a, "resp_x"));
     /* the same id in another namespace is another entry */
-    cr_assert_eq(resp_store_put(st, &b, "resp_x", "{\"b\":1}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &b, "resp_x", "{\"b\":1}", "[]"), 0);
     char *resp;
     cr_assert(resp_store_get(st, &a, "resp_x", &resp, NULL));
     cr_assert_str_eq(resp, "{\"a\":1}");
@@ -471,13 +471,13 @@ Test(responses_store, namespaces_do_not_see_each_other) {
 }
 
 Test(responses_store, the_count_bound_evicts_the_least_recently_used) {
-    resp_store *st = resp_store_create(3, 1 << 20);
+    resp_store *st = resp_store_create(3, 1 << 20, 1, 0);
     cache_key a = ns_of("a");
-    cr_assert_eq(resp_store_put(st, &a, "r1", "{}", "[]"), 0);
-    cr_assert_eq(resp_store_put(st, &a, "r2", "{}", "[]"), 0);
-    cr_assert_eq(resp_store_put(st, &a, "r3", "{}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r1", "{}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r2", "{}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r3", "{}", "[]"), 0);
     cr_assert(has(st, &a, "r1")); /* used: r2 is now the oldest */
-    cr_assert_eq(resp_store_put(st, &a, "r4", "{}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r4", "{}", "[]"), 0);
     cr_assert_not(has(st, &a, "r2"));
     cr_assert(has(st, &a, "r1") && has(st, &a, "r3") && has(st, &a, "r4"));
     resp_store_stats s;
@@ -487,16 +487,23 @@ Test(responses_store, the_count_bound_evicts_the_least_recently_used) {
     resp_store_destroy(st);
 }
 
+/* A string of n - 1 bytes c (malloc'd). */
+static char *filled(size_t n, char c) {
+    char *s = malloc(n);
+    cr_assert_not_null(s);
+    memset(s, c, n - 1);
+    s[n - 1] = '\0';
+    return s;
+}
+
 Test(responses_store, the_byte_bound_evicts_and_refuses_what_cannot_fit) {
-    char big[2000];
-    memset(big, 'x', sizeof big - 1);
-    big[sizeof big - 1] = '\0';
+    char *big = filled(2000, 'x');
     /* room for two entries of ~2 KB, not three */
-    resp_store *st = resp_store_create(100, 5000);
+    resp_store *st = resp_store_create(100, 5000, 1, 0);
     cache_key a = ns_of("a");
-    cr_assert_eq(resp_store_put(st, &a, "r1", big, "[]"), 0);
-    cr_assert_eq(resp_store_put(st, &a, "r2", big, "[]"), 0);
-    cr_assert_eq(resp_store_put(st, &a, "r3", big, "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r1", big, "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r2", big, "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 0, &a, "r3", big, "[]"), 0);
     cr_assert_not(has(st, &a, "r1"));
     cr_assert(has(st, &a, "r2") && has(st, &a, "r3"));
     resp_store_stats s;
@@ -504,12 +511,68 @@ Test(responses_store, the_byte_bound_evicts_and_refuses_what_cannot_fit) {
     cr_assert_leq(s.bytes, 5000);
     cr_assert_eq(s.count, 2);
     /* one entry over the bound alone is refused, and evicts nothing */
-    char *huge = malloc(6000);
-    memset(huge, 'y', 5999);
-    huge[5999] = '\0';
-    cr_assert_eq(resp_store_put(st, &a, "r4", huge, "[]"), 1);
+    char *huge = filled(6000, 'y');
+    cr_assert_eq(resp_store_put(st, 0, &a, "r4", huge, "[]"), 1);
     free(huge);
+    free(big);
     cr_assert_not(has(st, &a, "r4"));
     cr_assert(has(st, &a, "r2") && has(st, &a, "r3"));
     resp_store_destroy(st);
+}
+
+Test(responses_store, a_tenants_flood_evicts_its_own_oldest_only) {
+    /* eight entries, two tenants: each keeps four for sure */
+    resp_store *st = resp_store_create(8, 1 << 20, 2, 0);
+    cache_key a = ns_of("a"), b = ns_of("b");
+    cr_assert_eq(resp_store_put(st, 1, &b, "b1", "{}", "[]"), 0);
+    cr_assert_eq(resp_store_put(st, 1, &b, "b2", "{}", "[]"), 0);
+    char id[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(id, sizeof id, "a%d", i);
+        cr_assert_eq(resp_store_put(st, 0, &a, id, "{}", "[]"), 0);
+    }
+    cr_assert(has(st, &b, "b1") && has(st, &b, "b2"), "the other tenant's are kept");
+    cr_assert_not(has(st, &a, "a0") || has(st, &a, "a3"), "the flood's oldest went");
+    cr_assert(has(st, &a, "a4") && has(st, &a, "a9"));
+    resp_store_stats s;
+    resp_store_tenant_stats(st, 0, &s);
+    cr_assert_eq(s.count, 6, "more than its share, while the store has room");
+    cr_assert_eq(s.evictions, 4);
+    resp_store_tenant_stats(st, 1, &s);
+    cr_assert_eq(s.count, 2);
+    cr_assert_eq(s.evictions, 0);
+    /* the other tenant takes its share back from the one over it */
+    for (int i = 3; i <= 4; i++) {
+        snprintf(id, sizeof id, "b%d", i);
+        cr_assert_eq(resp_store_put(st, 1, &b, id, "{}", "[]"), 0);
+    }
+    resp_store_tenant_stats(st, 0, &s);
+    cr_assert_eq(s.count, 4);
+    cr_assert(has(st, &b, "b1"), "within its share: kept");
+    resp_store_stats_get(st, &s);
+    cr_assert_eq(s.count, 8);
+    resp_store_destroy(st);
+}
+
+Test(responses_store, a_tenant_over_its_byte_share_goes_first) {
+    char *big = filled(1500, 'x');
+    /* 8000 bytes, two tenants: 4000 each for sure */
+    resp_store *st = resp_store_create(100, 8000, 2, 0);
+    cache_key a = ns_of("a"), b = ns_of("b");
+    cr_assert_eq(resp_store_put(st, 1, &b, "b1", "{}", "[]"), 0);
+    char id[16];
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "a%d", i);
+        cr_assert_eq(resp_store_put(st, 0, &a, id, big, "[]"), 0);
+    }
+    cr_assert(has(st, &b, "b1"));
+    cr_assert(has(st, &a, "a5") && !has(st, &a, "a0"));
+    resp_store_stats s;
+    resp_store_stats_get(st, &s);
+    cr_assert_leq(s.bytes, 8000);
+    /* a tenant index out of range counts as the first tenant's */
+    cr_assert_eq(resp_store_put(st, 7, &a, "odd", "{}", "[]"), 0);
+    cr_assert(has(st, &a, "odd"));
+    resp_store_destroy(st);
+    free(big);
 }
