@@ -208,6 +208,8 @@ static const opt_row OPTIONS[] = {
         "Responses API: stored responses kept, all keys (0: none stored)"),
     NUM(responses_store_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 33, false, true, "64M", "BYTES",
         "Responses API: bytes of stored responses kept"),
+    NUM(tenant_store_share, 0, OPT_INT, 1, 100, true, false, "0", "PCT",
+        "stored responses each API key keeps for sure (0: an equal part)"),
 #undef GROUP
 #define GROUP GROUP_ENGINE
     NUM(threads, 't', OPT_INT, 1, 256, false, false, "2", "N",
@@ -220,6 +222,8 @@ static const opt_row OPTIONS[] = {
         "sequences decoding at once (each choice of n counts)"),
     NUM(max_queue, 0, OPT_INT, 1, 100000, false, false, "64", "N",
         "requests waiting for a slot before 429"),
+    NUM(tenant_queue_share, 0, OPT_INT, 1, 100, true, false, "0", "PCT",
+        "share of max-queue one API key may fill (0: an equal part)"),
     NUM(prefill_chunk, 0, OPT_INT, 16, 8192, false, false, "256", "N",
         "prompt tokens prefilled per engine step, between decode steps"),
     NUM(max_tokens_limit, 0, OPT_INT, 0, INT64_C(1) << 24, false, false, "0", "N",
@@ -248,6 +252,8 @@ static const opt_row OPTIONS[] = {
          "disk tier keeps chunks' q8 and codec levels too"),
     NUM(pin_bytes, 0, OPT_INT64, MIB, INT64_C(1) << 44, false, true, "1G", "BYTES",
         "pinned and cache_control-leased chunks at most, per tier"),
+    NUM(tenant_pin_share, 0, OPT_INT, 1, 100, true, false, "0", "PCT",
+        "share of pin-bytes one API key may hold (0: an equal part)"),
     STR(redis, 0, NULL, true, "URL",
         "Redis tier: redis://[:PASS@]HOST[:PORT][/DB] or unix:///PATH"),
     NUM(redis_ttl, 0, OPT_INT64, 1, INT64_C(1) << 31, true, false, "86400", "SECONDS",

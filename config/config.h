@@ -46,12 +46,14 @@ typedef struct kv_config {
     /* Responses API: stored responses (in memory), least recently used evicted over either bound */
     int responses_store;           /* at most this many (0: none stored) */
     int64_t responses_store_bytes; /* and this many bytes of their JSON */
+    int tenant_store_share; /* percent of both each tenant keeps for sure (0: an equal part) */
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */
     int64_t kv_pool_tokens; /* KV pool size in tokens; 0: 4 x ctx_size */
     int max_seqs;           /* sequences decoding at once (each choice of n counts) */
     int max_queue;          /* requests waiting for a slot before 429 */
+    int tenant_queue_share; /* percent of max_queue one tenant may fill (0: an equal part) */
     int prefill_chunk;      /* prompt tokens prefilled per engine step, between decode steps */
     int max_tokens_limit;   /* cap on a request's max_tokens; 0: the context size */
     char *spec;             /* speculative decoding: off | context (drafts from the context) */
@@ -67,6 +69,7 @@ typedef struct kv_config {
     bool cache_disk_encoded;  /* the disk tier keeps each chunk's q8 and codec levels too */
     int64_t pin_bytes;        /* pinned and leased chunks (Anthropic's cache_control) at most, per
                                  tier, beside half of each tier */
+    int tenant_pin_share;     /* percent of pin_bytes one tenant may hold (0: an equal part) */
     char *redis;              /* Redis tier URL (cache/store/redis.h), or NULL for none */
     int64_t redis_ttl;        /* seconds the Redis tier's keys live; 0: no expiry */
     int redis_timeout_ms;     /* each Redis connect, send or receive */

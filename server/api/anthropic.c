@@ -6,7 +6,9 @@
  * its block ends in the rendered prompt) and, once the prompt is computed (its chunks are in the
  * store by then), the records holding that prefix are leased in the chunk store for the marker's
  * ttl, in the request's namespace (the key's); a request with the same prefix refreshes the
- * lease, as Anthropic refreshes an entry it reads. usage counts what the prompt reused
+ * lease, as Anthropic refreshes an entry it reads. Leases count against the key's share of the
+ * pinned bytes (--tenant-pin-share): past it, that key's markers lease nothing new (and report
+ * no cache creation) while other keys' still do. usage counts what the prompt reused
  * (cache_read_input_tokens: every cached token, marked or not), what the leases newly kept
  * (cache_creation_input_tokens: the marked prefix past what was read, as far as it could be
  * leased), and the rest (input_tokens).
@@ -165,7 +167,9 @@ static void amsg_lease(job *j) {
     for (int k = 0; k < a->n_markers; k++) {
         int blocks = a->pos[k] / bt;
         if (blocks > r->plan.n_keys) blocks = r->plan.n_keys;
-        int held = cache_store_lease(s->store, r->plan.keys, blocks, now + a->markers[k].ttl) * bt;
+        int held =
+            cache_store_lease(s->store, j->tenant, r->plan.keys, blocks, now + a->markers[k].ttl) *
+            bt;
         if (held > kept) kept = held;
         if (a->markers[k].ttl == ANTHROPIC_TTL_1H && held > kept_1h) kept_1h = held;
     }

@@ -280,11 +280,27 @@ fail:
     return HTTP_REPLIED;
 }
 
+/* A pin the caller's share of the pinned bytes cannot take (nothing was pinned): 409, with what
+ * it holds and may hold, and how to make room. */
+static void pin_share_error(server *s, int tenant, api_error *err) {
+    cache_tenant_pins p;
+    cache_store_tenant_pins(s->store, tenant, &p);
+    bool ram = p.ram_share > 0;
+    api_fail(err, 409, "invalid_request_error", "pin_share_exceeded", NULL,
+             "nothing pinned: this API key's pins and cache_control leases hold %lld of the %lld "
+             "bytes its share of the %s tier allows (--tenant-pin-share); unpin prompts it no "
+             "longer needs, or wait for its leases to end",
+             (long long)(ram ? p.ram : p.disk), (long long)(ram ? p.ram_share : p.disk_share),
+             ram ? "RAM" : "disk");
+}
+
 /* The body is what the client would send to /v1/chat/completions ("messages") or
  * /v1/completions ("prompt"), so a pinned prompt has exactly the keys its requests will have.
  * Pin computes whatever of the prompt is not cached yet (a prompt-only run through the engine)
  * and pins its chunks; unpin only computes the keys. Pins may fill at most half of each tier:
- * pinned_chunks < chunks says some did not fit. */
+ * pinned_chunks < chunks says some did not fit. A key's pins (with its leases) may fill at most
+ * its share of that (--tenant-pin-share): a pin that would take it past its share is refused
+ * whole with a 409 (pin_share_exceeded), and pins nothing. */
 static http_result pin_or_unpin(server *s, const http_call *c, http_out *o, bool pin) {
     http_reply *out = &o->reply;
     api_error err = {0};
@@ -344,8 +360,15 @@ static http_result pin_or_unpin(server *s, const http_call *c, http_out *o, bool
         return HTTP_REPLIED;
     }
     cache_record_keys(r->plan.keys, r->plan.n_keys, cb, records);
-    int held = cache_store_pin(s->store, records, n_records, pin);
+    int tenant = server_tenant(s, c);
+    int held = cache_store_pin(s->store, tenant, records, n_records, pin);
     free(records);
+    if (held < 0) {
+        job_free(j);
+        pin_share_error(s, tenant, &err);
+        http_reply_error(out, &err);
+        return HTTP_REPLIED;
+    }
     json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
                           "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,
                           "chunks", n_records, pin ? "pinned_chunks" : "unpinned_chunks", held);
@@ -523,6 +546,7 @@ char *cache_api_metrics(server *s, char *text, size_t *len) {
     level_metrics(f, &cs);
     held_metrics(f, &es, t);
     responses_metrics(s, f);
+    tenant_metrics(s, f);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

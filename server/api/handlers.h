@@ -55,6 +55,12 @@ static inline size_t server_text_limit(const server *s) {
     return (size_t)s->ctx * tokenizer_max_token_len(s->m->tok);
 }
 
+/* Tenants (tenants.c; DESIGN.md "Tenants"): the tenant a request comes from, the index of its API
+ * key in --api-key order (0 on a server without keys, and for a request without a valid key,
+ * which only public routes answer); and their Prometheus gauges, labelled by that index, never
+ * by the key (written with the cache's, by cache_api_metrics). */
+int server_tenant(const server *s, const http_call *c);
+void tenant_metrics(server *s, FILE *f);
 /* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */
 http_result cache_api_stats(server *s, const http_call *c, http_out *out);
 http_result cache_api_clear(server *s, const http_call *c, http_out *out);

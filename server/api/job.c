@@ -227,6 +227,7 @@ static job *job_create(server *s, const api_request *rq, const http_call *c, int
     j->kind = rq->kind;
     j->n = rq->n;
     j->fd = c->fd;
+    j->tenant = server_tenant(s, c);
     j->streaming = rq->stream;
     j->wake = c->wake;
     j->wake_arg = c->wake_arg;
@@ -441,6 +442,7 @@ static int job_add_prompt(job *j, const api_request *rq, const http_call *c, int
         goto fail;
     }
     j->reqs[j->n_reqs++] = r;
+    r->tenant = j->tenant;
     r->prompt = ids;
     r->n_prompt = n_ids;
     r->plan.bounds = bounds;

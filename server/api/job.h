@@ -52,7 +52,8 @@ struct job {
     bool logprobs;
     int top_logprobs;
     bool include_usage;
-    int fd; /* the client's socket */
+    int fd;     /* the client's socket */
+    int tenant; /* whose request it is (server_tenant) */
     bool streaming;
     /* The connection waiting on the job (http_call.wake): woken at every change of a stream,
      * and when a whole request has finished otherwise. */

@@ -318,7 +318,7 @@ http_result openai_embeddings(server *s, const http_call *c, http_out *o) {
     for (int i = 0; i < rq.n_inputs; i++) {
         int n = 0;
         if (!(reqs[n_reqs] = embed_request(s, &rq.inputs[i], i, rq.n_inputs, &n, &err))) goto fail;
-        n_reqs++;
+        reqs[n_reqs++]->tenant = server_tenant(s, c);
         tokens += n;
     }
     /* One request, one place in the queue: the inputs go to the batch as room allows. */

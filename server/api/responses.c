@@ -196,7 +196,7 @@ static json_t *response_final(job *j) {
     char *conv_text =
         conv && !json_array_extend(conv, conv_out) ? json_dumps(conv, JSON_COMPACT) : NULL;
     int rc = resp_text && conv_text
-                 ? resp_store_put(j->s->responses, &rj->ns, rj->id, resp_text, conv_text)
+                 ? resp_store_put(j->s->responses, j->tenant, &rj->ns, rj->id, resp_text, conv_text)
                  : -1;
     if (rc != 0) {
         log_warn("responses: %s not stored: %s", rj->id,

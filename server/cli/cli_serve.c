@@ -327,6 +327,8 @@ static int serve_engine_opts(serve_state *st) {
         .kv_pool_tokens = cfg->kv_pool_tokens ? cfg->kv_pool_tokens : 4 * (int64_t)s->ctx,
         .max_seqs = cfg->max_seqs,
         .max_queue = cfg->max_queue,
+        .n_tenants = cfg->n_api_keys,
+        .tenant_queue_share = cfg->tenant_queue_share,
         .prefill_chunk = cfg->prefill_chunk,
         .spec = strcmp(cfg->spec, "off") != 0,
         .draft = st->draft,
@@ -391,7 +393,8 @@ static int serve_registries_start(serve_state *st) {
     server *s = &st->s;
     if (s->store && start_schemas(s, cfg, st->m, &st->err)) return -1;
     if (cfg->responses_store > 0 &&
-        !(s->responses = resp_store_create(cfg->responses_store, cfg->responses_store_bytes)))
+        !(s->responses = resp_store_create(cfg->responses_store, cfg->responses_store_bytes,
+                                           cfg->n_api_keys, cfg->tenant_store_share)))
         return kv_fail(&st->err, "out of memory");
     return 0;
 }
