@@ -489,7 +489,7 @@ static void job_notify(void *arg, const gen_request *r) {
 int job_submit_fail(engine_submit_status st, const kv_error *ke, api_error *err) {
     if (st == ENGINE_SUBMIT_QUEUE_FULL)
         return api_fail(err, 429, "rate_limit_error", "server_busy", NULL, "%s", ke->msg);
-    if (st == ENGINE_SUBMIT_SHUTTING_DOWN)
+    if (st == ENGINE_SUBMIT_SHUTTING_DOWN || st == ENGINE_SUBMIT_NO_MEMORY)
         return api_fail(err, 503, "server_error", NULL, NULL, "%s", ke->msg);
     return api_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", ke->msg);
 }

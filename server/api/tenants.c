@@ -68,8 +68,7 @@ static void response_gauges(server *s, FILE *f, int n) {
     gauge(f, "kvserve_tenant_responses_stored", "Responses API: stored responses per tenant.");
     for (int t = 0; t < n; t++) {
         resp_store_tenant_stats(s->responses, t, &r);
-        fprintf(f, "kvserve_tenant_responses_stored{tenant=\"%d\"} %lld\n", t,
-                (long long)r.count);
+        fprintf(f, "kvserve_tenant_responses_stored{tenant=\"%d\"} %lld\n", t, (long long)r.count);
     }
     gauge(f, "kvserve_tenant_responses_stored_bytes",
           "Responses API: bytes of stored responses per tenant.");

@@ -228,23 +228,26 @@ engine_submit_status engine_submit_group(engine *e, gen_request *const *rs, int 
     if (e->stopping) {
         st = ENGINE_SUBMIT_SHUTTING_DOWN;
         kv_fail(err, "the server is shutting down");
-    } else if (fairq_room(&e->queue, rs[0]->tenant) == FAIRQ_FULL) {
-        st = ENGINE_SUBMIT_QUEUE_FULL;
-        kv_fail(err, "the server is busy: %d requests are waiting; retry later",
-                fairq_total(&e->queue));
-    } else if (fairq_room(&e->queue, rs[0]->tenant) == FAIRQ_TENANT_FULL) {
-        st = ENGINE_SUBMIT_QUEUE_FULL;
-        kv_fail(err,
-                "the server is busy: %d of your requests are waiting, your share of the queue "
-                "(--tenant-queue-share); retry later",
-                fairq_len(&e->queue, rs[0]->tenant));
     } else {
-        for (int i = 0; i < n; i++) {
+        fairq_status qs = fairq_push(&e->queue, rs[0]->tenant, rs[0]);
+        st = qs == FAIRQ_OK          ? ENGINE_SUBMIT_OK
+             : qs == FAIRQ_NO_MEMORY ? ENGINE_SUBMIT_NO_MEMORY
+                                     : ENGINE_SUBMIT_QUEUE_FULL;
+        if (qs == FAIRQ_FULL)
+            kv_fail(err, "the server is busy: %d requests are waiting; retry later",
+                    fairq_total(&e->queue));
+        else if (qs == FAIRQ_TENANT_FULL)
+            kv_fail(err,
+                    "the server is busy: %d of your requests are waiting, your share of the "
+                    "queue (--tenant-queue-share); retry later",
+                    fairq_len(&e->queue, rs[0]->tenant));
+        else if (qs == FAIRQ_NO_MEMORY)
+            kv_fail(err, "out of memory for the queue");
+        for (int i = 0; i < n && st == ENGINE_SUBMIT_OK; i++) {
             atomic_fetch_add(&rs[i]->refs, 1);
             rs[i]->group_next = i + 1 < n ? rs[i + 1] : NULL;
         }
-        fairq_push(&e->queue, rs[0]->tenant, rs[0]);
-        pthread_cond_signal(&e->cv);
+        if (st == ENGINE_SUBMIT_OK) pthread_cond_signal(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
     return st;

@@ -219,6 +219,7 @@ typedef enum engine_submit_status {
     ENGINE_SUBMIT_QUEUE_FULL,    /* 429: try again later */
     ENGINE_SUBMIT_SHUTTING_DOWN, /* 503 */
     ENGINE_SUBMIT_INVALID,       /* 400: err says why (n over max_seqs, context, token ids) */
+    ENGINE_SUBMIT_NO_MEMORY,     /* 503: the queue could not grow */
 } engine_submit_status;
 
 /* Queues r (the engine takes its own reference). A tenant whose share of the queue is full gets

@@ -12,9 +12,11 @@
 #define KVSERVE_ENGINE_FAIRQ_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef struct fairq_lane {
-    void **items; /* [cap_tenant] ring */
+    void **items; /* [cap] ring, grown as the lane fills (all lanes hold cap_total at most) */
+    size_t cap;
     int head, len;
 } fairq_lane;
 
@@ -30,6 +32,7 @@ typedef enum fairq_status {
     FAIRQ_OK = 0,
     FAIRQ_FULL,        /* cap_total items wait */
     FAIRQ_TENANT_FULL, /* the tenant's cap_tenant items wait */
+    FAIRQ_NO_MEMORY,   /* the lane could not grow */
 } fairq_status;
 
 /* n_tenants >= 1 lanes of cap_tenant (1 .. cap_total); -1 when out of memory or out of range. */
@@ -37,7 +40,7 @@ int fairq_init(fairq *q, int n_tenants, int cap_total, int cap_tenant);
 void fairq_free(fairq *q);
 /* Whether tenant t (in range) could queue one more item now. */
 fairq_status fairq_room(const fairq *q, int t);
-/* Queues item at the back of tenant t's lane, if fairq_room says so. */
+/* Queues item at the back of tenant t's lane, if fairq_room says so (and memory allows). */
 fairq_status fairq_push(fairq *q, int t, void *item);
 /* The head of the tenant whose turn it is (or, that one having none waiting, of the next one
  * that has), its tenant in *t; NULL when nothing waits. */

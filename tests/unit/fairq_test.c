@@ -89,3 +89,16 @@ Test(fairq, a_group_waits_behind_its_own_tenant_and_a_refused_head_keeps_the_tur
     cr_assert_eq(fairq_total(&q), 1);
     fairq_free(&q);
 }
+
+Test(fairq, a_lane_grows_as_it_fills_keeping_its_order) {
+    fairq q;
+    cr_assert_eq(fairq_init(&q, 1, 100, 100), 0);
+    int got[40];
+    for (int i = 0; i < 6; i++) fairq_push(&q, 0, &ITEMS[i]);
+    admit(&q, 4, got); /* the ring's head moves on, its items wrap ... */
+    for (int i = 6; i < 40; i++) cr_assert_eq(fairq_push(&q, 0, &ITEMS[i]), FAIRQ_OK);
+    admit(&q, 36, got); /* ... and grow past its first size */
+    for (int k = 0; k < 36; k++) cr_assert_eq(got[k], 4 + k, "at %d", k);
+    cr_assert_eq(fairq_total(&q), 0);
+    fairq_free(&q);
+}
