@@ -13,10 +13,10 @@
 #include "cache/cache.h"
 
 typedef struct pin_ledger {
-    int64_t total;   /* pinned bytes */
-    int64_t *bytes;  /* [n_tenants] of those, each tenant's */
-    int n_tenants;   /* 0: no tenants (every hold counts against the cap only) */
-    int share_pct;   /* a tenant's share of the cap, percent (0: an equal part) */
+    int64_t total;  /* pinned bytes */
+    int64_t *bytes; /* [n_tenants] of those, each tenant's */
+    int n_tenants;  /* 0: no tenants (every hold counts against the cap only) */
+    int share_pct;  /* a tenant's share of the cap, percent (0: an equal part) */
 } pin_ledger;
 
 /* Why a hold was refused, or not. */
