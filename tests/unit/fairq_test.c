@@ -60,6 +60,7 @@ Test(fairq, a_tenants_share_and_the_total_bound_the_queue) {
     cr_assert_eq(fairq_push(&q, 2, &ITEMS[6]), FAIRQ_FULL);
     cr_assert_eq(fairq_len(&q, 0), 3);
     cr_assert_eq(fairq_total(&q), 5);
+    fairq_free(&q);
     cr_assert_eq(fairq_init(&q, 2, 4, 5), -1, "a share beyond the total");
     cr_assert_eq(fairq_init(&q, 0, 4, 4), -1);
 }
