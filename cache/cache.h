@@ -266,6 +266,11 @@ int64_t cache_store_disk_backlog(cache_store *s);
  * because the new pins would take the tenant past its share (a tier pins all of a call's records
  * that its share needs, or none). Unpinning never fails. */
 int cache_store_pin(cache_store *s, int tenant, const cache_key *keys, int n_keys, bool pin);
+/* The same as pinning, with an expiry: leases records by their own keys until `until` (Unix
+ * seconds, the store's clock; a later lease a record has is kept), with a pin's all-or-none
+ * share (-1) and a lease's end (below: it ends by itself, and unpinning leaves it). */
+int cache_store_pin_until(cache_store *s, int tenant, const cache_key *keys, int n_keys,
+                          int64_t until);
 /* Tenant t's pinned and leased bytes in RAM and on disk, and the most each tier lets it hold. */
 typedef struct cache_tenant_pins {
     int64_t ram, ram_share, disk, disk_share;

@@ -1097,7 +1097,8 @@ static int64_t pin_need(const cache_disk *d, const cache_key *keys, int n) {
     return need;
 }
 
-int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin) {
+int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin,
+                   int64_t until) {
     int held = 0;
     dirstore_lock(d->ds);
     /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
@@ -1105,9 +1106,14 @@ int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool
     for (int i = 0; i < n && held >= 0; i++) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */
-        if (e && !e->base.doomed && entry_hold(d, e, tenant, pin, e->lease) == PIN_OK) held++;
+        if (!e || e->base.doomed) continue;
+        /* with until, a lease instead of a pin (the pin, if any, stays as it was) */
+        bool manual = until > 0 ? e->manual : pin;
+        int64_t lease = pin && until > e->lease ? until : e->lease;
+        if (entry_hold(d, e, tenant, manual, lease) == PIN_OK) held++;
     }
     dirstore_unlock(d->ds);
+    if (until > 0) leases_save(d);
     return held;
 }
 

@@ -61,11 +61,13 @@ void cache_disk_read(cache_disk *d, const cache_key *keys, int n, cache_chunk **
 void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
                          const cache_fetch_policy *policy, cache_chunk **out, uint8_t *enc_out);
 /* Sets or clears the pin of each key held (on disk or being written: the pin then applies once
- * it is on disk) for tenant (CACHE_TENANT_NONE: none); returns how many were held. Pinned records
+ * it is on disk) for tenant (CACHE_TENANT_NONE: none), or with until > 0 leases it until then
+ * instead (as cache_disk_lease does, by its own key); returns how many were held. Pinned records
  * may fill at most half the capacity: a pin beyond that is refused (the key does not count as
  * held). -1, nothing pinned, when the records not pinned yet would take the tenant past its
  * share (cache/store/pins.h). */
-int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin);
+int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool pin,
+                   int64_t until);
 /* Caps the bytes of pinned records below half the capacity (0: half the capacity), and each of
  * n_tenants tenants' at share_pct percent of that (0: an equal part). -1 when out of memory. */
 int cache_disk_set_pin_limit(cache_disk *d, int64_t bytes, int n_tenants, int share_pct);

@@ -245,14 +245,18 @@ static int64_t pin_need(const cache_ram *r, const cache_key *keys, int n) {
     return need;
 }
 
-int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin) {
+int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin, int64_t until) {
     int held = 0;
     pthread_mutex_lock(&r->mu);
     /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
     if (pin && pin_ledger_over_share(&r->pins, tenant, pin_need(r, keys, n), pin_cap(r))) held = -1;
     for (int i = 0; i < n && held >= 0; i++) {
         ram_entry *e = find_record(r, &keys[i]);
-        if (e && entry_hold(r, e, tenant, pin, e->lease) == PIN_OK) held++;
+        if (!e) continue;
+        /* with until, a lease instead of a pin (the pin, if any, stays as it was) */
+        bool manual = until > 0 ? e->manual : pin;
+        int64_t lease = pin && until > e->lease ? until : e->lease;
+        if (entry_hold(r, e, tenant, manual, lease) == PIN_OK) held++;
     }
     pthread_mutex_unlock(&r->mu);
     return held;

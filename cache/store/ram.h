@@ -32,12 +32,13 @@ bool cache_ram_has(cache_ram *r, const cache_chunk *c);
  * reference; c holds the same blocks, e.g. old encoded), keeping its place in the LRU order and
  * its pin. False when old is no longer held. */
 bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c);
-/* Pins (pin) or unpins keys for tenant (cache.h's CACHE_TENANT_NONE: none); returns how many
- * were held and (pinning) pinned, or -1, nothing pinned, when the records not pinned yet would
- * take the tenant past its share (cache/store/pins.h). Pinned chunks may fill at most half the
- * capacity, so unpinned traffic always has room, and at most the pin limit. Unpinning leaves a
- * lease in force. */
-int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin);
+/* Pins (pin) or unpins keys for tenant (cache.h's CACHE_TENANT_NONE: none), or with until > 0
+ * leases them until then instead of pinning them (as cache_ram_lease does, by their own keys);
+ * returns how many were held and (pinning) pinned, or -1, nothing pinned, when the records not
+ * pinned yet would take the tenant past its share (cache/store/pins.h). Pinned chunks may fill at
+ * most half the capacity, so unpinned traffic always has room, and at most the pin limit.
+ * Unpinning leaves a lease in force. */
+int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool pin, int64_t until);
 /* Caps the bytes of pinned chunks below half the capacity (0: half the capacity), and each of
  * n_tenants tenants' at share_pct percent of that (0: an equal part). -1 when out of memory. */
 int cache_ram_set_pin_limit(cache_ram *r, int64_t bytes, int n_tenants, int share_pct);

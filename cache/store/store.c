@@ -336,10 +336,22 @@ void cache_store_put(cache_store *s, cache_chunk *c) {
     if (s->redis) cache_redis_put(s->redis, c);
 }
 
-int cache_store_pin(cache_store *s, int tenant, const cache_key *keys, int n_keys, bool pin) {
-    int ram = s->ram ? cache_ram_pin(s->ram, tenant, keys, n_keys, pin) : 0;
-    int disk = s->disk ? cache_disk_pin(s->disk, tenant, keys, n_keys, pin) : 0;
+/* Pins, unpins or (until > 0) leases records by their own keys in every tier. */
+static int pin_tiers(cache_store *s, int tenant, const cache_key *keys, int n, bool pin,
+                     int64_t until) {
+    int ram = s->ram ? cache_ram_pin(s->ram, tenant, keys, n, pin, until) : 0;
+    int disk = s->disk ? cache_disk_pin(s->disk, tenant, keys, n, pin, until) : 0;
     return s->ram ? ram : disk; /* resident means in RAM, when there is a RAM tier */
+}
+
+int cache_store_pin(cache_store *s, int tenant, const cache_key *keys, int n_keys, bool pin) {
+    return pin_tiers(s, tenant, keys, n_keys, pin, 0);
+}
+
+int cache_store_pin_until(cache_store *s, int tenant, const cache_key *keys, int n_keys,
+                          int64_t until) {
+    cache_store_expire(s);
+    return pin_tiers(s, tenant, keys, n_keys, true, until);
 }
 
 void cache_store_tenant_pins(cache_store *s, int tenant, cache_tenant_pins *out) {

@@ -294,13 +294,64 @@ static void pin_share_error(server *s, int tenant, api_error *err) {
              ram ? "RAM" : "disk");
 }
 
+/* A pin's "ttl" at most: 30 days. */
+#define PIN_TTL_MAX (30 * 86400)
+
+/* The records of the prompt j computed (one per chunk, the last one partial: its trailing whole
+ * blocks) pinned, unpinned or (ttl > 0) leased for ttl seconds, for the caller's tenant; the
+ * answer into out. A record still being written is pinned once it is on disk: no need to wait
+ * for it. */
+static void pin_records(server *s, const http_call *c, const job *j, bool pin, int64_t ttl,
+                        http_reply *out) {
+    const gen_request *r = j->reqs[0];
+    api_error err = {0};
+    int cb = cache_chunk_blocks(cache_store_layout(s->store));
+    int n_records = (r->plan.n_keys + cb - 1) / cb;
+    cache_key *records = malloc(sizeof *records * (size_t)(n_records > 0 ? n_records : 1));
+    if (!records) {
+        api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
+        http_reply_error(out, &err);
+        return;
+    }
+    cache_record_keys(r->plan.keys, r->plan.n_keys, cb, records);
+    int tenant = server_tenant(s, c);
+    int64_t until = ttl > 0 ? cache_store_now(s->store) + ttl : 0;
+    int held = until ? cache_store_pin_until(s->store, tenant, records, n_records, until)
+                     : cache_store_pin(s->store, tenant, records, n_records, pin);
+    free(records);
+    if (held < 0) {
+        pin_share_error(s, tenant, &err);
+        http_reply_error(out, &err);
+        return;
+    }
+    json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
+                          "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,
+                          "chunks", n_records, pin ? "pinned_chunks" : "unpinned_chunks", held);
+    if (v && until) json_object_set_new(v, "expires_at", json_integer(until));
+    http_reply_json(out, 200, v);
+}
+
+/* The pin body's optional "ttl" (seconds, 1 .. PIN_TTL_MAX) into *ttl (0: not given). */
+static int pin_ttl(const json_t *body, int64_t *ttl, api_error *err) {
+    const json_t *v = json_object_get(body, "ttl");
+    *ttl = 0;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > PIN_TTL_MAX)
+        return api_fail(err, 400, "invalid_request_error", NULL, "ttl",
+                        "'ttl' must be a whole number of seconds from 1 to %d", PIN_TTL_MAX);
+    *ttl = json_integer_value(v);
+    return 0;
+}
+
 /* The body is what the client would send to /v1/chat/completions ("messages") or
- * /v1/completions ("prompt"), so a pinned prompt has exactly the keys its requests will have.
- * Pin computes whatever of the prompt is not cached yet (a prompt-only run through the engine)
- * and pins its chunks; unpin only computes the keys. Pins may fill at most half of each tier:
- * pinned_chunks < chunks says some did not fit. A key's pins (with its leases) may fill at most
- * its share of that (--tenant-pin-share): a pin that would take it past its share is refused
- * whole with a 409 (pin_share_exceeded), and pins nothing. */
+ * /v1/completions ("prompt"), so a pinned prompt has exactly the keys its requests will have,
+ * and an optional "ttl" (seconds) that makes the pin a lease, ending by itself then (as
+ * Anthropic's cache_control leases do; unpin leaves it, and unpin ignores a ttl, so the same body
+ * serves both). Pin computes whatever of the prompt is not cached yet (a prompt-only run through
+ * the engine) and pins its chunks; unpin only computes the keys. Pins may fill at most half of
+ * each tier: pinned_chunks < chunks says some did not fit. A key's pins (with its leases) may
+ * fill at most its share of that (--tenant-pin-share): a pin that would take it past its share
+ * is refused whole with a 409 (pin_share_exceeded), and pins nothing. */
 static http_result pin_or_unpin(server *s, const http_call *c, http_out *o, bool pin) {
     http_reply *out = &o->reply;
     api_error err = {0};
@@ -315,9 +366,11 @@ static http_result pin_or_unpin(server *s, const http_call *c, http_out *o, bool
     json_error_t je;
     json_t *probe = json_loadb(c->body, c->len, 0, &je);
     api_kind kind = probe && json_object_get(probe, "messages") ? API_CHAT : API_COMPLETION;
+    int64_t ttl = 0;
+    int bad_ttl = pin && probe ? pin_ttl(probe, &ttl, &err) : 0;
     json_decref(probe);
-    if (api_parse_request(kind, c->body, c->len, &rq, &err)) {
-        api_request_free(&rq);
+    if (bad_ttl || api_parse_request(kind, c->body, c->len, &rq, &err)) {
+        if (!bad_ttl) api_request_free(&rq);
         http_reply_error(out, &err);
         return HTTP_REPLIED;
     }
@@ -341,39 +394,11 @@ static http_result pin_or_unpin(server *s, const http_call *c, http_out *o, bool
         if (err.status == 429) out->retry_after = 1;
         return HTTP_REPLIED;
     }
-    gen_request *r = j->reqs[0];
-    if (pin && (job_wait(j, &err) || job_error(j, &err))) {
-        job_free(j);
+    if (pin && (job_wait(j, &err) || job_error(j, &err)))
         http_reply_error(out, &err);
-        return HTTP_REPLIED;
-    }
-    /* The prompt's records: one per chunk, the last one partial (its trailing whole blocks). A
-     * record still being written is pinned once it is on disk: no need to wait for it. */
-    const cache_layout *cl = cache_store_layout(s->store);
-    int cb = cache_chunk_blocks(cl);
-    int n_records = (r->plan.n_keys + cb - 1) / cb;
-    cache_key *records = malloc(sizeof *records * (size_t)(n_records > 0 ? n_records : 1));
-    if (!records) {
-        job_free(j);
-        api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
-        http_reply_error(out, &err);
-        return HTTP_REPLIED;
-    }
-    cache_record_keys(r->plan.keys, r->plan.n_keys, cb, records);
-    int tenant = server_tenant(s, c);
-    int held = cache_store_pin(s->store, tenant, records, n_records, pin);
-    free(records);
-    if (held < 0) {
-        job_free(j);
-        pin_share_error(s, tenant, &err);
-        http_reply_error(out, &err);
-        return HTTP_REPLIED;
-    }
-    json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
-                          "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,
-                          "chunks", n_records, pin ? "pinned_chunks" : "unpinned_chunks", held);
+    else
+        pin_records(s, c, j, pin, ttl, out);
     job_free(j);
-    http_reply_json(out, 200, v);
     return HTTP_REPLIED;
 }
 

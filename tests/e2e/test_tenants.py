@@ -81,6 +81,12 @@ def test_a_key_past_its_pin_share_is_refused_and_the_other_still_leases(srv):
                               api_key=ALICE)
     assert status == 200 and r["unpinned_chunks"] == 2, r
     assert srv.metrics()['kvserve_tenant_pinned_bytes{tenant="0",tier="ram"}'] == 0
+    # a pin with a ttl is a lease: it ends by itself
+    body = {"model": srv.model_id, "prompt": tokens(srv, 2 * CHUNK + 5, seed=2), "ttl": 60}
+    status, r = srv.post_json("/v1/cache/pin", body, api_key=ALICE)
+    assert status == 200 and r["pinned_chunks"] == 2 and 55 <= r["expires_at"] - time.time() <= 61
+    status, r = srv.post_json("/v1/cache/pin", {**body, "ttl": 0}, api_key=ALICE)
+    assert status == 400 and r["error"]["param"] == "ttl", r
 
 
 def test_a_flood_of_stored_responses_evicts_its_own_key_only(srv):

@@ -189,7 +189,7 @@ Test(disk, a_pinned_records_encodings_keep_pins_within_half_the_tier) {
     cache_disk *d = open_enc(dir, &l, 4 * ENC_PAYLOAD, &t);
     cache_chunk *c = kv_chunk(&l, &ns, 0);
     put_ok(d, c);
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c->key, 1, true), 1,
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c->key, 1, true, 0), 1,
                  "pinned while it is written");
     cache_disk_flush(d);
     cache_tier_stats st = stats(d);

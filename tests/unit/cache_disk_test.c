@@ -91,7 +91,7 @@ Test(disk, partial_records_are_found_by_block_and_superseded) {
     cr_assert_eq(part->bytes, PAYLOAD / 2);
     put_ok(d, part);
     cache_disk_flush(d);
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &part->key, 1, true), 1);
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &part->key, 1, true, 0), 1);
     char path[512];
     record_path(dir, &l, &part->key, path, sizeof path);
     struct stat sb;
@@ -316,8 +316,8 @@ Test(disk, cap_evicts_least_recently_used_and_keeps_pins) {
         if (i != 1) cr_assert(cache_disk_contains(d, &c[i]->key), "chunk %d evicted", i);
 
     /* LRU C, A, D; pin C: E evicts A, F evicts D. */
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[2]->key, 1, true), 1);
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[1]->key, 1, true), 0,
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[2]->key, 1, true, 0), 1);
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[1]->key, 1, true, 0), 0,
                  "an evicted key is not held");
     cr_assert_eq(stats(d).pinned, 1);
     put_ok(d, c[4]);
@@ -338,7 +338,7 @@ Test(disk, cap_evicts_least_recently_used_and_keeps_pins) {
     /* Pins may fill half the tier: with C pinned, E and F cannot be, and unpinned traffic
      * keeps its room. */
     cache_key pin_keys[2] = {c[4]->key, c[5]->key};
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, pin_keys, 2, true), 0);
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, pin_keys, 2, true, 0), 0);
     cr_assert_eq(stats(d).pinned, 1);
     put_ok(d, c[0]);
     cache_disk_flush(d);
@@ -392,7 +392,7 @@ Test(disk, clear_by_namespace) {
                          make_chunk(&l, &ns2, 1)};
     for (int i = 0; i < 4; i++) put_ok(d, c[i]);
     cache_disk_flush(d);
-    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[0]->key, 1, true), 1);
+    cr_assert_eq(cache_disk_pin(d, CACHE_TENANT_NONE, &c[0]->key, 1, true, 0), 1);
     cr_assert_eq(cache_disk_clear(d, &ns1), 2, "pinned or not, ns1's two records");
     cache_tier_stats st = stats(d);
     cr_assert_eq(st.entries, 2);

@@ -1,6 +1,7 @@
 /* cache/: tenants' shares of the pinned bytes (cache/store/pins.h) through the chunk store, in
  * RAM and on disk: a tenant's pins and leases stop at its share while another tenant's still go
- * in, a pin call past the share pins nothing, a renewed lease and an unpin never fail, a lease
+ * in, a pin call past the share pins nothing (with an expiry too), a renewed lease and an unpin
+ * never fail, a lease
  * passes to the longer record that replaces its record with its tenant, and the share's
  * arithmetic (util's kv_tenant_share). */
 #include <criterion/criterion.h>
@@ -128,6 +129,24 @@ Test(cache_pins, a_lease_passes_to_the_longer_record_with_its_tenant) {
     cr_assert_eq(ram_pinned(s, 1), bb);
     put_chunk(s, 1, 0, 2); /* the whole chunk replaces it, leased for tenant 1 */
     cr_assert_eq(ram_pinned(s, 1), 2 * bb);
+    cr_assert_eq(ram_pinned(s, 0), 0);
+    cache_store_close(s);
+}
+
+Test(cache_pins, a_pin_with_an_expiry_is_a_lease_within_the_share) {
+    int64_t now = T0;
+    cache_store *s = open_store(NULL, 0, &now);
+    for (int c = 0; c < 3; c++) put_chunk(s, 0, c, 2);
+    cache_key a[3] = {seq_key(0, 1), seq_key(0, 3), seq_key(0, 5)};
+    cr_assert_eq(cache_store_pin_until(s, 0, a, 3, now + 60), -1, "all or none, as a pin");
+    cr_assert_eq(cache_store_pin_until(s, 0, a, 2, now + 60), 2);
+    cr_assert_eq(cache_store_pin(s, 0, a, 2, false), 2, "unpinning leaves the lease");
+    cache_pin_info pins[4];
+    cr_assert_eq(cache_store_pins(s, pins, 4), 2);
+    cr_assert_not(pins[0].manual);
+    cr_assert_eq(pins[0].lease, T0 + 60);
+    now = T0 + 61;
+    cr_assert_eq(cache_store_pins(s, pins, 4), 0, "ended by itself");
     cr_assert_eq(ram_pinned(s, 0), 0);
     cache_store_close(s);
 }

@@ -194,7 +194,7 @@ Test(cache_ram, pinned_chunks_stay_and_held_chunks_outlive_eviction) {
     }
     cache_key k[3] = {key_n(0), key_n(1), key_n(2)};
     /* pins may take half the tier: two chunks of four, not three */
-    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, k, 3, true), 2);
+    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, k, 3, true, 0), 2);
     cache_tier_stats st;
     cache_ram_stats(r, &st);
     cr_assert_eq(st.pinned, 2);
@@ -211,7 +211,7 @@ Test(cache_ram, pinned_chunks_stay_and_held_chunks_outlive_eviction) {
     cache_ram_stats(r, &st);
     cr_assert_leq(st.bytes, st.capacity);
     /* unpinned, they go like the rest */
-    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, k, 2, false), 2);
+    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, k, 2, false, 0), 2);
     for (int i = 10; i < 14; i++) {
         cache_chunk *x = chunk_n(i, &ns);
         cr_assert(cache_ram_put(r, x));
@@ -233,7 +233,7 @@ Test(cache_ram, records_are_found_by_any_block_and_superseded_by_longer_ones) {
     cache_key k0 = block_key(7, 0), k1 = block_key(7, 1);
     cr_assert(cache_ram_holds(r, &k0));
     cr_assert_not(cache_ram_holds(r, &k1));
-    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, &k0, 1, true), 1);
+    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, &k0, 1, true, 0), 1);
     /* the whole chunk replaces it and inherits its pin */
     cache_chunk *whole = chunk_n(7, &ns);
     cr_assert(cache_ram_put(r, whole));
@@ -272,7 +272,7 @@ Test(cache_ram, swap_keeps_the_place_and_pin_and_counts_the_new_bytes) {
         cr_assert(cache_ram_put(r, c[i]));
     }
     cache_key k0 = key_n(0), k1 = key_n(1);
-    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, &k1, 1, true), 1);
+    cr_assert_eq(cache_ram_pin(r, CACHE_TENANT_NONE, &k1, 1, true, 0), 1);
     uint8_t payload[100];
     memset(payload, 0x5A, sizeof payload);
     cache_chunk *e0 = cache_chunk_create_encoded(c[0], CACHE_ENC_Q8, payload, sizeof payload);
