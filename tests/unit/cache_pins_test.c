@@ -96,11 +96,20 @@ Test(cache_pins, a_tenant_stops_at_its_share_and_the_other_still_pins) {
     cache_store_close(s);
 }
 
+/* A RAM-only store (shares of two chunks) holding tenant 0's chunks 0 to 2, and their keys. */
+static cache_store *store_of_three(int64_t *now, cache_key a[3]) {
+    cache_store *s = open_store(NULL, 0, now);
+    for (int c = 0; c < 3; c++) {
+        put_chunk(s, 0, c, 2);
+        a[c] = seq_key(0, 2 * c + 1);
+    }
+    return s;
+}
+
 Test(cache_pins, a_pin_call_past_the_share_pins_none_of_its_records) {
     int64_t now = T0;
-    cache_store *s = open_store(NULL, 0, &now);
-    for (int c = 0; c < 3; c++) put_chunk(s, 0, c, 2);
-    cache_key a[3] = {seq_key(0, 1), seq_key(0, 3), seq_key(0, 5)};
+    cache_key a[3];
+    cache_store *s = store_of_three(&now, a);
     cr_assert_eq(cache_store_pin(s, 0, a, 3, true), -1);
     cr_assert_eq(ram_pinned(s, 0), 0, "none of the three");
     cache_stats st;
@@ -135,9 +144,8 @@ Test(cache_pins, a_lease_passes_to_the_longer_record_with_its_tenant) {
 
 Test(cache_pins, a_pin_with_an_expiry_is_a_lease_within_the_share) {
     int64_t now = T0;
-    cache_store *s = open_store(NULL, 0, &now);
-    for (int c = 0; c < 3; c++) put_chunk(s, 0, c, 2);
-    cache_key a[3] = {seq_key(0, 1), seq_key(0, 3), seq_key(0, 5)};
+    cache_key a[3];
+    cache_store *s = store_of_three(&now, a);
     cr_assert_eq(cache_store_pin_until(s, 0, a, 3, now + 60), -1, "all or none, as a pin");
     cr_assert_eq(cache_store_pin_until(s, 0, a, 2, now + 60), 2);
     cr_assert_eq(cache_store_pin(s, 0, a, 2, false), 2, "unpinning leaves the lease");
