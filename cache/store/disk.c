@@ -255,15 +255,14 @@ static int64_t pin_cap(const cache_disk *d) {
  * the leases file (leases_save, once the lock is released). */
 static pin_verdict entry_hold(cache_disk *d, disk_entry *e, int t, bool manual, int64_t lease) {
     bool held = manual || lease > 0;
-    if (held && !e->base.pinned) {
-        pin_verdict v = pin_ledger_check(&d->pins, t, e->base.bytes, pin_cap(d));
+    int64_t b = e->base.bytes;
+    if (held) {
+        pin_verdict v = pin_ledger_hold(&d->pins, &e->tenant, e->base.pinned, t, b, pin_cap(d));
         if (v != PIN_OK) return v;
-        e->tenant = t;
+    } else if (e->base.pinned) {
+        pin_ledger_add(&d->pins, e->tenant, -b);
     }
-    if (held != e->base.pinned) {
-        pin_ledger_add(&d->pins, e->tenant, held ? e->base.bytes : -e->base.bytes);
-        if (!e->base.writing) stats(d)->pinned += held ? 1 : -1;
-    }
+    if (held != e->base.pinned && !e->base.writing) stats(d)->pinned += held ? 1 : -1;
     if (lease != e->lease) d->leases_dirty = true;
     e->base.pinned = held;
     e->manual = manual;
@@ -1087,12 +1086,14 @@ void cache_disk_read_enc(cache_disk *d, const cache_key *keys, int n,
     dirstore_unlock(d->ds);
 }
 
-/* The bytes pinning keys would newly hold (records held and not pinned yet). Under the lock. */
-static int64_t pin_need(const cache_disk *d, const cache_key *keys, int n) {
+/* The bytes pinning keys for tenant t would add to t's (records held and not t's yet). Under
+ * the lock. */
+static int64_t pin_need(const cache_disk *d, int t, const cache_key *keys, int n) {
     int64_t need = 0;
     for (int i = 0; i < n; i++) {
         const disk_entry *e = table_find(d, &keys[i]);
-        if (e && !e->base.doomed && !e->base.pinned) need += e->base.bytes;
+        if (e && !e->base.doomed)
+            need += pin_ledger_need(&d->pins, e->tenant, e->base.pinned, t, e->base.bytes);
     }
     return need;
 }
@@ -1102,7 +1103,8 @@ int cache_disk_pin(cache_disk *d, int tenant, const cache_key *keys, int n, bool
     int held = 0;
     dirstore_lock(d->ds);
     /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
-    if (pin && pin_ledger_over_share(&d->pins, tenant, pin_need(d, keys, n), pin_cap(d))) held = -1;
+    if (pin && pin_ledger_over_share(&d->pins, tenant, pin_need(d, tenant, keys, n), pin_cap(d)))
+        held = -1;
     for (int i = 0; i < n && held >= 0; i++) {
         disk_entry *e = table_find(d, &keys[i]);
         /* A record being written counts as held: the pin applies once it is published. */

@@ -76,8 +76,8 @@ void cache_disk_tenant_pins(cache_disk *d, int t, int64_t *bytes, int64_t *share
 /* Leases the record holding block bkey (on disk or being written) for tenant until `until` (Unix
  * seconds; a later lease is kept), as cache_ram_lease does; the leases are kept in the tier's
  * leases file (cache/store/leases.h), rewritten by the I/O thread (without their tenants: a
- * lease restored at start is held for none). False when no record holds the block, or the pin
- * cap or the tenant's share of it is reached. */
+ * lease restored at start is held for none until a tenant holds it too). False when no record holds
+ * the block, or the pin cap or the tenant's share of it is reached. */
 bool cache_disk_lease(cache_disk *d, int tenant, const cache_key *bkey, int64_t until);
 /* Ends the leases due at `now`; returns how many ended. Cheap when none is due. */
 int cache_disk_expire(cache_disk *d, int64_t now);

@@ -36,6 +36,28 @@ pin_verdict pin_ledger_check(const pin_ledger *l, int t, int64_t bytes, int64_t 
     return pin_ledger_over_share(l, t, bytes, cap) ? PIN_SHARE_FULL : PIN_OK;
 }
 
+int64_t pin_ledger_need(const pin_ledger *l, int owner, bool was_held, int t, int64_t bytes) {
+    bool adopt = was_held && owner == CACHE_TENANT_NONE && tenant_ok(l, t);
+    return !was_held || adopt ? bytes : 0;
+}
+
+pin_verdict pin_ledger_hold(pin_ledger *l, int *owner, bool was_held, int t, int64_t bytes,
+                            int64_t cap) {
+    if (!was_held) {
+        pin_verdict v = pin_ledger_check(l, t, bytes, cap);
+        if (v != PIN_OK) return v;
+        *owner = t;
+        pin_ledger_add(l, t, bytes);
+        return PIN_OK;
+    }
+    if (pin_ledger_need(l, *owner, true, t, bytes) == 0) return PIN_OK;
+    if (pin_ledger_over_share(l, t, bytes, cap)) return PIN_SHARE_FULL;
+    pin_ledger_add(l, *owner, -bytes); /* the total stays */
+    pin_ledger_add(l, t, bytes);
+    *owner = t;
+    return PIN_OK;
+}
+
 void pin_ledger_add(pin_ledger *l, int t, int64_t delta) {
     l->total += delta;
     if (tenant_ok(l, t)) l->bytes[t] += delta;

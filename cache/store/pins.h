@@ -6,7 +6,8 @@
  * until its time), so a share is a hard bound, never borrowed: with the default share (an equal
  * part) a tenant within its share is never refused because of another. A record held for no
  * tenant (CACHE_TENANT_NONE: the schema registry's pins, leases restored at start) counts
- * against the cap only. The owner holds the tier's lock around every call. */
+ * against the cap only, until a tenant holds it too (renews the lease): it is that tenant's then.
+ * The owner holds the tier's lock around every call. */
 #ifndef KVSERVE_CACHE_PINS_H
 #define KVSERVE_CACHE_PINS_H
 
@@ -35,6 +36,15 @@ pin_verdict pin_ledger_check(const pin_ledger *l, int t, int64_t bytes, int64_t 
 /* True when `bytes` more (> 0) would take tenant t past its share of cap, where that share is
  * less than the cap (else the cap refuses, as it refuses any tenant). */
 bool pin_ledger_over_share(const pin_ledger *l, int t, int64_t bytes, int64_t cap);
+/* A record of `bytes` held for *owner (was_held) or for none yet is to be held for tenant t too:
+ * PIN_OK once counted (a new hold: to t, as *owner; a record held for no tenant, restored at start
+ * or the schema registry's, becomes t's, as far as t's share allows), else why not, nothing
+ * changed. A record a tenant holds already takes no more bytes, so it is never refused. */
+pin_verdict pin_ledger_hold(pin_ledger *l, int *owner, bool was_held, int t, int64_t bytes,
+                            int64_t cap);
+/* The bytes of a record held for *owner, or for none yet, that holding it for t would add to
+ * t's (pin_ledger_hold's share check). */
+int64_t pin_ledger_need(const pin_ledger *l, int owner, bool was_held, int t, int64_t bytes);
 /* Counts delta bytes (negative: released) to tenant t (CACHE_TENANT_NONE or out of range: to
  * none) and the total. */
 void pin_ledger_add(pin_ledger *l, int t, int64_t delta);

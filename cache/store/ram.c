@@ -72,15 +72,13 @@ static int64_t pin_cap(const cache_ram *r) {
 static pin_verdict entry_hold(cache_ram *r, ram_entry *e, int t, bool manual, int64_t lease) {
     bool held = manual || lease > 0;
     int64_t b = (int64_t)e->c->bytes;
-    if (held && !e->pinned) {
-        pin_verdict v = pin_ledger_check(&r->pins, t, b, pin_cap(r));
+    if (held) {
+        pin_verdict v = pin_ledger_hold(&r->pins, &e->tenant, e->pinned, t, b, pin_cap(r));
         if (v != PIN_OK) return v;
-        e->tenant = t;
+    } else if (e->pinned) {
+        pin_ledger_add(&r->pins, e->tenant, -b);
     }
-    if (held != e->pinned) {
-        r->st.pinned += held ? 1 : -1;
-        pin_ledger_add(&r->pins, e->tenant, held ? b : -b);
-    }
+    if (held != e->pinned) r->st.pinned += held ? 1 : -1;
     e->pinned = held;
     e->manual = manual;
     e->lease = lease;
@@ -235,12 +233,12 @@ bool cache_ram_swap(cache_ram *r, const cache_chunk *old, cache_chunk *c) {
     return ok;
 }
 
-/* The bytes pinning keys would newly hold (records held and not pinned yet). */
-static int64_t pin_need(const cache_ram *r, const cache_key *keys, int n) {
+/* The bytes pinning keys for tenant t would add to t's (records held and not t's yet). */
+static int64_t pin_need(const cache_ram *r, int t, const cache_key *keys, int n) {
     int64_t need = 0;
     for (int i = 0; i < n; i++) {
         const ram_entry *e = find_record(r, &keys[i]);
-        if (e && !e->pinned) need += (int64_t)e->c->bytes;
+        if (e) need += pin_ledger_need(&r->pins, e->tenant, e->pinned, t, (int64_t)e->c->bytes);
     }
     return need;
 }
@@ -249,7 +247,8 @@ int cache_ram_pin(cache_ram *r, int tenant, const cache_key *keys, int n, bool p
     int held = 0;
     pthread_mutex_lock(&r->mu);
     /* a tenant's share takes the whole call or none of it; the cap, as far as it goes */
-    if (pin && pin_ledger_over_share(&r->pins, tenant, pin_need(r, keys, n), pin_cap(r))) held = -1;
+    if (pin && pin_ledger_over_share(&r->pins, tenant, pin_need(r, tenant, keys, n), pin_cap(r)))
+        held = -1;
     for (int i = 0; i < n && held >= 0; i++) {
         ram_entry *e = find_record(r, &keys[i]);
         if (!e) continue;

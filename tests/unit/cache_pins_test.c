@@ -192,6 +192,25 @@ Test(cache_pins, the_ledger_counts_tenants_apart) {
     pin_ledger_free(&l);
 }
 
+Test(cache_pins, a_record_held_for_no_tenant_becomes_the_tenants_that_holds_it_too) {
+    pin_ledger l = {0};
+    cr_assert_eq(pin_ledger_tenants(&l, 2, 0), 0); /* shares of 50 under a cap of 100 */
+    int a = 0, b = 0;
+    cr_assert_eq(pin_ledger_hold(&l, &a, false, CACHE_TENANT_NONE, 40, 100), PIN_OK);
+    cr_assert_eq(a, CACHE_TENANT_NONE, "restored at start, say");
+    cr_assert_eq(pin_ledger_need(&l, a, true, 1, 40), 40);
+    cr_assert_eq(pin_ledger_hold(&l, &a, true, 1, 40, 100), PIN_OK);
+    cr_assert_eq(a, 1, "its lease renewed: now tenant 1's");
+    cr_assert_eq(pin_ledger_of(&l, 1), 40);
+    cr_assert_eq(l.total, 40, "the total stays");
+    cr_assert_eq(pin_ledger_need(&l, a, true, 1, 40), 0, "held already: no more bytes");
+    cr_assert_eq(pin_ledger_hold(&l, &b, false, CACHE_TENANT_NONE, 30, 100), PIN_OK);
+    cr_assert_eq(pin_ledger_hold(&l, &b, true, 1, 30, 100), PIN_SHARE_FULL, "past 50");
+    cr_assert_eq(b, CACHE_TENANT_NONE);
+    cr_assert_eq(l.total, 70);
+    pin_ledger_free(&l);
+}
+
 Test(cache_pins, a_share_is_a_part_of_the_total) {
     cr_assert_eq(kv_tenant_share(100, 0, 1, 0), 100, "one tenant: all of it");
     cr_assert_eq(kv_tenant_share(100, 25, 1, 0), 100);
