@@ -315,10 +315,11 @@ http_result openai_embeddings(server *s, const http_call *c, http_out *o) {
         api_fail(&err, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
+    int tenant = server_tenant(s, c);
     for (int i = 0; i < rq.n_inputs; i++) {
         int n = 0;
         if (!(reqs[n_reqs] = embed_request(s, &rq.inputs[i], i, rq.n_inputs, &n, &err))) goto fail;
-        reqs[n_reqs++]->tenant = server_tenant(s, c);
+        reqs[n_reqs++]->tenant = tenant;
         tokens += n;
     }
     /* One request, one place in the queue: the inputs go to the batch as room allows. */
