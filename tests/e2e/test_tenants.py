@@ -137,8 +137,9 @@ def test_a_burst_of_one_key_does_not_starve_the_other(srv):
     assert refused and all(r["error"]["code"] == "server_busy" for r in refused), results
     assert "your share of the queue" in refused[0]["error"]["message"]
     assert all(st in (200, 429) for st, _ in results)
-    # bob's answer came after the two answers running when it arrived and about one more, not
-    # after alice's sixty
+    # bob's answer came after the two answers running when it arrived and the one admitted
+    # beside it (answers of one step may reach their clients in either order), not after
+    # alice's sixty-odd
     bob_at = next(t for k, st, t in done if k == BOB)
     before = sum(1 for k, st, t in done if k == ALICE and st == 200 and t < bob_at)
-    assert before <= 6, (before, len(results) - len(refused))
+    assert before <= 8, (before, len(results) - len(refused))
