@@ -109,25 +109,32 @@ def test_a_flood_of_stored_responses_evicts_its_own_key_only(srv):
     assert m['kvserve_tenant_responses_stored{tenant="0"}'] == STORE - 2
 
 
-def completion(srv, key, done, lock):
+def completion(srv, key, done, lock, max_tokens=4):
     status, r = srv.post_json("/v1/completions", {
-        "model": srv.model_id, "prompt": "Count: 1 2 3", "max_tokens": 4, "temperature": 0,
-        "ignore_eos": True}, api_key=key)
+        "model": srv.model_id, "prompt": "Count: 1 2 3", "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True}, api_key=key)
     with lock:
         done.append((key, status, time.monotonic()))
     return status, r
 
 
+def wait_for(srv, series, least):
+    deadline = time.monotonic() + 30 * SLOW
+    while srv.metrics()[series] < least and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return srv.metrics()
+
+
 def test_a_burst_of_one_key_does_not_starve_the_other(srv):
     done, lock = [], threading.Lock()
     burst = QUEUE // 2 + 16  # past alice's share of the queue
-    with concurrent.futures.ThreadPoolExecutor(burst + 1) as ex:
-        futs = [ex.submit(completion, srv, ALICE, done, lock) for _ in range(burst)]
-        deadline = time.monotonic() + 30 * SLOW
-        while srv.metrics()["kvserve_queue_depth"] < 60 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        m = srv.metrics()
-        assert m['kvserve_tenant_requests_waiting{tenant="0"}'] >= 60, m
+    with concurrent.futures.ThreadPoolExecutor(burst + 2) as ex:
+        # two longer answers of alice's fill both sequence slots while her burst queues
+        futs = [ex.submit(completion, srv, ALICE, done, lock, 48) for _ in range(2)]
+        wait_for(srv, "kvserve_running_sequences", 2)
+        futs += [ex.submit(completion, srv, ALICE, done, lock) for _ in range(burst)]
+        m = wait_for(srv, 'kvserve_tenant_requests_waiting{tenant="0"}', QUEUE // 2)
+        assert m['kvserve_tenant_requests_waiting{tenant="0"}'] == QUEUE // 2, m
         assert m['kvserve_tenant_requests_waiting{tenant="1"}'] == 0
         assert m["kvserve_tenant_queue_share"] == QUEUE // 2
         status, r = completion(srv, BOB, done, lock)  # one request of the other key
@@ -139,7 +146,7 @@ def test_a_burst_of_one_key_does_not_starve_the_other(srv):
     assert all(st in (200, 429) for st, _ in results)
     # bob's answer came after the two answers running when it arrived and the one admitted
     # beside it (answers of one step may reach their clients in either order), not after
-    # alice's sixty-odd
+    # alice's sixty-four queued
     bob_at = next(t for k, st, t in done if k == BOB)
     before = sum(1 for k, st, t in done if k == ALICE and st == 200 and t < bob_at)
     assert before <= 8, (before, len(results) - len(refused))
