@@ -1,9 +1,8 @@
 /* cache/: tenants' shares of the pinned bytes (cache/store/pins.h) through the chunk store, in
  * RAM and on disk: a tenant's pins and leases stop at its share while another tenant's still go
  * in, a pin call past the share pins nothing (with an expiry too), a renewed lease and an unpin
- * never fail, a lease
- * passes to the longer record that replaces its record with its tenant, and the share's
- * arithmetic (util's kv_tenant_share). */
+ * never fail, a lease passes to the longer record that replaces its record with its tenant, and a
+ * record held for no tenant becomes the tenant's that holds it too. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,14 +208,4 @@ Test(cache_pins, a_record_held_for_no_tenant_becomes_the_tenants_that_holds_it_t
     cr_assert_eq(b, CACHE_TENANT_NONE);
     cr_assert_eq(l.total, 70);
     pin_ledger_free(&l);
-}
-
-Test(cache_pins, a_share_is_a_part_of_the_total) {
-    cr_assert_eq(kv_tenant_share(100, 0, 1, 0), 100, "one tenant: all of it");
-    cr_assert_eq(kv_tenant_share(100, 25, 1, 0), 100);
-    cr_assert_eq(kv_tenant_share(100, 0, 3, 0), 33, "an equal part");
-    cr_assert_eq(kv_tenant_share(100, 50, 3, 0), 50);
-    cr_assert_eq(kv_tenant_share(5, 10, 4, 1), 1, "at least min");
-    cr_assert_eq(kv_tenant_share(0, 10, 4, 1), 0, "never more than the total");
-    cr_assert_eq(kv_tenant_share(INT64_C(1) << 62, 100, 2, 0), INT64_C(1) << 62, "no overflow");
 }

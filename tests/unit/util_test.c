@@ -1,4 +1,5 @@
-/* util's randomness (kv_random): what ids and secrets are drawn from, never a clock. */
+/* util's randomness (kv_random): what ids and secrets are drawn from, never a clock; and a
+ * tenant's share of a budget (kv_tenant_share). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,4 +22,14 @@ Test(util, random_bytes_fill_the_buffer_and_differ_between_draws) {
     for (size_t i = n - 4096; i < n; i++) tail_zero += big[i] == 0;
     cr_assert_lt(tail_zero, 64, "the last page is filled too (%zu zero bytes)", tail_zero);
     free(big);
+}
+
+Test(util, a_tenants_share_is_a_part_of_the_total) {
+    cr_assert_eq(kv_tenant_share(100, 0, 1, 0), 100, "one tenant: all of it");
+    cr_assert_eq(kv_tenant_share(100, 25, 1, 0), 100);
+    cr_assert_eq(kv_tenant_share(100, 0, 3, 0), 33, "an equal part");
+    cr_assert_eq(kv_tenant_share(100, 50, 3, 0), 50);
+    cr_assert_eq(kv_tenant_share(5, 10, 4, 1), 1, "at least min");
+    cr_assert_eq(kv_tenant_share(0, 10, 4, 1), 0, "never more than the total");
+    cr_assert_eq(kv_tenant_share(INT64_C(1) << 62, 100, 2, 0), INT64_C(1) << 62, "no overflow");
 }
