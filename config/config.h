@@ -46,6 +46,8 @@ typedef struct kv_config {
     /* Responses API: stored responses (in memory), least recently used evicted over either bound */
     int responses_store;           /* at most this many (0: none stored) */
     int64_t responses_store_bytes; /* and this many bytes of their JSON */
+    /* GET /get_load's shape, for the router in front: sglang-router's or vllm-router's */
+    char *get_load_format;
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */
