@@ -195,6 +195,8 @@ static const opt_row OPTIONS[] = {
         "close connections idle this long with no complete request"),
     NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
         "on SIGTERM, time running requests get to finish"),
+    NUM(drain_grace, 0, OPT_INT, 0, 3600, false, false, "0", "SECONDS",
+        "on SIGTERM, time requests are still taken while /health says 503"),
     {.key = "get_load_format", .type = OPT_ENUM, .group = GROUP,
      .offset = offsetof(kv_config, get_load_format), .choices = LOAD_FORMATS, .def = "sglang",
      .metavar = "ROUTER", .help = "GET /get_load's shape for the router in front: sglang, vllm"},

@@ -46,6 +46,9 @@ typedef struct kv_config {
     /* Responses API: stored responses (in memory), least recently used evicted over either bound */
     int responses_store;           /* at most this many (0: none stored) */
     int64_t responses_store_bytes; /* and this many bytes of their JSON */
+    /* on SIGTERM, seconds requests are still taken while GET /health answers 503, so that the
+     * routers in front take the server out first */
+    int drain_grace;
     /* GET /get_load's shape, for the router in front: sglang-router's or vllm-router's */
     char *get_load_format;
     /* ---- engine */

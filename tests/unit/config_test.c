@@ -670,6 +670,7 @@ static const char *const ALL_FLAGS[] = {
     "--allowed-origins",
     "--allowed-hosts",
     "--get-load-format",
+    "--drain-grace",
     "--device",
     "--cache",
     "--no-cache",
@@ -721,6 +722,7 @@ static const char *const ALL_ENV[] = {
     "KVSERVE_ALLOWED_ORIGINS",
     "KVSERVE_ALLOWED_HOSTS",
     "KVSERVE_GET_LOAD_FORMAT",
+    "KVSERVE_DRAIN_GRACE",
     "KVSERVE_DRAFT_MODEL",
     "KVSERVE_RESPONSES_STORE",
     "KVSERVE_RESPONSES_STORE_BYTES",
@@ -890,6 +892,18 @@ Test(config, get_load_format_names_the_router_in_front) {
     cr_assert_str_eq(c.get_load_format, "vllm");
     config_free(&c);
     load_fails(L("--get-load-format", "nginx"), NONE, L("--get-load-format", "sglang, vllm"));
+}
+
+Test(config, drain_grace_in_seconds) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert_eq(c.drain_grace, 0);
+    config_free(&c);
+    load_ok(&c, L("--drain-grace", "3"), L("KVSERVE_DRAIN_GRACE=9"));
+    cr_assert_eq(c.drain_grace, 3);
+    config_free(&c);
+    load_fails(L("--drain-grace", "-1"), NONE, L("--drain-grace"));
+    load_fails(NONE, L("KVSERVE_DRAIN_GRACE=3601"), L("KVSERVE_DRAIN_GRACE"));
 }
 
 Test(config, pin_bytes_from_flag_and_environment) {
