@@ -348,6 +348,27 @@ def drain_through(r, pair, grace=False):
     assert r.workers_state() == {a.url: True, b.url: False}
 
 
+def test_drain_grace_takes_requests_and_a_second_signal_still_exits_at_once(start_server):
+    s = start_server("-c", "256", "--drain-grace", "60")
+    s.proc.send_signal(15)
+    deadline = time.monotonic() + 5 * SLOW
+    while "--drain-grace" not in s.stderr():
+        assert time.monotonic() < deadline, s.stderr()
+        time.sleep(0.01)
+    status, body = http_get(s.url + "/health")
+    assert status == 503 and json.loads(body)["status"] == "draining"
+    status, body = post(s.url + "/v1/completions",
+                        {"model": s.model_id, "prompt": "Hi", "max_tokens": 2})
+    assert status == 200, body
+    t0 = time.monotonic()
+    s.proc.send_signal(2)
+    rc = s.proc.wait(timeout=10 * SLOW)
+    s.killed = True  # exited on purpose, without the clean shutdown terminate() checks
+    s._close_stderr()
+    assert rc == 128 + 2 and time.monotonic() - t0 < 2 * SLOW, (rc, s.stderr())
+    assert "SIGINT again: exiting now, without draining" in s.stderr()
+
+
 def test_sglang_router_takes_a_draining_instance_out_and_no_request_fails(pair):
     """Runs last: it stops one of the module's instances."""
     r = Router("sglang", pair, "round_robin")
