@@ -86,6 +86,8 @@ static const char *const POOLINGS[] = {"auto", "mean", "last", "cls", NULL};
 static const char *const SIMD_LEVELS[] = {"auto", "avx512", "avx2", "scalar", NULL};
 static const char *const DEVICES[] = {"auto", "cuda", "cpu", NULL};
 static const char *const SPEC_MODES[] = {"off", "context", NULL};
+/* GET /get_load's shape: the router in front (server/api/router_api.c) */
+static const char *const LOAD_FORMATS[] = {"sglang", "vllm", NULL};
 /* blend_policy_name's names (cache/blend/blend.h) */
 static const char *const BLEND_POLICIES[] = {"hkvd", "legolink", "hybrid", NULL};
 
@@ -193,6 +195,11 @@ static const opt_row OPTIONS[] = {
         "close connections idle this long with no complete request"),
     NUM(shutdown_timeout, 0, OPT_INT, 0, 86400, false, false, "30", "SECONDS",
         "on SIGTERM, time running requests get to finish"),
+    NUM(drain_grace, 0, OPT_INT, 0, 3600, false, false, "0", "SECONDS",
+        "on SIGTERM, time requests are still taken while /health says 503"),
+    {.key = "get_load_format", .type = OPT_ENUM, .group = GROUP,
+     .offset = offsetof(kv_config, get_load_format), .choices = LOAD_FORMATS, .def = "sglang",
+     .metavar = "ROUTER", .help = "GET /get_load's shape for the router in front: sglang, vllm"},
     BOOL(webui, "true", "the web page at / (chat and a live view of the cache)"),
     {.key = "allowed_origins", .type = OPT_STRING_LIST, .group = GROUP, .nullable = true,
      .comma = true, .offset = offsetof(kv_config, allowed_origins),

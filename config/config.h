@@ -47,6 +47,11 @@ typedef struct kv_config {
     int responses_store;           /* at most this many (0: none stored) */
     int64_t responses_store_bytes; /* and this many bytes of their JSON */
     int tenant_store_share; /* percent of both each tenant keeps for sure (0: an equal part) */
+    /* on SIGTERM, seconds requests are still taken while GET /health answers 503, so that the
+     * routers in front take the server out first */
+    int drain_grace;
+    /* GET /get_load's shape, for the router in front: sglang-router's or vllm-router's */
+    char *get_load_format;
     /* ---- engine */
     int threads;
     int ctx_size;           /* per-sequence context in tokens; 0: the model's training context */

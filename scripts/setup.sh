@@ -29,10 +29,16 @@ fi
 # openai 1.66 is the first with the Responses API (client.responses, its stream helper).
 # gguf and numpy write the draft-model tests' model (scripts/make_draft_model.py: the default
 # model requantized), which make test builds before the tests.
-py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium anthropic gguf numpy)
+# sglang-router and vllm-router are the routers the e2e tests put in front of two instances
+# (tests/e2e/test_router.py); pinned, as each reads GET /get_load in a shape of its own and
+# the shapes changed between versions (README, "Behind a router").
+py_pkgs=(pytest "openai>=1.66" requests jsonschema langchain-openai selenium anthropic gguf numpy
+         "sglang-router==0.3.2" "vllm-router==0.1.17")
 if ! "$python" -c "import pytest, openai, requests, jsonschema, langchain_openai, selenium, anthropic
 import gguf, numpy
-from openai.resources.responses import Responses" 2>/dev/null; then
+from openai.resources.responses import Responses
+from importlib.metadata import version
+assert version('sglang-router') == '0.3.2' and version('vllm-router') == '0.1.17'" 2>/dev/null; then
     echo "setup: installing Python test dependencies: ${py_pkgs[*]}"
     "$python" -m pip install --quiet --disable-pip-version-check "${py_pkgs[@]}"
 fi

@@ -52,7 +52,10 @@ struct server {
     content_disk *blend_disk; /* blend's content records on disk, or NULL */
     server_reuse reuse;       /* approximate reuse's quality budget and what it chose */
     long started;             /* start time (Unix seconds) */
-    http_transport http;      /* the transport: routes, limits, keys, connection counters */
+    /* SIGTERM was taken: GET /health answers 503 "draining" from here on, also while, for
+     * --drain-grace seconds, requests are still taken (http.draining refuses them after) */
+    atomic_bool leaving;
+    http_transport http; /* the transport: routes, limits, keys, connection counters */
 };
 
 #endif

@@ -41,6 +41,12 @@ http_result responses_create(server *s, const http_call *c, http_out *out);
 http_result responses_api(server *s, const http_call *c, http_out *out);
 void responses_metrics(const server *s, FILE *f);
 
+/* What existing routers ask of a worker (router_api.c): GET /server_info and /model_info (and
+ * their older names /get_server_info, /get_model_info) and GET /get_load. */
+http_result router_server_info(server *s, const http_call *c, http_out *out);
+http_result router_model_info(server *s, const http_call *c, http_out *out);
+http_result router_get_load(server *s, const http_call *c, http_out *out);
+
 /* The context cache's namespace for a request: the API key presented (when the server requires
  * keys) and the request's cache_salt. */
 static inline void server_cache_namespace(const server *s, const http_call *c, const char *salt,

@@ -9,7 +9,8 @@
 
 static http_result health(server *s, const http_call *c, http_out *out) {
     (void)c;
-    bool draining = atomic_load(&s->http.draining) || atomic_load(&s->http.stopping);
+    bool draining = atomic_load(&s->leaving) || atomic_load(&s->http.draining) ||
+                    atomic_load(&s->http.stopping);
     bool up = atomic_load(&s->http.ready) && !draining;
     json_t *v = json_pack("{s:s}", "status", up ? "ok" : draining ? "draining" : "loading");
     if (up) json_object_set_new(v, "reuse_quality", cache_api_reuse_json(s));
@@ -106,6 +107,14 @@ static const http_route ROUTES[] = {
     {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL, true, NULL},
     {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL, false,
      NULL},
+    /* what SGLang's and vLLM's routers ask of a worker (router_api.c); the load is public, as
+     * /metrics' gauges are, and answered while draining too: a router that reads no load for an
+     * instance (-1) may take it for the least loaded and send it every retry */
+    {"/server_info", false, HTTP_GET, false, false, router_server_info, NULL, false, NULL},
+    {"/get_server_info", false, HTTP_GET, false, false, router_server_info, NULL, false, NULL},
+    {"/model_info", false, HTTP_GET, false, false, router_model_info, NULL, false, NULL},
+    {"/get_model_info", false, HTTP_GET, false, false, router_model_info, NULL, false, NULL},
+    {"/get_load", false, HTTP_GET, true, true, router_get_load, NULL, false, NULL},
     {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL, false, NULL},
     {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL, false, NULL},
     {"/v1/cache/pin", false, HTTP_POST, false, false, cache_api_pin, NULL, true, NULL},

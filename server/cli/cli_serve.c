@@ -1,9 +1,10 @@
 /* `kvserve serve`: the HTTP server. It listens first (GET /health answers 503 "loading" while
  * the model loads), then loads the model, starts the engine and serves until SIGINT or SIGTERM.
- * Then it drains: new requests get 503 (GET /health "draining") while running requests and
- * streams finish, for up to --shutdown-timeout seconds; whatever still runs then ends with an
- * error (a stream's error event); the cache's queued writes are flushed, and it exits 0. A
- * second signal exits at once (status 128 + the signal). */
+ * Then it drains: GET /health answers 503 "draining" at once and, after --drain-grace seconds
+ * of taking requests as usual (while routers in front take the server out), new requests get
+ * 503 while running requests and streams finish, for up to --shutdown-timeout seconds; whatever
+ * still runs then ends with an error (a stream's error event); the cache's queued writes are
+ * flushed, and it exits 0. A second signal exits at once (status 128 + the signal). */
 #include <limits.h>
 #include <openssl/sha.h>
 #include <pthread.h>
@@ -188,8 +189,26 @@ static bool wait_in_flight(server *s, const sigset_t *sigs, double timeout_s) {
     return true;
 }
 
-/* The first signal: new requests get 503 while those running finish, up to the timeout. */
+/* --drain-grace: waits seconds, taking requests as usual, while GET /health answers 503 and
+ * the routers in front take the server out. Another SIGINT or SIGTERM exits at once. */
+static void drain_grace(server *s, const sigset_t *sigs, int sig, int seconds) {
+    atomic_store(&s->leaving, true);
+    if (seconds <= 0) return;
+    log_info("%s: /health answers 503; requests are still taken for %d s (--drain-grace) while "
+             "routers take the server out",
+             signal_name(sig), seconds);
+    struct timespec ts = {.tv_sec = seconds, .tv_nsec = 0};
+    int again = sigtimedwait(sigs, NULL, &ts);
+    if (again == SIGINT || again == SIGTERM) {
+        log_warn("%s again: exiting now, without draining", signal_name(again));
+        _exit(128 + again);
+    }
+}
+
+/* The first signal: after the grace, new requests get 503 while those running finish, up to the
+ * timeout. */
 static void drain(server *s, const sigset_t *sigs, int sig) {
+    drain_grace(s, sigs, sig, s->cfg->drain_grace);
     atomic_store(&s->http.draining, true);
     int timeout = s->cfg->shutdown_timeout;
     log_info("%s: draining: %d requests in flight get up to %d s to finish (a second signal "

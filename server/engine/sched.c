@@ -490,6 +490,7 @@ static bool tails_waiting(const engine *e) { return e->plan && plan_tails_pendin
 
 void *engine_main(void *arg) {
     engine *e = arg;
+    publish_gauges(e, 0); /* the pool's size, before the first request (GET /get_load) */
     for (;;) {
         pthread_mutex_lock(&e->mu);
         /* idle: a check waiting runs now */

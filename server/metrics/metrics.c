@@ -169,6 +169,12 @@ void metrics_set_engine(metrics *m, const metrics_engine *e) {
     pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_get_engine(metrics *m, metrics_engine *out) {
+    pthread_mutex_lock(&m->mu);
+    *out = m->eng;
+    pthread_mutex_unlock(&m->mu);
+}
+
 /* ---------------------------------------------------------------- rendering */
 
 static void render_hist_head(kv_buf *b, const histogram *h) {

@@ -49,6 +49,8 @@ typedef struct metrics_engine {
 } metrics_engine;
 
 void metrics_set_engine(metrics *m, const metrics_engine *e);
+/* The gauges as the engine last set them (all 0 before it first did). */
+void metrics_get_engine(metrics *m, metrics_engine *out);
 
 /* The exposition text, malloc'd (length in *len), or NULL when out of memory. */
 char *metrics_render(metrics *m, size_t *len);

@@ -669,6 +669,8 @@ static const char *const ALL_FLAGS[] = {
     "--simd",
     "--allowed-origins",
     "--allowed-hosts",
+    "--get-load-format",
+    "--drain-grace",
     "--device",
     "--cache",
     "--no-cache",
@@ -719,6 +721,8 @@ static const char *const ALL_ENV[] = {
     "KVSERVE_SIMD",
     "KVSERVE_ALLOWED_ORIGINS",
     "KVSERVE_ALLOWED_HOSTS",
+    "KVSERVE_GET_LOAD_FORMAT",
+    "KVSERVE_DRAIN_GRACE",
     "KVSERVE_DRAFT_MODEL",
     "KVSERVE_RESPONSES_STORE",
     "KVSERVE_RESPONSES_STORE_BYTES",
@@ -874,6 +878,32 @@ Test(config, responses_store_options) {
     config_free(&c);
     load_fails(L("--responses-store", "-1"), NONE, L("--responses-store"));
     load_fails(L("--responses-store-bytes", "1K"), NONE, L("--responses-store-bytes"));
+}
+
+Test(config, get_load_format_names_the_router_in_front) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert_str_eq(c.get_load_format, "sglang");
+    config_free(&c);
+    load_ok(&c, L("--get-load-format", "vllm"), NONE);
+    cr_assert_str_eq(c.get_load_format, "vllm");
+    config_free(&c);
+    load_ok(&c, NONE, L("KVSERVE_GET_LOAD_FORMAT=vllm"));
+    cr_assert_str_eq(c.get_load_format, "vllm");
+    config_free(&c);
+    load_fails(L("--get-load-format", "nginx"), NONE, L("--get-load-format", "sglang, vllm"));
+}
+
+Test(config, drain_grace_in_seconds) {
+    kv_config c;
+    config_defaults(&c);
+    cr_assert_eq(c.drain_grace, 0);
+    config_free(&c);
+    load_ok(&c, L("--drain-grace", "3"), L("KVSERVE_DRAIN_GRACE=9"));
+    cr_assert_eq(c.drain_grace, 3);
+    config_free(&c);
+    load_fails(L("--drain-grace", "-1"), NONE, L("--drain-grace"));
+    load_fails(NONE, L("KVSERVE_DRAIN_GRACE=3601"), L("KVSERVE_DRAIN_GRACE"));
 }
 
 Test(config, pin_bytes_from_flag_and_environment) {

@@ -90,3 +90,26 @@ Test(metrics, an_unknown_reuse_class_counts_as_none) {
     free(t);
     metrics_destroy(m);
 }
+
+Test(metrics, engine_gauges_read_back_as_last_set) {
+    metrics *m = metrics_create();
+    cr_assert_not_null(m);
+    metrics_engine g;
+    metrics_get_engine(m, &g);
+    cr_assert(g.waiting == 0 && g.running == 0 && g.kv_blocks_total == 0, "zero before a set");
+    metrics_engine set = {.waiting = 3,
+                          .running = 2,
+                          .kv_blocks_used = 5,
+                          .kv_blocks_total = 64,
+                          .kv_block_tokens = 16};
+    metrics_set_engine(m, &set);
+    set.running = 1;
+    metrics_set_engine(m, &set);
+    metrics_get_engine(m, &g);
+    cr_assert_eq(g.waiting, 3);
+    cr_assert_eq(g.running, 1);
+    cr_assert_eq(g.kv_blocks_used, 5);
+    cr_assert_eq(g.kv_blocks_total, 64);
+    cr_assert_eq(g.kv_block_tokens, 16);
+    metrics_destroy(m);
+}
