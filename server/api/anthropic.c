@@ -446,7 +446,7 @@ http_result anthropic_count_tokens(server *s, const http_call *c, http_out *o) {
     int32_t *ids = NULL;
     kv_error ke = {{0}};
     size_t len = text ? strlen(text) : 0;
-    bool fits = text && job_check_text(s, len, "messages", &err) == 0;
+    bool fits = text && server_check_text(s, len, "messages", &err) == 0;
     int n = fits ? tokenizer_encode(s->m->tok, text, len, add_bos, true, &ids, &ke) : -1;
     if (fits && n < 0) api_fail(&err, 400, "invalid_request_error", NULL, "messages", "%s", ke.msg);
     free(ids);

@@ -56,10 +56,14 @@ static inline void server_cache_namespace(const server *s, const http_call *c, c
 }
 /* The most bytes of text a prompt of the server's context can have: no token spans more than
  * the vocabulary's longest. Longer text cannot fit, and is refused before it is tokenized, so
- * what an HTTP thread tokenizes for one request is bounded (job_check_text). */
+ * what an HTTP thread tokenizes for one request is bounded (server_check_text). */
 static inline size_t server_text_limit(const server *s) {
     return (size_t)s->ctx * tokenizer_max_token_len(s->m->tok);
 }
+/* -1 with err (400 context_length_exceeded, naming param) when len bytes of text cannot fit
+ * the context (over server_text_limit): what every route checks before it tokenizes text
+ * (limits.c). */
+int server_check_text(const server *s, size_t len, const char *param, api_error *err);
 
 /* Tenants (tenants.c; DESIGN.md "Tenants"): the tenant a request comes from, the index of its API
  * key in --api-key order (0 on a server without keys, and for a request without a valid key,

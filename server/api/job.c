@@ -108,7 +108,7 @@ int job_tokenize_messages(const server *s, const chat_message *msgs, int n, cons
     bool add_bos;
     char *text = job_render(m, msgs, n, tools, n_tools, true, &add_bos, err);
     if (!text) return -1;
-    if (job_check_text(s, strlen(text), "messages", err)) {
+    if (server_check_text(s, strlen(text), "messages", err)) {
         free(text);
         return -1;
     }
@@ -123,22 +123,12 @@ int job_tokenize_messages(const server *s, const chat_message *msgs, int n, cons
 int job_tokenize_text(const server *s, const char *text, bool add_special, int32_t **ids,
                       const char *param, api_error *err) {
     const model *m = s->m;
-    if (job_check_text(s, strlen(text), param, err)) return -1;
+    if (server_check_text(s, strlen(text), param, err)) return -1;
     kv_error ke = {{0}};
     bool add_bos = add_special && tokenizer_add_bos(m->tok);
     int n = tokenizer_encode(m->tok, text, strlen(text), add_bos, true, ids, &ke);
     if (n < 0) return fail_400(err, param, NULL, ke.msg);
     return n;
-}
-
-int job_check_text(const server *s, size_t len, const char *param, api_error *err) {
-    size_t limit = server_text_limit(s);
-    if (len <= limit) return 0;
-    return api_fail(err, 400, "invalid_request_error", "context_length_exceeded", param,
-                    "This model's maximum context length is %d tokens, and no token spans more "
-                    "than %zu bytes: text over %zu bytes cannot fit, and yours has %zu. Please "
-                    "reduce the length of the %s.",
-                    s->ctx, tokenizer_max_token_len(s->m->tok), limit, len, param);
 }
 
 int job_check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err) {
@@ -347,7 +337,7 @@ static int request_setup(const server *s, gen_request *r, const api_request *rq,
         /* drafted where the output matches it: the tokens the answer would have as plain text */
         kv_error ke = {{0}};
         size_t len = strlen(rq->prediction);
-        if (job_check_text(s, len, "prediction.content", err)) return -1;
+        if (server_check_text(s, len, "prediction.content", err)) return -1;
         int n = tokenizer_encode(s->m->tok, rq->prediction, len, false, false, &r->prediction, &ke);
         if (n < 0) return fail_400(err, "prediction.content", NULL, ke.msg);
         r->n_prediction = n;

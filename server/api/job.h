@@ -142,9 +142,6 @@ int job_tokenize_messages(const server *s, const chat_message *msgs, int n, cons
                           int n_tools, int32_t **ids, int **bounds, int *n_bounds, api_error *err);
 int job_tokenize_text(const server *s, const char *text, bool add_special, int32_t **ids,
                       const char *param, api_error *err);
-/* -1 with err (400 context_length_exceeded, naming param) when len bytes of text cannot fit
- * the context (over server_text_limit): what every route checks before it tokenizes text. */
-int job_check_text(const server *s, size_t len, const char *param, api_error *err);
 /* -1 with err (400 naming param) when an id is outside the vocabulary. */
 int job_check_ids(const model *m, const int32_t *ids, int n, const char *param, api_error *err);
 /* The API error for an engine refusal (429 when its queue is full, 503 when it shuts down). */

@@ -514,7 +514,7 @@ int schemas_prompt(server *s, const api_request *rq, const http_call *c, schema_
     size_t len = strlen(rq->schema_prompt);
     for (int i = 0; i < rq->n_messages; i++)
         len += rq->messages[i].content ? strlen(rq->messages[i].content) : 0;
-    if (job_check_text(s, len, "schema_prompt", err)) return -1;
+    if (server_check_text(s, len, "schema_prompt", err)) return -1;
     pml_doc *doc = prompt_doc(rq, err);
     if (!doc) return -1;
     schema_turn *turns = NULL;
