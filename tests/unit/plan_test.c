@@ -489,6 +489,15 @@ Test(plan, a_partial_block_is_kept_once_and_gives_way_to_a_covering_one) {
     cr_expect_eq(kv_pool_free_blocks(g_pool), free0, "every block back in the pool");
 }
 
+/* A planner with the pool tier whose first sequence computed g_prompt and is ending (its KV
+ * still held): for the tests of reuse to the token. */
+static planner *computed_planner(plan_req *pr, plan_seq *a, kv_seq *ka) {
+    planner *p = make_planner(true, NULL);
+    prepare(p, pr, false);
+    compute_all(p, a, pr, ka, true);
+    return p;
+}
+
 /* A prompt n tokens long made of g_prompt's first `shared` tokens and then others. */
 static void diverging(int32_t *out, int n, int shared) {
     for (int i = 0; i < n; i++) out[i] = i < shared ? g_prompt[i] : 7 + i;
@@ -507,12 +516,10 @@ static int reuse_tokens(planner *p, plan_req *pr, plan_seq *ps, kv_seq *kv, cons
  * shares them: by reference, copied on the first write, so the cached block is never written in
  * place; a full block lends its leading rows the same way (prompts under a block too). */
 Test(plan, the_pool_tier_lends_rows_to_the_token_and_never_writes_a_cached_block) {
-    planner *p = make_planner(true, NULL);
     plan_req pr;
-    prepare(p, &pr, false);
     plan_seq a;
     kv_seq ka;
-    compute_all(p, &a, &pr, &ka, true);
+    planner *p = computed_planner(&pr, &a, &ka);
     plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
     const int last = N_PROMPT / 16; /* 9 whole blocks, then 6 rows */
     int32_t cached = ka.blocks[last];
@@ -573,12 +580,10 @@ Test(plan, the_pool_tier_lends_rows_to_the_token_and_never_writes_a_cached_block
 
 /* Only rows a full prefill computes are kept: none past the first blended or lossy token. */
 Test(plan, partial_blocks_stop_where_inexact_kv_starts) {
-    planner *p = make_planner(true, NULL);
     plan_req pr;
-    prepare(p, &pr, false);
     plan_seq a;
     kv_seq ka;
-    compute_all(p, &a, &pr, &ka, true);
+    planner *p = computed_planner(&pr, &a, &ka);
     a.exact_end = N_PROMPT / 16 * 16 + 2; /* blended from there on */
     plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
     pool_cache_stats st;
@@ -588,7 +593,7 @@ Test(plan, partial_blocks_stop_where_inexact_kv_starts) {
     const int32_t *tail = g_prompt + N_PROMPT / 16 * 16;
     cr_expect_eq(
         pool_cache_match(planner_pool(p), &g_ns, &a.keys[N_PROMPT / 16 - 1], tail, 6, &got), 2);
-    /* lossy KV: nothing of the block is kept */
+    /* lossy KV from a token on: the rows before it are kept */
     pool_cache_clear(planner_pool(p), NULL);
     pool_cache_reclaim(planner_pool(p));
     a.exact_end = INT_MAX;
