@@ -64,13 +64,14 @@ typedef struct eseq {
     uint64_t admit_order; /* older sequences have priority for KV */
     bool preempted;       /* its KV was dropped; it has not yet recomputed its history */
     bool done;
-    bool reuse_tried; /* looked up since it last held no KV */
-    plan_seq ps;      /* the context cache's and blend's side of it (cache/plan.h) */
-    spec_seq spec;    /* its drafting (server/engine/spec.h) */
-    draft_seq dkv;    /* the draft model's KV of its history (server/engine/draft.h) */
-    int n_draft;      /* this step: draft tokens staged after its history */
-    bool want_model;  /* this step: its draft is the draft model's to make */
-    bool by_model;    /* the draft being verified is the draft model's */
+    bool reuse_tried;     /* looked up since it last held no KV */
+    bool content_pending; /* its prompt's content records are still to store (eseq_store_content) */
+    plan_seq ps;          /* the context cache's and blend's side of it (cache/plan.h) */
+    spec_seq spec;        /* its drafting (server/engine/spec.h) */
+    draft_seq dkv;        /* the draft model's KV of its history (server/engine/draft.h) */
+    int n_draft;          /* this step: draft tokens staged after its history */
+    bool want_model;      /* this step: its draft is the draft model's to make */
+    bool by_model;        /* the draft being verified is the draft model's */
 } eseq;
 
 /* Work for the idle engine: the live check (cache/quality.h), where a request picked for it
@@ -249,6 +250,9 @@ void live_check_done(engine *e, const float *row);
 /* ---------------------------------------------------------------- reuse.c: reused KV */
 
 /* Gives s (holding no KV) its longest cached prefix and plans its blend. */
+/* Stores the prompt's content records (plan_store_content) when they are pending: after the
+ * step that computed the prompt has published its first token, or as the sequence ends. */
+void eseq_store_content(engine *e, eseq *s);
 void eseq_reuse_prefix(engine *e, eseq *s);
 /* True when s has reused spans at or after its next token. */
 bool eseq_blending(const eseq *s);

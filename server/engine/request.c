@@ -170,6 +170,7 @@ void eseq_finish(engine *e, eseq *s, gen_finish fin, int status, const char *msg
     gen_request_changed(r);
     pthread_mutex_unlock(&r->mu);
     if (last) metrics_e2e(e->mx, (double)(clock_now_ns() - r->t_arrival) / 1e9);
+    eseq_store_content(e, s);
     if (!s->done && eseq_cache_on(e, s)) {
         plan_keep_partial(e->plan, &s->ps, &r->plan, &s->kv, s->hist, s->n_computed);
         plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv, true);

@@ -389,8 +389,7 @@ static void step_output(engine *e, int i, float *rows, int n_be) {
     if (s->n_gen == 0 && !s->done && eseq_cache_on(e, s)) {
         gen_request *r = s->req;
         plan_store_tail(e->plan, &s->ps, &r->plan, &s->kv, false);
-        plan_store_content(e->plan, &s->ps, &r->plan, &s->kv, r->prompt, s->n_computed,
-                           s->choice == 0);
+        s->content_pending = true; /* once the first token is out (step) */
         if (s->choice == 0 && s->ps.blended > 0) {
             pthread_mutex_lock(&r->mu);
             r->blended_tokens = s->ps.blended;
@@ -447,6 +446,7 @@ static void step(engine *e) {
         step_output(e, i, rows, n_be);
         rows += (size_t)entry_rows(&e->batch[i]) * (size_t)e->m->hp.n_vocab;
     }
+    for (int i = 0; i < n_b; i++) eseq_store_content(e, e->batch_seqs[i]);
 }
 
 /* ---------------------------------------------------------------- the engine thread */
