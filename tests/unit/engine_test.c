@@ -204,6 +204,18 @@ Test(engine, preempted_outputs_equal_alone_with_the_pool_tier) {
     stop_engine();
 }
 
+/* A greedy answer of max_tokens to text with the context cache on (the server's namespace, in
+ * *ns), its token ids recorded (logprobs), done. */
+static gen_request *cached_answer(engine *e, cache_key *ns, const char *text, int max_tokens) {
+    cache_namespace(NULL, 0, NULL, ns);
+    gen_request *r = request(text, 1, max_tokens, 0, 0);
+    r->logprobs = true; /* for the generated token ids */
+    cr_assert_eq(engine_prepare_cache(e, r, ns, true), 0);
+    submit_ok(e, r);
+    wait_done(r);
+    return r;
+}
+
 /* Reuse to the token under pressure: prompts that share part of a cached sequence's blocks
  * take those rows (cached_tokens to the token), copy the blocks they write, are preempted (their
  * own last blocks kept as they step back) while cached blocks are evicted, and every output
@@ -212,12 +224,7 @@ Test(engine, rows_shared_to_the_token_survive_preemption_and_eviction) {
     metrics *mx;
     engine *e = start_cached(256, 256, 4, 8, 32, &mx);
     cache_key ns;
-    cache_namespace(NULL, 0, NULL, &ns);
-    gen_request *first = request(PROMPTS[0], 1, 20, 0, 0);
-    first->logprobs = true; /* for the generated token ids */
-    cr_assert_eq(engine_prepare_cache(e, first, &ns, true), 0);
-    submit_ok(e, first);
-    wait_done(first);
+    gen_request *first = cached_answer(e, &ns, PROMPTS[0], 20);
     /* the first sequence's computed history: its prompt and all but its last token */
     int n_first = first->n_prompt + 19;
     int32_t hist[256];
@@ -262,12 +269,7 @@ Test(engine, generated_chunks_are_reused) {
     metrics *mx;
     engine *e = start_cached(1024, 2048, 4, 8, 32, &mx);
     cache_key ns;
-    cache_namespace(NULL, 0, NULL, &ns);
-    gen_request *first = request(PROMPTS[1], 1, 100, 0, 0);
-    first->logprobs = true; /* for the generated token ids */
-    cr_assert_eq(engine_prepare_cache(e, first, &ns, true), 0);
-    submit_ok(e, first);
-    wait_done(first);
+    gen_request *first = cached_answer(e, &ns, PROMPTS[1], 100);
     cr_assert_eq(first->choices[0].n_lps, 100);
     int n = first->n_prompt + 100;
     gen_request *next[2];
