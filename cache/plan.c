@@ -390,14 +390,19 @@ static void store_record(planner *p, const plan_seq *ps, const plan_req *pr, kv_
     cache_chunk_unref(c);
 }
 
+/* Of the first n rows of ps's KV, how many a full prefill computes, the only ones a prefix key
+ * (or a kept partial block) may name: not blended KV, nor KV that came lossy from Redis, nor
+ * anything computed after either. */
+static int exact_rows(const plan_seq *ps, int n) {
+    if (ps->exact_end < n) n = ps->exact_end;
+    return ps->lossy_from < n ? ps->lossy_from : n;
+}
+
 void plan_write_back(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv, const int32_t *hist,
                      int n_computed) {
     int bt = kv_pool_layout(p->pool)->block_tokens;
     int cb = p->o.chunk_tokens / bt;
-    /* blended KV is not what a full prefill computes: no prefix key may name it */
-    int exact = n_computed < ps->exact_end ? n_computed : ps->exact_end;
-    /* nor KV that came lossy from Redis, or was computed after it */
-    if (ps->lossy_from < exact) exact = ps->lossy_from;
+    int exact = exact_rows(ps, n_computed);
     while ((ps->n_stored + 1) * bt <= exact) {
         int i = ps->n_stored;
         if (i >= ps->n_keys) {
@@ -425,11 +430,7 @@ void plan_keep_partial(planner *p, const plan_seq *ps, const plan_req *pr, const
                        const int32_t *hist, int n_computed) {
     if (!p->pc || !pr->cache) return;
     int bt = kv_pool_layout(p->pool)->block_tokens;
-    /* only rows a full prefill computes: not blended or lossy ones, nor any after them */
-    int exact = n_computed;
-    if (ps->exact_end < exact) exact = ps->exact_end;
-    if (ps->lossy_from < exact) exact = ps->lossy_from;
-    if (kv->n_tokens < exact) exact = kv->n_tokens;
+    int exact = exact_rows(ps, n_computed < kv->n_tokens ? n_computed : kv->n_tokens);
     int h = exact / bt, n = exact - h * bt;
     /* the block after the registered ones (their keys name its parent) */
     if (n == 0 || h > ps->n_stored || h >= kv->n_blocks) return;
