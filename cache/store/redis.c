@@ -1,11 +1,7 @@
 /* The Redis tier of the chunk store (cache/store/redis.h): hiredis's blocking API with timeouts
- * over two connections, one for lookups (the callers' threads, one at a time) and one for the
- * write-behind thread, so a lookup never waits behind a queue of multi-megabyte SETs.
- *
- * Connections. Each has its own backoff: a failure (refused, reset, timed out, a protocol error)
- * frees the context, and the next attempt is allowed after 100 ms, doubling to 5 s; a success
- * resets it. The tier's state (connected or not) is logged when it changes, not per request.
- * After a timeout the connection may still carry the rest of a reply, so it is never reused.
+ * over two connections (cache/store/redis_link.h: timeouts, backoff, state logged when it
+ * changes), one for lookups (the callers' threads, one at a time) and one for the write-behind
+ * thread, so a lookup never waits behind a queue of multi-megabyte SETs.
  *
  * Trust. Everything Redis sends is checked: reply types, the alias's length, the record's size
  * (at most a full chunk's), header and payload checksums, model identity and layout, the key the
@@ -23,10 +19,9 @@
 #include "cache/store/content_disk.h"
 #include "cache/store/record.h"
 #include "cache/store/redis.h"
+#include "cache/store/redis_link.h"
 
 #define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION
-#define REDIS_BACKOFF_MIN_NS 100000000ull  /* 100 ms */
-#define REDIS_BACKOFF_MAX_NS 5000000000ull /* 5 s */
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
 #define REDIS_KEY_LEN                                                                              \
     224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
@@ -45,13 +40,6 @@ typedef struct redis_item {
     content_rec *content;
 } redis_item;
 
-typedef struct redis_conn {
-    const char *name; /* "lookup" or "write", for messages */
-    redisContext *ctx;
-    uint64_t retry_ns; /* no attempt before this (monotonic) */
-    uint64_t backoff_ns;
-} redis_conn;
-
 struct cache_redis {
     cache_layout layout;
     const codec_table *table; /* the codec's levels (NULL: lossless and q8 only); borrowed */
@@ -61,14 +49,12 @@ struct cache_redis {
     size_t max_payload;       /* the largest encoded payload of a chunk */
     int decode_threads;
     cache_redis_addr addr;
-    char url[64];    /* for messages: the address without the password */
     char prefix[48]; /* "kvserve:<version>:<model>-<block_tokens>x<chunk_tokens>:" */
     int64_t ttl_s;
-    struct timeval timeout;
     int write_queue;
 
     pthread_mutex_t lookup_mu; /* guards lookup, scratch */
-    redis_conn lookup;
+    redis_link lookup;
     float *scratch; /* [cache_enc_scratch_floats]: decoding */
 
     pthread_mutex_t mu; /* guards what follows */
@@ -78,12 +64,12 @@ struct cache_redis {
     int n_writes; /* queued + in flight */
     bool stop;
     cache_tier_stats st;
-    int state;         /* -1: never connected yet, 0: down, 1: connected */
+    redis_health health; /* both links' state; its url names Redis in messages */
     cache_meter meter; /* the lookup link and the decoders (cache/codec/meter.h) */
 
     pthread_t thread; /* the write thread, and its connection */
     bool thread_started;
-    redis_conn writer;
+    redis_link writer;
     uint8_t *value;   /* [header_bytes + max_payload]: the record being written */
     float *w_scratch; /* [cache_enc_scratch_floats]: encoding */
     bool refusing;    /* Redis answered the last write with an error (write thread) */
@@ -109,106 +95,6 @@ static void key_alias(const cache_redis *r, const cache_key *bkey, char out[REDI
     char kh[2 * CACHE_KEY_BYTES + 1];
     cache_key_hex(bkey, kh);
     snprintf(out, REDIS_KEY_LEN, "%sb:%s", r->prefix, kh);
-}
-
-/* ---------------------------------------------------------------- connections */
-
-/* Logs the tier's state when it changes: one line per outage, not one per request. */
-static void set_state(cache_redis *r, bool up, const char *why) {
-    pthread_mutex_lock(&r->mu);
-    int was = r->state;
-    r->state = up;
-    pthread_mutex_unlock(&r->mu);
-    if (up && was != 1)
-        log_info("cache: redis %s %s", r->url, was == -1 ? "connected" : "reconnected");
-    else if (!up && was == 1)
-        log_warn("cache: redis %s lost: %s (lookups miss until it is back)", r->url, why);
-    else if (!up && was == -1)
-        log_warn("cache: redis %s unavailable: %s (retrying in the background)", r->url, why);
-}
-
-static void conn_fail(cache_redis *r, redis_conn *c, const char *why) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "%s", why);
-    if (c->ctx) redisFree(c->ctx);
-    c->ctx = NULL;
-    c->backoff_ns = c->backoff_ns ? c->backoff_ns * 2 : REDIS_BACKOFF_MIN_NS;
-    if (c->backoff_ns > REDIS_BACKOFF_MAX_NS) c->backoff_ns = REDIS_BACKOFF_MAX_NS;
-    c->retry_ns = clock_now_ns() + c->backoff_ns;
-    set_state(r, false, msg);
-}
-
-/* A command on a fresh connection (AUTH, SELECT): false when it failed. */
-static bool conn_setup(redis_conn *c, int argc, const char **argv, char *why, size_t n) {
-    redisReply *rep = redisCommandArgv(c->ctx, argc, argv, NULL);
-    bool ok = rep && rep->type == REDIS_REPLY_STATUS;
-    if (!rep)
-        snprintf(why, n, "%s: %s", argv[0], c->ctx->errstr);
-    else if (!ok)
-        snprintf(why, n, "%s: %.*s", argv[0], rep->type == REDIS_REPLY_ERROR ? (int)rep->len : 0,
-                 rep->type == REDIS_REPLY_ERROR ? rep->str : "");
-    if (rep) freeReplyObject(rep);
-    return ok;
-}
-
-/* The connection's context, connecting when there is none and the backoff allows; NULL when
- * Redis cannot be used now. */
-static redisContext *conn_get(cache_redis *r, redis_conn *c) {
-    if (c->ctx) return c->ctx;
-    if (clock_now_ns() < c->retry_ns) return NULL;
-    const cache_redis_addr *a = &r->addr;
-    c->ctx = a->path[0] ? redisConnectUnixWithTimeout(a->path, r->timeout)
-                        : redisConnectWithTimeout(a->host, a->port, r->timeout);
-    char why[192];
-    if (!c->ctx) {
-        conn_fail(r, c, "out of memory");
-        return NULL;
-    }
-    if (c->ctx->err) {
-        snprintf(why, sizeof why, "%s", c->ctx->errstr);
-        conn_fail(r, c, why);
-        return NULL;
-    }
-    if (redisSetTimeout(c->ctx, r->timeout) != REDIS_OK) {
-        conn_fail(r, c, "cannot set the socket timeout");
-        return NULL;
-    }
-    if (a->has_password) {
-        const char *argv[2] = {"AUTH", a->password};
-        if (!conn_setup(c, 2, argv, why, sizeof why)) {
-            conn_fail(r, c, why);
-            return NULL;
-        }
-    }
-    if (a->db) {
-        char db[16];
-        snprintf(db, sizeof db, "%d", a->db);
-        const char *argv[2] = {"SELECT", db};
-        if (!conn_setup(c, 2, argv, why, sizeof why)) {
-            conn_fail(r, c, why);
-            return NULL;
-        }
-    }
-    /* Up (and the backoff reset) only once a command is answered: a Redis that accepts
-     * connections but answers nothing in time keeps backing off. */
-    return c->ctx;
-}
-
-/* Reads one reply of a pipeline; NULL (the connection failed, dropped) on an I/O or protocol
- * error. */
-static redisReply *conn_reply(cache_redis *r, redis_conn *c) {
-    void *rep = NULL;
-    if (redisGetReply(c->ctx, &rep) != REDIS_OK || !rep) {
-        char why[192];
-        snprintf(why, sizeof why, "%s connection: %s", c->name,
-                 c->ctx->errstr[0] ? c->ctx->errstr : "no reply");
-        if (rep) freeReplyObject(rep);
-        conn_fail(r, c, why);
-        return NULL;
-    }
-    c->backoff_ns = 0;
-    set_state(r, true, NULL); /* also when the other connection marked the tier down */
-    return rep;
 }
 
 /* ---------------------------------------------------------------- lookups */
@@ -262,21 +148,21 @@ static cache_chunk *value_decode(cache_redis *r, const redisReply *v, const cach
 }
 
 /* Deletes bad values (one round trip; a failure only leaves them for the next reader). */
-static void delete_keys(cache_redis *r, redis_conn *c, char (*keys)[REDIS_KEY_LEN], int n) {
+static void delete_keys(redis_link *c, char (*keys)[REDIS_KEY_LEN], int n) {
     if (n == 0 || !c->ctx) return;
     const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
     if (!argv) return;
     argv[0] = "UNLINK";
     for (int i = 0; i < n; i++) argv[i + 1] = keys[i];
     redisReply *rep = NULL;
-    if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK) rep = conn_reply(r, c);
+    if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK) rep = redis_link_reply(c);
     if (rep) freeReplyObject(rep);
     free(argv);
 }
 
 /* The aliases of blocks [first, n_blocks): one MGET. Returns the reply (an array of
  * n_blocks - first elements), or NULL. */
-static redisReply *mget_aliases(cache_redis *r, redis_conn *c, const cache_key *bkeys, int first,
+static redisReply *mget_aliases(cache_redis *r, redis_link *c, const cache_key *bkeys, int first,
                                 int n_blocks) {
     int n = n_blocks - first;
     const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
@@ -289,9 +175,9 @@ static redisReply *mget_aliases(cache_redis *r, redis_conn *c, const cache_key *
             argv[i + 1] = keys[i];
         }
         if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
-            rep = conn_reply(r, c);
+            rep = redis_link_reply(c);
         else
-            conn_fail(r, c, "cannot build a command");
+            redis_link_fail(c, "cannot build a command");
     }
     free(argv);
     free(keys);
@@ -361,7 +247,7 @@ static void *decoder_thread(void *arg) {
         if (!c && value) {
             key_value(r, &f->ns, &f->key, f->enc, d->bad);
             d->bad_stale = stale && strcmp(err.msg, "out of memory") != 0;
-            log_warn("cache: redis %s: refusing %s: %s", r->url, d->bad, err.msg);
+            log_warn("cache: redis %s: refusing %s: %s", r->health.url, d->bad, err.msg);
         }
         if (c) { /* never r->mu under d->mu: the reading thread takes them the other way */
             pthread_mutex_lock(&r->mu);
@@ -384,13 +270,13 @@ static void *decoder_thread(void *arg) {
 }
 
 /* Sends the GET of f's value in f->enc. */
-static bool send_get(cache_redis *r, redis_conn *c, fetch_rec *f) {
+static bool send_get(cache_redis *r, redis_link *c, fetch_rec *f) {
     char name[REDIS_KEY_LEN];
     key_value(r, &f->ns, &f->key, f->enc, name);
     const char *argv[2] = {"GET", name};
     f->t_sent = clock_now_ns();
     if (redisAppendCommandArgv(c->ctx, 2, argv, NULL) != REDIS_OK) {
-        conn_fail(r, c, "cannot build a command");
+        redis_link_fail(c, "cannot build a command");
         return false;
     }
     return true;
@@ -399,7 +285,7 @@ static bool send_get(cache_redis *r, redis_conn *c, fetch_rec *f) {
 /* Reads the values of recs[0..n) in order, each GET sent once the one before it has arrived
  * (its encoding chosen on what that one measured), while the decoder turns them into out[].
  * Returns how many chunks out[] got; *n_text: chunks left to be computed from text. */
-static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
+static int stream_values(cache_redis *r, redis_link *c, fetch_rec *recs, int n,
                          const cache_fetch_policy *p, uint64_t t0, cache_chunk **out, int *n_text,
                          int *corrupt) {
     decoder d = {.r = r, .recs = recs, .out = out};
@@ -413,13 +299,13 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
     recs[0].enc = choose_enc(r, p, recs, 0, n, t0, &plan);
     pthread_mutex_unlock(&r->mu);
     if (!threaded)
-        log_warn("cache: redis %s: cannot start a decoder thread (a miss)", r->url);
+        log_warn("cache: redis %s: cannot start a decoder thread (a miss)", r->health.url);
     else if (recs[0].enc == CACHE_ENC_TEXT)
         text_from = 0;
     else if (send_get(r, c, &recs[0]))
         sent = 1;
     for (int i = 0; i < sent;) {
-        redisReply *rep = conn_reply(r, c);
+        redisReply *rep = redis_link_reply(c);
         if (!rep) break;
         uint64_t now = clock_now_ns();
         fetch_rec *f = &recs[i];
@@ -455,7 +341,7 @@ static int stream_values(cache_redis *r, redis_conn *c, fetch_rec *recs, int n,
     if (threaded) pthread_join(th, NULL);
     if (d.failed && d.bad[0]) {
         (*corrupt)++;
-        if (d.bad_stale) delete_keys(r, c, &d.bad, 1);
+        if (d.bad_stale) delete_keys(c, &d.bad, 1);
     }
     /* text continues the prefix only from where the fetched chunks end */
     *n_text = d.done == text_from ? n - text_from : 0;
@@ -480,8 +366,8 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
     fetch_rec *recs = calloc((size_t)max_out, sizeof *recs);
     redisReply *aliases = NULL;
     pthread_mutex_lock(&r->lookup_mu);
-    redis_conn *c = &r->lookup;
-    if (!recs || !conn_get(r, c) || !(aliases = mget_aliases(r, c, bkeys, first, n_blocks))) {
+    redis_link *c = &r->lookup;
+    if (!recs || !redis_link_get(c) || !(aliases = mget_aliases(r, c, bkeys, first, n_blocks))) {
         misses = 1;
         goto done;
     }
@@ -524,7 +410,7 @@ done:
 /* ---------------------------------------------------------------- writes */
 
 /* Appends SET name value (EX ttl when the tier has one) to the connection's pipeline. */
-static bool append_set(const cache_redis *r, redis_conn *c, const char *name, const void *value,
+static bool append_set(const cache_redis *r, redis_link *c, const char *name, const void *value,
                        size_t len) {
     char ttl[24];
     snprintf(ttl, sizeof ttl, "%lld", (long long)r->ttl_s);
@@ -533,28 +419,12 @@ static bool append_set(const cache_redis *r, redis_conn *c, const char *name, co
     return redisAppendCommandArgv(c->ctx, r->ttl_s > 0 ? 5 : 3, argv, argvlen) == REDIS_OK;
 }
 
-/* Reads the replies of n appended commands, every one, so the connection stays in step. False
- * when the connection failed or a reply was an error (the first goes to refused). */
-static bool read_replies(cache_redis *r, redis_conn *c, int n, char *refused, size_t refused_len) {
-    bool all = true;
-    for (int i = 0; i < n; i++) {
-        redisReply *rep = conn_reply(r, c);
-        if (!rep) return false;
-        if (rep->type == REDIS_REPLY_ERROR && all) {
-            all = false;
-            snprintf(refused, refused_len, "%.*s", (int)rep->len, rep->str);
-        }
-        freeReplyObject(rep);
-    }
-    return all;
-}
-
 /* One pipeline: the record's value in every encoding the tier offers (coarsest first, lossless
  * last), then each block's alias listing their sizes (so an alias never names a value not yet
  * stored), then UNLINK of the values of the same chunk's records that hold a prefix of c's
  * blocks (their keys are c's earlier block keys; c supersedes them, as on disk). True when every
  * reply was OK; else the first error Redis answered (e.g. OOM under maxmemory) goes to refused. */
-static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *refused,
+static bool write_chunk(cache_redis *r, redis_link *c, cache_chunk *ch, char *refused,
                         size_t refused_len, int64_t *bytes) {
     char name[REDIS_KEY_LEN];
     int n_cmd = 0;
@@ -606,8 +476,8 @@ static bool write_chunk(cache_redis *r, redis_conn *c, cache_chunk *ch, char *re
         free(names);
         free(uv);
     }
-    bool all = read_replies(r, c, n_cmd, refused, refused_len) && ok;
-    if (!ok && c->ctx) conn_fail(r, c, "cannot build a command");
+    bool all = redis_link_replies(c, n_cmd, refused, refused_len) && ok;
+    if (!ok && c->ctx) redis_link_fail(c, "cannot build a command");
     return all;
 }
 
@@ -621,7 +491,7 @@ static void key_content(const cache_redis *r, const cache_key *ns, const cache_k
 }
 
 /* One SET of a content record, lossless, in its disk file's format (cache/store/content_disk.h). */
-static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, char *refused,
+static bool write_content(cache_redis *r, redis_link *c, const content_rec *cr, char *refused,
                           size_t refused_len, int64_t *bytes) {
     size_t hb = content_record_header_bytes(cr->n_layer), len = hb + cr->bytes;
     uint8_t *v = malloc(len);
@@ -635,11 +505,11 @@ static bool write_content(cache_redis *r, redis_conn *c, const content_rec *cr, 
     bool ok = append_set(r, c, name, v, len);
     free(v);
     if (!ok) {
-        conn_fail(r, c, "cannot build a command");
+        redis_link_fail(c, "cannot build a command");
         return false;
     }
     *bytes = (int64_t)len;
-    return read_replies(r, c, 1, refused, refused_len);
+    return redis_link_replies(c, 1, refused, refused_len);
 }
 
 /* The decode costs of this machine, measured on the write thread at start (cache_meter_measure);
@@ -665,16 +535,16 @@ static void *redis_thread(void *arg) {
             char refused[128] = "";
             int64_t bytes = 0;
             bool ok =
-                conn_get(r, &r->writer) &&
+                redis_link_get(&r->writer) &&
                 (it.chunk
                      ? write_chunk(r, &r->writer, it.chunk, refused, sizeof refused, &bytes)
                      : write_content(r, &r->writer, it.content, refused, sizeof refused, &bytes));
             /* Refusals (OOM under maxmemory, a read-only replica) come with every write while
              * they last: logged when they start and when they end. */
             if (refused[0] && !r->refusing)
-                log_warn("cache: redis %s refuses writes: %s", r->url, refused);
+                log_warn("cache: redis %s refuses writes: %s", r->health.url, refused);
             else if (ok && r->refusing)
-                log_info("cache: redis %s accepts writes again", r->url);
+                log_info("cache: redis %s accepts writes again", r->health.url);
             if (refused[0] || ok) r->refusing = refused[0] != 0;
             pthread_mutex_lock(&r->mu);
             if (ok)
@@ -743,17 +613,17 @@ int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_k
     char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)n);
     redisReply *rep = NULL;
     pthread_mutex_lock(&r->lookup_mu);
-    redis_conn *c = &r->lookup;
-    if (argv && names && conn_get(r, c)) {
+    redis_link *c = &r->lookup;
+    if (argv && names && redis_link_get(c)) {
         argv[0] = "MGET";
         for (int i = 0; i < n; i++) {
             key_content(r, ns, &keys[i], names[i]);
             argv[i + 1] = names[i];
         }
         if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
-            rep = conn_reply(r, c);
+            rep = redis_link_reply(c);
         else
-            conn_fail(r, c, "cannot build a command");
+            redis_link_fail(c, "cannot build a command");
     }
     if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == (size_t)n) {
         int kv_dim = r->layout.n_kv_head * r->layout.head_dim;
@@ -770,8 +640,8 @@ int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_k
             }
             if (!cr) {
                 corrupt++;
-                log_warn("cache: redis %s: refusing %s: %s", r->url, names[i], err.msg);
-                delete_keys(r, c, &names[i], 1);
+                log_warn("cache: redis %s: refusing %s: %s", r->health.url, names[i], err.msg);
+                delete_keys(c, &names[i], 1);
                 continue;
             }
             out[i] = cr;
@@ -819,10 +689,6 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
         if (b > r->max_payload) r->max_payload = b;
     }
     cache_meter_init(&r->meter, l, r->n_enc, REDIS_PRIOR_BW);
-    if (addr.path[0])
-        snprintf(r->url, sizeof r->url, "unix://%.50s", addr.path);
-    else
-        snprintf(r->url, sizeof r->url, "%.40s:%d/%d", addr.host, addr.port, addr.db);
     cache_key mid;
     memcpy(mid.b, l->model_id, CACHE_KEY_BYTES);
     char mh[2 * CACHE_KEY_BYTES + 1];
@@ -832,11 +698,10 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
     snprintf(r->prefix, sizeof r->prefix, "kvserve:%d:%.16s-%dx%d:", REDIS_KEY_VERSION, mh,
              l->block_tokens, l->chunk_tokens);
     r->ttl_s = ttl_s;
-    r->timeout = (struct timeval){.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
     r->write_queue = write_queue;
-    r->state = -1;
-    r->lookup.name = "lookup";
-    r->writer.name = "write";
+    redis_health_init(&r->health, "cache", "lookups miss", &r->addr);
+    redis_link_init(&r->lookup, "lookup", &r->addr, &r->health, timeout_ms);
+    redis_link_init(&r->writer, "write", &r->addr, &r->health, timeout_ms);
     pthread_mutex_init(&r->lookup_mu, NULL);
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->work, NULL);
@@ -853,8 +718,8 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
     pthread_mutex_lock(&r->lookup_mu);
     const char *ping[1] = {"PING"};
     redisReply *rep = NULL;
-    if (conn_get(r, &r->lookup) && redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
-        rep = conn_reply(r, &r->lookup);
+    if (redis_link_get(&r->lookup) && redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
+        rep = redis_link_reply(&r->lookup);
     if (rep) freeReplyObject(rep);
     pthread_mutex_unlock(&r->lookup_mu);
     if (pthread_create(&r->thread, NULL, redis_thread, r) != 0) {
@@ -880,8 +745,9 @@ void cache_redis_close(cache_redis *r) {
         if (it.chunk) cache_chunk_unref(it.chunk);
         if (it.content) content_rec_unref(it.content);
     }
-    if (r->lookup.ctx) redisFree(r->lookup.ctx);
-    if (r->writer.ctx) redisFree(r->writer.ctx);
+    redis_link_close(&r->lookup);
+    redis_link_close(&r->writer);
+    redis_health_destroy(&r->health);
     pthread_mutex_destroy(&r->lookup_mu);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->work);
@@ -904,12 +770,12 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
     int64_t n = 0;
     char cursor[32] = "0";
     pthread_mutex_lock(&r->lookup_mu);
-    redis_conn *c = &r->lookup;
+    redis_link *c = &r->lookup;
     do {
         const char *argv[6] = {"SCAN", cursor, "MATCH", pattern, "COUNT", REDIS_SCAN_COUNT};
         redisReply *rep = NULL;
-        if (!conn_get(r, c) || redisAppendCommandArgv(c->ctx, 6, argv, NULL) != REDIS_OK ||
-            !(rep = conn_reply(r, c))) {
+        if (!redis_link_get(c) || redisAppendCommandArgv(c->ctx, 6, argv, NULL) != REDIS_OK ||
+            !(rep = redis_link_reply(c))) {
             n = -1;
             break;
         }
@@ -944,7 +810,7 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
                 }
                 if (redisAppendCommandArgv(c->ctx, (int)keys->elements + 1, argv2, len2) ==
                     REDIS_OK)
-                    del = conn_reply(r, c);
+                    del = redis_link_reply(c);
             }
             free(argv2);
             free(len2);
@@ -964,8 +830,8 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
 void cache_redis_stats(cache_redis *r, cache_tier_stats *out, bool *connected) {
     pthread_mutex_lock(&r->mu);
     *out = r->st;
-    *connected = r->state == 1;
     pthread_mutex_unlock(&r->mu);
+    *connected = redis_health_up(&r->health);
 }
 
 void cache_redis_flush(cache_redis *r) {
