@@ -23,6 +23,7 @@
 
 typedef struct schema_registry schema_registry;
 typedef struct resp_store resp_store;
+typedef struct redis_state redis_state;
 
 /* Approximate reuse under the quality budget (cache/quality.h), as decided at start. */
 typedef struct server_reuse {
@@ -50,6 +51,9 @@ struct server {
     schema_registry *schemas; /* Prompt Cache schemas (cache/schema/registry.c), or NULL */
     resp_store *responses;    /* the Responses API's stored responses, or NULL: none kept */
     content_disk *blend_disk; /* blend's content records on disk, or NULL */
+    /* with --redis: what clients leave here (responses, schemas, pins, leases) shared with the
+     * other instances (cache/store/redis_state.h), or NULL */
+    redis_state *shared;
     server_reuse reuse;       /* approximate reuse's quality budget and what it chose */
     long started;             /* start time (Unix seconds) */
     /* SIGTERM was taken: GET /health answers 503 "draining" from here on, also while, for

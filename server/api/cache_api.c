@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache/store/redis_state.h"
 #include "server/api/handlers.h"
 #include "server/api/job.h"
 
@@ -97,6 +98,18 @@ static json_t *pins_json(server *s, const http_call *c) {
                      "list", list);
 }
 
+/* What this instance read, wrote and refused of the state shared through Redis (responses,
+ * schemas, pins, leases: cache/store/redis_state.h); null without --redis. */
+static json_t *shared_json(server *s) {
+    if (!s->shared) return json_null();
+    redis_state_stats st;
+    redis_state_stats_get(s->shared, &st);
+    return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I}", "connected", st.connected, "hits",
+                     (json_int_t)st.hits, "misses", (json_int_t)st.misses, "writes",
+                     (json_int_t)st.writes, "write_errors", (json_int_t)st.write_errors,
+                     "corrupt", (json_int_t)st.corrupt, "deleted", (json_int_t)st.deleted);
+}
+
 http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
     http_reply *out = &o->reply;
     engine_cache_stats es;
@@ -127,6 +140,7 @@ http_result cache_api_stats(server *s, const http_call *c, http_out *o) {
     json_object_set_new(levels, "text", json_integer(cs.redis.text));
     json_object_set_new(redis, "levels", levels);
     json_object_set_new(redis, "content_hits", json_integer(cs.redis.content_hits));
+    json_object_set_new(redis, "state", shared_json(s));
     json_object_set_new(tiers, "redis", redis);
     /* blend's content records, found by content anywhere in a prompt */
     json_t *bram = tier_json(&es.content, false);

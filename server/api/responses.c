@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/store/redis_state.h"
 #include "server/api/job.h"
 #include "server/api/responses.h"
 
@@ -178,6 +179,71 @@ static json_t *response_json(const server *s, const resp_job *rj, const char *st
     return v;
 }
 
+/* ---------------------------------------------------------------- shared through Redis
+ *
+ * With --redis a stored response is also written to Redis (cache/store/redis_state.h, kind
+ * "resp", the same namespace) before it is answered, so the next turn finds it on any instance:
+ * a local miss reads it from there (and keeps it locally), a DELETE removes it from both and
+ * leaves a tombstone that makes the other instances drop their copies when next asked. The
+ * value: {"response": the object GET returns, "conversation": the canonical items}; one whose
+ * response names another id, or whose parts are of the wrong types, is refused (a miss). */
+
+static void shared_put(server *s, const cache_key *ns, const char *id, const json_t *response,
+                       const json_t *conversation) {
+    if (!s->shared) return;
+    json_t *v = json_pack("{s:O,s:O}", "response", response, "conversation", conversation);
+    char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    if (text && redis_state_put(s->shared, REDIS_STATE_RESPONSE, ns, id, text, strlen(text), 0))
+        log_debug("responses: %s not shared (Redis unreachable, or over its bounds)", id);
+    free(text);
+}
+
+/* The stored response (ns, id): copies of its object's and conversation's texts (either
+ * pointer NULL: not wanted), from this instance, or else from Redis (then kept here for
+ * tenant). */
+static bool stored_get(server *s, int tenant, const cache_key *ns, const char *id,
+                       char **response, char **conversation) {
+    if (!s->responses) return false;
+    if (resp_store_get(s->responses, ns, id, response, conversation)) {
+        /* deleted on another instance: this copy goes too */
+        if (!s->shared || redis_state_deleted(s->shared, REDIS_STATE_RESPONSE, ns, id) != 1)
+            return true;
+        resp_store_delete(s->responses, ns, id);
+        if (response) free(*response), *response = NULL;
+        if (conversation) free(*conversation), *conversation = NULL;
+        return false;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (!s->shared || redis_state_get(s->shared, REDIS_STATE_RESPONSE, ns, id, &text, &len) != 1)
+        return false;
+    json_t *v = json_loadb(text, len, 0, NULL);
+    free(text);
+    json_t *obj = json_object_get(v, "response"), *conv = json_object_get(v, "conversation");
+    const char *claimed = json_string_value(json_object_get(obj, "id"));
+    char *rt = NULL, *ct = NULL;
+    bool ok = json_is_object(obj) && json_is_array(conv) && claimed && !strcmp(claimed, id) &&
+              (rt = json_dumps(obj, JSON_COMPACT)) && (ct = json_dumps(conv, JSON_COMPACT)) &&
+              resp_store_put(s->responses, tenant, ns, id, rt, ct) >= 0;
+    if (!ok && v) log_warn("responses: the shared copy of %.128s is not a stored response", id);
+    json_decref(v);
+    if (ok && response) *response = rt, rt = NULL;
+    if (ok && conversation) *conversation = ct, ct = NULL;
+    free(rt);
+    free(ct);
+    return ok;
+}
+
+/* Removes (ns, id) here and from Redis: true when either held it. */
+static bool stored_delete(server *s, const cache_key *ns, const char *id) {
+    bool here = s->responses && resp_store_delete(s->responses, ns, id);
+    bool shared = s->shared && redis_state_delete(s->shared, REDIS_STATE_RESPONSE, ns, id) == 1;
+    return here || shared;
+}
+
+/* ---------------------------------------------------------------- the final object */
+
 /* The finished job's response object, stored when asked (the conversation through this answer
  * goes with it; "store" says false when it could not be kept). NULL when out of memory. */
 static json_t *response_final(job *j) {
@@ -198,6 +264,7 @@ static json_t *response_final(job *j) {
     int rc = resp_text && conv_text
                  ? resp_store_put(j->s->responses, j->tenant, &rj->ns, rj->id, resp_text, conv_text)
                  : -1;
+    if (rc == 0) shared_put(j->s, &rj->ns, rj->id, v, conv);
     if (rc != 0) {
         log_warn("responses: %s not stored: %s", rj->id,
                  rc > 0 ? "larger than --responses-store-bytes" : "out of memory");
@@ -431,8 +498,7 @@ http_result responses_create(server *s, const http_call *c, http_out *out) {
     server_cache_namespace(s, c, r.rq.cache_salt, &ns);
     if (r.previous_response_id) {
         char *text = NULL;
-        if (!s->responses ||
-            !resp_store_get(s->responses, &ns, r.previous_response_id, NULL, &text)) {
+        if (!stored_get(s, server_tenant(s, c), &ns, r.previous_response_id, NULL, &text)) {
             api_fail(&err, 400, "invalid_request_error", "previous_response_not_found",
                      "previous_response_id", "Previous response with id '%.128s' not found.",
                      r.previous_response_id);
@@ -477,8 +543,8 @@ http_result responses_api(server *s, const http_call *c, http_out *o) {
     bool del = strcmp(method, "DELETE") == 0;
     char *text = NULL;
     bool found = s->responses && !strchr(id, '/') &&
-                 (del ? resp_store_delete(s->responses, &ns, id)
-                      : resp_store_get(s->responses, &ns, id, &text, NULL));
+                 (del ? stored_delete(s, &ns, id)
+                      : stored_get(s, server_tenant(s, c), &ns, id, &text, NULL));
     if (!found) {
         api_error err;
         if (strchr(id, '/'))

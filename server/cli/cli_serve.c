@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cache/setup.h"
+#include "cache/store/redis_state.h"
 #include "server/api/handlers.h"
 #include "server/api/responses.h"
 #include "server/cli/cli.h"
@@ -405,11 +406,36 @@ static int serve_engine_start(serve_state *st) {
     return 0;
 }
 
+/* With --redis: what clients leave on this instance (stored responses, schemas, pins, leases)
+ * shared with the others through Redis, bounded as README's "Redis tier" says: each kind's
+ * items live --redis-ttl seconds (30 days with --redis-ttl 0; pins and leases: their own
+ * expiry), a namespace keeps as many as one instance does (--responses-store, --schema-max;
+ * 4096 pins and as many leases), a value at most what one instance takes (--responses-store-bytes
+ * and --max-body-bytes, at most 512 MiB; 1 KiB for a pin or a lease). */
+static int serve_shared_start(serve_state *st) {
+    const kv_config *cfg = &st->cfg;
+    if (!cfg->redis) return 0;
+    int64_t ttl = cfg->redis_ttl > 0 ? cfg->redis_ttl : INT64_C(30) * 86400;
+    int64_t cap = INT64_C(512) << 20;
+    redis_state_bounds b[REDIS_STATE_KINDS] = {
+        [REDIS_STATE_RESPONSE] = {ttl, cfg->responses_store > 0 ? cfg->responses_store : 1,
+                                  (size_t)(cfg->responses_store_bytes < cap
+                                               ? cfg->responses_store_bytes
+                                               : cap)},
+        [REDIS_STATE_SCHEMA] = {ttl, cfg->schema_max,
+                                (size_t)(cfg->max_body_bytes < cap ? cfg->max_body_bytes : cap)},
+        [REDIS_STATE_PIN] = {ttl, 4096, 1024},
+        [REDIS_STATE_LEASE] = {ttl, 4096, 1024}};
+    st->s.shared = redis_state_open(cfg->redis, cfg->redis_timeout_ms, b, &st->err);
+    return st->s.shared ? 0 : -1;
+}
+
 /* The registries requests refer to: Prompt Cache's schemas (with a store) and the Responses
  * API's stored responses (--responses-store). */
 static int serve_registries_start(serve_state *st) {
     const kv_config *cfg = &st->cfg;
     server *s = &st->s;
+    if (serve_shared_start(st)) return -1;
     if (s->store && start_schemas(s, cfg, st->m, &st->err)) return -1;
     if (cfg->responses_store > 0 &&
         !(s->responses = resp_store_create(cfg->responses_store, cfg->responses_store_bytes,
@@ -455,6 +481,7 @@ static void serve_teardown(serve_state *st, int rc) {
     http_stop(&s->http);
     schemas_stop(s);
     resp_store_destroy(s->responses);
+    redis_state_close(s->shared);
     engine_destroy(s->eng);
     grammar_vocab_destroy(s->gvocab);
     if (s->store) {

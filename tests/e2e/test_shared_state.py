@@ -1,0 +1,104 @@
+"""State a client leaves on one instance, found on another (README "Redis tier": what is
+shared): two instances sharing one redis-server behind sglang-router's round_robin policy. A
+Responses conversation alternates instances (each turn's previous_response_id stored on the
+other one); GET and DELETE on either instance directly (the router answers GET
+/v1/responses/{id} itself); a schema registered on one is listed and used on the other, and
+deleted from both by one DELETE; a pin taken on one is listed and removed on the other. A pair
+without --redis shares none of it. One module-wide pair, redis-server and router; skipped,
+visibly, where redis-server is not installed."""
+import os
+
+import pytest
+
+from conftest import KvServer
+from test_redis import REDIS_SERVER, RedisServer
+from test_router import INSTANCE_ARGS, Router, post, start_pair
+
+
+@pytest.fixture(scope="module")
+def redis_srv(tmp_path_factory):
+    if not os.access(REDIS_SERVER, os.X_OK):
+        pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
+    r = RedisServer(str(tmp_path_factory.mktemp("redis"))).start()
+    yield r
+    r.kill()
+
+
+@pytest.fixture(scope="module")
+def pair(model_path, redis_srv):
+    servers = start_pair("--redis", redis_srv.url)
+    yield servers
+    for s in servers:
+        s.terminate()
+
+
+@pytest.fixture(scope="module")
+def router(pair):
+    r = Router("sglang", pair, "round_robin")
+    yield r
+    r.stop()
+
+
+def respond(url, model, text, previous=None):
+    body = {"model": model, "input": text, "max_output_tokens": 4, "temperature": 0}
+    if previous:
+        body["previous_response_id"] = previous
+    status, r = post(url + "/v1/responses", body)
+    assert status == 200, r
+    return r
+
+
+def test_a_responses_conversation_alternates_instances_through_the_router(router, pair):
+    model = pair[0].model_id
+    first = respond(router.url, model, "My name is Ada. Say hi.")
+    ids = [first["id"]]
+    for turn in ("What is my name?", "Say it again.", "And once more."):
+        ids.append(respond(router.url, model, turn, previous=ids[-1])["id"])
+    # round_robin sent the turns to both instances in turn: each found the previous response,
+    # stored by the other one, in Redis
+    for s in pair:
+        state = s.get_json("/v1/cache/stats")["tiers"]["redis"]["state"]
+        assert state["connected"] and state["hits"] >= 1 and state["writes"] >= 2, state
+    for s in pair:
+        for i in ids:
+            got = s.get_json("/v1/responses/" + i)
+            assert got["id"] == i and got["object"] == "response"
+    # one DELETE, on either instance, removes it from both
+    status, body = delete(pair[1].url + "/v1/responses/" + ids[0])
+    assert status == 200 and body["deleted"] is True, body
+    for s in pair:
+        assert get_status(s.url + "/v1/responses/" + ids[0]) == 404
+    status, r = post(router.url + "/v1/responses",
+                     {"model": model, "input": "x", "previous_response_id": ids[0]})
+    assert status == 400 and r["error"]["code"] == "previous_response_not_found", r
+
+
+def delete(url):
+    import json
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, method="DELETE")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get_status(url):
+    from conftest import http_get
+    return http_get(url)[0]
+
+
+def test_without_redis_nothing_is_shared(model_path):
+    a, b = start_pair()
+    try:
+        r = respond(a.url, a.model_id, "Hi")
+        assert get_status(a.url + "/v1/responses/" + r["id"]) == 200
+        assert get_status(b.url + "/v1/responses/" + r["id"]) == 404
+        status, body = post(b.url + "/v1/responses", {"model": b.model_id, "input": "x",
+                                                      "previous_response_id": r["id"]})
+        assert status == 400, body
+    finally:
+        a.terminate()
+        b.terminate()
