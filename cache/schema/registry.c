@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/store/redis_state.h"
+
 typedef struct entry {
     schema *sc; /* one reference */
     schema_status status;
@@ -345,9 +347,11 @@ schema_add_result schema_registry_add(schema_registry *g, const cache_key *ns, c
     entry *old = find_locked(g, ns, sc->name);
     if (old && old->sc->source_len == sc->source_len &&
         memcmp(old->sc->source, sc->source, sc->source_len) == 0) {
-        /* the same schema again: nothing to do */
+        /* the same schema again: nothing to do here (Redis may have lost or deleted it) */
         info_locked(old, out);
         pthread_mutex_unlock(&g->mu);
+        if (g->o.shared)
+            redis_state_put(g->o.shared, REDIS_STATE_SCHEMA, ns, sc->name, src, len, 0);
         schema_unref(sc);
         return SCHEMA_ADD_SAME;
     }
@@ -373,6 +377,11 @@ schema_add_result schema_registry_add(schema_registry *g, const cache_key *ns, c
     }
     info_locked(e, out);
     pthread_mutex_unlock(&g->mu);
+    if (g->o.shared &&
+        redis_state_put(g->o.shared, REDIS_STATE_SCHEMA, ns, out->sc->name, src, len, 0) != 0)
+        log_warn("schemas: '%s' is not shared with other instances (Redis unreachable, or "
+                 "over its bounds)",
+                 out->sc->name);
     log_info("schemas: '%s' registered: %d modules, %d positions, %lld tokens to precompute",
              sc->name, sc->n_nodes - 1, (int)sc->extent, (long long)sc->own_tokens);
     return SCHEMA_ADD_NEW;
@@ -380,7 +389,8 @@ schema_add_result schema_registry_add(schema_registry *g, const cache_key *ns, c
 
 /* ---------------------------------------------------------------- lookups */
 
-int schema_registry_list(schema_registry *g, const cache_key *ns, schema_info **out, int *n) {
+/* This instance's schemas of ns. */
+static int list_local(schema_registry *g, const cache_key *ns, schema_info **out, int *n) {
     *out = NULL;
     *n = 0;
     pthread_mutex_lock(&g->mu);
@@ -395,6 +405,50 @@ int schema_registry_list(schema_registry *g, const cache_key *ns, schema_info **
     pthread_mutex_unlock(&g->mu);
     *out = v;
     return 0;
+}
+
+/* ---------------------------------------------------------------- shared through Redis */
+
+/* Whether the entry (ns, name) here is still wanted: false (and it is removed here) when Redis
+ * holds its tombstone, deleted on another instance. */
+static bool shared_keep(schema_registry *g, const cache_key *ns, const char *name) {
+    if (!g->o.shared || redis_state_deleted(g->o.shared, REDIS_STATE_SCHEMA, ns, name) != 1)
+        return true;
+    pthread_mutex_lock(&g->mu);
+    entry *e = find_locked(g, ns, name);
+    if (e) remove_locked(g, e);
+    if (e && g->dir) schema_def_delete(g->dir, ns, name);
+    pthread_mutex_unlock(&g->mu);
+    if (e) log_info("schemas: '%s' was deleted on another instance", name);
+    return false;
+}
+
+/* Registers here namespace ns's schemas that Redis holds and this instance does not (or holds
+ * in another version), and drops those deleted elsewhere. */
+static void shared_sync(schema_registry *g, const cache_key *ns) {
+    redis_state_item *items = NULL;
+    int n = 0;
+    if (!g->o.shared || redis_state_list(g->o.shared, REDIS_STATE_SCHEMA, ns, &items, &n)) return;
+    for (int i = 0; i < n; i++) {
+        pthread_mutex_lock(&g->mu);
+        const entry *e = find_locked(g, ns, items[i].name);
+        bool same = e && e->sc->source_len == items[i].len &&
+                    memcmp(e->sc->source, items[i].value, items[i].len) == 0;
+        pthread_mutex_unlock(&g->mu);
+        if (!same) load_one(g, ns, items[i].name, items[i].value, items[i].len);
+    }
+    redis_state_items_free(items, n);
+    /* the ones here that Redis no longer lists: deleted elsewhere, or expired or lost there */
+    schema_info *v = NULL;
+    int m = 0;
+    if (list_local(g, ns, &v, &m)) return;
+    for (int i = 0; i < m; i++) shared_keep(g, ns, v[i].sc->name);
+    schema_info_list_free(v, m);
+}
+
+int schema_registry_list(schema_registry *g, const cache_key *ns, schema_info **out, int *n) {
+    shared_sync(g, ns);
+    return list_local(g, ns, out, n);
 }
 
 void schema_info_list_free(schema_info *v, int n) {
@@ -415,10 +469,17 @@ static bool get_locked(schema_registry *g, const cache_key *ns, const char *name
 bool schema_registry_get(schema_registry *g, const cache_key *ns, const char *name,
                          schema_info *out) {
     memset(out, 0, sizeof *out);
-    if (get_locked(g, ns, name, out)) return true;
-    if (!g->dir || !pml_name_ok(name)) return false;
+    if (get_locked(g, ns, name, out)) {
+        if (shared_keep(g, ns, name)) return true;
+        schema_info_free(out);
+        return false;
+    }
+    if (!pml_name_ok(name)) return false;
     size_t len = 0;
-    char *src = schema_def_load(g->dir, ns, name, &len);
+    char *src = g->dir ? schema_def_load(g->dir, ns, name, &len) : NULL;
+    if (!src && g->o.shared &&
+        redis_state_get(g->o.shared, REDIS_STATE_SCHEMA, ns, name, &src, &len) != 1)
+        src = NULL;
     if (src) load_one(g, ns, name, src, len);
     free(src);
     return get_locked(g, ns, name, out);
@@ -433,6 +494,8 @@ bool schema_registry_delete(schema_registry *g, const cache_key *ns, const char 
         if (g->dir) schema_def_delete(g->dir, ns, name);
     }
     pthread_mutex_unlock(&g->mu);
+    if (g->o.shared && redis_state_delete(g->o.shared, REDIS_STATE_SCHEMA, ns, name) == 1)
+        found = true;
     if (found) log_info("schemas: '%s' deleted", name);
     return found;
 }

@@ -244,9 +244,14 @@ char *schema_def_load(const char *dir, const cache_key *ns, const char *name, si
  * precomputes each one's modules (the newest registered first) and pins
  * their records, so a prompt imports them from RAM or disk. Definitions are kept in a
  * directory when one is given (schema_def_save), loaded at start and whenever a namespace names
- * one not registered here (another instance sharing the directory stored it). Thread-safe: the
- * server's handlers call it from their connections' threads. */
+ * one not registered here (another instance sharing the directory stored it). With Redis
+ * (opts.shared) a definition is also written there, so any instance sharing it finds the schema
+ * by name or in a list, compiles and builds it (the modules' records then come from the shared
+ * chunk tier when another instance wrote them); a delete removes it everywhere (a tombstone
+ * makes the others drop theirs when next asked). Thread-safe: the server's handlers call it
+ * from their connections' threads. */
 typedef struct schema_registry schema_registry;
+typedef struct redis_state redis_state;
 
 typedef enum schema_status {
     SCHEMA_BUILDING = 0, /* its modules are being precomputed (a prompt is served meanwhile) */
@@ -284,6 +289,9 @@ typedef struct schema_registry_opts {
     int max_positions;  /* a schema's extent allowed (the context) */
     int max_schemas;    /* registered at most, all namespaces */
     const char *dir;    /* definitions (copied), or NULL: none kept */
+    /* definitions shared with other instances through Redis (cache/store/redis_state.h, kind
+     * "schema"), or NULL; borrowed */
+    redis_state *shared;
     schema_compute_fn compute;
     void *compute_ud;
 } schema_registry_opts;
@@ -306,15 +314,15 @@ typedef enum schema_add_result {
  * its entry (NEW, SAME). */
 schema_add_result schema_registry_add(schema_registry *g, const cache_key *ns, const char *src,
                                       size_t len, schema_info *out, kv_error *err);
-/* The schemas of namespace ns, newest first: *out malloc'd (schema_info_list_free). -1 when out
- * of memory. */
+/* The schemas of namespace ns, newest first (with Redis: those registered on other instances
+ * too, compiled here first): *out malloc'd (schema_info_list_free). -1 when out of memory. */
 int schema_registry_list(schema_registry *g, const cache_key *ns, schema_info **out, int *n);
-/* The schema name of namespace ns, loading its definition from the directory when it is not
- * registered here. False when there is none. */
+/* The schema name of namespace ns, loading its definition from the directory, or else from
+ * Redis, when it is not registered here. False when there is none. */
 bool schema_registry_get(schema_registry *g, const cache_key *ns, const char *name,
                          schema_info *out);
 /* Unregisters name of namespace ns, unpins its records (those no other schema holds) and
- * deletes its definition. False when there is none. */
+ * deletes its definition (from Redis too). False when there is none here or there. */
 bool schema_registry_delete(schema_registry *g, const cache_key *ns, const char *name);
 /* A record of sc was found missing (cleared, evicted, corrupt) while it was ready: it is
  * precomputed again, if sc is still the one registered under its name. */

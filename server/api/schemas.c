@@ -75,6 +75,7 @@ int schemas_start(server *s, const char *dir, kv_error *err) {
                                     .max_positions = s->ctx - 1,
                                     .max_schemas = s->cfg->schema_max,
                                     .dir = dir,
+                                    .shared = s->shared,
                                     .compute = schemas_compute,
                                     .compute_ud = s};
     s->schemas = schema_registry_create(&o, err);

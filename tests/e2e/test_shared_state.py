@@ -102,3 +102,46 @@ def test_without_redis_nothing_is_shared(model_path):
     finally:
         a.terminate()
         b.terminate()
+
+
+SCHEMA = """<schema name="{name}">
+  <system>You are a travel agent. Answer in one sentence.</system>
+  <user><module name="city">Lisbon is the capital of Portugal, known for its trams.</module></user>
+</schema>"""
+
+
+def call(url, method, body=None):
+    import json
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_schema_registered_on_one_instance_is_used_listed_and_deleted_on_the_other(pair):
+    a, b = pair
+    for name in ("trip", "trip2"):
+        status, r = call(a.url + "/v1/schemas", "POST", {"pml": SCHEMA.format(name=name)})
+        assert status in (200, 202), r
+    # b never saw either: "trip" is found by name (compiled and built there), "trip2" in a list
+    status, r = call(b.url + "/v1/schemas/trip", "GET")
+    assert status == 200 and r["name"] == "trip", r
+    status, r = call(b.url + "/v1/chat/completions", "POST",
+                     {"model": b.model_id, "schema_prompt": '<prompt schema="trip"><city/>'
+                      '</prompt>', "messages": [], "max_tokens": 4, "temperature": 0,
+                      "fixup": False})
+    assert status == 200, r
+    status, r = call(b.url + "/v1/schemas", "GET")
+    assert status == 200 and {"trip", "trip2"} <= {s["name"] for s in r["data"]}, r
+    # one DELETE on b removes it from a too
+    status, r = call(b.url + "/v1/schemas/trip2", "DELETE")
+    assert status == 200, r
+    assert call(a.url + "/v1/schemas/trip2", "GET")[0] == 404
+    status, r = call(a.url + "/v1/schemas", "GET")
+    assert "trip2" not in {s["name"] for s in r["data"]}, r
