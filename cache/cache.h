@@ -293,6 +293,11 @@ int64_t cache_store_now(cache_store *s);
  * more bytes, so a tenant's share never refuses it). Expired leases end first. */
 int cache_store_lease(cache_store *s, int tenant, const cache_key *bkeys, int n_blocks,
                       int64_t until);
+/* Keeps the chunks of a sequence's blocks bkeys[0..n_blocks) of namespace ns in the Redis tier
+ * for at least ttl_s seconds (cache_redis_keep): a pin or lease shared with other instances
+ * names chunks they can read. 0, or -1 when Redis could not be reached; 0 without Redis. */
+int cache_store_keep_shared(cache_store *s, const cache_key *ns, const cache_key *bkeys,
+                            int n_blocks, int64_t ttl_s);
 /* Ends the leases due by the store's clock (also done by every put, lease, stats and pin
  * listing, so an expired lease never keeps a record from eviction). Returns how many ended. */
 int cache_store_expire(cache_store *s);

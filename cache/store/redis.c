@@ -827,6 +827,35 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
     return n;
 }
 
+int cache_redis_keep(cache_redis *r, const cache_key *ns, const cache_key *bkeys, int n_blocks,
+                     int64_t ttl_s) {
+    if (r->ttl_s == 0 || n_blocks <= 0) return 0; /* the keys never expire */
+    if (ttl_s < r->ttl_s) ttl_s = r->ttl_s;
+    int cb = cache_chunk_blocks(&r->layout), n_rec = (n_blocks + cb - 1) / cb;
+    int n = n_blocks + n_rec * r->n_enc;
+    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)n), ttl[24];
+    if (!names) return -1;
+    snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_s);
+    int k = 0;
+    for (int b = 0; b < n_blocks; b++) key_alias(r, &bkeys[b], names[k++]);
+    for (int j = 0; j < n_blocks; j += cb) {
+        int last = j + cb < n_blocks ? j + cb - 1 : n_blocks - 1; /* the record's own key */
+        for (int e = 0; e < r->n_enc; e++) key_value(r, ns, &bkeys[last], e, names[k++]);
+    }
+    pthread_mutex_lock(&r->lookup_mu);
+    redis_link *c = &r->lookup;
+    bool ok = redis_link_get(c) != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        const char *argv[3] = {"EXPIRE", names[i], ttl};
+        ok = redisAppendCommandArgv(c->ctx, 3, argv, NULL) == REDIS_OK;
+        if (!ok) redis_link_fail(c, "cannot build a command");
+    }
+    ok = ok && redis_link_replies(c, n, NULL, 0);
+    pthread_mutex_unlock(&r->lookup_mu);
+    free(names);
+    return ok ? 0 : -1;
+}
+
 void cache_redis_stats(cache_redis *r, cache_tier_stats *out, bool *connected) {
     pthread_mutex_lock(&r->mu);
     *out = r->st;

@@ -82,6 +82,13 @@ int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_k
 /* Deletes namespace ns's records (NULL: every record of this model identity, and its aliases)
  * with SCAN and UNLINK; returns how many were deleted, -1 when Redis could not be reached. */
 int64_t cache_redis_clear(cache_redis *r, const cache_key *ns);
+/* Keeps the chunks of a sequence's blocks bkeys[0..n_blocks) in namespace ns (their records'
+ * values in every encoding this instance writes, and the blocks' aliases) for at least ttl_s
+ * seconds from now, or the tier's TTL when that is longer (EXPIRE: a key extended further by an
+ * earlier call may be shortened to that); nothing with no TTL. A pin or lease another instance
+ * sees in Redis then finds the chunks it names. -1 when Redis could not be reached. */
+int cache_redis_keep(cache_redis *r, const cache_key *ns, const cache_key *bkeys, int n_blocks,
+                     int64_t ttl_s);
 /* entries, bytes and capacity are unknown (0): Redis holds other instances' keys too. */
 void cache_redis_stats(cache_redis *r, cache_tier_stats *out, bool *connected);
 /* Waits until no write is queued or in flight. */

@@ -439,6 +439,11 @@ void cache_store_flush(cache_store *s) {
 
 bool cache_store_has_redis(const cache_store *s) { return s && s->redis; }
 
+int cache_store_keep_shared(cache_store *s, const cache_key *ns, const cache_key *bkeys,
+                            int n_blocks, int64_t ttl_s) {
+    return s && s->redis ? cache_redis_keep(s->redis, ns, bkeys, n_blocks, ttl_s) : 0;
+}
+
 void cache_store_put_content(cache_store *s, content_rec *r) {
     if (s && s->redis) cache_redis_put_content(s->redis, r);
 }

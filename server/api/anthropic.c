@@ -170,6 +170,7 @@ static void amsg_lease(job *j) {
         int held =
             cache_store_lease(s->store, j->tenant, r->plan.keys, blocks, now + a->markers[k].ttl) *
             bt;
+        shared_pins_record(s, &r->plan.ns, r->plan.keys, held / bt, now + a->markers[k].ttl);
         if (held > kept) kept = held;
         if (a->markers[k].ttl == ANTHROPIC_TTL_1H && held > kept_1h) kept_1h = held;
     }

@@ -72,6 +72,10 @@ static json_t *pins_json(server *s, const http_call *c) {
     bool mine_only = s->http.n_keys > 0;
     cache_key mine;
     server_cache_namespace(s, c, c->query_salt, &mine);
+    if (shared_pins_sync(s, &mine, pins, n_all) > 0) { /* unpinned on another instance */
+        free(pins);
+        pins = pins_all(s, &n_all);
+    }
     json_t *list = json_array();
     int n = 0;
     for (int i = 0; i < n_all; i++) {
@@ -93,7 +97,15 @@ static json_t *pins_json(server *s, const http_call *c) {
                                 json_integer(p->lease > now ? p->lease - now : 0));
         json_array_append_new(list, v);
     }
+    /* with --redis, the caller's namespace's pins and leases other instances took */
+    json_t *shared = shared_pins_json(s, &mine, pins, n_all);
     free(pins);
+    size_t i;
+    json_t *v;
+    json_array_foreach(shared, i, v) {
+        if (n++ < STATS_PINS) json_array_append(list, v);
+    }
+    json_decref(shared);
     return json_pack("{s:I,s:i,s:o}", "limit_bytes", (json_int_t)s->cfg->pin_bytes, "records", n,
                      "list", list);
 }
@@ -337,6 +349,13 @@ static void pin_records(server *s, const http_call *c, const job *j, bool pin, i
         pin_share_error(s, tenant, &err);
         http_reply_error(out, &err);
         return;
+    }
+    /* with --redis, shared: listed and unpinned on every instance, its chunks kept there */
+    if (pin)
+        shared_pins_record(s, &r->plan.ns, r->plan.keys, r->plan.n_keys, until);
+    else {
+        int gone = shared_pins_forget(s, &r->plan.ns, r->plan.keys, r->plan.n_keys);
+        if (gone > held) held = gone;
     }
     json_t *v = json_pack("{s:s,s:i,s:i,s:i,s:i}", "object", pin ? "cache.pin" : "cache.unpin",
                           "prompt_tokens", r->n_prompt, "chunk_tokens", s->cfg->cache_chunk_tokens,

@@ -71,6 +71,21 @@ int server_check_text(const server *s, size_t len, const char *param, api_error 
  * by the key (written with the cache's, by cache_api_metrics). */
 int server_tenant(const server *s, const http_call *c);
 void tenant_metrics(server *s, FILE *f);
+/* Pins and leases shared through Redis with --redis (shared_pins.c; nothing without): each
+ * record of a sequence's blocks bkeys[0..n_blocks) in namespace ns pinned (until 0) or leased
+ * until then (Unix seconds) is recorded in Redis and its chunks are kept there as long; forget
+ * removes the pins (not the leases) from Redis and returns how many were there. */
+void shared_pins_record(server *s, const cache_key *ns, const cache_key *bkeys, int n_blocks,
+                        int64_t until);
+int shared_pins_forget(server *s, const cache_key *ns, const cache_key *bkeys, int n_blocks);
+/* Ends here the pins of namespace ns (among the n local records held, any namespace) that
+ * another instance unpinned (their tombstones in Redis); returns how many. */
+int shared_pins_sync(server *s, const cache_key *ns, const cache_pin_info *local, int n);
+/* Namespace ns's shared pins and leases that this instance does not hold (local: the n_local
+ * records it holds, any namespace), as GET /v1/cache/stats lists them ("tiers": ["redis"]). A
+ * new array. */
+json_t *shared_pins_json(server *s, const cache_key *ns, const cache_pin_info *local, int n_local);
+
 /* The cache endpoints (cache_api.c): GET /v1/cache/stats, POST /v1/cache/clear, /pin, /unpin. */
 http_result cache_api_stats(server *s, const http_call *c, http_out *out);
 http_result cache_api_clear(server *s, const http_call *c, http_out *out);

@@ -145,3 +145,34 @@ def test_a_schema_registered_on_one_instance_is_used_listed_and_deleted_on_the_o
     assert call(a.url + "/v1/schemas/trip2", "GET")[0] == 404
     status, r = call(a.url + "/v1/schemas", "GET")
     assert "trip2" not in {s["name"] for s in r["data"]}, r
+
+
+def pins(srv):
+    return srv.get_json("/v1/cache/stats")["pins"]
+
+
+def test_a_pin_taken_on_one_instance_is_listed_and_unpinned_on_the_other(pair):
+    a, b = pair
+    before = {srv.url: {p["record"] for p in pins(srv)["list"]} for srv in pair}  # schemas'
+
+    def new(srv):
+        return [p for p in pins(srv)["list"] if p["record"] not in before[srv.url]]
+
+    prompt = list(range(1000, 1300))  # a whole chunk of 256 tokens and a partial one
+    status, r = a.post_json("/v1/cache/pin", {"model": a.model_id, "prompt": prompt})
+    assert status == 200 and r["pinned_chunks"] == 2, r
+    lease = list(range(2000, 2300))
+    status, r = a.post_json("/v1/cache/pin", {"model": a.model_id, "prompt": lease, "ttl": 600})
+    assert status == 200 and r["pinned_chunks"] == 2, r
+    here, there = new(a), new(b)
+    assert len(here) == 4 and all("redis" not in p["tiers"] for p in here), here
+    assert len(there) == 4 and all(p["tiers"] == ["redis"] for p in there), there
+    assert sorted(p["pinned"] for p in there) == [False, False, True, True], there
+    assert all(p["expires_in_s"] > 500 for p in there if not p["pinned"]), there
+    assert {p["record"] for p in there} == {p["record"] for p in here}
+    # unpinned on b: gone from both lists (a ends its own pin), the leases stay
+    status, r = b.post_json("/v1/cache/unpin", {"model": b.model_id, "prompt": prompt})
+    assert status == 200 and r["unpinned_chunks"] == 2, r
+    for srv in pair:
+        listed = new(srv)
+        assert len(listed) == 2 and not any(p["pinned"] for p in listed), listed
