@@ -12,14 +12,11 @@
  */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,78 +24,16 @@
 #include "cache/store/record.h"
 #include "cache/store/redis.h"
 #include "tests/unit/chunk_fixture.h"
+#include "tests/unit/redis_fixture.h"
 #include "tests/unit/tmpdir.h"
-
-#define REDIS_SERVER "/usr/bin/redis-server"
 
 /* ---------------------------------------------------------------- redis-server */
 
-typedef struct test_redis {
-    pid_t pid;
-    int port;
-    char *dir;
-    char url[64];
-} test_redis;
-
 static test_redis srv = {.pid = -1};
 
-static void redis_stop(void) {
-    if (srv.pid <= 0) return;
-    kill(srv.pid, SIGKILL);
-    waitpid(srv.pid, NULL, 0);
-    srv.pid = -1;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static redisContext *raw_connect(void) {
-    struct timeval tv = {.tv_sec = 1};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", srv.port, tv);
-    if (c && c->err) {
-        redisFree(c);
-        return NULL;
-    }
-    return c;
-}
-
-/* Starts redis-server on srv.port (a new free port when 0) and waits until it answers PING. */
-static void redis_start(void) {
-    if (access(REDIS_SERVER, X_OK) != 0) cr_skip_test("redis-server is not installed");
-    if (!srv.port) srv.port = free_port();
-    if (!srv.dir) srv.dir = tmpdir_create("kvserve-redis-test-");
-    snprintf(srv.url, sizeof srv.url, "redis://127.0.0.1:%d", srv.port);
-    char port[16];
-    snprintf(port, sizeof port, "%d", srv.port);
-    pid_t parent = getpid();
-    srv.pid = fork();
-    cr_assert(srv.pid >= 0);
-    if (srv.pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        if (!freopen("/dev/null", "w", stdout)) _exit(1);
-        execl(REDIS_SERVER, REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--daemonize", "no", "--dir", srv.dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        redisContext *c = raw_connect();
-        redisReply *rep = c ? redisCommand(c, "PING") : NULL;
-        bool up = rep && rep->type == REDIS_REPLY_STATUS;
-        if (rep) freeReplyObject(rep);
-        if (c) redisFree(c);
-        if (up) return;
-        usleep(10000);
-    }
-    cr_assert_fail("redis-server did not start on port %d", srv.port);
-}
+static void redis_stop(void) { test_redis_stop(&srv); }
+static void redis_start(void) { test_redis_start(&srv); }
+static redisContext *raw_connect(void) { return test_redis_connect(&srv); }
 
 static void setup(void) {
     signal(SIGPIPE, SIG_IGN); /* as kvserve serve does: hiredis writes with write() */
