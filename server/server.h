@@ -54,8 +54,8 @@ struct server {
     /* with --redis: what clients leave here (responses, schemas, pins, leases) shared with the
      * other instances (cache/store/redis_state.h), or NULL */
     redis_state *shared;
-    server_reuse reuse;       /* approximate reuse's quality budget and what it chose */
-    long started;             /* start time (Unix seconds) */
+    server_reuse reuse; /* approximate reuse's quality budget and what it chose */
+    long started;       /* start time (Unix seconds) */
     /* SIGTERM was taken: GET /health answers 503 "draining" from here on, also while, for
      * --drain-grace seconds, requests are still taken (http.draining refuses them after) */
     atomic_bool leaving;

@@ -65,7 +65,7 @@ struct cache_redis {
     bool stop;
     cache_tier_stats st;
     redis_health health; /* both links' state; its url names Redis in messages */
-    cache_meter meter; /* the lookup link and the decoders (cache/codec/meter.h) */
+    cache_meter meter;   /* the lookup link and the decoders (cache/codec/meter.h) */
 
     pthread_t thread; /* the write thread, and its connection */
     bool thread_started;
@@ -718,7 +718,8 @@ cache_redis *cache_redis_open(const char *url, const cache_layout *l, const code
     pthread_mutex_lock(&r->lookup_mu);
     const char *ping[1] = {"PING"};
     redisReply *rep = NULL;
-    if (redis_link_get(&r->lookup) && redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
+    if (redis_link_get(&r->lookup) &&
+        redisAppendCommandArgv(r->lookup.ctx, 1, ping, NULL) == REDIS_OK)
         rep = redis_link_reply(&r->lookup);
     if (rep) freeReplyObject(rep);
     pthread_mutex_unlock(&r->lookup_mu);

@@ -41,12 +41,11 @@ static void set_state(redis_health *h, bool up, const char *why) {
     else if (!up && was == 1)
         log_warn("%s: redis %s lost: %s (%s until it is back)", h->who, h->url, why, h->miss);
     else if (!up && was == -1)
-        log_warn("%s: redis %s unavailable: %s (retrying in the background)", h->who, h->url,
-                 why);
+        log_warn("%s: redis %s unavailable: %s (retrying in the background)", h->who, h->url, why);
 }
 
-void redis_link_init(redis_link *c, const char *name, const cache_redis_addr *a,
-                     redis_health *h, int timeout_ms) {
+void redis_link_init(redis_link *c, const char *name, const cache_redis_addr *a, redis_health *h,
+                     int timeout_ms) {
     *c = (redis_link){.name = name, .addr = a, .health = h};
     c->timeout = (struct timeval){.tv_sec = timeout_ms / 1000, .tv_usec = timeout_ms % 1000 * 1000};
 }

@@ -44,8 +44,8 @@ void redis_health_destroy(redis_health *h);
 bool redis_health_up(redis_health *h);
 
 /* A link named name to a (borrowed) sharing h, each network wait bounded by timeout_ms. */
-void redis_link_init(redis_link *c, const char *name, const cache_redis_addr *a,
-                     redis_health *h, int timeout_ms);
+void redis_link_init(redis_link *c, const char *name, const cache_redis_addr *a, redis_health *h,
+                     int timeout_ms);
 /* The link's context, connecting when there is none and the backoff allows; NULL when Redis
  * cannot be used now. */
 redisContext *redis_link_get(redis_link *c);

@@ -51,8 +51,7 @@ static void key_item(redis_state_kind kind, const cache_key *ns, const char *nam
     kv_sha256(name, n, h.b);
     cache_key_hex(ns, nh);
     cache_key_hex(&h, kh);
-    snprintf(out, KEY_LEN, "kvserve:s%d:%s:%s:%s", REDIS_STATE_KEY_VERSION, nh, KIND_TAG[kind],
-             kh);
+    snprintf(out, KEY_LEN, "kvserve:s%d:%s:%s:%s", REDIS_STATE_KEY_VERSION, nh, KIND_TAG[kind], kh);
 }
 
 /* The tombstone a DELETE leaves: other instances drop their local copies when they see it. */
@@ -242,8 +241,7 @@ int redis_state_put(redis_state *st, redis_state_kind kind, const cache_key *ns,
     char refused[128] = "";
     pthread_mutex_lock(&st->mu);
     redis_link *c = &st->link;
-    bool ok = redis_link_get(c) &&
-              redisAppendCommandArgv(c->ctx, 5, set, set_len) == REDIS_OK &&
+    bool ok = redis_link_get(c) && redisAppendCommandArgv(c->ctx, 5, set, set_len) == REDIS_OK &&
               redisAppendCommandArgv(c->ctx, 4, zadd, NULL) == REDIS_OK &&
               redisAppendCommandArgv(c->ctx, 3, expire, NULL) == REDIS_OK &&
               redisAppendCommandArgv(c->ctx, 2, untomb, NULL) == REDIS_OK;

@@ -118,8 +118,8 @@ static json_t *shared_json(server *s) {
     redis_state_stats_get(s->shared, &st);
     return json_pack("{s:b,s:I,s:I,s:I,s:I,s:I,s:I}", "connected", st.connected, "hits",
                      (json_int_t)st.hits, "misses", (json_int_t)st.misses, "writes",
-                     (json_int_t)st.writes, "write_errors", (json_int_t)st.write_errors,
-                     "corrupt", (json_int_t)st.corrupt, "deleted", (json_int_t)st.deleted);
+                     (json_int_t)st.writes, "write_errors", (json_int_t)st.write_errors, "corrupt",
+                     (json_int_t)st.corrupt, "deleted", (json_int_t)st.deleted);
 }
 
 http_result cache_api_stats(server *s, const http_call *c, http_out *o) {

@@ -202,8 +202,8 @@ static void shared_put(server *s, const cache_key *ns, const char *id, const jso
 /* The stored response (ns, id): copies of its object's and conversation's texts (either
  * pointer NULL: not wanted), from this instance, or else from Redis (then kept here for
  * tenant). */
-static bool stored_get(server *s, int tenant, const cache_key *ns, const char *id,
-                       char **response, char **conversation) {
+static bool stored_get(server *s, int tenant, const cache_key *ns, const char *id, char **response,
+                       char **conversation) {
     if (!s->responses) return false;
     if (resp_store_get(s->responses, ns, id, response, conversation)) {
         /* deleted on another instance: this copy goes too */

@@ -44,8 +44,8 @@ void shared_pins_record(server *s, const cache_key *ns, const cache_key *bkeys, 
                               "expires_at", until ? json_integer(until) : json_null());
         char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
         if (text)
-            redis_state_put(s->shared, until ? REDIS_STATE_LEASE : REDIS_STATE_PIN, ns, hex,
-                            text, strlen(text), ttl);
+            redis_state_put(s->shared, until ? REDIS_STATE_LEASE : REDIS_STATE_PIN, ns, hex, text,
+                            strlen(text), ttl);
         free(text);
         json_decref(v);
     }
@@ -94,8 +94,7 @@ int shared_pins_sync(server *s, const cache_key *ns, const cache_pin_info *local
     return ended;
 }
 
-json_t *shared_pins_json(server *s, const cache_key *ns, const cache_pin_info *local,
-                         int n_local) {
+json_t *shared_pins_json(server *s, const cache_key *ns, const cache_pin_info *local, int n_local) {
     json_t *list = json_array();
     if (!s->shared || !s->store || !list) return list;
     char nh[2 * CACHE_KEY_BYTES + 1];
@@ -116,9 +115,10 @@ json_t *shared_pins_json(server *s, const cache_key *ns, const cache_pin_info *l
             }
             bool lease = k == REDIS_STATE_LEASE;
             json_t *e = json_pack("{s:s%,s:s%,s:I,s:b,s:[s]}", "record", rec, (size_t)16,
-                                  "namespace", nh, (size_t)16, "tokens",
-                                  json_integer_value(tokens), "pinned", !lease, "tiers", "redis");
-            json_object_set_new(e, "expires_at", lease ? json_integer(items[i].expires) : json_null());
+                                  "namespace", nh, (size_t)16, "tokens", json_integer_value(tokens),
+                                  "pinned", !lease, "tiers", "redis");
+            json_object_set_new(e, "expires_at",
+                                lease ? json_integer(items[i].expires) : json_null());
             if (lease)
                 json_object_set_new(
                     e, "expires_in_s",

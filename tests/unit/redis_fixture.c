@@ -54,9 +54,8 @@ void test_redis_start(test_redis *t) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent) _exit(1);
         if (!freopen("/dev/null", "w", stdout)) _exit(1);
-        execl(TEST_REDIS_SERVER, TEST_REDIS_SERVER, "--port", port, "--bind", "127.0.0.1",
-              "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", t->dir,
-              (char *)NULL);
+        execl(TEST_REDIS_SERVER, TEST_REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save",
+              "", "--appendonly", "no", "--daemonize", "no", "--dir", t->dir, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 500; i++) {
