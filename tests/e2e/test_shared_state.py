@@ -6,13 +6,16 @@ other one); GET and DELETE on either instance directly (the router answers GET
 deleted from both by one DELETE; a pin taken on one is listed and removed on the other. A pair
 without --redis shares none of it. One module-wide pair, redis-server and router; skipped,
 visibly, where redis-server is not installed."""
+import json
 import os
+import urllib.error
+import urllib.request
 
 import pytest
 
-from conftest import KvServer
+from conftest import http_get
 from test_redis import REDIS_SERVER, RedisServer
-from test_router import INSTANCE_ARGS, Router, post, start_pair
+from test_router import Router, post, start_pair
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,21 @@ def respond(url, model, text, previous=None):
     return r
 
 
+def status_of(url):
+    return http_get(url)[0]
+
+
+def call(url, method, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def test_a_responses_conversation_alternates_instances_through_the_router(router, pair):
     model = pair[0].model_id
     first = respond(router.url, model, "My name is Ada. Say hi.")
@@ -64,38 +82,21 @@ def test_a_responses_conversation_alternates_instances_through_the_router(router
             got = s.get_json("/v1/responses/" + i)
             assert got["id"] == i and got["object"] == "response"
     # one DELETE, on either instance, removes it from both
-    status, body = delete(pair[1].url + "/v1/responses/" + ids[0])
+    status, body = call(pair[1].url + "/v1/responses/" + ids[0], "DELETE")
     assert status == 200 and body["deleted"] is True, body
     for s in pair:
-        assert get_status(s.url + "/v1/responses/" + ids[0]) == 404
+        assert status_of(s.url + "/v1/responses/" + ids[0]) == 404
     status, r = post(router.url + "/v1/responses",
                      {"model": model, "input": "x", "previous_response_id": ids[0]})
     assert status == 400 and r["error"]["code"] == "previous_response_not_found", r
-
-
-def delete(url):
-    import json
-    import urllib.error
-    import urllib.request
-    req = urllib.request.Request(url, method="DELETE")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def get_status(url):
-    from conftest import http_get
-    return http_get(url)[0]
 
 
 def test_without_redis_nothing_is_shared(model_path):
     a, b = start_pair()
     try:
         r = respond(a.url, a.model_id, "Hi")
-        assert get_status(a.url + "/v1/responses/" + r["id"]) == 200
-        assert get_status(b.url + "/v1/responses/" + r["id"]) == 404
+        assert status_of(a.url + "/v1/responses/" + r["id"]) == 200
+        assert status_of(b.url + "/v1/responses/" + r["id"]) == 404
         status, body = post(b.url + "/v1/responses", {"model": b.model_id, "input": "x",
                                                       "previous_response_id": r["id"]})
         assert status == 400, body
@@ -108,20 +109,6 @@ SCHEMA = """<schema name="{name}">
   <system>You are a travel agent. Answer in one sentence.</system>
   <user><module name="city">Lisbon is the capital of Portugal, known for its trams.</module></user>
 </schema>"""
-
-
-def call(url, method, body=None):
-    import json
-    import urllib.error
-    import urllib.request
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_a_schema_registered_on_one_instance_is_used_listed_and_deleted_on_the_other(pair):
