@@ -424,7 +424,8 @@ static bool shared_keep(schema_registry *g, const cache_key *ns, const char *nam
 }
 
 /* Registers here namespace ns's schemas that Redis holds and this instance does not (or holds
- * in another version), and drops those deleted elsewhere. */
+ * in an older version: one registered here after Redis's was stored, while Redis was away, is
+ * kept), and drops those deleted elsewhere. */
 static void shared_sync(schema_registry *g, const cache_key *ns) {
     redis_state_item *items = NULL;
     int n = 0;
@@ -432,10 +433,11 @@ static void shared_sync(schema_registry *g, const cache_key *ns) {
     for (int i = 0; i < n; i++) {
         pthread_mutex_lock(&g->mu);
         const entry *e = find_locked(g, ns, items[i].name);
-        bool same = e && e->sc->source_len == items[i].len &&
-                    memcmp(e->sc->source, items[i].value, items[i].len) == 0;
+        bool keep = e && ((e->sc->source_len == items[i].len &&
+                           memcmp(e->sc->source, items[i].value, items[i].len) == 0) ||
+                          e->created > items[i].stored);
         pthread_mutex_unlock(&g->mu);
-        if (!same) load_one(g, ns, items[i].name, items[i].value, items[i].len);
+        if (!keep) load_one(g, ns, items[i].name, items[i].value, items[i].len);
     }
     redis_state_items_free(items, n);
     /* the ones here that Redis no longer lists: deleted elsewhere, or expired or lost there */

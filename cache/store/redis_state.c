@@ -2,8 +2,9 @@
  * one sorted-set index per kind and namespace, over one link (cache/store/redis_link.h).
  *
  * The envelope (little-endian):
- *   "KVST" | u32 version | i64 expiry (unix s) | u32 name bytes | u32 value bytes |
- *   SHA-256(namespace, kind, expiry, name bytes, name, value) | name | value
+ *   "KVST" | u32 version | i64 stored | i64 expires (unix s) | u32 name bytes |
+ *   u32 value bytes | SHA-256(namespace, kind, stored, expires, name bytes, name, value) |
+ *   name | value
  * The namespace and kind are not stored: the checksum holds them, so a value copied under
  * another namespace's or kind's key fails it. */
 #include "cache/store/redis_state.h"
@@ -20,7 +21,7 @@
 
 #define ENV_MAGIC "KVST"
 #define ENV_VERSION 1u
-#define ENV_HEAD (4 + 4 + 8 + 4 + 4 + 32)
+#define ENV_HEAD (4 + 4 + 8 + 8 + 4 + 4 + 32)
 #define NAME_MAX_BYTES 1024
 /* "kvserve:s1:" + 64 + ":" + kind + ":" + 64 */
 #define KEY_LEN 176 /* and ":deleted" */
@@ -62,29 +63,33 @@ static void key_tomb(redis_state_kind kind, const cache_key *ns, const char *nam
 }
 
 /* SHA-256 over what the envelope vouches for. */
-static void env_sum(redis_state_kind kind, const cache_key *ns, int64_t expires, const char *name,
-                    size_t n_name, const void *value, size_t len, uint8_t out[32]) {
-    uint8_t head[CACHE_KEY_BYTES + 1 + 8 + 4 + NAME_MAX_BYTES];
+static void env_sum(redis_state_kind kind, const cache_key *ns, const int64_t when[2],
+                    const char *name, size_t n_name, const void *value, size_t len,
+                    uint8_t out[32]) {
+    uint8_t head[CACHE_KEY_BYTES + 1 + 16 + 4 + NAME_MAX_BYTES];
     memcpy(head, ns->b, CACHE_KEY_BYTES);
     head[CACHE_KEY_BYTES] = (uint8_t)kind;
-    le_put_u64(head + CACHE_KEY_BYTES + 1, (uint64_t)expires);
-    le_put_u32(head + CACHE_KEY_BYTES + 9, (uint32_t)n_name);
-    memcpy(head + CACHE_KEY_BYTES + 13, name, n_name);
-    kv_sha256_2(head, CACHE_KEY_BYTES + 13 + n_name, value, len, out);
+    le_put_u64(head + CACHE_KEY_BYTES + 1, (uint64_t)when[0]);
+    le_put_u64(head + CACHE_KEY_BYTES + 9, (uint64_t)when[1]);
+    le_put_u32(head + CACHE_KEY_BYTES + 17, (uint32_t)n_name);
+    memcpy(head + CACHE_KEY_BYTES + 21, name, n_name);
+    kv_sha256_2(head, CACHE_KEY_BYTES + 21 + n_name, value, len, out);
 }
 
 /* The envelope of an item; malloc'd, *out_len its bytes. */
-static uint8_t *env_make(redis_state_kind kind, const cache_key *ns, int64_t expires,
+/* when: the Unix seconds it is stored at and expires at. */
+static uint8_t *env_make(redis_state_kind kind, const cache_key *ns, const int64_t when[2],
                          const char *name, const void *value, size_t len, size_t *out_len) {
     size_t n_name = strlen(name);
     uint8_t *v = malloc(ENV_HEAD + n_name + len);
     if (!v) return NULL;
     memcpy(v, ENV_MAGIC, 4);
     le_put_u32(v + 4, ENV_VERSION);
-    le_put_u64(v + 8, (uint64_t)expires);
-    le_put_u32(v + 16, (uint32_t)n_name);
-    le_put_u32(v + 20, (uint32_t)len);
-    env_sum(kind, ns, expires, name, n_name, value, len, v + 24);
+    le_put_u64(v + 8, (uint64_t)when[0]);
+    le_put_u64(v + 16, (uint64_t)when[1]);
+    le_put_u32(v + 24, (uint32_t)n_name);
+    le_put_u32(v + 28, (uint32_t)len);
+    env_sum(kind, ns, when, name, n_name, value, len, v + 32);
     memcpy(v + ENV_HEAD, name, n_name);
     memcpy(v + ENV_HEAD + n_name, value, len);
     *out_len = ENV_HEAD + n_name + len;
@@ -92,15 +97,15 @@ static uint8_t *env_make(redis_state_kind kind, const cache_key *ns, int64_t exp
 }
 
 /* Checks an envelope read under the key of (kind, ns, name); points *value at its value and
- * fills its expiry. false with why. */
+ * fills when (stored, expires). false with why. */
 static bool env_check(const redis_state *st, redis_state_kind kind, const cache_key *ns,
                       const char *name, const uint8_t *v, size_t n, const uint8_t **value,
-                      size_t *len, int64_t *expires, const char **why) {
+                      size_t *len, int64_t when[2], const char **why) {
     if (n < ENV_HEAD || memcmp(v, ENV_MAGIC, 4) != 0 || le_get_u32(v + 4) != ENV_VERSION) {
         *why = "not an envelope of this version";
         return false;
     }
-    size_t n_name = le_get_u32(v + 16), n_value = le_get_u32(v + 20);
+    size_t n_name = le_get_u32(v + 24), n_value = le_get_u32(v + 28);
     if (n_name > NAME_MAX_BYTES || n_value > st->bounds[kind].max_value ||
         n != ENV_HEAD + n_name + n_value) {
         *why = "its lengths are out of bounds or disagree with its size";
@@ -111,9 +116,10 @@ static bool env_check(const redis_state *st, redis_state_kind kind, const cache_
         return false;
     }
     uint8_t sum[32];
-    *expires = (int64_t)le_get_u64(v + 8);
-    env_sum(kind, ns, *expires, name, n_name, v + ENV_HEAD + n_name, n_value, sum);
-    if (memcmp(sum, v + 24, 32) != 0) {
+    when[0] = (int64_t)le_get_u64(v + 8);
+    when[1] = (int64_t)le_get_u64(v + 16);
+    env_sum(kind, ns, when, name, n_name, v + ENV_HEAD + n_name, n_value, sum);
+    if (memcmp(sum, v + 32, 32) != 0) {
         *why = "checksum mismatch (damaged, or another namespace's)";
         return false;
     }
@@ -220,15 +226,15 @@ int redis_state_put(redis_state *st, redis_state_kind kind, const cache_key *ns,
     const redis_state_bounds *b = &st->bounds[kind];
     if (ttl_s <= 0) ttl_s = b->ttl_s;
     if (n_name < 1 || n_name > NAME_MAX_BYTES || len > b->max_value) return 1;
-    int64_t expires = (int64_t)time(NULL) + ttl_s;
+    int64_t now = (int64_t)time(NULL), when[2] = {now, now + ttl_s};
     size_t vlen = 0;
-    uint8_t *v = env_make(kind, ns, expires, name, value, len, &vlen);
+    uint8_t *v = env_make(kind, ns, when, name, value, len, &vlen);
     if (!v) return -1;
     char key[KEY_LEN], index[KEY_LEN], ttl[24], score[24], index_ttl[24];
     key_item(kind, ns, name, n_name, key);
     key_index(kind, ns, index);
     snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_s);
-    snprintf(score, sizeof score, "%lld", (long long)expires);
+    snprintf(score, sizeof score, "%lld", (long long)when[1]);
     /* the index lives as long as the longest-lived item written to it lately */
     snprintf(index_ttl, sizeof index_ttl, "%lld", (long long)(ttl_s > b->ttl_s ? ttl_s : b->ttl_s));
     const char *set[5] = {"SET", key, (const char *)v, "EX", ttl};
@@ -272,9 +278,9 @@ int redis_state_get(redis_state *st, redis_state_kind kind, const cache_key *ns,
     redisReply *rep = redis_link_command(&st->link, 2, argv, NULL);
     if (rep && rep->type == REDIS_REPLY_STRING) {
         const uint8_t *v;
-        int64_t expires;
+        int64_t when[2];
         const char *why = "";
-        if (env_check(st, kind, ns, name, (const uint8_t *)rep->str, rep->len, &v, len, &expires,
+        if (env_check(st, kind, ns, name, (const uint8_t *)rep->str, rep->len, &v, len, when,
                       &why)) {
             rc = (*value = malloc(*len + 1)) ? 1 : -1;
             if (*value) memcpy(*value, v, *len), (*value)[*len] = 0;
@@ -359,18 +365,21 @@ static int read_items_locked(redis_state *st, redis_state_kind kind, const cache
             const char *name = names->element[i]->str, *why = "";
             const uint8_t *v;
             size_t len;
+            int64_t when[2];
             redis_state_item *it = &out[found];
             if (r->type != REDIS_REPLY_STRING) { /* expired or flushed: its name goes too */
                 gone[n_gone++] = name;
                 continue;
             }
-            if (!env_check(st, kind, ns, name, (const uint8_t *)r->str, r->len, &v, &len,
-                           &it->expires, &why)) {
+            if (!env_check(st, kind, ns, name, (const uint8_t *)r->str, r->len, &v, &len, when,
+                           &why)) {
                 log_warn("state: redis %s: refusing %s: %s", st->health.url, keys[i], why);
                 st->st.corrupt++;
                 gone[n_gone++] = name;
                 continue;
             }
+            it->stored = when[0];
+            it->expires = when[1];
             it->name = strdup(name);
             it->value = malloc(len + 1);
             if (!it->name || !it->value) {

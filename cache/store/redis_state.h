@@ -17,13 +17,13 @@
  * namespace's index keeps max_per_ns names, the soonest to expire dropped first (their items
  * deleted with them); every key expires (the kind's ttl, or the item's own: a pin's, a lease's).
  *
- * Trust. An item's value is an envelope: "KVST", a version, its expiry, the name's and the
- * value's lengths, and SHA-256 over (namespace, kind, expiry, name, value). A value that fails a
- * check (size, envelope, checksum, another name or namespace than its key's) is a miss, counted
- * as corrupt and deleted. Faults: one link (cache/store/redis_link.h: every wait bounded by the
- * timeout, backoff after a failure): a down, slow or flushed Redis makes every call answer
- * "unreachable" or "none" at once or within one timeout; callers then behave as a server without
- * Redis. Thread-safe (one caller at a time on the link). */
+ * Trust. An item's value is an envelope: "KVST", a version, when it was stored and expires, the
+ * name's and the value's lengths, and SHA-256 over (namespace, kind, times, name, value). A value
+ * that fails a check (size, envelope, checksum, another name or namespace than its key's) is a
+ * miss, counted as corrupt and deleted. Faults: one link (cache/store/redis_link.h: every wait
+ * bounded by the timeout, backoff after a failure): a down, slow or flushed Redis makes every call
+ * answer "unreachable" or "none" at once or within one timeout; callers then behave as a server
+ * without Redis. Thread-safe (one caller at a time on the link). */
 #ifndef KVSERVE_CACHE_REDIS_STATE_H
 #define KVSERVE_CACHE_REDIS_STATE_H
 
@@ -56,7 +56,7 @@ typedef struct redis_state_item {
     char *name;
     char *value;
     size_t len;
-    int64_t expires; /* unix seconds */
+    int64_t stored, expires; /* Unix seconds: when it was put, when it ends */
 } redis_state_item;
 
 typedef struct redis_state_stats {

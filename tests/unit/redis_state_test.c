@@ -135,6 +135,7 @@ Test(redis_state, a_list_keeps_the_bound_and_drops_the_soonest_to_expire) {
         cr_assert_str_eq(items[i].name, name);
         cr_assert_str_eq(items[i].value, name);
         cr_assert_eq(items[i].len, 2);
+        cr_assert_eq(items[i].expires - items[i].stored, 102 + i);
     }
     cr_assert(items[0].expires < items[2].expires);
     redis_state_items_free(items, n);
