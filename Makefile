@@ -345,6 +345,7 @@ FUZZ_DEPS_chat_tools_fuzz := model/chat/chat.c model/chat/chat_tools.c model/cha
 FUZZ_DEPS_rans_fuzz := cache/codec/rans.c
 FUZZ_DEPS_record_fuzz := cache/store/record.c cache/chunk.c
 FUZZ_DEPS_redis_url_fuzz := cache/store/redis_url.c
+FUZZ_DEPS_redis_envelope_fuzz := cache/store/redis_envelope.c
 FUZZ_DEPS_pml_fuzz := cache/schema/pml.c
 FUZZ_DEPS_content_disk_fuzz := cache/store/content_disk.c cache/store/dirstore.c \
     cache/store/content.c cache/chunk.c util/keytable.c

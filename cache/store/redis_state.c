@@ -1,12 +1,6 @@
-/* Client state shared through Redis (cache/store/redis_state.h): items in checked envelopes,
- * one sorted-set index per kind and namespace, over one link (cache/store/redis_link.h).
- *
- * The envelope (little-endian):
- *   "KVST" | u32 version | i64 stored | i64 expires (unix s) | u32 name bytes |
- *   u32 value bytes | SHA-256(namespace, kind, stored, expires, name bytes, name, value) |
- *   name | value
- * The namespace and kind are not stored: the checksum holds them, so a value copied under
- * another namespace's or kind's key fails it. */
+/* Client state shared through Redis (cache/store/redis_state.h): items in checked envelopes
+ * (cache/store/redis_envelope.h), one sorted-set index per kind and namespace, over one link
+ * (cache/store/redis_link.h). */
 #include "cache/store/redis_state.h"
 
 #include <pthread.h>
@@ -16,13 +10,11 @@
 #include <time.h>
 
 #include "cache/store/redis.h"
+#include "cache/store/redis_envelope.h"
 #include "cache/store/redis_link.h"
 #include "util/util.h"
 
-#define ENV_MAGIC "KVST"
-#define ENV_VERSION 1u
-#define ENV_HEAD (4 + 4 + 8 + 8 + 4 + 4 + 32)
-#define NAME_MAX_BYTES 1024
+#define NAME_MAX_BYTES REDIS_ENV_NAME_MAX
 /* "kvserve:s1:" + 64 + ":" + kind + ":" + 64 */
 #define KEY_LEN 176 /* and ":deleted" */
 
@@ -60,72 +52,6 @@ static void key_tomb(redis_state_kind kind, const cache_key *ns, const char *nam
                      char out[KEY_LEN]) {
     key_item(kind, ns, name, strlen(name), out);
     strcat(out, ":deleted");
-}
-
-/* SHA-256 over what the envelope vouches for. */
-static void env_sum(redis_state_kind kind, const cache_key *ns, const int64_t when[2],
-                    const char *name, size_t n_name, const void *value, size_t len,
-                    uint8_t out[32]) {
-    uint8_t head[CACHE_KEY_BYTES + 1 + 16 + 4 + NAME_MAX_BYTES];
-    memcpy(head, ns->b, CACHE_KEY_BYTES);
-    head[CACHE_KEY_BYTES] = (uint8_t)kind;
-    le_put_u64(head + CACHE_KEY_BYTES + 1, (uint64_t)when[0]);
-    le_put_u64(head + CACHE_KEY_BYTES + 9, (uint64_t)when[1]);
-    le_put_u32(head + CACHE_KEY_BYTES + 17, (uint32_t)n_name);
-    memcpy(head + CACHE_KEY_BYTES + 21, name, n_name);
-    kv_sha256_2(head, CACHE_KEY_BYTES + 21 + n_name, value, len, out);
-}
-
-/* The envelope of an item; malloc'd, *out_len its bytes. */
-/* when: the Unix seconds it is stored at and expires at. */
-static uint8_t *env_make(redis_state_kind kind, const cache_key *ns, const int64_t when[2],
-                         const char *name, const void *value, size_t len, size_t *out_len) {
-    size_t n_name = strlen(name);
-    uint8_t *v = malloc(ENV_HEAD + n_name + len);
-    if (!v) return NULL;
-    memcpy(v, ENV_MAGIC, 4);
-    le_put_u32(v + 4, ENV_VERSION);
-    le_put_u64(v + 8, (uint64_t)when[0]);
-    le_put_u64(v + 16, (uint64_t)when[1]);
-    le_put_u32(v + 24, (uint32_t)n_name);
-    le_put_u32(v + 28, (uint32_t)len);
-    env_sum(kind, ns, when, name, n_name, value, len, v + 32);
-    memcpy(v + ENV_HEAD, name, n_name);
-    memcpy(v + ENV_HEAD + n_name, value, len);
-    *out_len = ENV_HEAD + n_name + len;
-    return v;
-}
-
-/* Checks an envelope read under the key of (kind, ns, name); points *value at its value and
- * fills when (stored, expires). false with why. */
-static bool env_check(const redis_state *st, redis_state_kind kind, const cache_key *ns,
-                      const char *name, const uint8_t *v, size_t n, const uint8_t **value,
-                      size_t *len, int64_t when[2], const char **why) {
-    if (n < ENV_HEAD || memcmp(v, ENV_MAGIC, 4) != 0 || le_get_u32(v + 4) != ENV_VERSION) {
-        *why = "not an envelope of this version";
-        return false;
-    }
-    size_t n_name = le_get_u32(v + 24), n_value = le_get_u32(v + 28);
-    if (n_name > NAME_MAX_BYTES || n_value > st->bounds[kind].max_value ||
-        n != ENV_HEAD + n_name + n_value) {
-        *why = "its lengths are out of bounds or disagree with its size";
-        return false;
-    }
-    if (n_name != strlen(name) || memcmp(v + ENV_HEAD, name, n_name) != 0) {
-        *why = "it names another item";
-        return false;
-    }
-    uint8_t sum[32];
-    when[0] = (int64_t)le_get_u64(v + 8);
-    when[1] = (int64_t)le_get_u64(v + 16);
-    env_sum(kind, ns, when, name, n_name, v + ENV_HEAD + n_name, n_value, sum);
-    if (memcmp(sum, v + 32, 32) != 0) {
-        *why = "checksum mismatch (damaged, or another namespace's)";
-        return false;
-    }
-    *value = v + ENV_HEAD + n_name;
-    *len = n_value;
-    return true;
 }
 
 /* ---------------------------------------------------------------- open, close */
@@ -228,7 +154,7 @@ int redis_state_put(redis_state *st, redis_state_kind kind, const cache_key *ns,
     if (n_name < 1 || n_name > NAME_MAX_BYTES || len > b->max_value) return 1;
     int64_t now = (int64_t)time(NULL), when[2] = {now, now + ttl_s};
     size_t vlen = 0;
-    uint8_t *v = env_make(kind, ns, when, name, value, len, &vlen);
+    uint8_t *v = redis_env_make((int)kind, ns, when, name, value, len, &vlen);
     if (!v) return -1;
     char key[KEY_LEN], index[KEY_LEN], ttl[24], score[24], index_ttl[24];
     key_item(kind, ns, name, n_name, key);
@@ -280,8 +206,8 @@ int redis_state_get(redis_state *st, redis_state_kind kind, const cache_key *ns,
         const uint8_t *v;
         int64_t when[2];
         const char *why = "";
-        if (env_check(st, kind, ns, name, (const uint8_t *)rep->str, rep->len, &v, len, when,
-                      &why)) {
+        if (redis_env_check((int)kind, ns, name, st->bounds[kind].max_value,
+                            (const uint8_t *)rep->str, rep->len, &v, len, when, &why)) {
             rc = (*value = malloc(*len + 1)) ? 1 : -1;
             if (*value) memcpy(*value, v, *len), (*value)[*len] = 0;
         } else {
@@ -371,8 +297,8 @@ static int read_items_locked(redis_state *st, redis_state_kind kind, const cache
                 gone[n_gone++] = name;
                 continue;
             }
-            if (!env_check(st, kind, ns, name, (const uint8_t *)r->str, r->len, &v, &len, when,
-                           &why)) {
+            if (!redis_env_check((int)kind, ns, name, st->bounds[kind].max_value,
+                                 (const uint8_t *)r->str, r->len, &v, &len, when, &why)) {
                 log_warn("state: redis %s: refusing %s: %s", st->health.url, keys[i], why);
                 st->st.corrupt++;
                 gone[n_gone++] = name;
