@@ -3,13 +3,15 @@
  * namespace (the soonest to expire dropped, their items deleted) and without expired names;
  * expiry on every key; values over the bound not shared; damaged values (a flipped byte, a
  * truncated one, another namespace's copied over, a damaged index) are misses, counted and
- * deleted; Redis killed: every call answers "unreachable" within the timeout, and the state
- * works again once Redis is back. Skips, saying so, where redis-server is not installed. */
+ * deleted; Redis stalled: one call waits the timeout, the next ones none (backoff); Redis
+ * killed: every call answers "unreachable" at once, and the state works again once Redis is
+ * back. Skips, saying so, where redis-server is not installed. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache/store/redis_state.h"
 #include "tests/unit/redis_fixture.h"
@@ -205,6 +207,32 @@ Test(redis_state, damaged_values_are_misses_counted_and_deleted) {
     cr_assert_eq(redis_state_list(st, REDIS_STATE_RESPONSE, &a, &items, &n), 0);
     cr_assert_eq(n, 1);
     redis_state_items_free(items, n);
+    redis_state_close(st);
+}
+
+Test(redis_state, a_stalled_redis_costs_one_timeout_then_nothing) {
+    redis_state *st = open_state(200);
+    cache_key a = make_ns(NULL);
+    cr_assert_eq(redis_state_put(st, REDIS_STATE_RESPONSE, &a, "r", "x", 1, 0), 0);
+    kill(srv.pid, SIGSTOP);
+    uint64_t t0 = clock_now_ns();
+    char *v = NULL;
+    size_t len;
+    cr_assert_eq(redis_state_get(st, REDIS_STATE_RESPONSE, &a, "r", &v, &len), -1);
+    uint64_t first = clock_now_ns() - t0;
+    cr_assert(first >= 150000000ull && first < 1000000000ull, "%llu ns", (unsigned long long)first);
+    t0 = clock_now_ns();
+    cr_assert_eq(redis_state_put(st, REDIS_STATE_RESPONSE, &a, "r", "y", 1, 0), -1);
+    cr_assert_lt(clock_now_ns() - t0, 50000000ull, "the backoff did not skip Redis");
+    kill(srv.pid, SIGCONT);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 1; i++) {
+        rc = redis_state_get(st, REDIS_STATE_RESPONSE, &a, "r", &v, &len);
+        if (rc != 1) usleep(50000);
+    }
+    cr_assert_eq(rc, 1);
+    cr_assert_str_eq(v, "x");
+    free(v);
     redis_state_close(st);
 }
 
