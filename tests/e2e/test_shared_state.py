@@ -29,7 +29,7 @@ def redis_srv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(model_path, redis_srv):
-    servers = start_pair("--redis", redis_srv.url)
+    servers = start_pair("--redis", redis_srv.url, "--redis-codec", "off")  # no calibration
     yield servers
     for s in servers:
         s.terminate()
