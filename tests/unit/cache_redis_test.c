@@ -12,24 +12,19 @@
  */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cache/codec/chunk_codec.h"
 #include "cache/store/record.h"
 #include "cache/store/redis.h"
 #include "tests/unit/chunk_fixture.h"
+#include "tests/unit/redis_fixture.h"
 #include "tests/unit/tmpdir.h"
-
-#define REDIS_SERVER "/usr/bin/redis-server"
 
 /* ---------------------------------------------------------------- redis-server */
 
@@ -43,20 +38,8 @@ typedef struct test_redis {
 static test_redis srv = {.pid = -1};
 
 static void redis_stop(void) {
-    if (srv.pid <= 0) return;
-    kill(srv.pid, SIGKILL);
-    waitpid(srv.pid, NULL, 0);
+    fixture_kill(srv.pid);
     srv.pid = -1;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-              getsockname(fd, (struct sockaddr *)&a, &len) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static redisContext *raw_connect(void) {
@@ -71,33 +54,10 @@ static redisContext *raw_connect(void) {
 
 /* Starts redis-server on srv.port (a new free port when 0) and waits until it answers PING. */
 static void redis_start(void) {
-    if (access(REDIS_SERVER, X_OK) != 0) cr_skip_test("redis-server is not installed");
-    if (!srv.port) srv.port = free_port();
+    if (!srv.port) srv.port = fixture_free_port();
     if (!srv.dir) srv.dir = tmpdir_create("kvserve-redis-test-");
     snprintf(srv.url, sizeof srv.url, "redis://127.0.0.1:%d", srv.port);
-    char port[16];
-    snprintf(port, sizeof port, "%d", srv.port);
-    pid_t parent = getpid();
-    srv.pid = fork();
-    cr_assert(srv.pid >= 0);
-    if (srv.pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent) _exit(1);
-        if (!freopen("/dev/null", "w", stdout)) _exit(1);
-        execl(REDIS_SERVER, REDIS_SERVER, "--port", port, "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--daemonize", "no", "--dir", srv.dir, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 500; i++) {
-        redisContext *c = raw_connect();
-        redisReply *rep = c ? redisCommand(c, "PING") : NULL;
-        bool up = rep && rep->type == REDIS_REPLY_STATUS;
-        if (rep) freeReplyObject(rep);
-        if (c) redisFree(c);
-        if (up) return;
-        usleep(10000);
-    }
-    cr_assert_fail("redis-server did not start on port %d", srv.port);
+    srv.pid = fixture_redis_start(srv.port, srv.dir);
 }
 
 static void setup(void) {
@@ -593,7 +553,8 @@ Test(cache_redis, clear_by_namespace) {
     cr_assert_eq(fetch_first(r, bkeys, out), 0);
     redisContext *rc = raw_connect();
     redisReply *rep = raw(rc, "DBSIZE");
-    cr_assert_eq(rep->integer, 0, "a clear of everything drops the aliases too");
+    /* the aliases too; what is left is the new generation of every namespace */
+    cr_assert_eq(rep->integer, 1, "a clear of everything drops the aliases too");
     freeReplyObject(rep);
     redisFree(rc);
     cache_chunk_unref(ca);
@@ -845,4 +806,252 @@ Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
     cache_store_close(s2);
     free(dir1);
     free(dir2);
+}
+
+/* ---------------------------------------------------------------- shards behind twemproxy */
+
+/* Two redis-server shards behind nutcracker, configured as scripts/cluster.py configures it
+ * (ketama over fnv1a_64; a shard that fails one command is ejected, its keys answered by the
+ * other, and tried again after server_retry_timeout: 300 ms here, 2 s there). */
+#define SHARD_RETRY_MS 300
+
+typedef struct test_shards {
+    pid_t pid[2], proxy;
+    int port[2], proxy_port;
+    char *dir;
+    char url[64]; /* the proxy's */
+} test_shards;
+
+static test_shards sh = {.pid = {-1, -1}, .proxy = -1};
+
+static void shards_stop(void) {
+    fixture_kill(sh.proxy);
+    for (int i = 0; i < 2; i++) fixture_kill(sh.pid[i]);
+    sh.proxy = sh.pid[0] = sh.pid[1] = -1;
+}
+
+static void shards_setup(void) {
+    signal(SIGPIPE, SIG_IGN);
+    if (access(NUTCRACKER, X_OK) != 0)
+        cr_skip_test("nutcracker (twemproxy) is not installed: scripts/setup.sh installs it");
+    atexit(shards_stop);
+    sh.dir = tmpdir_create("kvserve-redis-shards-");
+    for (int i = 0; i < 2; i++) {
+        sh.port[i] = fixture_free_port();
+        sh.pid[i] = fixture_redis_start(sh.port[i], sh.dir);
+    }
+    sh.proxy_port = fixture_free_port();
+    char conf[512], path[256], stats_port[16];
+    snprintf(conf, sizeof conf,
+             "kvserve:\n  listen: 127.0.0.1:%d\n  redis: true\n  hash: fnv1a_64\n"
+             "  distribution: ketama\n  timeout: 100\n  auto_eject_hosts: true\n"
+             "  server_retry_timeout: %d\n  server_failure_limit: 1\n  servers:\n"
+             "   - 127.0.0.1:%d:1 shard0\n   - 127.0.0.1:%d:1 shard1\n",
+             sh.proxy_port, SHARD_RETRY_MS, sh.port[0], sh.port[1]);
+    snprintf(path, sizeof path, "%s/nutcracker.yml", sh.dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f && fputs(conf, f) >= 0 && fclose(f) == 0);
+    snprintf(stats_port, sizeof stats_port, "%d", fixture_free_port());
+    const char *argv[] = {NUTCRACKER, "-c", path, "-s", stats_port, "-o", "/dev/null", NULL};
+    sh.proxy = fixture_spawn(argv);
+    cr_assert(fixture_ping_within(sh.proxy_port), "nutcracker did not start");
+    snprintf(sh.url, sizeof sh.url, "redis://127.0.0.1:%d", sh.proxy_port);
+}
+
+TestSuite(cache_redis_shards, .init = shards_setup, .fini = shards_stop, .timeout = 60);
+
+#define SHARD_SEQS 8
+
+static redisContext *shard_connect(int i) {
+    struct timeval tv = {.tv_sec = 1};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", sh.port[i], tv);
+    cr_assert(c && !c->err, "shard %d: %s", i, c ? c->errstr : "out of memory");
+    return c;
+}
+
+static int64_t shard_dbsize(int i) {
+    redisContext *c = shard_connect(i);
+    redisReply *rep = raw(c, "DBSIZE");
+    int64_t n = rep->integer;
+    freeReplyObject(rep);
+    redisFree(c);
+    return n;
+}
+
+/* SHARD_SEQS one-chunk sequences (seeds 40 ..) of namespace ns written through r. */
+static void shards_put(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                       cache_chunk **c) {
+    for (int i = 0; i < SHARD_SEQS; i++) {
+        c[i] = make_chunk(l, ns, 40 + i, 0, 4);
+        cr_assert(cache_redis_put(r, c[i]));
+    }
+    cache_redis_flush(r);
+}
+
+/* Looks each sequence up: how many were found; every chunk found must be the one written. */
+static int shards_fetch(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                        cache_chunk **c) {
+    int found = 0;
+    for (int i = 0; i < SHARD_SEQS; i++) {
+        cache_key bkeys[32];
+        cache_chunk *out[1] = {0};
+        seq_keys(l, ns, 40 + i, 64, 1 << 30, bkeys);
+        if (fetch_first(r, bkeys, out) == 0) continue;
+        chunk_assert_same(out[0], c[i]);
+        cache_chunk_unref(out[0]);
+        found++;
+    }
+    return found;
+}
+
+static void shards_unref(cache_chunk **c) {
+    for (int i = 0; i < SHARD_SEQS; i++) cache_chunk_unref(c[i]);
+}
+
+Test(cache_redis_shards, records_spread_over_the_shards_and_bad_values_are_deleted) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL);
+    kv_error err = {{0}};
+    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    cache_chunk *c[SHARD_SEQS];
+    shards_put(r, &l, &ns, c);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS);
+    cr_assert(shard_dbsize(0) > 0 && shard_dbsize(1) > 0, "one shard holds every key");
+    /* a damaged value on its shard: refused, counted, deleted through the proxy (UNLINK) */
+    char name[256];
+    record_name(&l, &ns, &c[0]->key, name, sizeof name);
+    for (int i = 0; i < 2; i++) {
+        redisContext *rc = shard_connect(i);
+        redisReply *rep = raw(rc, "EXISTS %s", name);
+        if (rep->integer) freeReplyObject(raw(rc, "SETRANGE %s 100 x", name));
+        freeReplyObject(rep);
+        redisFree(rc);
+    }
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS - 1);
+    cr_assert_eq(stats(r, NULL).corrupt, 1);
+    cr_assert_eq(shard_dbsize(0) + shard_dbsize(1), 8 * (2 + 4) - 1); /* lossless, q8, aliases */
+    shards_unref(c);
+    cache_redis_close(r);
+}
+
+/* A content record of namespace ns (16 tokens, seed's payload), written through r. */
+static content_rec *put_content(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                                uint8_t seed) {
+    cache_key key;
+    memset(key.b, seed, sizeof key.b);
+    content_rec *cr = content_rec_create(l->n_layer, l->n_kv_head * l->head_dim, 16, &key, ns, 0);
+    cr_assert_not_null(cr);
+    memset(cr->data, seed, cr->bytes);
+    cr_assert(cache_redis_put_content(r, cr));
+    cache_redis_flush(r);
+    return cr;
+}
+
+static bool content_found(cache_redis *r, const content_rec *cr) {
+    content_rec *out = NULL;
+    int n_tok = cr->n_tok;
+    int n = cache_redis_fetch_content(r, &cr->ns, &cr->key, &n_tok, 1, &out);
+    bool same = n == 1 && out->bytes == cr->bytes && memcmp(out->data, cr->data, cr->bytes) == 0;
+    cr_assert(n == 0 || same, "a content record came back changed");
+    if (out) content_rec_unref(out);
+    return n == 1;
+}
+
+Test(cache_redis_shards, a_clear_through_the_proxy_makes_records_unreachable) {
+    cache_layout l = small_layout(1);
+    cache_key a = make_ns("a"), b = make_ns("b");
+    kv_error err = {{0}};
+    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    cache_chunk *ca[SHARD_SEQS], *cb[SHARD_SEQS];
+    shards_put(r, &l, &a, ca);
+    shards_put(r, &l, &b, cb);
+    content_rec *xa = put_content(r, &l, &a, 3), *xb = put_content(r, &l, &b, 4);
+    cr_assert(content_found(r, xa) && content_found(r, xb));
+    int64_t keys = shard_dbsize(0) + shard_dbsize(1);
+    /* twemproxy refuses SCAN: nothing is deleted (0 counted), a's generation changes */
+    cr_assert_eq(cache_redis_clear(r, &a), 0);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca), 0);
+    cr_assert_not(content_found(r, xa));
+    cr_assert_eq(shards_fetch(r, &l, &b, cb), SHARD_SEQS);
+    cr_assert(content_found(r, xb));
+    cr_assert_eq(shard_dbsize(0) + shard_dbsize(1), keys + 1, "the values are left to expire");
+    bool up = false;
+    stats(r, &up);
+    cr_assert(up, "a refused SCAN is not a lost connection");
+    /* a's records written again are found; a clear of everything reaches every namespace */
+    shards_put(r, &l, &a, ca);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca), SHARD_SEQS);
+    cr_assert_eq(cache_redis_clear(r, NULL), 0);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca) + shards_fetch(r, &l, &b, cb), 0);
+    cr_assert_not(content_found(r, xb));
+    cr_assert_eq(stats(r, NULL).corrupt, 0);
+    content_rec_unref(xa);
+    content_rec_unref(xb);
+    shards_unref(ca);
+    shards_unref(cb);
+    cache_redis_close(r);
+}
+
+/* Writes the sequences again and looks them up every 50 ms until all are found (a restarted
+ * shard is empty, and back in the proxy's ring after SHARD_RETRY_MS); false after 10 s. */
+static bool shards_recover(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                           cache_chunk **c) {
+    for (int64_t t0 = now_ms(); now_ms() - t0 < 10000; usleep(50000)) {
+        for (int i = 0; i < SHARD_SEQS; i++) cache_redis_put(r, c[i]);
+        cache_redis_flush(r);
+        if (shards_fetch(r, l, ns, c) == SHARD_SEQS) return true;
+    }
+    return false;
+}
+
+Test(cache_redis_shards, a_shard_slow_down_or_flushed_costs_hits_never_a_wrong_chunk) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL);
+    kv_error err = {{0}};
+    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
+    cr_assert_not_null(r, "%s", err.msg);
+    cache_chunk *c[SHARD_SEQS];
+    shards_put(r, &l, &ns, c);
+    /* Slow (stopped): the proxy answers an error after its 100 ms timeout, below the tier's
+     * 200 ms, and ejects the shard; the MGET retried gets the other shard's keys. */
+    kill(sh.pid[1], SIGSTOP);
+    int64_t t0 = now_ms();
+    int slow = shards_fetch(r, &l, &ns, c);
+    int64_t took = now_ms() - t0;
+    bool up = false;
+    stats(r, &up);
+    kill(sh.pid[1], SIGCONT);
+    cr_assert(slow > 0 && slow < SHARD_SEQS, "%d of %d found with a shard stalled", slow,
+              SHARD_SEQS);
+    cr_assert_lt(took, 1500, "lookups took %lld ms", (long long)took);
+    cr_assert(up, "the proxy's error replies are not a lost connection");
+    /* back in the ring after the retry timeout, with every value it held */
+    usleep((SHARD_RETRY_MS + 100) * 1000);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS, "not every record found after the stall");
+    /* Down: the same, at once; its keys go to the other shard meanwhile. */
+    fixture_kill(sh.pid[1]);
+    t0 = now_ms();
+    int down = shards_fetch(r, &l, &ns, c);
+    cr_assert(down > 0 && down < SHARD_SEQS, "%d of %d found with a shard down", down, SHARD_SEQS);
+    cr_assert_lt(now_ms() - t0, 1000);
+    shards_put(r, &l, &ns, c);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS, "written again: on the other shard");
+    shards_unref(c);
+    /* Restarted, empty: back in the ring after the retry timeout; found once written again. */
+    sh.pid[1] = fixture_redis_start(sh.port[1], sh.dir);
+    usleep((SHARD_RETRY_MS + 100) * 1000);
+    shards_put(r, &l, &ns, c);
+    cr_assert(shards_recover(r, &l, &ns, c), "not every record found after the restart");
+    cr_assert_gt(shard_dbsize(1), 0, "the restarted shard is not back in the ring");
+    /* Flushed: its records are misses, the other shard's still found. */
+    redisContext *rc = shard_connect(0);
+    freeReplyObject(raw(rc, "FLUSHALL"));
+    redisFree(rc);
+    int flushed = shards_fetch(r, &l, &ns, c);
+    cr_assert(flushed > 0 && flushed < SHARD_SEQS, "%d of %d found", flushed, SHARD_SEQS);
+    cr_assert_eq(stats(r, NULL).corrupt, 0);
+    shards_unref(c);
+    cache_redis_close(r);
 }
