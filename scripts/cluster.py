@@ -22,6 +22,7 @@ disk (no RDB, no AOF): a restarted shard is empty, as a replaced one would be.""
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,24 +42,9 @@ POLICIES = ("cache_aware", "round_robin", "power_of_two")
 # after one good one (both default to a minute and 3 failures); the startup check too.
 ROUTER_HEALTH_FLAGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
                        "--health-success-threshold", "1", "--worker-startup-check-interval", "1"]
-# twemproxy in front of the shards (README, "A local cluster and a fleet", says why each):
-# keys spread by ketama over fnv1a_64; a shard that does not answer in 100 ms is an error reply
-# for that command (below kvserve's own --redis-timeout-ms, 200 ms, so the connection to the
-# proxy stays up); after one failure a shard is out for 2 s, its keys answered by the others.
-PROXY_CONFIG = """kvserve:
-  listen: 127.0.0.1:{port}
-  redis: true
-  hash: fnv1a_64
-  distribution: ketama
-  timeout: {timeout_ms}
-  server_connections: 1
-  auto_eject_hosts: {eject}
-  server_retry_timeout: {retry_ms}
-  server_failure_limit: 1
-  preconnect: false
-  servers:
-{servers}
-"""
+# twemproxy's configuration for a fleet (README, "A local cluster and a fleet", says why each
+# value), run here with the cluster's own listen address, shards and timings
+PROXY_CONFIG = os.path.join(ROOT, "deploy", "nutcracker.yml")
 
 
 def free_port():
@@ -165,18 +151,29 @@ class Shard(Child):
         return self
 
 
-class Proxy(Child):
-    """nutcracker (twemproxy) on 127.0.0.1:port in front of shards, configured as
-    PROXY_CONFIG; `url` is what the instances take as --redis."""
+def proxy_config(port, shards, timeout_ms=None, retry_ms=None):
+    """PROXY_CONFIG listening on 127.0.0.1:port in front of shards (timeout and
+    server_retry_timeout replaced when given)."""
+    with open(PROXY_CONFIG) as f:
+        text = f.read().split("\n  servers:\n")[0]
+    text = re.sub(r"(?m)^  listen: .*$", f"  listen: 127.0.0.1:{port}", text)
+    for key, value in (("timeout", timeout_ms), ("server_retry_timeout", retry_ms)):
+        if value is not None:
+            text = re.sub(rf"(?m)^  {key}: .*$", f"  {key}: {value}", text)
+    return text + "\n  servers:\n" + "".join(f"   - 127.0.0.1:{s.port}:1 {s.name}\n"
+                                              for s in shards)
 
-    def __init__(self, shards, directory, timeout_ms=100, retry_ms=2000, eject=True):
+
+class Proxy(Child):
+    """nutcracker (twemproxy) on 127.0.0.1:port in front of shards, configured as a fleet's
+    (PROXY_CONFIG); `url` is what the instances take as --redis."""
+
+    def __init__(self, shards, directory, timeout_ms=None, retry_ms=None):
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}"
         self.config_path = os.path.join(directory, "nutcracker.yml")
-        servers = "\n".join(f"   - 127.0.0.1:{s.port}:1 {s.name}" for s in shards)
         with open(self.config_path, "w") as f:
-            f.write(PROXY_CONFIG.format(port=self.port, timeout_ms=timeout_ms, retry_ms=retry_ms,
-                                        eject="true" if eject else "false", servers=servers))
+            f.write(proxy_config(self.port, shards, timeout_ms, retry_ms))
         argv = [NUTCRACKER, "-c", self.config_path, "-s", str(free_port()), "-v", "5"]
         super().__init__("nutcracker", argv, os.path.join(directory, "nutcracker.log"))
 
@@ -269,14 +266,14 @@ class Router(Child):
 class Cluster:
     """n_instances of bin_path serving model behind a router of `router` kind with `policy`,
     sharing a Redis tier of n_shards redis-server shards behind nutcracker (n_shards 0: no Redis
-    tier). Each instance computes on `threads` threads and takes instance_args after the
+    tier; proxy_retry_ms: how long the proxy leaves a failed shard out, 2 s by default). Each instance computes on `threads` threads and takes instance_args after the
     cluster's own (--threads, --redis, --cache-dir, --drain-grace; a later option wins).
     A context manager: entering starts everything (shards, proxy, instances, router, in that
     order), leaving stops it all in the reverse order and removes the temporary directory."""
 
     def __init__(self, bin_path, model, n_instances=2, n_shards=2, policy="cache_aware",
                  router="sglang", instance_args=(), threads=1, port=None, env=None,
-                 shard_maxmemory=None, proxy_timeout_ms=100, drain_grace=3):
+                 shard_maxmemory=None, drain_grace=3, proxy_retry_ms=None):
         if n_instances < 1 or n_shards < 0:
             raise ValueError("a cluster needs an instance at least, and shards >= 0")
         if policy not in POLICIES:
@@ -285,7 +282,7 @@ class Cluster:
         self.n_instances, self.n_shards = n_instances, n_shards
         self.policy, self.router_kind, self.port = policy, router, port
         self.instance_args, self.threads, self.env = list(instance_args), threads, env
-        self.shard_maxmemory, self.proxy_timeout_ms = shard_maxmemory, proxy_timeout_ms
+        self.shard_maxmemory, self.proxy_retry_ms = shard_maxmemory, proxy_retry_ms
         self.drain_grace = drain_grace
         self.dir = None
         self.shards, self.instances = [], []
@@ -316,7 +313,7 @@ class Cluster:
             self.shards.append(Shard(i, self.dir, self.shard_maxmemory))
             self.shards[-1].start()
         if self.shards:
-            self.proxy = Proxy(self.shards, self.dir, self.proxy_timeout_ms)
+            self.proxy = Proxy(self.shards, self.dir, retry_ms=self.proxy_retry_ms)
             self.proxy.start()
         args = ["--threads", str(self.threads), "--drain-grace", str(self.drain_grace)]
         if self.proxy:
