@@ -174,8 +174,9 @@ class Proxy(Child):
         self.config_path = os.path.join(directory, "nutcracker.yml")
         with open(self.config_path, "w") as f:
             f.write(proxy_config(self.port, shards, timeout_ms, retry_ms))
-        argv = [NUTCRACKER, "-c", self.config_path, "-s", str(free_port()), "-v", "5"]
-        super().__init__("nutcracker", argv, os.path.join(directory, "nutcracker.log"))
+        log = os.path.join(directory, "nutcracker.log")
+        argv = [NUTCRACKER, "-c", self.config_path, "-s", str(free_port()), "-o", log]
+        super().__init__("nutcracker", argv, log)
 
     def start(self, timeout=10):
         self.spawn()
