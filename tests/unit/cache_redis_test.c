@@ -109,12 +109,15 @@ static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int s
     return c;
 }
 
-static cache_redis *open_tier(const cache_layout *l) {
+/* The tier on the Redis at url: no TTL, 16 queued writes, 200 ms timeouts. */
+static cache_redis *open_tier_at(const char *url, const cache_layout *l) {
     kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(srv.url, l, NULL, 0, 16, 200, &err);
+    cache_redis *r = cache_redis_open(url, l, NULL, 0, 16, 200, &err);
     cr_assert_not_null(r, "%s", err.msg);
     return r;
 }
+
+static cache_redis *open_tier(const cache_layout *l) { return open_tier_at(srv.url, l); }
 
 /* cache_redis_fetch with the default policy: lossless, no budget. */
 static int fetch_lossless(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
@@ -904,6 +907,8 @@ static int shards_fetch(cache_redis *r, const cache_layout *l, const cache_key *
     return found;
 }
 
+static cache_redis *open_proxied(const cache_layout *l) { return open_tier_at(sh.url, l); }
+
 static void shards_unref(cache_chunk **c) {
     for (int i = 0; i < SHARD_SEQS; i++) cache_chunk_unref(c[i]);
 }
@@ -911,9 +916,7 @@ static void shards_unref(cache_chunk **c) {
 Test(cache_redis_shards, records_spread_over_the_shards_and_bad_values_are_deleted) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL);
-    kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
-    cr_assert_not_null(r, "%s", err.msg);
+    cache_redis *r = open_proxied(&l);
     cache_chunk *c[SHARD_SEQS];
     shards_put(r, &l, &ns, c);
     cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS);
@@ -961,9 +964,7 @@ static bool content_found(cache_redis *r, const content_rec *cr) {
 Test(cache_redis_shards, a_clear_through_the_proxy_makes_records_unreachable) {
     cache_layout l = small_layout(1);
     cache_key a = make_ns("a"), b = make_ns("b");
-    kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
-    cr_assert_not_null(r, "%s", err.msg);
+    cache_redis *r = open_proxied(&l);
     cache_chunk *ca[SHARD_SEQS], *cb[SHARD_SEQS];
     shards_put(r, &l, &a, ca);
     shards_put(r, &l, &b, cb);
@@ -1009,9 +1010,7 @@ static bool shards_recover(cache_redis *r, const cache_layout *l, const cache_ke
 Test(cache_redis_shards, a_shard_slow_down_or_flushed_costs_hits_never_a_wrong_chunk) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL);
-    kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(sh.url, &l, NULL, 0, 16, 200, &err);
-    cr_assert_not_null(r, "%s", err.msg);
+    cache_redis *r = open_proxied(&l);
     cache_chunk *c[SHARD_SEQS];
     shards_put(r, &l, &ns, c);
     /* Slow (stopped): the proxy answers an error after its 100 ms timeout, below the tier's
