@@ -404,10 +404,13 @@ static bool gens_for_write(cache_redis *r, redis_conn *c, const cache_key *ns, r
     gens_names(r, ns, names);
     redisReply *rep = mget(r, c, names, 2);
     if (!rep) return false;
-    bool ok = gen_parse(rep->element[0], &g->all) || gen_bump(r, c, NULL, &g->all);
-    ok = ok && (gen_parse(rep->element[1], &g->ns) || gen_bump(r, c, ns, &g->ns));
+    bool all = gen_parse(rep->element[0], &g->all), one = gen_parse(rep->element[1], &g->ns);
     freeReplyObject(rep);
-    return ok;
+    if (!all || !one)
+        log_warn("cache: redis %s: a damaged generation replaced (records written before it are "
+                 "missed)",
+                 r->url);
+    return (all || gen_bump(r, c, NULL, &g->all)) && (one || gen_bump(r, c, ns, &g->ns));
 }
 
 static bool alias_ok(const redisReply *a) {

@@ -6,9 +6,12 @@
  * never block; Redis resumed or restarted: the tier reconnects after its backoff; clear by
  * namespace; every encoding (lossless, q8, codec levels) fetched as forced, and the fetch
  * policy's choices (text, lossless, budgets); values of another codec table not used (lossless
- * instead) and kept, corrupt coded values refused and deleted. Then the store over it: a second
- * store with its own RAM and disk finds the first one's chunks. Skips, saying so, where
- * redis-server is not installed.
+ * instead) and kept, corrupt coded values refused and deleted; a damaged generation replaced by
+ * the next write. Then the store over it: a second store with its own RAM and disk finds the
+ * first one's chunks. Then two shards behind nutcracker (twemproxy): records spread over both,
+ * a damaged value deleted through the proxy, a clear without SCAN (generations), a shard
+ * stalled, killed, restarted empty and flushed: misses for its records, never a wrong chunk.
+ * Skips, saying so, where redis-server (or, for the shards, nutcracker) is not installed.
  */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
@@ -562,6 +565,47 @@ Test(cache_redis, clear_by_namespace) {
     redisFree(rc);
     cache_chunk_unref(ca);
     cache_chunk_unref(cb);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, a_damaged_generation_costs_hits_until_a_write_replaces_it) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = make_chunk(&l, &ns, 12, 0, 4);
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(&l, &ns, 12, 64, 1 << 30, bkeys);
+    cache_chunk *out[1] = {0};
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
+    cache_chunk_unref(out[0]);
+    /* every namespace's generation: 3 bytes, not 8 */
+    char name[256], mh[65];
+    cache_key mid;
+    memcpy(mid.b, l.model_id, 32);
+    cache_key_hex(&mid, mh);
+    snprintf(name, sizeof name, "kvserve:%d:%.16s-%dx%d:g", CACHE_REDIS_KEY_VERSION, mh,
+             l.block_tokens, l.chunk_tokens);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    freeReplyObject(raw(rc, "SET %s abc", name));
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
+    /* the next write sets a new one: what it writes is found, nothing older */
+    cache_chunk *c2 = make_chunk(&l, &ns, 13, 0, 4);
+    cache_redis_put(r, c2);
+    cache_redis_flush(r);
+    redisReply *rep = raw(rc, "STRLEN %s", name);
+    cr_assert_eq(rep->integer, 8);
+    freeReplyObject(rep);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
+    seq_keys(&l, &ns, 13, 64, 1 << 30, bkeys);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
+    chunk_assert_same(out[0], c2);
+    cache_chunk_unref(out[0]);
+    cr_assert_eq(stats(r, NULL).write_errors, 0);
+    redisFree(rc);
+    cache_chunk_unref(c);
+    cache_chunk_unref(c2);
     cache_redis_close(r);
 }
 
