@@ -318,7 +318,7 @@ class Cluster:
             self.proxy.start()
         args = ["--threads", str(self.threads), "--drain-grace", str(self.drain_grace)]
         if self.proxy:
-            args += ["--redis", self.proxy.url]
+            args += ["--redis", self.proxy.url, *self.codec_args()]
         if self.router_kind == "vllm":
             args += ["--get-load-format", "vllm"]
         for i in range(self.n_instances):
@@ -349,6 +349,15 @@ class Cluster:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
         return codes
+
+    def codec_args(self):
+        """The codec table every instance must share: MODEL.kvcodec where it exists (what
+        --redis-codec auto finds), else none (lossless and q8 only), rather than each instance
+        calibrating its own at every start; a --redis-codec in instance_args wins."""
+        if any(a.startswith("--redis-codec") for a in self.instance_args) or \
+                os.path.exists(self.model + ".kvcodec"):
+            return []
+        return ["--redis-codec", "off"]
 
     def describe(self):
         """Lines saying what runs where, for a person."""

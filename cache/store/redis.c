@@ -34,7 +34,7 @@
 #define REDIS_BACKOFF_MAX_NS 5000000000ull /* 5 s */
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
 #define REDIS_KEY_LEN                                                                              \
-    224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
+    224 /* longest: "kvserve:4:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
          */
 /* An alias: the record key, its namespace, the generations it was written under (every
  * namespace's, then its own: u64 each), then u32 sizes of the record's values, one per
@@ -920,7 +920,8 @@ int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_k
         for (int i = 0; i < n; i++) key_content(r, ns, &keys[i], names[i + 2]);
         rep = mget(r, c, names, n + 2);
     }
-    for (int i = 0; rep && gens_parse(rep, &now) && i < n; i++) {
+    bool current = rep && gens_parse(rep, &now);
+    for (int i = 0; current && i < n; i++) {
         const redisReply *v = rep->element[i + 2];
         if (v->type != REDIS_REPLY_STRING) continue;
         kv_error err = {{0}};
