@@ -200,6 +200,19 @@ static int fetch_within(cache_redis *r, const cache_key *bkeys, cache_chunk *rep
     }
 }
 
+/* Chunk 0 (4 blocks) of sequence seed, written through r and found: its block keys into bkeys. */
+static cache_chunk *put_found(cache_redis *r, const cache_layout *l, const cache_key *ns, int seed,
+                              cache_key *bkeys) {
+    cache_chunk *c = make_chunk(l, ns, seed, 0, 4), *out[1] = {0};
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(l, ns, seed, 64, 1 << 30, bkeys);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
+    chunk_assert_same(out[0], c);
+    cache_chunk_unref(out[0]);
+    return c;
+}
+
 /* ---------------------------------------------------------------- URLs */
 
 Test(cache_redis, urls) {
@@ -441,13 +454,7 @@ Test(cache_redis, down_then_restarted) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL), bkeys[32];
     cache_redis *r = open_tier(&l);
-    cache_chunk *c = make_chunk(&l, &ns, 8, 0, 4);
-    cache_redis_put(r, c);
-    cache_redis_flush(r);
-    seq_keys(&l, &ns, 8, 64, 1 << 30, bkeys);
-    cache_chunk *out[1] = {0};
-    cr_assert_eq(fetch_first(r, bkeys, out), 1);
-    cache_chunk_unref(out[0]);
+    cache_chunk *c = put_found(r, &l, &ns, 8, bkeys), *out[1] = {0};
 
     redis_stop();
     int64_t t0 = now_ms();
@@ -572,13 +579,7 @@ Test(cache_redis, a_damaged_generation_costs_hits_until_a_write_replaces_it) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL), bkeys[32];
     cache_redis *r = open_tier(&l);
-    cache_chunk *c = make_chunk(&l, &ns, 12, 0, 4);
-    cache_redis_put(r, c);
-    cache_redis_flush(r);
-    seq_keys(&l, &ns, 12, 64, 1 << 30, bkeys);
-    cache_chunk *out[1] = {0};
-    cr_assert_eq(fetch_first(r, bkeys, out), 1);
-    cache_chunk_unref(out[0]);
+    cache_chunk *c = put_found(r, &l, &ns, 12, bkeys), *out[1] = {0};
     /* every namespace's generation: 3 bytes, not 8 */
     char name[256], mh[65];
     cache_key mid;
@@ -953,16 +954,24 @@ static int shards_fetch(cache_redis *r, const cache_layout *l, const cache_key *
 
 static cache_redis *open_proxied(const cache_layout *l) { return open_tier_at(sh.url, l); }
 
+/* The tier through the proxy, with the SHARD_SEQS sequences of the default namespace written. */
+static cache_redis *shards_begin(cache_layout *l, cache_key *ns, cache_chunk **c) {
+    *l = small_layout(1);
+    *ns = make_ns(NULL);
+    cache_redis *r = open_proxied(l);
+    shards_put(r, l, ns, c);
+    return r;
+}
+
 static void shards_unref(cache_chunk **c) {
     for (int i = 0; i < SHARD_SEQS; i++) cache_chunk_unref(c[i]);
 }
 
 Test(cache_redis_shards, records_spread_over_the_shards_and_bad_values_are_deleted) {
-    cache_layout l = small_layout(1);
-    cache_key ns = make_ns(NULL);
-    cache_redis *r = open_proxied(&l);
+    cache_layout l;
+    cache_key ns;
     cache_chunk *c[SHARD_SEQS];
-    shards_put(r, &l, &ns, c);
+    cache_redis *r = shards_begin(&l, &ns, c);
     cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS);
     cr_assert(shard_dbsize(0) > 0 && shard_dbsize(1) > 0, "one shard holds every key");
     /* a damaged value on its shard: refused, counted, deleted through the proxy (UNLINK) */
@@ -1052,11 +1061,10 @@ static bool shards_recover(cache_redis *r, const cache_layout *l, const cache_ke
 }
 
 Test(cache_redis_shards, a_shard_slow_down_or_flushed_costs_hits_never_a_wrong_chunk) {
-    cache_layout l = small_layout(1);
-    cache_key ns = make_ns(NULL);
-    cache_redis *r = open_proxied(&l);
+    cache_layout l;
+    cache_key ns;
     cache_chunk *c[SHARD_SEQS];
-    shards_put(r, &l, &ns, c);
+    cache_redis *r = shards_begin(&l, &ns, c);
     /* Slow (stopped): the proxy answers an error after its 100 ms timeout, below the tier's
      * 200 ms, and ejects the shard; the MGET retried gets the other shard's keys. */
     kill(sh.pid[1], SIGSTOP);
