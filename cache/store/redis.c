@@ -24,11 +24,13 @@
 #define REDIS_KEY_VERSION CACHE_REDIS_KEY_VERSION
 #define REDIS_MAX_WRITE_QUEUE (1 << 20)
 #define REDIS_KEY_LEN                                                                              \
-    224 /* longest: "kvserve:3:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
+    224 /* longest: "kvserve:4:" + 16 + "-16x4096:" + 64 + ":e9-12345678:" + 64                    \
          */
-/* An alias: the record key, its namespace, then u32 sizes of the record's values, one per
+/* An alias: the record key, its namespace, the generations it was written under (every
+ * namespace's, then its own: u64 each), then u32 sizes of the record's values, one per
  * encoding (0: not stored), as many as the writer offered. */
-#define REDIS_ALIAS_HEAD (2 * CACHE_KEY_BYTES)
+#define REDIS_GEN_BYTES 8
+#define REDIS_ALIAS_HEAD (2 * CACHE_KEY_BYTES + 2 * REDIS_GEN_BYTES)
 #define REDIS_ALIAS_MAX (REDIS_ALIAS_HEAD + 4 * CACHE_ENC_MAX)
 /* Before a lookup has measured the link, it is taken to move 1 Gb/s (bytes per ns). */
 #define REDIS_PRIOR_BW 0.125
@@ -73,7 +75,14 @@ struct cache_redis {
     uint8_t *value;   /* [header_bytes + max_payload]: the record being written */
     float *w_scratch; /* [cache_enc_scratch_floats]: encoding */
     bool refusing;    /* Redis answered the last write with an error (write thread) */
+    bool no_scan;     /* Redis (a proxy) refused SCAN: clears bump generations only (lookup_mu) */
 };
+
+/* The generations a value was written under, or that are current: every namespace's, and its
+ * namespace's (0: never cleared). */
+typedef struct redis_gens {
+    uint64_t all, ns;
+} redis_gens;
 
 /* ---------------------------------------------------------------- keys */
 
@@ -89,6 +98,17 @@ static void key_value(const cache_redis *r, const cache_key *ns, const cache_key
     else if (enc != CACHE_ENC_RAW)
         snprintf(tag, sizeof tag, "e%d", enc & 0xff);
     snprintf(out, REDIS_KEY_LEN, "%s%s:%s:%s", r->prefix, nh, tag, kh);
+}
+
+/* A generation's key: <prefix>g for every namespace (ns NULL), <prefix><ns>:g for one. */
+static void key_gen(const cache_redis *r, const cache_key *ns, char out[REDIS_KEY_LEN]) {
+    char nh[2 * CACHE_KEY_BYTES + 1];
+    if (!ns) {
+        snprintf(out, REDIS_KEY_LEN, "%sg", r->prefix);
+        return;
+    }
+    cache_key_hex(ns, nh);
+    snprintf(out, REDIS_KEY_LEN, "%s%s:g", r->prefix, nh);
 }
 
 static void key_alias(const cache_redis *r, const cache_key *bkey, char out[REDIS_KEY_LEN]) {
@@ -160,32 +180,112 @@ static void delete_keys(redis_link *c, char (*keys)[REDIS_KEY_LEN], int n) {
     free(argv);
 }
 
-/* The aliases of blocks [first, n_blocks): one MGET. Returns the reply (an array of
- * n_blocks - first elements), or NULL. */
-static redisReply *mget_aliases(cache_redis *r, redis_link *c, const cache_key *bkeys, int first,
-                                int n_blocks) {
-    int n = n_blocks - first;
+/* MGET of names[0..n): the array of their n values, or NULL (the caller misses). An error reply
+ * for the whole MGET is retried once, on a new connection: twemproxy answers one when a shard
+ * that some of the keys are on fails, closes the connection, and ejects the shard, so the retry
+ * gets what the other shards hold. */
+static redisReply *mget(cache_redis *r, redis_link *c, char (*names)[REDIS_KEY_LEN], int n) {
     const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
-    char(*keys)[REDIS_KEY_LEN] = malloc(sizeof *keys * (size_t)n);
     redisReply *rep = NULL;
-    if (argv && keys) {
-        argv[0] = "MGET";
-        for (int i = 0; i < n; i++) {
-            key_alias(r, &bkeys[first + i], keys[i]);
-            argv[i + 1] = keys[i];
-        }
-        if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
-            rep = redis_link_reply(c);
-        else
+    if (!argv) return NULL;
+    argv[0] = "MGET";
+    for (int i = 0; i < n; i++) argv[i + 1] = names[i];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) != REDIS_OK) {
             redis_link_fail(c, "cannot build a command");
+            break;
+        }
+        if (!(rep = redis_link_reply(c)) || rep->type != REDIS_REPLY_ERROR) break;
+        log_debug("cache: redis %s: MGET answered %.*s", r->health.url, (int)rep->len, rep->str);
+        freeReplyObject(rep);
+        rep = NULL;
+        redis_link_drop(c);
+        if (attempt == 1 || !redis_link_get(c)) break;
     }
     free(argv);
-    free(keys);
     if (rep && (rep->type != REDIS_REPLY_ARRAY || rep->elements != (size_t)n)) {
         freeReplyObject(rep);
         return NULL;
     }
     return rep;
+}
+
+/* The aliases of blocks [first, n_blocks): one MGET. Returns the reply (an array of
+ * n_blocks - first elements), or NULL. */
+static redisReply *mget_aliases(cache_redis *r, redis_link *c, const cache_key *bkeys, int first,
+                                int n_blocks) {
+    int n = n_blocks - first;
+    char(*keys)[REDIS_KEY_LEN] = malloc(sizeof *keys * (size_t)n);
+    if (!keys) return NULL;
+    for (int i = 0; i < n; i++) key_alias(r, &bkeys[first + i], keys[i]);
+    redisReply *rep = mget(r, c, keys, n);
+    free(keys);
+    return rep;
+}
+
+/* ---------------------------------------------------------------- generations */
+
+/* A clear through a proxy cannot list the keys it would delete (twemproxy refuses SCAN), so
+ * it makes them unreachable: <prefix>g and <prefix><ns>:g hold the generation of every
+ * namespace and of one (8 random bytes each clear sets; no key: 0, never cleared). Aliases and
+ * content values carry the two generations current when they were written, and a lookup takes
+ * them only while both still are; the values left behind expire with their TTL. A generation
+ * key that a shard loses (restarted empty) reads 0 again: values written before the clear are
+ * found again (verified KV, as any), those written after it are not. */
+
+/* A generation's value: nil is 0; false for anything but nil or 8 bytes (damaged). */
+static bool gen_parse(const redisReply *v, uint64_t *g) {
+    *g = 0;
+    if (v->type == REDIS_REPLY_NIL) return true;
+    if (v->type != REDIS_REPLY_STRING || v->len != REDIS_GEN_BYTES) return false;
+    *g = le_get_u64((const uint8_t *)v->str);
+    return true;
+}
+
+/* Both generations from the first two values of an MGET reply; false when either is damaged. */
+static bool gens_parse(const redisReply *rep, redis_gens *g) {
+    bool all = gen_parse(rep->element[0], &g->all);
+    return gen_parse(rep->element[1], &g->ns) && all;
+}
+
+/* The names of ns's two generation keys, into names[0..2). */
+static void gens_names(const cache_redis *r, const cache_key *ns, char (*names)[REDIS_KEY_LEN]) {
+    key_gen(r, NULL, names[0]);
+    key_gen(r, ns, names[1]);
+}
+
+/* Sets the generation of ns's scope (NULL: every namespace) to a new random one, into *out. */
+static bool gen_bump(cache_redis *r, redis_link *c, const cache_key *ns, uint64_t *out) {
+    uint8_t g[REDIS_GEN_BYTES];
+    char name[REDIS_KEY_LEN];
+    if (kv_random(g, sizeof g) != 0) return false;
+    if (le_get_u64(g) == 0) g[0] = 1; /* 0 is "never cleared" */
+    key_gen(r, ns, name);
+    const char *argv[3] = {"SET", name, (const char *)g};
+    size_t len[3] = {3, strlen(name), sizeof g};
+    redisReply *rep = NULL;
+    if (redis_link_get(c) && redisAppendCommandArgv(c->ctx, 3, argv, len) == REDIS_OK)
+        rep = redis_link_reply(c);
+    bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+    if (rep) freeReplyObject(rep);
+    if (ok && out) *out = le_get_u64(g);
+    return ok;
+}
+
+/* The generations current for ns, for a writer: a damaged one (not 8 bytes) is replaced by a new
+ * one, as a clear would, so that it costs hits once rather than every write. */
+static bool gens_for_write(cache_redis *r, redis_link *c, const cache_key *ns, redis_gens *g) {
+    char names[2][REDIS_KEY_LEN];
+    gens_names(r, ns, names);
+    redisReply *rep = mget(r, c, names, 2);
+    if (!rep) return false;
+    bool all = gen_parse(rep->element[0], &g->all), one = gen_parse(rep->element[1], &g->ns);
+    freeReplyObject(rep);
+    if (!all || !one)
+        log_warn("cache: redis %s: a damaged generation replaced (records written before it are "
+                 "missed)",
+                 r->health.url);
+    return (all || gen_bump(r, c, NULL, &g->all)) && (one || gen_bump(r, c, ns, &g->ns));
 }
 
 static bool alias_ok(const redisReply *a) {
@@ -196,6 +296,7 @@ static bool alias_ok(const redisReply *a) {
 /* One record a lookup continues the prefix with: its names and the sizes of its values. */
 typedef struct fetch_rec {
     cache_key key, ns;
+    redis_gens gens;              /* the generations its alias was written under */
     uint64_t size[CACHE_ENC_MAX]; /* value bytes per encoding, 0: not stored */
     int tokens;
     int enc;         /* the encoding asked for */
@@ -355,6 +456,22 @@ static int stream_values(cache_redis *r, redis_link *c, fetch_rec *recs, int n,
     return d.done;
 }
 
+/* How many of recs[0..n) were written under the generations current now (one MGET of the first
+ * one's namespace's): the prefix ends at the first that was not. 0 when Redis did not say. */
+static int gens_current(cache_redis *r, redis_link *c, const fetch_rec *recs, int n) {
+    char names[2][REDIS_KEY_LEN];
+    redis_gens now;
+    gens_names(r, &recs[0].ns, names);
+    redisReply *rep = mget(r, c, names, 2);
+    bool ok = rep && gens_parse(rep, &now);
+    if (rep) freeReplyObject(rep);
+    int i = 0;
+    while (ok && i < n && recs[i].gens.all == now.all && recs[i].gens.ns == now.ns &&
+           memcmp(recs[i].ns.b, recs[0].ns.b, CACHE_KEY_BYTES) == 0)
+        i++;
+    return i;
+}
+
 int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
                       const cache_fetch_policy *policy, cache_chunk **out, int *upto,
                       uint8_t *enc_out, int max_out, int *n_text) {
@@ -381,6 +498,8 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
         fetch_rec *f = &recs[n];
         memcpy(f->key.b, a->str, CACHE_KEY_BYTES);
         memcpy(f->ns.b, a->str + CACHE_KEY_BYTES, CACHE_KEY_BYTES);
+        f->gens.all = le_get_u64((const uint8_t *)a->str + 2 * CACHE_KEY_BYTES);
+        f->gens.ns = le_get_u64((const uint8_t *)a->str + 2 * CACHE_KEY_BYTES + REDIS_GEN_BYTES);
         for (size_t e = 0; e < (a->len - REDIS_ALIAS_HEAD) / 4; e++)
             f->size[e] = le_get_u32((const uint8_t *)a->str + REDIS_ALIAS_HEAD + 4 * e);
         f->tokens = (b + 1 - (j / cb) * cb) * bt;
@@ -389,6 +508,9 @@ int cache_redis_fetch(cache_redis *r, const cache_key *bkeys, int first, int n_b
         if (j < end) break;
     }
     if (n == 0 || (upto[n - 1] < n_blocks && n < max_out)) misses = 1;
+    int current = n ? gens_current(r, c, recs, n) : 0;
+    if (current < n) misses = 1;
+    n = current;
     if (n == 0) goto done;
     m = stream_values(r, c, recs, n, policy, t0, out, n_text, &corrupt);
     for (int i = 0; i < m; i++) enc_out[i] = (uint8_t)recs[i].enc;
@@ -430,9 +552,13 @@ static bool write_chunk(cache_redis *r, redis_link *c, cache_chunk *ch, char *re
     int n_cmd = 0;
     bool ok = true;
     uint8_t alias[REDIS_ALIAS_MAX] = {0};
+    redis_gens g;
+    *bytes = 0;
+    if (!gens_for_write(r, c, &ch->ns, &g)) return false;
     memcpy(alias, ch->key.b, CACHE_KEY_BYTES);
     memcpy(alias + CACHE_KEY_BYTES, ch->ns.b, CACHE_KEY_BYTES);
-    *bytes = 0;
+    le_put_u64(alias + 2 * CACHE_KEY_BYTES, g.all);
+    le_put_u64(alias + 2 * CACHE_KEY_BYTES + REDIS_GEN_BYTES, g.ns);
     for (int e = r->n_enc - 1; e >= 0 && ok; e--) {
         kv_error err = {{0}};
         uint8_t *payload = r->value + r->header_bytes;
@@ -490,17 +616,23 @@ static void key_content(const cache_redis *r, const cache_key *ns, const cache_k
     snprintf(out, REDIS_KEY_LEN, "%s%s:c:%s", r->prefix, nh, kh);
 }
 
-/* One SET of a content record, lossless, in its disk file's format (cache/store/content_disk.h). */
+/* One SET of a content record, lossless: the generations it is written under (u64 each), then
+ * the record in its disk file's format (cache/store/content_disk.h). */
 static bool write_content(cache_redis *r, redis_link *c, const content_rec *cr, char *refused,
                           size_t refused_len, int64_t *bytes) {
-    size_t hb = content_record_header_bytes(cr->n_layer), len = hb + cr->bytes;
+    size_t gb = 2 * REDIS_GEN_BYTES, hb = content_record_header_bytes(cr->n_layer);
+    size_t len = gb + hb + cr->bytes;
+    redis_gens g;
+    if (!gens_for_write(r, c, &cr->ns, &g)) return false;
     uint8_t *v = malloc(len);
     char name[REDIS_KEY_LEN];
-    if (!v || content_record_encode_header(r->layout.model_id, cr, v)) {
+    if (!v || content_record_encode_header(r->layout.model_id, cr, v + gb)) {
         free(v);
         return false;
     }
-    memcpy(v + hb, cr->data, cr->bytes);
+    le_put_u64(v, g.all);
+    le_put_u64(v + REDIS_GEN_BYTES, g.ns);
+    memcpy(v + gb + hb, cr->data, cr->bytes);
     key_content(r, &cr->ns, &cr->key, name);
     bool ok = append_set(r, c, name, v, len);
     free(v);
@@ -603,55 +735,69 @@ bool cache_redis_put_content(cache_redis *r, content_rec *c) {
     return false;
 }
 
+/* A content value read for keys[i] under the generations now: its record, checked, or NULL with
+ * err (*stale when it was written before a clear: not damaged, only out of date). */
+static content_rec *content_decode(cache_redis *r, const redisReply *v, const redis_gens *now,
+                                   const cache_key *ns, const cache_key *key, int n_tok,
+                                   bool *stale, kv_error *err) {
+    size_t gb = 2 * REDIS_GEN_BYTES;
+    const uint8_t *p = (const uint8_t *)v->str;
+    *stale = false;
+    if (v->len < gb) {
+        kv_fail(err, "%zu bytes, shorter than its generations", v->len);
+        return NULL;
+    }
+    if (le_get_u64(p) != now->all || le_get_u64(p + REDIS_GEN_BYTES) != now->ns) {
+        *stale = true;
+        return NULL;
+    }
+    int kv_dim = r->layout.n_kv_head * r->layout.head_dim;
+    content_rec *cr = content_record_parse(r->layout.model_id, r->layout.n_layer, kv_dim, p + gb,
+                                           v->len - gb, key, err);
+    if (cr && (cr->n_tok != n_tok || memcmp(cr->ns.b, ns->b, CACHE_KEY_BYTES) != 0)) {
+        kv_fail(err, "%d tokens in another namespace, %d asked for", cr->n_tok, n_tok);
+        content_rec_unref(cr);
+        cr = NULL;
+    }
+    return cr;
+}
+
 int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_key *keys,
                               const int *n_tok, int n, content_rec **out) {
     int found = 0, corrupt = 0;
     int64_t bytes_out = 0;
     for (int i = 0; i < n; i++) out[i] = NULL;
     if (n <= 0) return 0;
-    const char **argv = malloc(sizeof *argv * (size_t)(n + 1));
-    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)n);
+    /* one MGET: the two generations, then the records */
+    char(*names)[REDIS_KEY_LEN] = malloc(sizeof *names * (size_t)(n + 2));
     redisReply *rep = NULL;
+    redis_gens now;
     pthread_mutex_lock(&r->lookup_mu);
     redis_link *c = &r->lookup;
-    if (argv && names && redis_link_get(c)) {
-        argv[0] = "MGET";
-        for (int i = 0; i < n; i++) {
-            key_content(r, ns, &keys[i], names[i]);
-            argv[i + 1] = names[i];
-        }
-        if (redisAppendCommandArgv(c->ctx, n + 1, argv, NULL) == REDIS_OK)
-            rep = redis_link_reply(c);
-        else
-            redis_link_fail(c, "cannot build a command");
+    if (names && redis_link_get(c)) {
+        gens_names(r, ns, names);
+        for (int i = 0; i < n; i++) key_content(r, ns, &keys[i], names[i + 2]);
+        rep = mget(r, c, names, n + 2);
     }
-    if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == (size_t)n) {
-        int kv_dim = r->layout.n_kv_head * r->layout.head_dim;
-        for (int i = 0; i < n; i++) {
-            const redisReply *v = rep->element[i];
-            if (v->type != REDIS_REPLY_STRING) continue;
-            kv_error err = {{0}};
-            content_rec *cr = content_record_parse(r->layout.model_id, r->layout.n_layer, kv_dim,
-                                                   (const uint8_t *)v->str, v->len, &keys[i], &err);
-            if (cr && (cr->n_tok != n_tok[i] || memcmp(cr->ns.b, ns->b, CACHE_KEY_BYTES) != 0)) {
-                kv_fail(&err, "%d tokens in another namespace, %d asked for", cr->n_tok, n_tok[i]);
-                content_rec_unref(cr);
-                cr = NULL;
-            }
-            if (!cr) {
-                corrupt++;
-                log_warn("cache: redis %s: refusing %s: %s", r->health.url, names[i], err.msg);
-                delete_keys(c, &names[i], 1);
-                continue;
-            }
-            out[i] = cr;
-            found++;
-            bytes_out += (int64_t)v->len;
+    bool current = rep && gens_parse(rep, &now);
+    for (int i = 0; current && i < n; i++) {
+        const redisReply *v = rep->element[i + 2];
+        if (v->type != REDIS_REPLY_STRING) continue;
+        kv_error err = {{0}};
+        bool stale;
+        content_rec *cr = content_decode(r, v, &now, ns, &keys[i], n_tok[i], &stale, &err);
+        if (!cr && !stale) {
+            corrupt++;
+            log_warn("cache: redis %s: refusing %s: %s", r->health.url, names[i + 2], err.msg);
+            delete_keys(c, &names[i + 2], 1);
         }
+        if (!cr) continue;
+        out[i] = cr;
+        found++;
+        bytes_out += (int64_t)v->len;
     }
     pthread_mutex_unlock(&r->lookup_mu);
     if (rep) freeReplyObject(rep);
-    free(argv);
     free(names);
     pthread_mutex_lock(&r->mu);
     r->st.content_hits += found;
@@ -760,25 +906,66 @@ void cache_redis_close(cache_redis *r) {
     free(r);
 }
 
-int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
-    char pattern[REDIS_KEY_LEN + 2], nh[2 * CACHE_KEY_BYTES + 1];
-    if (ns) {
-        cache_key_hex(ns, nh);
-        snprintf(pattern, sizeof pattern, "%s%s:*", r->prefix, nh);
-    } else {
-        snprintf(pattern, sizeof pattern, "%s*", r->prefix);
+/* UNLINKs one page of SCAN's keys; adds the records among them to *n. */
+static bool unlink_page(redis_link *c, const redisReply *keys, int64_t *n) {
+    const char **argv = malloc(sizeof *argv * (keys->elements + 1));
+    size_t *len = malloc(sizeof *len * (keys->elements + 1));
+    redisReply *del = NULL;
+    if (argv && len) {
+        argv[0] = "UNLINK";
+        len[0] = 6;
+        for (size_t i = 0; i < keys->elements; i++) {
+            argv[i + 1] = keys->element[i]->str;
+            len[i + 1] = keys->element[i]->len;
+            /* Records are counted, not the aliases a clear of everything drops too. */
+            *n += memmem(keys->element[i]->str, keys->element[i]->len, ":r:", 3) != NULL ||
+                  memmem(keys->element[i]->str, keys->element[i]->len, ":c:", 3) != NULL;
+        }
+        if (redisAppendCommandArgv(c->ctx, (int)keys->elements + 1, argv, len) == REDIS_OK)
+            del = redis_link_reply(c);
     }
+    free(argv);
+    free(len);
+    if (del) freeReplyObject(del);
+    return del != NULL;
+}
+
+/* Whether the first SCAN's failure is a refusal: twemproxy closes the connection on a command it
+ * does not forward, another proxy may answer an error. The connection is dropped without the
+ * backoff of a failure (the next command connects again); SCAN is not tried again. */
+static bool scan_refused(cache_redis *r, redis_link *c, int status, const redisReply *rep) {
+    bool refused =
+        status == REDIS_OK ? rep && rep->type == REDIS_REPLY_ERROR : c->ctx->err == REDIS_ERR_EOF;
+    if (!refused) return false;
+    log_info("cache: redis %s does not take SCAN (a proxy?): a clear makes records unreachable "
+             "and leaves them to expire",
+             r->health.url);
+    r->no_scan = true;
+    if (status != REDIS_OK) redis_link_drop(c);
+    return true;
+}
+
+/* Deletes the keys matching pattern with SCAN and UNLINK: how many records, 0 when Redis refuses
+ * SCAN, -1 when it could not be reached. Called with lookup_mu held. */
+static int64_t scan_delete(cache_redis *r, redis_link *c, const char *pattern) {
     int64_t n = 0;
     char cursor[32] = "0";
-    pthread_mutex_lock(&r->lookup_mu);
-    redis_link *c = &r->lookup;
+    bool first = true;
     do {
         const char *argv[6] = {"SCAN", cursor, "MATCH", pattern, "COUNT", REDIS_SCAN_COUNT};
-        redisReply *rep = NULL;
-        if (!redis_link_get(c) || redisAppendCommandArgv(c->ctx, 6, argv, NULL) != REDIS_OK ||
-            !(rep = redis_link_reply(c))) {
-            n = -1;
-            break;
+        void *reply = NULL;
+        if (!redis_link_get(c) || redisAppendCommandArgv(c->ctx, 6, argv, NULL) != REDIS_OK)
+            return -1;
+        int status = redisGetReply(c->ctx, &reply);
+        redisReply *rep = reply;
+        if (first && scan_refused(r, c, status, rep)) {
+            if (rep) freeReplyObject(rep);
+            return 0;
+        }
+        first = false;
+        if (status != REDIS_OK) {
+            redis_link_fail(c, c->ctx->errstr);
+            return -1;
         }
         /* [cursor, [keys...]] */
         bool ok = rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
@@ -787,43 +974,29 @@ int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
                   rep->element[1]->type == REDIS_REPLY_ARRAY;
         for (size_t i = 0; ok && i < rep->element[1]->elements; i++)
             ok = rep->element[1]->element[i]->type == REDIS_REPLY_STRING;
-        if (!ok) {
-            freeReplyObject(rep);
-            n = -1;
-            break;
-        }
-        memcpy(cursor, rep->element[0]->str, rep->element[0]->len);
-        cursor[rep->element[0]->len] = 0;
-        const redisReply *keys = rep->element[1];
-        if (keys->elements > 0) {
-            const char **argv2 = malloc(sizeof *argv2 * (keys->elements + 1));
-            size_t *len2 = malloc(sizeof *len2 * (keys->elements + 1));
-            redisReply *del = NULL;
-            if (argv2 && len2) {
-                argv2[0] = "UNLINK";
-                len2[0] = 6;
-                for (size_t i = 0; i < keys->elements; i++) {
-                    argv2[i + 1] = keys->element[i]->str;
-                    len2[i + 1] = keys->element[i]->len;
-                    /* Records are counted, not the aliases a clear of everything drops too. */
-                    n += memmem(keys->element[i]->str, keys->element[i]->len, ":r:", 3) != NULL ||
-                         memmem(keys->element[i]->str, keys->element[i]->len, ":c:", 3) != NULL;
-                }
-                if (redisAppendCommandArgv(c->ctx, (int)keys->elements + 1, argv2, len2) ==
-                    REDIS_OK)
-                    del = redis_link_reply(c);
-            }
-            free(argv2);
-            free(len2);
-            if (del) freeReplyObject(del);
-            if (!del) {
-                freeReplyObject(rep);
-                n = -1;
-                break;
-            }
+        if (ok) {
+            memcpy(cursor, rep->element[0]->str, rep->element[0]->len);
+            cursor[rep->element[0]->len] = 0;
+            ok = rep->element[1]->elements == 0 || unlink_page(c, rep->element[1], &n);
         }
         freeReplyObject(rep);
+        if (!ok) return -1;
     } while (strcmp(cursor, "0") != 0);
+    return n;
+}
+
+int64_t cache_redis_clear(cache_redis *r, const cache_key *ns) {
+    char pattern[REDIS_KEY_LEN + 2], nh[2 * CACHE_KEY_BYTES + 1];
+    if (ns) {
+        cache_key_hex(ns, nh);
+        snprintf(pattern, sizeof pattern, "%s%s:*", r->prefix, nh);
+    } else {
+        snprintf(pattern, sizeof pattern, "%s*", r->prefix);
+    }
+    pthread_mutex_lock(&r->lookup_mu);
+    int64_t n = r->no_scan ? 0 : scan_delete(r, &r->lookup, pattern);
+    /* the new generation after the SCAN, whose pattern matches the old one's key */
+    if (n >= 0 && !gen_bump(r, &r->lookup, ns, NULL)) n = -1;
     pthread_mutex_unlock(&r->lookup_mu);
     return n;
 }

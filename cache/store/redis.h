@@ -7,13 +7,18 @@
  * identity; bt, ct: the layout's block and chunk tokens; ns, key: 64 hex digits):
  *
  *   kvserve:<version>:<model>-<bt>x<ct>:<ns>:r:<record key>   the record
- *   kvserve:<version>:<model>-<bt>x<ct>:b:<block key>         an alias: 64 bytes, the record
- *                                                             key and namespace of a record
- *                                                             holding that block
+ *   kvserve:<version>:<model>-<bt>x<ct>:b:<block key>         an alias: the record key and
+ *                                                             namespace of a record holding
+ *                                                             that block, the generations it
+ *                                                             was written under, value sizes
+ *   kvserve:<version>:<model>-<bt>x<ct>:g, ...:<ns>:g         the generation of every namespace,
+ *                                                             of one: 8 bytes a clear sets
  *
- * so a record is found by any of its block keys (one MGET for every block of a sequence, then
- * one MGET for the records), and a namespace's records match one SCAN pattern. A block key is a
- * SHA-256 over the namespace already, so an alias carries no namespace in its name.
+ * so a record is found by any of its block keys (one MGET for every block of a sequence, one for
+ * the generations, then a GET per chunk), and a namespace's records match one SCAN pattern. A
+ * block key is a SHA-256 over the namespace already, so an alias carries no namespace in its
+ * name. Only commands that twemproxy forwards are needed (GET, SET, MGET, UNLINK; SCAN for a
+ * clear, which works without it), so the URL may name a twemproxy in front of several Redis.
  *
  * Network waits are bounded: every connect, send and receive times out after timeout_ms. A
  * failure drops the connection and retries after a backoff (100 ms doubling to 5 s); until then
@@ -29,8 +34,9 @@
 #include "cache/store/content.h"
 
 /* The version in every key: a new record or alias format gets new keys. 3: version-2 records in
- * several encodings, aliases that list their sizes. */
-#define CACHE_REDIS_KEY_VERSION 3
+ * several encodings, aliases that list their sizes; 4: aliases and content values that carry
+ * their generations. */
+#define CACHE_REDIS_KEY_VERSION 4
 
 typedef struct cache_redis cache_redis;
 
@@ -79,8 +85,11 @@ bool cache_redis_put_content(cache_redis *r, content_rec *c);
  * counted as corrupt and deleted. Returns how many were found. */
 int cache_redis_fetch_content(cache_redis *r, const cache_key *ns, const cache_key *keys,
                               const int *n_tok, int n, content_rec **out);
-/* Deletes namespace ns's records (NULL: every record of this model identity, and its aliases)
- * with SCAN and UNLINK; returns how many were deleted, -1 when Redis could not be reached. */
+/* Clears namespace ns's records (NULL: every record of this model identity): deletes them (and,
+ * for NULL, the aliases) with SCAN and UNLINK where Redis takes SCAN, then sets the scope's new
+ * generation, so that what was written before is never matched again, also where the keys could
+ * not be listed (a proxy: they expire with their TTL). Returns how many records were deleted (0
+ * through a proxy), -1 when Redis could not be reached. */
 int64_t cache_redis_clear(cache_redis *r, const cache_key *ns);
 /* Keeps the chunks of a sequence's blocks bkeys[0..n_blocks) in namespace ns (their records'
  * values in every encoding this instance writes, and the blocks' aliases) for at least ttl_s

@@ -61,6 +61,11 @@ void redis_link_fail(redis_link *c, const char *why) {
     set_state(c->health, false, msg);
 }
 
+void redis_link_drop(redis_link *c) {
+    if (c->ctx) redisFree(c->ctx);
+    c->ctx = NULL;
+}
+
 /* A command on a fresh connection (AUTH, SELECT): false when it failed. */
 static bool link_setup(redis_link *c, int argc, const char **argv, char *why, size_t n) {
     redisReply *rep = redisCommandArgv(c->ctx, argc, argv, NULL);

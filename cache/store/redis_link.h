@@ -51,6 +51,9 @@ void redis_link_init(redis_link *c, const char *name, const cache_redis_addr *a,
 redisContext *redis_link_get(redis_link *c);
 /* Drops the connection and backs off. */
 void redis_link_fail(redis_link *c, const char *why);
+/* Drops the connection without the backoff of a failure: the next redis_link_get connects again
+ * (a proxy that closes a connection after an error reply for some keys: cache/store/redis.c). */
+void redis_link_drop(redis_link *c);
 /* Reads one reply of a pipeline; NULL (the connection failed, dropped) on an I/O or protocol
  * error. */
 redisReply *redis_link_reply(redis_link *c);

@@ -2,8 +2,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -51,19 +51,10 @@ def server_env(extra=None):
     return env
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_get(url, timeout=5):
-    """(status, body text) of a GET; HTTP errors are returned, not raised."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+# free_port() and http_get(url, timeout=5), as scripts/cluster.py (which the cluster tests
+# import) defines them
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from cluster import free_port, http_get  # noqa: E402,F401
 
 
 class KvServer:

@@ -6,9 +6,12 @@
  * never block; Redis resumed or restarted: the tier reconnects after its backoff; clear by
  * namespace; every encoding (lossless, q8, codec levels) fetched as forced, and the fetch
  * policy's choices (text, lossless, budgets); values of another codec table not used (lossless
- * instead) and kept, corrupt coded values refused and deleted. Then the store over it: a second
- * store with its own RAM and disk finds the first one's chunks. Skips, saying so, where
- * redis-server is not installed.
+ * instead) and kept, corrupt coded values refused and deleted; a damaged generation replaced by
+ * the next write. Then the store over it: a second store with its own RAM and disk finds the
+ * first one's chunks. Then two shards behind nutcracker (twemproxy): records spread over both,
+ * a damaged value deleted through the proxy, a clear without SCAN (generations), a shard
+ * stalled, killed, restarted empty and flushed: misses for its records, never a wrong chunk.
+ * Skips, saying so, where redis-server (or, for the shards, nutcracker) is not installed.
  */
 #include <criterion/criterion.h>
 #include <hiredis/hiredis.h>
@@ -84,12 +87,15 @@ static cache_chunk *make_chunk(const cache_layout *l, const cache_key *ns, int s
     return c;
 }
 
-static cache_redis *open_tier(const cache_layout *l) {
+/* The tier on the Redis at url: no TTL, 16 queued writes, 200 ms timeouts. */
+static cache_redis *open_tier_at(const char *url, const cache_layout *l) {
     kv_error err = {{0}};
-    cache_redis *r = cache_redis_open(srv.url, l, NULL, 0, 16, 200, &err);
+    cache_redis *r = cache_redis_open(url, l, NULL, 0, 16, 200, &err);
     cr_assert_not_null(r, "%s", err.msg);
     return r;
 }
+
+static cache_redis *open_tier(const cache_layout *l) { return open_tier_at(srv.url, l); }
 
 /* cache_redis_fetch with the default policy: lossless, no budget. */
 static int fetch_lossless(cache_redis *r, const cache_key *bkeys, int first, int n_blocks,
@@ -167,6 +173,19 @@ static int fetch_within(cache_redis *r, const cache_key *bkeys, cache_chunk *rep
         if (now_ms() - t0 >= 15000) return 0;
         usleep(50000);
     }
+}
+
+/* Chunk 0 (4 blocks) of sequence seed, written through r and found: its block keys into bkeys. */
+static cache_chunk *put_found(cache_redis *r, const cache_layout *l, const cache_key *ns, int seed,
+                              cache_key *bkeys) {
+    cache_chunk *c = make_chunk(l, ns, seed, 0, 4), *out[1] = {0};
+    cache_redis_put(r, c);
+    cache_redis_flush(r);
+    seq_keys(l, ns, seed, 64, 1 << 30, bkeys);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
+    chunk_assert_same(out[0], c);
+    cache_chunk_unref(out[0]);
+    return c;
 }
 
 /* ---------------------------------------------------------------- URLs */
@@ -410,13 +429,7 @@ Test(cache_redis, down_then_restarted) {
     cache_layout l = small_layout(1);
     cache_key ns = make_ns(NULL), bkeys[32];
     cache_redis *r = open_tier(&l);
-    cache_chunk *c = make_chunk(&l, &ns, 8, 0, 4);
-    cache_redis_put(r, c);
-    cache_redis_flush(r);
-    seq_keys(&l, &ns, 8, 64, 1 << 30, bkeys);
-    cache_chunk *out[1] = {0};
-    cr_assert_eq(fetch_first(r, bkeys, out), 1);
-    cache_chunk_unref(out[0]);
+    cache_chunk *c = put_found(r, &l, &ns, 8, bkeys), *out[1] = {0};
 
     redis_stop();
     int64_t t0 = now_ms();
@@ -528,11 +541,47 @@ Test(cache_redis, clear_by_namespace) {
     cr_assert_eq(fetch_first(r, bkeys, out), 0);
     redisContext *rc = raw_connect();
     redisReply *rep = raw(rc, "DBSIZE");
-    cr_assert_eq(rep->integer, 0, "a clear of everything drops the aliases too");
+    /* the aliases too; what is left is the new generation of every namespace */
+    cr_assert_eq(rep->integer, 1, "a clear of everything drops the aliases too");
     freeReplyObject(rep);
     redisFree(rc);
     cache_chunk_unref(ca);
     cache_chunk_unref(cb);
+    cache_redis_close(r);
+}
+
+Test(cache_redis, a_damaged_generation_costs_hits_until_a_write_replaces_it) {
+    cache_layout l = small_layout(1);
+    cache_key ns = make_ns(NULL), bkeys[32];
+    cache_redis *r = open_tier(&l);
+    cache_chunk *c = put_found(r, &l, &ns, 12, bkeys), *out[1] = {0};
+    /* every namespace's generation: 3 bytes, not 8 */
+    char name[256], mh[65];
+    cache_key mid;
+    memcpy(mid.b, l.model_id, 32);
+    cache_key_hex(&mid, mh);
+    snprintf(name, sizeof name, "kvserve:%d:%.16s-%dx%d:g", CACHE_REDIS_KEY_VERSION, mh,
+             l.block_tokens, l.chunk_tokens);
+    redisContext *rc = raw_connect();
+    cr_assert_not_null(rc);
+    freeReplyObject(raw(rc, "SET %s abc", name));
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
+    /* the next write sets a new one: what it writes is found, nothing older */
+    cache_chunk *c2 = make_chunk(&l, &ns, 13, 0, 4);
+    cache_redis_put(r, c2);
+    cache_redis_flush(r);
+    redisReply *rep = raw(rc, "STRLEN %s", name);
+    cr_assert_eq(rep->integer, 8);
+    freeReplyObject(rep);
+    cr_assert_eq(fetch_first(r, bkeys, out), 0);
+    seq_keys(&l, &ns, 13, 64, 1 << 30, bkeys);
+    cr_assert_eq(fetch_first(r, bkeys, out), 1);
+    chunk_assert_same(out[0], c2);
+    cache_chunk_unref(out[0]);
+    cr_assert_eq(stats(r, NULL).write_errors, 0);
+    redisFree(rc);
+    cache_chunk_unref(c);
+    cache_chunk_unref(c2);
     cache_redis_close(r);
 }
 
@@ -780,4 +829,255 @@ Test(cache_redis, second_store_reuses_the_first_ones_chunks) {
     cache_store_close(s2);
     free(dir1);
     free(dir2);
+}
+
+/* ---------------------------------------------------------------- shards behind twemproxy */
+
+/* Two redis-server shards behind nutcracker, configured as scripts/cluster.py configures it
+ * (ketama over fnv1a_64; a shard that fails one command is ejected, its keys answered by the
+ * other, and tried again after server_retry_timeout: 300 ms here, 2 s there). */
+#define SHARD_RETRY_MS 300
+
+typedef struct test_shards {
+    pid_t pid[2], proxy;
+    int port[2], proxy_port;
+    char *dir;
+    char url[64]; /* the proxy's */
+} test_shards;
+
+static test_shards sh = {.pid = {-1, -1}, .proxy = -1};
+
+static void shards_stop(void) {
+    fixture_kill(sh.proxy);
+    for (int i = 0; i < 2; i++) fixture_kill(sh.pid[i]);
+    sh.proxy = sh.pid[0] = sh.pid[1] = -1;
+}
+
+static void shards_setup(void) {
+    signal(SIGPIPE, SIG_IGN);
+    if (access(NUTCRACKER, X_OK) != 0)
+        cr_skip_test("nutcracker (twemproxy) is not installed: scripts/setup.sh installs it");
+    atexit(shards_stop);
+    sh.dir = tmpdir_create("kvserve-redis-shards-");
+    for (int i = 0; i < 2; i++) {
+        sh.port[i] = fixture_free_port();
+        sh.pid[i] = fixture_redis_start(sh.port[i], sh.dir);
+    }
+    sh.proxy_port = fixture_free_port();
+    char conf[512], path[256], stats_port[16];
+    snprintf(conf, sizeof conf,
+             "kvserve:\n  listen: 127.0.0.1:%d\n  redis: true\n  hash: fnv1a_64\n"
+             "  distribution: ketama\n  timeout: 100\n  auto_eject_hosts: true\n"
+             "  server_retry_timeout: %d\n  server_failure_limit: 1\n  servers:\n"
+             "   - 127.0.0.1:%d:1 shard0\n   - 127.0.0.1:%d:1 shard1\n",
+             sh.proxy_port, SHARD_RETRY_MS, sh.port[0], sh.port[1]);
+    snprintf(path, sizeof path, "%s/nutcracker.yml", sh.dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f && fputs(conf, f) >= 0 && fclose(f) == 0);
+    snprintf(stats_port, sizeof stats_port, "%d", fixture_free_port());
+    const char *argv[] = {NUTCRACKER, "-c", path, "-s", stats_port, "-o", "/dev/null", NULL};
+    sh.proxy = fixture_spawn(argv);
+    cr_assert(fixture_ping_within(sh.proxy_port), "nutcracker did not start");
+    snprintf(sh.url, sizeof sh.url, "redis://127.0.0.1:%d", sh.proxy_port);
+}
+
+TestSuite(cache_redis_shards, .init = shards_setup, .fini = shards_stop, .timeout = 60);
+
+#define SHARD_SEQS 8
+
+static redisContext *shard_connect(int i) {
+    struct timeval tv = {.tv_sec = 1};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", sh.port[i], tv);
+    cr_assert(c && !c->err, "shard %d: %s", i, c ? c->errstr : "out of memory");
+    return c;
+}
+
+static int64_t shard_dbsize(int i) {
+    redisContext *c = shard_connect(i);
+    redisReply *rep = raw(c, "DBSIZE");
+    int64_t n = rep->integer;
+    freeReplyObject(rep);
+    redisFree(c);
+    return n;
+}
+
+/* SHARD_SEQS one-chunk sequences (seeds 40 ..) of namespace ns written through r. */
+static void shards_put(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                       cache_chunk **c) {
+    for (int i = 0; i < SHARD_SEQS; i++) {
+        c[i] = make_chunk(l, ns, 40 + i, 0, 4);
+        cr_assert(cache_redis_put(r, c[i]));
+    }
+    cache_redis_flush(r);
+}
+
+/* Looks each sequence up: how many were found; every chunk found must be the one written. */
+static int shards_fetch(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                        cache_chunk **c) {
+    int found = 0;
+    for (int i = 0; i < SHARD_SEQS; i++) {
+        cache_key bkeys[32];
+        cache_chunk *out[1] = {0};
+        seq_keys(l, ns, 40 + i, 64, 1 << 30, bkeys);
+        if (fetch_first(r, bkeys, out) == 0) continue;
+        chunk_assert_same(out[0], c[i]);
+        cache_chunk_unref(out[0]);
+        found++;
+    }
+    return found;
+}
+
+static cache_redis *open_proxied(const cache_layout *l) { return open_tier_at(sh.url, l); }
+
+/* The tier through the proxy, with the SHARD_SEQS sequences of the default namespace written. */
+static cache_redis *shards_begin(cache_layout *l, cache_key *ns, cache_chunk **c) {
+    *l = small_layout(1);
+    *ns = make_ns(NULL);
+    cache_redis *r = open_proxied(l);
+    shards_put(r, l, ns, c);
+    return r;
+}
+
+static void shards_unref(cache_chunk **c) {
+    for (int i = 0; i < SHARD_SEQS; i++) cache_chunk_unref(c[i]);
+}
+
+Test(cache_redis_shards, records_spread_over_the_shards_and_bad_values_are_deleted) {
+    cache_layout l;
+    cache_key ns;
+    cache_chunk *c[SHARD_SEQS];
+    cache_redis *r = shards_begin(&l, &ns, c);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS);
+    cr_assert(shard_dbsize(0) > 0 && shard_dbsize(1) > 0, "one shard holds every key");
+    /* a damaged value on its shard: refused, counted, deleted through the proxy (UNLINK) */
+    char name[256];
+    record_name(&l, &ns, &c[0]->key, name, sizeof name);
+    for (int i = 0; i < 2; i++) {
+        redisContext *rc = shard_connect(i);
+        redisReply *rep = raw(rc, "EXISTS %s", name);
+        if (rep->integer) freeReplyObject(raw(rc, "SETRANGE %s 100 x", name));
+        freeReplyObject(rep);
+        redisFree(rc);
+    }
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS - 1);
+    cr_assert_eq(stats(r, NULL).corrupt, 1);
+    cr_assert_eq(shard_dbsize(0) + shard_dbsize(1), 8 * (2 + 4) - 1); /* lossless, q8, aliases */
+    shards_unref(c);
+    cache_redis_close(r);
+}
+
+/* A content record of namespace ns (16 tokens, seed's payload), written through r. */
+static content_rec *put_content(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                                uint8_t seed) {
+    cache_key key;
+    memset(key.b, seed, sizeof key.b);
+    content_rec *cr = content_rec_create(l->n_layer, l->n_kv_head * l->head_dim, 16, &key, ns, 0);
+    cr_assert_not_null(cr);
+    memset(cr->data, seed, cr->bytes);
+    cr_assert(cache_redis_put_content(r, cr));
+    cache_redis_flush(r);
+    return cr;
+}
+
+static bool content_found(cache_redis *r, const content_rec *cr) {
+    content_rec *out = NULL;
+    int n_tok = cr->n_tok;
+    int n = cache_redis_fetch_content(r, &cr->ns, &cr->key, &n_tok, 1, &out);
+    bool same = n == 1 && out->bytes == cr->bytes && memcmp(out->data, cr->data, cr->bytes) == 0;
+    cr_assert(n == 0 || same, "a content record came back changed");
+    if (out) content_rec_unref(out);
+    return n == 1;
+}
+
+Test(cache_redis_shards, a_clear_through_the_proxy_makes_records_unreachable) {
+    cache_layout l = small_layout(1);
+    cache_key a = make_ns("a"), b = make_ns("b");
+    cache_redis *r = open_proxied(&l);
+    cache_chunk *ca[SHARD_SEQS], *cb[SHARD_SEQS];
+    shards_put(r, &l, &a, ca);
+    shards_put(r, &l, &b, cb);
+    content_rec *xa = put_content(r, &l, &a, 3), *xb = put_content(r, &l, &b, 4);
+    cr_assert(content_found(r, xa) && content_found(r, xb));
+    int64_t keys = shard_dbsize(0) + shard_dbsize(1);
+    /* twemproxy refuses SCAN: nothing is deleted (0 counted), a's generation changes */
+    cr_assert_eq(cache_redis_clear(r, &a), 0);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca), 0);
+    cr_assert_not(content_found(r, xa));
+    cr_assert_eq(shards_fetch(r, &l, &b, cb), SHARD_SEQS);
+    cr_assert(content_found(r, xb));
+    cr_assert_eq(shard_dbsize(0) + shard_dbsize(1), keys + 1, "the values are left to expire");
+    bool up = false;
+    stats(r, &up);
+    cr_assert(up, "a refused SCAN is not a lost connection");
+    /* a's records written again are found; a clear of everything reaches every namespace */
+    shards_put(r, &l, &a, ca);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca), SHARD_SEQS);
+    cr_assert_eq(cache_redis_clear(r, NULL), 0);
+    cr_assert_eq(shards_fetch(r, &l, &a, ca) + shards_fetch(r, &l, &b, cb), 0);
+    cr_assert_not(content_found(r, xb));
+    cr_assert_eq(stats(r, NULL).corrupt, 0);
+    content_rec_unref(xa);
+    content_rec_unref(xb);
+    shards_unref(ca);
+    shards_unref(cb);
+    cache_redis_close(r);
+}
+
+/* Writes the sequences again and looks them up every 50 ms until all are found (a restarted
+ * shard is empty, and back in the proxy's ring after SHARD_RETRY_MS); false after 10 s. */
+static bool shards_recover(cache_redis *r, const cache_layout *l, const cache_key *ns,
+                           cache_chunk **c) {
+    for (int64_t t0 = now_ms(); now_ms() - t0 < 10000; usleep(50000)) {
+        for (int i = 0; i < SHARD_SEQS; i++) cache_redis_put(r, c[i]);
+        cache_redis_flush(r);
+        if (shards_fetch(r, l, ns, c) == SHARD_SEQS) return true;
+    }
+    return false;
+}
+
+Test(cache_redis_shards, a_shard_slow_down_or_flushed_costs_hits_never_a_wrong_chunk) {
+    cache_layout l;
+    cache_key ns;
+    cache_chunk *c[SHARD_SEQS];
+    cache_redis *r = shards_begin(&l, &ns, c);
+    /* Slow (stopped): the proxy answers an error after its 100 ms timeout, below the tier's
+     * 200 ms, and ejects the shard; the MGET retried gets the other shard's keys. */
+    kill(sh.pid[1], SIGSTOP);
+    int64_t t0 = now_ms();
+    int slow = shards_fetch(r, &l, &ns, c);
+    int64_t took = now_ms() - t0;
+    bool up = false;
+    stats(r, &up);
+    kill(sh.pid[1], SIGCONT);
+    cr_assert(slow > 0 && slow < SHARD_SEQS, "%d of %d found with a shard stalled", slow,
+              SHARD_SEQS);
+    cr_assert_lt(took, 1500, "lookups took %lld ms", (long long)took);
+    cr_assert(up, "the proxy's error replies are not a lost connection");
+    /* back in the ring after the retry timeout, with every value it held */
+    usleep((SHARD_RETRY_MS + 100) * 1000);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS, "not every record found after the stall");
+    /* Down: the same, at once; its keys go to the other shard meanwhile. */
+    fixture_kill(sh.pid[1]);
+    t0 = now_ms();
+    int down = shards_fetch(r, &l, &ns, c);
+    cr_assert(down > 0 && down < SHARD_SEQS, "%d of %d found with a shard down", down, SHARD_SEQS);
+    cr_assert_lt(now_ms() - t0, 1000);
+    shards_put(r, &l, &ns, c);
+    cr_assert_eq(shards_fetch(r, &l, &ns, c), SHARD_SEQS, "written again: on the other shard");
+    shards_unref(c);
+    /* Restarted, empty: back in the ring after the retry timeout; found once written again. */
+    sh.pid[1] = fixture_redis_start(sh.port[1], sh.dir);
+    usleep((SHARD_RETRY_MS + 100) * 1000);
+    shards_put(r, &l, &ns, c);
+    cr_assert(shards_recover(r, &l, &ns, c), "not every record found after the restart");
+    cr_assert_gt(shard_dbsize(1), 0, "the restarted shard is not back in the ring");
+    /* Flushed: its records are misses, the other shard's still found. */
+    redisContext *rc = shard_connect(0);
+    freeReplyObject(raw(rc, "FLUSHALL"));
+    redisFree(rc);
+    int flushed = shards_fetch(r, &l, &ns, c);
+    cr_assert(flushed > 0 && flushed < SHARD_SEQS, "%d of %d found", flushed, SHARD_SEQS);
+    cr_assert_eq(stats(r, NULL).corrupt, 0);
+    shards_unref(c);
+    cache_redis_close(r);
 }
