@@ -161,11 +161,9 @@ template <int T> __device__ __forceinline__ void dq8(const uint8_t *row, int64_t
     }
 }
 
-/* Calls F::template run<T>(args...) for the weight type t; -1 for a type without kernels. */
-#define KV_WEIGHT_TYPES(X)                                                                         \
-    X(TENSOR_TYPE_F32)                                                                             \
-    X(TENSOR_TYPE_F16)                                                                             \
-    X(TENSOR_TYPE_BF16)                                                                            \
+/* X(T) for every weight type the kernels take; KV_Q8_WEIGHT_TYPES: the quantized ones, which
+ * also have int8 dot-product kernels (mmvq.cu). */
+#define KV_Q8_WEIGHT_TYPES(X)                                                                      \
     X(TENSOR_TYPE_Q4_0)                                                                            \
     X(TENSOR_TYPE_Q4_1)                                                                            \
     X(TENSOR_TYPE_Q5_0)                                                                            \
@@ -174,6 +172,11 @@ template <int T> __device__ __forceinline__ void dq8(const uint8_t *row, int64_t
     X(TENSOR_TYPE_Q4_K)                                                                            \
     X(TENSOR_TYPE_Q5_K)                                                                            \
     X(TENSOR_TYPE_Q6_K)
+#define KV_WEIGHT_TYPES(X)                                                                         \
+    X(TENSOR_TYPE_F32)                                                                             \
+    X(TENSOR_TYPE_F16)                                                                             \
+    X(TENSOR_TYPE_BF16)                                                                            \
+    KV_Q8_WEIGHT_TYPES(X)
 
 } // namespace KV_CUDA_NS
 
