@@ -392,6 +392,108 @@ Test(cuda, matmul_int8_odd_shapes) {
     }
 }
 
+/* Row r of an n x n identity in type t (Q8_0: d 1, code 1 at r; Q6_K: d 1, sub-block scales 1,
+ * code 33 at r and 32 elsewhere): y = x W^T is then each activation's quantized value, d * q,
+ * one product rounded once on either backend. */
+static uint8_t *identity_weight(tensor_type t, int64_t n, size_t *row_bytes) {
+    const size_t rb = tensor_row_size(t, n);
+    uint8_t *w = calloc((size_t)n, rb);
+    cr_assert_not_null(w);
+    const uint16_t one = fp32_to_fp16(1.0f);
+    for (int64_t r = 0; r < n; r++) {
+        uint8_t *row = w + (size_t)r * rb;
+        if (t == TENSOR_TYPE_Q8_0) {
+            for (int64_t b = 0; b < n / 32; b++) memcpy(row + 34 * b, &one, 2);
+            row[34 * (r / 32) + 2 + r % 32] = 1;
+            continue;
+        }
+        for (int64_t b = 0; b < n / 256; b++) {
+            uint8_t *blk = row + 210 * b;
+            memset(blk + 128, 0xAA, 64); /* every element's high 2 bits: 2, so 32 + low nibble */
+            memset(blk + 192, 1, 16);
+            memcpy(blk + 208, &one, 2);
+        }
+        const int e = (int)(r % 256), h = e / 128, k = (e % 128) / 32, l = e % 32;
+        row[210 * (r / 256) + 64 * h + l + 32 * (k & 1)] = k < 2 ? 0x01 : 0x10;
+    }
+    *row_bytes = rb;
+    return w;
+}
+
+/* Group g of G activations (a block of 32, or a K-quant super-block of 256), one kind each:
+ * random; ties (127 sets the scale to 1, then 2.5, -2.5, 3.5, 0.5, -0.5, 126.5, -126.5, 1.5:
+ * half to even); zeros; 1e-30 (fp16 scales flush to 0); NaNs among randoms (code -127); 1e7
+ * (the fp16 scale clamps to 65504); subnormals (a Q8_K scale whose inverse overflows). */
+static void special_activations(float *x, int64_t n, int G) {
+    static const float ties[8] = {2.5f, -2.5f, 3.5f, 0.5f, -0.5f, 126.5f, -126.5f, 1.5f};
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t g = i / G, j = i % G;
+        const float r = rndf(-1, 1);
+        switch (g % 7) {
+        case 1:
+            x[i] = j == 0 ? 127.0f : ties[j % 8];
+            break;
+        case 2:
+            x[i] = 0.0f;
+            break;
+        case 3:
+            x[i] = 1e-30f * r;
+            break;
+        case 4:
+            x[i] = j % 5 == 1 ? NAN : r;
+            break;
+        case 5:
+            x[i] = 1e7f * r;
+            break;
+        case 6:
+            x[i] = 1e-40f * r;
+            break;
+        default:
+            x[i] = r;
+            break;
+        }
+    }
+}
+
+/* The int8 path's activations are the CPU's codes and scales (quantize_row_act), bit for bit, on
+ * the special cases of special_activations: identity weights show each quantized activation. */
+Test(cuda, matmul_int8_quantizes_activations_as_the_cpu) {
+    const tensor_type types[2] = {TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q6_K};
+    const int64_t sizes[2] = {7 * 32, 7 * 256};
+    for (int i = 0; i < 2; i++) {
+        const tensor_type t = types[i], at = tensor_type_get((int)t)->act_type;
+        const int64_t n = sizes[i];
+        const int n_tok = 2, G = t == TENSOR_TYPE_Q8_0 ? 32 : 256;
+        size_t rb;
+        uint8_t *w = identity_weight(t, n, &rb);
+        float *x = malloc(sizeof(float) * n_tok * n), *want = malloc(sizeof(float) * n_tok * n);
+        float *yg = malloc(sizeof(float) * n_tok * n);
+        uint8_t *xq = malloc(tensor_row_size(at, n));
+        special_activations(x, n, G);
+        for (int64_t e = 0; e < n; e++) x[n + e] = -0.75f * x[(e + G) % n]; /* other kinds' order */
+        for (int tk = 0; tk < n_tok; tk++) {
+            quantize_row_act(at, x + tk * n, xq, n);
+            dequantize_row_act(at, xq, want + tk * n, n);
+        }
+        kv_error err = {{0}};
+        weight wg = {t, n, n, rb, backend_weight_data(g_gpu, w, rb * (size_t)n, &err)};
+        cr_assert_not_null(wg.data, "%s", err.msg);
+        float *dx = put(g_gpu, x, sizeof(float) * n_tok * n);
+        float *dy = backend_alloc(g_gpu, sizeof(float) * n_tok * n);
+        cr_assert_eq(backend_matmul(g_gpu, &wg, dx, n_tok, dy), 0);
+        get(g_gpu, yg, dy, sizeof(float) * n_tok * n);
+        expect_same(tensor_type_get((int)t)->name, yg, want, sizeof(float) * n_tok * n);
+        backend_free(g_gpu, dx);
+        backend_free(g_gpu, dy);
+        backend_weight_release(g_gpu, w);
+        free(xq);
+        free(yg);
+        free(want);
+        free(x);
+        free(w);
+    }
+}
+
 Test(cuda, matmul_beyond_reserved_scratch_fails) {
     size_t rb;
     const int64_t wide = 8192; /* > the 4352 reserved */
