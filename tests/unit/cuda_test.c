@@ -7,7 +7,8 @@
  *   matmul, int8 path (quantized weights, <= 8 rows, MATMUL_PRECISION_Q8): against the CPU at
  *       MATMUL_PRECISION_Q8, which quantizes the activations to the same codes and scales:
  *       |d| <= 32 * 2^-23 * sum|w xq| + 1e-6 (float sums in another order; see tolerance_of);
- *       bit for bit where every float operation is exact (power-of-two scales, small codes)
+ *       bit for bit where every float operation is exact (power-of-two scales, small codes);
+ *       its quantized activations: the CPU's quantize_row_act codes and scales, bit for bit
  *   matmul, GEMV path (<= 4 rows, f32 activations): |d| <= 1e-5 * sum|w x| + 1e-6 per output
  *   matmul, GEMM path (f16 tiles on tensor cores):   |d| <= 2e-3 * sum|w x| + 1e-6 (f16 rounding
  *       of activations and weights, 2^-11 each); F32 and BF16 weights (f32 GEMM) 1e-5
