@@ -177,8 +177,14 @@ template <int T> __device__ __forceinline__ void unit_load(const uint8_t *row, i
                 o.w[4 + i] |= ((h[i] >> (2 * c + 1)) & 0x01010101u) << 4;
             }
         }
-        k4_scale_min(b + 4, 2 * c, &o.sc[0], &o.mn[0]);
-        k4_scale_min(b + 4, 2 * c + 1, &o.sc[1], &o.mn[1]);
+        uint32_t sw[3]; /* the 12 scale bytes in 3 loads, not a byte load per field */
+        ld_words<4, 3>(b + 4, sw);
+        const auto scale_byte = [&sw](int i) {
+            const uint32_t v = i < 4 ? sw[0] : i < 8 ? sw[1] : sw[2]; /* no indexed registers */
+            return (int)((v >> (8 * (i & 3))) & 0xFF);
+        };
+        k4_scale_min_of(scale_byte, 2 * c, &o.sc[0], &o.mn[0]);
+        k4_scale_min_of(scale_byte, 2 * c + 1, &o.sc[1], &o.mn[1]);
         const uint32_t dm = *reinterpret_cast<const uint32_t *>(b);
         o.d = h2f((uint16_t)dm);
         o.m = h2f((uint16_t)(dm >> 16));
