@@ -447,8 +447,8 @@ static int gemm(cuda_backend *cb, const weight *w, const float *x, const uint16_
     return 0;
 }
 
-/* How a matmul of n_tok rows takes weight w: int8 dot products on activations quantized in
- * group q8 (> 0), the f32 GEMV kernels, or cuBLAS (GEMM). */
+/* How a matmul of n_tok rows takes weight w: int8 dot products (mmvq.cu), the f32 GEMV kernels,
+ * or dequantized tiles through cuBLAS (GEMM). */
 typedef enum matmul_path { MATMUL_MMVQ, MATMUL_GEMV, MATMUL_GEMM } matmul_path;
 
 static matmul_path matmul_path_of(const cuda_backend *cb, const weight *w, int n_tok) {

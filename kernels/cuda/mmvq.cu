@@ -9,10 +9,13 @@
  *   takes a unit of 32 elements at a time (a 32-element block; a K-quant super-block is 8 units
  *   of two 16-element halves), loads its codes with the widest loads the block's alignment
  *   allows (16-byte loads for Q4_K and Q5_K), turns them into signed bytes, and multiplies them
- *   with __dp4a against each row's codes. Each unit's float term is the CPU scalar reference's
- *   operation order per block (scale products first, __fmul_rn: no FMA contraction); the terms
- *   are summed in f32, lane by lane then across the block, so a row's sum differs from the CPU's
- *   (a double sum in block order, or its SIMD tiles' f32 lanes) by the summation order alone.
+ *   with __dp4a against each row's codes. Integer sums are exact; each unit's float term takes
+ *   the CPU scalar reference's operations in its order (scale products first, __fmul_rn: no FMA
+ *   contraction), the very term of a 32-element block, and for a K-quant its super-block's
+ *   products applied to the unit's share of the integer sums. The terms are summed in f32, lane
+ *   by lane then across the block: a row differs from the CPU's (a double sum in block order,
+ *   or its SIMD tiles' f32 lanes) by rounding order alone, and not at all where every float
+ *   operation is exact.
  *   A block of MMVQ_WARPS warps works on one weight row at batch 1 and on two from 2 rows on. */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/quant.cuh"
