@@ -274,6 +274,36 @@ done:
     return best;
 }
 
+/* The matmul kernels' rates on one weight's shape: Q4_K at 1-32 rows (int8 up to 8, then
+ * dequantized tiles and cuBLAS), the f32 GEMV kernels the int8 ones replace (still
+ * MATMUL_PRECISION_F32's), and the int8 kernels of every quantized type at 1 and 8 rows. */
+static void print_matmul_rates(backend *b, const weight *ffn, double bw) {
+    const int rows[] = {1, 2, 4, 8, 9, 16, 32};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        double g = gemv_rate(b, ffn, rows[i]);
+        printf("matmul Q4_K %lld x %lld, %2d rows (%s): %4.0f GB/s of weights (%.0f%% of the "
+               "copy bandwidth)\n",
+               (long long)ffn->n_in, (long long)ffn->n_out, rows[i],
+               rows[i] > 8 ? "dequant + cuBLAS" : "int8", g, 100 * g / bw); /* MMVQ_MAX_TOKENS */
+    }
+    backend_set_precision(b, MATMUL_PRECISION_F32);
+    for (int r = 1; r <= 4; r *= 4)
+        printf("matmul Q4_K, %d rows (f32 GEMV, MATMUL_PRECISION_F32): %4.0f GB/s\n", r,
+               gemv_rate(b, ffn, r));
+    backend_set_precision(b, MATMUL_PRECISION_Q8);
+    const tensor_type types[] = {TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q5_0,
+                                 TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_K,
+                                 TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        weight w = {types[i], ffn->n_in, ffn->n_out, tensor_row_size(types[i], ffn->n_in),
+                    random_blocks(types[i], ffn->n_in, ffn->n_out)};
+        if (!w.data) break;
+        printf("matmul %s (int8): %4.0f GB/s at 1 row, %4.0f at 8\n",
+               tensor_type_get((int)types[i])->name, gemv_rate(b, &w, 1), gemv_rate(b, &w, 8));
+        free((void *)w.data);
+    }
+}
+
 int main(int argc, char **argv) {
     int n_layer = 32, steps = 16;
     bool probe = false;
@@ -337,32 +367,7 @@ int main(int argc, char **argv) {
     printf("model: %s, %d layers, %.2f GB of weights read per decode step\n", m->name, n_layer,
            bytes / 1e9);
     const weight *ffn = &m->layers[0].w_gate;
-    const int rows[] = {1, 2, 4, 8, 9, 16, 32};
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        double g = gemv_rate(b, ffn, rows[i]);
-        printf("matmul Q4_K %lld x %lld, %2d rows (%s): %4.0f GB/s of weights (%.0f%% of the "
-               "copy bandwidth)\n",
-               (long long)ffn->n_in, (long long)ffn->n_out, rows[i],
-               rows[i] > 8 ? "dequant + cuBLAS" : "int8", g, 100 * g / bw); /* MMVQ_MAX_TOKENS */
-    }
-    /* the f32 GEMV kernels the int8 ones replace (still MATMUL_PRECISION_F32's), then the int8
-     * kernels of every quantized type at 1 and 8 rows */
-    backend_set_precision(b, MATMUL_PRECISION_F32);
-    for (int r = 1; r <= 4; r *= 4)
-        printf("matmul Q4_K, %d rows (f32 GEMV, MATMUL_PRECISION_F32): %4.0f GB/s\n", r,
-               gemv_rate(b, ffn, r));
-    backend_set_precision(b, MATMUL_PRECISION_Q8);
-    const tensor_type types[] = {TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q5_0,
-                                 TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_K,
-                                 TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        weight w = {types[i], ffn->n_in, ffn->n_out, tensor_row_size(types[i], ffn->n_in),
-                    random_blocks(types[i], ffn->n_in, ffn->n_out)};
-        if (!w.data) break;
-        printf("matmul %s (int8): %4.0f GB/s at 1 row, %4.0f at 8\n",
-               tensor_type_get((int)types[i])->name, gemv_rate(b, &w, 1), gemv_rate(b, &w, 8));
-        free((void *)w.data);
-    }
+    print_matmul_rates(b, ffn, bw);
     printf("\n| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
     for (int batch = 1; batch <= 32; batch *= 32) {
         double tps = decode_rate(&e, m, batch, 512, steps);
