@@ -1,7 +1,7 @@
-/* The CUDA backend: lifetime, memory, streams, the matmul dispatch (GEMV kernels or dequantized
- * tiles through cuBLAS) and the KV pool's host-facing copies; the kernels are in matmul.cu,
- * ops.cu and attention.cu. Built twice: by nvcc for the device (backend_cuda_create), and by g++
- * against the emulator for the tests (backend_cuda_emu_create).
+/* The CUDA backend: lifetime, memory, streams, the matmul dispatch (int8 or f32 GEMV kernels, or
+ * dequantized tiles through cuBLAS) and the KV pool's host-facing copies; the kernels are in
+ * mmvq.cu, matmul.cu, ops.cu and attention.cu. Built twice: by nvcc for the device
+ * (backend_cuda_create), and by g++ against the emulator for the tests (backend_cuda_emu_create).
  *
  * Memory: weights are uploaded once in their GGUF types (backend_weight_data, shared by every
  * forward context); scratch is reserved by backend_reserve; ops allocate nothing. Every op is
@@ -86,6 +86,8 @@ static void cuda_destroy(backend *b) {
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i].dev);
     free(cb->weights);
     cudaFree(cb->x16);
+    cudaFree(cb->xq);
+    cudaFree(cb->xd);
     cudaFree(cb->wtile);
     cudaFree(cb->part);
     cudaFree(cb->desc);
@@ -205,6 +207,15 @@ static int cuda_reserve(backend *b, const backend_limits *lim, kv_error *err) {
         cb->x16_elems = cap / 2;
         size_t tile = (size_t)64 * lim->max_n_in * 4;
         if (grow(&cb->wtile, &cb->wtile_bytes, tile > WTILE_BYTES ? tile : WTILE_BYTES)) goto oom;
+    }
+    if (lim->max_n_in > (int64_t)cb->xq_elems) {
+        const size_t n = (size_t)MMVQ_MAX_TOKENS * (size_t)lim->max_n_in;
+        cap = cb->xq_elems * MMVQ_MAX_TOKENS;
+        size_t cap_d = cap / 32 * sizeof(q8_ds);
+        if (grow((void **)&cb->xq, &cap, n) ||
+            grow((void **)&cb->xd, &cap_d, n / 32 * sizeof(q8_ds)))
+            goto oom;
+        cb->xq_elems = (size_t)lim->max_n_in;
     }
     if (lim->n_head > 0 && lim->head_dim > 0) {
         cap = cb->part_floats * 4;
@@ -436,6 +447,17 @@ static int gemm(cuda_backend *cb, const weight *w, const float *x, const uint16_
     return 0;
 }
 
+/* How a matmul of n_tok rows takes weight w: int8 dot products (mmvq.cu), the f32 GEMV kernels,
+ * or dequantized tiles through cuBLAS (GEMM). */
+typedef enum matmul_path { MATMUL_MMVQ, MATMUL_GEMV, MATMUL_GEMM } matmul_path;
+
+static matmul_path matmul_path_of(const cuda_backend *cb, const weight *w, int n_tok) {
+    if (n_tok <= MMVQ_MAX_TOKENS && cb->precision == MATMUL_PRECISION_Q8 && cuda_q8_group(w->type))
+        return MATMUL_MMVQ;
+    return n_tok <= GEMV_MAX_TOKENS ? MATMUL_GEMV : MATMUL_GEMM;
+}
+
+/* y = x W^T, with x quantized once for every weight whose int8 kernel reads the same groups. */
 static int cuda_matmul_multi(backend *b, int n_w, const weight *const *w, const float *x, int n_tok,
                              float *const *y) {
     cuda_backend *cb = cuda_of(b);
@@ -444,20 +466,40 @@ static int cuda_matmul_multi(backend *b, int n_w, const weight *const *w, const 
         log_error("cuda matmul: activations must be 16-byte aligned, rows a multiple of 8 wide");
         return -1;
     }
-    if (n_tok <= GEMV_MAX_TOKENS) {
-        for (int i = 0; i < n_w; i++)
-            if (cuda_gemv(cb->compute, w[i], x, n_tok, y[i])) return -1;
-        return 0;
-    }
     const int64_t n_in = w[0]->n_in;
-    if ((size_t)n_tok * (size_t)n_in > cb->x16_elems || !cb->wtile) {
-        log_error("cuda matmul: %d rows of %lld exceed the reserved scratch (backend_reserve)",
-                  n_tok, (long long)n_in);
-        return -1;
+    int q8 = 0;       /* the group xq holds x in, 0 before the first int8 matmul */
+    bool f16 = false; /* x16 holds x */
+    for (int i = 0; i < n_w; i++) {
+        switch (matmul_path_of(cb, w[i], n_tok)) {
+        case MATMUL_MMVQ: {
+            const int group = cuda_q8_group(w[i]->type);
+            if ((size_t)n_in > cb->xq_elems) {
+                log_error("cuda matmul: rows of %lld exceed the reserved scratch (backend_reserve)",
+                          (long long)n_in);
+                return -1;
+            }
+            if (group != q8 && cuda_quantize_q8(cb->compute, group, x, n_tok, n_in, cb->xq, cb->xd))
+                return -1;
+            q8 = group;
+            if (cuda_mmvq(cb->compute, w[i], cb->xq, cb->xd, n_tok, y[i])) return -1;
+            break;
+        }
+        case MATMUL_GEMV:
+            if (cuda_gemv(cb->compute, w[i], x, n_tok, y[i])) return -1;
+            break;
+        case MATMUL_GEMM:
+            if ((size_t)n_tok * (size_t)n_in > cb->x16_elems || !cb->wtile) {
+                log_error("cuda matmul: %d rows of %lld exceed the reserved scratch "
+                          "(backend_reserve)",
+                          n_tok, (long long)n_in);
+                return -1;
+            }
+            if (!f16 && cuda_to_f16(cb->compute, x, cb->x16, (int64_t)n_tok * n_in)) return -1;
+            f16 = true;
+            if (gemm(cb, w[i], x, cb->x16, n_tok, y[i])) return -1;
+            break;
+        }
     }
-    if (cuda_to_f16(cb->compute, x, cb->x16, (int64_t)n_tok * n_in)) return -1;
-    for (int i = 0; i < n_w; i++)
-        if (gemm(cb, w[i], x, cb->x16, n_tok, y[i])) return -1;
     return 0;
 }
 

@@ -68,6 +68,13 @@ typedef struct weight_copy {
 /* Staging for the host-facing KV transfers (kv_store, kv_load), chunked through it. */
 #define XFER_BYTES (4 * 1024 * 1024)
 
+/* An int8 matmul's activations (mmvq.cu), per 32 elements: the scale of their block (32 elements,
+ * fp16-rounded) or of their super-block (256, f32), and the sum of their 32 int8 codes. */
+typedef struct q8_ds {
+    __align__(8) float d; /* 8-byte aligned: one load */
+    int sum;
+} q8_ds;
+
 /* One sequence of an attention call, as the kernels read it (device memory). */
 typedef struct attn_desc {
     const int32_t *table;
@@ -91,7 +98,7 @@ typedef struct cuda_backend {
     cublas_api blas;
     cublasHandle_t handle;
     void *blas_ws;              /* [BLAS_WORKSPACE] */
-    matmul_precision precision; /* accepted, not used: see backend.h */
+    matmul_precision precision; /* Q8: int8 kernels for decode-sized matmuls; F32: f32 GEMV */
 
     pthread_mutex_t mu;      /* the weights table and the upload slots (host threads share them) */
     pthread_mutex_t xfer_mu; /* the transfer stream and its staging */
@@ -113,6 +120,9 @@ typedef struct cuda_backend {
     size_t x16_elems;
     void *wtile; /* dequantized weight rows for a GEMM, f16 or f32 */
     size_t wtile_bytes;
+    int8_t *xq; /* [MMVQ_MAX_TOKENS][max_n_in] int8 activation codes of an int8 matmul */
+    q8_ds *xd;  /* [MMVQ_MAX_TOKENS][max_n_in / 32] their scales and sums */
+    size_t xq_elems;
     float *part; /* attention partial states of split rows */
     size_t part_floats;
     attn_desc *desc;  /* [desc_cap] device */
@@ -128,7 +138,8 @@ int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cuda
 /* ---------------------------------------------------------------- launch wrappers */
 
 /* matmul.cu */
-/* Matmuls of up to this many rows use the GEMV kernels; more go through dequantized tiles and
+/* Matmuls of up to this many rows that the int8 kernels do not take (F32, F16 and BF16 weights,
+ * or MATMUL_PRECISION_F32) use the f32 GEMV kernels; more go through dequantized tiles and
  * cuBLAS. Measured on an H200 (gpu_bench, Q4_K 4096 x 14336, wide loads and 16-byte tile stores):
  * GEMV 853 GB/s of weights at 1 row, 486 at 4 and 216 at 8, against 320 for the tiles at 16 rows
  * (the tiles' rate hardly depends on the rows: the dequantization dominates). */
@@ -138,6 +149,23 @@ int cuda_gemv(cudaStream_t s, const weight *w, const float *x, int n_tok, float 
 int cuda_dequant(cudaStream_t s, const weight *w, int64_t r0, int64_t rows, void *out, bool f32);
 int cuda_to_f16(cudaStream_t s, const float *x, uint16_t *y, int64_t n);
 int cuda_embed(cudaStream_t s, const weight *w, const int32_t *ids, int n, float *out);
+
+/* mmvq.cu */
+/* Matmuls of up to this many rows on a quantized weight run on int8 dot products (the default
+ * MATMUL_PRECISION_Q8): the activations quantized once per op, each weight read once for all
+ * rows. Not yet measured on a GPU. */
+#define MMVQ_MAX_TOKENS 8
+/* The activation group a weight type's int8 kernel reads: 32 (the 32-element types), 256
+ * (K-quants), or 0 where it has none. */
+int cuda_q8_group(tensor_type t);
+/* x [n_tok][n_in] f32 -> codes xq [n_tok][n_in] int8 and xd [n_tok][n_in / 32], in groups of
+ * `group` elements, as the CPU's quantize_row_act quantizes them (the same codes and scales). */
+int cuda_quantize_q8(cudaStream_t s, int group, const float *x, int n_tok, int64_t n_in, int8_t *xq,
+                     q8_ds *xd);
+/* y [n_tok][n_out] = x W^T from x quantized by cuda_quantize_q8 in w's group (1..MMVQ_MAX_TOKENS
+ * rows). */
+int cuda_mmvq(cudaStream_t s, const weight *w, const int8_t *xq, const q8_ds *xd, int n_tok,
+              float *y);
 
 /* ops.cu */
 int cuda_rmsnorm(cudaStream_t s, const float *x, const float *g, float *y, int n_tok, int dim,

@@ -79,6 +79,36 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+/* Sums V values over a warp's lanes (V a power of two <= 32): every lane ends with the total of
+ * value vi(lane) (gemv_value). Each step halves the values a lane holds: lanes send the half
+ * their partner keeps and add the half it sends back, so V values take V - 1 + log2(32 / V)
+ * shuffles instead of 5 V. */
+template <int V> __device__ __forceinline__ float warp_sum_scatter(float (&acc)[V], int lane) {
+    int o = 16;
+    KV_UNROLL
+    for (int n = V; n > 1; n >>= 1, o >>= 1) {
+        const bool upper = (lane & o) != 0;
+        KV_UNROLL
+        for (int i = 0; i < n / 2; i++) {
+            const float send = upper ? acc[i] : acc[i + n / 2];
+            const float keep = upper ? acc[i + n / 2] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+    float v = acc[0];
+    for (; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Which value a lane holds after warp_sum_scatter<V>; lanes with lane % (32 / V) == 0 hold each
+ * value once. */
+template <int V> __device__ __forceinline__ int gemv_value(int lane) {
+    int vi = 0, o = 16;
+    for (int n = V; n > 1; n >>= 1, o >>= 1)
+        if (lane & o) vi += n / 2;
+    return vi;
+}
+
 } // namespace KV_CUDA_NS
 
 #endif

@@ -503,10 +503,16 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
 
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
-/* Device memory is host memory from malloc: AddressSanitizer builds check kernels' bounds. */
+/* Device memory is host memory from malloc: AddressSanitizer builds check kernels' bounds, to
+ * the byte (the padding to 256 is poisoned: compute-sanitizer's memcheck counts a read past the
+ * requested size as out of bounds too). */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
-    *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0) * 256);
+    const size_t rounded = (bytes + 255) / 256 * 256 + (bytes == 0) * 256;
+    *p = std::aligned_alloc(256, rounded);
     if (!*p) return emu_fail(cudaErrorMemoryAllocation);
+#if EMU_ASAN
+    __asan_poison_memory_region(static_cast<char *>(*p) + bytes, rounded - bytes);
+#endif
     __atomic_add_fetch(&emu::g_live_allocs, 1, __ATOMIC_RELAXED);
     return cudaSuccess;
 }

@@ -318,11 +318,43 @@ inline float __int_as_float(int i) {
     std::memcpy(&f, &i, 4);
     return f;
 }
-/* byte-wise dot product of a and b (signed), plus c */
+/* Integer SIMD intrinsics (CUDA Math API, "Integer Intrinsics" and "SIMD Intrinsics"). Sums wrap
+ * modulo 2^32 as the device's 32-bit adds do: computed in unsigned arithmetic, where C++ defines
+ * the wraparound. */
+/* The four byte products of a and b (signed bytes for int, unsigned for unsigned), plus c. */
 inline int __dp4a(int a, int b, int c) {
-    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    uint32_t s = (uint32_t)c;
+    for (int i = 0; i < 4; i++)
+        s += (uint32_t)((int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i)));
+    return (int)s;
+}
+inline unsigned __dp4a(unsigned a, unsigned b, unsigned c) {
+    for (int i = 0; i < 4; i++) c += ((a >> (8 * i)) & 0xFF) * ((b >> (8 * i)) & 0xFF);
     return c;
 }
+/* Per byte, signed a - b saturated to -128..127. */
+inline unsigned __vsubss4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) {
+        int d = (int)(int8_t)(a >> (8 * i)) - (int)(int8_t)(b >> (8 * i));
+        d = d < -128 ? -128 : d > 127 ? 127 : d;
+        r |= (unsigned)(d & 0xFF) << (8 * i);
+    }
+    return r;
+}
+/* The low 32 bits of the 64-bit hi:lo shifted right by shift & 31. */
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return (unsigned)((((uint64_t)hi << 32) | lo) >> (shift & 31));
+}
+/* Round to nearest even (cvt.rni.s32.f32): NaN gives 0, out-of-range values saturate. */
+inline int __float2int_rn(float x) {
+    if (std::isnan(x)) return 0;
+    if (x >= 2147483648.0f) return 2147483647;
+    if (x < -2147483648.0f) return (-2147483647 - 1);
+    return (int)std::nearbyint(x);
+}
+/* IEEE division, round to nearest even (what `/` is on the host). */
+inline float __fdiv_rn(float a, float b) { return a / b; }
 template <class T> inline T __ldg(const T *p) { return *p; }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 

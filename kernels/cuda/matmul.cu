@@ -1,8 +1,9 @@
-/* Matmul kernels of the CUDA backend, per weight type (quant.cuh):
- * - kernel_gemv: decode-sized matmuls (2 to GEMV_MAX_TOKENS rows, cuda.h) read each weight row
- *   once from its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows: a warp
- *   per 1-2 output rows, lanes over 8-element groups, one scattering warp reduction for all its
- *   sums. Bandwidth-bound, as decode is.
+/* Matmul kernels of the CUDA backend, per weight type (quant.cuh); quantized weights' decode-sized
+ * matmuls take the int8 kernels of mmvq.cu instead, but at MATMUL_PRECISION_F32:
+ * - kernel_gemv: f32 decode-sized matmuls (2 to GEMV_MAX_TOKENS rows, cuda.h) read each weight
+ *   row once from its GGUF blocks and multiply it with up to GEMV_TOKENS f32 activation rows: a
+ *   warp per 1-2 output rows, lanes over 8-element groups, one scattering warp reduction for all
+ *   its sums. Bandwidth-bound, as decode is.
  * - kernel_gemv1: one row (decode at batch 1): a block per output row, its GEMV_WARPS warps over
  *   the row's groups, so that a step keeps n_out x GEMV_WARPS warps' loads in flight.
  * - kernel_dequant: prefill's weight rows dequantized to f16 (f32 for F32/BF16 weights) tiles that
@@ -34,36 +35,6 @@ template <typename F> static int by_weight_type(const weight *w, const char *op,
         log_error("cuda %s: no kernel for weight type %d", op, (int)w->type);
         return -1;
     }
-}
-
-/* Sums V values over a warp's lanes (V a power of two <= 32): every lane ends with the total of
- * value vi(lane) (gemv_value). Each step halves the values a lane holds: lanes send the half
- * their partner keeps and add the half it sends back, so V values take V - 1 + log2(32 / V)
- * shuffles instead of 5 V. */
-template <int V> __device__ __forceinline__ float warp_sum_scatter(float (&acc)[V], int lane) {
-    int o = 16;
-    KV_UNROLL
-    for (int n = V; n > 1; n >>= 1, o >>= 1) {
-        const bool upper = (lane & o) != 0;
-        KV_UNROLL
-        for (int i = 0; i < n / 2; i++) {
-            const float send = upper ? acc[i] : acc[i + n / 2];
-            const float keep = upper ? acc[i + n / 2] : acc[i];
-            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-    }
-    float v = acc[0];
-    for (; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Which value a lane holds after warp_sum_scatter<V>; lanes with lane % (32 / V) == 0 hold each
- * value once. */
-template <int V> __device__ __forceinline__ int gemv_value(int lane) {
-    int vi = 0, o = 16;
-    for (int n = V; n > 1; n >>= 1, o >>= 1)
-        if (lane & o) vi += n / 2;
-    return vi;
 }
 
 /* A warp computes R weight rows against NT activation rows; lanes take 8-element groups of the

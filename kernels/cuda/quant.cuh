@@ -34,15 +34,21 @@ __device__ __forceinline__ int byte8(uint2 w, int j) {
     return (int)(((j < 4 ? w.x : w.y) >> (8 * (j & 3))) & 0xFF);
 }
 
-/* GGML's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K / Q5_K block. */
-__device__ __forceinline__ void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+/* GGML's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K / Q5_K block, from
+ * its 12 scale bytes as q(i) gives them. */
+template <class B> __device__ __forceinline__ void k4_scale_min_of(B q, int j, int *sc, int *m) {
     if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
+        *sc = q(j) & 63;
+        *m = q(j + 4) & 63;
     } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        *sc = (q(j + 4) & 0xF) | ((q(j - 4) >> 6) << 4);
+        *m = (q(j + 4) >> 4) | ((q(j) >> 6) << 4);
     }
+}
+
+/* The same from the bytes at q. */
+__device__ __forceinline__ void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
+    k4_scale_min_of([q](int i) { return (int)q[i]; }, j, sc, m);
 }
 
 /* Block bytes and elements per block of each weight type; align: the alignment every block
@@ -161,11 +167,9 @@ template <int T> __device__ __forceinline__ void dq8(const uint8_t *row, int64_t
     }
 }
 
-/* Calls F::template run<T>(args...) for the weight type t; -1 for a type without kernels. */
-#define KV_WEIGHT_TYPES(X)                                                                         \
-    X(TENSOR_TYPE_F32)                                                                             \
-    X(TENSOR_TYPE_F16)                                                                             \
-    X(TENSOR_TYPE_BF16)                                                                            \
+/* X(T) for every weight type the kernels take; KV_Q8_WEIGHT_TYPES: the quantized ones, which
+ * also have int8 dot-product kernels (mmvq.cu). */
+#define KV_Q8_WEIGHT_TYPES(X)                                                                      \
     X(TENSOR_TYPE_Q4_0)                                                                            \
     X(TENSOR_TYPE_Q4_1)                                                                            \
     X(TENSOR_TYPE_Q5_0)                                                                            \
@@ -174,6 +178,11 @@ template <int T> __device__ __forceinline__ void dq8(const uint8_t *row, int64_t
     X(TENSOR_TYPE_Q4_K)                                                                            \
     X(TENSOR_TYPE_Q5_K)                                                                            \
     X(TENSOR_TYPE_Q6_K)
+#define KV_WEIGHT_TYPES(X)                                                                         \
+    X(TENSOR_TYPE_F32)                                                                             \
+    X(TENSOR_TYPE_F16)                                                                             \
+    X(TENSOR_TYPE_BF16)                                                                            \
+    KV_Q8_WEIGHT_TYPES(X)
 
 } // namespace KV_CUDA_NS
 

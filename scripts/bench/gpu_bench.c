@@ -35,12 +35,13 @@ static uint64_t next64(void) {
     return g_state;
 }
 
-/* Random codes with small positive scales in every block's d (and dmin). */
-static int synth_weight(synth *s, tensor_type t, int64_t n_in, int64_t n_out, weight *w) {
+/* An n_out x n_in matrix of type t: random codes with small positive scales in every block's d
+ * (and dmin, or a Q4_1/Q5_1 min); NULL when out of memory. */
+static uint8_t *random_blocks(tensor_type t, int64_t n_in, int64_t n_out) {
     const tensor_type_traits *tr = tensor_type_get((int)t);
-    size_t rb = tensor_row_size(t, n_in), bytes = rb * (size_t)n_out;
+    size_t bytes = tensor_row_size(t, n_in) * (size_t)n_out;
     uint8_t *p = malloc(bytes);
-    if (!p) return -1;
+    if (!p) return NULL;
     uint64_t *q = (uint64_t *)p;
     for (size_t i = 0; i < bytes / 8; i++) q[i] = next64();
     uint16_t d = fp32_to_fp16(0.002f), dmin = fp32_to_fp16(0.001f);
@@ -53,8 +54,14 @@ static int synth_weight(synth *s, tensor_type t, int64_t n_in, int64_t n_out, we
             memcpy(blk + 2, &dmin, 2);
         }
     }
+    return p;
+}
+
+static int synth_weight(synth *s, tensor_type t, int64_t n_in, int64_t n_out, weight *w) {
+    uint8_t *p = random_blocks(t, n_in, n_out);
+    if (!p) return -1;
     s->blobs[s->n_blobs++] = p;
-    *w = (weight){t, n_in, n_out, rb, p};
+    *w = (weight){t, n_in, n_out, tensor_row_size(t, n_in), p};
     return 0;
 }
 
@@ -172,9 +179,10 @@ static double gemm_rate(backend *b) {
     return best;
 }
 
-/* One weight's matmul over n_tok activation rows (GEMV kernels up to 8 rows, dequantized tiles
- * through cuBLAS beyond), as the weight's bytes
- * read per second, GB/s: the kernel alone against the copy bandwidth. */
+/* One weight's matmul over n_tok activation rows (the int8 kernels up to 8 rows on quantized
+ * weights, the f32 GEMV kernels at MATMUL_PRECISION_F32 up to 4, dequantized tiles through
+ * cuBLAS beyond), as the weight's bytes read per second, GB/s: the kernel alone against the copy
+ * bandwidth. */
 static double gemv_rate(backend *b, const weight *host_w, int n_tok) {
     kv_error err = {{0}};
     weight w = *host_w;
@@ -266,6 +274,36 @@ done:
     return best;
 }
 
+/* The matmul kernels' rates on one weight's shape: Q4_K at 1-32 rows (int8 up to 8, then
+ * dequantized tiles and cuBLAS), the f32 GEMV kernels the int8 ones replace (still
+ * MATMUL_PRECISION_F32's), and the int8 kernels of every quantized type at 1 and 8 rows. */
+static void print_matmul_rates(backend *b, const weight *ffn, double bw) {
+    const int rows[] = {1, 2, 4, 8, 9, 16, 32};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        double g = gemv_rate(b, ffn, rows[i]);
+        printf("matmul Q4_K %lld x %lld, %2d rows (%s): %4.0f GB/s of weights (%.0f%% of the "
+               "copy bandwidth)\n",
+               (long long)ffn->n_in, (long long)ffn->n_out, rows[i],
+               rows[i] > 8 ? "dequant + cuBLAS" : "int8", g, 100 * g / bw); /* MMVQ_MAX_TOKENS */
+    }
+    backend_set_precision(b, MATMUL_PRECISION_F32);
+    for (int r = 1; r <= 4; r *= 4)
+        printf("matmul Q4_K, %d rows (f32 GEMV, MATMUL_PRECISION_F32): %4.0f GB/s\n", r,
+               gemv_rate(b, ffn, r));
+    backend_set_precision(b, MATMUL_PRECISION_Q8);
+    const tensor_type types[] = {TENSOR_TYPE_Q4_0, TENSOR_TYPE_Q4_1, TENSOR_TYPE_Q5_0,
+                                 TENSOR_TYPE_Q5_1, TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q4_K,
+                                 TENSOR_TYPE_Q5_K, TENSOR_TYPE_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        weight w = {types[i], ffn->n_in, ffn->n_out, tensor_row_size(types[i], ffn->n_in),
+                    random_blocks(types[i], ffn->n_in, ffn->n_out)};
+        if (!w.data) break;
+        printf("matmul %s (int8): %4.0f GB/s at 1 row, %4.0f at 8\n",
+               tensor_type_get((int)types[i])->name, gemv_rate(b, &w, 1), gemv_rate(b, &w, 8));
+        free((void *)w.data);
+    }
+}
+
 int main(int argc, char **argv) {
     int n_layer = 32, steps = 16;
     bool probe = false;
@@ -329,14 +367,7 @@ int main(int argc, char **argv) {
     printf("model: %s, %d layers, %.2f GB of weights read per decode step\n", m->name, n_layer,
            bytes / 1e9);
     const weight *ffn = &m->layers[0].w_gate;
-    const int rows[] = {1, 4, 5, 8, 16, 32, 33};
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        double g = gemv_rate(b, ffn, rows[i]);
-        printf("matmul Q4_K %lld x %lld, %2d rows (%s): %4.0f GB/s of weights (%.0f%% of the "
-               "copy bandwidth)\n",
-               (long long)ffn->n_in, (long long)ffn->n_out, rows[i],
-               rows[i] > 4 ? "dequant + cuBLAS" : "GEMV", g, 100 * g / bw); /* GEMV_MAX_TOKENS */
-    }
+    print_matmul_rates(b, ffn, bw);
     printf("\n| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
     for (int batch = 1; batch <= 32; batch *= 32) {
         double tps = decode_rate(&e, m, batch, 512, steps);

@@ -1,10 +1,12 @@
 /* The CUDA emulator (kernels/cuda/emu.h) against CUDA's documented semantics: barriers order
  * shared-memory writes before reads, shuffles and votes exchange among a warp's lanes (partial
- * warps too), atomics, static and dynamic shared memory per block, 3-D indices, launch
- * configuration errors, a deadlocked barrier, and the reference GemmEx. The same file builds
+ * warps too), atomics, static and dynamic shared memory per block, 3-D indices, the integer
+ * and rounding intrinsics of the int8 matmuls, launch configuration errors, a deadlocked
+ * barrier, and the reference GemmEx. The same file builds
  * with nvcc (make test-gpu), where it checks the device instead; the emulator-only cases are
  * skipped there. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,6 +203,49 @@ Test(cuda_emu, three_dimensional_indices) {
     for (int b = 0; b < nb; b++)
         for (int t = 0; t < nt; t++)
             cr_expect_eq(h[b * nt + t], (t / 32 * 32) * 1000 + t, "block %d thread %d", b, t);
+}
+
+/* ---------------------------------------------------------------- integer and rounding intrinsics
+ */
+
+/* What the int8 matmuls (kernels/cuda/mmvq.cu) use, each case against the CUDA Math API's
+ * documented result: __dp4a (signed and unsigned bytes, the 32-bit sum wrapping), __vsubss4
+ * (per-byte signed saturation), __funnelshift_r (shift taken mod 32), __float2int_rn (half to
+ * even, NaN 0, saturation), __fdiv_rn (IEEE). */
+__global__ void kernel_intrinsics(unsigned *o, float nan) {
+    o[0] = (unsigned)__dp4a((int)0x80FF7F01, (int)0x807F02FF, 10);
+    o[1] = __dp4a(0x80FF7F01u, 0x807F02FFu, 10u);
+    o[2] = (unsigned)__dp4a(0x7F7F7F7F, 0x7F7F7F7F, 0x7FFFFFFF);
+    o[3] = __dp4a(0x01010101u, 0x01010101u, 0xFFFFFFFFu);
+    o[4] = __vsubss4(0x7F800A05u, 0x81010F03u);
+    o[5] = __funnelshift_r(0x89ABCDEFu, 0x01234567u, 16);
+    o[6] = __funnelshift_r(0x89ABCDEFu, 0x01234567u, 0);
+    o[7] = __funnelshift_r(0x89ABCDEFu, 0x01234567u, 36);
+    const float r[8] = {2.5f, 3.5f, -2.5f, -0.5f, 126.5f, 1e10f, -1e10f, nan};
+    for (int i = 0; i < 8; i++) o[8 + i] = (unsigned)__float2int_rn(r[i]);
+    o[16] = (unsigned)__float_as_int(__fdiv_rn(1.0f, 3.0f));
+}
+
+Test(cuda_emu, integer_and_rounding_intrinsics) {
+    dbuf<unsigned> d(17);
+    KV_LAUNCH(kernel_intrinsics, dim3(1), dim3(1), 0, 0, d.p, (float)NAN);
+    check_launch();
+    unsigned h[17];
+    d.get(h);
+    /* bytes 1, 127, -1, -128 times -1, 2, 127, -128: -1 + 254 - 127 + 16384, plus 10 */
+    cr_expect_eq((int)h[0], 16520);
+    /* unsigned: 1, 127, 255, 128 times 255, 2, 127, 128 */
+    cr_expect_eq(h[1], 255u + 254u + 32385u + 16384u + 10u);
+    cr_expect_eq(h[2], 0x7FFFFFFFu + 4u * 16129u, "the signed sum wraps");
+    cr_expect_eq(h[3], 3u, "the unsigned sum wraps");
+    /* 5 - 3, 10 - 15, -128 - 1 (saturates to -128), 127 + 127 (to 127) */
+    cr_expect_eq(h[4], 0x7F80FB02u, "got %08x", h[4]);
+    cr_expect_eq(h[5], 0x456789ABu);
+    cr_expect_eq(h[6], 0x89ABCDEFu);
+    cr_expect_eq(h[7], 0x789ABCDEu, "a shift of 36 is one of 4");
+    const int want[8] = {2, 4, -2, 0, 126, 2147483647, -2147483647 - 1, 0};
+    for (int i = 0; i < 8; i++) cr_expect_eq((int)h[8 + i], want[i], "__float2int_rn case %d", i);
+    cr_expect_eq(h[16], 0x3EAAAAABu, "1/3 rounded to nearest");
 }
 
 /* ---------------------------------------------------------------- errors */

@@ -3,8 +3,13 @@
  * file with -DKVSERVE_TEST_GPU against the device build and runs the same comparisons on a GPU
  * (skipped, visibly, without one).
  *
- * Tolerances (the CPU backend in MATMUL_PRECISION_F32 is the reference):
- *   matmul, GEMV path (<= 8 rows, f32 activations): |d| <= 1e-5 * sum|w x| + 1e-6 per output
+ * Tolerances (the CPU backend in MATMUL_PRECISION_F32 is the reference, but for the int8 path):
+ *   matmul, int8 path (quantized weights, <= 8 rows, MATMUL_PRECISION_Q8): against the CPU at
+ *       MATMUL_PRECISION_Q8, which quantizes the activations to the same codes and scales:
+ *       |d| <= 32 * 2^-23 * sum|w xq| + 1e-6 (float sums in another order; see tolerance_of);
+ *       bit for bit where every float operation is exact (power-of-two scales, small codes);
+ *       its quantized activations: the CPU's quantize_row_act codes and scales, bit for bit
+ *   matmul, GEMV path (<= 4 rows, f32 activations): |d| <= 1e-5 * sum|w x| + 1e-6 per output
  *   matmul, GEMM path (f16 tiles on tensor cores):   |d| <= 2e-3 * sum|w x| + 1e-6 (f16 rounding
  *       of activations and weights, 2^-11 each); F32 and BF16 weights (f32 GEMM) 1e-5
  *   embed, gather, add, rope_cs, kv_write / kv_store / kv_store_serial / kv_load / kv_rope /
@@ -29,10 +34,6 @@
 long cuda_emu_live_allocations(void); /* kernels/cuda/emu.cc */
 #endif
 
-/* The most rows the CUDA backend multiplies with its GEMV kernels (GEMV_MAX_TOKENS in
- * kernels/cuda/cuda.h, a C++ header); more go through dequantized tiles and cuBLAS. */
-enum { GEMV_MAX_ROWS = 4 };
-
 static backend *g_cpu, *g_gpu;
 
 static void setup(void) {
@@ -43,7 +44,7 @@ static void setup(void) {
     g_gpu = cuda_under_test(&err);
     if (!g_gpu) cr_skip_test("no CUDA device: %s", err.msg);
     backend_limits lim = {
-        .max_tokens = 64, .max_seqs = 4, .max_n_in = 1024, .n_head = 8, .head_dim = 128};
+        .max_tokens = 64, .max_seqs = 4, .max_n_in = 4352, .n_head = 8, .head_dim = 128};
     cr_assert_eq(backend_reserve(g_gpu, &lim, &err), 0, "%s", err.msg);
     cr_assert_eq(backend_reserve(g_cpu, &lim, &err), 0, "%s", err.msg);
 }
@@ -164,21 +165,122 @@ static const tensor_type WEIGHT_TYPES[] = {
 
 /* ---------------------------------------------------------------- matmul and embed */
 
-/* y = x W^T on both backends, compared against sum |w x| per output. Two weights through
- * matmul_multi (the second one 16 rows shorter) check the shared activation conversion. */
-static void check_matmul(tensor_type t, int n_tok) {
-    const int64_t n_in = 512, n_out = 67;
+/* Power-of-two scales (and mins a small multiple of one), Q6_K's sub-block scales in -32..31:
+ * with exact_activations, every product and sum of a matmul is exact in float. */
+static void make_scales_exact(tensor_type t, uint8_t *w, size_t total) {
+    const tensor_type_traits *tr = tensor_type_get((int)t);
+    for (size_t k = 0; k < total / tr->type_size; k++) {
+        uint8_t *blk = w + k * tr->type_size;
+        uint16_t d = fp32_to_fp16(rnd() % 2 ? 0x1p-7f : 0x1p-8f);
+        uint16_t m = fp32_to_fp16((float)((int)(rnd() % 31) - 15) * 0x1p-8f);
+        switch (t) {
+        case TENSOR_TYPE_Q6_K:
+            memcpy(blk + 208, &d, 2);
+            for (int i = 0; i < 16; i++) blk[192 + i] = (uint8_t)((int8_t)blk[192 + i] / 4);
+            break;
+        case TENSOR_TYPE_Q4_K:
+        case TENSOR_TYPE_Q5_K:
+            m = fp32_to_fp16(0x1p-8f);
+            /* fall through */
+        case TENSOR_TYPE_Q4_1:
+        case TENSOR_TYPE_Q5_1:
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &m, 2);
+            break;
+        default: /* Q4_0, Q5_0, Q8_0 */
+            memcpy(blk, &d, 2);
+            break;
+        }
+    }
+}
+
+/* k * 2^-6 with k in -2..2, and one +-127 * 2^-6 in every 32: every block's scale is 2^-6 and
+ * its codes are the k. */
+static void exact_activations(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((int)(rnd() % 5) - 2) * 0x1p-6f;
+    for (int64_t b = 0; b < n / 32; b++)
+        x[32 * b + rnd() % 32] = (rnd() % 2 ? 127 : -127) * 0x1p-6f;
+}
+
+/* The most rows the CUDA backend multiplies with its int8 kernels (MMVQ_MAX_TOKENS, quantized
+ * weights at MATMUL_PRECISION_Q8) and with its f32 GEMV kernels (GEMV_MAX_TOKENS, other weights
+ * or MATMUL_PRECISION_F32); kernels/cuda/cuda.h, a C++ header. More go through cuBLAS. */
+enum { INT8_MAX_ROWS = 8, GEMV_MAX_ROWS = 4 };
+
+typedef enum matmul_path { PATH_INT8, PATH_GEMV, PATH_GEMM } matmul_path;
+static const char *const PATH_NAMES[] = {"int8", "GEMV", "GEMM"};
+
+typedef struct matmul_case {
+    tensor_type t;
+    int64_t n_in;
+    int n_tok;
+    matmul_precision precision; /* the CUDA backend's */
+    bool exact; /* make_scales_exact and exact_activations: the int8 path bit for bit */
+} matmul_case;
+
+static matmul_path path_of(const matmul_case *c) {
+    const bool quantized = tensor_type_get((int)c->t)->block_size > 1;
+    if (quantized && c->precision == MATMUL_PRECISION_Q8 && c->n_tok <= INT8_MAX_ROWS)
+        return PATH_INT8;
+    return c->n_tok <= GEMV_MAX_ROWS ? PATH_GEMV : PATH_GEMM;
+}
+
+/* Tolerance per output, relative to sum |w x| (x as the path sees it: the int8 path's quantized
+ * activations). The int8 path against the CPU backend at MATMUL_PRECISION_Q8 (the same codes and
+ * scales, each block's term rounded alike): float sums in another order, the CPU's own tiles
+ * within (8 + n / 64) u of its scalar reference (quant_test), the kernel's sum over its threads
+ * a few u more, u = 2^-23; 32 u in all. */
+static double tolerance_of(const matmul_case *c) {
+    switch (path_of(c)) {
+    case PATH_INT8:
+        return 32 * 0x1p-23;
+    case PATH_GEMV:
+        return 1e-5;
+    default:
+        return c->t == TENSOR_TYPE_F32 || c->t == TENSOR_TYPE_BF16 ? 1e-5 : 2e-3;
+    }
+}
+
+/* y = x W^T on both backends (the CPU at MATMUL_PRECISION_Q8 for the int8 path, else F32),
+ * compared against sum |w x| per output; exact cases bit for bit, and the CPU's outputs first
+ * equal to the exact sums (the inputs are what they claim). Two weights through matmul_multi
+ * (the second one 16 rows shorter) check the shared activation conversion. */
+static void check_matmul_case(const matmul_case *c) {
+    const tensor_type t = c->t;
+    const int64_t n_in = c->n_in, n_out = 67;
+    const int n_tok = c->n_tok;
+    const matmul_path path = path_of(c);
+    const tensor_type at = tensor_type_get((int)t)->act_type;
     size_t rb;
     uint8_t *w = random_weight(t, n_in, n_out, &rb);
+    if (c->exact) make_scales_exact(t, w, rb * (size_t)n_out);
     float *x = malloc(sizeof(float) * n_tok * n_in), *wf = malloc(sizeof(float) * n_out * n_in);
+    float *xs = malloc(sizeof(float) * n_tok * n_in);
+    uint8_t *xq = malloc(tensor_row_size(at, n_in));
     float *yc[2], *yg[2];
     double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
-    for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    double *exact = calloc((size_t)n_tok * n_out, sizeof(double));
+    if (c->exact)
+        exact_activations(x, n_tok * n_in);
+    else
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    for (int tk = 0; tk < n_tok; tk++) {
+        float *xr = x + tk * n_in, *sr = xs + tk * n_in;
+        if (path == PATH_INT8) {
+            quantize_row_act(at, xr, xq, n_in);
+            dequantize_row_act(at, xq, sr, n_in);
+        } else {
+            memcpy(sr, xr, sizeof(float) * n_in);
+        }
+    }
     for (int64_t o = 0; o < n_out; o++) dequantize_row(t, w + o * rb, wf + o * n_in, n_in);
     for (int tk = 0; tk < n_tok; tk++)
         for (int64_t o = 0; o < n_out; o++)
-            for (int64_t i = 0; i < n_in; i++)
-                scale[tk * n_out + o] += fabs((double)wf[o * n_in + i] * x[tk * n_in + i]);
+            for (int64_t i = 0; i < n_in; i++) {
+                const double p = (double)wf[o * n_in + i] * xs[tk * n_in + i];
+                scale[tk * n_out + o] += fabs(p);
+                exact[tk * n_out + o] += p;
+            }
 
     weight wc[2], wg[2];
     kv_error err = {{0}};
@@ -195,21 +297,33 @@ static void check_matmul(tensor_type t, int n_tok) {
     float *dx = put(g_gpu, x, sizeof(float) * n_tok * n_in);
     float *dy[2] = {backend_alloc(g_gpu, sizeof(float) * n_tok * n_out),
                     backend_alloc(g_gpu, sizeof(float) * n_tok * n_out)};
+    backend_set_precision(g_cpu, path == PATH_INT8 ? MATMUL_PRECISION_Q8 : MATMUL_PRECISION_F32);
+    backend_set_precision(g_gpu, c->precision);
     cr_assert_eq(backend_matmul_multi(g_cpu, 2, pc, x, n_tok, yc), 0);
     cr_assert_eq(backend_matmul_multi(g_gpu, 2, pg, dx, n_tok, dy), 0);
-    bool gemm = n_tok > GEMV_MAX_ROWS;
-    double rel = !gemm || t == TENSOR_TYPE_F32 || t == TENSOR_TYPE_BF16 ? 1e-5 : 2e-3;
+    backend_set_precision(g_cpu, MATMUL_PRECISION_F32);
+    backend_set_precision(g_gpu, MATMUL_PRECISION_Q8);
     for (int k = 0; k < 2; k++) {
-        get(g_gpu, yg[k], dy[k], sizeof(float) * n_tok * wc[k].n_out);
-        char what[96];
-        snprintf(what, sizeof what, "matmul %s, %d rows (%s), weight %d",
-                 tensor_type_get((int)t)->name, n_tok, gemm ? "GEMM" : "GEMV", k);
+        const size_t n_y = (size_t)n_tok * wc[k].n_out;
+        get(g_gpu, yg[k], dy[k], sizeof(float) * n_y);
+        char what[128];
+        snprintf(what, sizeof what, "matmul %s, %lld x %d rows (%s%s), weight %d",
+                 tensor_type_get((int)t)->name, (long long)n_in, n_tok, PATH_NAMES[path],
+                 c->exact ? ", exact" : "", k);
         /* the second weight's outputs are its rows' prefix of the first's scale rows */
-        double *sc = malloc(sizeof(double) * n_tok * wc[k].n_out);
+        double *sc = malloc(sizeof(double) * n_y);
         for (int tk = 0; tk < n_tok; tk++)
-            for (int64_t o = 0; o < wc[k].n_out; o++)
+            for (int64_t o = 0; o < wc[k].n_out; o++) {
                 sc[tk * wc[k].n_out + o] = scale[tk * n_out + o];
-        expect_close(what, yg[k], yc[k], sc, (size_t)n_tok * wc[k].n_out, rel, 1e-6);
+                if (c->exact)
+                    cr_assert_eq((double)yc[k][tk * wc[k].n_out + o], exact[tk * n_out + o],
+                                 "%s: the CPU's output %d/%lld is not the exact sum", what, tk,
+                                 (long long)o);
+            }
+        if (c->exact)
+            expect_same(what, yg[k], yc[k], sizeof(float) * n_y);
+        else
+            expect_close(what, yg[k], yc[k], sc, n_y, tolerance_of(c), 1e-6);
         free(sc);
         backend_free(g_gpu, dy[k]);
         backend_weight_release(g_gpu, w);
@@ -217,36 +331,181 @@ static void check_matmul(tensor_type t, int n_tok) {
         free(yg[k]);
     }
     backend_free(g_gpu, dx);
+    free(exact);
     free(scale);
+    free(xq);
+    free(xs);
     free(wf);
     free(x);
     free(w);
 }
 
+static void check_matmul(tensor_type t, int n_tok, matmul_precision precision) {
+    check_matmul_case(&(matmul_case){t, 512, n_tok, precision, false});
+}
+
+static bool is_quantized(tensor_type t) { return tensor_type_get((int)t)->block_size > 1; }
+
+/* The f32 GEMV kernels: float weights, and quantized ones at MATMUL_PRECISION_F32. */
 Test(cuda, matmul_gemv_every_type) {
     for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
-        check_matmul(WEIGHT_TYPES[i], 1);
-        check_matmul(WEIGHT_TYPES[i], 3);
-        check_matmul(WEIGHT_TYPES[i], GEMV_MAX_ROWS);
+        check_matmul(WEIGHT_TYPES[i], 1, MATMUL_PRECISION_F32);
+        check_matmul(WEIGHT_TYPES[i], 3, MATMUL_PRECISION_F32);
+        check_matmul(WEIGHT_TYPES[i], GEMV_MAX_ROWS, MATMUL_PRECISION_Q8);
     }
 }
 
 Test(cuda, matmul_gemm_every_type) {
     for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
-        check_matmul(WEIGHT_TYPES[i], GEMV_MAX_ROWS + 1);
-        check_matmul(WEIGHT_TYPES[i], 9);
-        check_matmul(WEIGHT_TYPES[i], 40);
+        check_matmul(WEIGHT_TYPES[i], GEMV_MAX_ROWS + 1, MATMUL_PRECISION_F32);
+        check_matmul(WEIGHT_TYPES[i], INT8_MAX_ROWS + 1, MATMUL_PRECISION_Q8);
+        check_matmul(WEIGHT_TYPES[i], 40, MATMUL_PRECISION_Q8);
+    }
+}
+
+/* The int8 kernels, 1 to 8 rows, every quantized type: within the tolerance on random scales,
+ * bit for bit where every float operation is exact (the integer dot products, the codes' offsets
+ * and mins, the blocks' scales all show). */
+Test(cuda, matmul_int8_every_type_and_row_count) {
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        if (!is_quantized(WEIGHT_TYPES[i])) continue;
+        for (int n_tok = 1; n_tok <= INT8_MAX_ROWS; n_tok++) {
+            check_matmul(WEIGHT_TYPES[i], n_tok, MATMUL_PRECISION_Q8);
+            check_matmul_case(
+                &(matmul_case){WEIGHT_TYPES[i], 512, n_tok, MATMUL_PRECISION_Q8, true});
+        }
+    }
+}
+
+/* Rows of a single block (the smallest legal K), and rows of more units than a block has
+ * threads (4352 = 17 x 256: 136 units, the last pass partial). */
+Test(cuda, matmul_int8_odd_shapes) {
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        const tensor_type t = WEIGHT_TYPES[i];
+        if (!is_quantized(t)) continue;
+        const int64_t k_min = tensor_type_get((int)t)->block_size;
+        for (int n_tok = 1; n_tok <= INT8_MAX_ROWS; n_tok += 3) {
+            check_matmul_case(&(matmul_case){t, k_min, n_tok, MATMUL_PRECISION_Q8, false});
+            check_matmul_case(&(matmul_case){t, k_min, n_tok, MATMUL_PRECISION_Q8, true});
+        }
+        check_matmul_case(&(matmul_case){t, 4352, 3, MATMUL_PRECISION_Q8, false});
+        check_matmul_case(&(matmul_case){t, 4352, 8, MATMUL_PRECISION_Q8, true});
+    }
+}
+
+/* Row r of an n x n identity in type t (Q8_0: d 1, code 1 at r; Q6_K: d 1, sub-block scales 1,
+ * code 33 at r and 32 elsewhere): y = x W^T is then each activation's quantized value, d * q,
+ * one product rounded once on either backend. */
+static uint8_t *identity_weight(tensor_type t, int64_t n, size_t *row_bytes) {
+    const size_t rb = tensor_row_size(t, n);
+    uint8_t *w = calloc((size_t)n, rb);
+    cr_assert_not_null(w);
+    const uint16_t one = fp32_to_fp16(1.0f);
+    for (int64_t r = 0; r < n; r++) {
+        uint8_t *row = w + (size_t)r * rb;
+        if (t == TENSOR_TYPE_Q8_0) {
+            for (int64_t b = 0; b < n / 32; b++) memcpy(row + 34 * b, &one, 2);
+            row[34 * (r / 32) + 2 + r % 32] = 1;
+            continue;
+        }
+        for (int64_t b = 0; b < n / 256; b++) {
+            uint8_t *blk = row + 210 * b;
+            memset(blk + 128, 0xAA, 64); /* every element's high 2 bits: 2, so 32 + low nibble */
+            memset(blk + 192, 1, 16);
+            memcpy(blk + 208, &one, 2);
+        }
+        const int e = (int)(r % 256), h = e / 128, k = (e % 128) / 32, l = e % 32;
+        row[210 * (r / 256) + 64 * h + l + 32 * (k & 1)] = k < 2 ? 0x01 : 0x10;
+    }
+    *row_bytes = rb;
+    return w;
+}
+
+/* Group g of G activations (a block of 32, or a K-quant super-block of 256), one kind each:
+ * random; ties (127 sets the scale to 1, then 2.5, -2.5, 3.5, 0.5, -0.5, 126.5, -126.5, 1.5:
+ * half to even); zeros; 1e-30 (fp16 scales flush to 0); NaNs among randoms (code -127); 1e7
+ * (the fp16 scale clamps to 65504); subnormals (a Q8_K scale whose inverse overflows). */
+static void special_activations(float *x, int64_t n, int G) {
+    static const float ties[8] = {2.5f, -2.5f, 3.5f, 0.5f, -0.5f, 126.5f, -126.5f, 1.5f};
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t g = i / G, j = i % G;
+        const float r = rndf(-1, 1);
+        switch (g % 7) {
+        case 1:
+            x[i] = j == 0 ? 127.0f : ties[j % 8];
+            break;
+        case 2:
+            x[i] = 0.0f;
+            break;
+        case 3:
+            x[i] = 1e-30f * r;
+            break;
+        case 4:
+            x[i] = j % 5 == 1 ? NAN : r;
+            break;
+        case 5:
+            x[i] = 1e7f * r;
+            break;
+        case 6:
+            x[i] = 1e-40f * r;
+            break;
+        default:
+            x[i] = r;
+            break;
+        }
+    }
+}
+
+/* The int8 path's activations are the CPU's codes and scales (quantize_row_act), bit for bit, on
+ * the special cases of special_activations: identity weights show each quantized activation. */
+Test(cuda, matmul_int8_quantizes_activations_as_the_cpu) {
+    const tensor_type types[2] = {TENSOR_TYPE_Q8_0, TENSOR_TYPE_Q6_K};
+    const int64_t sizes[2] = {7 * 32, 7 * 256};
+    for (int i = 0; i < 2; i++) {
+        const tensor_type t = types[i], at = tensor_type_get((int)t)->act_type;
+        const int64_t n = sizes[i];
+        const int n_tok = 2, G = t == TENSOR_TYPE_Q8_0 ? 32 : 256;
+        size_t rb;
+        uint8_t *w = identity_weight(t, n, &rb);
+        float *x = malloc(sizeof(float) * n_tok * n), *want = malloc(sizeof(float) * n_tok * n);
+        float *yg = malloc(sizeof(float) * n_tok * n);
+        uint8_t *xq = malloc(tensor_row_size(at, n));
+        special_activations(x, n, G);
+        for (int64_t e = 0; e < n; e++) x[n + e] = -0.75f * x[(e + G) % n]; /* other kinds' order */
+        for (int tk = 0; tk < n_tok; tk++) {
+            quantize_row_act(at, x + tk * n, xq, n);
+            dequantize_row_act(at, xq, want + tk * n, n);
+        }
+        kv_error err = {{0}};
+        weight wg = {t, n, n, rb, backend_weight_data(g_gpu, w, rb * (size_t)n, &err)};
+        cr_assert_not_null(wg.data, "%s", err.msg);
+        float *dx = put(g_gpu, x, sizeof(float) * n_tok * n);
+        float *dy = backend_alloc(g_gpu, sizeof(float) * n_tok * n);
+        cr_assert_eq(backend_matmul(g_gpu, &wg, dx, n_tok, dy), 0);
+        get(g_gpu, yg, dy, sizeof(float) * n_tok * n);
+        expect_same(tensor_type_get((int)t)->name, yg, want, sizeof(float) * n_tok * n);
+        backend_free(g_gpu, dx);
+        backend_free(g_gpu, dy);
+        backend_weight_release(g_gpu, w);
+        free(xq);
+        free(yg);
+        free(want);
+        free(x);
+        free(w);
     }
 }
 
 Test(cuda, matmul_beyond_reserved_scratch_fails) {
     size_t rb;
-    uint8_t *w = random_weight(TENSOR_TYPE_Q8_0, 1024, 8, &rb);
+    const int64_t wide = 8192; /* > the 4352 reserved */
+    uint8_t *w = random_weight(TENSOR_TYPE_Q8_0, wide, 8, &rb);
     kv_error err = {{0}};
-    weight wg = {TENSOR_TYPE_Q8_0, 1024, 8, rb, backend_weight_data(g_gpu, w, rb * 8, &err)};
-    float *dx = backend_alloc(g_gpu, sizeof(float) * 100 * 1024);
+    weight wg = {TENSOR_TYPE_Q8_0, 4352, 8, rb, backend_weight_data(g_gpu, w, rb * 8, &err)};
+    float *dx = backend_alloc(g_gpu, sizeof(float) * 100 * wide);
     float *dy = backend_alloc(g_gpu, sizeof(float) * 100 * 8);
     cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 100, dy), -1, "100 rows > the 64 reserved");
+    wg.n_in = wide;
+    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 2, dy), -1, "int8 rows wider than reserved");
     backend_weight_release(g_gpu, w);
     backend_free(g_gpu, dx);
     backend_free(g_gpu, dy);
