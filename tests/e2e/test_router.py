@@ -45,9 +45,9 @@ def post(url, body, timeout=60 * SLOW):
 
 class Router:
     """A router process (sglang-router or vllm-router) in front of `workers` on a free port,
-    started with health checks every second; `url` is its base URL."""
+    started with health checks every second and the `extra` options; `url` is its base URL."""
 
-    def __init__(self, kind, workers, policy):
+    def __init__(self, kind, workers, policy, extra=()):
         self.kind, self.workers = kind, workers
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -57,7 +57,7 @@ class Router:
         self.proc = subprocess.Popen(
             [*launcher, "--worker-urls", *[w.url for w in workers], "--policy", policy,
              "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-             "--log-level", "warn" if kind == "sglang" else "warning", *HEALTH_FLAGS],
+             "--log-level", "warn" if kind == "sglang" else "warning", *HEALTH_FLAGS, *extra],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_healthy()
 
