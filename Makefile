@@ -59,7 +59,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%) $(TEST_CU_SRC:tests/unit
 TEST_HELPER_SRC := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all run test test-build gpu-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
+.PHONY: all run cluster test test-build gpu-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check layout bench bench-serve bench-ttft bench-ttft-word bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
         bench-grammar bench-schema bench-gpu bench-spec
@@ -210,6 +210,21 @@ $(DRAFT_MODEL): scripts/make_draft_model.py | setup $(MODEL)
 ARGS ?=
 run: setup $(MODEL) $(QUALITY) $(BUILD)/kvserve
 	$(BUILD)/kvserve serve -m $(MODEL) -t $(THREADS) $(ARGS)
+
+# A local cluster (scripts/cluster.py): INSTANCES instances on CLUSTER_THREADS threads each behind
+# sglang-router (ROUTER=vllm for vLLM's, POLICY=round_robin|power_of_two), sharing a Redis tier of
+# SHARDS redis-server shards behind nutcracker; the router on CLUSTER_PORT; Ctrl-C stops it all. ARGS go
+# to every instance.
+INSTANCES ?= 2
+SHARDS ?= 2
+POLICY ?= cache_aware
+ROUTER ?= sglang
+CLUSTER_THREADS ?= 1
+CLUSTER_PORT ?= 8080
+cluster: setup $(MODEL) $(QUALITY) $(BUILD)/kvserve
+	$(PYTHON) scripts/cluster.py --bin $(BUILD)/kvserve --model $(MODEL) --instances $(INSTANCES) \
+	    --shards $(SHARDS) --policy $(POLICY) --router $(ROUTER) --threads $(CLUSTER_THREADS) \
+	    --port $(CLUSTER_PORT) -- $(ARGS)
 
 bench: $(MODEL) $(BUILD)/kvserve
 	$(BUILD)/kvserve bench -m $(MODEL) -t $(THREADS)

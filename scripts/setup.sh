@@ -4,10 +4,11 @@
 set -euo pipefail
 python=${PYTHON:-python3}
 
-# chromium and chromium-driver: the headless browser the web page's end-to-end test drives
+# chromium and chromium-driver: the headless browser the web page's end-to-end test drives;
+# nutcracker (twemproxy): the proxy in front of Redis shards (make cluster, the sharded tier's tests)
 apt_pkgs=(build-essential pkg-config clang libclang-rt-14-dev libcriterion-dev libjansson-dev
           libmicrohttpd-dev liburing-dev libssl-dev libhiredis-dev libexpat1-dev redis-server
-          chromium chromium-driver)
+          nutcracker chromium chromium-driver)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,22 +10,20 @@ and mark a worker unhealthy after one failure, so nothing here waits on a sleep.
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from conftest import SLOW, KvServer, free_port, http_get
+from conftest import ROOT, SLOW, KvServer, http_get
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import cluster  # noqa: E402  (scripts/cluster.py)
 
 # Small instances: a 1024-token context (so a 4096-token KV pool) on one thread each.
 INSTANCE_ARGS = ["--threads", "1", "-c", "1024"]
-# Health every second, out after one failure, back after one success; the startup check too.
-HEALTH_FLAGS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                "--health-success-threshold", "1", "--worker-startup-check-interval", "1"]
 
 
 def post(url, body, timeout=60 * SLOW):
@@ -43,60 +41,13 @@ def post(url, body, timeout=60 * SLOW):
         return status, raw.decode(errors="replace")
 
 
-class Router:
-    """A router process (sglang-router or vllm-router) in front of `workers` on a free port,
-    started with health checks every second and the `extra` options; `url` is its base URL."""
+class Router(cluster.Router):
+    """scripts/cluster.py's router (health checked every second) with the `extra` options,
+    started at once; `client()` is an OpenAI client through it."""
 
     def __init__(self, kind, workers, policy, extra=()):
-        self.kind, self.workers = kind, workers
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        launcher = {"sglang": [sys.executable, "-m", "sglang_router.launch_router"],
-                    "vllm": [sys.executable, "-m", "vllm_router.launch_router"]}[kind]
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(
-            [*launcher, "--worker-urls", *[w.url for w in workers], "--policy", policy,
-             "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-             "--log-level", "warn" if kind == "sglang" else "warning", *HEALTH_FLAGS, *extra],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_healthy()
-
-    def log(self):
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read()
-
-    def workers_state(self):
-        """{worker url: healthy} as the router sees them."""
-        status, body = http_get(self.url + "/workers")
-        assert status == 200, body
-        return {w["url"]: w["is_healthy"] for w in json.loads(body)["workers"]}
-
-    def _wait_healthy(self, timeout=30 * SLOW):
-        want = {w.url for w in self.workers}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"{self.kind} router exited:\n{self.log()}"
-            try:
-                state = self.workers_state()
-                if set(state) == want and all(state.values()):
-                    return
-            except (OSError, AssertionError, ValueError):
-                pass  # not listening yet, or still registering
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(f"{self.kind} router: workers not healthy in {timeout} s:\n"
-                             f"{self.log()}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+        super().__init__(kind, workers, policy, extra=extra)
+        self.start(timeout=30 * SLOW)
 
     def client(self):
         import openai
