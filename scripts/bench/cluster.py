@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A multi-tenant RAG load against one instance and against two behind sglang-router
-(round_robin, then cache_aware), all sharing one Redis tier: which tier served the prompts'
-cached tokens, time to first token and throughput (make bench-cluster; README, "Benchmarks").
+(round_robin, then cache_aware with the router's defaults and with its load balance engaged),
+all sharing one Redis tier: which tier served the prompts' cached tokens, time to first token
+and throughput (make bench-cluster; README, "Benchmarks").
 
 The load: --docs documents of 1000-1500 tokens (passages of the licence texts in
 /usr/share/common-licenses), each owned by one of --tenants tenants (its API key, so its KV
@@ -9,7 +10,8 @@ lives in that tenant's namespace); every request asks one short question (greedy
 --max-tokens) about one document, the document drawn by a Zipf law (exponent --zipf, ranks
 shuffled over the documents), from --clients clients at once, streaming. The same request
 sequence is sent to every setup: --warmup requests not measured (the instances' own tiers fill),
-then --requests measured ones.
+then --requests measured ones. Every request goes through the router, the single instance's
+too.
 
 Every setup is a scripts/cluster.py Cluster started afresh (empty pools, RAM and disk tiers),
 its instances given the same shared tier: two redis-server shards behind nutcracker, started
@@ -22,12 +24,15 @@ instance computes on --threads threads (2: the machine's cores), each of the two
 Per setup: the prompt tokens served from cache (share of all prompt tokens) and from which tier
 (pool: cached_tokens less the chunks usage.kv_chunks lists; RAM, disk, Redis: those chunks by
 tier), TTFT mean/p50/p99 (from sending to the first streamed content), requests/s and prompt
-tokens/s over the measured span, and each instance's share of the requests. Then the ratios the
+tokens/s over the measured span, each instance's share of the requests, and how often an
+instance's Redis connection was lost meanwhile (a timeout: its lookups miss for a while); then
+the requests by where most of their prompt came from, with their mean TTFT. Then the ratios the
 targets name: cache_aware's mean TTFT over round_robin's, and its cached share against the
 single instance's.
 
-    python3 scripts/bench/cluster.py [--bin build/kvserve] [--model MODEL] [--requests 256]
-                                     [--warmup 64] [--clients 8] [--docs 32] [--tenants 4]
+    python3 scripts/bench/cluster.py [--bin build/kvserve] [--model MODEL] [--threads 2]
+                                     [--requests 200] [--warmup 50] [--clients 8] [--docs 32]
+                                     [--tenants 4] [--zipf 1.0] [--max-tokens 8]
 """
 import argparse
 import http.client
@@ -56,6 +61,21 @@ SYSTEM = "Answer the question about the document in a few words."
 # Each instance's own tiers (README, "Benchmarks": half the documents' KV fits in them)
 TIERS = ["-c", "2048", "--kv-pool-tokens", "16384", "--cache-ram-bytes", "512M",
          "--cache-disk-bytes", "512M"]
+
+
+def setups(a):
+    """(name, instances, policy, threads each, router options) of every setup, in order.
+    sglang-router's cache_aware leaves a prompt's instance for the least loaded one only when
+    the loads (its requests in flight) differ by more than --balance-abs-threshold (64) and by a
+    factor over --balance-rel-threshold (1.5): never with 8 clients; --balance N adds a setup
+    with the threshold at N."""
+    out = [("1 instance", 1, "round_robin", a.threads, []),
+           ("2, round_robin", 2, "round_robin", 1, []),
+           ("2, cache_aware", 2, "cache_aware", 1, [])]
+    if a.balance is not None:
+        out.append((f"2, cache_aware, balance {a.balance}", 2, "cache_aware", 1,
+                    ["--balance-abs-threshold", str(a.balance)]))
+    return out
 
 
 class Endpoint:
@@ -167,6 +187,12 @@ def by_source(results):
     return {k: (len(v), statistics.fmean(v)) for k, v in groups.items()}
 
 
+def lost(inst):
+    """Times the instance's Redis tier lost its connection (a timeout under load, say): its
+    lookups miss until it is back (README, "Redis tier")."""
+    return sum("cache: redis" in line and " lost: " in line for line in inst.log().splitlines())
+
+
 def summarize(results, seconds):
     """The table row's figures from the measured requests."""
     tiers = {"pool": 0, "ram": 0, "disk": 0, "redis": 0, "text": 0}
@@ -190,12 +216,13 @@ def summarize(results, seconds):
             "rps": len(results) / seconds, "prompt_tps": prompt / seconds}
 
 
-def start_cluster(a, n, policy, threads, redis_url, keys):
+def start_cluster(a, n, policy, threads, redis_url, keys, router_args=()):
     args = [*TIERS, "--redis", redis_url, "--redis-codec", "off",
             *[x for k in keys for x in ("--api-key", k)]]
     # no router key: sglang-router admits only its own --api-key's requests (README)
     return cluster.Cluster(a.bin, a.model, n_instances=n, n_shards=0, policy=policy,
-                           instance_args=args, threads=threads, drain_grace=0)
+                           instance_args=args, threads=threads, drain_grace=0,
+                           router_args=router_args)
 
 
 def fill(a, redis_url, keys, model):
@@ -218,11 +245,13 @@ def main():
     ap.add_argument("--docs", type=int, default=32)
     ap.add_argument("--tenants", type=int, default=4)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=64)
-    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--zipf", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--balance", type=int, help="also cache_aware with this "
+                    "--balance-abs-threshold (the router's default: 64)")
     a = ap.parse_args()
     keys = [f"tenant-{i}-key" for i in range(a.tenants)]
     model = os.path.basename(a.model)[:-len(".gguf")]
@@ -239,16 +268,16 @@ def main():
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
         plan = schedule(len(docs), a.warmup + a.requests, a.zipf, a.seed)
         rows = {}
-        for name, n, policy, threads in (("1 instance", 1, "round_robin", a.threads),
-                                         ("2, round_robin", 2, "round_robin", 1),
-                                         ("2, cache_aware", 2, "cache_aware", 1)):
-            with start_cluster(a, n, policy, threads, proxy.url, keys) as c:
+        for name, n, policy, threads, router_args in setups(a):
+            with start_cluster(a, n, policy, threads, proxy.url, keys, router_args) as c:
                 run_load(c.url, model, docs, keys, plan[:a.warmup], a.clients, a.max_tokens)
-                before = [served(i) for i in c.instances]
+                before = [(served(i), lost(i)) for i in c.instances]
                 res, secs = run_load(c.url, model, docs, keys, plan[a.warmup:], a.clients,
                                      a.max_tokens)
-                split = [served(i) - b for i, b in zip(c.instances, before)]
+                split = [served(i) - b[0] for i, b in zip(c.instances, before)]
+                n_lost = sum(lost(i) - b[1] for i, b in zip(c.instances, before))
             rows[name] = summarize(res, secs)
+            rows[name]["lost"] = n_lost
             rows[name]["split"] = "/".join(f"{100 * s / sum(split):.0f}" for s in split)
             print(f"{name}: done", file=sys.stderr)
     finally:
@@ -260,13 +289,13 @@ def main():
     print(f"\n{len(docs)} documents, {a.tenants} tenants, Zipf {a.zipf}, {a.clients} clients, "
           f"{a.requests} requests measured after {a.warmup}, {a.max_tokens} tokens each\n")
     print("| setup | requests per instance (%) | cached | pool | RAM | disk | Redis | "
-          "in Redis, computed | TTFT mean | p50 | p99 | req/s | prompt tok/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "in Redis, computed | Redis lost | TTFT mean | p50 | p99 | req/s | prompt tok/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         share = [f"{100 * r['tiers'][t] / r['prompt']:.1f}%" for t in
                  ("pool", "ram", "disk", "redis", "text")]
         print(f"| {name} | {r['split']} | {100 * r['cached'] / r['prompt']:.1f}% | "
-              f"{' | '.join(share)} | {1000 * r['ttft_mean']:.0f} ms | "
+              f"{' | '.join(share)} | {r['lost']} | {1000 * r['ttft_mean']:.0f} ms | "
               f"{1000 * r['ttft_p50']:.0f} ms | {1000 * r['ttft_p99']:.0f} ms | "
               f"{r['rps']:.1f} | {r['prompt_tps']:.0f} |")
     sources = ("pool", "ram", "disk", "redis", "computed")
@@ -277,12 +306,14 @@ def main():
         cells = [f"{r['by_source'][k][0]} ({1000 * r['by_source'][k][1]:.0f} ms)"
                  if k in r["by_source"] else "0" for k in sources]
         print(f"| {name} | {' | '.join(cells)} |")
-    rr, ca, one = rows["2, round_robin"], rows["2, cache_aware"], rows["1 instance"]
-    print(f"\ncache_aware / round_robin mean TTFT: {ca['ttft_mean'] / rr['ttft_mean']:.2f}x "
-          f"(target <= 0.7x)")
-    print(f"cache_aware / 1 instance cached share: "
-          f"{(ca['cached'] / ca['prompt']) / (one['cached'] / one['prompt']):.2f}x "
-          f"(target within 10%)")
+    rr, one = rows["2, round_robin"], rows["1 instance"]
+    print()
+    for name in [n for n in rows if "cache_aware" in n]:
+        ca = rows[name]
+        print(f"{name}: mean TTFT {ca['ttft_mean'] / rr['ttft_mean']:.2f}x round_robin's "
+              f"(target <= 0.7x); cached share "
+              f"{(ca['cached'] / ca['prompt']) / (one['cached'] / one['prompt']):.2f}x "
+              f"the single instance's (target within 10%)")
 
 
 if __name__ == "__main__":
