@@ -168,15 +168,29 @@ def served(inst):
                if line.startswith(key))
 
 
-def source(u):
-    """Where most of a request's prompt came from: pool, ram, disk, redis or computed."""
-    n = {"pool": u["prompt_tokens_details"]["cached_tokens"], "ram": 0, "disk": 0, "redis": 0}
+def tier_tokens(u):
+    """A request's prompt tokens by where they came from: pool (cached_tokens less the chunks
+    usage.kv_chunks lists), ram, disk, redis, "found" (chunks a tier held that the request
+    computed anyway: level "text", Redis held it and the fetch chose to compute; or listed past
+    cached_tokens) and computed (the others)."""
+    cached = u["prompt_tokens_details"]["cached_tokens"]
+    n = {"pool": cached, "ram": 0, "disk": 0, "redis": 0, "found": 0,
+         "computed": u["prompt_tokens"] - cached}
+    used = 0
     for c in u.get("kv_chunks", []):
-        if c["level"] != "text":
+        if c["level"] == "text" or used + c["tokens"] > cached:
+            n["found"] += c["tokens"]
+        else:
             n[c["tier"]] += c["tokens"]
             n["pool"] -= c["tokens"]
-    n["computed"] = u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"]
-    return max(n, key=n.get)
+            used += c["tokens"]
+    return n
+
+
+def source(u):
+    """Where most of a request's prompt came from: pool, ram, disk, redis or computed."""
+    n = tier_tokens(u)
+    return max(("pool", "ram", "disk", "redis", "computed"), key=n.get)
 
 
 def by_source(results):
@@ -195,20 +209,14 @@ def lost(inst):
 
 def summarize(results, seconds):
     """The table row's figures from the measured requests."""
-    tiers = {"pool": 0, "ram": 0, "disk": 0, "redis": 0, "text": 0}
+    tiers = {"pool": 0, "ram": 0, "disk": 0, "redis": 0, "found": 0}
     prompt = cached = 0
     for _, u in results:
-        n_cached = u["prompt_tokens_details"]["cached_tokens"]
         prompt += u["prompt_tokens"]
-        cached += n_cached
-        fetched = 0
-        for c in u.get("kv_chunks", []):
-            if c["level"] == "text":  # Redis held it, the fetch chose to compute it
-                tiers["text"] += c["tokens"]
-            else:
-                tiers[c["tier"]] += c["tokens"]
-                fetched += c["tokens"]
-        tiers["pool"] += n_cached - fetched
+        cached += u["prompt_tokens_details"]["cached_tokens"]
+        for k, v in tier_tokens(u).items():
+            if k in tiers:
+                tiers[k] += v
     ttft = sorted(t for t, _ in results)
     return {"prompt": prompt, "cached": cached, "tiers": tiers, "by_source": by_source(results),
             "ttft_mean": statistics.fmean(ttft), "ttft_p50": ttft[len(ttft) // 2],
@@ -235,8 +243,8 @@ def fill(a, redis_url, keys, model):
                                          1500)[:a.docs]
         if len(docs) < a.docs:
             sys.exit(f"only {len(docs)} passages of 1000-1500 tokens in {LICENCES}")
-        run_load(c.url, model, docs, keys, [(d, 0) for d in range(len(docs))], 2, 1)
-    return docs
+        res, _ = run_load(c.url, model, docs, keys, [(d, 0) for d in range(len(docs))], 2, 1)
+    return docs, sum(u["prompt_tokens"] for _, u in res)
 
 
 def main():
@@ -263,7 +271,7 @@ def main():
             s.start()
         proxy = cluster.Proxy(shards, tmp).start()
         t0 = time.perf_counter()
-        docs = fill(a, proxy.url, keys, model)
+        docs, n_tokens = fill(a, proxy.url, keys, model)
         print(f"shared tier filled with {len(docs)} documents in "
               f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
         plan = schedule(len(docs), a.warmup + a.requests, a.zipf, a.seed)
@@ -286,14 +294,15 @@ def main():
         for s in shards:
             s.stop()
 
-    print(f"\n{len(docs)} documents, {a.tenants} tenants, Zipf {a.zipf}, {a.clients} clients, "
-          f"{a.requests} requests measured after {a.warmup}, {a.max_tokens} tokens each\n")
+    print(f"\n{len(docs)} documents ({n_tokens} tokens with the system prompt and a "
+          f"question), {a.tenants} tenants, Zipf {a.zipf}, {a.clients} clients, {a.requests} "
+          f"requests measured after {a.warmup}, {a.max_tokens} tokens each\n")
     print("| setup | requests per instance (%) | cached | pool | RAM | disk | Redis | "
-          "in Redis, computed | Redis lost | TTFT mean | p50 | p99 | req/s | prompt tok/s |")
+          "found, computed | Redis lost | TTFT mean | p50 | p99 | req/s | prompt tok/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
         share = [f"{100 * r['tiers'][t] / r['prompt']:.1f}%" for t in
-                 ("pool", "ram", "disk", "redis", "text")]
+                 ("pool", "ram", "disk", "redis", "found")]
         print(f"| {name} | {r['split']} | {100 * r['cached'] / r['prompt']:.1f}% | "
               f"{' | '.join(share)} | {r['lost']} | {1000 * r['ttft_mean']:.0f} ms | "
               f"{1000 * r['ttft_p50']:.0f} ms | {1000 * r['ttft_p99']:.0f} ms | "
