@@ -52,6 +52,15 @@ def router(pair):
     r.stop()
 
 
+def wait_until(cond, what, timeout=15 * SLOW):
+    """Polls cond until it holds; returns the time it did."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+    return time.monotonic()
+
+
 def redis_records(redis):
     """Lossless chunk records in Redis (one value each)."""
     out = subprocess.run(["redis-cli", "-p", str(redis.port), "--scan", "--pattern", "*:r:*"],
@@ -70,16 +79,13 @@ def test_a_prompt_computed_on_one_instance_is_served_from_redis_on_the_other(rou
     with open(LICENSE) as f:
         text = f.read(3200)  # about 700 tokens: two whole chunks and a partial one
     question = text + "\n\nWho may copy this license?"
-    before = served(pair)
+    records, before = redis_records(redis), served(pair)
     first = ask_through(router, pair[0].model_id, question)
     computed_on = [b - a for a, b in zip(before, served(pair))].index(1)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert first.usage.prompt_tokens > 2 * CHUNK
-    # the writer is asynchronous: wait for the chunks to reach Redis
-    deadline = time.monotonic() + 10 * SLOW
-    while redis_records(redis) < 2:
-        assert time.monotonic() < deadline, "the chunks never reached Redis"
-        time.sleep(0.05)
+    # the writer is asynchronous, in order: wait for the two whole chunks to reach Redis
+    wait_until(lambda: redis_records(redis) >= records + 2, "the chunks never reached Redis")
     before = served(pair)
     again = ask_through(router, pair[0].model_id, question)
     # round_robin: the next request goes to the other instance, whose own tiers never saw it
@@ -138,14 +144,6 @@ class Load:
             c.result(timeout=60 * SLOW)  # a request that hangs fails the test here
         self._pool.shutdown()
         return self.records
-
-
-def wait_until(cond, what, timeout=15 * SLOW):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-    return time.monotonic()
 
 
 def rejoin(router, pair, i):

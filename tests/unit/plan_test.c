@@ -184,6 +184,43 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
     planner_destroy(p);
 }
 
+/* Evicts the n least recently used idle blocks of the pool tier. */
+static void evict_blocks(planner *p, int n) {
+    cr_assert_eq(pool_cache_make_room(planner_pool(p), kv_pool_free_blocks(g_pool) + n, UINT64_MAX),
+                 kv_pool_free_blocks(g_pool));
+}
+
+/* The pool held blocks 0-5 when the records were fetched (from block 6: chunk 1's, which starts
+ * at block 4, and chunk 2's), and lost block 5 before the sequence took its prefix: chunk 1's
+ * record holds block 5 too, so the prefix goes on through it instead of stopping at block 5
+ * (seen under load, 8 long sequences in a small pool: whole prompts computed again). */
+Test(plan, fetched_records_fill_blocks_the_pool_lost_after_the_fetch) {
+    planner *p = make_planner(true, g_store);
+    plan_req pr;
+    prepare(p, &pr, false);
+    plan_seq a;
+    kv_seq ka;
+    compute_all(p, &a, &pr, &ka, false);
+    drop(&a, &ka);
+    /* the head most recently used, so that eviction takes the tail first */
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 9);
+    evict_blocks(p, 3);
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 6);
+    plan_req fetched;
+    prepare(p, &fetched, true);
+    cr_assert_eq(fetched.loaded_from, 6);
+    cr_assert_eq(fetched.n_loaded, 2, "chunk 1's record and the trailing partial one");
+    evict_blocks(p, 1);
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 5);
+    plan_seq b;
+    kv_seq kb;
+    cr_expect_eq(reuse_new(p, &fetched, &b, &kb, N_PROMPT, true, false), N_PROMPT / 16 * 16);
+    drop(&b, &kb);
+    plan_req_free(&fetched);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
 /* As a sequence ends, the pool tier keeps its blocks: its last partial chunk goes to disk and
  * not into RAM, which would hold the same KV a second time; without a disk tier (or a pool tier
  * to keep the blocks) RAM takes it as before. */
