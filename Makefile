@@ -62,7 +62,7 @@ TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 .PHONY: all run cluster test test-build gpu-build test-unit test-e2e test-asan test-gpu setup model fuzz clean format \
         format-check layout bench bench-serve bench-ttft bench-ttft-word bench-stream bench-levels bench-codec bench-blend \
         calibrate-reuse \
-        bench-grammar bench-schema bench-gpu bench-spec
+        bench-grammar bench-schema bench-gpu bench-spec bench-cluster
 all: $(BUILD)/kvserve
 
 $(BUILD)/obj/%_avx2.o: %_avx2.c
@@ -243,6 +243,11 @@ LLAMA_SERVER ?= build/llamacpp/avx512/bin/llama-server
 bench-ttft-word: $(MODEL) $(BUILD)/kvserve
 	$(PYTHON) scripts/bench/ttft_word.py --bin $(BUILD)/kvserve --model $(MODEL) \
 	    --threads $(THREADS) --llama-server $(LLAMA_SERVER)
+
+# A multi-tenant RAG load (32 documents, Zipf, 8 clients) against one instance and two behind
+# sglang-router (round_robin, cache_aware) sharing one Redis tier: cached share by tier, TTFT, req/s.
+bench-cluster: setup $(MODEL) $(QUALITY) $(BUILD)/kvserve
+	$(PYTHON) scripts/bench/cluster.py --bin $(BUILD)/kvserve --model $(MODEL) --threads $(THREADS)
 
 # KV over the network: TTFT of a 4K-token context whose KV is in a Redis behind a link shaped
 # with tc (50 Mbps to 3 Gbps, in a network namespace: needs root, else SKIPPED), per level, text

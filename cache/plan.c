@@ -198,8 +198,10 @@ static int reuse_loaded(planner *p, plan_seq *ps, const plan_req *pr, kv_seq *kv
     size_t bb = kv_layout_block_bytes(kv_pool_layout(p->pool));
     int upto = pr->loaded_from + pr->loaded_blocks;
     if (upto > n_blocks) upto = n_blocks;
-    /* The pool may have lost blocks since the fetch: then the records do not continue it. */
-    if (held < pr->loaded_from) return held;
+    /* The pool may have lost blocks since the fetch (held < loaded_from): a record still
+     * continues the prefix when it starts at or before held, since a record holds its chunk
+     * from the chunk's first block (whatever the pool held then); one starting past held
+     * does not (below). */
     for (int i = 0; i < pr->n_loaded && held < upto; i++) {
         const cache_chunk *c = pr->loaded[i];
         int c0 = c->pos0 / bt, hi = c0 + c->n_blocks < upto ? c0 + c->n_blocks : upto;

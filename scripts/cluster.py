@@ -267,14 +267,16 @@ class Router(Child):
 class Cluster:
     """n_instances of bin_path serving model behind a router of `router` kind with `policy`,
     sharing a Redis tier of n_shards redis-server shards behind nutcracker (n_shards 0: no Redis
-    tier; proxy_retry_ms: how long the proxy leaves a failed shard out, 2 s by default). Each instance computes on `threads` threads and takes instance_args after the
-    cluster's own (--threads, --redis, --cache-dir, --drain-grace; a later option wins).
+    tier; proxy_retry_ms: how long the proxy leaves a failed shard out, 2 s by default). Each
+    instance computes on `threads` threads and takes instance_args after the cluster's own
+    (--threads, --redis, --cache-dir, --drain-grace; a later option wins); the router takes
+    router_args (e.g. its --api-key, one of the instances' keys).
     A context manager: entering starts everything (shards, proxy, instances, router, in that
     order), leaving stops it all in the reverse order and removes the temporary directory."""
 
     def __init__(self, bin_path, model, n_instances=2, n_shards=2, policy="cache_aware",
                  router="sglang", instance_args=(), threads=1, port=None, env=None,
-                 shard_maxmemory=None, drain_grace=3, proxy_retry_ms=None):
+                 shard_maxmemory=None, drain_grace=3, proxy_retry_ms=None, router_args=()):
         if n_instances < 1 or n_shards < 0:
             raise ValueError("a cluster needs an instance at least, and shards >= 0")
         if policy not in POLICIES:
@@ -284,7 +286,7 @@ class Cluster:
         self.policy, self.router_kind, self.port = policy, router, port
         self.instance_args, self.threads, self.env = list(instance_args), threads, env
         self.shard_maxmemory, self.proxy_retry_ms = shard_maxmemory, proxy_retry_ms
-        self.drain_grace = drain_grace
+        self.drain_grace, self.router_args = drain_grace, list(router_args)
         self.dir = None
         self.shards, self.instances = [], []
         self.proxy = self.router = None
@@ -328,7 +330,8 @@ class Cluster:
             inst.spawn()
         for inst in self.instances:
             wait_until(inst.healthy, inst.proc, inst.name, 120, inst.log)
-        self.router = Router(self.router_kind, self.instances, self.policy, self.dir, self.port)
+        self.router = Router(self.router_kind, self.instances, self.policy, self.dir, self.port,
+                             self.router_args)
         self.router.start()
         return self
 

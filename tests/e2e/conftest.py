@@ -83,9 +83,18 @@ class KvServer:
             self._remove_own_cache_dir()
             raise
 
-    def _start(self, timeout):
+    def restart(self, timeout=60 * SLOW):
+        """Starts the server again after it exited (kill9, or a drain's own exit), with its
+        options and cache directory, on its port: a router in front knows it by that URL."""
+        assert self.proc.poll() is not None, "restart of a running server"
+        if not self._stderr.closed:
+            self._close_stderr()
+        self.killed = False
+        return self._start(timeout, port=int(self.url.rsplit(":", 1)[1]))
+
+    def _start(self, timeout, port=None):
         for attempt in range(3):  # the free port may be taken before kvserve binds it
-            port = free_port()
+            port = port or free_port()
             self.url = f"http://127.0.0.1:{port}"
             self._stderr = tempfile.TemporaryFile(mode="w+")
             env = server_env(self.env)

@@ -42,11 +42,11 @@ def post(url, body, timeout=60 * SLOW):
 
 
 class Router(cluster.Router):
-    """scripts/cluster.py's router (health checked every second), started at once; `client()`
-    is an OpenAI client through it."""
+    """scripts/cluster.py's router (health checked every second) with the `extra` options,
+    started at once; `client()` is an OpenAI client through it."""
 
-    def __init__(self, kind, workers, policy):
-        super().__init__(kind, workers, policy)
+    def __init__(self, kind, workers, policy, extra=()):
+        super().__init__(kind, workers, policy, extra=extra)
         self.start(timeout=30 * SLOW)
 
     def client(self):

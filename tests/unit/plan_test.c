@@ -184,6 +184,50 @@ Test(plan, chunks_go_to_the_store_and_come_back_without_the_pool) {
     planner_destroy(p);
 }
 
+/* A planner with the pool tier (and store, when not NULL) whose first sequence computed g_prompt
+ * and is ending (its KV still held). */
+static planner *computed_planner(cache_store *store, plan_req *pr, plan_seq *a, kv_seq *ka) {
+    planner *p = make_planner(true, store);
+    prepare(p, pr, false);
+    compute_all(p, a, pr, ka, true);
+    return p;
+}
+
+/* Evicts the n least recently used idle blocks of the pool tier. */
+static void evict_blocks(planner *p, int n) {
+    cr_assert_eq(pool_cache_make_room(planner_pool(p), kv_pool_free_blocks(g_pool) + n, UINT64_MAX),
+                 kv_pool_free_blocks(g_pool));
+}
+
+/* The pool held blocks 0-5 when the records were fetched (from block 6: chunk 1's, which starts
+ * at block 4, and chunk 2's), and lost block 5 before the sequence took its prefix: chunk 1's
+ * record holds block 5 too, so the prefix goes on through it instead of stopping at block 5
+ * (seen under load, 8 long sequences in a small pool: whole prompts computed again). */
+Test(plan, fetched_records_fill_blocks_the_pool_lost_after_the_fetch) {
+    plan_req pr;
+    plan_seq a;
+    kv_seq ka;
+    planner *p = computed_planner(g_store, &pr, &a, &ka);
+    drop(&a, &ka);
+    /* the head most recently used, so that eviction takes the tail first */
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 9);
+    evict_blocks(p, 3);
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 6);
+    plan_req fetched;
+    prepare(p, &fetched, true);
+    cr_assert_eq(fetched.loaded_from, 6);
+    cr_assert_eq(fetched.n_loaded, 2, "chunk 1's record and the trailing partial one");
+    evict_blocks(p, 1);
+    cr_assert_eq(pool_cache_lookup(planner_pool(p), pr.keys, pr.n_keys, NULL, false), 5);
+    plan_seq b;
+    kv_seq kb;
+    cr_expect_eq(reuse_new(p, &fetched, &b, &kb, N_PROMPT, true, false), N_PROMPT / 16 * 16);
+    drop(&b, &kb);
+    plan_req_free(&fetched);
+    plan_req_free(&pr);
+    planner_destroy(p);
+}
+
 /* As a sequence ends, the pool tier keeps its blocks: its last partial chunk goes to disk and
  * not into RAM, which would hold the same KV a second time; without a disk tier (or a pool tier
  * to keep the blocks) RAM takes it as before. */
@@ -489,15 +533,6 @@ Test(plan, a_partial_block_is_kept_once_and_gives_way_to_a_covering_one) {
     cr_expect_eq(kv_pool_free_blocks(g_pool), free0, "every block back in the pool");
 }
 
-/* A planner with the pool tier whose first sequence computed g_prompt and is ending (its KV
- * still held): for the tests of reuse to the token. */
-static planner *computed_planner(plan_req *pr, plan_seq *a, kv_seq *ka) {
-    planner *p = make_planner(true, NULL);
-    prepare(p, pr, false);
-    compute_all(p, a, pr, ka, true);
-    return p;
-}
-
 /* A prompt n tokens long made of g_prompt's first `shared` tokens and then others. */
 static void diverging(int32_t *out, int n, int shared) {
     for (int i = 0; i < n; i++) out[i] = i < shared ? g_prompt[i] : 7 + i;
@@ -519,7 +554,7 @@ Test(plan, the_pool_tier_lends_rows_to_the_token_and_never_writes_a_cached_block
     plan_req pr;
     plan_seq a;
     kv_seq ka;
-    planner *p = computed_planner(&pr, &a, &ka);
+    planner *p = computed_planner(NULL, &pr, &a, &ka);
     plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
     const int last = N_PROMPT / 16; /* 9 whole blocks, then 6 rows */
     int32_t cached = ka.blocks[last];
@@ -583,7 +618,7 @@ Test(plan, partial_blocks_stop_where_inexact_kv_starts) {
     plan_req pr;
     plan_seq a;
     kv_seq ka;
-    planner *p = computed_planner(&pr, &a, &ka);
+    planner *p = computed_planner(NULL, &pr, &a, &ka);
     a.exact_end = N_PROMPT / 16 * 16 + 2; /* blended from there on */
     plan_keep_partial(p, &a, &pr, &ka, g_prompt, N_PROMPT);
     pool_cache_stats st;
