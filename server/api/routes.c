@@ -107,13 +107,15 @@ static const http_route ROUTES[] = {
     {"/v1/responses", false, HTTP_POST, false, false, responses_create, NULL, true, NULL},
     {"/v1/responses/", true, HTTP_GET | HTTP_DELETE, false, false, responses_api, NULL, false,
      NULL},
-    /* what SGLang's and vLLM's routers ask of a worker (router_api.c); the load is public, as
-     * /metrics' gauges are, and answered while draining too: a router that reads no load for an
-     * instance (-1) may take it for the least loaded and send it every retry */
-    {"/server_info", false, HTTP_GET, false, false, router_server_info, NULL, false, NULL},
-    {"/get_server_info", false, HTTP_GET, false, false, router_server_info, NULL, false, NULL},
-    {"/model_info", false, HTTP_GET, false, false, router_model_info, NULL, false, NULL},
-    {"/get_model_info", false, HTTP_GET, false, false, router_model_info, NULL, false, NULL},
+    /* what SGLang's and vLLM's routers ask of a worker (router_api.c): public, as /metrics is
+     * (the server's own facts, nothing of a tenant's), so that a router without a key (in front
+     * of several tenants' keys) registers the model; the load is answered while draining too: a
+     * router that reads no load for an instance (-1) may take it for the least loaded and send
+     * it every retry */
+    {"/server_info", false, HTTP_GET, true, false, router_server_info, NULL, false, NULL},
+    {"/get_server_info", false, HTTP_GET, true, false, router_server_info, NULL, false, NULL},
+    {"/model_info", false, HTTP_GET, true, false, router_model_info, NULL, false, NULL},
+    {"/get_model_info", false, HTTP_GET, true, false, router_model_info, NULL, false, NULL},
     {"/get_load", false, HTTP_GET, true, true, router_get_load, NULL, false, NULL},
     {"/v1/cache/stats", false, HTTP_GET, false, false, cache_api_stats, NULL, false, NULL},
     {"/v1/cache/clear", false, HTTP_POST, false, false, cache_api_clear, NULL, false, NULL},

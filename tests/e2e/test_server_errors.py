@@ -248,9 +248,11 @@ def test_api_keys(start_server):
         assert r.status_code == 200, r.text
         assert requests.get(s.url + "/v1/models", headers=auth).status_code == 200
         check_serves(s.url, s.model_id, headers=auth)
-    # /health and /metrics stay public
-    assert requests.get(s.url + "/health").status_code == 200
-    assert requests.get(s.url + "/metrics").status_code == 200
+    # /health, /metrics and what routers read of a worker stay public (a router in front of
+    # several keys has none of its own)
+    for path in ("/health", "/metrics", "/get_load", "/server_info", "/model_info"):
+        assert requests.get(s.url + path).status_code == 200, path
+    assert requests.get(s.url + "/server_info").json()["model_id"] == s.model_id
 
     with pytest.raises(openai.AuthenticationError) as e:
         s.client(api_key="wrong").models.list()
