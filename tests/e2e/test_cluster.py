@@ -8,7 +8,6 @@ The router, its health flags and the instances' options are test_router.py's; th
 /v1/models is checked there. One pair, one Redis and one router for the module: each fault test
 restarts the instance it stopped."""
 import concurrent.futures
-import os
 import subprocess
 import threading
 import time
@@ -16,8 +15,8 @@ import time
 import pytest
 
 from conftest import SLOW
-from test_redis import REDIS_SERVER, RedisServer
-from test_router import Router, num_reqs, served, start_pair
+from test_redis import serving_redis
+from test_router import Router, num_reqs, served, serving_pair
 
 # b drains with a grace past the router's health interval (1 s, out after one failure)
 GRACE = ["--drain-grace", "2"]
@@ -27,20 +26,13 @@ CHUNK = 256  # --cache-chunk-tokens' default
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory):
-    if not os.access(REDIS_SERVER, os.X_OK):
-        pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
-    r = RedisServer(str(tmp_path_factory.mktemp("redis"))).start()
-    yield r
-    r.kill()
+    yield from serving_redis(str(tmp_path_factory.mktemp("redis")))
 
 
 @pytest.fixture(scope="module")
 def pair(model_path, redis):
     # --redis-codec off: lossless and q8 values, no codec table to calibrate at start
-    servers = start_pair("--redis", redis.url, "--redis-codec", "off", b_extra=GRACE)
-    yield servers
-    for s in servers:
-        s.terminate()
+    yield from serving_pair("--redis", redis.url, "--redis-codec", "off", b_extra=GRACE)
 
 
 @pytest.fixture(scope="module")

@@ -64,13 +64,19 @@ class RedisServer:
             self.proc.wait()
 
 
-@pytest.fixture
-def redis(tmp_dir):
+def serving_redis(directory):
+    """A fixture's body: a RedisServer in directory, yielded, then killed (the test skipped where
+    redis-server is not installed)."""
     if not os.access(REDIS_SERVER, os.X_OK):
         pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
-    r = RedisServer(tmp_dir("kvserve-redis-")).start()
+    r = RedisServer(directory).start()
     yield r
     r.kill()
+
+
+@pytest.fixture
+def redis(tmp_dir):
+    yield from serving_redis(tmp_dir("kvserve-redis-"))
 
 
 @pytest.fixture(scope="module")

@@ -68,13 +68,18 @@ def start_pair(*extra, b_extra=()):
     return servers
 
 
-@pytest.fixture(scope="module")
-def pair(model_path):
-    """Two instances for sglang-router (GET /get_load in its shape, the default)."""
-    servers = start_pair()
+def serving_pair(*extra, b_extra=()):
+    """A fixture's body: start_pair's instances, yielded, then stopped."""
+    servers = start_pair(*extra, b_extra=b_extra)
     yield servers
     for s in servers:
         s.terminate()
+
+
+@pytest.fixture(scope="module")
+def pair(model_path):
+    """Two instances for sglang-router (GET /get_load in its shape, the default)."""
+    yield from serving_pair()
 
 
 @pytest.fixture(scope="module")

@@ -7,32 +7,24 @@ deleted from both by one DELETE; a pin taken on one is listed and removed on the
 without --redis shares none of it. One module-wide pair, redis-server and router; skipped,
 visibly, where redis-server is not installed."""
 import json
-import os
 import urllib.error
 import urllib.request
 
 import pytest
 
 from conftest import http_get
-from test_redis import REDIS_SERVER, RedisServer
-from test_router import Router, post, start_pair
+from test_redis import serving_redis
+from test_router import Router, post, serving_pair, start_pair
 
 
 @pytest.fixture(scope="module")
 def redis_srv(tmp_path_factory):
-    if not os.access(REDIS_SERVER, os.X_OK):
-        pytest.skip("redis-server is not installed (scripts/setup.sh installs it)")
-    r = RedisServer(str(tmp_path_factory.mktemp("redis"))).start()
-    yield r
-    r.kill()
+    yield from serving_redis(str(tmp_path_factory.mktemp("redis")))
 
 
 @pytest.fixture(scope="module")
 def pair(model_path, redis_srv):
-    servers = start_pair("--redis", redis_srv.url, "--redis-codec", "off")  # no calibration
-    yield servers
-    for s in servers:
-        s.terminate()
+    yield from serving_pair("--redis", redis_srv.url, "--redis-codec", "off")  # no calibration
 
 
 @pytest.fixture(scope="module")
