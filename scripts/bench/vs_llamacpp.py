@@ -89,11 +89,19 @@ PREVIOUS = {
 }
 
 
+def run_or_exit(cmd):
+    """cmd's stdout; exits the script with its stderr's end when it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
 def kvserve_device_run(binary, model, threads, device, reps):
     """{test: t/s} of one `kvserve bench --device DEV` with its default tests, and the weights'
     bytes."""
-    out = subprocess.run([binary, "bench", "-m", model, "-t", str(threads), "-r", str(reps),
-                          "--device", device], capture_output=True, text=True, check=True).stdout
+    out = run_or_exit([binary, "bench", "-m", model, "-t", str(threads), "-r", str(reps),
+                       "--device", device])
     res, wbytes = {}, 0
     for row in out.splitlines():
         cols = [c.strip() for c in row.strip().strip("|").split("|")]
@@ -116,8 +124,7 @@ def llamacpp_device_run(binary, model, threads, device, reps, tests):
         cmd = [binary, "-m", model, "-t", str(threads), "-r", str(reps), "-o", "json", "-p", pp,
                "-n", tg, "-d", str(depth)]
         cmd += ["-ngl", "99", "-fa", "on"] if device == "cuda" else ["-ngl", "0"]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        for r in json.loads(out):
+        for r in json.loads(run_or_exit(cmd)):
             for name, n_prompt, n_gen, d in at:
                 if (r["n_prompt"], r["n_gen"], r["n_depth"]) == (n_prompt, n_gen, d):
                     res[name] = float(r["avg_ts"])

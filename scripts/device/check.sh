@@ -21,9 +21,11 @@ K=/tmp/kvpack; rm -rf $K; mkdir -p $K/need && tar xJf .gpu/pack.tar.xz -C $K || 
 for l in $K/lib/*; do ldconfig -p | grep -q "^\s*$(basename $l) " || cp $l $K/need/; done
 export LD_LIBRARY_PATH=$K/need
 mkdir -p build/gpu-tests models
-cp $K/bin/cuda_* build/gpu-tests/ && cp $K/bin/kvserve $K/bin/gpu_bench build/
+for b in $K/bin/*; do # a STEPS=peer pack holds kvserve and the peer alone
+    case ${b##*/} in cuda_*) cp $b build/gpu-tests/ ;; kvserve | gpu_bench) cp $b build/ ;; esac
+done
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-cp .gpu/models/*.gguf models/
+cp $K/models/*.gguf models/
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 status=0
 has() { [[ " $STEPS " == *" $1 "* ]]; }
