@@ -52,8 +52,9 @@ for level in "${levels[@]}"; do
     cuda) command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] ||
               { echo "build_llamacpp: the cuda level needs nvcc" >&2; exit 1; }
           simd=("${avx2[@]}" -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90-real}"
-                -DGGML_CUDA_FA_QUANTS=f16-f16 -DGGML_CUDA_NCCL=OFF)
-          shared=ON
+                -DGGML_CUDA_FA_QUANTS=f16-f16 -DGGML_CUDA_NCCL=OFF
+                "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined") # libcuda.so.1: the
+          shared=ON                                  # driver's, on the GPU machine alone
           command -v nvcc >/dev/null || simd+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc) ;;
     *) echo "build_llamacpp: unknown level '$level' (avx2, avx512, cuda)" >&2; exit 2 ;;
     esac
