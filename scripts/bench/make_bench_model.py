@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--ffn", type=int, default=8192)
     ap.add_argument("--llama3-8b", action="store_true", help="Llama 3 8B's shape, Q4_K (above)")
+    ap.add_argument("--tokenizer-from", default=TOKENIZER_FROM,
+                    help="a GGUF whose tokenizer.ggml.* keys to copy")
     args = ap.parse_args()
     vocab, mat, embd, out = 0, (q4_1, T.Q4_1), (q8_0, T.Q8_0), None
     if args.llama3_8b:
@@ -102,7 +104,7 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(500000.0)
     w.add_rope_dimension_count(hd)
-    n_vocab = copy_tokenizer(w, GGUFReader(TOKENIZER_FROM), pad_to=vocab)
+    n_vocab = copy_tokenizer(w, GGUFReader(args.tokenizer_from), pad_to=vocab)
 
     w.add_tensor("token_embd.weight", embd[0](rng, n_vocab, dim), raw_dtype=embd[1])
     w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))

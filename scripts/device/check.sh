@@ -2,26 +2,30 @@
 # The device check, on a GPU machine over what scripts/device/pack.sh packed into .gpu/: make
 # test-gpu's recipe (the GPU tests, then compute-sanitizer memcheck and racecheck), make
 # bench-gpu's, and the server end to end on CUDA against the CPU (scripts/device/smoke.py), plus
-# `kvserve bench` on both, and kvserve beside llama.cpp's CUDA build (peer: below). STEPS picks
-# some (default: all but the last two): probe tests sanitize bench smoke kvbench peer emu profile
-# (ncu's time for every kernel of gpu_bench at 2 layers). The model is pack.sh's 4-layer cut of
-# the default model. Each step's log goes to $OUT (or /tmp/kvcheck); a step that fails is
-# reported and the rest run.
+# `kvserve bench` on both. STEPS picks some (default: the first six): probe tests sanitize bench
+# smoke kvbench emu profile (ncu's time for every kernel of gpu_bench at 2 layers) peer. The
+# model is pack.sh's 4-layer cut of the default model. Each step's log goes to $OUT (or
+# /tmp/kvcheck); a step that fails is reported and the rest run.
 #
-# peer: writes a Llama 3 8B shape file (Q4_K, random weights, as gpu_bench's; make_bench_model.py
-# --llama3-8b, with the carried gguf wheel), then scripts/bench/vs_llamacpp.py --device cuda
-# (kvserve bench vs llama-bench -ngl 99 -fa on: pp512 pp2048 tg128 tg64@4096, on the 4-layer cut
-# and on that file, README's earlier figures beside them) and scripts/bench/serve.py --device cuda
-# (1 and 32 streaming clients through kvserve serve and llama-server -np 32: aggregate tokens/s
-# and TTFT) on that file. PEER_DEVICE=cpu and PEER_LAYERS=N run the same on the CPU and a cut.
+# peer, over pack.sh's .gpu-peer (a call of its own: STEPS=peer, carry [".gpu-peer"]): kvserve
+# beside llama.cpp's CUDA build. Writes a Llama 3 8B shape file (Q4_K, random weights, as
+# gpu_bench's: make_bench_model.py --llama3-8b, with the carried gguf wheel), then runs
+# scripts/bench/vs_llamacpp.py --device cuda (kvserve bench vs llama-bench -ngl 99 -fa on: pp512
+# pp2048 tg128 tg64@4096, README's earlier figures beside them; on the 4-layer cut too where an
+# earlier call on the same machine left it) and scripts/bench/serve.py --device cuda (1 and 32
+# streaming clients through kvserve serve and llama-server -np 32: aggregate tokens/s and TTFT)
+# on that file. PEER_DEVICE=cpu and PEER_LAYERS=N run the same on the CPU and a cut.
 cd "$(dirname "$0")/../.."
-STEPS=${STEPS:-probe tests sanitize bench smoke kvbench peer}
+STEPS=${STEPS:-probe tests sanitize bench smoke kvbench}
 LOG=${OUT:-/tmp/kvcheck}; mkdir -p "$LOG"
-K=/tmp/kvpack; rm -rf $K; mkdir -p $K/need && tar xJf .gpu/pack.tar.xz -C $K || exit 1
+K=/tmp/kvpack; rm -rf $K; mkdir -p $K/need
+for p in .gpu .gpu-peer; do [ ! -f $p/pack.tar.xz ] || tar xJf $p/pack.tar.xz -C $K || exit 1; done
+[ -d $K/bin ] || { echo "no .gpu/pack.tar.xz nor .gpu-peer/pack.tar.xz: run" \
+    "scripts/device/pack.sh here, and carry one"; exit 1; }
 for l in $K/lib/*; do ldconfig -p | grep -q "^\s*$(basename $l) " || cp $l $K/need/; done
 export LD_LIBRARY_PATH=$K/need
 mkdir -p build/gpu-tests models
-for b in $K/bin/*; do # a STEPS=peer pack holds kvserve and the peer alone
+for b in $K/bin/*; do # .gpu-peer holds kvserve and the peer alone
     case ${b##*/} in cuda_*) cp $b build/gpu-tests/ ;; kvserve | gpu_bench) cp $b build/ ;; esac
 done
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -71,8 +75,8 @@ if has kvbench; then
     step kvbench_cpu 120 build/kvserve bench -m $MODEL --device cpu -t 8 -r 1
 fi
 if has peer && [ ! -x $K/bin/llama-bench ]; then
-    echo "== peer: no llama.cpp build packed (scripts/bench/build_llamacpp.sh build/llamacpp" \
-        "cuda, then pack.sh)"
+    echo "== peer: no llama.cpp build: carry .gpu-peer (scripts/bench/build_llamacpp.sh" \
+        "build/llamacpp cuda, then scripts/device/pack.sh)"
     status=1
 elif has peer; then
     PEER_DEVICE=${PEER_DEVICE:-cuda} L=${PEER_LAYERS:-32}
@@ -85,13 +89,15 @@ elif has peer; then
     fi
     ldd $K/bin/llama-bench $K/bin/llama-server | grep "not found"
     python3 -c 'import gguf' 2>/dev/null || { python3 -m pip install -q --no-index --no-deps \
-        --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl &&
+        --no-compile --no-cache-dir --target /tmp/site .gpu-peer/whl/*.whl &&
         export PYTHONPATH=/tmp/site; }
+    TOK=$([ -f $K/models/vocab.gguf ] && echo $K/models/vocab.gguf || echo $MODEL)
     mkdir -p /tmp/kvpeer && [ -s "$BIG" ] || step peer_model 120 bash -c "python3 \
-        scripts/bench/make_bench_model.py --llama3-8b --layers $L --out $BIG.part &&
-        mv $BIG.part $BIG"
+        scripts/bench/make_bench_model.py --llama3-8b --layers $L --tokenizer-from $TOK \
+        --out $BIG.part && mv $BIG.part $BIG"
+    CUT=(); [ ! -f $MODEL ] || CUT=(-m $MODEL) # the 4-layer cut, where .gpu's call left it
     TAIL=40 step peer_bench 300 python3 scripts/bench/vs_llamacpp.py --device "$PEER_DEVICE" \
-        --peer $K/bin/llama-bench -m $MODEL -m "$BIG" -t 8 -r 3
+        --peer $K/bin/llama-bench "${CUT[@]}" -m "$BIG" -t 8 -r 3
     step peer_serve 240 python3 scripts/bench/serve.py --device "$PEER_DEVICE" --model "$BIG" \
         --llama-server $K/bin/llama-server --threads 8 --levels 1,32 --reps 2 --no-memory
 fi
