@@ -14,7 +14,7 @@
 # so that kvserve --simd avx2 / avx512 meets a peer built for the same instructions, whatever
 # the build machine has, and kvserve --device cuda one built for the lent GPU. Idempotent: a
 # level already built is skipped. The cuda level is not among the defaults: it needs nvcc and
-# takes an hour or more on two cores.
+# took 42 minutes on two cores shared with other work.
 #
 #   scripts/bench/build_llamacpp.sh [DIR] [LEVELS...]   (LEVELS: avx2 avx512 cuda; default the
 #                                                        first two)
