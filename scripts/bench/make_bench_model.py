@@ -9,6 +9,11 @@ random floats with numpy would take minutes and the values do not matter for spe
 
     python3 scripts/bench/make_bench_model.py [--out models/bench-1b.Q4_1.gguf] [--layers 16]
 
+--llama3-8b: Llama 3 8B's shape instead (dim 4096, 32 layers, 32/8 heads, FFN 14336, vocabulary
+128256: SmolLM2's tokens padded with unused ones), Q4_K matrices and token embeddings and a Q6_K
+output, as make bench-gpu's gpu_bench synthesizes in memory: the file scripts/device/check.sh's
+`peer` step gives kvserve and llama.cpp on a GPU (4.3 GiB; the device tool cannot carry it).
+
 Needs the `gguf` and `numpy` packages (pip install gguf numpy).
 """
 import argparse
@@ -45,15 +50,45 @@ def q8_0(rng, n_out, n_in):
     return blk.reshape(n_out, n_in // 32 * 34)
 
 
+def q4_k(rng, n_out, n_in):
+    """Q4_K super-blocks of 256 (144 bytes): fp16 d and dmin, 12 bytes of 6-bit scales and mins
+    (every scale 1, every min 8: a weight is d (code - 8), centred), 128 bytes of codes."""
+    nb = n_out * n_in // 256
+    blk = np.empty((nb, 144), dtype=np.uint8)
+    blk[:, 0:4] = np.frombuffer(np.float16([0.002, 0.002]).tobytes(), dtype=np.uint8)
+    blk[:, 4:16] = [1] * 4 + [8] * 4 + [0x81] * 4
+    blk[:, 16:] = np.frombuffer(rng.bytes(nb * 128), dtype=np.uint8).reshape(nb, 128)
+    return blk.reshape(n_out, n_in // 256 * 144)
+
+
+def q6_k(rng, n_out, n_in):
+    """Q6_K super-blocks of 256 (210 bytes): 192 bytes of 6-bit codes, 16 int8 scales (1: a
+    weight is d (code - 32)), fp16 d."""
+    nb = n_out * n_in // 256
+    blk = np.empty((nb, 210), dtype=np.uint8)
+    blk[:, :192] = np.frombuffer(rng.bytes(nb * 192), dtype=np.uint8).reshape(nb, 192)
+    blk[:, 192:208] = 1
+    blk[:, 208:] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    return blk.reshape(n_out, n_in // 256 * 210)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "models", "bench-1b.Q4_1.gguf"))
     ap.add_argument("--dim", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--layers", type=int, help="default 16 (32 with --llama3-8b)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--llama3-8b", action="store_true", help="Llama 3 8B's shape, Q4_K (above)")
+    ap.add_argument("--tokenizer-from", default=TOKENIZER_FROM,
+                    help="a GGUF whose tokenizer.ggml.* keys to copy")
     args = ap.parse_args()
+    vocab, mat, embd, out = 0, (q4_1, T.Q4_1), (q8_0, T.Q8_0), None
+    if args.llama3_8b:
+        args.dim, args.heads, args.kv_heads, args.ffn = 4096, 32, 8, 14336
+        vocab, mat, embd, out = 128256, (q4_k, T.Q4_K), (q4_k, T.Q4_K), (q6_k, T.Q6_K)
+    args.layers = args.layers or (32 if args.llama3_8b else 16)
     rng = np.random.default_rng(1)
     dim, hd = args.dim, args.dim // args.heads
     kvd = args.kv_heads * hd
@@ -69,10 +104,12 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(500000.0)
     w.add_rope_dimension_count(hd)
-    n_vocab = copy_tokenizer(w, GGUFReader(TOKENIZER_FROM))
+    n_vocab = copy_tokenizer(w, GGUFReader(args.tokenizer_from), pad_to=vocab)
 
-    w.add_tensor("token_embd.weight", q8_0(rng, n_vocab, dim), raw_dtype=T.Q8_0)
+    w.add_tensor("token_embd.weight", embd[0](rng, n_vocab, dim), raw_dtype=embd[1])
     w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    if out:
+        w.add_tensor("output.weight", out[0](rng, n_vocab, dim), raw_dtype=out[1])
     for i in range(args.layers):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(dim, dtype=np.float32))
@@ -81,7 +118,7 @@ def main():
                                   ("attn_v", kvd, dim), ("attn_output", dim, dim),
                                   ("ffn_gate", args.ffn, dim), ("ffn_up", args.ffn, dim),
                                   ("ffn_down", dim, args.ffn)]:
-            w.add_tensor(p + name + ".weight", q4_1(rng, n_out, n_in), raw_dtype=T.Q4_1)
+            w.add_tensor(p + name + ".weight", mat[0](rng, n_out, n_in), raw_dtype=mat[1])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -21,6 +21,10 @@ reuse what they share with earlier ones.
 
     python3 scripts/bench/serve.py [--bin build/kvserve] [--model MODEL] [--threads 2]
                                    [--llama-server build/llamacpp/avx512/bin/llama-server]
+
+--device cuda: both servers on the GPU (kvserve --device cuda; llama-server -ngl 99 -fa on, as
+build_llamacpp.sh's cuda level builds it); scripts/device/check.sh's `peer` step runs
+--levels 1,32 so.
 """
 import argparse
 import http.client
@@ -101,13 +105,15 @@ CTX = 2048  # tokens per sequence; kvserve's pool holds 4 contexts (its default)
 
 def kvserve(args, max_seqs, extra=()):
     return benchlib.Server(args.bin, args.model, args.threads,
-                           ["--max-seqs", str(max_seqs), "--ctx-size", str(CTX), *extra])
+                           ["--max-seqs", str(max_seqs), "--ctx-size", str(CTX),
+                            "--device", args.device, *extra])
 
 
 def llama_server(args, max_seqs):
     """As many slots, and as much KV, as kvserve's pool (4 contexts)."""
+    gpu = ["-ngl", "99", "-fa", "on"] if args.device == "cuda" else []
     return benchlib.LlamaServer(args.llama_server, args.model, args.threads,
-                                ["-np", str(max_seqs), "-c", str(4 * CTX), "--poll", "0"])
+                                ["-np", str(max_seqs), "-c", str(4 * CTX), "--poll", "0", *gpu])
 
 
 def peak_rss_mib(pid):
@@ -162,6 +168,8 @@ def main():
     ap.add_argument("--llama-server", help="llama-server binary: the same load on it, and its "
                     "peak RSS, beside kvserve's")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak RSS table")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="kvserve's --device; cuda also puts llama-server on the GPU")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
@@ -182,8 +190,8 @@ def main():
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("agg", "ttft", "itl")}
            for k, v in rows.items()}
     base = med["kvserve", levels[0]]["agg"]
-    print(f"\nkvserve serve, {args.threads} threads, {args.tokens} tokens per stream, "
-          f"median of {args.reps}\n")
+    print(f"\nkvserve serve --device {args.device}, {args.threads} threads, {args.tokens} tokens "
+          f"per stream, median of {args.reps}\n")
     print("| streams | aggregate decode tok/s | vs 1 stream | median TTFT ms | median ITL ms |")
     print("|---:|---:|---:|---:|---:|")
     for c in levels:

@@ -5,6 +5,8 @@ Its logits are not the model's, but it loads, tokenizes and serves like it, and 
 are bit for bit the model's (cuda_forward_test compares only the first 4).
 
   python3 scripts/device/truncate_gguf.py MODEL.gguf OUT.gguf N
+
+N = vocab: the metadata alone, no tensors (the tokenizer that make_bench_model.py copies).
 """
 import sys
 
@@ -14,7 +16,8 @@ import gguf
 def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
-    src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    src, dst = sys.argv[1], sys.argv[2]
+    n = -1 if sys.argv[3] == "vocab" else int(sys.argv[3])
     r = gguf.GGUFReader(src)
     arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
     w = gguf.GGUFWriter(dst, arch)
@@ -24,10 +27,10 @@ def main():
             continue
         t = f.types[0]
         sub = f.types[-1] if t == gguf.GGUFValueType.ARRAY else None
-        value = n if f.name == count_key else f.contents()
+        value = max(n, 0) if f.name == count_key else f.contents()
         w.add_key_value(f.name, value, t, sub_type=sub)
     keep = [t for t in r.tensors
-            if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < n]
+            if n >= 0 and (not t.name.startswith("blk.") or int(t.name.split(".")[1]) < n)]
     for t in keep:
         w.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     w.write_header_to_file()

@@ -106,7 +106,10 @@ def matrix(rng, qtype, n_out, n_in, std):
     return np.asarray(quantize(w, qtype))
 
 
-def copy_tokenizer(w, reader):
+def copy_tokenizer(w, reader, pad_to=0):
+    """Copies reader's tokenizer.ggml.* keys into w; returns the vocabulary's size. pad_to: a
+    larger vocabulary, the tokens past the reader's named <|unused_ID|> with type UNUSED (5):
+    never produced by the merges and not special, so text tokenizes as with the reader's."""
     n_vocab = 0
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer.ggml."):
@@ -114,9 +117,15 @@ def copy_tokenizer(w, reader):
         vtype = field.types[0]
         val = field.contents()
         if vtype == GGUFValueType.ARRAY:
-            w.add_key_value(key, val, vtype, sub_type=field.types[-1])
+            n = len(val)
             if key == "tokenizer.ggml.tokens":
+                val = val + [f"<|unused_{i}|>" for i in range(n, pad_to)]
                 n_vocab = len(val)
+            elif key == "tokenizer.ggml.token_type":
+                val = val + [5] * (pad_to - n)
+            elif key == "tokenizer.ggml.scores":
+                val = val + [0.0] * (pad_to - n)
+            w.add_key_value(key, val, vtype, sub_type=field.types[-1])
         else:
             w.add_key_value(key, val, vtype)
     return n_vocab
