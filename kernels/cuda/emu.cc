@@ -78,10 +78,11 @@ struct fiber {
 };
 
 struct warp_slots {
-    uint64_t v[2][32]; /* exchange rows: a shuffle's phase picks one (see exchange) */
-    unsigned n[2][32]; /* the phase each lane deposited at: who took part */
-    int alive;         /* lanes that have not exited */
-    int waiting;       /* lanes at the warp barrier */
+    uint64_t v[2][32];               /* exchange rows: a shuffle's phase picks one (see exchange) */
+    unsigned n[2][32];               /* the phase each lane deposited at: who took part */
+    uint32_t g[2][32][GATHER_WORDS]; /* warp_gather's rows, by phase as v */
+    int alive;                       /* lanes that have not exited */
+    int waiting;                     /* lanes at the warp barrier */
 };
 
 /* The emulator of one host thread: fibers and stacks reused from launch to launch. */
@@ -345,6 +346,25 @@ uint64_t exchange(uint64_t v, int src) {
     warp_slots &w = deposit(v, &row, &phase);
     if (src < 0 || src > 31 || w.n[row][src] != phase) return v; /* undefined on a GPU */
     return w.v[row][src];
+}
+
+const uint32_t *warp_gather(const uint32_t *words, int n) {
+    thread_state *ts = cur_thread;
+    warp_slots &w = sched().warps[(size_t)ts->warp];
+    const unsigned phase = ++ts->phase;
+    const int row = (int)(phase & 1);
+    std::memcpy(w.g[row][ts->lane], words, sizeof(uint32_t) * (size_t)n);
+    w.n[row][ts->lane] = phase;
+    sync_warp();
+    for (int l = 0; l < 32; l++)
+        if (w.n[row][l] != phase) {
+            std::fprintf(stderr,
+                         "cuda emulator: kernel %s: a warp-wide matrix instruction in warp %d "
+                         "without lane %d (every lane of the warp must execute it)\n",
+                         cur_block->kernel, ts->warp, l);
+            std::abort();
+        }
+    return &w.g[row][0][0];
 }
 
 /* The lanes that reach this point together: a warp barrier first lets lanes that leave the warp

@@ -200,6 +200,13 @@ unsigned ballot(bool pred);
 /* The warp's lanes that have not exited, after a warp barrier (see emu.cc). */
 unsigned active_mask();
 
+/* Warp-wide matrix instructions (mma.cuh): deposits the lane's n <= GATHER_WORDS 32-bit words,
+ * waits for the warp and returns the 32 lanes' deposits, lane l's at [l * GATHER_WORDS]. As on a
+ * device, every lane of the warp must take part: a warp with exited or missing lanes stops the
+ * process with the kernel's name. */
+#define GATHER_WORDS 8
+const uint32_t *warp_gather(const uint32_t *words, int n);
+
 /* Runs fn(arg) as every thread of every block; false when the configuration is invalid (the
  * launch then sets cudaErrorInvalidValue, as CUDA 13's runtime does on an H200). */
 bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg);

@@ -1,7 +1,8 @@
 /* The CUDA emulator (kernels/cuda/emu.h) against CUDA's documented semantics: barriers order
  * shared-memory writes before reads, shuffles and votes exchange among a warp's lanes (partial
  * warps too), atomics, static and dynamic shared memory per block, 3-D indices, the integer
- * and rounding intrinsics of the int8 matmuls, launch configuration errors, a deadlocked
+ * and rounding intrinsics of the int8 matmuls, the tensor-core instructions' fragment layouts
+ * (mma.cuh), launch configuration errors, a deadlocked
  * barrier, and the reference GemmEx. The same file builds
  * with nvcc (make test-gpu), where it checks the device instead; the emulator-only cases are
  * skipped there. */
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "kernels/cuda/cuda_rt.h"
+#include "kernels/cuda/mma.cuh"
 
 using namespace KV_CUDA_NS;
 
@@ -248,6 +250,125 @@ Test(cuda_emu, integer_and_rounding_intrinsics) {
     cr_expect_eq(h[16], 0x3EAAAAABu, "1/3 rounded to nearest");
 }
 
+/* ---------------------------------------------------------------- tensor-core instructions */
+
+/* One warp: A (16 x 32 s8, row-major), B stored as its transpose bt (8 x 32), C (16 x 8) = A B
+ * plus the bias c0, through registers filled as the PTX ISA's fragment tables say (written out
+ * here apart from mma.cuh's emulation, which reads them back the same way). */
+__global__ void kernel_mma_s8(const int8_t *a, const int8_t *bt, const int *c0, int *c) {
+    const int l = threadIdx.x, g = l / 4, t = l % 4;
+    uint32_t ra[4], rb[2];
+    int rc[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i % 2), col = 4 * t + 16 * (i / 2);
+        memcpy(&ra[i], a + row * 32 + col, 4);
+    }
+    for (int i = 0; i < 2; i++) memcpy(&rb[i], bt + g * 32 + 4 * t + 16 * i, 4);
+    for (int i = 0; i < 4; i++) rc[i] = c0[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    mma_s8_16x8x32(rc, ra, rb);
+    for (int i = 0; i < 4; i++) c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = rc[i];
+}
+
+Test(cuda_emu, mma_s8_fragments) {
+    int8_t a[16 * 32], bt[8 * 32];
+    int c0[16 * 8], want[16 * 8], got[16 * 8];
+    uint32_t x = 12345;
+    for (int i = 0; i < 16 * 32; i++) a[i] = (int8_t)((x = x * 1103515245u + 12345u) >> 24);
+    for (int i = 0; i < 8 * 32; i++) bt[i] = (int8_t)((x = x * 1103515245u + 12345u) >> 24);
+    a[0] = -128, bt[0] = -128; /* the extremes */
+    for (int i = 0; i < 16 * 8; i++) c0[i] = i * 1000 - 50000;
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            int s = c0[m * 8 + n];
+            for (int k = 0; k < 32; k++) s += a[m * 32 + k] * bt[n * 32 + k];
+            want[m * 8 + n] = s;
+        }
+    dbuf<int8_t> da(16 * 32), db(8 * 32);
+    dbuf<int> dc0(16 * 8), dc(16 * 8);
+    da.put(a), db.put(bt), dc0.put(c0);
+    KV_LAUNCH(kernel_mma_s8, dim3(1), dim3(32), 0, 0, da.p, db.p, dc0.p, dc.p);
+    check_launch();
+    dc.get(got);
+    for (int i = 0; i < 16 * 8; i++)
+        cr_assert_eq(got[i], want[i], "C[%d][%d]: %d, want %d", i / 8, i % 8, got[i], want[i]);
+}
+
+/* The same for f16: A 16 x 16, bt 8 x 16, C f32. */
+__global__ void kernel_mma_f16(const uint16_t *a, const uint16_t *bt, float *c) {
+    const int l = threadIdx.x, g = l / 4, t = l % 4;
+    uint32_t ra[4], rb[2];
+    float rc[4];
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+        ra[i] = a[row * 16 + col] | (uint32_t)a[row * 16 + col + 1] << 16;
+    }
+    for (int i = 0; i < 2; i++)
+        rb[i] = bt[g * 16 + 2 * t + 8 * i] | (uint32_t)bt[g * 16 + 2 * t + 8 * i + 1] << 16;
+    for (int i = 0; i < 4; i++) rc[i] = 0.5f;
+    mma_f16_16x8x16(rc, ra, rb);
+    for (int i = 0; i < 4; i++) c[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = rc[i];
+}
+
+Test(cuda_emu, mma_f16_fragments) {
+    uint16_t a[16 * 16], bt[8 * 16];
+    float got[16 * 8];
+    /* small integers and halves: every product and sum is exact in f32, whatever the order */
+    for (int i = 0; i < 16 * 16; i++) a[i] = fp32_to_fp16((float)((i * 7) % 13 - 6) * 0.5f);
+    for (int i = 0; i < 8 * 16; i++) bt[i] = fp32_to_fp16((float)((i * 5) % 11 - 5));
+    dbuf<uint16_t> da(16 * 16), db(8 * 16);
+    dbuf<float> dc(16 * 8);
+    da.put(a), db.put(bt);
+    KV_LAUNCH(kernel_mma_f16, dim3(1), dim3(32), 0, 0, da.p, db.p, dc.p);
+    check_launch();
+    dc.get(got);
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            float s = 0.5f;
+            for (int k = 0; k < 16; k++)
+                s += fp16_to_fp32(a[m * 16 + k]) * fp16_to_fp32(bt[n * 16 + k]);
+            cr_assert_eq(got[m * 8 + n], s, "C[%d][%d]: %g, want %g", m, n, got[m * 8 + n], s);
+        }
+}
+
+/* ldmatrix: four 8 x 8 matrices of a 16 x 16 tile (element [r][c] = 256 r + c) in shared memory,
+ * lanes 8i..8i+7 pointing at matrix i's rows (matrix i: rows 8 (i % 2), columns 8 (i / 2)). */
+__global__ void kernel_ldmatrix(uint32_t *out, int trans) {
+    __shared__ uint4 words[32]; /* 16-byte rows */
+    uint16_t(*tile)[16] = reinterpret_cast<uint16_t(*)[16]>(words);
+    const int l = threadIdx.x;
+    for (int i = l; i < 256; i += 32) tile[i / 16][i % 16] = (uint16_t)(256 * (i / 16) + i % 16);
+    __syncwarp();
+    const int m = l / 8, r = l % 8;
+    const uint16_t *row = &tile[8 * (m % 2) + r][8 * (m / 2)];
+    uint32_t v[4];
+    if (trans)
+        ldmatrix_x4_trans(v, row);
+    else
+        ldmatrix_x4(v, row);
+    for (int i = 0; i < 4; i++) out[l * 4 + i] = v[i];
+}
+
+Test(cuda_emu, ldmatrix_fragments) {
+    dbuf<uint32_t> d(32 * 4);
+    uint32_t got[32 * 4];
+    for (int trans = 0; trans < 2; trans++) {
+        KV_LAUNCH(kernel_ldmatrix, dim3(1), dim3(32), 0, 0, d.p, trans);
+        check_launch();
+        d.get(got);
+        for (int l = 0; l < 32; l++)
+            for (int i = 0; i < 4; i++) {
+                const int g = l / 4, t = l % 4, r0 = 8 * (i % 2), c0 = 8 * (i / 2);
+                uint32_t lo, hi; /* matrix i's [g][2t], [g][2t+1], or transposed */
+                if (trans)
+                    lo = 256 * (r0 + 2 * t) + c0 + g, hi = 256 * (r0 + 2 * t + 1) + c0 + g;
+                else
+                    lo = 256 * (r0 + g) + c0 + 2 * t, hi = lo + 1;
+                cr_assert_eq(got[l * 4 + i], lo | hi << 16, "trans %d lane %d reg %d: %08x", trans,
+                             l, i, got[l * 4 + i]);
+            }
+    }
+}
+
 /* ---------------------------------------------------------------- errors */
 
 __global__ void kernel_nop(int *p) {
@@ -282,6 +403,20 @@ __global__ void kernel_deadlock(int *p) {
 Test(cuda_emu, deadlock_is_reported, .signal = SIGABRT) {
     dbuf<int> d(64);
     KV_LAUNCH(kernel_deadlock, dim3(1), dim3(64), 0, 0, d.p);
+}
+
+/* A matrix instruction in a warp whose last lanes exited: undefined on a GPU, an abort here. */
+__global__ void kernel_mma_partial(int *p) {
+    if (threadIdx.x >= 24) return;
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    int c[4] = {0, 0, 0, 0};
+    mma_s8_16x8x32(c, a, b);
+    p[threadIdx.x] = c[0];
+}
+
+Test(cuda_emu, mma_without_the_whole_warp_is_reported, .signal = SIGABRT) {
+    dbuf<int> d(32);
+    KV_LAUNCH(kernel_mma_partial, dim3(1), dim3(32), 0, 0, d.p);
 }
 
 Test(cuda_emu, allocations_are_counted) {
