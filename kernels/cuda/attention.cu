@@ -9,9 +9,14 @@
  * (flash-decoding) whose partial states kernel_attn_merge combines. Prefill rows are causal by
  * slot, like the CPU's.
  *
+ * kernel_attention_tc: sequences of ATTN_TC_MIN_ROWS rows or more (prefill), on tensor cores in
+ * f16 with f32 accumulation, a block per (sequence, KV head, 64 rows of the head's group); its
+ * section below says how and how far from f32 it may be.
+ *
  * KV writes convert f32 rows to f16 with round to nearest even, as the CPU does: the pool holds
  * the same bits whichever backend wrote it. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace KV_CUDA_NS {
 
@@ -133,13 +138,281 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] * inv;
 }
 
+/* ---------------------------------------------------------------- tensor-core prefill */
+
+/* kernel_attention_tc: a block per (sequence, KV head, tile of FA_ROWS stacked rows), in the
+ * manner of FlashAttention-2 (Dao 2023, algorithm 1: the query tile held by its warps, key tiles
+ * streamed through shared memory, an online softmax per row, the output normalized once at the
+ * end). Stacked row i of a KV head's group is query row i / G of head kvh * G + i % G (G =
+ * n_head / n_kv_head), so the G heads that share the KV head share each staged K/V tile: the
+ * pool is read once per group and tile, not once per head.
+ *
+ * Warp w holds stacked rows 16w..16w+15 of the tile: Q as mma A fragments (f16, the scale and
+ * log2(e) folded in, so the softmax runs on exp2f), S = Q K^T by mma_f16_16x8x16 with f32
+ * accumulation, the causal mask by slot (key > q_slot[row]: rows need not be contiguous
+ * slots), the running max and sum per row in f32, P rounded to f16 and reused from the S
+ * accumulators as A fragments of O += P V (FlashAttention-2, section 3.3's register reuse).
+ * K tiles are staged as the pool holds them ([dim][key]) and read with ldmatrix.trans as
+ * column-major B fragments; V tiles as [key][dim], read with ldmatrix.trans too. Rows of padded
+ * shared memory (8 halves) put ldmatrix's eight row addresses in distinct bank groups.
+ *
+ * Error against f32 attention (the CPU's), per output: Q's f16 rounding moves a score by at most
+ * 2^-11 scale sum_i |q_i k_i|, hence each softmax weight by a factor within e^(+-2 ds) and the
+ * output by (e^(2 ds) - 1) max|v|; P's rounding adds 2^-11 max|v| (the row sums are taken from
+ * the f32 P). cuda_test checks this bound. */
+
+#define FA_WARPS 4
+#define FA_ROWS (FA_WARPS * 16) /* stacked rows per block */
+#define FA_PAD 8                /* halves of padding per shared row */
+
+template <int HD> struct fa_tile {
+    static constexpr int KEYS = 64;     /* keys per staged tile: 35 KiB of shared at HD 128 */
+    static constexpr int KS = HD / 16;  /* k-steps of Q K^T */
+    static constexpr int ND = HD / 8;   /* n-tiles of O */
+    static constexpr int NK = KEYS / 8; /* n-tiles of S */
+};
+
+/* The block's sequence: the last descriptor whose first block is <= b. */
+__device__ __forceinline__ int find_tc_seq(const attn_desc *d, int n, int b) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (d[mid].tblock0 <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    return (uint32_t)f2h(lo) | (uint32_t)f2h(hi) << 16;
+}
+
+/* Keys [kb, kb + KEYS) of KV head kvh into sk ([HD][KEYS + pad], as the pool's K regions) and
+ * sv ([KEYS][HD + pad]), 8 halves (16 bytes) per load: block_tokens is a multiple of 16, so an
+ * 8-key group never straddles two pool blocks. Groups at or past kend are zeros (the table ends
+ * there), and V rows past kend too: a masked key's weight is 0, and 0 times a stale V must not
+ * be a NaN. */
+template <int HD>
+__device__ __forceinline__ void fa_stage(uint16_t (*sk)[fa_tile<HD>::KEYS + FA_PAD],
+                                         uint16_t (*sv)[HD + FA_PAD], const uint8_t *pool,
+                                         const kv_layout &l, int layer, int kvh,
+                                         const int32_t *table, int kb, int kend) {
+    constexpr int KEYS = fa_tile<HD>::KEYS;
+    const int bt = l.block_tokens;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < HD * (KEYS / 8); i += FA_WARPS * 32) {
+        const int dim = i / (KEYS / 8), c = 8 * (i % (KEYS / 8)), slot = kb + c;
+        uint4 v = zero;
+        if (slot < kend)
+            v = *reinterpret_cast<const uint4 *>(region(pool, l, layer, 0, kvh, table, slot) +
+                                                 (size_t)dim * bt + slot % bt);
+        *reinterpret_cast<uint4 *>(&sk[dim][c]) = v;
+    }
+    for (int i = threadIdx.x; i < KEYS * (HD / 8); i += FA_WARPS * 32) {
+        const int key = i / (HD / 8), c = 8 * (i % (HD / 8)), slot = kb + key;
+        uint4 v = zero;
+        if (slot < kend)
+            v = *reinterpret_cast<const uint4 *>(region(pool, l, layer, 1, kvh, table, slot) +
+                                                 (size_t)(slot % bt) * HD + c);
+        *reinterpret_cast<uint4 *>(&sv[key][c]) = v;
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FA_WARPS * 32)
+    kernel_attention_tc(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l,
+                        int layer, int n_head, float qscale) {
+    typedef fa_tile<HD> T;
+    __align__(16) __shared__ uint16_t sk[HD][T::KEYS + FA_PAD];
+    __align__(16) __shared__ uint16_t sv[T::KEYS][HD + FA_PAD];
+    __shared__ int s_kend[FA_WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
+    const attn_desc &d = desc[find_tc_seq(desc, n_seqs, blockIdx.x)];
+    const int grp = n_head / l.n_kv_head, b = blockIdx.x - d.tblock0;
+    const int kvh = b % l.n_kv_head, row0 = (b / l.n_kv_head) * FA_ROWS + 16 * w;
+
+    /* This lane's two rows (g and g + 8 of the warp's 16): their output rows and slots. */
+    const float *q[2];
+    float *o_row[2];
+    int slot[2];
+    for (int i = 0; i < 2; i++) {
+        const int si = row0 + g + 8 * i, r = si / grp, h = kvh * grp + si % grp;
+        const bool valid = si < d.n_q * grp;
+        q[i] = valid ? d.q + ((size_t)r * n_head + h) * HD : nullptr;
+        o_row[i] = valid ? d.out + ((size_t)r * n_head + h) * HD : nullptr;
+        slot[i] = valid ? d.q_slot[r] : -1; /* -1: a padding row, every key masked */
+    }
+
+    /* Q once, as A fragments: a[0] row g dims 2t, 2t+1; a[1] row g + 8; a[2], a[3] dims + 8. */
+    uint32_t qa[T::KS][4];
+    KV_UNROLL
+    for (int ks = 0; ks < T::KS; ks++) {
+        KV_UNROLL
+        for (int j = 0; j < 4; j++) {
+            const float *src = q[j % 2];
+            const int dim = 16 * ks + 8 * (j / 2) + 2 * t;
+            qa[ks][j] = src ? pack_h2(src[dim] * qscale, src[dim + 1] * qscale) : 0u;
+        }
+    }
+
+    /* The keys the block needs: up to its largest slot (the warps' maxima through shared). */
+    int wend = slot[0] > slot[1] ? slot[0] : slot[1];
+    for (int x = 1; x < 32; x <<= 1) {
+        const int other = __shfl_xor_sync(0xffffffffu, wend, x);
+        wend = other > wend ? other : wend;
+    }
+    wend += 1;
+    if (lane == 0) s_kend[w] = wend;
+    __syncthreads();
+    int kend = 0;
+    for (int i = 0; i < FA_WARPS; i++) kend = s_kend[i] > kend ? s_kend[i] : kend;
+
+    float o[T::ND][4], m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    KV_UNROLL
+    for (int i = 0; i < T::ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    const int mi = lane / 8, mr = lane % 8; /* the ldmatrix row address this lane gives */
+    for (int kb = 0; kb < kend; kb += T::KEYS) {
+        __syncthreads(); /* the previous tile is read */
+        fa_stage<HD>(sk, sv, pool, l, layer, kvh, d.table, kb, kend);
+        __syncthreads();
+        if (kb >= wend) continue; /* warp-uniform: none of this warp's rows reach these keys */
+
+        float s[T::NK][4];
+        KV_UNROLL
+        for (int i = 0; i < T::NK; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        KV_UNROLL
+        for (int ks = 0; ks < T::KS; ks++) {
+            KV_UNROLL
+            for (int nt = 0; nt < T::NK; nt += 2) {
+                /* matrices: dims 16ks + 0-7 / 8-15 of keys 8nt.., then of keys 8(nt + 1).. */
+                uint32_t kf[4];
+                ldmatrix_x4_trans(kf, &sk[16 * ks + 8 * (mi % 2) + mr][8 * nt + 8 * (mi / 2)]);
+                mma_f16_16x8x16(s[nt], qa[ks], kf);
+                mma_f16_16x8x16(s[nt + 1], qa[ks], kf + 2);
+            }
+        }
+
+        /* mask, then the online softmax of rows g (e = 0, 1) and g + 8 (e = 2, 3) */
+        float mx[2] = {-INFINITY, -INFINITY};
+        KV_UNROLL
+        for (int nt = 0; nt < T::NK; nt++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + 8 * nt + 2 * t + e % 2;
+                if (key > slot[e / 2]) s[nt][e] = -INFINITY;
+                mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+            }
+        }
+        float corr[2], mu[2];
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);
+            mu[i] = m_new == -INFINITY ? 0.0f : m_new; /* no key yet: every p is 0 */
+            corr[i] = exp2f(m[i] - mu[i]);
+            m[i] = m_new;
+            sum[i] *= corr[i];
+        }
+        KV_UNROLL
+        for (int nt = 0; nt < T::NK; nt++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] = exp2f(s[nt][e] - mu[e / 2]);
+                sum[e / 2] += s[nt][e]; /* this lane's part; the group's lanes add up at the end */
+            }
+        }
+        KV_UNROLL
+        for (int i = 0; i < T::ND; i++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) o[i][e] *= corr[e / 2];
+        }
+
+        /* O += P V: P's A fragment of keys 16kk.. is S's n-tiles 2kk and 2kk + 1 */
+        KV_UNROLL
+        for (int kk = 0; kk < T::KEYS / 16; kk++) {
+            const uint32_t pa[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]),
+                                    pack_h2(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            KV_UNROLL
+            for (int nd = 0; nd < T::ND; nd += 2) {
+                /* matrices: keys 16kk + 0-7 / 8-15 of dims 8nd.., then of dims 8(nd + 1).. */
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, &sv[16 * kk + 8 * (mi % 2) + mr][8 * nd + 8 * (mi / 2)]);
+                mma_f16_16x8x16(o[nd], pa, vf);
+                mma_f16_16x8x16(o[nd + 1], pa, vf + 2);
+            }
+        }
+    }
+
+    float inv[2];
+    for (int i = 0; i < 2; i++) {
+        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+        inv[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+    }
+    KV_UNROLL
+    for (int nd = 0; nd < T::ND; nd++)
+        for (int i = 0; i < 2; i++)
+            if (o_row[i]) {
+                float2 v;
+                v.x = o[nd][2 * i] * inv[i], v.y = o[nd][2 * i + 1] * inv[i];
+                *reinterpret_cast<float2 *>(o_row[i] + 8 * nd + 2 * t) = v;
+            }
+}
+
+bool cuda_attention_tc_fits(const kv_layout *l, int n_head) {
+    return l->head_dim % 16 == 0 && l->head_dim <= ATTN_TC_MAX_HD && l->block_tokens % 16 == 0 &&
+           n_head % l->n_kv_head == 0;
+}
+
+int cuda_attention_tc_blocks(const kv_layout *l, int n_head, int n_q) {
+    const int64_t rows = (int64_t)n_q * (n_head / l->n_kv_head);
+    return (int)((rows + FA_ROWS - 1) / FA_ROWS) * l->n_kv_head;
+}
+
+/* Every head_dim the kernel takes, each its own instantiation (register arrays sized by it): the
+ * multiples of 16 that model/llama.c accepts (up to 128, as the CPU reference). */
+static int launch_attention_tc(cudaStream_t s, const void *pool, const kv_layout *l, int layer,
+                               int n_head, float scale, const attn_desc *desc, int n_seqs,
+                               int n_blocks) {
+    const uint8_t *p = static_cast<const uint8_t *>(pool);
+    const float qscale = scale * 1.44269504088896341f; /* log2(e): the softmax on exp2f */
+    switch (l->head_dim) {
+#define FA_CASE(hd)                                                                                \
+    case hd:                                                                                       \
+        KV_LAUNCH(kernel_attention_tc<hd>, dim3(n_blocks), dim3(FA_WARPS * 32), 0, s, desc,        \
+                  n_seqs, p, *l, layer, n_head, qscale);                                           \
+        break;
+        FA_CASE(16)
+        FA_CASE(32)
+        FA_CASE(48)
+        FA_CASE(64)
+        FA_CASE(80)
+        FA_CASE(96)
+        FA_CASE(112)
+        FA_CASE(128)
+#undef FA_CASE
+    default:
+        log_error("cuda attention: no tensor-core kernel for head_dim %d", l->head_dim);
+        return -1;
+    }
+    CUDA_CHECK_LAUNCH("attention_tc");
+    return 0;
+}
+
 int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int n_head,
                    float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
-                   float *part) {
+                   int n_tblocks, float *part) {
     if (l->head_dim > ATTN_MAX_HD) {
         log_error("cuda attention: head_dim %d > %d", l->head_dim, ATTN_MAX_HD);
         return -1;
     }
+    if (n_tblocks > 0 &&
+        launch_attention_tc(s, pool, l, layer, n_head, scale, desc, n_seqs, n_tblocks))
+        return -1;
     if (n_warps == 0) return 0;
     KV_LAUNCH(kernel_attention, dim3((n_warps + ATTN_WARPS - 1) / ATTN_WARPS),
               dim3(ATTN_WARPS * 32), 0, s, desc, n_seqs, n_warps,
