@@ -21,8 +21,8 @@
  *   top-k: the same ids and values (ties to the lower id, NaN last)
  *   attention (prefill rows, GQA, out-of-order blocks, split decode keys): |d| <= 2e-5 (V rows in
  *       [-1, 1]; online softmax sums in another order); sequences of 16 rows or more, on tensor
- *       cores in f16: |d| <= max|v| (e^(2 ds) - 1 + 2^-11 + n 2^-25) + 2e-5, ds the score's
- *       error bound from Q's f16 rounding (tc_bounds) */
+ *       cores with Q and P as two f16 parts each: |d| <= max|v| (e^(2 ds) - 1 + 2^-22 + n 2^-25)
+ *       + 2e-5, ds the bound on a score's error (tc_bounds), about 1e-5 here */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -811,14 +811,14 @@ typedef struct attn_case {
 /* Sequences of this many rows go to the tensor-core kernel (ATTN_TC_MIN_ROWS, cuda.h). */
 #define TC_MIN_ROWS 16
 
-/* The tensor-core kernel's bound per output (attention.cu): with ds = the largest change Q's f16
- * rounding can make to one of the row's scores (natural log units),
- *   |d| <= max|v| (e^(2 ds) - 1 + 2^-11 + n_keys 2^-25) + 2e-5,
- * the exponential term from the softmax weights each moving by a factor within e^(+-2 ds) after
- * normalization, 2^-11 from rounding P to f16 (normal values; subnormal ones are off by at most
- * 2^-25 each against a row sum >= 1), and 2e-5 for f32 sums in another order as elsewhere. ds =
- * 2^-11 scale sum_i |q_i k_i| + ln 2 2^-25 sum_i |k_i| (q scale log2 e rounds to f16 relatively
- * within 2^-11, or absolutely within 2^-25 where subnormal), over the row's keys. k and v:
+/* The tensor-core kernel's bound per output (attention.cu, "Precision"): Q and P enter the mma as
+ * two f16 parts each, within 2^-22 |x| + 2^-25 of f32; K and V are exact. With ds the most a
+ * row's score can move (natural log units),
+ *   |d| <= max|v| (e^(2 ds) - 1 + 2^-22 + n_keys 2^-25) + 2e-5,
+ * the exponential term from each softmax weight moving by a factor within e^(+-2 ds) after
+ * normalization, the next two from P's parts against a row sum >= 1, and 2e-5 for f32 sums in
+ * another order as elsewhere. ds = (2^-22 + (hd + 2) 2^-24) scale sum_i |q_i k_i| + ln 2 2^-25
+ * sum_i |k_i|: Q's parts, the f32 products and sums of hd terms, over the row's keys. k and v:
  * [n_kv][n_kv_head][head_dim] f32 as the pool holds them. */
 static void tc_bounds(const attn_case *c, const float *q, const int32_t *q_slot, int n_q,
                       const float *k, const float *v, float scale, double *bound) {
@@ -836,9 +836,10 @@ static void tc_bounds(const attn_case *c, const float *q, const int32_t *q_slot,
                     ka += fabs((double)kj[i]);
                     vmax = fmax(vmax, fabs((double)vj[i]));
                 }
-                ds = fmax(ds, ldexp(scale * qk, -11) + log(2.0) * ldexp(ka, -25));
+                ds = fmax(ds, (ldexp(1, -22) + ldexp(hd + 2, -24)) * scale * qk +
+                                  log(2.0) * ldexp(ka, -25));
             }
-            double b = vmax * (expm1(2 * ds) + ldexp(1, -11) + ldexp(q_slot[r] + 1, -25)) + 2e-5;
+            double b = vmax * (expm1(2 * ds) + ldexp(1, -22) + ldexp(q_slot[r] + 1, -25)) + 2e-5;
             for (int i = 0; i < hd; i++) bound[((size_t)r * c->n_head + h) * hd + i] = b;
         }
 }
