@@ -230,75 +230,44 @@ __device__ __forceinline__ void fa_stage(uint16_t (*sk)[fa_tile<HD>::KEYS + FA_P
     }
 }
 
-template <int HD>
-__global__ void __launch_bounds__(FA_WARPS * 32)
-    kernel_attention_tc(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l,
-                        int layer, int n_head, float qscale) {
+/* One warp's 16 stacked rows: this lane's share of the rows g and g + 8 (C fragments: e = 0, 1
+ * row g; e = 2, 3 row g + 8), their Q fragments, running maxima and sums (log2 units), and O. */
+template <int HD> struct fa_rows {
     typedef fa_tile<HD> T;
-    __align__(16) __shared__ uint16_t sk[HD][T::KEYS + FA_PAD];
-    __align__(16) __shared__ uint16_t sv[T::KEYS][HD + FA_PAD];
-    __shared__ int s_kend[FA_WARPS];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
-    const attn_desc &d = desc[find_tc_seq(desc, n_seqs, blockIdx.x)];
-    const int grp = n_head / l.n_kv_head, b = blockIdx.x - d.tblock0;
-    const int kvh = b % l.n_kv_head, row0 = (b / l.n_kv_head) * FA_ROWS + 16 * w;
+    uint32_t qhi[T::KS][4], qlo[T::KS][4]; /* A fragments, hi and lo parts */
+    float o[T::ND][4];
+    float m[2], sum[2]; /* sum: this lane's part; the group's 4 lanes add up at the end */
+    int slot[2];        /* the rows' q_slot; -1: a padding row, every key masked */
 
-    /* This lane's two rows (g and g + 8 of the warp's 16): their output rows and slots. */
-    const float *q[2];
-    float *o_row[2];
-    int slot[2];
-    for (int i = 0; i < 2; i++) {
-        const int si = row0 + g + 8 * i, r = si / grp, h = kvh * grp + si % grp;
-        const bool valid = si < d.n_q * grp;
-        q[i] = valid ? d.q + ((size_t)r * n_head + h) * HD : nullptr;
-        o_row[i] = valid ? d.out + ((size_t)r * n_head + h) * HD : nullptr;
-        slot[i] = valid ? d.q_slot[r] : -1; /* -1: a padding row, every key masked */
-    }
-
-    /* Q once, as A fragments (a[0] row g dims 2t, 2t+1; a[1] row g + 8; a[2], a[3] dims + 8),
-     * hi and lo parts. */
-    uint32_t qhi[T::KS][4], qlo[T::KS][4];
-    KV_UNROLL
-    for (int ks = 0; ks < T::KS; ks++) {
+    /* Q once, scaled: a[0] row g dims 2t, 2t+1; a[1] row g + 8; a[2], a[3] dims + 8. */
+    __device__ __forceinline__ void load_q(const float *const q[2], float qscale, int t) {
         KV_UNROLL
-        for (int j = 0; j < 4; j++) {
-            const float *src = q[j % 2];
-            const int dim = 16 * ks + 8 * (j / 2) + 2 * t;
-            split_h2(src ? src[dim] * qscale : 0.0f, src ? src[dim + 1] * qscale : 0.0f, qhi[ks][j],
-                     qlo[ks][j]);
+        for (int ks = 0; ks < T::KS; ks++) {
+            KV_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const float *src = q[j % 2];
+                const int dim = 16 * ks + 8 * (j / 2) + 2 * t;
+                split_h2(src ? src[dim] * qscale : 0.0f, src ? src[dim + 1] * qscale : 0.0f,
+                         qhi[ks][j], qlo[ks][j]);
+            }
         }
+        KV_UNROLL
+        for (int i = 0; i < T::ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        sum[0] = sum[1] = 0.0f;
     }
 
-    /* The keys the block needs: up to its largest slot (the warps' maxima through shared). */
-    int wend = slot[0] > slot[1] ? slot[0] : slot[1];
-    for (int x = 1; x < 32; x <<= 1) {
-        const int other = __shfl_xor_sync(0xffffffffu, wend, x);
-        wend = other > wend ? other : wend;
-    }
-    wend += 1;
-    if (lane == 0) s_kend[w] = wend;
-    __syncthreads();
-    int kend = 0;
-    for (int i = 0; i < FA_WARPS; i++) kend = s_kend[i] > kend ? s_kend[i] : kend;
-
-    float o[T::ND][4], m[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-    KV_UNROLL
-    for (int i = 0; i < T::ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    const int mi = lane / 8, mr = lane % 8; /* the ldmatrix row address this lane gives */
-    for (int kb = 0; kb < kend; kb += T::KEYS) {
-        __syncthreads(); /* the previous tile is read */
-        fa_stage<HD>(sk, sv, pool, l, layer, kvh, d.table, kb, kend);
-        __syncthreads();
-        if (kb >= wend) continue; /* warp-uniform: none of this warp's rows reach these keys */
-
-        float s[T::NK][4];
+    /* S = Q K^T over the staged keys; ldmatrix.trans's matrices: dims 16ks + 0-7 / 8-15 of keys
+     * 8nt.., then of keys 8(nt + 1).. */
+    __device__ __forceinline__ void scores(const uint16_t (*sk)[T::KEYS + FA_PAD], int lane,
+                                           float s[T::NK][4]) const {
+        const int mi = lane / 8, mr = lane % 8; /* the row address this lane gives */
         KV_UNROLL
         for (int i = 0; i < T::NK; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
         KV_UNROLL
         for (int ks = 0; ks < T::KS; ks++) {
             KV_UNROLL
             for (int nt = 0; nt < T::NK; nt += 2) {
-                /* matrices: dims 16ks + 0-7 / 8-15 of keys 8nt.., then of keys 8(nt + 1).. */
                 uint32_t kf[4];
                 ldmatrix_x4_trans(kf, &sk[16 * ks + 8 * (mi % 2) + mr][8 * nt + 8 * (mi / 2)]);
                 mma_f16_16x8x16(s[nt], qlo[ks], kf);
@@ -307,8 +276,11 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
                 mma_f16_16x8x16(s[nt + 1], qhi[ks], kf + 2);
             }
         }
+    }
 
-        /* mask, then the online softmax of rows g (e = 0, 1) and g + 8 (e = 2, 3) */
+    /* The causal mask by slot, then the online softmax: S becomes P (against the new maxima),
+     * the sums and O rescaled as the maxima grow. */
+    __device__ __forceinline__ void softmax(float s[T::NK][4], int kb, int t) {
         float mx[2] = {-INFINITY, -INFINITY};
         KV_UNROLL
         for (int nt = 0; nt < T::NK; nt++) {
@@ -334,7 +306,7 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
             KV_UNROLL
             for (int e = 0; e < 4; e++) {
                 s[nt][e] = exp2f(s[nt][e] - mu[e / 2]);
-                sum[e / 2] += s[nt][e]; /* this lane's part; the group's lanes add up at the end */
+                sum[e / 2] += s[nt][e];
             }
         }
         KV_UNROLL
@@ -342,9 +314,14 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
             KV_UNROLL
             for (int e = 0; e < 4; e++) o[i][e] *= corr[e / 2];
         }
+    }
 
-        /* O += P V: P's A fragment of keys 16kk.. is S's n-tiles 2kk and 2kk + 1 (a[0], a[1]: rows
-         * g and g + 8 of n-tile 2kk; a[2], a[3]: of 2kk + 1) */
+    /* O += P V. P's A fragment of keys 16kk.. is S's n-tiles 2kk and 2kk + 1 (a[0], a[1]: rows g
+     * and g + 8 of n-tile 2kk; a[2], a[3]: of 2kk + 1); ldmatrix.trans's matrices: keys 16kk +
+     * 0-7 / 8-15 of dims 8nd.., then of dims 8(nd + 1).. */
+    __device__ __forceinline__ void accumulate(const uint16_t (*sv)[HD + FA_PAD], int lane,
+                                               const float s[T::NK][4]) {
+        const int mi = lane / 8, mr = lane % 8;
         KV_UNROLL
         for (int kk = 0; kk < T::KEYS / 16; kk++) {
             uint32_t phi[4], plo[4];
@@ -355,7 +332,6 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
             }
             KV_UNROLL
             for (int nd = 0; nd < T::ND; nd += 2) {
-                /* matrices: keys 16kk + 0-7 / 8-15 of dims 8nd.., then of dims 8(nd + 1).. */
                 uint32_t vf[4];
                 ldmatrix_x4_trans(vf, &sv[16 * kk + 8 * (mi % 2) + mr][8 * nd + 8 * (mi / 2)]);
                 mma_f16_16x8x16(o[nd], plo, vf);
@@ -366,20 +342,75 @@ __global__ void __launch_bounds__(FA_WARPS * 32)
         }
     }
 
-    float inv[2];
-    for (int i = 0; i < 2; i++) {
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
-        sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
-        inv[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+    /* O / sum into the rows' outputs (padding rows: none). */
+    __device__ __forceinline__ void store(float *const out[2], int t) {
+        float inv[2];
+        for (int i = 0; i < 2; i++) {
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+            inv[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+        }
+        KV_UNROLL
+        for (int nd = 0; nd < T::ND; nd++)
+            for (int i = 0; i < 2; i++)
+                if (out[i]) {
+                    float2 v;
+                    v.x = o[nd][2 * i] * inv[i], v.y = o[nd][2 * i + 1] * inv[i];
+                    *reinterpret_cast<float2 *>(out[i] + 8 * nd + 2 * t) = v;
+                }
     }
-    KV_UNROLL
-    for (int nd = 0; nd < T::ND; nd++)
-        for (int i = 0; i < 2; i++)
-            if (o_row[i]) {
-                float2 v;
-                v.x = o[nd][2 * i] * inv[i], v.y = o[nd][2 * i + 1] * inv[i];
-                *reinterpret_cast<float2 *>(o_row[i] + 8 * nd + 2 * t) = v;
-            }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(FA_WARPS * 32)
+    kernel_attention_tc(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l,
+                        int layer, int n_head, float qscale) {
+    typedef fa_tile<HD> T;
+    __align__(16) __shared__ uint16_t sk[HD][T::KEYS + FA_PAD];
+    __align__(16) __shared__ uint16_t sv[T::KEYS][HD + FA_PAD];
+    __shared__ int s_kend[FA_WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
+    const attn_desc &d = desc[find_tc_seq(desc, n_seqs, blockIdx.x)];
+    const int grp = n_head / l.n_kv_head, b = blockIdx.x - d.tblock0;
+    const int kvh = b % l.n_kv_head, row0 = (b / l.n_kv_head) * FA_ROWS + 16 * w;
+
+    /* This lane's two rows (g and g + 8 of the warp's 16): stacked row si is query row si / grp
+     * of head kvh * grp + si % grp. */
+    fa_rows<HD> rows;
+    const float *q[2];
+    float *out[2];
+    for (int i = 0; i < 2; i++) {
+        const int si = row0 + g + 8 * i, r = si / grp, h = kvh * grp + si % grp;
+        const bool valid = si < d.n_q * grp;
+        q[i] = valid ? d.q + ((size_t)r * n_head + h) * HD : nullptr;
+        out[i] = valid ? d.out + ((size_t)r * n_head + h) * HD : nullptr;
+        rows.slot[i] = valid ? d.q_slot[r] : -1;
+    }
+    rows.load_q(q, qscale, t);
+
+    /* The keys the block needs: up to its largest slot (the warps' maxima through shared). */
+    int wend = rows.slot[0] > rows.slot[1] ? rows.slot[0] : rows.slot[1];
+    for (int x = 1; x < 32; x <<= 1) {
+        const int other = __shfl_xor_sync(0xffffffffu, wend, x);
+        wend = other > wend ? other : wend;
+    }
+    wend += 1;
+    if (lane == 0) s_kend[w] = wend;
+    __syncthreads();
+    int kend = 0;
+    for (int i = 0; i < FA_WARPS; i++) kend = s_kend[i] > kend ? s_kend[i] : kend;
+
+    for (int kb = 0; kb < kend; kb += T::KEYS) {
+        __syncthreads(); /* the previous tile is read */
+        fa_stage<HD>(sk, sv, pool, l, layer, kvh, d.table, kb, kend);
+        __syncthreads();
+        if (kb >= wend) continue; /* warp-uniform: none of this warp's rows reach these keys */
+        float s[T::NK][4];
+        rows.scores(sk, lane, s);
+        rows.softmax(s, kb, t);
+        rows.accumulate(sv, lane, s);
+    }
+    rows.store(out, t);
 }
 
 bool cuda_attention_tc_fits(const kv_layout *l, int n_head) {
