@@ -5,9 +5,10 @@
  * keys of one dim: coalesced), an online softmax over the tiles (running max and sum, the partial
  * output rescaled as the max grows, as FlashAttention, Dao et al. 2022, section 3.1), and the
  * weighted V rows accumulated with lanes over the head's dims. GQA: head h reads kv head
- * h / (n_head / n_kv_head). Decode rows over long histories split their keys into ranges
- * (flash-decoding) whose partial states kernel_attn_merge combines. Prefill rows are causal by
- * slot, like the CPU's.
+ * h / (n_head / n_kv_head), and the warps of one block are heads of one KV group that share
+ * each K/V tile through shared memory (read once per group, not once per head). Decode rows over
+ * long histories split their keys into ranges (flash-decoding) whose partial states
+ * kernel_attn_merge combines. Prefill rows are causal by slot, like the CPU's.
  *
  * kernel_attention_tc: sequences of ATTN_TC_MIN_ROWS rows or more (prefill), on tensor cores in
  * f16 with f32 accumulation, a block per (sequence, KV head, 64 rows of the head's group); its
@@ -20,7 +21,8 @@
 
 namespace KV_CUDA_NS {
 
-#define ATTN_WARPS 4    /* warps per block */
+#define ATTN_WARPS 4    /* warps per block of the merge kernel */
+#define ATTN_FOLD_MAX 8 /* warps (heads of one KV group) per block of kernel_attention */
 #define ATTN_MAX_HD 256 /* head_dim <= this (model/llama.c allows up to 128) */
 #define ATTN_DPL (ATTN_MAX_HD / 32)
 
@@ -43,57 +45,77 @@ __device__ __forceinline__ int find_seq(const attn_desc *d, int n, int gw, bool 
     return lo;
 }
 
-__global__ void __launch_bounds__(ATTN_WARPS * 32)
-    kernel_attention(const attn_desc *desc, int n_seqs, int n_warps, const uint8_t *pool,
-                     kv_layout l, int layer, int n_head, float scale, float *part) {
-    __shared__ float sq[ATTN_WARPS][ATTN_MAX_HD];
-    __shared__ float sp[ATTN_WARPS][32];
+/* Dynamic shared memory of a kernel_attention block of hb warps: the staged K tile [hd][32] and
+ * V tile [32][hd] (f16), then each warp's query [hb][hd] and weights [hb][32] (f32). */
+static inline size_t attn_smem(int hd, int hb) {
+    return (size_t)2 * 32 * hd * 2 + (size_t)hb * (hd + 32) * 4;
+}
+
+/* A block of hb warps: heads h0..h0 + hb - 1 of one KV group (hb divides the group), for one
+ * (sequence, row, key range); warp gw of the call is head gw % n_head of (row, range) gw /
+ * n_head, so a block's warps are consecutive heads. The block stages each 32-key tile of its
+ * KV head once (K columns and V rows, coalesced) and every warp reads it from shared memory:
+ * the pool is read once per group rather than once per head. Each warp's arithmetic is the
+ * unfolded kernel's, in the same order. */
+__global__ void __launch_bounds__(ATTN_FOLD_MAX * 32)
+    kernel_attention(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l, int layer,
+                     int n_head, float scale, float *part) {
+    const int hd = l.head_dim, bt = l.block_tokens, hb = blockDim.x >> 5;
+    KV_DYNAMIC_SMEM(uint16_t, smem);
+    uint16_t *sk = smem, *sv = smem + 32 * hd; /* [hd][32], [32][hd] */
+    float *sq = reinterpret_cast<float *>(smem + 2 * 32 * hd), *sp = sq + hb * hd;
     const int lane = threadIdx.x & 31, wb = threadIdx.x >> 5;
-    const int gw = blockIdx.x * ATTN_WARPS + wb;
-    if (gw >= n_warps) return; /* whole warps: only warp barriers follow */
+    const int gw = blockIdx.x * hb + wb;
     const attn_desc &d = desc[find_seq(desc, n_seqs, gw, false)];
     int w = gw - d.warp0;
-    const int split = w % d.n_split;
-    w /= d.n_split;
-    const int h = w % n_head, r = w / n_head;
-    const int g = h / (n_head / l.n_kv_head), hd = l.head_dim, bt = l.block_tokens;
+    const int h = w % n_head;
+    w /= n_head;
+    const int split = w % d.n_split, r = w / d.n_split;
+    const int g = h / (n_head / l.n_kv_head);
     const int n_keys = d.q_slot[r] + 1;
     const int k0 = (int)((int64_t)n_keys * split / d.n_split);
     const int k1 = (int)((int64_t)n_keys * (split + 1) / d.n_split);
+    float *mq = sq + wb * hd, *mp = sp + wb * 32;
 
     const float *q = d.q + ((size_t)r * n_head + h) * hd;
-    for (int i = lane; i < hd; i += 32) sq[wb][i] = q[i];
-    __syncwarp();
+    for (int i = lane; i < hd; i += 32) mq[i] = q[i];
 
     float m = -INFINITY, sum = 0.0f, acc[ATTN_DPL];
     for (int i = 0; i < ATTN_DPL; i++) acc[i] = 0.0f;
     for (int kb = k0; kb < k1; kb += 32) {
-        const int key = kb + lane;
+        const int nk = k1 - kb < 32 ? k1 - kb : 32;
+        __syncthreads(); /* the previous tile is read (and the queries written) */
+        for (int e = threadIdx.x; e < 32 * hd; e += blockDim.x) {
+            const int kj = kb + e % 32, i = e / 32; /* K: neighbouring threads, neighbouring keys */
+            if (kj < k1)
+                sk[e] = region(pool, l, layer, 0, g, d.table, kj)[(size_t)i * bt + kj % bt];
+            const int vj = kb + e / hd, vi = e % hd; /* V: a key's row */
+            if (vj < k1)
+                sv[e] = region(pool, l, layer, 1, g, d.table, vj)[(size_t)(vj % bt) * hd + vi];
+        }
+        __syncthreads();
         float s = -INFINITY;
-        if (key < k1) {
-            const uint16_t *kr = region(pool, l, layer, 0, g, d.table, key) + key % bt;
+        if (lane < nk) {
             float dot = 0.0f;
-            for (int i = 0; i < hd; i++) dot += sq[wb][i] * h2f(kr[(size_t)i * bt]);
+            for (int i = 0; i < hd; i++) dot += mq[i] * h2f(sk[i * 32 + lane]);
             s = dot * scale;
         }
         const float m_new = fmaxf(m, warp_max(s)); /* finite: key kb is in range */
-        const float p = key < k1 ? expf(s - m_new) : 0.0f;
+        const float p = lane < nk ? expf(s - m_new) : 0.0f;
         const float corr = expf(m - m_new); /* 0 on the first tile */
         sum = sum * corr + warp_sum(p);
         KV_UNROLL
         for (int i = 0; i < ATTN_DPL; i++) acc[i] *= corr;
-        sp[wb][lane] = p;
+        mp[lane] = p;
         __syncwarp();
-        const int nk = k1 - kb < 32 ? k1 - kb : 32;
         for (int j = 0; j < nk; j++) {
-            const int kj = kb + j;
-            const uint16_t *vr = region(pool, l, layer, 1, g, d.table, kj) + (size_t)(kj % bt) * hd;
-            const float pj = sp[wb][j];
+            const uint16_t *vr = sv + (size_t)j * hd;
+            const float pj = mp[j];
             KV_UNROLL
             for (int i = 0; i < ATTN_DPL; i++)
                 if (lane + 32 * i < hd) acc[i] += pj * h2f(vr[lane + 32 * i]);
         }
-        __syncwarp(); /* sp is rewritten by the next tile */
+        __syncwarp(); /* mp is rewritten by the next tile */
         m = m_new;
     }
     if (d.n_split == 1) {
@@ -464,9 +486,14 @@ int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int lay
         launch_attention_tc(s, pool, l, layer, n_head, scale, desc, n_seqs, n_tblocks))
         return -1;
     if (n_warps == 0) return 0;
-    KV_LAUNCH(kernel_attention, dim3((n_warps + ATTN_WARPS - 1) / ATTN_WARPS),
-              dim3(ATTN_WARPS * 32), 0, s, desc, n_seqs, n_warps,
-              static_cast<const uint8_t *>(pool), *l, layer, n_head, scale, part);
+    /* heads per block: the most that divide the group (and so every sequence's warps) and fit
+     * the shared memory a launch gets without opting in */
+    const int grp = n_head / l->n_kv_head;
+    int hb = 1;
+    for (int k = 2; k <= ATTN_FOLD_MAX && k <= grp; k++)
+        if (grp % k == 0 && attn_smem(l->head_dim, k) <= 48 * 1024) hb = k;
+    KV_LAUNCH(kernel_attention, dim3(n_warps / hb), dim3(hb * 32), attn_smem(l->head_dim, hb), s,
+              desc, n_seqs, static_cast<const uint8_t *>(pool), *l, layer, n_head, scale, part);
     CUDA_CHECK_LAUNCH("attention");
     if (n_mwarps > 0) {
         KV_LAUNCH(kernel_attn_merge, dim3((n_mwarps + ATTN_WARPS - 1) / ATTN_WARPS),

@@ -996,6 +996,24 @@ Test(cuda, attention_tensor_cores_odd_head_dims) {
     check_attention("head_dim 96, 2/1 heads", &b);
 }
 
+Test(cuda, attention_decode_gqa_groups_share_tiles) {
+    /* the warp kernel's blocks are heads of one KV group (up to 8: 16/1 takes two blocks per
+     * group): GQA 1, 2, 4 and 16, split decode rows over 200 and 75 keys beside 5 rows not split */
+    const int heads[4][2] = {{4, 4}, {8, 4}, {8, 2}, {16, 1}};
+    for (int i = 0; i < 4; i++) {
+        attn_case c = {.n_head = heads[i][0],
+                       .n_kv_head = heads[i][1],
+                       .head_dim = 64,
+                       .n_seqs = 3,
+                       .n_kv = {200, 75, 30},
+                       .n_q = {1, 2, 5},
+                       .split = {true, true, false}};
+        char what[64];
+        snprintf(what, sizeof what, "decode, %d/%d heads", c.n_head, c.n_kv_head);
+        check_attention(what, &c);
+    }
+}
+
 Test(cuda, attention_beyond_reserved_sequences_fails) {
     pools p = pools_make(1, 1, 64, 16, 1);
     attn_seq s[5] = {{0}};
