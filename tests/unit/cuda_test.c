@@ -805,7 +805,8 @@ typedef struct attn_case {
     int n_q[3];  /* query rows: the last n_q slots, or every other slot when scattered */
     bool split[3];
     bool scattered[3];
-    float q_amp; /* queries in [-q_amp, q_amp] (0: 1); larger ones make the softmax peaky */
+    float q_amp;      /* queries in [-q_amp, q_amp] (0: 1); larger ones make the softmax peaky */
+    int block_tokens; /* the pool's block size (0: 16) */
 } attn_case;
 
 /* Sequences of this many rows go to the tensor-core kernel (ATTN_TC_MIN_ROWS, cuda.h). */
@@ -845,7 +846,7 @@ static void tc_bounds(const attn_case *c, const float *q, const int32_t *q_slot,
 }
 
 static void check_attention(const char *what, const attn_case *c) {
-    const int bt = 16;
+    const int bt = c->block_tokens > 0 ? c->block_tokens : 16;
     int n_blocks = 0;
     for (int s = 0; s < c->n_seqs; s++) n_blocks += (c->n_kv[s] + bt - 1) / bt;
     pools p = pools_make(2, c->n_kv_head, c->head_dim, bt, n_blocks + 1);
@@ -1012,6 +1013,19 @@ Test(cuda, attention_decode_gqa_groups_share_tiles) {
         snprintf(what, sizeof what, "decode, %d/%d heads", c.n_head, c.n_kv_head);
         check_attention(what, &c);
     }
+}
+
+Test(cuda, attention_blocks_of_48_slots) {
+    /* 32-key tiles that straddle pool blocks at slots 48, 96 and 144 (both kernels) */
+    attn_case c = {.n_head = 8,
+                   .n_kv_head = 2,
+                   .head_dim = 64,
+                   .n_seqs = 2,
+                   .n_kv = {100, 150},
+                   .n_q = {40, 1},
+                   .split = {false, true},
+                   .block_tokens = 48};
+    check_attention("48-slot blocks, 8/2 heads", &c);
 }
 
 Test(cuda, attention_beyond_reserved_sequences_fails) {
