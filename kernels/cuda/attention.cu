@@ -5,17 +5,24 @@
  * keys of one dim: coalesced), an online softmax over the tiles (running max and sum, the partial
  * output rescaled as the max grows, as FlashAttention, Dao et al. 2022, section 3.1), and the
  * weighted V rows accumulated with lanes over the head's dims. GQA: head h reads kv head
- * h / (n_head / n_kv_head). Decode rows over long histories split their keys into ranges
- * (flash-decoding) whose partial states kernel_attn_merge combines. Prefill rows are causal by
- * slot, like the CPU's.
+ * h / (n_head / n_kv_head), and the warps of one block are heads of one KV group that share
+ * each K/V tile through shared memory (read once per group, not once per head). Decode rows over
+ * long histories split their keys into ranges (flash-decoding) whose partial states
+ * kernel_attn_merge combines. Prefill rows are causal by slot, like the CPU's.
+ *
+ * kernel_attention_tc: sequences of ATTN_TC_MIN_ROWS rows or more (prefill), on tensor cores in
+ * f16 with f32 accumulation, a block per (sequence, KV head, 64 rows of the head's group); its
+ * section below says how and how far from f32 it may be.
  *
  * KV writes convert f32 rows to f16 with round to nearest even, as the CPU does: the pool holds
  * the same bits whichever backend wrote it. */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace KV_CUDA_NS {
 
-#define ATTN_WARPS 4    /* warps per block */
+#define ATTN_WARPS 4    /* warps per block of the merge kernel */
+#define ATTN_FOLD_MAX 8 /* warps (heads of one KV group) per block of kernel_attention */
 #define ATTN_MAX_HD 256 /* head_dim <= this (model/llama.c allows up to 128) */
 #define ATTN_DPL (ATTN_MAX_HD / 32)
 
@@ -38,57 +45,77 @@ __device__ __forceinline__ int find_seq(const attn_desc *d, int n, int gw, bool 
     return lo;
 }
 
-__global__ void __launch_bounds__(ATTN_WARPS * 32)
-    kernel_attention(const attn_desc *desc, int n_seqs, int n_warps, const uint8_t *pool,
-                     kv_layout l, int layer, int n_head, float scale, float *part) {
-    __shared__ float sq[ATTN_WARPS][ATTN_MAX_HD];
-    __shared__ float sp[ATTN_WARPS][32];
+/* Dynamic shared memory of a kernel_attention block of hb warps: the staged K tile [hd][32] and
+ * V tile [32][hd] (f16), then each warp's query [hb][hd] and weights [hb][32] (f32). */
+static inline size_t attn_smem(int hd, int hb) {
+    return (size_t)2 * 32 * hd * 2 + (size_t)hb * (hd + 32) * 4;
+}
+
+/* A block of hb warps: heads h0..h0 + hb - 1 of one KV group (hb divides the group), for one
+ * (sequence, row, key range); warp gw of the call is head gw % n_head of (row, range) gw /
+ * n_head, so a block's warps are consecutive heads. The block stages each 32-key tile of its
+ * KV head once (K columns and V rows, coalesced) and every warp reads it from shared memory:
+ * the pool is read once per group rather than once per head. Each warp's arithmetic is the
+ * unfolded kernel's, in the same order. */
+__global__ void __launch_bounds__(ATTN_FOLD_MAX * 32)
+    kernel_attention(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l, int layer,
+                     int n_head, float scale, float *part) {
+    const int hd = l.head_dim, bt = l.block_tokens, hb = blockDim.x >> 5;
+    KV_DYNAMIC_SMEM(uint16_t, smem);
+    uint16_t *sk = smem, *sv = smem + 32 * hd; /* [hd][32], [32][hd] */
+    float *sq = reinterpret_cast<float *>(smem + 2 * 32 * hd), *sp = sq + hb * hd;
     const int lane = threadIdx.x & 31, wb = threadIdx.x >> 5;
-    const int gw = blockIdx.x * ATTN_WARPS + wb;
-    if (gw >= n_warps) return; /* whole warps: only warp barriers follow */
+    const int gw = blockIdx.x * hb + wb;
     const attn_desc &d = desc[find_seq(desc, n_seqs, gw, false)];
     int w = gw - d.warp0;
-    const int split = w % d.n_split;
-    w /= d.n_split;
-    const int h = w % n_head, r = w / n_head;
-    const int g = h / (n_head / l.n_kv_head), hd = l.head_dim, bt = l.block_tokens;
+    const int h = w % n_head;
+    w /= n_head;
+    const int split = w % d.n_split, r = w / d.n_split;
+    const int g = h / (n_head / l.n_kv_head);
     const int n_keys = d.q_slot[r] + 1;
     const int k0 = (int)((int64_t)n_keys * split / d.n_split);
     const int k1 = (int)((int64_t)n_keys * (split + 1) / d.n_split);
+    float *mq = sq + wb * hd, *mp = sp + wb * 32;
 
     const float *q = d.q + ((size_t)r * n_head + h) * hd;
-    for (int i = lane; i < hd; i += 32) sq[wb][i] = q[i];
-    __syncwarp();
+    for (int i = lane; i < hd; i += 32) mq[i] = q[i];
 
     float m = -INFINITY, sum = 0.0f, acc[ATTN_DPL];
     for (int i = 0; i < ATTN_DPL; i++) acc[i] = 0.0f;
     for (int kb = k0; kb < k1; kb += 32) {
-        const int key = kb + lane;
+        const int nk = k1 - kb < 32 ? k1 - kb : 32;
+        __syncthreads(); /* the previous tile is read (and the queries written) */
+        for (int e = threadIdx.x; e < 32 * hd; e += blockDim.x) {
+            const int kj = kb + e % 32, i = e / 32; /* K: neighbouring threads, neighbouring keys */
+            if (kj < k1)
+                sk[e] = region(pool, l, layer, 0, g, d.table, kj)[(size_t)i * bt + kj % bt];
+            const int vj = kb + e / hd, vi = e % hd; /* V: a key's row */
+            if (vj < k1)
+                sv[e] = region(pool, l, layer, 1, g, d.table, vj)[(size_t)(vj % bt) * hd + vi];
+        }
+        __syncthreads();
         float s = -INFINITY;
-        if (key < k1) {
-            const uint16_t *kr = region(pool, l, layer, 0, g, d.table, key) + key % bt;
+        if (lane < nk) {
             float dot = 0.0f;
-            for (int i = 0; i < hd; i++) dot += sq[wb][i] * h2f(kr[(size_t)i * bt]);
+            for (int i = 0; i < hd; i++) dot += mq[i] * h2f(sk[i * 32 + lane]);
             s = dot * scale;
         }
         const float m_new = fmaxf(m, warp_max(s)); /* finite: key kb is in range */
-        const float p = key < k1 ? expf(s - m_new) : 0.0f;
+        const float p = lane < nk ? expf(s - m_new) : 0.0f;
         const float corr = expf(m - m_new); /* 0 on the first tile */
         sum = sum * corr + warp_sum(p);
         KV_UNROLL
         for (int i = 0; i < ATTN_DPL; i++) acc[i] *= corr;
-        sp[wb][lane] = p;
+        mp[lane] = p;
         __syncwarp();
-        const int nk = k1 - kb < 32 ? k1 - kb : 32;
         for (int j = 0; j < nk; j++) {
-            const int kj = kb + j;
-            const uint16_t *vr = region(pool, l, layer, 1, g, d.table, kj) + (size_t)(kj % bt) * hd;
-            const float pj = sp[wb][j];
+            const uint16_t *vr = sv + (size_t)j * hd;
+            const float pj = mp[j];
             KV_UNROLL
             for (int i = 0; i < ATTN_DPL; i++)
                 if (lane + 32 * i < hd) acc[i] += pj * h2f(vr[lane + 32 * i]);
         }
-        __syncwarp(); /* sp is rewritten by the next tile */
+        __syncwarp(); /* mp is rewritten by the next tile */
         m = m_new;
     }
     if (d.n_split == 1) {
@@ -133,17 +160,340 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         if (lane + 32 * i < hd) o[lane + 32 * i] = acc[i] * inv;
 }
 
+/* ---------------------------------------------------------------- tensor-core prefill */
+
+/* kernel_attention_tc: a block per (sequence, KV head, tile of FA_ROWS stacked rows), in the
+ * manner of FlashAttention-2 (Dao 2023, algorithm 1: the query tile held by its warps, key tiles
+ * streamed through shared memory, an online softmax per row, the output normalized once at the
+ * end). Stacked row i of a KV head's group is query row i / G of head kvh * G + i % G (G =
+ * n_head / n_kv_head), so the G heads that share the KV head share each staged K/V tile: the
+ * pool is read once per group and tile, not once per head.
+ *
+ * Warp w holds stacked rows 16w..16w+15 of the tile: Q as mma A fragments (the scale and
+ * log2(e) folded in, so the softmax runs on exp2f), S = Q K^T by mma_f16_16x8x16 with f32
+ * accumulation, the causal mask by slot (key > q_slot[row]: rows need not be contiguous
+ * slots), the running max and sum per row in f32, and P reused from the S accumulators as A
+ * fragments of O += P V (FlashAttention-2, section 3.3's register reuse). K tiles are staged
+ * as the pool holds them ([dim][key]) and read with ldmatrix.trans as column-major B
+ * fragments; V tiles as [key][dim], read with ldmatrix.trans too. Rows of padded shared memory
+ * (8 halves) put ldmatrix's eight row addresses in distinct bank groups.
+ *
+ * Precision. K and V are f16 in the pool, so they are exact as mma operands; Q and P are not.
+ * Each is split in two f16 parts, hi = f16(x) and lo = f16(x - hi), and multiplied twice (lo
+ * first, then hi, into the same f32 accumulators): twice the mma of plain f16, for products
+ * within 2^-22 x (+ 2^-25 where lo is subnormal) of f32's. Plain f16 Q and P (2^-11 each, as
+ * FlashAttention and llama.cpp's kernels use them) measured 1.5e-4 off the CPU on cuda_test's
+ * outputs of about 0.1, and flipped 2 of cuda_forward_test's 55 top-1 tokens (SmolLM2's layers
+ * at MATMUL_PRECISION_Q8, CPU margins 0.05-0.06): prefill's attention feeds every later layer's
+ * KV. Split, the outputs are within 3e-7 there and every top-1 holds. The bound cuda_test
+ * checks (tc_bounds) follows from these: a score off by ds moves each softmax weight by a
+ * factor within e^(+-2 ds), the output by (e^(2 ds) - 1) max|v|. */
+
+#define FA_WARPS 4
+#define FA_ROWS (FA_WARPS * 16) /* stacked rows per block */
+#define FA_PAD 8                /* halves of padding per shared row */
+
+template <int HD> struct fa_tile {
+    static constexpr int KEYS = 32;     /* keys per staged tile */
+    static constexpr int KS = HD / 16;  /* k-steps of Q K^T */
+    static constexpr int ND = HD / 8;   /* n-tiles of O */
+    static constexpr int NK = KEYS / 8; /* n-tiles of S */
+};
+
+/* The block's sequence: the last descriptor whose first block is <= b. */
+__device__ __forceinline__ int find_tc_seq(const attn_desc *d, int n, int b) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (d[mid].tblock0 <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* x0, x1 (even, odd element) as two f16 pairs: hi = f16(x), lo = f16(x - hi) (x - hi is exact
+ * in f32). */
+__device__ __forceinline__ void split_h2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const uint16_t h0 = f2h(x0), h1 = f2h(x1);
+    hi = (uint32_t)h0 | (uint32_t)h1 << 16;
+    lo = (uint32_t)f2h(x0 - h2f(h0)) | (uint32_t)f2h(x1 - h2f(h1)) << 16;
+}
+
+/* Keys [kb, kb + KEYS) of KV head kvh into sk ([HD][KEYS + pad], as the pool's K regions) and
+ * sv ([KEYS][HD + pad]), 8 halves (16 bytes) per load: block_tokens is a multiple of 16, so an
+ * 8-key group never straddles two pool blocks. Groups at or past kend are zeros (the table ends
+ * there), and V rows past kend too: a masked key's weight is 0, and 0 times a stale V must not
+ * be a NaN. */
+template <int HD>
+__device__ __forceinline__ void fa_stage(uint16_t (*sk)[fa_tile<HD>::KEYS + FA_PAD],
+                                         uint16_t (*sv)[HD + FA_PAD], const uint8_t *pool,
+                                         const kv_layout &l, int layer, int kvh,
+                                         const int32_t *table, int kb, int kend) {
+    constexpr int KEYS = fa_tile<HD>::KEYS;
+    const int bt = l.block_tokens;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < HD * (KEYS / 8); i += FA_WARPS * 32) {
+        const int dim = i / (KEYS / 8), c = 8 * (i % (KEYS / 8)), slot = kb + c;
+        uint4 v = zero;
+        if (slot < kend)
+            v = *reinterpret_cast<const uint4 *>(region(pool, l, layer, 0, kvh, table, slot) +
+                                                 (size_t)dim * bt + slot % bt);
+        *reinterpret_cast<uint4 *>(&sk[dim][c]) = v;
+    }
+    for (int i = threadIdx.x; i < KEYS * (HD / 8); i += FA_WARPS * 32) {
+        const int key = i / (HD / 8), c = 8 * (i % (HD / 8)), slot = kb + key;
+        uint4 v = zero;
+        if (slot < kend)
+            v = *reinterpret_cast<const uint4 *>(region(pool, l, layer, 1, kvh, table, slot) +
+                                                 (size_t)(slot % bt) * HD + c);
+        *reinterpret_cast<uint4 *>(&sv[key][c]) = v;
+    }
+}
+
+/* One warp's 16 stacked rows: this lane's share of the rows g and g + 8 (C fragments: e = 0, 1
+ * row g; e = 2, 3 row g + 8), their Q fragments, running maxima and sums (log2 units), and O. */
+template <int HD> struct fa_rows {
+    typedef fa_tile<HD> T;
+    uint32_t qhi[T::KS][4], qlo[T::KS][4]; /* A fragments, hi and lo parts */
+    float o[T::ND][4];
+    float m[2], sum[2]; /* sum: this lane's part; the group's 4 lanes add up at the end */
+    int slot[2];        /* the rows' q_slot; -1: a padding row, every key masked */
+
+    /* Q once, scaled: a[0] row g dims 2t, 2t+1; a[1] row g + 8; a[2], a[3] dims + 8. */
+    __device__ __forceinline__ void load_q(const float *const q[2], float qscale, int t) {
+        KV_UNROLL
+        for (int ks = 0; ks < T::KS; ks++) {
+            KV_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const float *src = q[j % 2];
+                const int dim = 16 * ks + 8 * (j / 2) + 2 * t;
+                split_h2(src ? src[dim] * qscale : 0.0f, src ? src[dim + 1] * qscale : 0.0f,
+                         qhi[ks][j], qlo[ks][j]);
+            }
+        }
+        KV_UNROLL
+        for (int i = 0; i < T::ND; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        sum[0] = sum[1] = 0.0f;
+    }
+
+    /* S = Q K^T over the staged keys; ldmatrix.trans's matrices: dims 16ks + 0-7 / 8-15 of keys
+     * 8nt.., then of keys 8(nt + 1).. */
+    __device__ __forceinline__ void scores(const uint16_t (*sk)[T::KEYS + FA_PAD], int lane,
+                                           float s[T::NK][4]) const {
+        const int mi = lane / 8, mr = lane % 8; /* the row address this lane gives */
+        KV_UNROLL
+        for (int i = 0; i < T::NK; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+        KV_UNROLL
+        for (int ks = 0; ks < T::KS; ks++) {
+            KV_UNROLL
+            for (int nt = 0; nt < T::NK; nt += 2) {
+                uint32_t kf[4];
+                ldmatrix_x4_trans(kf, &sk[16 * ks + 8 * (mi % 2) + mr][8 * nt + 8 * (mi / 2)]);
+                mma_f16_16x8x16(s[nt], qlo[ks], kf);
+                mma_f16_16x8x16(s[nt + 1], qlo[ks], kf + 2);
+                mma_f16_16x8x16(s[nt], qhi[ks], kf);
+                mma_f16_16x8x16(s[nt + 1], qhi[ks], kf + 2);
+            }
+        }
+    }
+
+    /* The causal mask by slot, then the online softmax: S becomes P (against the new maxima),
+     * the sums and O rescaled as the maxima grow. */
+    __device__ __forceinline__ void softmax(float s[T::NK][4], int kb, int t) {
+        float mx[2] = {-INFINITY, -INFINITY};
+        KV_UNROLL
+        for (int nt = 0; nt < T::NK; nt++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + 8 * nt + 2 * t + e % 2;
+                if (key > slot[e / 2]) s[nt][e] = -INFINITY;
+                mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+            }
+        }
+        float corr[2], mu[2];
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);
+            mu[i] = m_new == -INFINITY ? 0.0f : m_new; /* no key yet: every p is 0 */
+            corr[i] = exp2f(m[i] - mu[i]);
+            m[i] = m_new;
+            sum[i] *= corr[i];
+        }
+        KV_UNROLL
+        for (int nt = 0; nt < T::NK; nt++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) {
+                s[nt][e] = exp2f(s[nt][e] - mu[e / 2]);
+                sum[e / 2] += s[nt][e];
+            }
+        }
+        KV_UNROLL
+        for (int i = 0; i < T::ND; i++) {
+            KV_UNROLL
+            for (int e = 0; e < 4; e++) o[i][e] *= corr[e / 2];
+        }
+    }
+
+    /* O += P V. P's A fragment of keys 16kk.. is S's n-tiles 2kk and 2kk + 1 (a[0], a[1]: rows g
+     * and g + 8 of n-tile 2kk; a[2], a[3]: of 2kk + 1); ldmatrix.trans's matrices: keys 16kk +
+     * 0-7 / 8-15 of dims 8nd.., then of dims 8(nd + 1).. */
+    __device__ __forceinline__ void accumulate(const uint16_t (*sv)[HD + FA_PAD], int lane,
+                                               const float s[T::NK][4]) {
+        const int mi = lane / 8, mr = lane % 8;
+        KV_UNROLL
+        for (int kk = 0; kk < T::KEYS / 16; kk++) {
+            uint32_t phi[4], plo[4];
+            KV_UNROLL
+            for (int j = 0; j < 4; j++) {
+                const int nt = 2 * kk + j / 2, e = 2 * (j % 2);
+                split_h2(s[nt][e], s[nt][e + 1], phi[j], plo[j]);
+            }
+            KV_UNROLL
+            for (int nd = 0; nd < T::ND; nd += 2) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, &sv[16 * kk + 8 * (mi % 2) + mr][8 * nd + 8 * (mi / 2)]);
+                mma_f16_16x8x16(o[nd], plo, vf);
+                mma_f16_16x8x16(o[nd + 1], plo, vf + 2);
+                mma_f16_16x8x16(o[nd], phi, vf);
+                mma_f16_16x8x16(o[nd + 1], phi, vf + 2);
+            }
+        }
+    }
+
+    /* O / sum into the rows' outputs (padding rows: none). */
+    __device__ __forceinline__ void store(float *const out[2], int t) {
+        float inv[2];
+        for (int i = 0; i < 2; i++) {
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+            sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+            inv[i] = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;
+        }
+        KV_UNROLL
+        for (int nd = 0; nd < T::ND; nd++)
+            for (int i = 0; i < 2; i++)
+                if (out[i]) {
+                    float2 v;
+                    v.x = o[nd][2 * i] * inv[i], v.y = o[nd][2 * i + 1] * inv[i];
+                    *reinterpret_cast<float2 *>(out[i] + 8 * nd + 2 * t) = v;
+                }
+    }
+};
+
+template <int HD>
+__global__ void __launch_bounds__(FA_WARPS * 32)
+    kernel_attention_tc(const attn_desc *desc, int n_seqs, const uint8_t *pool, kv_layout l,
+                        int layer, int n_head, float qscale) {
+    typedef fa_tile<HD> T;
+    __align__(16) __shared__ uint16_t sk[HD][T::KEYS + FA_PAD];
+    __align__(16) __shared__ uint16_t sv[T::KEYS][HD + FA_PAD];
+    __shared__ int s_kend[FA_WARPS];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane / 4, t = lane % 4;
+    const attn_desc &d = desc[find_tc_seq(desc, n_seqs, blockIdx.x)];
+    const int grp = n_head / l.n_kv_head, b = blockIdx.x - d.tblock0;
+    const int kvh = b % l.n_kv_head, row0 = (b / l.n_kv_head) * FA_ROWS + 16 * w;
+
+    /* This lane's two rows (g and g + 8 of the warp's 16): stacked row si is query row si / grp
+     * of head kvh * grp + si % grp. */
+    fa_rows<HD> rows;
+    const float *q[2];
+    float *out[2];
+    for (int i = 0; i < 2; i++) {
+        const int si = row0 + g + 8 * i, r = si / grp, h = kvh * grp + si % grp;
+        const bool valid = si < d.n_q * grp;
+        q[i] = valid ? d.q + ((size_t)r * n_head + h) * HD : nullptr;
+        out[i] = valid ? d.out + ((size_t)r * n_head + h) * HD : nullptr;
+        rows.slot[i] = valid ? d.q_slot[r] : -1;
+    }
+    rows.load_q(q, qscale, t);
+
+    /* The keys the block needs: up to its largest slot (the warps' maxima through shared). */
+    int wend = rows.slot[0] > rows.slot[1] ? rows.slot[0] : rows.slot[1];
+    for (int x = 1; x < 32; x <<= 1) {
+        const int other = __shfl_xor_sync(0xffffffffu, wend, x);
+        wend = other > wend ? other : wend;
+    }
+    wend += 1;
+    if (lane == 0) s_kend[w] = wend;
+    __syncthreads();
+    int kend = 0;
+    for (int i = 0; i < FA_WARPS; i++) kend = s_kend[i] > kend ? s_kend[i] : kend;
+
+    for (int kb = 0; kb < kend; kb += T::KEYS) {
+        __syncthreads(); /* the previous tile is read */
+        fa_stage<HD>(sk, sv, pool, l, layer, kvh, d.table, kb, kend);
+        __syncthreads();
+        if (kb >= wend) continue; /* warp-uniform: none of this warp's rows reach these keys */
+        float s[T::NK][4];
+        rows.scores(sk, lane, s);
+        rows.softmax(s, kb, t);
+        rows.accumulate(sv, lane, s);
+    }
+    rows.store(out, t);
+}
+
+bool cuda_attention_tc_fits(const kv_layout *l, int n_head) {
+    return l->head_dim % 16 == 0 && l->head_dim <= ATTN_TC_MAX_HD && l->block_tokens % 16 == 0 &&
+           n_head % l->n_kv_head == 0;
+}
+
+int cuda_attention_tc_blocks(const kv_layout *l, int n_head, int n_q) {
+    const int64_t rows = (int64_t)n_q * (n_head / l->n_kv_head);
+    return (int)((rows + FA_ROWS - 1) / FA_ROWS) * l->n_kv_head;
+}
+
+/* Every head_dim the kernel takes, each its own instantiation (register arrays sized by it): the
+ * multiples of 16 that model/llama.c accepts (up to 128, as the CPU reference). */
+static int launch_attention_tc(cudaStream_t s, const void *pool, const kv_layout *l, int layer,
+                               int n_head, float scale, const attn_desc *desc, int n_seqs,
+                               int n_blocks) {
+    const uint8_t *p = static_cast<const uint8_t *>(pool);
+    const float qscale = scale * 1.44269504088896341f; /* log2(e): the softmax on exp2f */
+    switch (l->head_dim) {
+#define FA_CASE(hd)                                                                                \
+    case hd:                                                                                       \
+        KV_LAUNCH(kernel_attention_tc<hd>, dim3(n_blocks), dim3(FA_WARPS * 32), 0, s, desc,        \
+                  n_seqs, p, *l, layer, n_head, qscale);                                           \
+        break;
+        FA_CASE(16)
+        FA_CASE(32)
+        FA_CASE(48)
+        FA_CASE(64)
+        FA_CASE(80)
+        FA_CASE(96)
+        FA_CASE(112)
+        FA_CASE(128)
+#undef FA_CASE
+    default:
+        log_error("cuda attention: no tensor-core kernel for head_dim %d", l->head_dim);
+        return -1;
+    }
+    CUDA_CHECK_LAUNCH("attention_tc");
+    return 0;
+}
+
 int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int n_head,
                    float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
-                   float *part) {
+                   int n_tblocks, float *part) {
     if (l->head_dim > ATTN_MAX_HD) {
         log_error("cuda attention: head_dim %d > %d", l->head_dim, ATTN_MAX_HD);
         return -1;
     }
+    if (n_tblocks > 0 &&
+        launch_attention_tc(s, pool, l, layer, n_head, scale, desc, n_seqs, n_tblocks))
+        return -1;
     if (n_warps == 0) return 0;
-    KV_LAUNCH(kernel_attention, dim3((n_warps + ATTN_WARPS - 1) / ATTN_WARPS),
-              dim3(ATTN_WARPS * 32), 0, s, desc, n_seqs, n_warps,
-              static_cast<const uint8_t *>(pool), *l, layer, n_head, scale, part);
+    /* heads per block: the most that divide the group (and so every sequence's warps) and fit
+     * the shared memory a launch gets without opting in */
+    const int grp = n_head / l->n_kv_head;
+    int hb = 1;
+    for (int k = 2; k <= ATTN_FOLD_MAX && k <= grp; k++)
+        if (grp % k == 0 && attn_smem(l->head_dim, k) <= 48 * 1024) hb = k;
+    KV_LAUNCH(kernel_attention, dim3(n_warps / hb), dim3(hb * 32), attn_smem(l->head_dim, hb), s,
+              desc, n_seqs, static_cast<const uint8_t *>(pool), *l, layer, n_head, scale, part);
     CUDA_CHECK_LAUNCH("attention");
     if (n_mwarps > 0) {
         KV_LAUNCH(kernel_attn_merge, dim3((n_mwarps + ATTN_WARPS - 1) / ATTN_WARPS),

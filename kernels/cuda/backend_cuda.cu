@@ -782,8 +782,9 @@ static int cuda_kv_write_rows(backend *b, void *pool, const kv_layout *l, const 
 
 /* ---------------------------------------------------------------- attention */
 
-/* Descriptors of the call's sequences (host, then up through a pinned slot), the warps each
- * takes, and where split rows keep their partial states; then the kernels. */
+/* Descriptors of the call's sequences (host, then up through a pinned slot), the warps or
+ * tensor-core blocks each takes (prefill-sized sequences: ATTN_TC_MIN_ROWS), and where split
+ * rows keep their partial states; then the kernels. */
 static int cuda_attention_op(backend *b, const void *pool, const kv_layout *l, int layer,
                              int n_head, float scale, const attn_seq *seqs, int n_seqs) {
     cuda_backend *cb = cuda_of(b);
@@ -792,29 +793,36 @@ static int cuda_attention_op(backend *b, const void *pool, const kv_layout *l, i
                   cb->desc_cap);
         return -1;
     }
-    int warps = 0, mwarps = 0;
+    int warps = 0, mwarps = 0, tblocks = 0;
     int64_t part = 0;
     const int64_t state = l->head_dim + 2;
+    const bool tc = cuda_attention_tc_fits(l, n_head);
     for (int s = 0; s < n_seqs; s++) {
         const attn_seq *a = &seqs[s];
+        if (tc && a->n_q >= ATTN_TC_MIN_ROWS) {
+            cb->hdesc[s] = attn_desc{a->block_table, a->q_slot, a->q, a->out, a->n_q, 1,
+                                     warps,          mwarps,    part, tblocks};
+            tblocks += cuda_attention_tc_blocks(l, n_head, a->n_q);
+            continue;
+        }
         int ns = 1;
         if (a->split_keys && a->n_q <= ATTN_SPLIT_ROWS && a->n_kv >= 2 * ATTN_MIN_SPLIT_KEYS) {
             ns = a->n_kv / ATTN_MIN_SPLIT_KEYS;
             ns = ns > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : ns;
             if ((part + (int64_t)a->n_q * n_head * ns) * state > (int64_t)cb->part_floats) ns = 1;
         }
-        cb->hdesc[s] =
-            attn_desc{a->block_table, a->q_slot, a->q, a->out, a->n_q, ns, warps, mwarps, part};
+        cb->hdesc[s] = attn_desc{a->block_table, a->q_slot, a->q, a->out, a->n_q, ns,
+                                 warps,          mwarps,    part, tblocks};
         warps += a->n_q * n_head * ns;
         if (ns > 1) {
             mwarps += a->n_q * n_head;
             part += (int64_t)a->n_q * n_head * ns;
         }
     }
-    if (warps == 0) return 0;
+    if (warps == 0 && tblocks == 0) return 0;
     if (cuda_upload(cb, cb->desc, cb->hdesc, sizeof(attn_desc) * n_seqs, cb->compute)) return -1;
     return cuda_attention(cb->compute, pool, l, layer, n_head, scale, cb->desc, n_seqs, warps,
-                          mwarps, cb->part);
+                          mwarps, tblocks, cb->part);
 }
 
 /* ---------------------------------------------------------------- the table */

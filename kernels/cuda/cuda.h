@@ -86,6 +86,8 @@ typedef struct attn_desc {
     int warp0;     /* first warp of the attention kernel: n_q * n_head * n_split warps */
     int mwarp0;    /* first warp of the merge kernel: n_q * n_head when split, else none */
     int64_t part0; /* first partial state (of head_dim + 2 floats) when split */
+    int tblock0;   /* first block of the tensor-core kernel: n_kv_head * ceil(n_q * group / 64)
+                      blocks when it takes the sequence (then no warps above), else none */
 } attn_desc;
 
 typedef struct cuda_backend {
@@ -194,7 +196,11 @@ int cuda_kv_rows(cudaStream_t s, void *pool, const kv_layout *l, const int32_t *
                  int n, void *stage, int stage_slot, bool to_pool);
 int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int layer, int n_head,
                    float scale, const attn_desc *desc, int n_seqs, int n_warps, int n_mwarps,
-                   float *part);
+                   int n_tblocks, float *part);
+/* Whether the tensor-core kernel handles this layout (head_dim a multiple of 16 up to
+ * ATTN_TC_MAX_HD, block_tokens a multiple of 16), and its blocks for a sequence of n_q rows. */
+bool cuda_attention_tc_fits(const kv_layout *l, int n_head);
+int cuda_attention_tc_blocks(const kv_layout *l, int n_head, int n_q);
 
 /* Split decode rows into key ranges of at least this many keys (a warp's tile), at most
  * ATTN_MAX_SPLIT: a decode step has only n_seqs x n_head rows, and a warp that walks a long range
@@ -204,6 +210,12 @@ int cuda_attention(cudaStream_t s, const void *pool, const kv_layout *l, int lay
 #define ATTN_MAX_SPLIT 32
 /* Rows of a sequence that may split (decode steps): at most this many per sequence. */
 #define ATTN_SPLIT_ROWS 4
+/* Sequences of at least this many query rows (prefill) go to the tensor-core kernel, whose
+ * blocks take 64 rows of a KV head's group (n_q x n_head / n_kv_head stacked rows): fewer rows
+ * would leave most of a tile padding, and decode rows keep the split-key warps above. A first
+ * guess, not yet measured on a device (gpu_bench's attention row compares the two). */
+#define ATTN_TC_MIN_ROWS 16
+#define ATTN_TC_MAX_HD 128 /* model/llama.c's limit; larger head dims use the warps */
 
 } // namespace KV_CUDA_NS
 

@@ -5,7 +5,9 @@
  *   decode tokens/s at batch 1 and 32, against the bandwidth roofline (the weights read once per
  *     step at the device's measured copy bandwidth);
  *   prefill tokens/s of a 2048-token prompt, against the measured f16 GEMM rate (the backend's
- *     own F16 matmul of 4096 x 4096 x 2048, which is cuBLAS GemmEx on tensor cores).
+ *     own F16 matmul of 4096 x 4096 x 2048, which is cuBLAS GemmEx on tensor cores);
+ *   prefill attention of 2048 rows alone, the tensor-core kernel against the warp kernel on the
+ *     same rows (attention_times), as a ratio.
  * `gpu_bench --probe` only says whether a usable CUDA device is there (exit 0) or why not (1):
  * make test-gpu and bench-gpu skip, visibly, without one.
  *
@@ -274,6 +276,71 @@ done:
     return best;
 }
 
+/* Prefill attention alone, Llama 3 8B's shape (32 heads over 8 KV heads of 128): n causal rows
+ * over a pool of 16-slot blocks, as one sequence (the tensor-core kernel, from
+ * ATTN_TC_MIN_ROWS = 16 rows) and as the same rows handed over in 8-row pieces, each its own
+ * attn_seq over the same blocks (below the threshold: the warp kernel), so both kernels do the
+ * same work in one run. Seconds per call, best of 5 after a warm-up, into ms[0] (tensor cores)
+ * and ms[1] (warps); -1 on failure. */
+static void attention_times(backend *b, int n, double ms[2]) {
+    enum { N_HEAD = 32, N_KV = 8, HD = 128, BT = 16, PIECE = 8 };
+    kv_error err = {{0}};
+    kv_layout l = {1, N_KV, HD, BT, n / BT};
+    const int n_pieces = n / PIECE;
+    backend_limits lim = {
+        .max_tokens = n, .max_seqs = n_pieces, .max_n_in = HD, .n_head = N_HEAD, .head_dim = HD};
+    size_t qn = (size_t)n * N_HEAD * HD, kn = (size_t)n * N_KV * HD;
+    float *hq = malloc(sizeof(float) * qn), *hk = malloc(sizeof(float) * kn);
+    float *hv = malloc(sizeof(float) * kn);
+    int32_t *table = malloc(sizeof(int32_t) * (n / BT)), *slot = malloc(sizeof(int32_t) * n);
+    attn_seq *pieces = malloc(sizeof(attn_seq) * n_pieces);
+    void *pool = backend_kv_alloc(b, &l);
+    float *q = backend_alloc(b, sizeof(float) * qn), *out = backend_alloc(b, sizeof(float) * qn);
+    int32_t *dtable = backend_alloc(b, sizeof(int32_t) * (n / BT));
+    int32_t *dslot = backend_alloc(b, sizeof(int32_t) * n);
+    ms[0] = ms[1] = -1;
+    if (!hq || !hk || !hv || !table || !slot || !pieces || !pool || !q || !out || !dtable ||
+        !dslot || backend_reserve(b, &lim, &err))
+        goto done;
+    for (size_t i = 0; i < qn; i++) hq[i] = (float)(next64() % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < kn; i++) {
+        hk[i] = (float)(next64() % 2001) / 1000.0f - 1.0f;
+        hv[i] = (float)(next64() % 2001) / 1000.0f - 1.0f;
+    }
+    for (int i = 0; i < n / BT; i++) table[i] = n / BT - 1 - i; /* blocks out of order */
+    for (int i = 0; i < n; i++) slot[i] = i;
+    if (backend_kv_store(b, pool, &l, 0, table, slot, n, hk, hv) ||
+        backend_upload(b, q, hq, sizeof(float) * qn) ||
+        backend_upload(b, dtable, table, sizeof(int32_t) * (n / BT)) ||
+        backend_upload(b, dslot, slot, sizeof(int32_t) * n))
+        goto done;
+    attn_seq whole = {dtable, n, n, dslot, q, out, false};
+    for (int i = 0; i < n_pieces; i++) {
+        size_t r0 = (size_t)i * PIECE;
+        pieces[i] = (attn_seq){dtable,     (int)r0 + PIECE,      PIECE,
+                               dslot + r0, q + r0 * N_HEAD * HD, out + r0 * N_HEAD * HD,
+                               false};
+    }
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int k = 0; k < 2; k++) {
+        const attn_seq *seqs = k == 0 ? &whole : pieces;
+        const int n_seqs = k == 0 ? 1 : n_pieces;
+        for (int r = 0; r < 6; r++) {
+            if (backend_sync(b)) goto done;
+            uint64_t t0 = clock_now_ns();
+            if (backend_attention(b, pool, &l, 0, N_HEAD, scale, seqs, n_seqs) || backend_sync(b))
+                goto done;
+            double t = (double)(clock_now_ns() - t0) / 1e6;
+            if (r > 0 && (ms[k] < 0 || t < ms[k])) ms[k] = t; /* the first run warms up */
+        }
+    }
+done:
+    if (ms[0] < 0 || ms[1] < 0) fprintf(stderr, "gpu_bench: attention: %s\n", err.msg);
+    backend_kv_free(b, pool);
+    backend_free(b, q), backend_free(b, out), backend_free(b, dtable), backend_free(b, dslot);
+    free(hq), free(hk), free(hv), free(table), free(slot), free(pieces);
+}
+
 /* The matmul kernels' rates on one weight's shape: Q4_K at 1-32 rows (int8 up to 8, then
  * dequantized tiles and cuBLAS), the f32 GEMV kernels the int8 ones replace (still
  * MATMUL_PRECISION_F32's), and the int8 kernels of every quantized type at 1 and 8 rows. */
@@ -382,7 +449,16 @@ int main(int argc, char **argv) {
     double roof_pp = tf * 1e12 / (flops / 2048);
     printf("| prefill, 2048 tokens | %.1f | %.1f (f16 GEMM rate) | %.0f%% |\n", pp, roof_pp,
            100 * pp / roof_pp);
-    rc = pp > 0 ? 0 : 1;
+    double at[2];
+    attention_times(b, 2048, at);
+    /* causal: QK^T and PV over n^2 / 2 (row, key) pairs, 2 FLOPs a multiply-add */
+    double attn_flops = 2.0 * 2 * 32 * 128 * 2048.0 * 2048 / 2;
+    printf(
+        "\nattention, prefill 2048 rows, 32/8 heads of 128: tensor cores %.3f ms (%.1f TFLOP/s), "
+        "warps %.3f ms (%.1f TFLOP/s): %.1fx\n",
+        at[0], attn_flops / (at[0] / 1e3) / 1e12, at[1], attn_flops / (at[1] / 1e3) / 1e12,
+        at[1] / at[0]);
+    rc = pp > 0 && at[0] > 0 ? 0 : 1;
 done:
     for (int i = 0; e.pool && i < 32; i++) kv_seq_release(e.pool, &e.seq[i]);
     forward_ctx_destroy(e.f);

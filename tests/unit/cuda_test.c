@@ -20,7 +20,9 @@
  *       relative 1e-5
  *   top-k: the same ids and values (ties to the lower id, NaN last)
  *   attention (prefill rows, GQA, out-of-order blocks, split decode keys): |d| <= 2e-5 (V rows in
- *       [-1, 1]; online softmax sums in another order) */
+ *       [-1, 1]; online softmax sums in another order); sequences of 16 rows or more, on tensor
+ *       cores with Q and P as two f16 parts each: |d| <= max|v| (e^(2 ds) - 1 + 2^-22 + n 2^-25)
+ *       + 2e-5, ds the bound on a score's error (tc_bounds), about 1e-5 here */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -803,10 +805,48 @@ typedef struct attn_case {
     int n_q[3];  /* query rows: the last n_q slots, or every other slot when scattered */
     bool split[3];
     bool scattered[3];
+    float q_amp;      /* queries in [-q_amp, q_amp] (0: 1); larger ones make the softmax peaky */
+    int block_tokens; /* the pool's block size (0: 16) */
 } attn_case;
 
+/* Sequences of this many rows go to the tensor-core kernel (ATTN_TC_MIN_ROWS, cuda.h). */
+#define TC_MIN_ROWS 16
+
+/* The tensor-core kernel's bound per output (attention.cu, "Precision"): Q and P enter the mma as
+ * two f16 parts each, within 2^-22 |x| + 2^-25 of f32; K and V are exact. With ds the most a
+ * row's score can move (natural log units),
+ *   |d| <= max|v| (e^(2 ds) - 1 + 2^-22 + n_keys 2^-25) + 2e-5,
+ * the exponential term from each softmax weight moving by a factor within e^(+-2 ds) after
+ * normalization, the next two from P's parts against a row sum >= 1, and 2e-5 for f32 sums in
+ * another order as elsewhere. ds = (2^-22 + (hd + 2) 2^-24) scale sum_i |q_i k_i| + ln 2 2^-25
+ * sum_i |k_i|: Q's parts, the f32 products and sums of hd terms, over the row's keys. k and v:
+ * [n_kv][n_kv_head][head_dim] f32 as the pool holds them. */
+static void tc_bounds(const attn_case *c, const float *q, const int32_t *q_slot, int n_q,
+                      const float *k, const float *v, float scale, double *bound) {
+    const int hd = c->head_dim, grp = c->n_head / c->n_kv_head;
+    for (int r = 0; r < n_q; r++)
+        for (int h = 0; h < c->n_head; h++) {
+            const float *qr = q + ((size_t)r * c->n_head + h) * hd;
+            double ds = 0, vmax = 0;
+            for (int j = 0; j <= q_slot[r]; j++) {
+                const float *kj = k + ((size_t)j * c->n_kv_head + h / grp) * hd;
+                const float *vj = v + ((size_t)j * c->n_kv_head + h / grp) * hd;
+                double qk = 0, ka = 0;
+                for (int i = 0; i < hd; i++) {
+                    qk += fabs((double)qr[i] * kj[i]);
+                    ka += fabs((double)kj[i]);
+                    vmax = fmax(vmax, fabs((double)vj[i]));
+                }
+                ds = fmax(ds, (ldexp(1, -22) + ldexp(hd + 2, -24)) * scale * qk +
+                                  log(2.0) * ldexp(ka, -25));
+            }
+            double b = vmax * (expm1(2 * ds) + ldexp(1, -22) + ldexp(q_slot[r] + 1, -25)) + 2e-5;
+            for (int i = 0; i < hd; i++) bound[((size_t)r * c->n_head + h) * hd + i] = b;
+        }
+}
+
 static void check_attention(const char *what, const attn_case *c) {
-    const int bt = 16;
+    const int bt = c->block_tokens > 0 ? c->block_tokens : 16;
     int n_blocks = 0;
     for (int s = 0; s < c->n_seqs; s++) n_blocks += (c->n_kv[s] + bt - 1) / bt;
     pools p = pools_make(2, c->n_kv_head, c->head_dim, bt, n_blocks + 1);
@@ -831,7 +871,8 @@ static void check_attention(const char *what, const attn_case *c) {
         size_t qn = (size_t)nq * c->n_head * hd;
         qs[s] = malloc(sizeof(float) * qn);
         oc[s] = malloc(sizeof(float) * qn);
-        for (size_t i = 0; i < qn; i++) qs[s][i] = rndf(-1, 1);
+        const float amp = c->q_amp > 0 ? c->q_amp : 1.0f;
+        for (size_t i = 0; i < qn; i++) qs[s][i] = rndf(-amp, amp);
         sc[s] = (attn_seq){tables[s], c->n_kv[s], nq, q_slot, qs[s], oc[s], c->split[s]};
         dev[s][0] = put(g_gpu, tables[s], sizeof(int32_t) * nb);
         dev[s][1] = put(g_gpu, q_slot, sizeof(int32_t) * nq);
@@ -848,8 +889,24 @@ static void check_attention(const char *what, const attn_case *c) {
         float *og = malloc(sizeof(float) * qn);
         get(g_gpu, og, dev[s][3], sizeof(float) * qn);
         char name[96];
-        snprintf(name, sizeof name, "attention %s, sequence %d", what, s);
-        expect_close(name, og, oc[s], NULL, qn, 0, 2e-5);
+        snprintf(name, sizeof name, "attention %s, sequence %d%s", what, s,
+                 c->n_q[s] >= TC_MIN_ROWS ? " (tensor cores)" : "");
+        if (c->n_q[s] >= TC_MIN_ROWS) {
+            size_t kn = (size_t)c->n_kv[s] * c->n_kv_head * hd;
+            float *k = malloc(sizeof(float) * kn), *v = malloc(sizeof(float) * kn);
+            double *bound = malloc(sizeof(double) * qn);
+            int32_t *slots = malloc(sizeof(int32_t) * c->n_kv[s]);
+            for (int i = 0; i < c->n_kv[s]; i++) slots[i] = i;
+            cr_assert_eq(
+                backend_kv_load(g_cpu, p.pc, &p.l, layer, 0, tables[s], slots, c->n_kv[s], k), 0);
+            cr_assert_eq(
+                backend_kv_load(g_cpu, p.pc, &p.l, layer, 1, tables[s], slots, c->n_kv[s], v), 0);
+            tc_bounds(c, qs[s], sc[s].q_slot, c->n_q[s], k, v, scale, bound);
+            expect_close(name, og, oc[s], bound, qn, 1, 0);
+            free(k), free(v), free(bound), free(slots);
+        } else {
+            expect_close(name, og, oc[s], NULL, qn, 0, 2e-5);
+        }
         free(og);
         for (int i = 0; i < 4; i++) backend_free(g_gpu, dev[s][i]);
         free((void *)sc[s].q_slot);
@@ -883,6 +940,92 @@ Test(cuda, attention_decode_split_keys) {
                    .n_q = {1, 2, 1},
                    .split = {true, true, true}};
     check_attention("decode, split keys", &c);
+}
+
+/* The tensor-core kernel (sequences of TC_MIN_ROWS rows or more) beside the warps: a prompt
+ * from slot 0, a prefill continuing after cached history (rows from slot 79 on, keys over 7 pool
+ * blocks handed out in reverse), and rows at every other slot; row counts that fill no 64-row
+ * tile evenly, at GQA ratios 1, 2 and 4. */
+static void check_tc_ratios(int head_dim, float q_amp) {
+    const int heads[3][2] = {{4, 4}, {8, 4}, {8, 2}};
+    for (int i = 0; i < 3; i++) {
+        attn_case c = {.n_head = heads[i][0],
+                       .n_kv_head = heads[i][1],
+                       .head_dim = head_dim,
+                       .n_seqs = 3,
+                       .n_kv = {37, 100, 90},
+                       .n_q = {37, 21, 30},
+                       .scattered = {false, false, true},
+                       .q_amp = q_amp};
+        char what[64];
+        snprintf(what, sizeof what, "head_dim %d, %d/%d heads, q in +-%g", head_dim, c.n_head,
+                 c.n_kv_head, (double)q_amp);
+        check_attention(what, &c);
+    }
+}
+
+Test(cuda, attention_tensor_cores_gqa_ratios_head_dim_64) { check_tc_ratios(64, 1); }
+
+Test(cuda, attention_tensor_cores_peaky_softmax) {
+    /* scores spread over several units: the running max moves and rescales the sums */
+    check_tc_ratios(64, 6);
+}
+
+Test(cuda, attention_tensor_cores_head_dim_128) {
+    /* Llama 3 8B's 32/8 heads as 8/2; 150 keys (3 tiles of 64) beside a 70-row prompt */
+    attn_case c = {.n_head = 8,
+                   .n_kv_head = 2,
+                   .head_dim = 128,
+                   .n_seqs = 2,
+                   .n_kv = {150, 70},
+                   .n_q = {45, 70}};
+    check_attention("head_dim 128, 8/2 heads", &c);
+}
+
+Test(cuda, attention_tensor_cores_odd_head_dims) {
+    /* 48 (3 k-steps) beside a decode row on the warps, and 96 over 2 pool blocks */
+    attn_case a = {.n_head = 6,
+                   .n_kv_head = 2,
+                   .head_dim = 48,
+                   .n_seqs = 2,
+                   .n_kv = {80, 40},
+                   .n_q = {50, 1},
+                   .split = {false, true}};
+    check_attention("head_dim 48, 6/2 heads", &a);
+    attn_case b = {
+        .n_head = 2, .n_kv_head = 1, .head_dim = 96, .n_seqs = 1, .n_kv = {30}, .n_q = {17}};
+    check_attention("head_dim 96, 2/1 heads", &b);
+}
+
+Test(cuda, attention_decode_gqa_groups_share_tiles) {
+    /* the warp kernel's blocks are heads of one KV group (up to 8: 16/1 takes two blocks per
+     * group): GQA 1, 2, 4 and 16, split decode rows over 200 and 75 keys beside 5 rows not split */
+    const int heads[4][2] = {{4, 4}, {8, 4}, {8, 2}, {16, 1}};
+    for (int i = 0; i < 4; i++) {
+        attn_case c = {.n_head = heads[i][0],
+                       .n_kv_head = heads[i][1],
+                       .head_dim = 64,
+                       .n_seqs = 3,
+                       .n_kv = {200, 75, 30},
+                       .n_q = {1, 2, 5},
+                       .split = {true, true, false}};
+        char what[64];
+        snprintf(what, sizeof what, "decode, %d/%d heads", c.n_head, c.n_kv_head);
+        check_attention(what, &c);
+    }
+}
+
+Test(cuda, attention_blocks_of_48_slots) {
+    /* 32-key tiles that straddle pool blocks at slots 48, 96 and 144 (both kernels) */
+    attn_case c = {.n_head = 8,
+                   .n_kv_head = 2,
+                   .head_dim = 64,
+                   .n_seqs = 2,
+                   .n_kv = {100, 150},
+                   .n_q = {40, 1},
+                   .split = {false, true},
+                   .block_tokens = 48};
+    check_attention("48-slot blocks, 8/2 heads", &c);
 }
 
 Test(cuda, attention_beyond_reserved_sequences_fails) {
