@@ -281,6 +281,7 @@ void forward_ctx_destroy(forward_ctx *f) {
     if (!f) return;
     backend *b = f->b;
     forward_state *st = &f->st;
+    backend_graph_forget(b, f); /* its recorded steps read the buffers below */
     free(st->rows);
     free(st->row_slot);
     free(st->host_x);
@@ -473,9 +474,11 @@ static layer_result layer_forward(forward_ctx *f, const batch_seq *seqs, int n_s
 
 /* ---------------------------------------------------------------- the pass */
 
-/* The batch's token ids, positions and block tables (host), uploaded at once with the rows. */
+/* The batch's token ids, positions and block tables (host), uploaded at once with the rows.
+ * Tables lie back to back, or table_stride entries apart (a recorded step: their addresses then
+ * depend on the key alone). */
 static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n_total,
-                        kv_error *err) {
+                        int32_t table_stride, kv_error *err) {
     forward_state *st = &f->st;
     int bt = kv_pool_layout(f->pool)->block_tokens;
     int32_t *ids = f->meta, *pos = f->meta + f->max_tokens, *tables = pos + f->max_tokens;
@@ -483,6 +486,7 @@ static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n
     for (int s = 0; s < n_seqs; s++) {
         const batch_seq *bs = &seqs[s];
         int nb = (bs->kv_start + bs->n_tok + bt - 1) / bt;
+        if (table_stride) n_table = s * table_stride; /* graph_table_stride checked the room */
         if (nb > f->max_table - n_table)
             return kv_fail(err, "the batch's block tables exceed %d entries", f->max_table);
         f->table_off[s] = n_table;
@@ -527,15 +531,42 @@ static int compute_logits(forward_ctx *f, int n_out, float *logits) {
     return 0;
 }
 
-int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forward_hooks *hooks,
-                  float *logits, kv_error *err) {
-    const model_hparams *hp = &f->m->hp;
-    int n_total = 0;
-    if (validate_batch(f, seqs, n_seqs, &n_total, err)) return -1;
+/* ---------------------------------------------------------------- recorded steps */
 
-    /* flatten the batch; embed every token; every layer's RoPE angles */
+/* A decode step of the continuous batch is recorded once per shape and replayed
+ * (backend_graph_begin): one token per sequence, decode rows, no hook between layers (hooks
+ * read rows on the host). Its ops' arguments then depend on the sequences' count, the tables'
+ * stride and which of the two buffers hold the rows and queries (keep_rows swaps them); tables
+ * lie a power-of-two stride apart (at least the longest table), so a table that grows a block
+ * keeps its address and a stride lasts a doubling of the context. Returns the stride, or 0
+ * where the step runs directly. */
+static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, int n_seqs,
+                                  const forward_hooks *hooks) {
+    if (hooks && (hooks->before_layer || hooks->after_kv || hooks->after_layer)) return 0;
+    if (!backend_graphs(f->b)) return 0;
+    const int bt = kv_pool_layout(f->pool)->block_tokens;
+    int32_t max_nb = 1, stride = 16;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n_tok != 1 || !seqs[s].decode) return 0;
+        int32_t nb = (seqs[s].kv_start + 1 + bt - 1) / bt;
+        max_nb = nb > max_nb ? nb : max_nb;
+    }
+    while (stride < max_nb) stride *= 2;
+    return (int64_t)stride * n_seqs <= f->max_table ? stride : 0;
+}
+
+/* What a recorded step's ops depend on besides the context (the key's owner). */
+typedef struct graph_key {
+    int32_t n_seqs;
+    int32_t table_stride;
+    const float *x, *q; /* st->x and st->q */
+} graph_key;
+
+/* Embeds the batch's tokens, every layer's RoPE angles, then the layers. */
+static int forward_layers(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n_total,
+                          const forward_hooks *hooks, kv_error *err) {
+    const model_hparams *hp = &f->m->hp;
     forward_state *st = &f->st;
-    if (upload_batch(f, seqs, n_seqs, n_total, err)) return -1;
     if (backend_embed(f->b, &f->tok_embd, f->d_meta, n_total, st->x) ||
         backend_rope_angles(f->b, &f->rope, f->d_meta + f->max_tokens, n_total, f->tok_cs))
         return kv_fail(err, "embedding the batch failed");
@@ -553,6 +584,32 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }
+    return 0;
+}
+
+int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forward_hooks *hooks,
+                  float *logits, kv_error *err) {
+    int n_total = 0;
+    if (validate_batch(f, seqs, n_seqs, &n_total, err)) return -1;
+
+    /* flatten the batch and upload it; then the step: directly, or recorded, or replayed */
+    forward_state *st = &f->st;
+    const int32_t stride = graph_table_stride(f, seqs, n_seqs, hooks);
+    if (upload_batch(f, seqs, n_seqs, n_total, stride, err)) return -1;
+    backend_graph_mode mode = BACKEND_GRAPH_DIRECT;
+    if (stride) {
+        graph_key key;
+        memset(&key, 0, sizeof key);
+        key.n_seqs = n_seqs, key.table_stride = stride, key.x = st->x, key.q = st->q;
+        mode = backend_graph_begin(f->b, f, &key, sizeof key);
+    }
+    int rc =
+        mode == BACKEND_GRAPH_REPLAY ? 0 : forward_layers(f, seqs, n_seqs, n_total, hooks, err);
+    if (mode != BACKEND_GRAPH_DIRECT && backend_graph_end(f->b)) {
+        if (mode == BACKEND_GRAPH_REPLAY) return kv_fail(err, "replaying a decode step failed");
+        rc = forward_layers(f, seqs, n_seqs, n_total, hooks, err); /* nothing of it ran */
+    }
+    if (rc) return -1;
 
     for (int s = 0; s < n_seqs; s++) {
         int end = seqs[s].kv_start + seqs[s].n_tok;

@@ -53,8 +53,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     const int h = w % n_head, r = w / n_head;
     const int g = h / (n_head / l.n_kv_head), hd = l.head_dim, bt = l.block_tokens;
     const int n_keys = d.q_slot[r] + 1;
-    const int k0 = (int)((int64_t)n_keys * split / d.n_split);
-    const int k1 = (int)((int64_t)n_keys * (split + 1) / d.n_split);
+    const int ns = d.row_split ? attn_split_count(n_keys, d.n_split) : d.n_split;
+    if (split >= ns) return; /* a graph's row with fewer keys: whole warps leave */
+    const int k0 = (int)((int64_t)n_keys * split / ns);
+    const int k1 = (int)((int64_t)n_keys * (split + 1) / ns);
 
     const float *q = d.q + ((size_t)r * n_head + h) * hd;
     for (int i = lane; i < hd; i += 32) sq[wb][i] = q[i];
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
         __syncwarp(); /* sp is rewritten by the next tile */
         m = m_new;
     }
-    if (d.n_split == 1) {
+    if (ns == 1) {
         float *o = d.out + ((size_t)r * n_head + h) * hd;
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int i = 0; i < ATTN_DPL; i++)
@@ -113,8 +115,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     const int gw = blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
     if (gw >= n_mwarps) return;
     const attn_desc &d = desc[find_seq(desc, n_seqs, gw, true)];
-    const int w = gw - d.mwarp0, h = w % n_head, r = w / n_head, ns = d.n_split;
-    const float *p = part + (d.part0 + ((int64_t)r * n_head + h) * ns) * (hd + 2);
+    const int w = gw - d.mwarp0, h = w % n_head, r = w / n_head;
+    const int ns = d.row_split ? attn_split_count(d.q_slot[r] + 1, d.n_split) : d.n_split;
+    if (ns == 1) return; /* kernel_attention wrote the row */
+    const float *p = part + (d.part0 + ((int64_t)r * n_head + h) * d.n_split) * (hd + 2);
     float mx = -INFINITY;
     for (int s = 0; s < ns; s++) mx = fmaxf(mx, p[(size_t)s * (hd + 2)]);
     float total = 0.0f, acc[ATTN_DPL];
