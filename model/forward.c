@@ -26,7 +26,7 @@ struct forward_state {
     bool in_layer;
     float *q, *q_alt;    /* backend: [n_rows][q_dim], the layer's rotated queries */
     int q_dim;           /* n_head * head_dim */
-    int32_t *d_rows;     /* backend copies of rows and row_slot */
+    int32_t *d_rows;     /* backend copies of rows and row_slot (in the pass's upload, d_meta) */
     int32_t *d_row_slot; /* backend */
     int32_t *d_keep;     /* backend: [max_tokens] gather indices */
     float *host_x;       /* host: [max_tokens][dim] rows read back by forward_state_hidden (only
@@ -55,12 +55,15 @@ struct forward_ctx {
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
     int *keep;         /* [max_tokens] rows kept at the last layer */
-    int32_t *meta;     /* [meta_len] what goes up per pass: ids | pos | block tables */
+    int32_t *meta;     /* [meta_len] what goes up per pass, in one upload: for its n tokens,
+                          ids [n] | pos [n] | rows [n] | row_slot [n] | block tables */
     int32_t meta_len;
     int32_t *table_off; /* [max_seqs] offset of each sequence's block table in meta's tables */
     int32_t max_table;  /* block table entries the tables hold */
     /* backend memory */
-    int32_t *d_meta; /* [meta_len] meta's backend copy: ids | pos | tables */
+    int32_t *d_meta; /* [meta_len] meta's backend copy */
+    int32_t *d_ids, *d_pos,
+        *d_tables;   /* this pass's parts of d_meta (and st's d_rows, d_row_slot) */
     float *tok_cs;   /* [max_tokens][n_rot] each token's RoPE angles (cos, sin), every layer's */
     float *xn;       /* [max_tokens][dim] normalised input */
     float *k;        /* [max_tokens][n_kv_head * head_dim] */
@@ -239,7 +242,7 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     int64_t tables = (int64_t)max_seqs * kv_pool_total_blocks(pool);
     if (tables > INT32_MAX / 2) tables = INT32_MAX / 2;
     f->max_table = (int32_t)tables;
-    f->meta_len = 2 * max_tokens + f->max_table;
+    f->meta_len = 4 * max_tokens + f->max_table;
     f->meta = malloc(sizeof(int32_t) * (size_t)f->meta_len);
     if (!st->rows || !st->row_slot || !f->tok_seq || !f->tok_slot || !f->keep || !f->table_off ||
         !f->aseq || !f->meta)
@@ -253,8 +256,6 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     st->x_alt = backend_alloc(b, sizeof(float) * nt * hp->dim);
     st->q = backend_alloc(b, sizeof(float) * nt * qd);
     st->q_alt = backend_alloc(b, sizeof(float) * nt * qd);
-    st->d_rows = backend_alloc(b, sizeof(int32_t) * nt);
-    st->d_row_slot = backend_alloc(b, sizeof(int32_t) * nt);
     st->d_keep = backend_alloc(b, sizeof(int32_t) * nt);
     f->d_meta = backend_alloc(b, sizeof(int32_t) * (size_t)f->meta_len);
     f->tok_cs = backend_alloc(b, sizeof(float) * nt * (size_t)hp->n_rot);
@@ -265,9 +266,8 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     f->tmp = backend_alloc(b, sizeof(float) * nt * hp->dim);
     f->gate = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
     f->up = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
-    if (!st->x || !st->x_alt || !st->q || !st->q_alt || !st->d_rows || !st->d_row_slot ||
-        !st->d_keep || !f->d_meta || !f->tok_cs || !f->xn || !f->k || !f->v || !f->att || !f->tmp ||
-        !f->gate || !f->up)
+    if (!st->x || !st->x_alt || !st->q || !st->q_alt || !st->d_keep || !f->d_meta || !f->tok_cs ||
+        !f->xn || !f->k || !f->v || !f->att || !f->tmp || !f->gate || !f->up)
         goto oom;
     return f;
 oom:
@@ -288,8 +288,6 @@ void forward_ctx_destroy(forward_ctx *f) {
     float *bufs[] = {st->x, st->x_alt, st->q,  st->q_alt, f->tok_cs, f->xn,      f->k,
                      f->v,  f->att,    f->tmp, f->gate,   f->up,     f->d_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) backend_free(b, bufs[i]);
-    backend_free(b, st->d_rows);
-    backend_free(b, st->d_row_slot);
     backend_free(b, st->d_keep);
     backend_free(b, f->d_meta);
     free(f->tok_seq);
@@ -373,7 +371,7 @@ static void seq_rows(const forward_ctx *f, int s, int *lo, int *hi) {
 
 /* Sequence s's block table in backend memory. */
 static const int32_t *seq_table(const forward_ctx *f, int s) {
-    return f->d_meta + 2 * f->max_tokens + f->table_off[s];
+    return f->d_tables + f->table_off[s];
 }
 
 /* ---------------------------------------------------------------- one layer */
@@ -481,7 +479,8 @@ static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n
                         int32_t table_stride, kv_error *err) {
     forward_state *st = &f->st;
     int bt = kv_pool_layout(f->pool)->block_tokens;
-    int32_t *ids = f->meta, *pos = f->meta + f->max_tokens, *tables = pos + f->max_tokens;
+    int32_t *ids = f->meta, *pos = ids + n_total, *rows = pos + n_total, *slot = rows + n_total,
+            *tables = slot + n_total;
     int t = 0, n_table = 0;
     for (int s = 0; s < n_seqs; s++) {
         const batch_seq *bs = &seqs[s];
@@ -497,16 +496,16 @@ static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n
             f->tok_slot[t] = bs->kv_start + i;
             ids[t] = bs->tokens[i];
             pos[t] = bs->pos[i];
-            st->rows[t] = t;
-            st->row_slot[t] = f->tok_slot[t];
+            st->rows[t] = rows[t] = t;
+            st->row_slot[t] = slot[t] = f->tok_slot[t];
         }
     }
     st->n_rows = n_total;
-    if (backend_upload(f->b, f->d_meta, ids, sizeof(int32_t) * n_total) ||
-        backend_upload(f->b, f->d_meta + f->max_tokens, pos, sizeof(int32_t) * n_total) ||
-        backend_upload(f->b, f->d_meta + 2 * f->max_tokens, tables, sizeof(int32_t) * n_table))
+    f->d_ids = f->d_meta, f->d_pos = f->d_ids + n_total, st->d_rows = f->d_pos + n_total;
+    st->d_row_slot = st->d_rows + n_total, f->d_tables = st->d_row_slot + n_total;
+    if (backend_upload(f->b, f->d_meta, f->meta, sizeof(int32_t) * (4 * (size_t)n_total + n_table)))
         return kv_fail(err, "uploading the batch failed");
-    return state_upload_rows(st) ? kv_fail(err, "uploading the batch failed") : 0;
+    return 0;
 }
 
 /* The final norm and the output matmul for rows idx[0..n_out) of the hidden state, into the
@@ -567,8 +566,8 @@ static int forward_layers(forward_ctx *f, const batch_seq *seqs, int n_seqs, int
                           const forward_hooks *hooks, kv_error *err) {
     const model_hparams *hp = &f->m->hp;
     forward_state *st = &f->st;
-    if (backend_embed(f->b, &f->tok_embd, f->d_meta, n_total, st->x) ||
-        backend_rope_angles(f->b, &f->rope, f->d_meta + f->max_tokens, n_total, f->tok_cs))
+    if (backend_embed(f->b, &f->tok_embd, f->d_ids, n_total, st->x) ||
+        backend_rope_angles(f->b, &f->rope, f->d_pos, n_total, f->tok_cs))
         return kv_fail(err, "embedding the batch failed");
 
     for (int il = 0; il < hp->n_layer; il++) {
