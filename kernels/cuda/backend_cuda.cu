@@ -948,8 +948,11 @@ static int graph_finish(cuda_backend *cb, step_graph *g) {
     cudaGraph_t graph = nullptr;
     cudaError_t e = cudaStreamEndCapture(cb->compute, &graph);
     if (e == cudaSuccess && cb->record_failed) e = cudaErrorStreamCaptureInvalidated;
+    /* on the compute stream, so the launch below is ordered after it (a cudaMemcpy from
+     * pageable memory may return before its DMA is done) */
     if (e == cudaSuccess && g->n_desc > 0)
-        e = cudaMemcpy(g->desc, g->hdesc, sizeof(attn_desc) * g->n_desc, cudaMemcpyHostToDevice);
+        e = cudaMemcpyAsync(g->desc, g->hdesc, sizeof(attn_desc) * g->n_desc,
+                            cudaMemcpyHostToDevice, cb->compute);
     if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (e == cudaSuccess) e = cudaGraphLaunch(g->exec, cb->compute);
