@@ -533,9 +533,10 @@ static int compute_logits(forward_ctx *f, int n_out, float *logits) {
 /* ---------------------------------------------------------------- recorded steps */
 
 /* A decode step of the continuous batch is recorded once per shape and replayed
- * (backend_graph_begin): one token per sequence, decode rows, no hook between layers (hooks
- * read rows on the host). Its ops' arguments then depend on the sequences' count, the tables'
- * stride and which of the two buffers hold the rows and queries (keep_rows swaps them); tables
+ * (backend_graph_begin): one token per sequence, all of them decode rows or none (whether
+ * attention may split keys), no hook between layers (hooks read rows on the host). Its ops'
+ * arguments then depend on the sequences' count, the tables' stride, the decode flag and which
+ * of the two buffers hold the rows and queries (keep_rows swaps them); tables
  * lie a power-of-two stride apart (at least the longest table), so a table that grows a block
  * keeps its address and a stride lasts a doubling of the context. Returns the stride, or 0
  * where the step runs directly. */
@@ -546,7 +547,7 @@ static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, i
     const int bt = kv_pool_layout(f->pool)->block_tokens;
     int32_t max_nb = 1, stride = 16;
     for (int s = 0; s < n_seqs; s++) {
-        if (seqs[s].n_tok != 1 || !seqs[s].decode) return 0;
+        if (seqs[s].n_tok != 1 || seqs[s].decode != seqs[0].decode) return 0;
         int32_t nb = (seqs[s].kv_start + 1 + bt - 1) / bt;
         max_nb = nb > max_nb ? nb : max_nb;
     }
@@ -558,6 +559,7 @@ static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, i
 typedef struct graph_key {
     int32_t n_seqs;
     int32_t table_stride;
+    int32_t decode;     /* every row's batch_seq.decode (attention may split its keys) */
     const float *x, *q; /* st->x and st->q */
 } graph_key;
 
@@ -593,13 +595,19 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
 
     /* flatten the batch and upload it; then the step: directly, or recorded, or replayed */
     forward_state *st = &f->st;
+    /* a pass starts from the same buffers whatever keep_rows left (their contents are
+     * rewritten), so a recorded step's key does not depend on what the last pass dropped */
+    float *t;
+    if ((uintptr_t)st->x > (uintptr_t)st->x_alt) t = st->x, st->x = st->x_alt, st->x_alt = t;
+    if ((uintptr_t)st->q > (uintptr_t)st->q_alt) t = st->q, st->q = st->q_alt, st->q_alt = t;
     const int32_t stride = graph_table_stride(f, seqs, n_seqs, hooks);
     if (upload_batch(f, seqs, n_seqs, n_total, stride, err)) return -1;
     backend_graph_mode mode = BACKEND_GRAPH_DIRECT;
     if (stride) {
         graph_key key;
         memset(&key, 0, sizeof key);
-        key.n_seqs = n_seqs, key.table_stride = stride, key.x = st->x, key.q = st->q;
+        key.n_seqs = n_seqs, key.table_stride = stride, key.decode = seqs[0].decode;
+        key.x = st->x, key.q = st->q;
         mode = backend_graph_begin(f->b, f, &key, sizeof key);
     }
     int rc =

@@ -98,7 +98,9 @@ typedef struct attn_desc {
  * table the backend fills itself, attention's descriptors, depends only on the shape: a graph
  * keeps its own on the device (GRAPH_DESC_SETS sets of up to desc_cap), written once when it is
  * recorded; the split of each row's keys is chosen on the device (attn_desc.row_split). */
-#define GRAPH_CACHE 16 /* graphs kept; the least recently replayed one makes room */
+#define GRAPH_CACHE                                                                                \
+    64 /* graphs kept (batch widths x table strides); the least recently                           \
+          replayed one makes room */
 #define GRAPH_KEY_BYTES BACKEND_GRAPH_KEY_MAX
 #define GRAPH_DESC_SETS 4 /* distinct descriptor sets of one step (layers share one) */
 

@@ -246,11 +246,11 @@ long cuda_emu_live_graphs(void); /* kernels/cuda/emu.cc */
  * in two chunks), then decode steps whose width goes 1, 2, 3 and back to 1, so each width is
  * recorded once and replayed with other positions, other block tables (the sequences' blocks
  * interleave as they grow), a table that grows a block (slots 64, 32 and 96 start new ones) and
- * rows whose keys cross a split boundary (64 keys: 2 ranges, 96: 3) inside one graph. Every
+ * decode rows whose keys cross a split boundary (64 keys: 2 ranges, 96: 3) inside one graph. Every
  * step's logits must be the same bits: a replay is the same kernels on the same data. At
  * MATMUL_PRECISION_F32, where a last-bit difference in any op reaches the logits (8-bit
  * activations would round most of them away). */
-static void graphs_against_direct(matmul_precision precision) {
+static void graphs_against_direct(matmul_precision precision, bool decode) {
     kv_error err = {{0}};
     model_load_opts opts = {.chat_template = "chatml"};
     model *m = model_load("tests/golden/arch/llama3_q.gguf", &opts, &err);
@@ -311,7 +311,7 @@ static void graphs_against_direct(matmul_precision precision) {
                                     .tokens = tok + len[s],
                                     .pos = pos + len[s],
                                     .kv_start = len[s],
-                                    .decode = true};
+                                    .decode = decode};
                 cr_assert_eq(kv_seq_reserve(sd[k].pool, bs[s].seq, len[s] + 1, &err), 0, "%s",
                              err.msg);
             }
@@ -345,6 +345,8 @@ static void graphs_against_direct(matmul_precision precision) {
 }
 
 Test(cuda_forward, decode_graphs_match_direct_launches_bit_for_bit) {
-    graphs_against_direct(MATMUL_PRECISION_F32);
-    graphs_against_direct(MATMUL_PRECISION_Q8);
+    graphs_against_direct(MATMUL_PRECISION_F32, true);
+    graphs_against_direct(MATMUL_PRECISION_Q8, true);
+    /* the server's steps: decode false (KV computed as a prompt's, attention unsplit) */
+    graphs_against_direct(MATMUL_PRECISION_F32, false);
 }
