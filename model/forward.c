@@ -535,11 +535,11 @@ static int compute_logits(forward_ctx *f, int n_out, float *logits) {
 /* A decode step of the continuous batch is recorded once per shape and replayed
  * (backend_graph_begin): one token per sequence, all of them decode rows or none (whether
  * attention may split keys), no hook between layers (hooks read rows on the host). Its ops'
- * arguments then depend on the sequences' count, the tables' stride, the decode flag and which
- * of the two buffers hold the rows and queries (keep_rows swaps them); tables
- * lie a power-of-two stride apart (at least the longest table), so a table that grows a block
- * keeps its address and a stride lasts a doubling of the context. Returns the stride, or 0
- * where the step runs directly. */
+ * arguments then depend on the sequences' count, the tables' stride and the decode flag alone
+ * (a pass starts from the same row and query buffers, model_forward); tables lie a power-of-two
+ * stride apart (at least the longest table), so a table that grows a block keeps its address
+ * and a stride lasts a doubling of the context. Returns the stride, or 0 where the step runs
+ * directly. */
 static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, int n_seqs,
                                   const forward_hooks *hooks) {
     if (hooks && (hooks->before_layer || hooks->after_kv || hooks->after_layer)) return 0;
@@ -559,8 +559,7 @@ static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, i
 typedef struct graph_key {
     int32_t n_seqs;
     int32_t table_stride;
-    int32_t decode;     /* every row's batch_seq.decode (attention may split its keys) */
-    const float *x, *q; /* st->x and st->q */
+    int32_t decode; /* every row's batch_seq.decode (attention may split its keys) */
 } graph_key;
 
 /* Embeds the batch's tokens, every layer's RoPE angles, then the layers. */
@@ -607,7 +606,6 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
         graph_key key;
         memset(&key, 0, sizeof key);
         key.n_seqs = n_seqs, key.table_stride = stride, key.decode = seqs[0].decode;
-        key.x = st->x, key.q = st->q;
         mode = backend_graph_begin(f->b, f, &key, sizeof key);
     }
     int rc =

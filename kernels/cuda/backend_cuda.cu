@@ -316,7 +316,7 @@ static void cuda_weight_release(backend *b, const void *host) {
 }
 
 int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaStream_t s) {
-    if (cb->recording) {
+    if (cb->recording && pthread_equal(cb->recorder, pthread_self())) {
         /* a replay would copy whatever the slot holds by then */
         log_error("cuda: a host upload inside a recorded step (backend_graph_begin)");
         cb->record_failed = true;
@@ -938,6 +938,7 @@ static backend_graph_mode cuda_graph_begin(backend *b, const void *owner, const 
         cb->graphs_on = false;
         return BACKEND_GRAPH_DIRECT;
     }
+    cb->recorder = pthread_self();
     cb->recording = g;
     cb->record_failed = false;
     return BACKEND_GRAPH_RECORD;

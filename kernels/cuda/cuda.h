@@ -164,6 +164,7 @@ typedef struct cuda_backend {
     int n_graphs;
     uint64_t steps;        /* backend_graph_begin calls */
     step_graph *recording; /* between a RECORD begin and its end */
+    pthread_t recorder;    /* the thread recording (other threads' uploads go on) */
     step_graph *replaying; /* between a REPLAY begin and its end */
     bool record_failed;    /* an op refused to be recorded */
 } cuda_backend;
