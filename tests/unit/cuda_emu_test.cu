@@ -2,7 +2,7 @@
  * shared-memory writes before reads, shuffles and votes exchange among a warp's lanes (partial
  * warps too), atomics, static and dynamic shared memory per block, 3-D indices, the integer
  * and rounding intrinsics of the int8 matmuls, launch configuration errors, a deadlocked
- * barrier, and the reference GemmEx. The same file builds
+ * barrier, the reference GemmEx, and stream capture and graph launches. The same file builds
  * with nvcc (make test-gpu), where it checks the device instead; the emulator-only cases are
  * skipped there. */
 #include <criterion/criterion.h>

@@ -939,6 +939,39 @@ Test(cuda, a_recorded_step_replays_on_current_data) {
     backend_free(g_gpu, dx), backend_free(g_gpu, dy);
 }
 
+#ifndef KVSERVE_TEST_GPU
+/* The backend keeps a bounded number of graphs: the least recently begun one makes room, and
+ * comes back recorded anew. */
+Test(cuda, graphs_are_bounded_least_recently_used_first) {
+    const long before = cuda_emu_live_graphs();
+    float *x = backend_alloc(g_gpu, 64);
+    int owner;
+    for (int key = 0; key < 70; key++) {
+        cr_assert_eq(backend_graph_begin(g_gpu, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD);
+        cr_assert_eq(backend_add(g_gpu, x, x, 16), 0);
+        cr_assert_eq(backend_graph_end(g_gpu), 0);
+        /* key 1 stays in use */
+        int one = 1;
+        if (key >= 1) {
+            cr_assert_eq(backend_graph_begin(g_gpu, &owner, &one, sizeof one), BACKEND_GRAPH_REPLAY,
+                         "key 1 after key %d", key);
+            cr_assert_eq(backend_graph_end(g_gpu), 0);
+        }
+    }
+    cr_expect_leq(cuda_emu_live_graphs() - before, 64, "%ld graphs kept",
+                  cuda_emu_live_graphs() - before);
+    int zero = 0, last = 69;
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &zero, sizeof zero), BACKEND_GRAPH_RECORD,
+                 "the least recently used went first");
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &last, sizeof last), BACKEND_GRAPH_REPLAY);
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    backend_graph_forget(g_gpu, &owner);
+    cr_expect_eq(cuda_emu_live_graphs(), before, "forgotten: destroyed");
+    backend_free(g_gpu, x);
+}
+#endif
+
 /* A host wait inside a step cannot be recorded (the device would replay the step without it):
  * the recording fails, nothing of it ran, and the backend runs steps directly from then on. The
  * backend refuses an upload itself (a replay would copy whatever the pinned slot holds by then);
