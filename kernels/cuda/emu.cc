@@ -471,6 +471,8 @@ const char *cudaGetErrorName(cudaError_t e) {
         return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureImplicit:
         return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent:
+        return "cudaErrorCapturedEvent";
     case cudaErrorStreamCaptureWrongThread:
         return "cudaErrorStreamCaptureWrongThread";
     }
@@ -497,6 +499,8 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureImplicit:
         return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+        return "operation not permitted on an event last recorded in a capturing stream";
     case cudaErrorStreamCaptureWrongThread:
         return "attempt to terminate a thread-local capture sequence from another thread";
     }
@@ -624,7 +628,7 @@ struct emu_stream {
     emu_capture *cap; /* the capture in progress on it, or null */
 };
 struct emu_event {
-    emu_capture *cap; /* the capture its last record went into (while that is active), or null */
+    uint64_t cap_id; /* the capture its last record went into (emu_capture.id), or 0 */
 };
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
@@ -648,7 +652,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     (void)flags;
-    *e = new (std::nothrow) emu_event{nullptr};
+    *e = new (std::nothrow) emu_event{0};
     return *e ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -771,6 +775,7 @@ struct emu_graph_node {
 };
 
 struct emu_capture {
+    uint64_t id; /* from 1: events name the capture they were recorded into by it */
     cudaStream_t origin;
     cudaStreamCaptureMode mode;
     pthread_t thread;
@@ -789,6 +794,7 @@ namespace {
 std::mutex g_capture_mu;
 std::vector<emu_capture *> g_captures; /* active, in begin order */
 long g_live_graphs;                    /* graphs and executable graphs (under g_capture_mu) */
+uint64_t g_capture_ids;                /* captures begun */
 } // namespace
 
 long emu::live_graphs() {
@@ -840,31 +846,42 @@ static cudaError_t capture_stream_sync(cudaStream_t s) {
     return cudaErrorStreamCaptureUnsupported;
 }
 
+/* The active capture event e was last recorded into, or null (none, or it has ended: the
+ * event then stands for work that never runs, and waits pass). Under g_capture_mu. */
+static emu_capture *event_capture(cudaEvent_t e) {
+    if (!e->cap_id) return nullptr;
+    for (emu_capture *c : g_captures)
+        if (c->id == e->cap_id) return c;
+    return nullptr;
+}
+
 static cudaError_t capture_event_record(cudaEvent_t e, cudaStream_t s) {
     if (!s) {
         if (cudaError_t err = capture_legacy_use()) return err;
-        e->cap = nullptr;
+        e->cap_id = 0;
         return cudaSuccess;
     }
     std::lock_guard<std::mutex> lk(g_capture_mu);
-    e->cap = s->cap; /* on a capturing stream: a point of the graph, not of the device's time */
+    /* on a capturing stream: a point of the graph, not of the device's time */
+    e->cap_id = s->cap ? s->cap->id : 0;
     if (s->cap && s->cap->invalidated) return cudaErrorStreamCaptureInvalidated;
     return cudaSuccess;
 }
 
 static cudaError_t capture_event_sync(cudaEvent_t e) {
     std::lock_guard<std::mutex> lk(g_capture_mu);
-    if (!e->cap) return cudaSuccess;
-    e->cap->invalidated = true;
-    return cudaErrorStreamCaptureUnsupported;
+    emu_capture *c = event_capture(e);
+    if (!c) return cudaSuccess;
+    c->invalidated = true;
+    return cudaErrorCapturedEvent;
 }
 
 static cudaError_t capture_stream_wait(cudaStream_t s, cudaEvent_t e) {
     std::lock_guard<std::mutex> lk(g_capture_mu);
-    emu_capture *sc = s ? s->cap : nullptr;
-    if (sc == e->cap) return cudaSuccess; /* neither captures, or both the same capture */
+    emu_capture *sc = s ? s->cap : nullptr, *ec = event_capture(e);
+    if (sc == ec) return cudaSuccess; /* neither captures, or both the same capture */
     if (sc) sc->invalidated = true;
-    if (e->cap) e->cap->invalidated = true;
+    if (ec) ec->invalidated = true;
     return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -935,7 +952,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     if (!s) return emu_fail(cudaErrorStreamCaptureUnsupported); /* not on the legacy stream */
     std::lock_guard<std::mutex> lk(g_capture_mu);
     if (s->cap) return emu_fail(cudaErrorIllegalState); /* already capturing */
-    emu_capture *c = new (std::nothrow) emu_capture{s, mode, pthread_self(), false, {}};
+    emu_capture *c =
+        new (std::nothrow) emu_capture{++g_capture_ids, s, mode, pthread_self(), false, {}};
     if (!c) return emu_fail(cudaErrorMemoryAllocation);
     g_captures.push_back(c);
     __atomic_store_n(&s->cap, c, __ATOMIC_RELAXED);

@@ -91,6 +91,7 @@ typedef enum cudaError {
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
     cudaErrorStreamCaptureWrongThread = 908,
 } cudaError_t;
 
@@ -151,8 +152,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
 /* CUDA Runtime API, "Stream Management" and "Graph Management". What is checked during a capture
  * (CUDA Programming Guide, "Prohibited and Unhandled Operations" of stream capture):
- * - conflicting with any capture: synchronising or querying the capturing stream, or an event
- *   recorded into a capture (cudaErrorStreamCaptureUnsupported); cudaDeviceSynchronize while
+ * - conflicting with any capture: synchronising the capturing stream
+ *   (cudaErrorStreamCaptureUnsupported) or an event last recorded into a capture
+ *   (cudaErrorCapturedEvent); cudaDeviceSynchronize while
  *   any capture is active (the same); the legacy stream (stream 0, synchronous copies and sets)
  *   while a stream created without cudaStreamNonBlocking captures
  *   (cudaErrorStreamCaptureImplicit);

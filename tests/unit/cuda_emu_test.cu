@@ -425,7 +425,7 @@ Test(cuda_emu, a_host_wait_in_a_capture_is_refused_and_invalidates_it) {
     cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
     cr_assert_eq(cudaEventRecord(ev, cs.s), cudaSuccess);
     e = cudaEventSynchronize(ev);
-    cr_expect_eq(e, cudaErrorStreamCaptureUnsupported, "got %s", cudaGetErrorName(e));
+    cr_expect_eq(e, cudaErrorCapturedEvent, "got %s", cudaGetErrorName(e));
     e = cudaStreamEndCapture(cs.s, &g);
     cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
     cudaGetLastError();
