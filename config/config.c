@@ -177,6 +177,7 @@ static const opt_row OPTIONS[] = {
     {.key = "device", .type = OPT_ENUM, .group = GROUP, .offset = offsetof(kv_config, device),
      .choices = DEVICES, .def = "auto", .metavar = "DEV",
      .help = "compute backend: auto (CUDA if a GPU is present), cuda, cpu"},
+    BOOL(cuda_graphs, "true", "CUDA: decode steps replayed as graphs (off: launched one by one)"),
 #undef GROUP
 #define GROUP GROUP_HTTP
     STR(host, 0, "127.0.0.1", false, "ADDR", "address to listen on"),

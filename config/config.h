@@ -24,7 +24,8 @@ typedef struct kv_config {
     bool precise;          /* f32 matmuls over dequantized weights */
     char *pooling;         /* embeddings: auto|mean|last|cls */
     char *simd;            /* kernels' instruction set: auto|avx512|avx2|scalar */
-    char *device; /* compute backend: auto|cuda|cpu (auto: CUDA when a device is present) */
+    char *device;     /* compute backend: auto|cuda|cpu (auto: CUDA when a device is present) */
+    bool cuda_graphs; /* CUDA: decode steps recorded once per shape and replayed as graphs */
     /* ---- HTTP */
     char *host;
     int port;

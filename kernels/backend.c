@@ -198,3 +198,19 @@ int backend_attention(backend *b, const void *pool, const kv_layout *l, int laye
                       float scale, const attn_seq *seqs, int n_seqs) {
     return b->ops->attention(b, pool, l, layer, n_head, scale, seqs, n_seqs);
 }
+
+/* ---------------------------------------------------------------- step graphs */
+
+bool backend_graphs(const backend *b) { return b->ops->graphs && b->ops->graphs(b); }
+void backend_set_graphs(backend *b, bool on) {
+    if (b->ops->set_graphs) b->ops->set_graphs(b, on);
+}
+backend_graph_mode backend_graph_begin(backend *b, const void *owner, const void *key,
+                                       size_t key_bytes) {
+    if (!b->ops->graph_begin || key_bytes > BACKEND_GRAPH_KEY_MAX) return BACKEND_GRAPH_DIRECT;
+    return b->ops->graph_begin(b, owner, key, key_bytes);
+}
+int backend_graph_end(backend *b) { return b->ops->graph_end ? b->ops->graph_end(b) : 0; }
+void backend_graph_forget(backend *b, const void *owner) {
+    if (b->ops->graph_forget) b->ops->graph_forget(b, owner);
+}

@@ -323,6 +323,42 @@ int backend_kv_write_rows(backend *b, void *pool, const kv_layout *l, const int3
 int backend_attention(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                       float scale, const attn_seq *seqs, int n_seqs);
 
+/* ---------------------------------------------------------------- step graphs */
+
+/* A step whose ops repeat with the same arguments (a decode step of the continuous batch at one
+ * width: the same buffers, sizes and grids; only the contents of its input tables change) is
+ * recorded once and replayed as one launch (CUDA graphs; decode at small batch is bound by
+ * kernel launches). The caller names the shape with a key (bytes it compares) and an owner (the
+ * buffers the ops read, e.g. its forward context), uploads what changes before beginning, and
+ * brackets the ops:
+ *   mode = backend_graph_begin(b, owner, &key, sizeof key);
+ *   if (mode != BACKEND_GRAPH_REPLAY) issue the step's ops;
+ *   if (mode != BACKEND_GRAPH_DIRECT && backend_graph_end(b)) issue them again (recording failed);
+ * Two steps with one key and owner must issue the same ops with the same arguments: everything
+ * that differs goes into the key. Inside a step no op may need the host (uploads, downloads,
+ * the host-facing KV copies, frees): recording refuses them. Backends without graphs (the CPU)
+ * always answer DIRECT. */
+typedef enum backend_graph_mode {
+    BACKEND_GRAPH_DIRECT = 0, /* issue the ops; no backend_graph_end */
+    BACKEND_GRAPH_RECORD = 1, /* issue the ops: recorded, they run at backend_graph_end */
+    BACKEND_GRAPH_REPLAY = 2, /* issue nothing: backend_graph_end queues the recorded step */
+} backend_graph_mode;
+
+#define BACKEND_GRAPH_KEY_MAX 64 /* bytes of a key */
+
+/* Whether this backend records steps now (the caller may lay out its tables for them). */
+bool backend_graphs(const backend *b);
+/* Turns step graphs on (the default where the backend has them) or off (config cuda_graphs). */
+void backend_set_graphs(backend *b, bool on);
+backend_graph_mode backend_graph_begin(backend *b, const void *owner, const void *key,
+                                       size_t key_bytes);
+/* Queues the recorded or replayed step on the compute stream. -1 when recording failed (an op
+ * could not be recorded; none of the step's ops ran: issue them directly). Graphs stay off
+ * after a failed recording. */
+int backend_graph_end(backend *b);
+/* Drops owner's graphs (before its buffers are freed). */
+void backend_graph_forget(backend *b, const void *owner);
+
 #ifdef __cplusplus
 }
 #endif

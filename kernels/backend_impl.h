@@ -88,6 +88,14 @@ typedef struct backend_ops {
                          int slot, int n, const void *host, int host_slot);
     int (*attention)(backend *b, const void *pool, const kv_layout *l, int layer, int n_head,
                      float scale, const attn_seq *seqs, int n_seqs);
+
+    /* step graphs: NULL where a backend has none (every step then runs directly) */
+    void (*set_graphs)(backend *b, bool on);
+    bool (*graphs)(const backend *b);
+    backend_graph_mode (*graph_begin)(backend *b, const void *owner, const void *key,
+                                      size_t key_bytes);
+    int (*graph_end)(backend *b);
+    void (*graph_forget)(backend *b, const void *owner);
 } backend_ops;
 
 struct backend {

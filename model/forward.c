@@ -26,7 +26,7 @@ struct forward_state {
     bool in_layer;
     float *q, *q_alt;    /* backend: [n_rows][q_dim], the layer's rotated queries */
     int q_dim;           /* n_head * head_dim */
-    int32_t *d_rows;     /* backend copies of rows and row_slot */
+    int32_t *d_rows;     /* backend copies of rows and row_slot (in the pass's upload, d_meta) */
     int32_t *d_row_slot; /* backend */
     int32_t *d_keep;     /* backend: [max_tokens] gather indices */
     float *host_x;       /* host: [max_tokens][dim] rows read back by forward_state_hidden (only
@@ -55,12 +55,15 @@ struct forward_ctx {
     int32_t *tok_seq;  /* [max_tokens] which batch_seq */
     int32_t *tok_slot; /* [max_tokens] KV slot */
     int *keep;         /* [max_tokens] rows kept at the last layer */
-    int32_t *meta;     /* [meta_len] what goes up per pass: ids | pos | block tables */
+    int32_t *meta;     /* [meta_len] what goes up per pass, in one upload: for its n tokens,
+                          ids [n] | pos [n] | rows [n] | row_slot [n] | block tables */
     int32_t meta_len;
     int32_t *table_off; /* [max_seqs] offset of each sequence's block table in meta's tables */
     int32_t max_table;  /* block table entries the tables hold */
     /* backend memory */
-    int32_t *d_meta; /* [meta_len] meta's backend copy: ids | pos | tables */
+    int32_t *d_meta; /* [meta_len] meta's backend copy */
+    int32_t *d_ids, *d_pos,
+        *d_tables;   /* this pass's parts of d_meta (and st's d_rows, d_row_slot) */
     float *tok_cs;   /* [max_tokens][n_rot] each token's RoPE angles (cos, sin), every layer's */
     float *xn;       /* [max_tokens][dim] normalised input */
     float *k;        /* [max_tokens][n_kv_head * head_dim] */
@@ -239,7 +242,7 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     int64_t tables = (int64_t)max_seqs * kv_pool_total_blocks(pool);
     if (tables > INT32_MAX / 2) tables = INT32_MAX / 2;
     f->max_table = (int32_t)tables;
-    f->meta_len = 2 * max_tokens + f->max_table;
+    f->meta_len = 4 * max_tokens + f->max_table;
     f->meta = malloc(sizeof(int32_t) * (size_t)f->meta_len);
     if (!st->rows || !st->row_slot || !f->tok_seq || !f->tok_slot || !f->keep || !f->table_off ||
         !f->aseq || !f->meta)
@@ -253,8 +256,6 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     st->x_alt = backend_alloc(b, sizeof(float) * nt * hp->dim);
     st->q = backend_alloc(b, sizeof(float) * nt * qd);
     st->q_alt = backend_alloc(b, sizeof(float) * nt * qd);
-    st->d_rows = backend_alloc(b, sizeof(int32_t) * nt);
-    st->d_row_slot = backend_alloc(b, sizeof(int32_t) * nt);
     st->d_keep = backend_alloc(b, sizeof(int32_t) * nt);
     f->d_meta = backend_alloc(b, sizeof(int32_t) * (size_t)f->meta_len);
     f->tok_cs = backend_alloc(b, sizeof(float) * nt * (size_t)hp->n_rot);
@@ -265,9 +266,8 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     f->tmp = backend_alloc(b, sizeof(float) * nt * hp->dim);
     f->gate = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
     f->up = backend_alloc(b, sizeof(float) * nt * hp->ffn_dim);
-    if (!st->x || !st->x_alt || !st->q || !st->q_alt || !st->d_rows || !st->d_row_slot ||
-        !st->d_keep || !f->d_meta || !f->tok_cs || !f->xn || !f->k || !f->v || !f->att || !f->tmp ||
-        !f->gate || !f->up)
+    if (!st->x || !st->x_alt || !st->q || !st->q_alt || !st->d_keep || !f->d_meta || !f->tok_cs ||
+        !f->xn || !f->k || !f->v || !f->att || !f->tmp || !f->gate || !f->up)
         goto oom;
     return f;
 oom:
@@ -281,14 +281,13 @@ void forward_ctx_destroy(forward_ctx *f) {
     if (!f) return;
     backend *b = f->b;
     forward_state *st = &f->st;
+    backend_graph_forget(b, f); /* its recorded steps read the buffers below */
     free(st->rows);
     free(st->row_slot);
     free(st->host_x);
     float *bufs[] = {st->x, st->x_alt, st->q,  st->q_alt, f->tok_cs, f->xn,      f->k,
                      f->v,  f->att,    f->tmp, f->gate,   f->up,     f->d_logits};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) backend_free(b, bufs[i]);
-    backend_free(b, st->d_rows);
-    backend_free(b, st->d_row_slot);
     backend_free(b, st->d_keep);
     backend_free(b, f->d_meta);
     free(f->tok_seq);
@@ -372,7 +371,7 @@ static void seq_rows(const forward_ctx *f, int s, int *lo, int *hi) {
 
 /* Sequence s's block table in backend memory. */
 static const int32_t *seq_table(const forward_ctx *f, int s) {
-    return f->d_meta + 2 * f->max_tokens + f->table_off[s];
+    return f->d_tables + f->table_off[s];
 }
 
 /* ---------------------------------------------------------------- one layer */
@@ -473,16 +472,20 @@ static layer_result layer_forward(forward_ctx *f, const batch_seq *seqs, int n_s
 
 /* ---------------------------------------------------------------- the pass */
 
-/* The batch's token ids, positions and block tables (host), uploaded at once with the rows. */
+/* The batch's token ids, positions and block tables (host), uploaded at once with the rows.
+ * Tables lie back to back, or table_stride entries apart (a recorded step: their addresses then
+ * depend on the key alone). */
 static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n_total,
-                        kv_error *err) {
+                        int32_t table_stride, kv_error *err) {
     forward_state *st = &f->st;
     int bt = kv_pool_layout(f->pool)->block_tokens;
-    int32_t *ids = f->meta, *pos = f->meta + f->max_tokens, *tables = pos + f->max_tokens;
+    int32_t *ids = f->meta, *pos = ids + n_total, *rows = pos + n_total, *slot = rows + n_total,
+            *tables = slot + n_total;
     int t = 0, n_table = 0;
     for (int s = 0; s < n_seqs; s++) {
         const batch_seq *bs = &seqs[s];
         int nb = (bs->kv_start + bs->n_tok + bt - 1) / bt;
+        if (table_stride) n_table = s * table_stride; /* graph_table_stride checked the room */
         if (nb > f->max_table - n_table)
             return kv_fail(err, "the batch's block tables exceed %d entries", f->max_table);
         f->table_off[s] = n_table;
@@ -493,16 +496,16 @@ static int upload_batch(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n
             f->tok_slot[t] = bs->kv_start + i;
             ids[t] = bs->tokens[i];
             pos[t] = bs->pos[i];
-            st->rows[t] = t;
-            st->row_slot[t] = f->tok_slot[t];
+            st->rows[t] = rows[t] = t;
+            st->row_slot[t] = slot[t] = f->tok_slot[t];
         }
     }
     st->n_rows = n_total;
-    if (backend_upload(f->b, f->d_meta, ids, sizeof(int32_t) * n_total) ||
-        backend_upload(f->b, f->d_meta + f->max_tokens, pos, sizeof(int32_t) * n_total) ||
-        backend_upload(f->b, f->d_meta + 2 * f->max_tokens, tables, sizeof(int32_t) * n_table))
+    f->d_ids = f->d_meta, f->d_pos = f->d_ids + n_total, st->d_rows = f->d_pos + n_total;
+    st->d_row_slot = st->d_rows + n_total, f->d_tables = st->d_row_slot + n_total;
+    if (backend_upload(f->b, f->d_meta, f->meta, sizeof(int32_t) * (4 * (size_t)n_total + n_table)))
         return kv_fail(err, "uploading the batch failed");
-    return state_upload_rows(st) ? kv_fail(err, "uploading the batch failed") : 0;
+    return 0;
 }
 
 /* The final norm and the output matmul for rows idx[0..n_out) of the hidden state, into the
@@ -527,17 +530,45 @@ static int compute_logits(forward_ctx *f, int n_out, float *logits) {
     return 0;
 }
 
-int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forward_hooks *hooks,
-                  float *logits, kv_error *err) {
-    const model_hparams *hp = &f->m->hp;
-    int n_total = 0;
-    if (validate_batch(f, seqs, n_seqs, &n_total, err)) return -1;
+/* ---------------------------------------------------------------- recorded steps */
 
-    /* flatten the batch; embed every token; every layer's RoPE angles */
+/* A decode step of the continuous batch is recorded once per shape and replayed
+ * (backend_graph_begin): one token per sequence, all of them decode rows or none (whether
+ * attention may split keys), no hook between layers (hooks read rows on the host). Its ops'
+ * arguments then depend on the sequences' count, the tables' stride and the decode flag alone
+ * (a pass starts from the same row and query buffers, model_forward); tables lie a power-of-two
+ * stride apart (at least the longest table), so a table that grows a block keeps its address
+ * and a stride lasts a doubling of the context. Returns the stride, or 0 where the step runs
+ * directly. */
+static int32_t graph_table_stride(const forward_ctx *f, const batch_seq *seqs, int n_seqs,
+                                  const forward_hooks *hooks) {
+    if (hooks && (hooks->before_layer || hooks->after_kv || hooks->after_layer)) return 0;
+    if (!backend_graphs(f->b)) return 0;
+    const int bt = kv_pool_layout(f->pool)->block_tokens;
+    int32_t max_nb = 1, stride = 16;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n_tok != 1 || seqs[s].decode != seqs[0].decode) return 0;
+        int32_t nb = (seqs[s].kv_start + 1 + bt - 1) / bt;
+        max_nb = nb > max_nb ? nb : max_nb;
+    }
+    while (stride < max_nb) stride *= 2;
+    return (int64_t)stride * n_seqs <= f->max_table ? stride : 0;
+}
+
+/* What a recorded step's ops depend on besides the context (the key's owner). */
+typedef struct graph_key {
+    int32_t n_seqs;
+    int32_t table_stride;
+    int32_t decode; /* every row's batch_seq.decode (attention may split its keys) */
+} graph_key;
+
+/* Embeds the batch's tokens, every layer's RoPE angles, then the layers. */
+static int forward_layers(forward_ctx *f, const batch_seq *seqs, int n_seqs, int n_total,
+                          const forward_hooks *hooks, kv_error *err) {
+    const model_hparams *hp = &f->m->hp;
     forward_state *st = &f->st;
-    if (upload_batch(f, seqs, n_seqs, n_total, err)) return -1;
-    if (backend_embed(f->b, &f->tok_embd, f->d_meta, n_total, st->x) ||
-        backend_rope_angles(f->b, &f->rope, f->d_meta + f->max_tokens, n_total, f->tok_cs))
+    if (backend_embed(f->b, &f->tok_embd, f->d_ids, n_total, st->x) ||
+        backend_rope_angles(f->b, &f->rope, f->d_pos, n_total, f->tok_cs))
         return kv_fail(err, "embedding the batch failed");
 
     for (int il = 0; il < hp->n_layer; il++) {
@@ -553,6 +584,37 @@ int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forwa
         if (hooks && hooks->after_layer && hooks->after_layer(hooks->ud, st, il) != 0)
             return kv_fail(err, "forward aborted by a hook after layer %d", il);
     }
+    return 0;
+}
+
+int model_forward(forward_ctx *f, const batch_seq *seqs, int n_seqs, const forward_hooks *hooks,
+                  float *logits, kv_error *err) {
+    int n_total = 0;
+    if (validate_batch(f, seqs, n_seqs, &n_total, err)) return -1;
+
+    /* flatten the batch and upload it; then the step: directly, or recorded, or replayed */
+    forward_state *st = &f->st;
+    /* a pass starts from the same buffers whatever keep_rows left (their contents are
+     * rewritten), so a recorded step's key does not depend on what the last pass dropped */
+    float *t;
+    if ((uintptr_t)st->x > (uintptr_t)st->x_alt) t = st->x, st->x = st->x_alt, st->x_alt = t;
+    if ((uintptr_t)st->q > (uintptr_t)st->q_alt) t = st->q, st->q = st->q_alt, st->q_alt = t;
+    const int32_t stride = graph_table_stride(f, seqs, n_seqs, hooks);
+    if (upload_batch(f, seqs, n_seqs, n_total, stride, err)) return -1;
+    backend_graph_mode mode = BACKEND_GRAPH_DIRECT;
+    if (stride) {
+        graph_key key;
+        memset(&key, 0, sizeof key);
+        key.n_seqs = n_seqs, key.table_stride = stride, key.decode = seqs[0].decode;
+        mode = backend_graph_begin(f->b, f, &key, sizeof key);
+    }
+    int rc =
+        mode == BACKEND_GRAPH_REPLAY ? 0 : forward_layers(f, seqs, n_seqs, n_total, hooks, err);
+    if (mode != BACKEND_GRAPH_DIRECT && backend_graph_end(f->b)) {
+        if (mode == BACKEND_GRAPH_REPLAY) return kv_fail(err, "replaying a decode step failed");
+        rc = forward_layers(f, seqs, n_seqs, n_total, hooks, err); /* nothing of it ran */
+    }
+    if (rc) return -1;
 
     for (int s = 0; s < n_seqs; s++) {
         int end = seqs[s].kv_start + seqs[s].n_tok;

@@ -73,8 +73,11 @@ __global__ void __launch_bounds__(ATTN_FOLD_MAX * 32)
     const int split = w % d.n_split, r = w / d.n_split;
     const int g = h / (n_head / l.n_kv_head);
     const int n_keys = d.q_slot[r] + 1;
-    const int k0 = (int)((int64_t)n_keys * split / d.n_split);
-    const int k1 = (int)((int64_t)n_keys * (split + 1) / d.n_split);
+    const int ns = d.row_split ? attn_split_count(n_keys, d.n_split) : d.n_split;
+    /* a graph's row with fewer keys: the block leaves whole (its warps share row and range) */
+    if (split >= ns) return;
+    const int k0 = (int)((int64_t)n_keys * split / ns);
+    const int k1 = (int)((int64_t)n_keys * (split + 1) / ns);
     float *mq = sq + wb * hd, *mp = sp + wb * 32;
 
     const float *q = d.q + ((size_t)r * n_head + h) * hd;
@@ -118,7 +121,7 @@ __global__ void __launch_bounds__(ATTN_FOLD_MAX * 32)
         __syncwarp(); /* mp is rewritten by the next tile */
         m = m_new;
     }
-    if (d.n_split == 1) {
+    if (ns == 1) {
         float *o = d.out + ((size_t)r * n_head + h) * hd;
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
         for (int i = 0; i < ATTN_DPL; i++)
@@ -140,8 +143,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32)
     const int gw = blockIdx.x * ATTN_WARPS + (threadIdx.x >> 5);
     if (gw >= n_mwarps) return;
     const attn_desc &d = desc[find_seq(desc, n_seqs, gw, true)];
-    const int w = gw - d.mwarp0, h = w % n_head, r = w / n_head, ns = d.n_split;
-    const float *p = part + (d.part0 + ((int64_t)r * n_head + h) * ns) * (hd + 2);
+    const int w = gw - d.mwarp0, h = w % n_head, r = w / n_head;
+    const int ns = d.row_split ? attn_split_count(d.q_slot[r] + 1, d.n_split) : d.n_split;
+    if (ns == 1) return; /* kernel_attention wrote the row */
+    const float *p = part + (d.part0 + ((int64_t)r * n_head + h) * d.n_split) * (hd + 2);
     float mx = -INFINITY;
     for (int s = 0; s < ns; s++) mx = fmaxf(mx, p[(size_t)s * (hd + 2)]);
     float total = 0.0f, acc[ATTN_DPL];

@@ -23,7 +23,8 @@ namespace KV_CUDA_NS {
 /* Dequantized weight rows per GEMM tile (f16; f32 for F32/BF16 weights takes twice the bytes). */
 #define WTILE_BYTES (32u << 20)
 
-extern const backend_ops cuda_ops; /* the table, at the end */
+extern const backend_ops cuda_ops;          /* the table, at the end */
+static void graphs_clear(cuda_backend *cb); /* step graphs, below */
 
 /* ---------------------------------------------------------------- cuBLAS */
 
@@ -83,6 +84,7 @@ static void cuda_destroy(backend *b) {
     cuda_backend *cb = cuda_of(b);
     if (cb->compute) cudaStreamSynchronize(cb->compute);
     if (cb->xfer) cudaStreamSynchronize(cb->xfer);
+    graphs_clear(cb);
     for (int i = 0; i < cb->n_weights; i++) cudaFree(cb->weights[i].dev);
     free(cb->weights);
     cudaFree(cb->x16);
@@ -135,6 +137,7 @@ static backend *create(kv_error *err, bool emulated) {
     cb->base.ops = &cuda_ops;
     cb->base.host_memory = false;
     cb->emulated = emulated;
+    cb->graphs_on = true;
     pthread_mutex_init(&cb->mu, nullptr);
     pthread_mutex_init(&cb->xfer_mu, nullptr);
     CREATE_CHECK(cudaSetDevice(0));
@@ -186,10 +189,12 @@ static int cuda_n_threads(const backend *b) {
 
 static void cuda_set_precision(backend *b, matmul_precision p) { cuda_of(b)->precision = p; }
 
-/* Grows a device buffer to at least `bytes` (after the device is idle: queued ops may use it). */
-static int grow(void **p, size_t *cap, size_t bytes) {
+/* Grows a device buffer to at least `bytes` (after the device is idle: queued ops may use it;
+ * recorded steps that read the old one go). */
+static int grow(cuda_backend *cb, void **p, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return 0;
     CUDA_CHECK(cudaDeviceSynchronize());
+    graphs_clear(cb);
     cudaFree(*p);
     *p = nullptr;
     *cap = 0;
@@ -203,17 +208,19 @@ static int cuda_reserve(backend *b, const backend_limits *lim, kv_error *err) {
     size_t cap;
     if (lim->max_tokens > GEMV_MAX_TOKENS) {
         cap = cb->x16_elems * 2;
-        if (grow((void **)&cb->x16, &cap, (size_t)lim->max_tokens * lim->max_n_in * 2)) goto oom;
+        if (grow(cb, (void **)&cb->x16, &cap, (size_t)lim->max_tokens * lim->max_n_in * 2))
+            goto oom;
         cb->x16_elems = cap / 2;
         size_t tile = (size_t)64 * lim->max_n_in * 4;
-        if (grow(&cb->wtile, &cb->wtile_bytes, tile > WTILE_BYTES ? tile : WTILE_BYTES)) goto oom;
+        if (grow(cb, &cb->wtile, &cb->wtile_bytes, tile > WTILE_BYTES ? tile : WTILE_BYTES))
+            goto oom;
     }
     if (lim->max_n_in > (int64_t)cb->xq_elems) {
         const size_t n = (size_t)MMVQ_MAX_TOKENS * (size_t)lim->max_n_in;
         cap = cb->xq_elems * MMVQ_MAX_TOKENS;
         size_t cap_d = cap / 32 * sizeof(q8_ds);
-        if (grow((void **)&cb->xq, &cap, n) ||
-            grow((void **)&cb->xd, &cap_d, n / 32 * sizeof(q8_ds)))
+        if (grow(cb, (void **)&cb->xq, &cap, n) ||
+            grow(cb, (void **)&cb->xd, &cap_d, n / 32 * sizeof(q8_ds)))
             goto oom;
         cb->xq_elems = (size_t)lim->max_n_in;
     }
@@ -221,12 +228,12 @@ static int cuda_reserve(backend *b, const backend_limits *lim, kv_error *err) {
         cap = cb->part_floats * 4;
         size_t parts = (size_t)lim->max_seqs * ATTN_SPLIT_ROWS * lim->n_head * ATTN_MAX_SPLIT *
                        (lim->head_dim + 2);
-        if (grow((void **)&cb->part, &cap, parts * 4)) goto oom;
+        if (grow(cb, (void **)&cb->part, &cap, parts * 4)) goto oom;
         cb->part_floats = cap / 4;
     }
     if (lim->max_seqs > cb->desc_cap) {
         cap = (size_t)cb->desc_cap * sizeof(attn_desc);
-        if (grow((void **)&cb->desc, &cap, (size_t)lim->max_seqs * sizeof(attn_desc))) goto oom;
+        if (grow(cb, (void **)&cb->desc, &cap, (size_t)lim->max_seqs * sizeof(attn_desc))) goto oom;
         attn_desc *h = static_cast<attn_desc *>(realloc(cb->hdesc, cap));
         if (!h) goto oom;
         cb->hdesc = h;
@@ -309,6 +316,12 @@ static void cuda_weight_release(backend *b, const void *host) {
 }
 
 int cuda_upload(cuda_backend *cb, void *dst, const void *src, size_t bytes, cudaStream_t s) {
+    if (cb->recording && pthread_equal(cb->recorder, pthread_self())) {
+        /* a replay would copy whatever the slot holds by then */
+        log_error("cuda: a host upload inside a recorded step (backend_graph_begin)");
+        cb->record_failed = true;
+        return -1;
+    }
     if (bytes > UPLOAD_SLOT_BYTES) {
         CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s)); /* the host may reuse src at once */
@@ -782,6 +795,8 @@ static int cuda_kv_write_rows(backend *b, void *pool, const kv_layout *l, const 
 
 /* ---------------------------------------------------------------- attention */
 
+static const attn_desc *graph_descs(cuda_backend *cb, int n); /* step graphs, below */
+
 /* Descriptors of the call's sequences (host, then up through a pinned slot), the warps or
  * tensor-core blocks each takes (prefill-sized sequences: ATTN_TC_MIN_ROWS), and where split
  * rows keep their partial states; then the kernels. */
@@ -797,22 +812,28 @@ static int cuda_attention_op(backend *b, const void *pool, const kv_layout *l, i
     int64_t part = 0;
     const int64_t state = l->head_dim + 2;
     const bool tc = cuda_attention_tc_fits(l, n_head);
+    const bool recording = cb->recording != nullptr;
     for (int s = 0; s < n_seqs; s++) {
         const attn_seq *a = &seqs[s];
+        attn_desc d;
+        memset(&d, 0, sizeof d); /* padding too: recorded sets are compared with memcmp */
+        d.table = a->block_table, d.q_slot = a->q_slot, d.q = a->q, d.out = a->out;
+        d.n_q = a->n_q, d.n_split = 1, d.warp0 = warps, d.mwarp0 = mwarps, d.part0 = part;
+        d.tblock0 = tblocks;
         if (tc && a->n_q >= ATTN_TC_MIN_ROWS) {
-            cb->hdesc[s] = attn_desc{a->block_table, a->q_slot, a->q, a->out, a->n_q, 1,
-                                     warps,          mwarps,    part, tblocks};
+            cb->hdesc[s] = d;
             tblocks += cuda_attention_tc_blocks(l, n_head, a->n_q);
             continue;
         }
+        /* a recorded step's rows get warps for the most ranges and use what their keys give
+         * when it replays (n_kv changes from replay to replay) */
         int ns = 1;
-        if (a->split_keys && a->n_q <= ATTN_SPLIT_ROWS && a->n_kv >= 2 * ATTN_MIN_SPLIT_KEYS) {
-            ns = a->n_kv / ATTN_MIN_SPLIT_KEYS;
-            ns = ns > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : ns;
+        if (a->split_keys && a->n_q <= ATTN_SPLIT_ROWS) {
+            ns = recording ? ATTN_MAX_SPLIT : attn_split_count(a->n_kv, ATTN_MAX_SPLIT);
             if ((part + (int64_t)a->n_q * n_head * ns) * state > (int64_t)cb->part_floats) ns = 1;
         }
-        cb->hdesc[s] = attn_desc{a->block_table, a->q_slot, a->q, a->out, a->n_q, ns,
-                                 warps,          mwarps,    part, tblocks};
+        d.n_split = ns, d.row_split = recording && ns > 1;
+        cb->hdesc[s] = d;
         warps += a->n_q * n_head * ns;
         if (ns > 1) {
             mwarps += a->n_q * n_head;
@@ -820,9 +841,150 @@ static int cuda_attention_op(backend *b, const void *pool, const kv_layout *l, i
         }
     }
     if (warps == 0 && tblocks == 0) return 0;
-    if (cuda_upload(cb, cb->desc, cb->hdesc, sizeof(attn_desc) * n_seqs, cb->compute)) return -1;
-    return cuda_attention(cb->compute, pool, l, layer, n_head, scale, cb->desc, n_seqs, warps,
-                          mwarps, tblocks, cb->part);
+    const attn_desc *desc = cb->desc;
+    if (recording) {
+        if (!(desc = graph_descs(cb, n_seqs))) return -1;
+    } else if (cuda_upload(cb, cb->desc, cb->hdesc, sizeof(attn_desc) * n_seqs, cb->compute)) {
+        return -1;
+    }
+    return cuda_attention(cb->compute, pool, l, layer, n_head, scale, desc, n_seqs, warps, mwarps,
+                          tblocks, cb->part);
+}
+
+/* ---------------------------------------------------------------- step graphs */
+
+/* The recording graph's device copy of hdesc[0..n): a set it holds already (every layer of a
+ * step reads the same one), else a new one written when the recording ends. */
+static const attn_desc *graph_descs(cuda_backend *cb, int n) {
+    step_graph *g = cb->recording;
+    const size_t bytes = sizeof(attn_desc) * (size_t)n;
+    for (int i = 0; i + n <= g->n_desc; i++)
+        if (memcmp(g->hdesc + i, cb->hdesc, bytes) == 0) return g->desc + i;
+    if (g->n_desc + n > GRAPH_DESC_SETS * g->desc_cap) {
+        log_error("cuda graphs: a step's attention calls need more than %d descriptor sets",
+                  GRAPH_DESC_SETS);
+        cb->record_failed = true;
+        return nullptr;
+    }
+    memcpy(g->hdesc + g->n_desc, cb->hdesc, bytes);
+    g->n_desc += n;
+    return g->desc + g->n_desc - n;
+}
+
+/* Frees graph i (after the device has run its replays) and closes the gap. */
+static void graph_drop(cuda_backend *cb, int i) {
+    step_graph *g = &cb->graphs[i];
+    cudaStreamSynchronize(cb->compute);
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    cudaFree(g->desc);
+    free(g->hdesc);
+    cb->graphs[i] = cb->graphs[--cb->n_graphs];
+    memset(&cb->graphs[cb->n_graphs], 0, sizeof(step_graph));
+}
+
+static void graphs_clear(cuda_backend *cb) {
+    while (cb->n_graphs > 0) graph_drop(cb, cb->n_graphs - 1);
+}
+
+static void cuda_set_graphs(backend *b, bool on) {
+    cuda_backend *cb = cuda_of(b);
+    cb->graphs_on = on;
+    if (!on) graphs_clear(cb);
+}
+
+static bool cuda_graphs(const backend *b) {
+    return reinterpret_cast<const cuda_backend *>(b)->graphs_on;
+}
+
+static void cuda_graph_forget(backend *b, const void *owner) {
+    cuda_backend *cb = cuda_of(b);
+    for (int i = cb->n_graphs - 1; i >= 0; i--)
+        if (cb->graphs[i].owner == owner) graph_drop(cb, i);
+}
+
+static backend_graph_mode cuda_graph_begin(backend *b, const void *owner, const void *key,
+                                           size_t key_bytes) {
+    cuda_backend *cb = cuda_of(b);
+    if (!cb->graphs_on || cb->recording || cb->replaying || key_bytes > GRAPH_KEY_BYTES ||
+        cb->desc_cap == 0)
+        return BACKEND_GRAPH_DIRECT;
+    cb->steps++;
+    for (int i = 0; i < cb->n_graphs; i++) {
+        step_graph *g = &cb->graphs[i];
+        if (g->owner == owner && g->key_bytes == key_bytes && g->precision == cb->precision &&
+            memcmp(g->key, key, key_bytes) == 0) {
+            g->used = cb->steps;
+            cb->replaying = g;
+            return BACKEND_GRAPH_REPLAY;
+        }
+    }
+    if (cb->n_graphs == GRAPH_CACHE) {
+        int lru = 0;
+        for (int i = 1; i < cb->n_graphs; i++)
+            if (cb->graphs[i].used < cb->graphs[lru].used) lru = i;
+        graph_drop(cb, lru);
+    }
+    step_graph *g = &cb->graphs[cb->n_graphs++];
+    g->owner = owner;
+    memcpy(g->key, key, key_bytes);
+    g->key_bytes = key_bytes;
+    g->precision = cb->precision;
+    g->used = cb->steps;
+    g->desc_cap = cb->desc_cap;
+    const size_t desc_bytes = sizeof(attn_desc) * GRAPH_DESC_SETS * (size_t)g->desc_cap;
+    g->hdesc = static_cast<attn_desc *>(malloc(desc_bytes));
+    cudaError_t e =
+        g->hdesc ? cudaMalloc((void **)&g->desc, desc_bytes) : cudaErrorMemoryAllocation;
+    /* thread-local: a host wait on this thread inside the step fails the recording; other
+     * threads (cache loads on the transfer stream) go on */
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(cb->compute, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        log_warn("cuda graphs: cannot record a step (%s): steps run directly",
+                 cudaGetErrorString(e));
+        graph_drop(cb, cb->n_graphs - 1);
+        cb->graphs_on = false;
+        return BACKEND_GRAPH_DIRECT;
+    }
+    cb->recorder = pthread_self();
+    cb->recording = g;
+    cb->record_failed = false;
+    return BACKEND_GRAPH_RECORD;
+}
+
+/* Ends the recording (the descriptors go up, the graph is instantiated) and launches. */
+static int graph_finish(cuda_backend *cb, step_graph *g) {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(cb->compute, &graph);
+    if (e == cudaSuccess && cb->record_failed) e = cudaErrorStreamCaptureInvalidated;
+    /* on the compute stream, so the launch below is ordered after it (a cudaMemcpy from
+     * pageable memory may return before its DMA is done) */
+    if (e == cudaSuccess && g->n_desc > 0)
+        e = cudaMemcpyAsync(g->desc, g->hdesc, sizeof(attn_desc) * g->n_desc,
+                            cudaMemcpyHostToDevice, cb->compute);
+    if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e == cudaSuccess) e = cudaGraphLaunch(g->exec, cb->compute);
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    log_warn("cuda graphs: a step could not be recorded (%s): steps run directly from now on",
+             cudaGetErrorString(e));
+    cb->graphs_on = false;
+    graphs_clear(cb);
+    return -1;
+}
+
+static int cuda_graph_end(backend *b) {
+    cuda_backend *cb = cuda_of(b);
+    step_graph *g = cb->replaying;
+    if (g) {
+        cb->replaying = nullptr;
+        CUDA_CHECK(cudaGraphLaunch(g->exec, cb->compute));
+        return 0;
+    }
+    if (!(g = cb->recording)) return 0;
+    cb->recording = nullptr;
+    return graph_finish(cb, g);
 }
 
 /* ---------------------------------------------------------------- the table */
@@ -874,6 +1036,11 @@ const backend_ops cuda_ops = {
     cuda_kv_read_rows,
     cuda_kv_write_rows,
     cuda_attention_op,
+    cuda_set_graphs,
+    cuda_graphs,
+    cuda_graph_begin,
+    cuda_graph_end,
+    cuda_graph_forget,
 };
 
 } // namespace KV_CUDA_NS

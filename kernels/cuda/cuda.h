@@ -82,13 +82,42 @@ typedef struct attn_desc {
     const float *q;
     float *out;
     int n_q;
-    int n_split;   /* key ranges per query row (flash-decoding); 1: not split */
-    int warp0;     /* first warp of the attention kernel: n_q * n_head * n_split warps */
-    int mwarp0;    /* first warp of the merge kernel: n_q * n_head when split, else none */
-    int64_t part0; /* first partial state (of head_dim + 2 floats) when split */
-    int tblock0;   /* first block of the tensor-core kernel: n_kv_head * ceil(n_q * group / 64)
-                      blocks when it takes the sequence (then no warps above), else none */
+    int n_split;    /* key ranges per query row (flash-decoding); 1: not split */
+    bool row_split; /* each row uses attn_split_count(its keys, n_split) of them (a graph's
+                       step: the warps are fixed, the keys are not); else all n_split */
+    int warp0;      /* first warp of the attention kernel: n_q * n_head * n_split warps */
+    int mwarp0;     /* first warp of the merge kernel: n_q * n_head when split, else none */
+    int64_t part0;  /* first partial state (of head_dim + 2 floats) when split */
+    int tblock0;    /* first block of the tensor-core kernel: n_kv_head * ceil(n_q * group / 64)
+                       blocks when it takes the sequence (then no warps above), else none */
 } attn_desc;
+
+/* ---------------------------------------------------------------- step graphs */
+
+/* Decode steps recorded once per shape and replayed as CUDA graphs (backend_graph_begin in
+ * kernels/backend.h). A graph's kernels read the same pointers and sizes every replay; what
+ * changes between steps is in the caller's backend memory, uploaded before the replay. The one
+ * table the backend fills itself, attention's descriptors, depends only on the shape: a graph
+ * keeps its own on the device (GRAPH_DESC_SETS sets of up to desc_cap), written once when it is
+ * recorded; the split of each row's keys is chosen on the device (attn_desc.row_split). */
+#define GRAPH_CACHE                                                                                \
+    64 /* graphs kept (batch widths x table strides); the least recently                           \
+          replayed one makes room */
+#define GRAPH_KEY_BYTES BACKEND_GRAPH_KEY_MAX
+#define GRAPH_DESC_SETS 4 /* distinct descriptor sets of one step (layers share one) */
+
+typedef struct step_graph {
+    const void *owner; /* the caller's (backend_graph_forget) */
+    unsigned char key[GRAPH_KEY_BYTES];
+    size_t key_bytes;
+    matmul_precision precision; /* the matmul paths it recorded */
+    cudaGraphExec_t exec;
+    attn_desc *desc;  /* [GRAPH_DESC_SETS * desc_cap] device */
+    attn_desc *hdesc; /* [GRAPH_DESC_SETS * desc_cap] host: what desc holds */
+    int n_desc;       /* descriptors in use */
+    int desc_cap;     /* per set */
+    uint64_t used;    /* the step it was last begun at (least recently used goes) */
+} step_graph;
 
 typedef struct cuda_backend {
     backend base; /* ops: the table in backend_cuda.cu */
@@ -130,6 +159,16 @@ typedef struct cuda_backend {
     attn_desc *desc;  /* [desc_cap] device */
     attn_desc *hdesc; /* [desc_cap] host */
     int desc_cap;
+
+    /* step graphs (one host thread issues a backend's steps) */
+    bool graphs_on; /* backend_set_graphs; off after a recording failed */
+    step_graph graphs[GRAPH_CACHE];
+    int n_graphs;
+    uint64_t steps;        /* backend_graph_begin calls */
+    step_graph *recording; /* between a RECORD begin and its end */
+    pthread_t recorder;    /* the thread recording (other threads' uploads go on) */
+    step_graph *replaying; /* between a REPLAY begin and its end */
+    bool record_failed;    /* an op refused to be recorded */
 } cuda_backend;
 
 static inline cuda_backend *cuda_of(backend *b) { return (cuda_backend *)b; }
@@ -216,6 +255,15 @@ int cuda_attention_tc_blocks(const kv_layout *l, int n_head, int n_q);
  * guess, not yet measured on a device (gpu_bench's attention row compares the two). */
 #define ATTN_TC_MIN_ROWS 16
 #define ATTN_TC_MAX_HD 128 /* model/llama.c's limit; larger head dims use the warps */
+
+/* The key ranges of a decode row with n_keys keys, at most cap: ranges of at least
+ * ATTN_MIN_SPLIT_KEYS, unsplit below two of them. The host's choice and, for a graph's rows
+ * (attn_desc.row_split), the device's: the two give the same ranges, so the same bits. */
+__host__ __device__ __forceinline__ int attn_split_count(int n_keys, int cap) {
+    int ns = n_keys >= 2 * ATTN_MIN_SPLIT_KEYS ? n_keys / ATTN_MIN_SPLIT_KEYS : 1;
+    ns = ns > ATTN_MAX_SPLIT ? ATTN_MAX_SPLIT : ns;
+    return ns < cap ? ns : cap;
+}
 
 } // namespace KV_CUDA_NS
 

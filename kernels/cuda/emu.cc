@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <new>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <vector>
@@ -396,7 +398,8 @@ static thread_local cudaError_t g_last_error = cudaSuccess;
 #define EMU_MAX_THREADS 1024
 #define EMU_MAX_DYN_SMEM (48 * 1024)
 
-bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg) {
+/* False, with the error set, when the device would refuse the configuration. */
+static bool launch_config_ok(const char *kernel, dim3 grid, dim3 block, size_t smem) {
     uint64_t n = (uint64_t)block.x * block.y * block.z;
     if (n == 0 || n > EMU_MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 ||
         grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535 ||
@@ -408,6 +411,12 @@ bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(v
         g_last_error = cudaErrorInvalidValue; /* what the device's runtime reports */
         return false;
     }
+    return true;
+}
+
+bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(void *), void *arg) {
+    uint64_t n = (uint64_t)block.x * block.y * block.z;
+    if (!launch_config_ok(kernel, grid, block, smem)) return false;
     scheduler &s = sched();
     if (!s.reserve((size_t)n)) {
         g_last_error = cudaErrorMemoryAllocation;
@@ -454,6 +463,14 @@ static cudaError_t emu_fail(cudaError_t e) {
     return e;
 }
 
+/* Stream capture's checks (the graphs section below): cudaSuccess, or the error of a call that
+ * conflicts with an active capture (which that invalidates). */
+static cudaError_t capture_unsafe_call();
+static cudaError_t capture_legacy_use();
+static cudaError_t capture_device_sync();
+
+static cudaError_t emu_fail_if(cudaError_t e) { return e == cudaSuccess ? e : emu_fail(e); }
+
 const char *cudaGetErrorName(cudaError_t e) {
     switch (e) {
     case cudaSuccess:
@@ -466,6 +483,18 @@ const char *cudaGetErrorName(cudaError_t e) {
         return "cudaErrorInvalidConfiguration";
     case cudaErrorNoDevice:
         return "cudaErrorNoDevice";
+    case cudaErrorIllegalState:
+        return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+        return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+        return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit:
+        return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent:
+        return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread:
+        return "cudaErrorStreamCaptureWrongThread";
     }
     return "cudaErrorUnknown";
 }
@@ -482,6 +511,18 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "invalid configuration argument";
     case cudaErrorNoDevice:
         return "no CUDA-capable device is detected";
+    case cudaErrorIllegalState:
+        return "the resource is not in a valid state to perform the requested operation";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+        return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
     }
     return "unknown error";
 }
@@ -521,12 +562,13 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return emu_fail_if(capture_device_sync()); }
 
 /* Device memory is host memory from malloc: AddressSanitizer builds check kernels' bounds, to
  * the byte (the padding to 256 is poisoned: compute-sanitizer's memcheck counts a read past the
  * requested size as out of bounds too). */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+    if (cudaError_t e = capture_unsafe_call()) return emu_fail(e);
     const size_t rounded = (bytes + 255) / 256 * 256 + (bytes == 0) * 256;
     *p = std::aligned_alloc(256, rounded);
     if (!*p) return emu_fail(cudaErrorMemoryAllocation);
@@ -538,6 +580,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *p) {
+    if (cudaError_t e = capture_unsafe_call()) return emu_fail(e);
     if (!p) return cudaSuccess;
     __atomic_sub_fetch(&emu::g_live_allocs, 1, __ATOMIC_RELAXED);
     std::free(p);
@@ -551,55 +594,85 @@ cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
 }
 cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
 
+/* Whether work on s goes to its capture; *e is then what the call returns (recorded: success). */
+static bool capture_record(cudaStream_t s, const char *what, std::function<void()> body,
+                           cudaError_t *e);
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     (void)kind;
+    if (cudaError_t e = capture_unsafe_call()) return emu_fail(e);
+    if (cudaError_t e = capture_legacy_use()) return emu_fail(e);
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s) {
-    (void)s;
-    return cudaMemcpy(dst, src, bytes, kind);
+    (void)kind;
+    cudaError_t e;
+    if (capture_record(
+            s, "memcpy",
+            [=]() {
+                if (bytes) std::memmove(dst, src, bytes);
+            },
+            &e))
+        return e;
+    if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    if (cudaError_t e = capture_unsafe_call()) return emu_fail(e);
+    if (cudaError_t e = capture_legacy_use()) return emu_fail(e);
     if (bytes) std::memset(p, value, bytes);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
-    (void)s;
-    return cudaMemset(p, value, bytes);
+    cudaError_t e;
+    if (capture_record(
+            s, "memset",
+            [=]() {
+                if (bytes) std::memset(p, value, bytes);
+            },
+            &e))
+        return e;
+    if (bytes) std::memset(p, value, bytes);
+    return cudaSuccess;
 }
 
+struct emu_capture;
+
 struct emu_stream {
-    int unused;
+    unsigned flags;
+    emu_capture *cap; /* the capture in progress on it, or null */
 };
 struct emu_event {
-    int unused;
+    uint64_t cap_id; /* the capture its last record went into (emu_capture.id), or 0 */
 };
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    (void)flags;
-    *s = new (std::nothrow) emu_stream{};
+    *s = new (std::nothrow) emu_stream{flags, nullptr};
     return *s ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation);
 }
+static void capture_abandon(cudaStream_t s);
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    capture_abandon(s);
     delete s;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
-    return cudaSuccess;
-}
+static cudaError_t capture_stream_sync(cudaStream_t s);
+static cudaError_t capture_event_record(cudaEvent_t e, cudaStream_t s);
+static cudaError_t capture_event_sync(cudaEvent_t e);
+static cudaError_t capture_stream_wait(cudaStream_t s, cudaEvent_t e);
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return emu_fail_if(capture_stream_sync(s)); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
-    (void)s, (void)e, (void)flags;
-    return cudaSuccess;
+    (void)flags;
+    return emu_fail_if(capture_stream_wait(s, e));
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     (void)flags;
-    *e = new (std::nothrow) emu_event{};
+    *e = new (std::nothrow) emu_event{0};
     return *e ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -607,13 +680,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    (void)e, (void)s;
-    return cudaSuccess;
+    return emu_fail_if(capture_event_record(e, s));
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    (void)e;
-    return cudaSuccess;
-}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return emu_fail_if(capture_event_sync(e)); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     (void)start, (void)end;
     *ms = 0.0f; /* the emulator keeps no device time */
@@ -623,11 +692,11 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
 /* ---------------------------------------------------------------- cuBLAS */
 
 struct emu_cublas {
-    int unused;
+    cudaStream_t stream;
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
-    *h = new (std::nothrow) emu_cublas{};
+    *h = new (std::nothrow) emu_cublas{nullptr};
     return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
@@ -635,9 +704,14 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) {
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
-    (void)s;
-    return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
 }
+
+static void gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al,
+                     const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
+                     int ldb, float be, void *C, int ldc);
 
 static float emu_element(const void *p, cudaDataType t, size_t i) {
     uint16_t h;
@@ -665,6 +739,19 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
         ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m)
         return CUBLAS_STATUS_INVALID_VALUE;
     const float al = *(const float *)alpha, be = *(const float *)beta;
+    /* on a capturing stream, recorded with the scalars read now (host pointer mode) */
+    cudaError_t e;
+    if (capture_record(
+            h->stream, "cublasGemmEx",
+            [=]() { gemm_run(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, C, ldc); }, &e))
+        return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    gemm_run(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, C, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static void gemm_run(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float al,
+                     const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
+                     int ldb, float be, void *C, int ldc) {
     /* op(A) rows and op(B) columns converted to f32 once, then dot products */
     std::vector<float> a((size_t)k), b((size_t)k * n);
     for (int j = 0; j < n; j++)
@@ -692,5 +779,307 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
             *cij = al * acc + (be != 0.0f ? be * *cij : 0.0f);
         }
     }
-    return CUBLAS_STATUS_SUCCESS;
 }
+
+/* ---------------------------------------------------------------- graphs */
+
+/* A capture: the nodes recorded so far, who began it, how strict it is, and whether a refused
+ * call has invalidated it. One mutex guards every capture's state: a "potentially unsafe" call
+ * from any thread checks every global-mode capture (emu.h). */
+struct emu_graph_node {
+    const char *what; /* the kernel's name, "memcpy", "memset", "cublasGemmEx", "graph" */
+    dim3 grid, block;
+    size_t smem;
+    bool kernel;
+    std::function<void()> body;
+};
+
+struct emu_capture {
+    uint64_t id; /* from 1: events name the capture they were recorded into by it */
+    cudaStream_t origin;
+    cudaStreamCaptureMode mode;
+    pthread_t thread;
+    bool invalidated;
+    std::vector<emu_graph_node> nodes;
+};
+
+struct emu_graph {
+    std::vector<emu_graph_node> nodes;
+};
+struct emu_graph_exec {
+    std::vector<emu_graph_node> nodes;
+};
+
+namespace {
+std::mutex g_capture_mu;
+std::vector<emu_capture *> g_captures; /* active, in begin order */
+long g_live_graphs;                    /* graphs and executable graphs (under g_capture_mu) */
+uint64_t g_capture_ids;                /* captures begun */
+} // namespace
+
+long emu::live_graphs() {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    return g_live_graphs;
+}
+
+/* A stream created without cudaStreamNonBlocking synchronises with the legacy stream. */
+static bool blocking_capture_active() {
+    for (emu_capture *c : g_captures)
+        if (!(c->origin->flags & cudaStreamNonBlocking)) return true;
+    return false;
+}
+
+static cudaError_t capture_unsafe_call() {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    const pthread_t me = pthread_self();
+    for (emu_capture *c : g_captures) {
+        const bool mine = pthread_equal(c->thread, me) != 0;
+        if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+            (!mine && c->mode == cudaStreamCaptureModeGlobal)) {
+            c->invalidated = true;
+            return cudaErrorStreamCaptureUnsupported;
+        }
+    }
+    return cudaSuccess;
+}
+
+static cudaError_t capture_legacy_use() {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (!blocking_capture_active()) return cudaSuccess;
+    for (emu_capture *c : g_captures)
+        if (!(c->origin->flags & cudaStreamNonBlocking)) c->invalidated = true;
+    return cudaErrorStreamCaptureImplicit;
+}
+
+static cudaError_t capture_device_sync() {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (g_captures.empty()) return cudaSuccess;
+    for (emu_capture *c : g_captures) c->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+static cudaError_t capture_stream_sync(cudaStream_t s) {
+    if (!s) return capture_legacy_use();
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (!s->cap) return cudaSuccess;
+    s->cap->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* The active capture event e was last recorded into, or null (none, or it has ended: the
+ * event then stands for work that never runs, and waits pass). Under g_capture_mu. */
+static emu_capture *event_capture(cudaEvent_t e) {
+    if (!e->cap_id) return nullptr;
+    for (emu_capture *c : g_captures)
+        if (c->id == e->cap_id) return c;
+    return nullptr;
+}
+
+static cudaError_t capture_event_record(cudaEvent_t e, cudaStream_t s) {
+    if (!s) {
+        if (cudaError_t err = capture_legacy_use()) return err;
+        e->cap_id = 0;
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    /* on a capturing stream: a point of the graph, not of the device's time */
+    e->cap_id = s->cap ? s->cap->id : 0;
+    if (s->cap && s->cap->invalidated) return cudaErrorStreamCaptureInvalidated;
+    return cudaSuccess;
+}
+
+static cudaError_t capture_event_sync(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *c = event_capture(e);
+    if (!c) return cudaSuccess;
+    c->invalidated = true;
+    return cudaErrorCapturedEvent;
+}
+
+static cudaError_t capture_stream_wait(cudaStream_t s, cudaEvent_t e) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *sc = s ? s->cap : nullptr, *ec = event_capture(e);
+    if (sc == ec) return cudaSuccess; /* neither captures, or both the same capture */
+    if (sc) sc->invalidated = true;
+    if (ec) ec->invalidated = true;
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* Ends s's capture without a graph (the stream is going away). */
+static void capture_abandon(cudaStream_t s) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (!s || !s->cap) return;
+    for (size_t i = 0; i < g_captures.size(); i++)
+        if (g_captures[i] == s->cap) g_captures.erase(g_captures.begin() + (long)i);
+    delete s->cap;
+    s->cap = nullptr;
+}
+
+/* The capture work on s goes to: s's own, or any blocking stream's when s is the legacy stream
+ * (an error). Under g_capture_mu. */
+static bool capture_of(cudaStream_t s, emu_capture **c, cudaError_t *e) {
+    *c = nullptr;
+    *e = cudaSuccess;
+    if (!s) {
+        if (!blocking_capture_active()) return false;
+        for (emu_capture *b : g_captures)
+            if (!(b->origin->flags & cudaStreamNonBlocking)) b->invalidated = true;
+        *e = cudaErrorStreamCaptureImplicit;
+        return true;
+    }
+    if (!s->cap) return false;
+    *c = s->cap;
+    if ((*c)->invalidated) *e = cudaErrorStreamCaptureInvalidated;
+    return true;
+}
+
+static bool capture_record(cudaStream_t s, const char *what, std::function<void()> body,
+                           cudaError_t *e) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *c;
+    if (!capture_of(s, &c, e)) return false;
+    if (*e == cudaSuccess) c->nodes.push_back(emu_graph_node{what, {}, {}, 0, false, body});
+    if (*e != cudaSuccess) emu::g_last_error = *e;
+    return true;
+}
+
+bool emu::launch_captured(cudaStream_t s) {
+    if (s && !__atomic_load_n(&s->cap, __ATOMIC_RELAXED)) return false; /* the common case */
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *c;
+    cudaError_t e;
+    return capture_of(s, &c, &e);
+}
+
+void emu::record_launch(cudaStream_t s, const char *kernel, dim3 grid, dim3 block, size_t smem,
+                        std::function<void()> body) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *c;
+    cudaError_t e;
+    if (!capture_of(s, &c, &e)) return; /* the caller checked: not reached */
+    if (e == cudaSuccess && !launch_config_ok(kernel, grid, block, smem)) {
+        c->invalidated = true; /* a failed launch invalidates the capture */
+        return;
+    }
+    if (e != cudaSuccess) {
+        g_last_error = e;
+        return;
+    }
+    c->nodes.push_back(emu_graph_node{kernel, grid, block, smem, true, std::move(body)});
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+    if (!s) return emu_fail(cudaErrorStreamCaptureUnsupported); /* not on the legacy stream */
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (s->cap) return emu_fail(cudaErrorIllegalState); /* already capturing */
+    emu_capture *c =
+        new (std::nothrow) emu_capture{++g_capture_ids, s, mode, pthread_self(), false, {}};
+    if (!c) return emu_fail(cudaErrorMemoryAllocation);
+    g_captures.push_back(c);
+    __atomic_store_n(&s->cap, c, __ATOMIC_RELAXED);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    *graph = nullptr;
+    if (!s) return emu_fail(cudaErrorIllegalState);
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    emu_capture *c = s->cap;
+    if (!c) return emu_fail(cudaErrorIllegalState);
+    if (c->mode != cudaStreamCaptureModeRelaxed && !pthread_equal(c->thread, pthread_self()))
+        return emu_fail(cudaErrorStreamCaptureWrongThread);
+    for (size_t i = 0; i < g_captures.size(); i++)
+        if (g_captures[i] == c) g_captures.erase(g_captures.begin() + (long)i);
+    __atomic_store_n(&s->cap, (emu_capture *)nullptr, __ATOMIC_RELAXED);
+    const bool ok = !c->invalidated;
+    if (ok) {
+        *graph = new (std::nothrow) emu_graph{std::move(c->nodes)};
+        if (*graph) g_live_graphs++;
+    }
+    delete c;
+    if (!ok) return emu_fail(cudaErrorStreamCaptureInvalidated);
+    return *graph ? cudaSuccess : emu_fail(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status) {
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    if (!s) {
+        /* asking about the legacy stream while a blocking stream captures is itself an error */
+        *status = cudaStreamCaptureStatusNone;
+        return blocking_capture_active() ? emu_fail(cudaErrorStreamCaptureImplicit) : cudaSuccess;
+    }
+    *status = !s->cap               ? cudaStreamCaptureStatusNone
+              : s->cap->invalidated ? cudaStreamCaptureStatusInvalidated
+                                    : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+    if (!g || !n) return emu_fail(cudaErrorInvalidValue);
+    if (!nodes) {
+        *n = g->nodes.size();
+        return cudaSuccess;
+    }
+    size_t k = *n < g->nodes.size() ? *n : g->nodes.size();
+    for (size_t i = 0; i < k; i++) nodes[i] = &g->nodes[i];
+    *n = k;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t g,
+                                          unsigned long long flags) {
+    (void)flags;
+    *exec = nullptr;
+    if (!g) return emu_fail(cudaErrorInvalidValue);
+    *exec = new (std::nothrow) emu_graph_exec{g->nodes}; /* independent of g from here on */
+    if (!*exec) return emu_fail(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    g_live_graphs++;
+    return cudaSuccess;
+}
+
+/* Runs the nodes in recorded order (a capture from one stream is a chain). */
+static void graph_run(const std::vector<emu_graph_node> &nodes) {
+    for (const emu_graph_node &n : nodes) {
+        if (!n.kernel) {
+            n.body();
+            continue;
+        }
+        const std::function<void()> *body = &n.body;
+        emu::launch(
+            n.what, n.grid, n.block, n.smem,
+            [](void *b) { (*static_cast<const std::function<void()> *>(b))(); },
+            const_cast<std::function<void()> *>(body));
+    }
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return emu_fail(cudaErrorInvalidValue);
+    cudaError_t e;
+    /* a launch into a capture records the graph as one node, its nodes as they are now */
+    std::vector<emu_graph_node> nodes = exec->nodes;
+    if (capture_record(
+            s, "graph", [nodes]() { graph_run(nodes); }, &e))
+        return e;
+    graph_run(exec->nodes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    if (!exec) return cudaSuccess;
+    delete exec;
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    g_live_graphs--;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    if (!g) return cudaSuccess;
+    delete g;
+    std::lock_guard<std::mutex> lk(g_capture_mu);
+    g_live_graphs--;
+    return cudaSuccess;
+}
+
+/* For C tests (tests/unit/cuda_test.c). */
+extern "C" long cuda_emu_live_graphs(void) { return emu::live_graphs(); }

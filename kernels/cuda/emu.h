@@ -21,6 +21,10 @@
  *   launch has finished when its call returns, whatever stream it names. Launch configurations
  *   are checked as the device checks them (block size, grid size, dynamic shared memory).
  * - cuBLAS's GemmEx is a reference GEMM in f32 (emu.cc).
+ * - Stream capture and graphs (the "graphs" sections here and in emu.cc): on a capturing stream,
+ *   launches, async copies and sets and GemmEx are recorded, not run (a copy's arguments are
+ *   pointers: a replay reads its source as it is then); calls CUDA forbids during a capture fail
+ *   with its error and invalidate the capture; a graph launch runs the recorded nodes in order.
  * What it cannot see: races between threads (a fiber runs until it waits, so a missing barrier
  *   usually still gives the right answer), between streams, and device-only faults (a host
  *   pointer passed to a kernel works here). Those are `make test-gpu`'s (compute-sanitizer). */
@@ -31,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 
 #include "kernels/quant.h"
@@ -82,6 +87,12 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorNoDevice = 100,
+    cudaErrorIllegalState = 401,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+    cudaErrorCapturedEvent = 907,
+    cudaErrorStreamCaptureWrongThread = 908,
 } cudaError_t;
 
 enum cudaMemcpyKind {
@@ -136,6 +147,49 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+/* ---------------------------------------------------------------- graphs: runtime API */
+
+/* CUDA Runtime API, "Stream Management" and "Graph Management". What is checked during a capture
+ * (CUDA Programming Guide, "Prohibited and Unhandled Operations" of stream capture):
+ * - conflicting with any capture: synchronising the capturing stream
+ *   (cudaErrorStreamCaptureUnsupported) or an event last recorded into a capture
+ *   (cudaErrorCapturedEvent); cudaDeviceSynchronize while
+ *   any capture is active (the same); the legacy stream (stream 0, synchronous copies and sets)
+ *   while a stream created without cudaStreamNonBlocking captures
+ *   (cudaErrorStreamCaptureImplicit);
+ * - "potentially unsafe" calls (cudaMalloc, cudaFree, cudaMallocHost/cudaHostAlloc/cudaFreeHost,
+ *   synchronous cudaMemcpy/cudaMemset): refused (cudaErrorStreamCaptureUnsupported) from the
+ *   capturing thread unless its capture is relaxed, and from any thread while another thread's
+ *   capture is in global mode;
+ * - a cudaStreamWaitEvent that would fork a capture into another stream, or join a capture with
+ *   an event recorded outside it, is refused (cudaErrorStreamCaptureUnsupported: not emulated).
+ * A refused call invalidates the capture it conflicts with: later work on the stream returns
+ * cudaErrorStreamCaptureInvalidated and cudaStreamEndCapture returns that and no graph. */
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2,
+};
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph_exec *cudaGraphExec_t;
+typedef struct emu_graph_node *cudaGraphNode_t;
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus *status);
+/* nodes NULL: *n is set to the node count; else up to *n nodes are stored. */
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t g,
+                                          unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 
 /* ---------------------------------------------------------------- cuBLAS (GemmEx only) */
 
@@ -214,6 +268,18 @@ bool launch(const char *kernel, dim3 grid, dim3 block, size_t smem, void (*fn)(v
 /* Live cudaMalloc allocations (tests check a backend frees what it allocated). */
 long live_allocations();
 
+/* ---------------------------------------------------------------- graphs: launches */
+
+/* Whether a launch on s goes to a capture (s captures, or is the legacy stream while a blocking
+ * stream captures) rather than running now. */
+bool launch_captured(cudaStream_t s);
+/* Records a launch of body on s's capture (or refuses it: the launch's error is then set, as a
+ * device sets it). The configuration is checked now, as the device checks it at the launch. */
+void record_launch(cudaStream_t s, const char *kernel, dim3 grid, dim3 block, size_t smem,
+                   std::function<void()> body);
+/* Graphs and executable graphs alive (tests check a backend destroys what it instantiated). */
+long live_graphs();
+
 template <class T> inline T exchange_as(T v, int src) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of a wide type");
     uint64_t bits = 0;
@@ -227,7 +293,12 @@ template <class T> inline T exchange_as(T v, int src) {
 template <class... P, class... A>
 void launch_kernel(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    void (*kernel)(P...), A &&...args) {
-    (void)stream; /* every stream is the host thread: in order, done on return */
+    /* every stream is the host thread: in order, done on return; or recorded into a capture,
+     * the arguments copied as a launch copies them */
+    if (launch_captured(stream)) {
+        record_launch(stream, name, grid, block, smem, [kernel, args...]() { kernel(args...); });
+        return;
+    }
     auto call = [&]() { kernel(args...); };
     launch(
         name, grid, block, smem, [](void *c) { (*static_cast<decltype(call) *>(c))(); }, &call);

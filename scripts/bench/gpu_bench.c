@@ -3,7 +3,8 @@
  * Q4_K weights and a Q6_K output, as a Q4_K_M file has them; random codes, so the text is
  * noise and the speed is real):
  *   decode tokens/s at batch 1 and 32, against the bandwidth roofline (the weights read once per
- *     step at the device's measured copy bandwidth);
+ *     step at the device's measured copy bandwidth); at batch 1 also with the steps' kernels
+ *     launched one by one, and the speed-up of replaying them as CUDA graphs;
  *   prefill tokens/s of a 2048-token prompt, against the measured f16 GEMM rate (the backend's
  *     own F16 matmul of 4096 x 4096 x 2048, which is cuBLAS GemmEx on tensor cores);
  *   prefill attention of 2048 rows alone, the tensor-core kernel against the warp kernel on the
@@ -442,6 +443,13 @@ int main(int argc, char **argv) {
         printf("| decode, batch %d, context 512 | %.1f | %.1f (bandwidth) | %.0f%% |\n", batch, tps,
                roof, 100 * tps / roof);
     }
+    /* the same steps with every kernel launched one by one (--no-cuda-graphs) */
+    backend_set_graphs(b, false);
+    double direct = decode_rate(&e, m, 1, 512, steps);
+    backend_set_graphs(b, true);
+    double graphs = decode_rate(&e, m, 1, 512, steps);
+    printf("| decode, batch 1, context 512, no graphs | %.1f | graphs %.1f | %.2fx |\n", direct,
+           graphs, direct > 0 ? graphs / direct : 0.0);
     double pp = prefill_rate(&e, m, 2048);
     /* the matmuls' FLOPs per token (the output head only for the last row) and attention's */
     double flops = 2 * params * 2048 + 2.0 * (double)m->hp.dim * m->hp.n_vocab +

@@ -343,6 +343,7 @@ static int serve_engine_opts(serve_state *st) {
         .device = cfg->device,
         .threads = cfg->threads,
         .precise = cfg->precise,
+        .no_cuda_graphs = !cfg->cuda_graphs,
         .ctx = s->ctx,
         .kv_pool_tokens = cfg->kv_pool_tokens ? cfg->kv_pool_tokens : 4 * (int64_t)s->ctx,
         .max_seqs = cfg->max_seqs,

@@ -45,6 +45,7 @@ engine *engine_create(const model *m, const engine_opts *o, metrics *mx, kv_erro
     pthread_cond_init(&e->cv, NULL);
     if (!(e->b = backend_create(o->device, o->threads, err))) goto fail;
     backend_set_precision(e->b, o->precise ? MATMUL_PRECISION_F32 : MATMUL_PRECISION_Q8);
+    if (o->no_cuda_graphs) backend_set_graphs(e->b, false);
     if (!(e->pool = kv_pool_create(e->b, m, (o->kv_pool_tokens + 15) / 16 * 16, 16, err)))
         goto fail;
     bool blend = o->chunk_tokens > 0 && o->blend_bytes > 0;

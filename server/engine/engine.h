@@ -161,6 +161,7 @@ typedef struct engine_opts {
     const char *device; /* backend_create's name: auto|cuda|cpu (NULL: auto) */
     int threads;
     bool precise;
+    bool no_cuda_graphs;    /* CUDA: every decode step's kernels launched one by one */
     int ctx;                /* per-sequence context in tokens */
     int64_t kv_pool_tokens; /* pool size; at least ctx */
     int max_seqs;

@@ -2,8 +2,8 @@
  * shared-memory writes before reads, shuffles and votes exchange among a warp's lanes (partial
  * warps too), atomics, static and dynamic shared memory per block, 3-D indices, the integer
  * and rounding intrinsics of the int8 matmuls, the tensor-core instructions' fragment layouts
- * (mma.cuh), launch configuration errors, a deadlocked
- * barrier, and the reference GemmEx. The same file builds
+ * (mma.cuh), launch configuration errors, a deadlocked barrier, the reference GemmEx, and
+ * stream capture and graph launches. The same file builds
  * with nvcc (make test-gpu), where it checks the device instead; the emulator-only cases are
  * skipped there. */
 #include <criterion/criterion.h>
@@ -450,6 +450,182 @@ Test(cuda_emu, gemm_ex_reference) {
                 want += (double)fp16_to_fp32(a[i * k + l]) * fp16_to_fp32(b[j * k + l]);
             cr_expect_float_eq(c[i + j * m], want, 1e-4, "C[%d][%d]", i, j);
         }
+    cublasDestroy(h);
+}
+#endif
+
+/* ---------------------------------------------------------------- graphs */
+
+/* Stream capture and graph launches, as the CUDA Runtime API documents them (Stream Management,
+ * Graph Management; Programming Guide, "Prohibited and Unhandled Operations"). These hold on a
+ * device too (make test-gpu). */
+
+__global__ void kernel_axpb(const int *x, int *y, int a, int n) {
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+
+/* A non-blocking stream, its capture ended (if still on) and the stream destroyed at scope end. */
+struct capture_stream {
+    cudaStream_t s = nullptr;
+    capture_stream() {
+        cr_assert_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    }
+    ~capture_stream() {
+        cudaStreamCaptureStatus st;
+        if (cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+            cudaGraph_t g = nullptr;
+            cudaStreamEndCapture(s, &g);
+            if (g) cudaGraphDestroy(g);
+        }
+        cudaGetLastError();
+        cudaStreamDestroy(s);
+    }
+};
+
+Test(cuda_emu, capture_records_and_a_replay_reads_its_sources_then) {
+    const int n = 100;
+    capture_stream cs;
+    dbuf<int> x(n), y(n);
+    int *pinned = nullptr;
+    cr_assert_eq(cudaHostAlloc((void **)&pinned, sizeof(int) * n, cudaHostAllocDefault),
+                 cudaSuccess);
+    for (int i = 0; i < n; i++) pinned[i] = i;
+
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaStreamCaptureStatus st;
+    cr_assert_eq(cudaStreamIsCapturing(cs.s, &st), cudaSuccess);
+    cr_expect_eq(st, cudaStreamCaptureStatusActive);
+    cr_assert_eq(cudaMemsetAsync(y.p, 0, sizeof(int) * n, cs.s), cudaSuccess);
+    cr_assert_eq(cudaMemcpyAsync(x.p, pinned, sizeof(int) * n, cudaMemcpyHostToDevice, cs.s),
+                 cudaSuccess);
+    KV_LAUNCH(kernel_axpb, dim3((n + 63) / 64), dim3(64), 0, cs.s, (const int *)x.p, y.p, 3, n);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    cr_assert_eq(cudaStreamEndCapture(cs.s, &g), cudaSuccess);
+    cr_assert(g);
+    cr_assert_eq(cudaStreamIsCapturing(cs.s, &st), cudaSuccess);
+    cr_expect_eq(st, cudaStreamCaptureStatusNone);
+    size_t nodes = 0;
+    cr_assert_eq(cudaGraphGetNodes(g, nullptr, &nodes), cudaSuccess);
+    cr_expect_eq(nodes, 3u, "a memset, a copy and a kernel: %zu nodes", nodes);
+
+    /* nothing ran during the capture */
+    int h[n];
+    cr_assert_eq(cudaStreamSynchronize(cs.s), cudaSuccess);
+    x.get(h);
+    cr_expect_eq(h[5], 0, "the copy was recorded, not run");
+
+    cudaGraphExec_t ex = nullptr;
+    cr_assert_eq(cudaGraphInstantiateWithFlags(&ex, g, 0), cudaSuccess);
+    cr_assert_eq(cudaGraphDestroy(g), cudaSuccess, "the executable graph stands alone");
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n; i++) pinned[i] = round == 0 ? i : 1000 + i;
+        cr_assert_eq(cudaGraphLaunch(ex, cs.s), cudaSuccess);
+        cr_assert_eq(cudaStreamSynchronize(cs.s), cudaSuccess);
+        y.get(h);
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(h[i], 3 * pinned[i],
+                         "round %d, y[%d] = %d: the memset runs first, "
+                         "the copy reads the pinned buffer as it is now",
+                         round, i, h[i]);
+    }
+    cr_expect_eq(cudaGraphExecDestroy(ex), cudaSuccess);
+    cudaFreeHost(pinned);
+}
+
+Test(cuda_emu, a_host_wait_in_a_capture_is_refused_and_invalidates_it) {
+    capture_stream cs;
+    dbuf<int> y(32);
+    cudaEvent_t ev;
+    cr_assert_eq(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+
+    /* synchronising the capturing stream */
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    KV_LAUNCH(kernel_nop, dim3(1), dim3(32), 0, cs.s, y.p);
+    cudaError_t e = cudaStreamSynchronize(cs.s);
+    cr_expect_eq(e, cudaErrorStreamCaptureUnsupported, "got %s", cudaGetErrorName(e));
+    cudaStreamCaptureStatus st;
+    cr_assert_eq(cudaStreamIsCapturing(cs.s, &st), cudaSuccess);
+    cr_expect_eq(st, cudaStreamCaptureStatusInvalidated);
+    e = cudaMemsetAsync(y.p, 0, 4, cs.s);
+    cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(cs.s, &g);
+    cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
+    cr_expect_null(g);
+    cudaGetLastError();
+
+    /* waiting on an event recorded into the capture */
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cr_assert_eq(cudaEventRecord(ev, cs.s), cudaSuccess);
+    e = cudaEventSynchronize(ev);
+    cr_expect_eq(e, cudaErrorCapturedEvent, "got %s", cudaGetErrorName(e));
+    e = cudaStreamEndCapture(cs.s, &g);
+    cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
+    cudaGetLastError();
+
+    /* a synchronous copy (potentially unsafe) from the capturing thread */
+    int h = 0;
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    e = cudaMemcpy(&h, y.p, sizeof h, cudaMemcpyDeviceToHost);
+    cr_expect_eq(e, cudaErrorStreamCaptureUnsupported, "got %s", cudaGetErrorName(e));
+    e = cudaStreamEndCapture(cs.s, &g);
+    cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
+    cudaGetLastError();
+
+    /* relaxed mode allows it; the stream captures as before */
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+    void *p = nullptr;
+    cr_expect_eq(cudaMalloc(&p, 64), cudaSuccess);
+    cr_expect_eq(cudaFree(p), cudaSuccess);
+    KV_LAUNCH(kernel_nop, dim3(1), dim3(32), 0, cs.s, y.p);
+    cr_expect_eq(cudaStreamEndCapture(cs.s, &g), cudaSuccess);
+    cr_assert(g);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(ev);
+}
+
+Test(cuda_emu, a_bad_launch_in_a_capture_invalidates_it) {
+    capture_stream cs;
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    KV_LAUNCH(kernel_nop, dim3(1), dim3(2048), 0, cs.s, (int *)nullptr);
+    cr_expect_neq(cudaGetLastError(), cudaSuccess);
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(cs.s, &g);
+    cr_expect_eq(e, cudaErrorStreamCaptureInvalidated, "got %s", cudaGetErrorName(e));
+    cr_expect_null(g);
+    cudaGetLastError();
+}
+
+#ifdef KVSERVE_CUDA_EMU
+Test(cuda_emu, graphs_are_counted_and_gemm_ex_is_recorded) {
+    long before = emu::live_graphs();
+    capture_stream cs;
+    cublasHandle_t h;
+    cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(cublasSetStream(h, cs.s), CUBLAS_STATUS_SUCCESS);
+    /* C (1 x 1) = A^T B over k = 8, f32 */
+    float a[8], b[8], c = -1.0f, alpha = 1.0f, beta = 0.0f;
+    for (int i = 0; i < 8; i++) a[i] = (float)i, b[i] = 1.0f;
+    cr_assert_eq(cudaStreamBeginCapture(cs.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cr_assert_eq(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, 1, 1, 8, &alpha, a, CUDA_R_32F, 8, b,
+                              CUDA_R_32F, 8, &beta, &c, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 CUBLAS_STATUS_SUCCESS);
+    alpha = 2.0f; /* the scalars were read at the call */
+    cudaGraph_t g = nullptr;
+    cr_assert_eq(cudaStreamEndCapture(cs.s, &g), cudaSuccess);
+    cr_expect_eq(c, -1.0f, "recorded, not run");
+    cudaGraphExec_t ex = nullptr;
+    cr_assert_eq(cudaGraphInstantiateWithFlags(&ex, g, 0), cudaSuccess);
+    cr_expect_eq(emu::live_graphs(), before + 2);
+    b[7] = 3.0f; /* the replay reads its inputs as they are then */
+    cr_assert_eq(cudaGraphLaunch(ex, cs.s), cudaSuccess);
+    cr_expect_eq(c, 28.0f + 14.0f, "got %g", c);
+    cudaGraphExecDestroy(ex);
+    cudaGraphDestroy(g);
+    cr_expect_eq(emu::live_graphs(), before);
     cublasDestroy(h);
 }
 #endif

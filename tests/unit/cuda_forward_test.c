@@ -31,6 +31,7 @@ typedef struct side {
     kv_pool *pool;
     forward_ctx *f;
     kv_seq s[2];
+    kv_seq s3[3]; /* the graph test's three sequences */
     float *logits;
 } side;
 
@@ -233,4 +234,136 @@ Test(cuda_forward, default_model_first_layers) {
                  "Italy is Rome. The capital of Spain is Madrid. The capital of Portugal is "
                  "Lisbon. The capital of Austria is Vienna. The capital of Poland is Warsaw.",
                  0.1, 2.0);
+}
+
+/* ---------------------------------------------------------------- decode steps as graphs */
+
+#ifndef KVSERVE_TEST_GPU
+long cuda_emu_live_graphs(void); /* kernels/cuda/emu.cc */
+#endif
+
+/* The graph test's two sides: a CUDA backend with step graphs (sd[0]) and one without (sd[1]),
+ * each with a pool and a context for three sequences. False when there is no device. */
+static bool graph_sides_open(side sd[2], const model *m, matmul_precision precision) {
+    kv_error err = {{0}};
+    for (int k = 0; k < 2; k++) {
+        backend *b = cuda_under_test(&err);
+        if (!b) {
+            if (k == 1) backend_destroy(sd[0].b);
+            return false;
+        }
+        backend_set_graphs(b, k == 0);
+        backend_set_precision(b, precision);
+        cr_assert_eq(backend_graphs(b), k == 0);
+        sd[k].b = b;
+        sd[k].pool = kv_pool_create(b, m, 64 * 16, 16, &err);
+        cr_assert_not_null(sd[k].pool, "%s", err.msg);
+        sd[k].f = forward_ctx_create(m, b, sd[k].pool, 64, 3, &err);
+        cr_assert_not_null(sd[k].f, "%s", err.msg);
+        for (int s = 0; s < 3; s++) kv_seq_init(&sd[k].s3[s]);
+        sd[k].logits = malloc(sizeof(float) * 64 * (size_t)m->hp.n_vocab);
+        cr_assert_not_null(sd[k].logits);
+    }
+    return true;
+}
+
+static void graph_sides_close(side sd[2]) {
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; s < 3; s++) kv_seq_release(sd[k].pool, &sd[k].s3[s]);
+        forward_ctx_destroy(sd[k].f);
+        kv_pool_destroy(sd[k].pool);
+        backend_destroy(sd[k].b);
+        free(sd[k].logits);
+    }
+}
+
+/* One pass of n entries on both sides (bs[k]: side k's, sequences set here from seq[]); the
+ * logits must be the same bits. */
+static void graph_pass(side sd[2], const model *m, batch_seq bs[2][3], const int *seq, int n,
+                       const char *what, int step) {
+    kv_error err = {{0}};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < n; i++) {
+            bs[k][i].seq = &sd[k].s3[seq[i]];
+            cr_assert_eq(
+                kv_seq_reserve(sd[k].pool, bs[k][i].seq, bs[k][i].kv_start + bs[k][i].n_tok, &err),
+                0, "%s", err.msg);
+        }
+        cr_assert_eq(model_forward(sd[k].f, bs[k], n, NULL, sd[k].logits, &err), n, "%s %d: %s",
+                     what, step, err.msg);
+    }
+    const size_t row = sizeof(float) * (size_t)m->hp.n_vocab;
+    for (int i = 0; i < n; i++)
+        cr_expect_eq(memcmp(sd[0].logits + (size_t)i * m->hp.n_vocab,
+                            sd[1].logits + (size_t)i * m->hp.n_vocab, row),
+                     0, "%s %d (%d wide), sequence %d at slot %d: graph and direct differ", what,
+                     step, n, seq[i], bs[0][i].kv_start);
+}
+
+/* Two CUDA backends, step graphs on and off, run the same continuous batch: three prompts (one
+ * in two chunks), then decode steps whose width goes 1, 2, 3 and back to 1, so each width is
+ * recorded once and replayed with other positions, other block tables (the sequences' blocks
+ * interleave as they grow), a table that grows a block (slots 64, 32 and 96 start new ones) and
+ * decode rows whose keys cross a split boundary (64 keys: 2 ranges, 96: 3) inside one graph.
+ * Every step's logits must be the same bits: a replay is the same kernels on the same data. At
+ * MATMUL_PRECISION_F32 a last-bit difference in any op reaches the logits (8-bit activations
+ * would round most of them away). */
+static void graphs_against_direct(matmul_precision precision, bool decode) {
+    kv_error err = {{0}};
+    model_load_opts opts = {.chat_template = "chatml"};
+    model *m = model_load("tests/golden/arch/llama3_q.gguf", &opts, &err);
+    cr_assert_not_null(m, "%s", err.msg);
+    int32_t arch[64], tok[128], pos[128];
+    arch_tokens("llama3_q", arch);
+    for (int i = 0; i < 128; i++) tok[i] = arch[i % (PREFILL + DECODE + 1)], pos[i] = i;
+#ifndef KVSERVE_TEST_GPU
+    const long graphs_before = cuda_emu_live_graphs();
+#endif
+    side sd[2] = {{0}};
+    if (!graph_sides_open(sd, m, precision)) {
+        model_free(m);
+        cr_skip_test("no CUDA device");
+    }
+    batch_seq bs[2][3];
+    /* prompts: 60, 30 and 94 (45 + 49) tokens */
+    const int prompt[4][3] = {{0, 0, 60}, {1, 0, 30}, {2, 0, 45}, {2, 45, 49}};
+    int len[3] = {0, 0, 0};
+    for (int p = 0; p < 4; p++) {
+        const int s = prompt[p][0], start = prompt[p][1], n = prompt[p][2];
+        for (int k = 0; k < 2; k++)
+            bs[k][0] = (batch_seq){
+                .n_tok = n, .tokens = tok + start, .pos = pos + start, .kv_start = start};
+        graph_pass(sd, m, bs, &s, 1, "prompt", p);
+        len[s] = start + n;
+    }
+    /* decode steps: the batch's widths */
+    const int width[12] = {1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 1, 1}, seq[3] = {0, 1, 2};
+    for (int step = 0; step < 12; step++) {
+        for (int k = 0; k < 2; k++)
+            for (int s = 0; s < width[step]; s++)
+                bs[k][s] = (batch_seq){.n_tok = 1,
+                                       .tokens = tok + len[s],
+                                       .pos = pos + len[s],
+                                       .kv_start = len[s],
+                                       .decode = decode};
+        graph_pass(sd, m, bs, seq, width[step], "step", step);
+        for (int s = 0; s < width[step]; s++) len[s]++;
+    }
+    cr_expect(backend_graphs(sd[0].b), "no recording failed");
+#ifndef KVSERVE_TEST_GPU
+    cr_expect_eq(cuda_emu_live_graphs(), graphs_before + 3, "one graph per width, replayed: %ld",
+                 cuda_emu_live_graphs() - graphs_before);
+#endif
+    graph_sides_close(sd);
+#ifndef KVSERVE_TEST_GPU
+    cr_expect_eq(cuda_emu_live_graphs(), graphs_before, "the graphs are destroyed");
+#endif
+    model_free(m);
+}
+
+Test(cuda_forward, decode_graphs_match_direct_launches_bit_for_bit) {
+    graphs_against_direct(MATMUL_PRECISION_F32, true);
+    graphs_against_direct(MATMUL_PRECISION_Q8, true);
+    /* the server's steps: decode false (KV computed as a prompt's, attention unsplit) */
+    graphs_against_direct(MATMUL_PRECISION_F32, false);
 }

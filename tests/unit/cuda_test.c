@@ -34,6 +34,7 @@
 
 #ifndef KVSERVE_TEST_GPU
 long cuda_emu_live_allocations(void); /* kernels/cuda/emu.cc */
+long cuda_emu_live_graphs(void);
 #endif
 
 static backend *g_cpu, *g_gpu;
@@ -1035,6 +1036,117 @@ Test(cuda, attention_beyond_reserved_sequences_fails) {
     pools_free(&p);
 }
 
+/* ---------------------------------------------------------------- step graphs */
+
+/* A recorded step replays its ops on the data its buffers hold when it replays; the key and the
+ * owner tell steps apart. */
+Test(cuda, a_recorded_step_replays_on_current_data) {
+    const int n = 1000;
+    float x[1000], y[1000], out[1000];
+    for (int i = 0; i < n; i++) x[i] = (float)i, y[i] = 0.5f;
+    float *dx = put(g_gpu, x, sizeof x), *dy = put(g_gpu, y, sizeof y);
+    int owner, key = 1;
+    cr_assert(backend_graphs(g_gpu));
+    cr_assert_eq(backend_graph_begin(g_gpu, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD);
+    cr_assert_eq(backend_add(g_gpu, dy, dx, n), 0);
+    cr_assert_eq(backend_swiglu(g_gpu, dy, dx, dy, n), 0);
+    cr_assert_eq(backend_graph_end(g_gpu), 0, "recorded, then run");
+    get(g_gpu, out, dy, sizeof out);
+    for (int round = 0; round < 3; round++) {
+        float want[1000];
+        for (int i = 0; i < n; i++) {
+            float a = y[i] + x[i];
+            want[i] = a / (1.0f + expf(-a)) * x[i];
+        }
+        for (int i = 0; i < n; i++)
+            cr_assert_float_eq(out[i], want[i], 1e-4f * fabsf(want[i]) + 1e-6f,
+                               "round %d, [%d]: %g, want %g", round, i, out[i], want[i]);
+        /* new inputs, uploaded before the step; the same key replays */
+        for (int i = 0; i < n; i++) x[i] = (float)(round + 1) * 0.01f * (float)(i % 37), y[i] = -1;
+        cr_assert_eq(backend_upload(g_gpu, dx, x, sizeof x), 0);
+        cr_assert_eq(backend_upload(g_gpu, dy, y, sizeof y), 0);
+        cr_assert_eq(backend_graph_begin(g_gpu, &owner, &key, sizeof key), BACKEND_GRAPH_REPLAY);
+        cr_assert_eq(backend_graph_end(g_gpu), 0);
+        get(g_gpu, out, dy, sizeof out);
+    }
+    /* another key, or another owner, is another step */
+    int key2 = 2, owner2;
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &key2, sizeof key2), BACKEND_GRAPH_RECORD);
+    cr_expect_eq(backend_graph_end(g_gpu), 0, "an empty step");
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner2, &key, sizeof key), BACKEND_GRAPH_RECORD);
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    backend_graph_forget(g_gpu, &owner);
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD,
+                 "forgotten");
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    backend_free(g_gpu, dx), backend_free(g_gpu, dy);
+}
+
+#ifndef KVSERVE_TEST_GPU
+/* The backend keeps a bounded number of graphs: the least recently begun one makes room, and
+ * comes back recorded anew. */
+Test(cuda, graphs_are_bounded_least_recently_used_first) {
+    const long before = cuda_emu_live_graphs();
+    float *x = backend_alloc(g_gpu, 64);
+    int owner;
+    for (int key = 0; key < 70; key++) {
+        cr_assert_eq(backend_graph_begin(g_gpu, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD);
+        cr_assert_eq(backend_add(g_gpu, x, x, 16), 0);
+        cr_assert_eq(backend_graph_end(g_gpu), 0);
+        /* key 1 stays in use */
+        int one = 1;
+        if (key >= 1) {
+            cr_assert_eq(backend_graph_begin(g_gpu, &owner, &one, sizeof one), BACKEND_GRAPH_REPLAY,
+                         "key 1 after key %d", key);
+            cr_assert_eq(backend_graph_end(g_gpu), 0);
+        }
+    }
+    cr_expect_leq(cuda_emu_live_graphs() - before, 64, "%ld graphs kept",
+                  cuda_emu_live_graphs() - before);
+    int zero = 0, last = 69;
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &zero, sizeof zero), BACKEND_GRAPH_RECORD,
+                 "the least recently used went first");
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    cr_expect_eq(backend_graph_begin(g_gpu, &owner, &last, sizeof last), BACKEND_GRAPH_REPLAY);
+    cr_expect_eq(backend_graph_end(g_gpu), 0);
+    backend_graph_forget(g_gpu, &owner);
+    cr_expect_eq(cuda_emu_live_graphs(), before, "forgotten: destroyed");
+    backend_free(g_gpu, x);
+}
+#endif
+
+/* A host wait inside a step cannot be recorded (the device would replay the step without it):
+ * the recording fails, nothing of it ran, and the backend runs steps directly from then on. The
+ * backend refuses an upload itself (a replay would copy whatever the pinned slot holds by then);
+ * a download's stream synchronisation is refused by the runtime. */
+Test(cuda, a_host_wait_inside_a_recorded_step_fails_the_recording) {
+    for (int c = 0; c < 2; c++) {
+        kv_error err = {{0}};
+        backend *b = cuda_under_test(&err);
+        cr_assert_not_null(b, "%s", err.msg);
+        backend_limits lim = {
+            .max_tokens = 8, .max_seqs = 2, .max_n_in = 256, .n_head = 2, .head_dim = 64};
+        cr_assert_eq(backend_reserve(b, &lim, &err), 0, "%s", err.msg);
+        float x[64], y[64];
+        for (int i = 0; i < 64; i++) x[i] = 1, y[i] = 2;
+        float *dx = put(b, x, sizeof x), *dy = put(b, y, sizeof y);
+        int owner, key = 7;
+        cr_assert_eq(backend_graph_begin(b, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD);
+        cr_assert_eq(backend_add(b, dy, dx, 64), 0);
+        if (c == 0)
+            cr_expect_neq(backend_upload(b, dx, x, sizeof x), 0, "an upload inside a step");
+        else
+            cr_expect_neq(backend_download(b, x, dx, sizeof x), 0, "a download inside a step");
+        cr_expect_eq(backend_graph_end(b), -1, "case %d: the recording fails", c);
+        cr_expect(!backend_graphs(b), "graphs are off from then on");
+        cr_expect_eq(backend_graph_begin(b, &owner, &key, sizeof key), BACKEND_GRAPH_DIRECT);
+        get(b, y, dy, sizeof y);
+        cr_expect_eq(y[0], 2.0f, "case %d: nothing of the step ran", c);
+        backend_free(b, dx), backend_free(b, dy);
+        backend_destroy(b);
+    }
+}
+
 #ifndef KVSERVE_TEST_GPU
 /* Every allocation the emulated backend made is freed by backend_destroy. */
 Test(cuda_lifetime, no_device_memory_leaks) {
@@ -1054,11 +1166,19 @@ Test(cuda_lifetime, no_device_memory_leaks) {
     void *pool = backend_kv_alloc(b, &l);
     void *x = backend_alloc(b, 1024);
     cr_assert(pool && x);
+    /* a recorded step, left for backend_destroy to free */
+    const long graphs_before = cuda_emu_live_graphs();
+    int owner, key = 3;
+    cr_assert_eq(backend_graph_begin(b, &owner, &key, sizeof key), BACKEND_GRAPH_RECORD);
+    cr_assert_eq(backend_add(b, x, x, 16), 0);
+    cr_assert_eq(backend_graph_end(b), 0);
+    cr_expect_eq(cuda_emu_live_graphs(), graphs_before + 1);
     cr_expect_gt(cuda_emu_live_allocations(), before);
     backend_weight_release(b, w);
     backend_free(b, x);
     backend_kv_free(b, pool);
     backend_destroy(b);
     cr_expect_eq(cuda_emu_live_allocations(), before);
+    cr_expect_eq(cuda_emu_live_graphs(), graphs_before);
 }
 #endif
