@@ -183,19 +183,13 @@ static void mmq_launch(cudaStream_t s, const weight *w, const int8_t *xq, const 
 int cuda_mmq(cudaStream_t s, const weight *w, const int8_t *xq, const q8_ds *xd, int n_tok,
              float *y) {
     const int group = cuda_q8_group(w->type);
-    if (n_tok < 1 || n_tok > 65535 * 32 || !group || w->n_in % group != 0 || w->n_out < 1) {
+    if (n_tok < 1 || (n_tok + 63) / 64 > 65535 || !group || w->n_in % group != 0 || w->n_out < 1) {
         log_error("cuda mmq: no int8 tile kernel for %d rows of weight type %d", n_tok,
                   (int)w->type);
         return -1;
     }
-    switch ((int)w->type) {
-#define X(T)                                                                                       \
-    case T:                                                                                        \
-        mmq_launch<T>(s, w, xq, xd, n_tok, y);                                                     \
-        break;
-        KV_Q8_WEIGHT_TYPES(X)
-#undef X
-    }
+    q8_type_switch((int)w->type,
+                   [&](auto T) { mmq_launch<decltype(T)::value>(s, w, xq, xd, n_tok, y); });
     CUDA_CHECK_LAUNCH("mmq");
     return 0;
 }

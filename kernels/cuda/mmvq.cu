@@ -191,14 +191,8 @@ int cuda_mmvq(cudaStream_t s, const weight *w, const int8_t *xq, const q8_ds *xd
         log_error("cuda mmvq: no int8 kernel for %d rows of weight type %d", n_tok, (int)w->type);
         return -1;
     }
-    switch ((int)w->type) {
-#define X(T)                                                                                       \
-    case T:                                                                                        \
-        mmvq_launch<T>(s, w, xq, xd, n_tok, y);                                                    \
-        break;
-        KV_Q8_WEIGHT_TYPES(X)
-#undef X
-    }
+    q8_type_switch((int)w->type,
+                   [&](auto T) { mmvq_launch<decltype(T)::value>(s, w, xq, xd, n_tok, y); });
     CUDA_CHECK_LAUNCH("mmvq");
     return 0;
 }

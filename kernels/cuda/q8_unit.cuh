@@ -5,6 +5,8 @@
 #ifndef KVSERVE_CUDA_Q8_UNIT_CUH
 #define KVSERVE_CUDA_Q8_UNIT_CUH
 
+#include <type_traits>
+
 #include "kernels/cuda/quant.cuh"
 
 namespace KV_CUDA_NS {
@@ -197,6 +199,21 @@ __device__ __forceinline__ float unit_dot(const wunit &u, const uint32_t *x, flo
         return unit_term<T>(u.d, u.m, dx, u.sc[0] * s0 + u.sc[1] * s1, summ);
     }
     return unit_term<T>(u.d, u.m, dx, s0 + s1, xsum);
+}
+
+/* Calls f(std::integral_constant<int, T>()) for t's type T when t is a quantized weight type
+ * (KV_Q8_WEIGHT_TYPES), so that a launch wrapper instantiates its kernel per type once; false
+ * for another type. */
+template <class F> static bool q8_type_switch(int t, F f) {
+    switch (t) {
+#define X(T)                                                                                       \
+    case T:                                                                                        \
+        f(std::integral_constant<int, T>());                                                       \
+        return true;
+        KV_Q8_WEIGHT_TYPES(X)
+#undef X
+    }
+    return false;
 }
 
 } // namespace KV_CUDA_NS
