@@ -257,31 +257,21 @@ static double tolerance_of(const matmul_case *c) {
  * here, relative to sum |w x|. */
 #define TILES_REF_TOL (16 * 0x1p-23)
 
-/* y = x W^T on both backends (the CPU at MATMUL_PRECISION_Q8 for the int8 path, else F32),
- * compared against sum |w x| per output; exact cases bit for bit, and the CPU's outputs first
- * equal to the exact sums (the inputs are what they claim). Two weights through matmul_multi
- * (the second one 16 rows shorter) check the shared activation conversion. */
-static void check_matmul_case(const matmul_case *c) {
-    const tensor_type t = c->t;
-    const int64_t n_in = c->n_in, n_out = 67;
+/* The double sums of x W^T for the n_out rows of w, [n_tok][n_out], as the case's path sees
+ * its inputs (the int8 paths' activations quantized and dequantized again), and the sums of
+ * their products' magnitudes (scale). */
+static void reference_sums(const matmul_case *c, const uint8_t *w, size_t rb, int64_t n_out,
+                           const float *x, double *scale, double *exact) {
+    const tensor_type t = c->t, at = tensor_type_get((int)t)->act_type;
+    const int64_t n_in = c->n_in;
     const int n_tok = c->n_tok;
     const matmul_path path = path_of(c);
-    const tensor_type at = tensor_type_get((int)t)->act_type;
-    size_t rb;
-    uint8_t *w = random_weight(t, n_in, n_out, &rb);
-    if (c->exact) make_scales_exact(t, w, rb * (size_t)n_out);
-    float *x = malloc(sizeof(float) * n_tok * n_in), *wf = malloc(sizeof(float) * n_out * n_in);
-    float *xs = malloc(sizeof(float) * n_tok * n_in);
+    float *wf = malloc(sizeof(float) * n_out * n_in), *xs = malloc(sizeof(float) * n_tok * n_in);
     uint8_t *xq = malloc(tensor_row_size(at, n_in));
-    float *yc[2], *yg[2];
-    double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
-    double *exact = calloc((size_t)n_tok * n_out, sizeof(double));
-    if (c->exact)
-        exact_activations(x, n_tok * n_in);
-    else
-        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    cr_assert(wf && xs && xq);
     for (int tk = 0; tk < n_tok; tk++) {
-        float *xr = x + tk * n_in, *sr = xs + tk * n_in;
+        const float *xr = x + tk * n_in;
+        float *sr = xs + tk * n_in;
         if (path == PATH_INT8 || path == PATH_INT8_TILES) {
             quantize_row_act(at, xr, xq, n_in);
             dequantize_row_act(at, xq, sr, n_in);
@@ -297,6 +287,32 @@ static void check_matmul_case(const matmul_case *c) {
                 scale[tk * n_out + o] += fabs(p);
                 exact[tk * n_out + o] += p;
             }
+    free(xq);
+    free(xs);
+    free(wf);
+}
+
+/* y = x W^T on both backends (the CPU at MATMUL_PRECISION_Q8 for the int8 path, else F32),
+ * compared against sum |w x| per output; exact cases bit for bit, and the CPU's outputs first
+ * equal to the exact sums (the inputs are what they claim). Two weights through matmul_multi
+ * (the second one 16 rows shorter) check the shared activation conversion. */
+static void check_matmul_case(const matmul_case *c) {
+    const tensor_type t = c->t;
+    const int64_t n_in = c->n_in, n_out = 67;
+    const int n_tok = c->n_tok;
+    const matmul_path path = path_of(c);
+    size_t rb;
+    uint8_t *w = random_weight(t, n_in, n_out, &rb);
+    if (c->exact) make_scales_exact(t, w, rb * (size_t)n_out);
+    float *x = malloc(sizeof(float) * n_tok * n_in);
+    float *yc[2], *yg[2];
+    double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
+    double *exact = calloc((size_t)n_tok * n_out, sizeof(double));
+    if (c->exact)
+        exact_activations(x, n_tok * n_in);
+    else
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    reference_sums(c, w, rb, n_out, x, scale, exact);
 
     weight wc[2], wg[2];
     kv_error err = {{0}};
@@ -360,9 +376,6 @@ static void check_matmul_case(const matmul_case *c) {
     backend_free(g_gpu, dx);
     free(exact);
     free(scale);
-    free(xq);
-    free(xs);
-    free(wf);
     free(x);
     free(w);
 }
