@@ -417,25 +417,31 @@ static void print_prefill_matmuls(backend *b) {
     backend_set_precision(b, MATMUL_PRECISION_Q8);
 }
 
+/* The command line into *n_layer, *steps and *probe; false (said on stderr) where it is off. */
+static bool parse_args(int argc, char **argv, int *n_layer, int *steps, bool *probe) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--probe"))
+            *probe = true;
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            *n_layer = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            *steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: gpu_bench [--probe] [--layers N] [--steps N]\n");
+            return false;
+        }
+    }
+    if (*n_layer < 1 || *n_layer > 128 || *steps < 2 || *steps > 256) {
+        fprintf(stderr, "gpu_bench: --layers 1..128, --steps 2..256\n");
+        return false;
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     int n_layer = 32, steps = 16;
     bool probe = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--probe"))
-            probe = true;
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-            n_layer = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: gpu_bench [--probe] [--layers N] [--steps N]\n");
-            return 2;
-        }
-    }
-    if (n_layer < 1 || n_layer > 128 || steps < 2 || steps > 256) {
-        fprintf(stderr, "gpu_bench: --layers 1..128, --steps 2..256\n");
-        return 2;
-    }
+    if (!parse_args(argc, argv, &n_layer, &steps, &probe)) return 2;
     log_set_level(LOG_LEVEL_WARN);
     kv_error err = {{0}};
     backend *b = backend_cuda_create(&err);
