@@ -131,9 +131,9 @@ bool backend_host_memory(const backend *b);
  * Q8_0/Q8_1/Q8_K formats do and multiplies in integers: fast, and about 0.2 logits from an exact
  * computation on a small model, like llama.cpp. F32 dequantizes weight rows to f32 and keeps
  * activations f32: 2-4x slower, float-accurate (for evaluation and for checking an engine). The
- * CUDA backend: Q8 runs matmuls of up to 8 rows on quantized weights in int8 (the CPU's codes),
- * F32 keeps their activations f32 (GEMV, up to 4 rows); larger ones are f16 tensor-core GEMMs
- * at either. */
+ * CUDA backend: Q8 runs matmuls on quantized weights in int8 (the CPU's codes; dot products up
+ * to 8 rows, tensor-core tiles beyond), F32 keeps their activations f32 (GEMV, up to 4 rows) or
+ * runs f16 tensor-core GEMMs; float weights take the f32 GEMV or the f16 GEMMs at either. */
 typedef enum matmul_precision {
     MATMUL_PRECISION_Q8 = 0,
     MATMUL_PRECISION_F32 = 1,

@@ -1,7 +1,8 @@
-/* The CUDA backend: lifetime, memory, streams, the matmul dispatch (int8 or f32 GEMV kernels, or
- * dequantized tiles through cuBLAS) and the KV pool's host-facing copies; the kernels are in
- * mmvq.cu, matmul.cu, ops.cu and attention.cu. Built twice: by nvcc for the device
- * (backend_cuda_create), and by g++ against the emulator for the tests (backend_cuda_emu_create).
+/* The CUDA backend: lifetime, memory, streams, the matmul dispatch (int8 or f32 GEMV kernels, int8
+ * tensor-core tiles, or dequantized tiles through cuBLAS) and the KV pool's host-facing copies;
+ * the kernels are in mmvq.cu, mmq.cu, matmul.cu, ops.cu and attention.cu. Built twice: by nvcc for
+ * the device (backend_cuda_create), and by g++ against the emulator for the tests
+ * (backend_cuda_emu_create).
  *
  * Memory: weights are uploaded once in their GGUF types (backend_weight_data, shared by every
  * forward context); scratch is reserved by backend_reserve; ops allocate nothing. Every op is
@@ -206,6 +207,10 @@ static int grow(cuda_backend *cb, void **p, size_t *cap, size_t bytes) {
 static int cuda_reserve(backend *b, const backend_limits *lim, kv_error *err) {
     cuda_backend *cb = cuda_of(b);
     size_t cap;
+    /* int8 activation codes: mmvq's rows, and mmq's for the largest batch */
+    const size_t nq =
+        (size_t)(lim->max_tokens > MMVQ_MAX_TOKENS ? lim->max_tokens : MMVQ_MAX_TOKENS) *
+        (size_t)lim->max_n_in;
     if (lim->max_tokens > GEMV_MAX_TOKENS) {
         cap = cb->x16_elems * 2;
         if (grow(cb, (void **)&cb->x16, &cap, (size_t)lim->max_tokens * lim->max_n_in * 2))
@@ -215,14 +220,14 @@ static int cuda_reserve(backend *b, const backend_limits *lim, kv_error *err) {
         if (grow(cb, &cb->wtile, &cb->wtile_bytes, tile > WTILE_BYTES ? tile : WTILE_BYTES))
             goto oom;
     }
-    if (lim->max_n_in > (int64_t)cb->xq_elems) {
-        const size_t n = (size_t)MMVQ_MAX_TOKENS * (size_t)lim->max_n_in;
-        cap = cb->xq_elems * MMVQ_MAX_TOKENS;
+    if (nq > cb->xq_elems) {
+        cap = cb->xq_elems;
         size_t cap_d = cap / 32 * sizeof(q8_ds);
-        if (grow(cb, (void **)&cb->xq, &cap, n) ||
-            grow(cb, (void **)&cb->xd, &cap_d, n / 32 * sizeof(q8_ds)))
+        cb->xq_elems = 0; /* until both have grown */
+        if (grow(cb, (void **)&cb->xq, &cap, nq) ||
+            grow(cb, (void **)&cb->xd, &cap_d, nq / 32 * sizeof(q8_ds)))
             goto oom;
-        cb->xq_elems = (size_t)lim->max_n_in;
+        cb->xq_elems = nq;
     }
     if (lim->n_head > 0 && lim->head_dim > 0) {
         cap = cb->part_floats * 4;
@@ -460,13 +465,15 @@ static int gemm(cuda_backend *cb, const weight *w, const float *x, const uint16_
     return 0;
 }
 
-/* How a matmul of n_tok rows takes weight w: int8 dot products (mmvq.cu), the f32 GEMV kernels,
- * or dequantized tiles through cuBLAS (GEMM). */
-typedef enum matmul_path { MATMUL_MMVQ, MATMUL_GEMV, MATMUL_GEMM } matmul_path;
+/* How a matmul of n_tok rows takes weight w: int8 dot products (mmvq.cu), int8 tensor-core tiles
+ * (mmq.cu), the f32 GEMV kernels, or dequantized tiles through cuBLAS (GEMM). */
+typedef enum matmul_path { MATMUL_MMVQ, MATMUL_MMQ, MATMUL_GEMV, MATMUL_GEMM } matmul_path;
 
 static matmul_path matmul_path_of(const cuda_backend *cb, const weight *w, int n_tok) {
-    if (n_tok <= MMVQ_MAX_TOKENS && cb->precision == MATMUL_PRECISION_Q8 && cuda_q8_group(w->type))
-        return MATMUL_MMVQ;
+    if (cb->precision == MATMUL_PRECISION_Q8 && cuda_q8_group(w->type)) {
+        if (n_tok <= MMVQ_MAX_TOKENS) return MATMUL_MMVQ;
+        if (n_tok <= MMQ_MAX_TOKENS) return MATMUL_MMQ;
+    }
     return n_tok <= GEMV_MAX_TOKENS ? MATMUL_GEMV : MATMUL_GEMM;
 }
 
@@ -483,18 +490,23 @@ static int cuda_matmul_multi(backend *b, int n_w, const weight *const *w, const 
     int q8 = 0;       /* the group xq holds x in, 0 before the first int8 matmul */
     bool f16 = false; /* x16 holds x */
     for (int i = 0; i < n_w; i++) {
-        switch (matmul_path_of(cb, w[i], n_tok)) {
-        case MATMUL_MMVQ: {
+        const matmul_path path = matmul_path_of(cb, w[i], n_tok);
+        switch (path) {
+        case MATMUL_MMVQ:
+        case MATMUL_MMQ: {
             const int group = cuda_q8_group(w[i]->type);
-            if ((size_t)n_in > cb->xq_elems) {
-                log_error("cuda matmul: rows of %lld exceed the reserved scratch (backend_reserve)",
-                          (long long)n_in);
+            if ((size_t)n_tok * (size_t)n_in > cb->xq_elems) {
+                log_error("cuda matmul: %d rows of %lld exceed the reserved scratch "
+                          "(backend_reserve)",
+                          n_tok, (long long)n_in);
                 return -1;
             }
             if (group != q8 && cuda_quantize_q8(cb->compute, group, x, n_tok, n_in, cb->xq, cb->xd))
                 return -1;
             q8 = group;
-            if (cuda_mmvq(cb->compute, w[i], cb->xq, cb->xd, n_tok, y[i])) return -1;
+            if (path == MATMUL_MMVQ ? cuda_mmvq(cb->compute, w[i], cb->xq, cb->xd, n_tok, y[i])
+                                    : cuda_mmq(cb->compute, w[i], cb->xq, cb->xd, n_tok, y[i]))
+                return -1;
             break;
         }
         case MATMUL_GEMV:

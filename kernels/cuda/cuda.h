@@ -151,10 +151,11 @@ typedef struct cuda_backend {
     size_t x16_elems;
     void *wtile; /* dequantized weight rows for a GEMM, f16 or f32 */
     size_t wtile_bytes;
-    int8_t *xq; /* [MMVQ_MAX_TOKENS][max_n_in] int8 activation codes of an int8 matmul */
-    q8_ds *xd;  /* [MMVQ_MAX_TOKENS][max_n_in / 32] their scales and sums */
-    size_t xq_elems;
-    float *part; /* attention partial states of split rows */
+    int8_t *xq;      /* [max(max_tokens, MMVQ_MAX_TOKENS)][max_n_in] int8 activation codes of an
+                        int8 matmul (mmvq, mmq) */
+    q8_ds *xd;       /* [the same rows][max_n_in / 32] their scales and sums */
+    size_t xq_elems; /* codes xq holds (rows x max_n_in) */
+    float *part;     /* attention partial states of split rows */
     size_t part_floats;
     attn_desc *desc;  /* [desc_cap] device */
     attn_desc *hdesc; /* [desc_cap] host */
@@ -207,6 +208,19 @@ int cuda_quantize_q8(cudaStream_t s, int group, const float *x, int n_tok, int64
  * rows). */
 int cuda_mmvq(cudaStream_t s, const weight *w, const int8_t *xq, const q8_ds *xd, int n_tok,
               float *y);
+
+/* mmq.cu */
+/* Matmuls of more than MMVQ_MAX_TOKENS and up to this many rows on a quantized weight at
+ * MATMUL_PRECISION_Q8 run on int8 tensor-core tiles straight from the weight's blocks (mmq.cu);
+ * more go through dequantized f16 tiles and cuBLAS (backend_cuda.cu, gemm). The crossover is
+ * where cuBLAS's f16 GEMM on a dequantized copy overtakes the int8 tiles; gpu_bench prints both
+ * rates per prefill size to place it. Not yet measured on a GPU: until then every prefill size
+ * takes the int8 tiles (llama.cpp's mmq wins at every batch size on its own benchmarks). */
+#define MMQ_MAX_TOKENS (1 << 30)
+/* y [n_tok][n_out] = x W^T from x quantized by cuda_quantize_q8 in w's group (any n_tok >= 1;
+ * the dispatch gives it more than MMVQ_MAX_TOKENS). */
+int cuda_mmq(cudaStream_t s, const weight *w, const int8_t *xq, const q8_ds *xd, int n_tok,
+             float *y);
 
 /* ops.cu */
 int cuda_rmsnorm(cudaStream_t s, const float *x, const float *g, float *y, int n_tok, int dim,

@@ -8,7 +8,9 @@
  *   prefill tokens/s of a 2048-token prompt, against the measured f16 GEMM rate (the backend's
  *     own F16 matmul of 4096 x 4096 x 2048, which is cuBLAS GemmEx on tensor cores);
  *   prefill attention of 2048 rows alone, the tensor-core kernel against the warp kernel on the
- *     same rows (attention_times), as a ratio.
+ *     same rows (attention_times), as a ratio;
+ *   prefill-shaped matmuls on the int8 tensor-core tiles against dequantized tiles and cuBLAS,
+ *     16 to 2048 rows: the crossover between the two.
  * `gpu_bench --probe` only says whether a usable CUDA device is there (exit 0) or why not (1):
  * make test-gpu and bench-gpu skip, visibly, without one.
  *
@@ -182,11 +184,12 @@ static double gemm_rate(backend *b) {
     return best;
 }
 
-/* One weight's matmul over n_tok activation rows (the int8 kernels up to 8 rows on quantized
- * weights, the f32 GEMV kernels at MATMUL_PRECISION_F32 up to 4, dequantized tiles through
- * cuBLAS beyond), as the weight's bytes read per second, GB/s: the kernel alone against the copy
- * bandwidth. */
-static double gemv_rate(backend *b, const weight *host_w, int n_tok) {
+/* One weight's matmul over n_tok activation rows (at MATMUL_PRECISION_Q8 on quantized weights:
+ * the int8 dot-product kernels up to 8 rows, the int8 tensor-core tiles beyond; at
+ * MATMUL_PRECISION_F32 the f32 GEMV kernels up to 4, dequantized tiles through cuBLAS beyond):
+ * the best of 5 timed runs of `reps` calls (after one to warm up), seconds per call; -1 on error.
+ */
+static double matmul_seconds(backend *b, const weight *host_w, int n_tok, int reps) {
     kv_error err = {{0}};
     weight w = *host_w;
     size_t bytes = w.row_bytes * (size_t)w.n_out;
@@ -197,11 +200,11 @@ static double gemv_rate(backend *b, const weight *host_w, int n_tok) {
         for (int r = 0; r < 6; r++) {
             backend_sync(b);
             uint64_t t0 = clock_now_ns();
-            for (int i = 0; i < 10; i++)
+            for (int i = 0; i < reps; i++)
                 if (backend_matmul(b, &w, x, n_tok, y)) goto done;
             if (backend_sync(b)) goto done;
-            double gbs = 10.0 * bytes / ((double)(clock_now_ns() - t0) / 1e9) / 1e9;
-            if (r > 0 && gbs > best) best = gbs; /* the first run warms up */
+            double sec = (double)(clock_now_ns() - t0) / 1e9 / reps;
+            if (r > 0 && (best < 0 || sec < best)) best = sec; /* the first run warms up */
         }
     done:
         backend_weight_release(b, host_w->data);
@@ -209,6 +212,13 @@ static double gemv_rate(backend *b, const weight *host_w, int n_tok) {
     backend_free(b, x);
     backend_free(b, y);
     return best;
+}
+
+/* The same as the weight's bytes read per second, GB/s: the kernel alone against the copy
+ * bandwidth. */
+static double gemv_rate(backend *b, const weight *w, int n_tok) {
+    const double sec = matmul_seconds(b, w, n_tok, 10);
+    return sec > 0 ? (double)w->row_bytes * (double)w->n_out / sec / 1e9 : -1;
 }
 
 typedef struct engine {
@@ -342,8 +352,8 @@ done:
     free(hq), free(hk), free(hv), free(table), free(slot), free(pieces);
 }
 
-/* The matmul kernels' rates on one weight's shape: Q4_K at 1-32 rows (int8 up to 8, then
- * dequantized tiles and cuBLAS), the f32 GEMV kernels the int8 ones replace (still
+/* The matmul kernels' rates on one weight's shape: Q4_K at 1-32 rows (int8 dot products up to
+ * 8, then int8 tensor-core tiles), the f32 GEMV kernels the int8 ones replace (still
  * MATMUL_PRECISION_F32's), and the int8 kernels of every quantized type at 1 and 8 rows. */
 static void print_matmul_rates(backend *b, const weight *ffn, double bw) {
     const int rows[] = {1, 2, 4, 8, 9, 16, 32};
@@ -352,7 +362,7 @@ static void print_matmul_rates(backend *b, const weight *ffn, double bw) {
         printf("matmul Q4_K %lld x %lld, %2d rows (%s): %4.0f GB/s of weights (%.0f%% of the "
                "copy bandwidth)\n",
                (long long)ffn->n_in, (long long)ffn->n_out, rows[i],
-               rows[i] > 8 ? "dequant + cuBLAS" : "int8", g, 100 * g / bw); /* MMVQ_MAX_TOKENS */
+               rows[i] > 8 ? "int8 tiles" : "int8", g, 100 * g / bw); /* MMVQ_MAX_TOKENS */
     }
     backend_set_precision(b, MATMUL_PRECISION_F32);
     for (int r = 1; r <= 4; r *= 4)
@@ -372,25 +382,66 @@ static void print_matmul_rates(backend *b, const weight *ffn, double bw) {
     }
 }
 
+/* Prefill-shaped matmuls, Llama 3 8B's (q/o: 4096 -> 4096, gate/up: 4096 -> 14336, down:
+ * 14336 -> 4096), on the int8 tensor-core tiles (MATMUL_PRECISION_Q8) against dequantized f16
+ * tiles through cuBLAS (MATMUL_PRECISION_F32 beyond 4 rows: the path every prefill took before
+ * the tiles), TFLOP/s of each and their ratio per row count: where the ratio falls below 1 is
+ * the crossover (cuda.h's MMQ_MAX_TOKENS). Needs scratch reserved for 2048 rows of 14336. */
+static void print_prefill_matmuls(backend *b) {
+    static const struct {
+        tensor_type t;
+        int64_t n_in, n_out;
+    } shapes[] = {{TENSOR_TYPE_Q4_K, 4096, 4096},  {TENSOR_TYPE_Q4_K, 4096, 14336},
+                  {TENSOR_TYPE_Q4_K, 14336, 4096}, {TENSOR_TYPE_Q6_K, 14336, 4096},
+                  {TENSOR_TYPE_Q8_0, 4096, 14336}, {TENSOR_TYPE_Q4_0, 4096, 14336}};
+    static const int rows[] = {16, 64, 256, 512, 2048};
+    printf("\n| prefill matmul | rows | int8 tiles TFLOP/s | dequant + cuBLAS TFLOP/s | ratio |\n"
+           "| --- | ---: | ---: | ---: | ---: |\n");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const tensor_type t = shapes[i].t;
+        weight w = {t, shapes[i].n_in, shapes[i].n_out, tensor_row_size(t, shapes[i].n_in),
+                    random_blocks(t, shapes[i].n_in, shapes[i].n_out)};
+        if (!w.data) break;
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            const double flop = 2.0 * (double)w.n_in * (double)w.n_out * rows[r];
+            backend_set_precision(b, MATMUL_PRECISION_Q8);
+            const double q8 = matmul_seconds(b, &w, rows[r], 3);
+            backend_set_precision(b, MATMUL_PRECISION_F32);
+            const double blas = matmul_seconds(b, &w, rows[r], 3);
+            printf("| %s %lld x %lld | %d | %.1f | %.1f | %.2f |\n", tensor_type_get((int)t)->name,
+                   (long long)w.n_in, (long long)w.n_out, rows[r], flop / q8 / 1e12,
+                   flop / blas / 1e12, blas / q8);
+        }
+        free((void *)w.data);
+    }
+    backend_set_precision(b, MATMUL_PRECISION_Q8);
+}
+
+/* The command line into *n_layer, *steps and *probe; false (said on stderr) where it is off. */
+static bool parse_args(int argc, char **argv, int *n_layer, int *steps, bool *probe) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--probe"))
+            *probe = true;
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
+            *n_layer = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            *steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: gpu_bench [--probe] [--layers N] [--steps N]\n");
+            return false;
+        }
+    }
+    if (*n_layer < 1 || *n_layer > 128 || *steps < 2 || *steps > 256) {
+        fprintf(stderr, "gpu_bench: --layers 1..128, --steps 2..256\n");
+        return false;
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     int n_layer = 32, steps = 16;
     bool probe = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--probe"))
-            probe = true;
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-            n_layer = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: gpu_bench [--probe] [--layers N] [--steps N]\n");
-            return 2;
-        }
-    }
-    if (n_layer < 1 || n_layer > 128 || steps < 2 || steps > 256) {
-        fprintf(stderr, "gpu_bench: --layers 1..128, --steps 2..256\n");
-        return 2;
-    }
+    if (!parse_args(argc, argv, &n_layer, &steps, &probe)) return 2;
     log_set_level(LOG_LEVEL_WARN);
     kv_error err = {{0}};
     backend *b = backend_cuda_create(&err);
@@ -436,6 +487,7 @@ int main(int argc, char **argv) {
            bytes / 1e9);
     const weight *ffn = &m->layers[0].w_gate;
     print_matmul_rates(b, ffn, bw);
+    print_prefill_matmuls(b);
     printf("\n| test | tokens/s | roofline | share |\n| --- | ---: | ---: | ---: |\n");
     for (int batch = 1; batch <= 32; batch *= 32) {
         double tps = decode_rate(&e, m, batch, 512, steps);

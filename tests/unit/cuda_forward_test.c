@@ -1,13 +1,16 @@
-/* The whole forward pass on the CUDA backend against the CPU backend (MATMUL_PRECISION_F32, the
- * float-accurate reference): the synthesized llama models of tests/golden/arch (every weight type:
- * Q4_K/Q5_K/Q6_K, Q4_0/Q5_0/Q5_1/Q8_0, F16/BF16; tied and separate outputs; GQA, MQA, no GQA;
- * linear and llama3 RoPE scaling) and the default model's first layers (Q4_1 weights, SmolLM2's
- * 9/3 heads). Each runs a prefill long enough for the GEMM path (40 rows, every row's logits),
- * then single-token decode steps, then a batch of two sequences (a 6-token prompt beside a decode
- * step: 7 rows), and must give the CPU's top-1 at every position; the largest logit difference
- * is reported. The CUDA backend runs each model at both matmul precisions: decode-sized matmuls
- * (the steps and the 7-row batch) take the int8 kernels at MATMUL_PRECISION_Q8 (up to 8 rows),
- * the f32 GEMV kernels at MATMUL_PRECISION_F32 (up to 4; 7 rows are a GEMM there). In `make test`
+/* The whole forward pass on the CUDA backend against the CPU backend at the same matmul precision
+ * (MATMUL_PRECISION_F32, the float-accurate reference, and MATMUL_PRECISION_Q8, which quantizes
+ * activations to the same int8 codes on both): the synthesized llama models of tests/golden/arch
+ * (every weight type: Q4_K/Q5_K/Q6_K, Q4_0/Q5_0/Q5_1/Q8_0, F16/BF16; tied and separate outputs;
+ * GQA, MQA, no GQA; linear and llama3 RoPE scaling) and the default model's first layers (Q4_1
+ * weights, SmolLM2's 9/3 heads). Each runs a prefill long enough for the GEMM path (40 rows, every
+ * row's logits), then single-token decode steps, then a batch of two sequences (a 6-token prompt
+ * beside a decode step: 7 rows), and must give the CPU's top-1 at every position; the largest logit
+ * difference is reported. The CUDA backend runs each model at both matmul precisions: at
+ * MATMUL_PRECISION_Q8 quantized weights take the int8 kernels, decode-sized matmuls (the steps
+ * and the 7-row batch) the dot-product ones, the prefill the tensor-core tiles; at
+ * MATMUL_PRECISION_F32 the f32 GEMV kernels (up to 4 rows; 7 rows are a GEMM there) and the f16
+ * GEMMs through cuBLAS. In `make test`
  * the kernels run under the CPU emulator; `make test-gpu` runs this file on the device
  * (-DKVSERVE_TEST_GPU), where positions whose CPU top-1 leads by less than the logit bound are
  * counted rather than required to agree (cuBLAS sums in its own order). */
@@ -134,7 +137,7 @@ static void compare(const char *path, int keep_layers, const int32_t *tok, const
     side sd[2] = {{0}};
     backend *cpu = backend_cpu_create(2, &err), *gpu;
     cr_assert_not_null(cpu, "%s", err.msg);
-    backend_set_precision(cpu, MATMUL_PRECISION_F32);
+    backend_set_precision(cpu, precision);
     if (!(gpu = cuda_under_test(&err))) {
         backend_destroy(cpu);
         model_free(m);
@@ -197,11 +200,13 @@ TestSuite(cuda_forward, .timeout = 600);
 
 /* The bounds on |delta logit| are 2-3x what the emulator measured. The CUDA backend at
  * MATMUL_PRECISION_F32 (f32 GEMV decode): f16 activations and weights in the prefill's GEMMs move
- * logits by a few thousandths (measured 0.008-0.04). At MATMUL_PRECISION_Q8, the default, the
- * decode-sized rows quantize their activations to 8 bits as the CPU's default does (the int8
- * kernels): measured 0.08 (llama3_q), 0.19 (linear_kq) and 0.91 (SmolLM2's 4 layers) from the
- * f32 reference, the size of the CPU's own Q8 error on every row (0.14, 0.26 and 0.66, where its
- * top-1 differed from its F32 one at 1 of the 55 positions of two models). */
+ * logits by a few thousandths (measured 0.008-0.04). At MATMUL_PRECISION_Q8, the default, both
+ * backends quantize every quantized weight's activations to the same int8 codes, but a float
+ * difference elsewhere (attention, norms: summation order) that moves an activation across a
+ * rounding boundary changes its code, and the layers after amplify it: measured 0.07
+ * (llama3_q), 0.13 (linear_kq) and 0.45 (SmolLM2's 4 layers). Against the f32 reference the
+ * Q8 error itself is 0.14, 0.26 and 0.66 on the CPU, whose Q8 top-1 differs from its F32 one at
+ * 1 of the 55 positions of two of these models: hence the comparison at the same precision. */
 static void compare_both(const char *path, int keep_layers, const int32_t *tok, const char *text,
                          double bound_f32, double bound_q8) {
     compare(path, keep_layers, tok, text, MATMUL_PRECISION_F32, bound_f32);
@@ -233,7 +238,7 @@ Test(cuda_forward, default_model_first_layers) {
                  "The capital of France is Paris. The capital of Germany is Berlin. The capital of "
                  "Italy is Rome. The capital of Spain is Madrid. The capital of Portugal is "
                  "Lisbon. The capital of Austria is Vienna. The capital of Poland is Warsaw.",
-                 0.1, 2.0);
+                 0.1, 1.0);
 }
 
 /* ---------------------------------------------------------------- decode steps as graphs */

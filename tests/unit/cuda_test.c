@@ -47,7 +47,7 @@ static void setup(void) {
     g_gpu = cuda_under_test(&err);
     if (!g_gpu) cr_skip_test("no CUDA device: %s", err.msg);
     backend_limits lim = {
-        .max_tokens = 64, .max_seqs = 4, .max_n_in = 4352, .n_head = 8, .head_dim = 128};
+        .max_tokens = 128, .max_seqs = 4, .max_n_in = 4352, .n_head = 8, .head_dim = 128};
     cr_assert_eq(backend_reserve(g_gpu, &lim, &err), 0, "%s", err.msg);
     cr_assert_eq(backend_reserve(g_cpu, &lim, &err), 0, "%s", err.msg);
 }
@@ -205,13 +205,15 @@ static void exact_activations(float *x, int64_t n) {
         x[32 * b + rnd() % 32] = (rnd() % 2 ? 127 : -127) * 0x1p-6f;
 }
 
-/* The most rows the CUDA backend multiplies with its int8 kernels (MMVQ_MAX_TOKENS, quantized
- * weights at MATMUL_PRECISION_Q8) and with its f32 GEMV kernels (GEMV_MAX_TOKENS, other weights
- * or MATMUL_PRECISION_F32); kernels/cuda/cuda.h, a C++ header. More go through cuBLAS. */
-enum { INT8_MAX_ROWS = 8, GEMV_MAX_ROWS = 4 };
+/* The most rows the CUDA backend multiplies with its int8 dot-product kernels (MMVQ_MAX_TOKENS,
+ * quantized weights at MATMUL_PRECISION_Q8), then with its int8 tensor-core tiles
+ * (MMQ_MAX_TOKENS, the same weights and precision), and with its f32 GEMV kernels
+ * (GEMV_MAX_TOKENS, other weights or MATMUL_PRECISION_F32); kernels/cuda/cuda.h, a C++ header.
+ * More go through cuBLAS. */
+enum { INT8_MAX_ROWS = 8, INT8_TILES_MAX_ROWS = 1 << 30, GEMV_MAX_ROWS = 4 };
 
-typedef enum matmul_path { PATH_INT8, PATH_GEMV, PATH_GEMM } matmul_path;
-static const char *const PATH_NAMES[] = {"int8", "GEMV", "GEMM"};
+typedef enum matmul_path { PATH_INT8, PATH_INT8_TILES, PATH_GEMV, PATH_GEMM } matmul_path;
+static const char *const PATH_NAMES[] = {"int8", "int8 tiles", "GEMV", "GEMM"};
 
 typedef struct matmul_case {
     tensor_type t;
@@ -225,17 +227,21 @@ static matmul_path path_of(const matmul_case *c) {
     const bool quantized = tensor_type_get((int)c->t)->block_size > 1;
     if (quantized && c->precision == MATMUL_PRECISION_Q8 && c->n_tok <= INT8_MAX_ROWS)
         return PATH_INT8;
+    if (quantized && c->precision == MATMUL_PRECISION_Q8 && c->n_tok <= INT8_TILES_MAX_ROWS)
+        return PATH_INT8_TILES;
     return c->n_tok <= GEMV_MAX_ROWS ? PATH_GEMV : PATH_GEMM;
 }
 
-/* Tolerance per output, relative to sum |w x| (x as the path sees it: the int8 path's quantized
- * activations). The int8 path against the CPU backend at MATMUL_PRECISION_Q8 (the same codes and
- * scales, each block's term rounded alike): float sums in another order, the CPU's own tiles
- * within (8 + n / 64) u of its scalar reference (quant_test), the kernel's sum over its threads
- * a few u more, u = 2^-23; 32 u in all. */
+/* Tolerance per output, relative to sum |w x| (x as the path sees it: the int8 paths' quantized
+ * activations). The int8 paths against the CPU backend at MATMUL_PRECISION_Q8 (the same codes and
+ * scales, each block's term rounded alike; the tiles' K-quant terms per sub-block, the CPU's per
+ * super-block): float sums in another order, the CPU's own tiles within (8 + n / 64) u of its
+ * scalar reference (quant_test), the kernel's sums (over its threads, or the tiles' 8 blocks a
+ * step then the steps: (8 + n / 256) u) a few u more, u = 2^-23; 32 u in all. */
 static double tolerance_of(const matmul_case *c) {
     switch (path_of(c)) {
     case PATH_INT8:
+    case PATH_INT8_TILES:
         return 32 * 0x1p-23;
     case PATH_GEMV:
         return 1e-5;
@@ -244,32 +250,29 @@ static double tolerance_of(const matmul_case *c) {
     }
 }
 
-/* y = x W^T on both backends (the CPU at MATMUL_PRECISION_Q8 for the int8 path, else F32),
- * compared against sum |w x| per output; exact cases bit for bit, and the CPU's outputs first
- * equal to the exact sums (the inputs are what they claim). Two weights through matmul_multi
- * (the second one 16 rows shorter) check the shared activation conversion. */
-static void check_matmul_case(const matmul_case *c) {
-    const tensor_type t = c->t;
-    const int64_t n_in = c->n_in, n_out = 67;
+/* The int8 tiles against a double sum of the dequantized weights and activations (the same int8
+ * codes and scales; a dequantized value is within u of its codes' exact value): each block's
+ * float term rounded two or three times (scale products, then the integer sum), the mins' part
+ * apart, the step's 8 terms and the steps summed in f32, (8 + n / 256) u; 16 u for the shapes
+ * here, relative to sum |w x|. */
+#define TILES_REF_TOL (16 * 0x1p-23)
+
+/* The double sums of x W^T for the n_out rows of w, [n_tok][n_out], as the case's path sees
+ * its inputs (the int8 paths' activations quantized and dequantized again), and the sums of
+ * their products' magnitudes (scale). */
+static void reference_sums(const matmul_case *c, const uint8_t *w, size_t rb, int64_t n_out,
+                           const float *x, double *scale, double *exact) {
+    const tensor_type t = c->t, at = tensor_type_get((int)t)->act_type;
+    const int64_t n_in = c->n_in;
     const int n_tok = c->n_tok;
     const matmul_path path = path_of(c);
-    const tensor_type at = tensor_type_get((int)t)->act_type;
-    size_t rb;
-    uint8_t *w = random_weight(t, n_in, n_out, &rb);
-    if (c->exact) make_scales_exact(t, w, rb * (size_t)n_out);
-    float *x = malloc(sizeof(float) * n_tok * n_in), *wf = malloc(sizeof(float) * n_out * n_in);
-    float *xs = malloc(sizeof(float) * n_tok * n_in);
+    float *wf = malloc(sizeof(float) * n_out * n_in), *xs = malloc(sizeof(float) * n_tok * n_in);
     uint8_t *xq = malloc(tensor_row_size(at, n_in));
-    float *yc[2], *yg[2];
-    double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
-    double *exact = calloc((size_t)n_tok * n_out, sizeof(double));
-    if (c->exact)
-        exact_activations(x, n_tok * n_in);
-    else
-        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    cr_assert(wf && xs && xq);
     for (int tk = 0; tk < n_tok; tk++) {
-        float *xr = x + tk * n_in, *sr = xs + tk * n_in;
-        if (path == PATH_INT8) {
+        const float *xr = x + tk * n_in;
+        float *sr = xs + tk * n_in;
+        if (path == PATH_INT8 || path == PATH_INT8_TILES) {
             quantize_row_act(at, xr, xq, n_in);
             dequantize_row_act(at, xq, sr, n_in);
         } else {
@@ -284,6 +287,32 @@ static void check_matmul_case(const matmul_case *c) {
                 scale[tk * n_out + o] += fabs(p);
                 exact[tk * n_out + o] += p;
             }
+    free(xq);
+    free(xs);
+    free(wf);
+}
+
+/* y = x W^T on both backends (the CPU at MATMUL_PRECISION_Q8 for the int8 path, else F32),
+ * compared against sum |w x| per output; exact cases bit for bit, and the CPU's outputs first
+ * equal to the exact sums (the inputs are what they claim). Two weights through matmul_multi
+ * (the second one 16 rows shorter) check the shared activation conversion. */
+static void check_matmul_case(const matmul_case *c) {
+    const tensor_type t = c->t;
+    const int64_t n_in = c->n_in, n_out = 67;
+    const int n_tok = c->n_tok;
+    const matmul_path path = path_of(c);
+    size_t rb;
+    uint8_t *w = random_weight(t, n_in, n_out, &rb);
+    if (c->exact) make_scales_exact(t, w, rb * (size_t)n_out);
+    float *x = malloc(sizeof(float) * n_tok * n_in);
+    float *yc[2], *yg[2];
+    double *scale = calloc((size_t)n_tok * n_out, sizeof(double));
+    double *exact = calloc((size_t)n_tok * n_out, sizeof(double));
+    if (c->exact)
+        exact_activations(x, n_tok * n_in);
+    else
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = rndf(-1, 1);
+    reference_sums(c, w, rb, n_out, x, scale, exact);
 
     weight wc[2], wg[2];
     kv_error err = {{0}};
@@ -300,7 +329,8 @@ static void check_matmul_case(const matmul_case *c) {
     float *dx = put(g_gpu, x, sizeof(float) * n_tok * n_in);
     float *dy[2] = {backend_alloc(g_gpu, sizeof(float) * n_tok * n_out),
                     backend_alloc(g_gpu, sizeof(float) * n_tok * n_out)};
-    backend_set_precision(g_cpu, path == PATH_INT8 ? MATMUL_PRECISION_Q8 : MATMUL_PRECISION_F32);
+    const bool int8 = path == PATH_INT8 || path == PATH_INT8_TILES;
+    backend_set_precision(g_cpu, int8 ? MATMUL_PRECISION_Q8 : MATMUL_PRECISION_F32);
     backend_set_precision(g_gpu, c->precision);
     cr_assert_eq(backend_matmul_multi(g_cpu, 2, pc, x, n_tok, yc), 0);
     cr_assert_eq(backend_matmul_multi(g_gpu, 2, pg, dx, n_tok, dy), 0);
@@ -327,6 +357,16 @@ static void check_matmul_case(const matmul_case *c) {
             expect_same(what, yg[k], yc[k], sizeof(float) * n_y);
         else
             expect_close(what, yg[k], yc[k], sc, n_y, tolerance_of(c), 1e-6);
+        if (path == PATH_INT8_TILES && !c->exact) {
+            /* against the double sums of the same codes and scales (see TILES_REF_TOL) */
+            float *ref = malloc(sizeof(float) * n_y);
+            for (int tk = 0; tk < n_tok; tk++)
+                for (int64_t o = 0; o < wc[k].n_out; o++)
+                    ref[tk * wc[k].n_out + o] = (float)exact[tk * n_out + o];
+            strncat(what, ", double reference", sizeof what - strlen(what) - 1);
+            expect_close(what, yg[k], ref, sc, n_y, TILES_REF_TOL, 1e-6);
+            free(ref);
+        }
         free(sc);
         backend_free(g_gpu, dy[k]);
         backend_weight_release(g_gpu, w);
@@ -336,9 +376,6 @@ static void check_matmul_case(const matmul_case *c) {
     backend_free(g_gpu, dx);
     free(exact);
     free(scale);
-    free(xq);
-    free(xs);
-    free(wf);
     free(x);
     free(w);
 }
@@ -358,9 +395,12 @@ Test(cuda, matmul_gemv_every_type) {
     }
 }
 
+/* cuBLAS: every type at MATMUL_PRECISION_F32 (quantized weights through dequantized tiles),
+ * float weights at either precision; quantized ones at Q8 take the int8 tiles. */
 Test(cuda, matmul_gemm_every_type) {
     for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
         check_matmul(WEIGHT_TYPES[i], GEMV_MAX_ROWS + 1, MATMUL_PRECISION_F32);
+        check_matmul(WEIGHT_TYPES[i], 40, MATMUL_PRECISION_F32);
         check_matmul(WEIGHT_TYPES[i], INT8_MAX_ROWS + 1, MATMUL_PRECISION_Q8);
         check_matmul(WEIGHT_TYPES[i], 40, MATMUL_PRECISION_Q8);
     }
@@ -393,6 +433,39 @@ Test(cuda, matmul_int8_odd_shapes) {
         }
         check_matmul_case(&(matmul_case){t, 4352, 3, MATMUL_PRECISION_Q8, false});
         check_matmul_case(&(matmul_case){t, 4352, 8, MATMUL_PRECISION_Q8, true});
+    }
+}
+
+/* The int8 tensor-core tiles (more than 8 rows), every quantized type: token counts that fill
+ * 32- and 64-token tiles partly (9, 17, 33, 100) and 67 weight rows (the second weight 51),
+ * neither a multiple of the 64-row tile; within the tolerance on random scales, bit for bit
+ * where every float operation is exact. */
+Test(cuda, matmul_int8_tiles_every_type_and_row_count) {
+    static const int counts[] = {9, 17, 33, 100};
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        if (!is_quantized(WEIGHT_TYPES[i])) continue;
+        for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
+            check_matmul(WEIGHT_TYPES[i], counts[k], MATMUL_PRECISION_Q8);
+            check_matmul_case(
+                &(matmul_case){WEIGHT_TYPES[i], 512, counts[k], MATMUL_PRECISION_Q8, true});
+        }
+    }
+}
+
+/* The tiles' steps of 256 elements: rows of a single block, a last step of one block of 32
+ * (288) or a K-quant's third super-block (768), and rows of 17 steps (4352). */
+Test(cuda, matmul_int8_tiles_odd_shapes) {
+    for (size_t i = 0; i < N_WEIGHT_TYPES; i++) {
+        const tensor_type t = WEIGHT_TYPES[i];
+        if (!is_quantized(t)) continue;
+        const int64_t k_min = tensor_type_get((int)t)->block_size;
+        const int64_t partial = k_min == 32 ? 288 : 768;
+        check_matmul_case(&(matmul_case){t, k_min, 9, MATMUL_PRECISION_Q8, false});
+        check_matmul_case(&(matmul_case){t, k_min, 17, MATMUL_PRECISION_Q8, true});
+        check_matmul_case(&(matmul_case){t, partial, 33, MATMUL_PRECISION_Q8, false});
+        check_matmul_case(&(matmul_case){t, partial, 9, MATMUL_PRECISION_Q8, true});
+        check_matmul_case(&(matmul_case){t, 4352, 9, MATMUL_PRECISION_Q8, false});
+        check_matmul_case(&(matmul_case){t, 4352, 40, MATMUL_PRECISION_Q8, true});
     }
 }
 
@@ -504,11 +577,15 @@ Test(cuda, matmul_beyond_reserved_scratch_fails) {
     uint8_t *w = random_weight(TENSOR_TYPE_Q8_0, wide, 8, &rb);
     kv_error err = {{0}};
     weight wg = {TENSOR_TYPE_Q8_0, 4352, 8, rb, backend_weight_data(g_gpu, w, rb * 8, &err)};
-    float *dx = backend_alloc(g_gpu, sizeof(float) * 100 * wide);
-    float *dy = backend_alloc(g_gpu, sizeof(float) * 100 * 8);
-    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 100, dy), -1, "100 rows > the 64 reserved");
+    float *dx = backend_alloc(g_gpu, sizeof(float) * 200 * wide);
+    float *dy = backend_alloc(g_gpu, sizeof(float) * 200 * 8);
+    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 200, dy), -1, "200 int8 rows > the 128 reserved");
+    backend_set_precision(g_gpu, MATMUL_PRECISION_F32);
+    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 200, dy), -1, "200 GEMM rows > the 128 reserved");
+    backend_set_precision(g_gpu, MATMUL_PRECISION_Q8);
     wg.n_in = wide;
-    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 2, dy), -1, "int8 rows wider than reserved");
+    cr_expect_eq(backend_matmul(g_gpu, &wg, dx, 100, dy), -1,
+                 "100 int8 rows of 8192: more codes than the 128 x 4352 reserved");
     backend_weight_release(g_gpu, w);
     backend_free(g_gpu, dx);
     backend_free(g_gpu, dy);
