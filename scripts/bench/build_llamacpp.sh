@@ -67,7 +67,7 @@ for level in "${levels[@]}"; do
     cmake -S "$src" -B "$out" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
         -DGGML_CPU_REPACK=ON -DBUILD_SHARED_LIBS=$shared -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-        -DLLAMA_OPENSSL=OFF "${simd[@]}" \
+        -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON "${simd[@]}" \
         >"$out.cmake.log" 2>&1 || { tail -20 "$out.cmake.log" >&2; exit 1; }
     cmake --build "$out" -j "$jobs" --target llama-bench llama-server >"$out.build.log" 2>&1 ||
         { tail -30 "$out.build.log" >&2; exit 1; }

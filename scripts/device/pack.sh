@@ -32,7 +32,9 @@ pack() { # pack DIR BINARY...: the binaries, their libraries and DIR/models into
         case $b in "$LLAMA"/*) s=--strip-unneeded ;; *) s=--strip-debug ;; esac
         strip $s -o "$dir/bin/$(basename "$b")" "$b"
     done
-    ldd "$@" | awk '/=> \// {print $3}' | sort -u |
+    # LLAMA's libraries by their directory: the RUNPATH cmake wrote names the tree it was built
+    # in, which may be gone (a worktree)
+    LD_LIBRARY_PATH="$(realpath -m "$LLAMA")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd "$@" | awk '/=> \// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|libstdc\+\+|libgcc_s)\.so' |
         grep -Ev '/lib(cuda|cudart|cublas|cublasLt)\.so' |
         while read -r lib; do cp -L "$lib" "$dir/lib/"; done
