@@ -39,31 +39,33 @@ __device__ __forceinline__ uint32_t mma_word(const uint32_t *w, int lane, int i)
     return w[lane * GATHER_WORDS + i];
 }
 
-__device__ __forceinline__ int8_t mma_s8(const uint32_t *w, int lane, int i, int byte) {
-    return (int8_t)(mma_word(w, lane, i) >> (8 * byte));
-}
-
-__device__ __forceinline__ float mma_f16(const uint32_t *w, int lane, int i, int half) {
-    return h2f((uint16_t)(mma_word(w, lane, i) >> (16 * half)));
-}
-#endif
-
-__device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a[4], const uint32_t b[2]) {
-#ifdef KVSERVE_CUDA_EMU
+/* An m16n8k(8 EPR) mma of EPR elements per register, as the tables above lay them out:
+ * madd(sum, a's register, b's register, element) adds one product. */
+template <int EPR, class Acc, class Madd>
+__device__ __forceinline__ void mma_emu(Acc c[4], const uint32_t a[4], const uint32_t b[2],
+                                        Madd madd) {
     const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     const uint32_t *w = emu::warp_gather(mine, 6);
     const int lane = emu::cur_thread->lane, g = lane / 4, t = lane % 4;
     for (int i = 0; i < 4; i++) {
         const int row = g + 8 * (i / 2), col = 2 * t + (i % 2);
-        uint32_t s = (uint32_t)c[i];
-        for (int k = 0; k < 32; k++) {
-            const int hi = k / 16, kt = (k % 16) / 4, byte = k % 4;
-            const int av = mma_s8(w, (row % 8) * 4 + kt, (row / 8) + 2 * hi, byte);
-            const int bv = mma_s8(w, col * 4 + kt, 4 + hi, byte);
-            s += (uint32_t)(av * bv);
+        Acc s = c[i];
+        for (int k = 0; k < 8 * EPR; k++) {
+            const int hi = k / (4 * EPR), kt = (k % (4 * EPR)) / EPR, e = k % EPR;
+            s = madd(s, mma_word(w, (row % 8) * 4 + kt, (row / 8) + 2 * hi),
+                     mma_word(w, col * 4 + kt, 4 + hi), e);
         }
-        c[i] = (int)s;
+        c[i] = s;
     }
+}
+#endif
+
+__device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef KVSERVE_CUDA_EMU
+    mma_emu<4>(c, a, b, [](int s, uint32_t x, uint32_t y, int e) {
+        const int p = (int8_t)(x >> (8 * e)) * (int8_t)(y >> (8 * e));
+        return (int)((uint32_t)s + (uint32_t)p); /* wraps, as the device's adds */
+    });
 #else
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, "
                  "%7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -75,20 +77,9 @@ __device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a[4], co
 __device__ __forceinline__ void mma_f16_16x8x16(float c[4], const uint32_t a[4],
                                                 const uint32_t b[2]) {
 #ifdef KVSERVE_CUDA_EMU
-    const uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
-    const uint32_t *w = emu::warp_gather(mine, 6);
-    const int lane = emu::cur_thread->lane, g = lane / 4, t = lane % 4;
-    for (int i = 0; i < 4; i++) {
-        const int row = g + 8 * (i / 2), col = 2 * t + (i % 2);
-        float s = c[i];
-        for (int k = 0; k < 16; k++) {
-            const int hi = k / 8, kt = (k % 8) / 2, half = k % 2;
-            const float av = mma_f16(w, (row % 8) * 4 + kt, (row / 8) + 2 * hi, half);
-            const float bv = mma_f16(w, col * 4 + kt, 4 + hi, half);
-            s = std::fma(av, bv, s);
-        }
-        c[i] = s;
-    }
+    mma_emu<2>(c, a, b, [](float s, uint32_t x, uint32_t y, int e) {
+        return std::fma(h2f((uint16_t)(x >> (16 * e))), h2f((uint16_t)(y >> (16 * e))), s);
+    });
 #else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, "
                  "%7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -106,9 +97,10 @@ __device__ __forceinline__ uint32_t ldmatrix_elem(const uint32_t *w, int i, int 
     std::memcpy(&v, reinterpret_cast<const unsigned char *>((uintptr_t)addr) + 2 * col, 2);
     return v;
 }
+#endif
 
-template <bool TRANS>
-__device__ __forceinline__ void ldmatrix_x4_emu(uint32_t r[4], const void *p) {
+template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4_as(uint32_t r[4], const void *p) {
+#ifdef KVSERVE_CUDA_EMU
     const uint64_t addr = (uint64_t)(uintptr_t)p;
     const uint32_t mine[2] = {(uint32_t)addr, (uint32_t)(addr >> 32)};
     const uint32_t *w = emu::warp_gather(mine, 2);
@@ -116,27 +108,25 @@ __device__ __forceinline__ void ldmatrix_x4_emu(uint32_t r[4], const void *p) {
     for (int i = 0; i < 4; i++)
         r[i] = TRANS ? ldmatrix_elem(w, i, 2 * t, g) | ldmatrix_elem(w, i, 2 * t + 1, g) << 16
                      : ldmatrix_elem(w, i, g, 2 * t) | ldmatrix_elem(w, i, g, 2 * t + 1) << 16;
-}
+#else
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
 #endif
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *p) {
-#ifdef KVSERVE_CUDA_EMU
-    ldmatrix_x4_emu<false>(r, p);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-#endif
+    ldmatrix_x4_as<false>(r, p);
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
-#ifdef KVSERVE_CUDA_EMU
-    ldmatrix_x4_emu<true>(r, p);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-#endif
+    ldmatrix_x4_as<true>(r, p);
 }
 
 } // namespace KV_CUDA_NS
