@@ -49,6 +49,8 @@ if has tests; then
 elif has emu; then
     step cuda_emu_test 120 build/gpu-tests/cuda_emu_test --jobs 1
 fi
+# the figures before the sanitizers: a call that runs out of time keeps them
+has bench && step bench 200 build/gpu_bench
 if has sanitize; then
     for tool in memcheck racecheck; do
         step $tool 150 $SAN --tool $tool --target-processes all --error-exitcode 1 \
@@ -57,7 +59,6 @@ if has sanitize; then
     step memcheck_forward 150 $SAN --tool memcheck --leak-check full --target-processes all \
         --error-exitcode 1 build/gpu-tests/cuda_forward_test --jobs 1 --filter 'cuda_forward/tiny*'
 fi
-has bench && step bench 200 build/gpu_bench
 if has smoke; then
     step smoke 150 bash -c "build/kvserve serve -m $MODEL --device cuda --port 8091 --cache-dir /tmp/c1 >$LOG/serve_cuda.txt 2>&1 & a=\$!;
         build/kvserve serve -m $MODEL --device cpu -t 8 --port 8092 --cache-dir /tmp/c2 >$LOG/serve_cpu.txt 2>&1 & b=\$!;
