@@ -243,7 +243,8 @@ forward_ctx *forward_ctx_create(const model *m, backend *b, kv_pool *pool, int m
     if (tables > INT32_MAX / 2) tables = INT32_MAX / 2;
     f->max_table = (int32_t)tables;
     f->meta_len = 4 * max_tokens + f->max_table;
-    f->meta = malloc(sizeof(int32_t) * (size_t)f->meta_len);
+    f->meta = calloc((size_t)f->meta_len, sizeof(int32_t)); /* a graph step uploads the gaps
+                                                              between its strided tables too */
     if (!st->rows || !st->row_slot || !f->tok_seq || !f->tok_slot || !f->keep || !f->table_off ||
         !f->aseq || !f->meta)
         goto oom;
